@@ -1,0 +1,74 @@
+# titan build. `make` builds the cpu binary; `make CUDA=1` adds the cuda backend;
+# `make test` runs every test; `make run` trains the embedded default.
+#
+# Flags are portable by default (CI runs on whatever x86-64 it gets); NATIVE=1 adds
+# -O3 -march=native for benchmarks on a known machine.
+
+CC       := mpicc
+NATIVE   ?= 0
+CUDA     ?= 0
+BUILD    := build
+
+OPT      := -O2
+ifeq ($(NATIVE),1)
+OPT      := -O3 -march=native
+endif
+
+# Debian ships OpenBLAS in a pthreads and an OpenMP flavour; titan calls BLAS from inside its
+# own OpenMP regions, which only the OpenMP flavour handles without oversubscribing cores.
+OPENBLAS_DIR := $(shell pkg-config --variable=libdir openblas 2>/dev/null | sed 's/openblas-pthread/openblas-openmp/')
+PKGS     := yaml-0.1 hdf5-openmpi
+CFLAGS   := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror $(OPT) -fopenmp -I. \
+            $(shell pkg-config --cflags $(PKGS) openblas 2>/dev/null)
+LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
+            -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -lm
+LDFLAGS  := -fopenmp
+
+LIB_SRCS := $(wildcard core/*.c kernels/*.c kernels/cpu/*.c models/*.c models/*/*.c \
+                       optim/*.c data/*.c checkpoint/*.c)
+LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
+TOOLS    := $(patsubst tests/reference/%.c,$(BUILD)/tests/%,$(wildcard tests/reference/*.c))
+
+.PHONY: all test run setup clean check train-default
+all: titan
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libtitan.a: $(LIB_OBJS)
+	ar rcs $@ $^
+
+titan: $(BUILD)/train.o $(BUILD)/libtitan.a
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtitan.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(BUILD)/libtitan.a $(shell pkg-config --libs cmocka) $(LDLIBS) $(LDFLAGS) -o $@
+
+$(BUILD)/tests/%: tests/reference/%.c $(BUILD)/libtitan.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(BUILD)/libtitan.a $(LDLIBS) $(LDFLAGS) -o $@
+
+setup:
+	@bash scripts/setup.sh
+
+# test and run install what is missing first, then re-enter make so that the pkg-config
+# queries above see the freshly installed packages.
+test: setup
+	@$(MAKE) --no-print-directory check
+
+run: setup
+	@$(MAKE) --no-print-directory train-default
+
+check: titan $(UNIT_TESTS) $(TOOLS)
+	@bash tests/run_all.sh
+
+train-default: titan
+	@bash scripts/run_default.sh
+
+clean:
+	rm -rf $(BUILD) titan
+
+-include $(LIB_OBJS:.o=.d) $(BUILD)/train.d

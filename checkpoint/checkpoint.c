@@ -1,0 +1,363 @@
+#include "checkpoint/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/errors.h"
+
+// HDF5 prints its whole error stack on every failure; titan reports one line of its own.
+static void hdf5_silence(void) { H5_CHECK(H5Eset_auto2(H5E_DEFAULT, NULL, NULL)); }
+
+__attribute__((format(printf, 3, 4))) static bool fail(char *err, size_t errlen,
+                                                        const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+// Closing semi-strictly makes H5Fclose fail if any object is still open, so a leaked id is
+// caught at once instead of keeping the file silently open (and unflushed) behind our back.
+static hid_t fapl_create(void) {
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    H5_CHECK(fapl);
+    H5_CHECK(H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI));
+    return fapl;
+}
+
+// Opens a checkpoint for reading, or returns -1 with the reason in err.
+static hid_t file_open(const char *path, char *err, size_t errlen) {
+    hdf5_silence();
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT) fail(err, errlen, "checkpoint file %s does not exist", path);
+        else fail(err, errlen, "cannot read checkpoint %s: %s", path, strerror(errno));
+        return -1;
+    }
+    hid_t fapl = fapl_create();
+    // HDF5 compares the file's size with the end address in its superblock, so a cut file
+    // fails here; one damaged inside fails later, on read, with the same message.
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    H5_CHECK(H5Pclose(fapl));
+    if (file < 0) fail(err, errlen, "checkpoint %s is truncated or not an HDF5 file", path);
+    return file;
+}
+
+static hid_t file_open_or_die(const char *path) {
+    char err[1024];
+    hid_t file = file_open(path, err, sizeof(err));
+    if (file < 0) die_user("%s", err);
+    return file;
+}
+
+// H5Lexists needs every parent link to exist, so walk the path one component at a time.
+static bool object_exists(hid_t file, const char *path) {
+    char prefix[1024];
+    size_t len = strlen(path);
+    CHECK(len < sizeof(prefix));
+    for (size_t i = 1; i <= len; i++) {
+        if (path[i] != '/' && path[i] != '\0') continue;
+        memcpy(prefix, path, i);
+        prefix[i] = '\0';
+        if (H5Lexists(file, prefix, H5P_DEFAULT) <= 0) return false;
+    }
+    return true;
+}
+
+static void shape_format(char *out, size_t n, int ndim, const int64_t *shape) {
+    size_t used = (size_t)snprintf(out, n, "(");
+    for (int d = 0; d < ndim && used < n; d++)
+        used += (size_t)snprintf(out + used, n - used, d ? ", %" PRId64 : "%" PRId64, shape[d]);
+    if (used < n) snprintf(out + used, n - used, ")");
+}
+
+static bool dataset_check_shape(hid_t dset, const char *file_path, const CkptTensor *t,
+                                char *err, size_t errlen) {
+    hid_t space = H5Dget_space(dset);
+    H5_CHECK(space);
+    hsize_t dims[H5S_MAX_RANK];
+    int ndim = H5Sget_simple_extent_dims(space, dims, NULL);
+    H5_CHECK(ndim);
+    H5_CHECK(H5Sclose(space));
+    bool same = ndim == t->ndim;
+    int64_t found[H5S_MAX_RANK];
+    for (int d = 0; d < ndim; d++) {
+        found[d] = (int64_t)dims[d];
+        same = same && found[d] == t->shape[d];
+    }
+    if (same) return true;
+    char have[256], want[256];
+    shape_format(have, sizeof(have), ndim, found);
+    shape_format(want, sizeof(want), t->ndim, t->shape);
+    return fail(err, errlen, "checkpoint %s: %s has shape %s but the model expects %s", file_path,
+                t->path, have, want);
+}
+
+static bool dataset_is_float(hid_t dset) {
+    hid_t type = H5Dget_type(dset);
+    H5_CHECK(type);
+    H5T_class_t cls = H5Tget_class(type);
+    H5_CHECK(H5Tclose(type));
+    return cls == H5T_FLOAT;
+}
+
+static bool tensor_load(hid_t file, const char *file_path, const CkptTensor *t, char *err,
+                        size_t errlen) {
+    if (!object_exists(file, t->path))
+        return fail(err, errlen, "checkpoint %s has no dataset %s", file_path, t->path);
+    hid_t dset = H5Dopen2(file, t->path, H5P_DEFAULT);
+    if (dset < 0)
+        return fail(err, errlen, "checkpoint %s: %s is not a readable dataset", file_path, t->path);
+    bool ok = dataset_check_shape(dset, file_path, t, err, errlen);
+    if (ok && !dataset_is_float(dset))
+        ok = fail(err, errlen, "checkpoint %s: %s is not a floating-point dataset", file_path,
+                  t->path);
+    if (ok && H5Dread(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t->data) < 0)
+        ok = fail(err, errlen, "checkpoint %s is truncated or corrupt (reading %s failed)",
+                  file_path, t->path);
+    H5_CHECK(H5Dclose(dset));
+    return ok;
+}
+
+bool ckpt_try_load(const char *path, const CkptTensor *tensors, int n_tensors, char *err,
+                   size_t errlen) {
+    hid_t file = file_open(path, err, errlen);
+    if (file < 0) return false;
+    bool ok = true;
+    for (int i = 0; i < n_tensors && ok; i++)
+        ok = tensor_load(file, path, &tensors[i], err, errlen);
+    H5_CHECK(H5Fclose(file));
+    return ok;
+}
+
+void ckpt_load(const char *path, const CkptTensor *tensors, int n_tensors) {
+    char err[1024];
+    if (!ckpt_try_load(path, tensors, n_tensors, err, sizeof(err))) die_user("%s", err);
+}
+
+bool ckpt_has(const char *path, const char *dataset_path) {
+    hid_t file = file_open_or_die(path);
+    bool found = object_exists(file, dataset_path);
+    H5_CHECK(H5Fclose(file));
+    return found;
+}
+
+static void tensor_write(hid_t file, hid_t lcpl, const CkptTensor *t) {
+    CHECK(t->ndim >= 0 && t->ndim <= CKPT_MAX_DIMS);
+    hsize_t dims[CKPT_MAX_DIMS];
+    for (int d = 0; d < t->ndim; d++) {
+        CHECK(t->shape[d] >= 0);
+        dims[d] = (hsize_t)t->shape[d];
+    }
+    hid_t space = t->ndim ? H5Screate_simple(t->ndim, dims, NULL) : H5Screate(H5S_SCALAR);
+    H5_CHECK(space);
+    hid_t dset = H5Dcreate2(file, t->path, H5T_IEEE_F32LE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    H5_CHECK(dset);
+    H5_CHECK(H5Dwrite(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t->data));
+    H5_CHECK(H5Dclose(dset));
+    H5_CHECK(H5Sclose(space));
+}
+
+// Variable-length so that a config of any size fits (fixed-size attributes are capped at
+// 64 KiB in compact storage); h5py reads it as a str.
+static hid_t string_type_create(void) {
+    hid_t type = H5Tcopy(H5T_C_S1);
+    H5_CHECK(type);
+    H5_CHECK(H5Tset_size(type, H5T_VARIABLE));
+    H5_CHECK(H5Tset_cset(type, H5T_CSET_UTF8));
+    return type;
+}
+
+static void attr_write(hid_t file, const CkptAttr *a) {
+    hid_t space = H5Screate(H5S_SCALAR);
+    H5_CHECK(space);
+    hid_t file_type = a->type == CKPT_INT      ? H5Tcopy(H5T_STD_I64LE)
+                      : a->type == CKPT_DOUBLE ? H5Tcopy(H5T_IEEE_F64LE)
+                                               : string_type_create();
+    H5_CHECK(file_type);
+    hid_t attr = H5Acreate2(file, a->name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
+    H5_CHECK(attr);
+    if (a->type == CKPT_INT) H5_CHECK(H5Awrite(attr, H5T_NATIVE_INT64, &a->i));
+    if (a->type == CKPT_DOUBLE) H5_CHECK(H5Awrite(attr, H5T_NATIVE_DOUBLE, &a->d));
+    if (a->type == CKPT_STRING) H5_CHECK(H5Awrite(attr, file_type, &a->s));
+    H5_CHECK(H5Aclose(attr));
+    H5_CHECK(H5Tclose(file_type));
+    H5_CHECK(H5Sclose(space));
+}
+
+static void dir_of(const char *path, char *out, size_t n) {
+    const char *slash = strrchr(path, '/');
+    size_t len = slash ? (size_t)(slash - path) : 0;
+    if (!slash) snprintf(out, n, ".");
+    else if (len == 0) snprintf(out, n, "/");
+    else snprintf(out, n, "%.*s", (int)len, path);
+}
+
+// mkdir -p: the checkpoint folder (e.g. outputs/checkpoint) need not exist before the first save.
+static void dir_create(const char *dir) {
+    char partial[1024];
+    size_t len = strlen(dir);
+    CHECK(len < sizeof(partial));
+    for (size_t i = 1; i <= len; i++) {
+        if (dir[i] != '/' && dir[i] != '\0') continue;
+        memcpy(partial, dir, i);
+        partial[i] = '\0';
+        if (mkdir(partial, 0777) != 0 && errno != EEXIST)
+            die_user("cannot create checkpoint folder %s: %s", partial, strerror(errno));
+    }
+}
+
+static void fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    SYS_CHECK(fd);
+    SYS_CHECK(fsync(fd));
+    SYS_CHECK(close(fd));
+}
+
+static void file_write(const char *tmp, const CkptTensor *tensors, int n_tensors,
+                       const CkptAttr *attrs, int n_attrs) {
+    hid_t fapl = fapl_create();
+    hid_t file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (file < 0) die_user("cannot create checkpoint file %s", tmp);
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    H5_CHECK(lcpl);
+    H5_CHECK(H5Pset_create_intermediate_group(lcpl, 1));
+    for (int i = 0; i < n_tensors; i++) tensor_write(file, lcpl, &tensors[i]);
+    for (int i = 0; i < n_attrs; i++) attr_write(file, &attrs[i]);
+    H5_CHECK(H5Pclose(lcpl));
+    H5_CHECK(H5Fclose(file));
+    H5_CHECK(H5Pclose(fapl));
+}
+
+void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const CkptAttr *attrs,
+               int n_attrs) {
+    hdf5_silence();
+    char dir[1024], tmp[1024];
+    dir_of(path, dir, sizeof(dir));
+    CHECK(snprintf(tmp, sizeof(tmp), "%s.tmp", path) < (int)sizeof(tmp));
+    dir_create(dir);
+    // A stale .tmp is a save that crashed; it is garbage, never a checkpoint.
+    if (unlink(tmp) != 0 && errno != ENOENT)
+        die_user("cannot remove stale %s: %s", tmp, strerror(errno));
+    file_write(tmp, tensors, n_tensors, attrs, n_attrs);
+    // Data on disk before the name points at it, and the rename itself made durable.
+    fsync_path(tmp);
+    SYS_CHECK(rename(tmp, path));
+    fsync_path(dir);
+}
+
+// Opens a root attribute of the given class, dying with a line naming what is wrong.
+static hid_t attr_open(hid_t file, const char *path, const char *name, H5T_class_t cls) {
+    if (H5Aexists(file, name) <= 0) die_user("checkpoint %s has no attribute %s", path, name);
+    hid_t attr = H5Aopen(file, name, H5P_DEFAULT);
+    if (attr < 0) die_user("checkpoint %s is truncated or corrupt (attribute %s)", path, name);
+    hid_t type = H5Aget_type(attr), space = H5Aget_space(attr);
+    H5_CHECK(type);
+    H5_CHECK(space);
+    bool ok = H5Tget_class(type) == cls && H5Sget_simple_extent_npoints(space) == 1;
+    H5_CHECK(H5Tclose(type));
+    H5_CHECK(H5Sclose(space));
+    const char *kind = cls == H5T_INTEGER ? "integer" : cls == H5T_FLOAT ? "number" : "string";
+    if (!ok) die_user("checkpoint %s: attribute %s is not a single %s", path, name, kind);
+    return attr;
+}
+
+static void attr_read_scalar(const char *path, const char *name, H5T_class_t cls, hid_t mem_type,
+                             void *out) {
+    hid_t file = file_open_or_die(path);
+    hid_t attr = attr_open(file, path, name, cls);
+    if (H5Aread(attr, mem_type, out) < 0)
+        die_user("checkpoint %s is truncated or corrupt (attribute %s)", path, name);
+    H5_CHECK(H5Aclose(attr));
+    H5_CHECK(H5Fclose(file));
+}
+
+int64_t ckpt_read_int(const char *path, const char *attr) {
+    int64_t v;
+    attr_read_scalar(path, attr, H5T_INTEGER, H5T_NATIVE_INT64, &v);
+    return v;
+}
+
+double ckpt_read_double(const char *path, const char *attr) {
+    double v;
+    attr_read_scalar(path, attr, H5T_FLOAT, H5T_NATIVE_DOUBLE, &v);
+    return v;
+}
+
+// Reads a variable-length (titan, h5py) or fixed-length (other writers) string attribute.
+static char *attr_read_string(hid_t attr) {
+    hid_t file_type = H5Aget_type(attr);
+    H5_CHECK(file_type);
+    htri_t variable = H5Tis_variable_str(file_type);
+    H5_CHECK(variable);
+    size_t size = H5Tget_size(file_type);
+    // HDF5 does not convert between ASCII and UTF-8, so read in the file's own character set.
+    H5T_cset_t cset = H5Tget_cset(file_type);
+    H5_CHECK(cset);
+    H5_CHECK(H5Tclose(file_type));
+    hid_t mem_type = H5Tcopy(H5T_C_S1);
+    H5_CHECK(mem_type);
+    H5_CHECK(H5Tset_cset(mem_type, cset));
+    char *out = NULL;
+    if (variable) {
+        char *vl = NULL;
+        H5_CHECK(H5Tset_size(mem_type, H5T_VARIABLE));
+        if (H5Aread(attr, mem_type, &vl) >= 0 && vl) {
+            out = strcpy(xmalloc(strlen(vl) + 1), vl);
+            H5_CHECK(H5free_memory(vl));
+        }
+    } else {
+        // One more byte than stored: the memory type is NUL-terminated, the file's may be padded.
+        H5_CHECK(H5Tset_size(mem_type, size + 1));
+        out = xcalloc(size + 1, 1);
+        if (H5Aread(attr, mem_type, out) < 0) free(out), out = NULL;
+    }
+    H5_CHECK(H5Tclose(mem_type));
+    return out;
+}
+
+char *ckpt_read_string(const char *path, const char *attr) {
+    hid_t file = file_open_or_die(path);
+    hid_t a = attr_open(file, path, attr, H5T_STRING);
+    char *s = attr_read_string(a);
+    if (!s) die_user("checkpoint %s is truncated or corrupt (attribute %s)", path, attr);
+    H5_CHECK(H5Aclose(a));
+    H5_CHECK(H5Fclose(file));
+    return s;
+}
+
+void ckpt_path_for_step(char *out, size_t outlen, const char *folder, int64_t step) {
+    int n = snprintf(out, outlen, "%s/step-%" PRId64 ".h5", folder, step);
+    CHECK(n >= 0 && (size_t)n < outlen);
+}
+
+// "step-<digits>.h5" exactly; anything else (step-9.h5.tmp, notes.txt) is not a checkpoint.
+static bool step_parse(const char *name, int64_t *step) {
+    if (strncmp(name, "step-", 5) != 0 || name[5] < '0' || name[5] > '9') return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(name + 5, &end, 10);
+    if (errno != 0 || strcmp(end, ".h5") != 0) return false;
+    *step = v;
+    return true;
+}
+
+int64_t ckpt_latest_step(const char *folder) {
+    DIR *dir = opendir(folder);
+    if (!dir) {
+        if (errno == ENOENT) return -1;
+        die_user("cannot read checkpoint folder %s: %s", folder, strerror(errno));
+    }
+    int64_t latest = -1, step;
+    for (struct dirent *e; (e = readdir(dir));)
+        if (step_parse(e->d_name, &step) && step > latest) latest = step;
+    SYS_CHECK(closedir(dir));
+    return latest;
+}

@@ -1,0 +1,65 @@
+// Checkpoints: one HDF5 file per saved step, readable by h5py or h5dump as plain tensors.
+//
+// Layout: a float32 (little-endian) dataset per tensor at a caller-given path with its global
+// shape ("/model/layers.0.attention.wq.weight", "/optimizer/exp_avg/<fqn>"), intermediate
+// groups created as needed; scalar attributes on the root group (int64, double, UTF-8
+// string) for step, config text, model args, data-loader position. The checkpoint knows
+// nothing about models: callers list what to save and what to load.
+//
+// A file is written as <path>.tmp, closed, fsynced and renamed onto <path> (then the folder is
+// fsynced), so a crash never leaves a partial file under a final name. Step files live in a
+// folder as step-<N>.h5.
+//
+// Every failure a user can cause (missing or truncated file, missing dataset, wrong shape,
+// missing attribute) ends in one die_user line naming the file; HDF5's own error stack is
+// silenced. The ckpt_try_* forms return that line instead of dying, for callers (and tests)
+// that want to decide.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *path;      // dataset path inside the file, e.g. "/model/norm.weight"
+    int ndim;              // 0 (scalar) .. CKPT_MAX_DIMS
+    const int64_t *shape;  // (ndim) global shape
+    float *data;           // (shape) read from on save, written on load
+} CkptTensor;
+
+#define CKPT_MAX_DIMS 8
+
+typedef enum { CKPT_INT, CKPT_DOUBLE, CKPT_STRING } CkptAttrType;
+
+typedef struct {
+    const char *name;  // root-group attribute name; may contain dots ("model.dim")
+    CkptAttrType type;
+    int64_t i;         // CKPT_INT
+    double d;          // CKPT_DOUBLE
+    const char *s;     // CKPT_STRING, stored as a variable-length UTF-8 string
+} CkptAttr;
+
+// Writes every tensor and attribute to path atomically (see above).
+void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const CkptAttr *attrs,
+               int n_attrs);
+
+// Fills every listed tensor; each dataset must exist with exactly the listed shape.
+void ckpt_load(const char *path, const CkptTensor *tensors, int n_tensors);
+// ckpt_load without dying: false and a one-line reason in err on any user-caused failure.
+bool ckpt_try_load(const char *path, const CkptTensor *tensors, int n_tensors, char *err,
+                   size_t errlen);
+
+// Whether the file holds a dataset at dataset_path (e.g. optimizer state); dies on a bad file.
+bool ckpt_has(const char *path, const char *dataset_path);
+
+// Root-group attributes; die_user if the file is bad or the attribute is missing or of
+// another kind. ckpt_read_string returns a malloc'd string the caller frees.
+int64_t ckpt_read_int(const char *path, const char *attr);
+double ckpt_read_double(const char *path, const char *attr);
+char *ckpt_read_string(const char *path, const char *attr);
+
+// "<folder>/step-<step>.h5".
+void ckpt_path_for_step(char *out, size_t outlen, const char *folder, int64_t step);
+// Highest N with a complete <folder>/step-<N>.h5; -1 if none or no folder. Temporary files
+// (step-N.h5.tmp) and other names are ignored.
+int64_t ckpt_latest_step(const char *folder);

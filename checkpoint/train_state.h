@@ -1,0 +1,24 @@
+// What a training checkpoint holds, in torchtitan's terms: the model's state dict under
+// /model/<fqn>, AdamW's exp_avg / exp_avg_sq under /optimizer/..., and the progress (step,
+// optimizer step, data-loader position) plus the resolved config and the model's arguments
+// as root attributes. A seed checkpoint (checkpoint.create_seed_checkpoint) has the model only.
+#pragma once
+
+#include <stdint.h>
+
+#include "checkpoint/checkpoint.h"
+#include "core/param.h"
+#include "optim/optim.h"
+
+typedef struct {
+    int64_t step;              // training steps completed
+    int64_t windows_consumed;  // data-loader position: windows read so far
+} TrainProgress;
+
+// opt may be NULL (model only). model_attrs describe the architecture (e.g. "model.dim").
+void train_state_save(const char *path, const ParamTable *params, const AdamW *opt,
+                      TrainProgress progress, uint64_t seed, const char *config_yaml,
+                      const CkptAttr *model_attrs, int n_model_attrs);
+// Loads the model, and the optimizer state and progress when the file has them (a seed or
+// model-only file leaves opt untouched and progress at zero).
+void train_state_load(const char *path, ParamTable *params, AdamW *opt, TrainProgress *progress);

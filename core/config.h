@@ -1,0 +1,202 @@
+// Configuration: torchtitan's job config, read from YAML and `--section.key value` overrides.
+//
+// Sections, key names and defaults follow torchtitan's JobConfig so that a torchtitan config
+// translates key for key. One table in config.c describes every key (type, default, allowed
+// values, help); parsing, defaults, overrides, printing and typo suggestions all walk it, so a
+// new key is one struct field plus one table line.
+//
+// Types: BOOL -> bool, INT -> int64_t, FLOAT -> double, STRING and ENUM -> char * (owned),
+// STRING_LIST -> StringList. Keys torchtitan types as `X | None` accept YAML null (`null`, `~`):
+// a null string is NULL, a null float is NAN (test with isnan), a null int is CONFIG_INT_UNSET.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CONFIG_INT_UNSET INT64_MIN  // a nullable INT key set to null
+
+typedef struct {
+    int count;
+    char **items;  // owned
+} StringList;
+
+typedef struct {
+    char *config_file;       // nullable; set to the file actually read
+    char *dump_folder;
+    char *description;
+    bool print_config;
+    char *save_config_file;  // nullable
+} JobSection;
+
+typedef struct {
+    bool enable_profiling;
+    char *save_traces_folder;
+    int64_t profile_freq;
+    int64_t profiler_active;
+    int64_t profiler_warmup;
+    bool enable_memory_snapshot;
+    char *save_memory_snapshot_folder;
+} ProfilingSection;
+
+typedef struct {
+    int64_t log_freq;
+    bool enable_tensorboard;
+    bool disable_color_printing;
+    char *save_tb_folder;
+    bool save_for_all_ranks;
+    bool enable_wandb;
+    double peak_flops;  // FLOP/s per device for MFU; 0 = use the device's known peak
+} MetricsSection;
+
+typedef struct {
+    char *name;
+    char *flavor;
+    char *tokenizer_path;
+    StringList converters;
+    bool print_after_conversion;
+    bool tie_word_embeddings;
+} ModelSection;
+
+typedef struct {
+    char *name;
+    double lr;
+    double beta1;
+    double beta2;
+    double eps;
+    double weight_decay;
+    char *implementation;
+    bool early_step_in_backward;
+} OptimizerSection;
+
+typedef struct {
+    int64_t warmup_steps;
+    double decay_ratio;  // nullable: NAN = decay right after warmup (no stable phase)
+    char *decay_type;
+    double min_lr_factor;
+} LrSchedulerSection;
+
+typedef struct {
+    char *dataset;
+    char *dataset_path;  // nullable
+    int64_t local_batch_size;
+    int64_t global_batch_size;  // -1 = local_batch_size x data-parallel degree
+    int64_t seq_len;
+    double max_norm;
+    int64_t steps;
+    bool enable_cpu_offload;
+    char *dtype;
+    char *mixed_precision_param;
+    char *mixed_precision_reduce;
+    bool compile;
+    int64_t gc_freq;
+    int64_t seed;  // torchtitan: None; titan seeds 0 so that runs are reproducible by default
+    bool deterministic;
+} TrainingSection;
+
+typedef struct {
+    int64_t data_parallel_replicate_degree;
+    bool enable_compiled_autograd;
+    int64_t data_parallel_shard_degree;  // -1 = the ranks left over by the other dims
+    char *fsdp_reshard_after_forward;
+    int64_t tensor_parallel_degree;
+    bool disable_loss_parallel;
+    bool enable_async_tensor_parallel;
+    int64_t pipeline_parallel_degree;
+    int64_t pipeline_parallel_first_stage_less_layers;
+    int64_t pipeline_parallel_last_stage_less_layers;
+    int64_t pipeline_parallel_layers_per_stage;  // nullable
+    char *pipeline_parallel_schedule;
+    char *pipeline_parallel_schedule_csv;  // nullable
+    int64_t pipeline_parallel_microbatch_size;
+    int64_t context_parallel_degree;
+    char *context_parallel_rotate_method;
+    int64_t expert_parallel_degree;
+    int64_t expert_tensor_parallel_degree;
+} ParallelismSection;
+
+typedef struct {
+    bool enable;
+    char *folder;
+    int64_t interval;
+    char *initial_load_path;  // nullable
+    bool initial_load_model_only;
+    bool initial_load_in_hf;
+    bool last_save_model_only;
+    bool last_save_in_hf;
+    char *export_dtype;
+    char *async_mode;
+    int64_t keep_latest_k;
+    int64_t load_step;  // -1 = latest
+    StringList exclude_from_loading;
+    bool enable_first_step_checkpoint;
+    bool create_seed_checkpoint;
+    bool load_only;
+} CheckpointSection;
+
+typedef struct {
+    char *mode;
+    char *selective_ac_option;
+} ActivationCheckpointSection;
+
+typedef struct {
+    bool enable_fsdp_float8_all_gather;
+    bool precompute_float8_dynamic_scale_for_fsdp;
+    bool force_recompute_fp8_weight_in_bwd;
+    char *recipe_name;  // nullable
+    StringList filter_fqns;
+    bool emulate;
+    StringList moe_fqns_prototype;
+} Float8Section;
+
+typedef struct {
+    int64_t init_timeout_seconds;
+    int64_t train_timeout_seconds;
+    int64_t trace_buf_size;
+    char *save_traces_folder;
+} CommSection;
+
+typedef struct {
+    bool enable;
+    char *dataset;
+    char *dataset_path;  // nullable
+    int64_t local_batch_size;
+    int64_t seq_len;
+    int64_t freq;
+    int64_t steps;  // -1 = the whole validation set
+} ValidationSection;
+
+typedef struct {
+    JobSection job;
+    ProfilingSection profiling;
+    MetricsSection metrics;
+    ModelSection model;
+    OptimizerSection optimizer;
+    LrSchedulerSection lr_scheduler;
+    TrainingSection training;
+    ParallelismSection parallelism;
+    CheckpointSection checkpoint;
+    ActivationCheckpointSection activation_checkpoint;
+    Float8Section float8;
+    CommSection comm;
+    ValidationSection validation;
+} Config;
+
+// Overwrites *c with every default (call config_free first if *c held a config).
+void config_defaults(Config *c);
+// Reads `--config PATH` (or `--job.config_file PATH`) first, then applies `--section.key value`
+// and `--section.key=value` overrides in argument order, wherever the file argument stood. A
+// bare BOOL flag means true. Any other argument is an error. On error: false, one line in err.
+bool config_parse_args(Config *c, int argc, char **argv, char *err, size_t errlen);
+// Applies the keys a YAML file sets on top of *c; errors name file:line:col.
+bool config_parse_file(Config *c, const char *path, char *err, size_t errlen);
+// Refuses values that are always wrong (ranges, batch arithmetic) and values asking for
+// features this build does not implement yet, naming the key.
+bool config_check_supported(const Config *c, char *err, size_t errlen);
+// defaults + args + checks; die_user with the one-line reason on failure.
+void config_load_or_die(Config *c, int argc, char **argv);
+// The resolved config as YAML with every key, re-parseable by config_parse_file.
+void config_print_yaml(const Config *c, FILE *f);
+char *config_to_yaml(const Config *c);  // same text, malloc'd: checkpoints store it
+void config_free(Config *c);

@@ -1,0 +1,159 @@
+// Causal grouped-query attention, FlashAttention-style (Dao et al. 2022): queries go in tiles
+// of ATTN_TILE rows, each tile's scores against keys [0, tile end) live only in a per-thread
+// scratch, and backward recomputes the probabilities from the saved log-sum-exp instead of
+// storing the (T, T) matrix.
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/errors.h"
+#include "kernels/cpu/cpu.h"
+
+#define ATTN_TILE 64
+
+// Per-thread scratch that grows to the largest request and is then reused, so the step loop
+// allocates only on its first call (OpenMP keeps its worker threads alive between regions).
+static _Thread_local float *scratch;
+static _Thread_local size_t scratch_floats;
+
+static float *attention_scratch(size_t floats) {
+    if (floats > scratch_floats) {
+        free(scratch);
+        scratch = xmalloc(floats * sizeof *scratch);
+        scratch_floats = floats;
+    }
+    return scratch;
+}
+
+// Where one (batch, head) starts in a (B, T, heads, head_dim) tensor, and its row stride.
+typedef struct HeadView {
+    size_t offset;
+    int ld;
+} HeadView;
+
+static HeadView attention_head(int b, int h, int T, int heads, int head_dim) {
+    return (HeadView){((size_t)b * T * heads + h) * head_dim, heads * head_dim};
+}
+
+// Row r of s (query i0 + r, kv_len wide) becomes softmax over keys [0, i0 + r] and zeros
+// beyond; returns the row's log-sum-exp.
+static float attention_softmax_row(float *s, int n_valid, int kv_len) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j < n_valid; j++) mx = s[j] > mx ? s[j] : mx;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < n_valid; j++) {
+        s[j] = cpu_expf(s[j] - mx);
+        sum += s[j];
+    }
+    float inv = 1.0f / sum;
+#pragma omp simd
+    for (int j = 0; j < n_valid; j++) s[j] *= inv;
+    for (int j = n_valid; j < kv_len; j++) s[j] = 0.0f;
+    return mx + logf(sum);
+}
+
+void cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
+                           const float *v, int B, int T, int n_heads, int n_kv_heads,
+                           int head_dim) {
+    int n_tiles = (T + ATTN_TILE - 1) / ATTN_TILE, group = n_heads / n_kv_heads;
+    float scale = 1.0f / sqrtf((float)head_dim);
+#pragma omp parallel for collapse(3) schedule(dynamic, 1)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < n_heads; h++)
+            for (int t = 0; t < n_tiles; t++) {
+                int i0 = t * ATTN_TILE;
+                int rows = T - i0 < ATTN_TILE ? T - i0 : ATTN_TILE, kv_len = i0 + rows;
+                HeadView qh = attention_head(b, h, T, n_heads, head_dim);
+                HeadView kh = attention_head(b, h / group, T, n_kv_heads, head_dim);
+                size_t q0 = qh.offset + (size_t)i0 * qh.ld;
+                float *s = attention_scratch((size_t)ATTN_TILE * T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, kv_len, head_dim,
+                            scale, q + q0, qh.ld, k + kh.offset, kh.ld, 0.0f, s, kv_len);
+                float *lse_bh = lse + ((size_t)b * n_heads + h) * T + i0;
+                for (int r = 0; r < rows; r++)
+                    lse_bh[r] = attention_softmax_row(s + (size_t)r * kv_len, i0 + r + 1, kv_len);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, head_dim, kv_len,
+                            1.0f, s, kv_len, v + kh.offset, kh.ld, 0.0f, out + q0, qh.ld);
+            }
+}
+
+// One query tile's contribution to all four gradients. p and ds are (rows, kv_len) scratch.
+// P = exp(S - lse), dP = dO V^T, D = rowsum(dO o O), dS = P o (dP - D); then
+// dQ += scale dS K, dK += scale dS^T Q, dV += P^T dO.
+typedef struct AttnTile {
+    const float *q, *k, *v, *o, *dout, *lse; // q, o, dout at the tile's first row
+    float *dq, *dk, *dv;                     // dq at the tile's first row
+    int ld_q, ld_kv, rows, i0, head_dim;
+    float scale;
+} AttnTile;
+
+static void attention_tile_probs(const AttnTile *a, float *p, int kv_len) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, a->rows, kv_len, a->head_dim, a->scale,
+                a->q, a->ld_q, a->k, a->ld_kv, 0.0f, p, kv_len);
+    for (int r = 0; r < a->rows; r++) {
+        float *pr = p + (size_t)r * kv_len, l = a->lse[r];
+        int n_valid = a->i0 + r + 1;
+#pragma omp simd
+        for (int j = 0; j < n_valid; j++) pr[j] = cpu_expf(pr[j] - l);
+        for (int j = n_valid; j < kv_len; j++) pr[j] = 0.0f;
+    }
+}
+
+static void attention_tile_dscores(const AttnTile *a, const float *p, float *ds, int kv_len) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, a->rows, kv_len, a->head_dim, 1.0f,
+                a->dout, a->ld_q, a->v, a->ld_kv, 0.0f, ds, kv_len);
+    for (int r = 0; r < a->rows; r++) {
+        const float *gr = a->dout + (size_t)r * a->ld_q, *orow = a->o + (size_t)r * a->ld_q;
+        float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+        for (int c = 0; c < a->head_dim; c++) d += gr[c] * orow[c];
+        const float *pr = p + (size_t)r * kv_len;
+        float *dsr = ds + (size_t)r * kv_len;
+#pragma omp simd
+        for (int j = 0; j < kv_len; j++) dsr[j] = pr[j] * (dsr[j] - d);
+    }
+}
+
+static void attention_tile_backward(const AttnTile *a, float *p, float *ds) {
+    int kv_len = a->i0 + a->rows, hd = a->head_dim;
+    attention_tile_probs(a, p, kv_len);
+    attention_tile_dscores(a, p, ds, kv_len);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, a->rows, hd, kv_len, a->scale, ds,
+                kv_len, a->k, a->ld_kv, 1.0f, a->dq, a->ld_q);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kv_len, hd, a->rows, a->scale, ds,
+                kv_len, a->q, a->ld_q, 1.0f, a->dk, a->ld_kv);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kv_len, hd, a->rows, 1.0f, p, kv_len,
+                a->dout, a->ld_q, 1.0f, a->dv, a->ld_kv);
+}
+
+// One task per (batch, kv head): it alone writes that kv head's dK, dV and its query heads'
+// dQ, in a fixed order, so GQA needs no atomics and results do not depend on scheduling.
+void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                            const float *k, const float *v, const float *out, const float *lse,
+                            int B, int T, int n_heads, int n_kv_heads, int head_dim) {
+    int group = n_heads / n_kv_heads;
+    float scale = 1.0f / sqrtf((float)head_dim);
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int b = 0; b < B; b++)
+        for (int kvh = 0; kvh < n_kv_heads; kvh++) {
+            float *p = attention_scratch((size_t)2 * ATTN_TILE * T), *ds = p + ATTN_TILE * T;
+            HeadView kh = attention_head(b, kvh, T, n_kv_heads, head_dim);
+            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+                HeadView qh = attention_head(b, h, T, n_heads, head_dim);
+                for (int i0 = 0; i0 < T; i0 += ATTN_TILE) {
+                    size_t q0 = qh.offset + (size_t)i0 * qh.ld;
+                    AttnTile a = {
+                        .q = q + q0, .k = k + kh.offset, .v = v + kh.offset, .o = out + q0,
+                        .dout = dout + q0, .lse = lse + ((size_t)b * n_heads + h) * T + i0,
+                        .dq = dq + q0, .dk = dk + kh.offset, .dv = dv + kh.offset,
+                        .ld_q = qh.ld, .ld_kv = kh.ld,
+                        .rows = T - i0 < ATTN_TILE ? T - i0 : ATTN_TILE, .i0 = i0,
+                        .head_dim = head_dim, .scale = scale,
+                    };
+                    attention_tile_backward(&a, p, ds);
+                }
+            }
+        }
+}

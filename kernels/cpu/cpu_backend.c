@@ -1,0 +1,22 @@
+#include "kernels/cpu/cpu.h"
+
+const KernelOps kernels_cpu = {
+    .name = "cpu",
+    .matmul = cpu_matmul,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .cross_entropy_forward = cpu_cross_entropy_forward,
+    .cross_entropy_backward = cpu_cross_entropy_backward,
+    .add = cpu_add,
+    .scale = cpu_scale,
+    .sum_squares = cpu_sum_squares,
+    .adamw_update = cpu_adamw_update,
+};

@@ -1,0 +1,49 @@
+#include "kernels/cpu/cpu.h"
+
+// sum_squares splits x into this many fixed chunks whatever the thread count, and adds their
+// partial sums in chunk order: the result depends only on n, never on scheduling.
+#define SUM_SQUARES_CHUNKS 256
+
+static inline float sigmoid(float x) { return 1.0f / (1.0f + cpu_expf(-x)); }
+
+void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
+}
+
+// d silu(g)/dg = sig(g) (1 + g (1 - sig(g))).
+void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                         const float *up, size_t n) {
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i], sg = sigmoid(g);
+        dgate[i] += dout[i] * up[i] * sg * (1.0f + g * (1.0f - sg));
+        dup[i] += dout[i] * g * sg;
+    }
+}
+
+void cpu_add(float *y, const float *x, size_t n) {
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void cpu_scale(float *x, size_t n, float s) {
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+double cpu_sum_squares(const float *x, size_t n) {
+    double partial[SUM_SQUARES_CHUNKS];
+    size_t chunk = (n + SUM_SQUARES_CHUNKS - 1) / SUM_SQUARES_CHUNKS;
+#pragma omp parallel for
+    for (int c = 0; c < SUM_SQUARES_CHUNKS; c++) {
+        size_t i0 = c * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (size_t i = i0; i < i1; i++) s += (double)x[i] * x[i];
+        partial[c] = s;
+    }
+    double total = 0.0;
+    for (int c = 0; c < SUM_SQUARES_CHUNKS; c++) total += partial[c];
+    return total;
+}

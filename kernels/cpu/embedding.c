@@ -1,0 +1,27 @@
+#include "kernels/cpu/cpu.h"
+
+// Columns per task of the backward scatter: a repeated token id sends several rows to the
+// same dtable row, so tasks own disjoint columns and add rows in token order.
+#define EMBEDDING_COL_CHUNK 32
+
+void cpu_embedding_forward(float *out, const int *tokens, const float *table, int n, int dim) {
+#pragma omp parallel for
+    for (int i = 0; i < n; i++)
+        memcpy(out + (size_t)i * dim, table + (size_t)tokens[i] * dim, dim * sizeof *out);
+}
+
+void cpu_embedding_backward(float *dtable, const float *dout, const int *tokens, int n,
+                            int dim) {
+    int n_chunks = (dim + EMBEDDING_COL_CHUNK - 1) / EMBEDDING_COL_CHUNK;
+#pragma omp parallel for
+    for (int c = 0; c < n_chunks; c++) {
+        int j0 = c * EMBEDDING_COL_CHUNK;
+        int j1 = j0 + EMBEDDING_COL_CHUNK < dim ? j0 + EMBEDDING_COL_CHUNK : dim;
+        for (int i = 0; i < n; i++) {
+            float *dst = dtable + (size_t)tokens[i] * dim;
+            const float *src = dout + (size_t)i * dim;
+#pragma omp simd
+            for (int j = j0; j < j1; j++) dst[j] += src[j];
+        }
+    }
+}

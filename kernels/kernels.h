@@ -1,0 +1,87 @@
+// The one op interface. Model code calls only these; each backend (kernels/cpu, later
+// kernels/cuda) fills one KernelOps table, picked at run time by kernels_backend(name).
+//
+// Conventions shared by every op:
+// - Row-major fp32 tensors. Shapes are given in the comments as (rows, cols).
+// - Linear layers keep weights as (out_features, in_features), like torch.nn.Linear, so a
+//   forward is y = x W^T.
+// - Backward ops ACCUMULATE (+=) into every gradient they produce, inputs' and parameters'
+//   alike (as in llm.c): the residual stream and gradient accumulation need no extra adds.
+//   Callers zero gradient buffers when a fresh gradient is wanted.
+// - Attention tensors use the layout (B, T, n_heads, head_dim); log-sum-exp is (B, n_heads, T).
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct KernelOps {
+    const char *name;
+
+    // c (m, n) = op(a) op(b) + beta * c, op(x) = x^T when trans_x. op(a) is (m, k), op(b) is
+    // (k, n); a, b, c are dense row-major (leading dimension = their column count).
+    void (*matmul)(float *c, const float *a, const float *b, int m, int n, int k, bool trans_a,
+                   bool trans_b, float beta);
+
+    // out (n, dim) = x / sqrt(mean(x^2) + eps) * weight; rstd (n) saved for backward.
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *x, const float *weight, int n,
+                            int dim, float eps);
+    void (*rmsnorm_backward)(float *dx, float *dweight, const float *dout, const float *x,
+                             const float *weight, const float *rstd, int n, int dim);
+
+    // Rotary embedding on interleaved pairs (x[2i], x[2i+1]) of each head, as torchtitan's
+    // complex-number formulation: row r of x (n_rows = B*T, each n_heads*head_dim wide) is at
+    // position pos[r % T]; cos/sin are (max_pos, head_dim/2) tables. In place allowed.
+    void (*rope_forward)(float *out, const float *x, const float *cos, const float *sin,
+                         const int *pos, int n_rows, int T, int n_heads, int head_dim);
+    // dx += R(pos)^T dout
+    void (*rope_backward)(float *dx, const float *dout, const float *cos, const float *sin,
+                          const int *pos, int n_rows, int T, int n_heads, int head_dim);
+
+    // Causal grouped-query attention, softmax scale 1/sqrt(head_dim). q, out: (B, T, n_heads,
+    // head_dim); k, v: (B, T, n_kv_heads, head_dim); query head h reads kv head
+    // h / (n_heads / n_kv_heads). lse (B, n_heads, T) is the natural-log log-sum-exp of each
+    // row of scaled scores, saved for backward (and for context parallel's merge).
+    void (*attention_forward)(float *out, float *lse, const float *q, const float *k,
+                              const float *v, int B, int T, int n_heads, int n_kv_heads,
+                              int head_dim);
+    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
+                               const float *q, const float *k, const float *v, const float *out,
+                               const float *lse, int B, int T, int n_heads, int n_kv_heads,
+                               int head_dim);
+
+    // out (n) = silu(gate) * up, the SwiGLU of the FFN (gate = x W1^T, up = x W3^T).
+    void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, size_t n);
+
+    // out (n, dim) = table[tokens[i]]; backward scatters dout rows into dtable.
+    void (*embedding_forward)(float *out, const int *tokens, const float *table, int n, int dim);
+    void (*embedding_backward)(float *dtable, const float *dout, const int *tokens, int n,
+                               int dim);
+
+    // losses (n) = logsumexp(logits[i]) - logits[i][targets[i]].
+    void (*cross_entropy_forward)(float *losses, const float *logits, const int *targets, int n,
+                                  int vocab);
+    // dlogits (n, vocab) += dloss * (softmax(logits[i]) - onehot(targets[i])): the gradient of
+    // dloss * sum(losses). dlogits may alias logits (then it is overwritten, not accumulated).
+    void (*cross_entropy_backward)(float *dlogits, const float *logits, const int *targets,
+                                   int n, int vocab, float dloss);
+
+    // y (n) += x
+    void (*add)(float *y, const float *x, size_t n);
+    // x (n) *= s
+    void (*scale)(float *x, size_t n, float s);
+    // sum of x^2 in double precision (global grad norm)
+    double (*sum_squares)(const float *x, size_t n);
+
+    // One AdamW step (Loshchilov & Hutter, decoupled weight decay) as torch.optim.AdamW:
+    // p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+    // p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps). step counts from 1.
+    void (*adamw_update)(float *param, const float *grad, float *m, float *v, size_t n,
+                         float lr, float beta1, float beta2, float eps, float weight_decay,
+                         int step);
+} KernelOps;
+
+// The table for "cpu" (always built) or "cuda" (built with CUDA=1); NULL if not built.
+const KernelOps *kernels_backend(const char *name);

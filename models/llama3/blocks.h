@@ -1,0 +1,36 @@
+// The three block kinds of a Llama 3 model (private to models/llama3).
+#pragma once
+
+#include "models/llama3/llama3.h"
+
+// Pointers into the step's activation arena: what a transformer block's forward keeps.
+typedef struct {
+    float *xn, *rstd1;      // (BT, dim), (BT): attention_norm output and its 1/rms
+    float *q, *k, *v;       // (BT, n_heads*hd), (BT, n_kv*hd) x2: after RoPE for q and k
+    float *attn, *lse;      // (BT, n_heads*hd), (B, n_heads, T)
+    float *h;               // (BT, dim): x + attention output (the FFN's residual input)
+    float *hn, *rstd2;      // (BT, dim), (BT): ffn_norm output and its 1/rms
+    float *gate, *up, *act; // (BT, hidden) x3: hn W1^T, hn W3^T, silu(gate) * up
+} LayerSaved;
+
+typedef struct {
+    const LlamaArgs *args;
+    int layer_id;
+    Param *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
+    const float *rope_cos, *rope_sin;  // (max_seq_len, head_dim/2)
+    LayerSaved saved;
+} LlamaLayer;
+
+typedef struct {
+    const LlamaArgs *args;
+    Param *tok_embeddings;
+} LlamaEmbed;
+
+typedef struct {
+    const LlamaArgs *args;
+    Param *norm, *output;   // output is tok_embeddings when the embeddings are tied
+    float *xn, *rstd;       // (BT, dim), (BT)
+    float *losses;          // (BT)
+} LlamaHead;
+
+extern const BlockOps LLAMA_EMBED_OPS, LLAMA_LAYER_OPS, LLAMA_HEAD_OPS;

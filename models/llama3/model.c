@@ -1,0 +1,132 @@
+// Llama 3 model construction: the parameter table (torchtitan's names, shapes and init) and
+// the block list embed, layers.0 .. layers.{n-1}, head.
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/errors.h"
+#include "models/llama3/blocks.h"
+
+typedef struct {
+    LlamaArgs args;
+    LlamaEmbed embed;
+    LlamaLayer *layers;
+    LlamaHead head;
+    float *rope_cos, *rope_sin;  // (max_seq_len, head_dim/2)
+} Llama;
+
+// Llama 3.1's frequency scaling (Meta's apply_scaling): long wavelengths are slowed by
+// scale_factor, short ones kept, and the band between interpolated smoothly.
+static double rope_scaled_freq(const LlamaArgs *a, double freq) {
+    double low_wavelen = a->rope_original_max_pos / a->rope_low_freq_factor;
+    double high_wavelen = a->rope_original_max_pos / a->rope_high_freq_factor;
+    double wavelen = 2 * M_PI / freq;
+    if (wavelen < high_wavelen) return freq;
+    if (wavelen > low_wavelen) return freq / a->rope_scaling_factor;
+    double smooth = (a->rope_original_max_pos / wavelen - a->rope_low_freq_factor) /
+                    (a->rope_high_freq_factor - a->rope_low_freq_factor);
+    return (1 - smooth) * freq / a->rope_scaling_factor + smooth * freq;
+}
+
+// torchtitan's precompute_freqs_cis, as cos/sin tables; computed in double so the tables are
+// correctly rounded whatever the position.
+static void rope_tables(Llama *l) {
+    const LlamaArgs *a = &l->args;
+    int half = llama3_head_dim(a) / 2;
+    l->rope_cos = xmalloc((size_t)a->max_seq_len * half * sizeof(float));
+    l->rope_sin = xmalloc((size_t)a->max_seq_len * half * sizeof(float));
+    for (int i = 0; i < half; i++) {
+        double freq = 1.0 / pow(a->rope_theta, 2.0 * i / (2 * half));
+        if (a->rope_scaling) freq = rope_scaled_freq(a, freq);
+        for (int t = 0; t < a->max_seq_len; t++) {
+            l->rope_cos[(size_t)t * half + i] = (float)cos(t * freq);
+            l->rope_sin[(size_t)t * half + i] = (float)sin(t * freq);
+        }
+    }
+}
+
+static Param *add_matrix(ParamTable *t, ParamInit init, double std, int64_t rows, int64_t cols,
+                         const char *name, int layer) {
+    int64_t shape[2] = {rows, cols};
+    return &t->items[params_add(t, init, std, 2, shape, name, layer)];
+}
+
+static Param *add_vector(ParamTable *t, int64_t n, const char *name, int layer) {
+    return &t->items[params_add(t, INIT_ONES, 0, 1, &n, name, layer)];
+}
+
+// torchtitan's init_weights: inputs of each sublayer N(0, 0.02) truncated at +-2, the output
+// projections (wo, w2, w3) with std 0.02 / sqrt(2 (layer + 1)) under depth_init.
+static void add_layer(Llama *l, ParamTable *t, int i) {
+    const LlamaArgs *a = &l->args;
+    LlamaLayer *L = &l->layers[i];
+    int hd = llama3_head_dim(a), H = llama3_hidden_dim(a);
+    double out_std = 0.02 / sqrt(2.0 * (a->depth_init ? i + 1 : a->n_layers));
+    *L = (LlamaLayer){.args = a, .layer_id = i, .rope_cos = l->rope_cos, .rope_sin = l->rope_sin};
+    L->attention_norm = add_vector(t, a->dim, "layers.%d.attention_norm.weight", i);
+    L->wq = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, (int64_t)a->n_heads * hd, a->dim,
+                       "layers.%d.attention.wq.weight", i);
+    L->wk = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, (int64_t)a->n_kv_heads * hd, a->dim,
+                       "layers.%d.attention.wk.weight", i);
+    L->wv = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, (int64_t)a->n_kv_heads * hd, a->dim,
+                       "layers.%d.attention.wv.weight", i);
+    L->wo = add_matrix(t, INIT_TRUNC_NORMAL, out_std, a->dim, (int64_t)a->n_heads * hd,
+                       "layers.%d.attention.wo.weight", i);
+    L->ffn_norm = add_vector(t, a->dim, "layers.%d.ffn_norm.weight", i);
+    L->w1 = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, H, a->dim, "layers.%d.feed_forward.w1.weight", i);
+    L->w2 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, a->dim, H, "layers.%d.feed_forward.w2.weight", i);
+    L->w3 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, H, a->dim, "layers.%d.feed_forward.w3.weight", i);
+}
+
+// torchtitan's get_num_flop_per_token: 6 FLOPs per weight per token (2 forward, 4 backward)
+// over all but the embedding table, plus 12 * layers * heads * head_dim * seq_len for the
+// attention scores and values (counted as if not causal, as torchtitan and PaLM do).
+static double flops_per_token(const Model *m, const LlamaArgs *a, int seq_len, size_t embed) {
+    double weights = (double)(m->params.numel - embed);
+    return 6 * weights + 12.0 * a->n_layers * a->n_heads * llama3_head_dim(a) * seq_len;
+}
+
+void llama3_build(Model *m, const LlamaArgs *args, bool activation_checkpoint) {
+    Llama *l = xcalloc(1, sizeof(Llama));
+    l->args = *args;
+    const LlamaArgs *a = &l->args;
+    rope_tables(l);
+    l->layers = xcalloc((size_t)a->n_layers, sizeof(LlamaLayer));
+    *m = (Model){.dim = a->dim, .n_blocks = a->n_layers + 2, .self = l};
+    ParamTable *t = &m->params;
+    params_init(t, 9 * a->n_layers + 3);
+
+    int64_t emb_shape[2] = {a->vocab_size, a->dim};
+    l->embed = (LlamaEmbed){.args = a};
+    l->embed.tok_embeddings = &t->items[params_add(t, INIT_NORMAL, 1.0, 2, emb_shape,
+                                                   "tok_embeddings.weight")];
+    for (int i = 0; i < a->n_layers; i++) add_layer(l, t, i);
+    l->head = (LlamaHead){.args = a};
+    l->head.norm = add_vector(t, a->dim, "norm.weight", -1);
+    if (a->tie_word_embeddings) {
+        l->head.output = l->embed.tok_embeddings;
+    } else {
+        double std = 1 / sqrt((double)a->dim);
+        l->head.output = add_matrix(t, INIT_TRUNC_NORMAL, std, a->vocab_size, a->dim,
+                                    "output.weight", -1);
+        l->head.output->init_cutoff = 3 * std;
+    }
+
+    m->blocks = xcalloc((size_t)m->n_blocks, sizeof(Block));
+    m->hidden = xcalloc((size_t)m->n_blocks + 1, sizeof(float *));
+    m->blocks[0] = (Block){&LLAMA_EMBED_OPS, &l->embed, false};
+    for (int i = 0; i < a->n_layers; i++)
+        m->blocks[i + 1] = (Block){&LLAMA_LAYER_OPS, &l->layers[i], activation_checkpoint};
+    m->blocks[m->n_blocks - 1] = (Block){&LLAMA_HEAD_OPS, &l->head, false};
+    m->flops_per_token = flops_per_token(m, a, a->max_seq_len, l->embed.tok_embeddings->numel);
+}
+
+void llama3_free(Model *m) {
+    Llama *l = m->self;
+    free(l->rope_cos);
+    free(l->rope_sin);
+    free(l->layers);
+    free(l);
+    free(m->blocks);
+    free(m->hidden);
+    params_free(&m->params);
+}

@@ -1,0 +1,41 @@
+// Optimizer, learning-rate schedule and gradient clipping, over a flat parameter table.
+#pragma once
+
+#include <stddef.h>
+
+#include "core/arena.h"
+#include "core/param.h"
+#include "kernels/kernels.h"
+
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+    int step;               // updates done so far (AdamW's t is step + 1 in the next update)
+    size_t numel;
+    float *exp_avg;         // first moment, laid out like ParamTable.data
+    float *exp_avg_sq;      // second moment
+} AdamW;
+
+// Carves both moments from the optimizer arena (zeroed by arena_commit).
+void adamw_allocate(AdamW *opt, size_t numel, Arena *state);
+// One update of every parameter at learning rate lr (torchtitan applies weight decay to all).
+void adamw_step(AdamW *opt, const KernelOps *k, ParamTable *params, double lr);
+
+typedef enum { DECAY_LINEAR, DECAY_SQRT, DECAY_COSINE } DecayType;
+
+// torchtitan's linear_warmup_stable_decay (components/lr_scheduler.py) driven by LambdaLR:
+// linear warmup, a stable phase, then decay to min_lr_factor over decay_steps.
+typedef struct {
+    int warmup_steps, stable_steps, decay_steps;
+    DecayType decay_type;
+    double min_lr_factor;
+} LrSchedule;
+
+// decay_ratio < 0 (unset): decay over all steps after warmup.
+LrSchedule lr_schedule_make(int total_steps, int warmup_steps, double decay_ratio,
+                            DecayType decay_type, double min_lr_factor);
+// Factor of the base lr used by the update of training step `step` (1-based).
+double lr_schedule_factor(const LrSchedule *s, int step);
+
+// Global L2 norm of all gradients; if above max_norm (> 0), scales them to max_norm as
+// torch.nn.utils.clip_grad_norm_ (coefficient max_norm / (norm + 1e-6)). Returns the norm.
+double grad_clip_by_norm(const KernelOps *k, ParamTable *params, double max_norm);

@@ -1,0 +1,68 @@
+// One forward/backward of titan on a checkpoint's weights and the first B windows of a token
+// stream, written as HDF5 for tests/reference/check_step.py to compare against PyTorch:
+//   dump_step CKPT.h5 DATA B T OUT.h5
+// OUT holds /tokens (B, T+1), /loss (1), /logits (B*T, vocab) and /grad/<fqn> for every
+// parameter (the gradient of the mean loss), all float32.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint/train_state.h"
+#include "core/errors.h"
+#include "data/shard.h"
+#include "models/llama3/llama3.h"
+
+int main(int argc, char **argv) {
+    if (argc != 6) die_user("usage: dump_step CKPT.h5 DATA B T OUT.h5");
+    const char *ckpt = argv[1], *data = argv[2], *out = argv[5];
+    int B = atoi(argv[3]), T = atoi(argv[4]);
+    const KernelOps *k = kernels_backend("cpu");
+    LlamaArgs args;
+    llama3_args_from_checkpoint(ckpt, &args);
+    args.max_seq_len = T;
+    Model m;
+    llama3_build(&m, &args, false);
+    Arena params, grads, acts;
+    model_allocate(&m, k, B, T, &params, &grads, &acts);
+    TrainProgress progress;
+    train_state_load(ckpt, &m.params, NULL, &progress);
+
+    TokenStream stream;
+    token_stream_open(&stream, data);
+    int32_t *window = xmalloc(sizeof(int32_t) * (T + 1));
+    float *tokens = xmalloc(sizeof(float) * B * (T + 1));
+    int *inputs = xmalloc(sizeof(int) * B * T), *targets = xmalloc(sizeof(int) * B * T);
+    int *pos = xmalloc(sizeof(int) * T);
+    for (int t = 0; t < T; t++) pos[t] = t;
+    for (int r = 0; r < B; r++) {
+        token_stream_window(&stream, r, T, window);
+        for (int t = 0; t <= T; t++) tokens[r * (T + 1) + t] = (float)window[t];
+        memcpy(inputs + r * T, window, sizeof(int) * T);
+        memcpy(targets + r * T, window + 1, sizeof(int) * T);
+    }
+
+    StepCtx s = {.k = k, .act = &acts, .B = B, .T = T, .tokens = inputs, .targets = targets,
+                 .pos = pos, .loss_scale = 1.0f};
+    size_t n_logits = (size_t)B * T * args.vocab_size;
+    float *logits = xmalloc(sizeof(float) * n_logits);
+    model_forward(&m, &s);
+    memcpy(logits, s.logits, sizeof(float) * n_logits);
+    arena_release(&acts, 0);
+    float loss = (float)model_forward_backward(&m, &s);
+
+    int n = m.params.count + 3;
+    CkptTensor *list = xcalloc(n, sizeof(CkptTensor));
+    char (*names)[PARAM_NAME_MAX + 8] = xcalloc(m.params.count, sizeof *names);
+    int64_t tok_shape[2] = {B, T + 1}, one = 1, logit_shape[2] = {(int64_t)B * T, args.vocab_size};
+    list[0] = (CkptTensor){"/tokens", 2, tok_shape, tokens};
+    list[1] = (CkptTensor){"/loss", 1, &one, &loss};
+    list[2] = (CkptTensor){"/logits", 2, logit_shape, logits};
+    for (int i = 0; i < m.params.count; i++) {
+        Param *p = &m.params.items[i];
+        snprintf(names[i], sizeof names[i], "/grad/%s", p->name);
+        list[3 + i] = (CkptTensor){names[i], p->ndim, p->shape, p->grad};
+    }
+    ckpt_save(out, list, n, NULL, 0);
+    printf("dump_step: loss %.7f, %d gradients -> %s\n", loss, m.params.count, out);
+    return 0;
+}

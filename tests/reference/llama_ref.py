@@ -1,0 +1,365 @@
+"""Independent PyTorch reference of torchtitan's Llama 3, used to prove titan correct.
+
+The math mirrors pytorch/torchtitan torchtitan/models/llama3/model/model.py (precompute_freqs_cis,
+apply_scaling, apply_rotary_emb, repeat_kv, Attention, FeedForward, TransformerBlock, Transformer)
+and torchtitan/components/lr_scheduler.py (build_lr_schedulers, linear_warmup_stable_decay).
+Written for torch 1.13, which has neither nn.RMSNorm nor F.scaled_dot_product_attention, so both
+are spelled out with the same formulas. The model is built from a titan checkpoint's attributes,
+never from a flavor table, so the reference cannot silently disagree with titan about the shape.
+"""
+import glob
+import math
+import os
+from dataclasses import dataclass
+
+import h5py
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import yaml
+
+SHARD_MAGIC = 20240520
+SHARD_HEADER_INTS = 256
+SHARD_DTYPES = {1: np.uint16, 2: np.uint32}
+
+
+@dataclass
+class ModelArgs:
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    vocab_size: int
+    hidden_dim: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: bool = False
+    rope_scaling_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_pos: int = 8192
+    tie_word_embeddings: bool = False
+
+    @property
+    def head_dim(self):
+        return self.dim // self.n_heads
+
+    @classmethod
+    def from_attrs(cls, attrs):
+        """Reads the `model.*` root attributes of a titan checkpoint."""
+        def get(name, kind):
+            return kind(attrs["model." + name])
+
+        return cls(
+            dim=get("dim", int), n_layers=get("n_layers", int), n_heads=get("n_heads", int),
+            n_kv_heads=get("n_kv_heads", int), vocab_size=get("vocab_size", int),
+            hidden_dim=get("hidden_dim", int), norm_eps=get("norm_eps", float),
+            rope_theta=get("rope_theta", float), rope_scaling=bool(get("rope_scaling", int)),
+            rope_scaling_factor=get("rope_scaling_factor", float),
+            rope_low_freq_factor=get("rope_low_freq_factor", float),
+            rope_high_freq_factor=get("rope_high_freq_factor", float),
+            rope_original_max_pos=get("rope_original_max_pos", int),
+            tie_word_embeddings=bool(get("tie_word_embeddings", int)),
+        )
+
+
+def ffn_hidden_dim(dim, multiple_of=256, ffn_dim_multiplier=None):
+    """torchtitan FeedForward.__init__ with hidden_dim = 4 * dim."""
+    hidden = int(2 * (4 * dim) / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+def apply_rope_scaling(freqs, args):
+    """torchtitan apply_scaling: Llama 3.1 long-context frequency scaling, in fp32 like it."""
+    factor = args.rope_scaling_factor
+    low, high = args.rope_low_freq_factor, args.rope_high_freq_factor
+    low_freq_wavelen = args.rope_original_max_pos / low
+    high_freq_wavelen = args.rope_original_max_pos / high
+    wavelen = 2 * math.pi / freqs
+    new_freqs = torch.where(wavelen > low_freq_wavelen, freqs / factor, freqs)
+    smooth = (args.rope_original_max_pos / wavelen - low) / (high - low)
+    mid = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(mid, (1 - smooth) * new_freqs / factor + smooth * new_freqs, new_freqs)
+
+
+def rope_cos_sin(args, seqlen, dtype):
+    """cos/sin of torchtitan's precompute_freqs_cis angles (seqlen, head_dim/2).
+
+    The angles are computed in fp32 exactly as torchtitan does (fp32 freqs, fp32 outer product);
+    only then are cos/sin taken and cast, so a float64 reference rotates by torchtitan's angles.
+    """
+    hd = args.head_dim
+    freqs = 1.0 / (args.rope_theta ** (torch.arange(0, hd, 2)[: hd // 2].float() / hd))
+    if args.rope_scaling:
+        freqs = apply_rope_scaling(freqs, args)
+    angles = torch.outer(torch.arange(seqlen), freqs).float()
+    return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
+
+
+def apply_rope(x, cos, sin):
+    """Complex multiplication of the interleaved pairs (x[..., 2i], x[..., 2i+1]) by e^{i angle}.
+
+    x: (B, T, heads, head_dim); cos, sin: (T, head_dim/2).
+    """
+    pairs = x.reshape(*x.shape[:-1], -1, 2)
+    re, im = pairs[..., 0], pairs[..., 1]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.stack((re * cos - im * sin, re * sin + im * cos), dim=-1).flatten(3)
+
+
+def repeat_kv(x, n_rep):
+    """torchtitan repeat_kv: query head h reads kv head h // n_rep."""
+    if n_rep == 1:
+        return x
+    bs, slen, n_kv_heads, head_dim = x.shape
+    return x[:, :, :, None, :].expand(bs, slen, n_kv_heads, n_rep, head_dim).reshape(
+        bs, slen, n_kv_heads * n_rep, head_dim)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x, cos, sin):
+        bs, seqlen, _ = x.shape
+        q = self.wq(x).view(bs, seqlen, self.n_heads, self.head_dim)
+        k = self.wk(x).view(bs, seqlen, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(bs, seqlen, self.n_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        n_rep = self.n_heads // self.n_kv_heads
+        q = q.transpose(1, 2)  # (bs, n_heads, seqlen, head_dim)
+        k = repeat_kv(k, n_rep).transpose(1, 2)
+        v = repeat_kv(v, n_rep).transpose(1, 2)
+        out = causal_attention(q, k, v)
+        return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+
+
+def causal_attention(q, k, v):
+    """What torchtitan's sdpa wrapper computes with is_causal=True and the default scale."""
+    seqlen = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    future = torch.ones(seqlen, seqlen, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(future, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden_dim):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args.dim, args.hidden_dim)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+
+    def forward(self, x, cos, sin):
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        # A tied model has no `output` parameter at all, so no checkpoint or grad name for it.
+        self.output = None if args.tie_word_embeddings else nn.Linear(
+            args.dim, args.vocab_size, bias=False)
+
+    def forward(self, tokens):
+        """tokens (B, T) int64 -> logits (B, T, vocab)."""
+        dtype = self.tok_embeddings.weight.dtype
+        cos, sin = rope_cos_sin(self.args, tokens.shape[1], dtype)
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        h = self.norm(h)
+        out_weight = self.tok_embeddings.weight if self.output is None else self.output.weight
+        return F.linear(h, out_weight)
+
+    def init_weights(self, seed):
+        """torchtitan's init_weights (depth_init=True), for runs that start without a checkpoint."""
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            self.tok_embeddings.weight.normal_(generator=gen)
+            for layer_id, layer in enumerate(self.layers):
+                std = 0.02 / (2 * (layer_id + 1)) ** 0.5
+                attn, ffn = layer.attention, layer.feed_forward
+                for w, s in ((attn.wq, 0.02), (attn.wk, 0.02), (attn.wv, 0.02), (attn.wo, std),
+                             (ffn.w1, 0.02), (ffn.w2, std), (ffn.w3, std)):
+                    trunc_normal(w.weight, s, 2.0, gen)
+            if self.output is not None:
+                std = self.args.dim ** -0.5
+                trunc_normal(self.output.weight, std, 3 * std, gen)
+
+
+def trunc_normal(t, std, bound, gen):
+    """Normal(0, std) resampled outside [-bound, bound] (nn.init.trunc_normal_ has no generator)."""
+    t.normal_(0.0, std, generator=gen)
+    while True:
+        outside = t.abs() > bound
+        if not outside.any():
+            return
+        t[outside] = torch.empty(int(outside.sum())).normal_(0.0, std, generator=gen).to(t.dtype)
+
+
+def cross_entropy(logits, targets):
+    """torchtitan cross_entropy_loss: mean over every token of the batch, in fp32 or wider."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1))
+
+
+def attr_text(value):
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def load_checkpoint(path, dtype=torch.float32):
+    """A titan HDF5 checkpoint -> (Transformer with its weights, ModelArgs, config dict)."""
+    with h5py.File(path, "r") as f:
+        args = ModelArgs.from_attrs(f.attrs)
+        config = yaml.safe_load(attr_text(f.attrs["config"]))
+        model = Transformer(args)
+        state = {}
+        for name, param in model.named_parameters():
+            key = "model/" + name
+            if key not in f:
+                raise SystemExit(f"{path}: missing /{key}")
+            if tuple(f[key].shape) != tuple(param.shape):
+                raise SystemExit(f"{path}: /{key} has shape {f[key].shape}, "
+                                 f"model args say {tuple(param.shape)}")
+            state[name] = torch.from_numpy(f[key][...].astype(np.float32))
+    model.load_state_dict(state)
+    return model.to(dtype), args, config
+
+
+def checkpoint_step(path):
+    with h5py.File(path, "r") as f:
+        return int(f.attrs["step"])
+
+
+def load_optimizer_state(path, model):
+    """The checkpoint's AdamW moments as {param name: (exp_avg, exp_avg_sq)}, or None if absent."""
+    with h5py.File(path, "r") as f:
+        if "optimizer/exp_avg" not in f:
+            return None
+        return {name: (torch.from_numpy(f["optimizer/exp_avg/" + name][...]),
+                       torch.from_numpy(f["optimizer/exp_avg_sq/" + name][...]))
+                for name, _ in model.named_parameters()}
+
+
+def read_shard(path):
+    """One llm.c token shard: 256 int32 header (magic, version, count), then the tokens."""
+    header = np.fromfile(path, dtype="<i4", count=SHARD_HEADER_INTS)
+    if len(header) != SHARD_HEADER_INTS or header[0] != SHARD_MAGIC:
+        raise SystemExit(f"{path}: not an llm.c token shard (bad magic)")
+    if int(header[1]) not in SHARD_DTYPES:
+        raise SystemExit(f"{path}: unknown shard version {header[1]}")
+    dtype = np.dtype(SHARD_DTYPES[int(header[1])]).newbyteorder("<")
+    count = int(header[2])
+    tokens = np.fromfile(path, dtype=dtype, count=count, offset=SHARD_HEADER_INTS * 4)
+    if len(tokens) != count:
+        raise SystemExit(f"{path}: header promises {count} tokens, file holds {len(tokens)}")
+    return tokens.astype(np.int64)
+
+
+def read_tokens(path):
+    """A .bin shard, or a directory whose *.bin shards are concatenated in name order."""
+    files = sorted(glob.glob(os.path.join(path, "*.bin"))) if os.path.isdir(path) else [path]
+    if not files:
+        raise SystemExit(f"{path}: no *.bin token shards")
+    return np.concatenate([read_shard(p) for p in files])
+
+
+def window(stream, w, seqlen):
+    """Window w of the stream: tokens [w*T, w*T + T + 1), w taken modulo the number of windows."""
+    n = (len(stream) - 1) // seqlen
+    if n == 0:
+        raise SystemExit(f"{len(stream)} tokens cannot fill one window of {seqlen + 1}")
+    start = (w % n) * seqlen
+    return stream[start:start + seqlen + 1]
+
+
+def microbatch(stream, step, micro, accum, batch, seqlen):
+    """(B, T+1) int64 tokens of microbatch `micro` of 1-based training `step`."""
+    first = ((step - 1) * accum + micro) * batch
+    rows = [window(stream, first + r, seqlen) for r in range(batch)]
+    return torch.from_numpy(np.stack(rows))
+
+
+def linear_warmup_stable_decay(current_step, warmup_steps, stable_steps, decay_steps,
+                               decay_type, min_lr_factor):
+    """torchtitan/components/lr_scheduler.py linear_warmup_stable_decay (the min_lr_factor version).
+
+    LambdaLR calls it with the number of updates already taken, so update s (1-based) uses
+    current_step = s - 1: warmup gives s / warmup_steps, decay progress is measured from s.
+    """
+    warmup_stable_steps = warmup_steps + stable_steps
+    if current_step < warmup_steps:
+        return float((current_step + 1) / warmup_steps)
+    if current_step < warmup_stable_steps:
+        return 1.0
+    progress = float((current_step + 1) - warmup_stable_steps) / decay_steps
+    if decay_type == "linear":
+        adjustment = 1 - progress
+    elif decay_type == "sqrt":
+        adjustment = 1 - math.sqrt(progress)
+    elif decay_type == "cosine":
+        adjustment = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        raise SystemExit(f"unknown lr_scheduler.decay_type {decay_type!r}")
+    return min_lr_factor + (1 - min_lr_factor) * adjustment
+
+
+def lr_lambda(lr_cfg, training_steps):
+    """The LambdaLR multiplier torchtitan's build_lr_schedulers builds from `lr_scheduler`."""
+    warmup_steps = min(int(lr_cfg["warmup_steps"]), training_steps)
+    if lr_cfg["decay_ratio"] is not None:
+        decay_steps = round(training_steps * lr_cfg["decay_ratio"])
+        decay_steps = min(decay_steps, training_steps - warmup_steps)
+    else:
+        decay_steps = training_steps - warmup_steps
+    # torchtitan's "virtual last step" (+1) keeps the final update's lr above min_lr_factor * lr.
+    stable_steps = training_steps + 1 - warmup_steps - decay_steps
+
+    def multiplier(current_step):
+        return linear_warmup_stable_decay(current_step, warmup_steps, stable_steps, decay_steps,
+                                          lr_cfg["decay_type"], float(lr_cfg["min_lr_factor"]))
+    return multiplier
+
+
+def relative_error(a, b):
+    """||a - b||_2 / ||b||_2 with b the reference (0 when both are exactly zero)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    diff, ref = np.linalg.norm(a - b), np.linalg.norm(b)
+    if ref == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return float(diff / ref)

@@ -1,0 +1,756 @@
+// The cpu backend against independent references: every forward against a naive double-
+// precision loop, every backward against central finite differences of that loop (loss =
+// sum(out * w) for fixed random w) and against a naive analytic backward. Gradient buffers
+// start from random values, so each check also asserts that backward ops accumulate.
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+#define FWD_TOL 1e-5 // float kernel vs double loop, normalised by the largest reference value
+#define FD_TOL 1e-4  // float backward vs double central differences
+#define FD_STEP 1e-5 // in double: truncation ~ h^2, rounding ~ 1e-16 / h, both far below FD_TOL
+
+static const KernelOps *ops;
+
+// ---- helpers -------------------------------------------------------------------------------
+
+static uint64_t rng_state;
+
+static void rng_seed(uint64_t seed) { rng_state = seed; }
+
+// splitmix64, mapped to a uniform double in [-1, 1).
+static double rng_uniform(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / (double)(1ull << 52) - 1.0;
+}
+
+static float *floats_random(size_t n, double scale) {
+    float *x = malloc((n ? n : 1) * sizeof *x);
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(scale * rng_uniform());
+    return x;
+}
+
+static float *floats_copy(const float *x, size_t n) {
+    float *y = malloc((n ? n : 1) * sizeof *y);
+    assert_non_null(y);
+    memcpy(y, x, n * sizeof *y);
+    return y;
+}
+
+static double *doubles_from(const float *x, size_t n) {
+    double *y = malloc((n ? n : 1) * sizeof *y);
+    assert_non_null(y);
+    for (size_t i = 0; i < n; i++) y[i] = x[i];
+    return y;
+}
+
+static double *doubles_zero(size_t n) {
+    double *y = calloc(n ? n : 1, sizeof *y);
+    assert_non_null(y);
+    return y;
+}
+
+// max |got - want| / max |want|: the normalised error ggml's backend tests use.
+static void assert_close(const char *what, const float *got, const double *want, size_t n,
+                         double tol) {
+    double err = 0.0, scale = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(got[i] - want[i]);
+        err = d > err || isnan(d) ? d : err;
+        scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
+    }
+    if (!(err / scale <= tol)) fail_msg("%s: normalised error %.3g > %.3g", what, err / scale, tol);
+}
+
+// want = prefill + gradient, for checking that a backward accumulated into prefill.
+static double *doubles_sum(const float *prefill, const double *grad, size_t n) {
+    double *y = doubles_zero(n);
+    for (size_t i = 0; i < n; i++) y[i] = prefill[i] + grad[i];
+    return y;
+}
+
+static double dot_weights(const double *out, const float *w, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += out[i] * w[i];
+    return s;
+}
+
+// Central differences of loss(ctx) with respect to each element of x, which lives in ctx.
+typedef double (*LossFn)(const void *ctx);
+
+static double *fd_gradient(double *x, size_t n, LossFn loss, const void *ctx) {
+    double *g = doubles_zero(n);
+    for (size_t i = 0; i < n; i++) {
+        double x0 = x[i];
+        x[i] = x0 + FD_STEP;
+        double up = loss(ctx);
+        x[i] = x0 - FD_STEP;
+        double down = loss(ctx);
+        x[i] = x0;
+        g[i] = (up - down) / (2.0 * FD_STEP);
+    }
+    return g;
+}
+
+// ---- registry ------------------------------------------------------------------------------
+
+static void test_backend_registry(void **state) {
+    (void)state;
+    const KernelOps *cpu = kernels_backend("cpu");
+    assert_non_null(cpu);
+    assert_string_equal(cpu->name, "cpu");
+    assert_non_null(cpu->matmul);
+    assert_non_null(cpu->attention_backward);
+    assert_non_null(cpu->adamw_update);
+    assert_null(kernels_backend("cuda"));
+    assert_null(kernels_backend("tpu"));
+}
+
+// ---- matmul --------------------------------------------------------------------------------
+
+static void matmul_check(int m, int n, int k, bool ta, bool tb, float beta) {
+    float *a = floats_random((size_t)m * k, 1.0), *b = floats_random((size_t)k * n, 1.0);
+    float *c0 = floats_random((size_t)m * n, 1.0), *c = floats_copy(c0, (size_t)m * n);
+    if (beta == 0.0f)
+        for (int i = 0; i < m * n; i++) c[i] = NAN; // beta == 0 must not read c
+    ops->matmul(c, a, b, m, n, k, ta, tb, beta);
+    double *want = doubles_zero((size_t)m * n);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double s = beta * (double)c0[i * n + j];
+            for (int p = 0; p < k; p++)
+                s += (double)(ta ? a[p * m + i] : a[i * k + p]) * (tb ? b[j * k + p] : b[p * n + j]);
+            want[i * n + j] = s;
+        }
+    char what[64];
+    snprintf(what, sizeof what, "matmul %dx%dx%d ta=%d tb=%d beta=%g", m, n, k, ta, tb, beta);
+    assert_close(what, c, want, (size_t)m * n, FWD_TOL);
+    free(a), free(b), free(c0), free(c), free(want);
+}
+
+static void test_matmul_transposes_and_beta(void **state) {
+    (void)state;
+    rng_seed(1);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int beta = 0; beta < 2; beta++) {
+                matmul_check(5, 7, 3, ta, tb, (float)beta);
+                matmul_check(33, 17, 65, ta, tb, (float)beta);
+            }
+}
+
+// ---- rmsnorm -------------------------------------------------------------------------------
+
+typedef struct RmsCase {
+    int n, dim;
+    float eps;
+    double *x, *w;    // (n, dim), (dim)
+    const float *dout; // the loss weights
+} RmsCase;
+
+static void rmsnorm_ref(double *out, double *rstd, const RmsCase *c) {
+    for (int i = 0; i < c->n; i++) {
+        double ss = 0.0;
+        for (int j = 0; j < c->dim; j++) ss += c->x[i * c->dim + j] * c->x[i * c->dim + j];
+        double r = 1.0 / sqrt(ss / c->dim + c->eps);
+        if (rstd) rstd[i] = r;
+        for (int j = 0; j < c->dim; j++) out[i * c->dim + j] = c->x[i * c->dim + j] * r * c->w[j];
+    }
+}
+
+static double rmsnorm_loss(const void *ctx) {
+    const RmsCase *c = ctx;
+    double *out = doubles_zero((size_t)c->n * c->dim);
+    rmsnorm_ref(out, NULL, c);
+    double l = dot_weights(out, c->dout, (size_t)c->n * c->dim);
+    free(out);
+    return l;
+}
+
+// Through the full Jacobian dy_i/dx_j = w_i (r delta_ij - r^3 x_i x_j / dim).
+static void rmsnorm_ref_backward(double *dx, double *dw, const RmsCase *c) {
+    for (int i = 0; i < c->n; i++) {
+        const double *x = c->x + i * c->dim;
+        const float *g = c->dout + i * c->dim;
+        double ss = 0.0;
+        for (int j = 0; j < c->dim; j++) ss += x[j] * x[j];
+        double r = 1.0 / sqrt(ss / c->dim + c->eps);
+        for (int j = 0; j < c->dim; j++) {
+            dw[j] += g[j] * x[j] * r;
+            for (int o = 0; o < c->dim; o++)
+                dx[i * c->dim + j] += g[o] * c->w[o] * ((o == j) * r - r * r * r * x[o] * x[j] / c->dim);
+        }
+    }
+}
+
+static void test_rmsnorm(void **state) {
+    (void)state;
+    rng_seed(2);
+    int n = 6, dim = 40; // dim not a multiple of the 32-column dweight chunk
+    size_t nd = (size_t)n * dim;
+    float *x = floats_random(nd, 2.0), *w = floats_random(dim, 1.0), *dout = floats_random(nd, 1.0);
+    float *out = floats_random(nd, 1.0), *rstd = floats_random(n, 1.0);
+    RmsCase c = {n, dim, 1e-5f, doubles_from(x, nd), doubles_from(w, dim), dout};
+    ops->rmsnorm_forward(out, rstd, x, w, n, dim, c.eps);
+    double *want = doubles_zero(nd), *want_rstd = doubles_zero(n);
+    rmsnorm_ref(want, want_rstd, &c);
+    assert_close("rmsnorm out", out, want, nd, FWD_TOL);
+    assert_close("rmsnorm rstd", rstd, want_rstd, n, FWD_TOL);
+
+    float *dx0 = floats_random(nd, 1.0), *dw0 = floats_random(dim, 1.0);
+    float *dx = floats_copy(dx0, nd), *dw = floats_copy(dw0, dim);
+    ops->rmsnorm_backward(dx, dw, dout, x, w, rstd, n, dim);
+    double *ref_dx = doubles_zero(nd), *ref_dw = doubles_zero(dim);
+    rmsnorm_ref_backward(ref_dx, ref_dw, &c);
+    double *fd_dx = fd_gradient(c.x, nd, rmsnorm_loss, &c);
+    double *fd_dw = fd_gradient(c.w, dim, rmsnorm_loss, &c);
+    double *want_dx = doubles_sum(dx0, ref_dx, nd), *want_dw = doubles_sum(dw0, ref_dw, dim);
+    double *fdw_dx = doubles_sum(dx0, fd_dx, nd), *fdw_dw = doubles_sum(dw0, fd_dw, dim);
+    assert_close("rmsnorm dx", dx, want_dx, nd, FWD_TOL);
+    assert_close("rmsnorm dweight", dw, want_dw, dim, FWD_TOL);
+    assert_close("rmsnorm dx fd", dx, fdw_dx, nd, FD_TOL);
+    assert_close("rmsnorm dweight fd", dw, fdw_dw, dim, FD_TOL);
+    free(x), free(w), free(dout), free(out), free(rstd), free(c.x), free(c.w), free(want);
+    free(want_rstd), free(dx0), free(dw0), free(dx), free(dw), free(ref_dx), free(ref_dw);
+    free(fd_dx), free(fd_dw), free(want_dx), free(want_dw), free(fdw_dx), free(fdw_dw);
+}
+
+// ---- rope ----------------------------------------------------------------------------------
+
+enum { ROPE_B = 2, ROPE_T = 5, ROPE_H = 3, ROPE_HD = 8, ROPE_MAXPOS = 16 };
+#define ROPE_N ((size_t)ROPE_B * ROPE_T * ROPE_H * ROPE_HD)
+
+typedef struct RopeCase {
+    double *x;
+    const float *cos, *sin, *dout;
+    const int *pos;
+} RopeCase;
+
+// As complex numbers: (x0 + i x1) e^(i theta).
+static void rope_ref(double *out, const RopeCase *c) {
+    for (int r = 0; r < ROPE_B * ROPE_T; r++)
+        for (int h = 0; h < ROPE_H; h++)
+            for (int i = 0; i < ROPE_HD / 2; i++) {
+                size_t at = ((size_t)r * ROPE_H + h) * ROPE_HD + 2 * i;
+                int t = c->pos[r % ROPE_T] * (ROPE_HD / 2) + i;
+                double complex_re = c->x[at] * c->cos[t] - c->x[at + 1] * c->sin[t];
+                double complex_im = c->x[at] * c->sin[t] + c->x[at + 1] * c->cos[t];
+                out[at] = complex_re, out[at + 1] = complex_im;
+            }
+}
+
+static double rope_loss(const void *ctx) {
+    double out[ROPE_N];
+    rope_ref(out, ctx);
+    return dot_weights(out, ((const RopeCase *)ctx)->dout, ROPE_N);
+}
+
+// dx = R^T dout with R = [[c, -s], [s, c]].
+static void rope_ref_backward(double *dx, const RopeCase *c) {
+    for (int r = 0; r < ROPE_B * ROPE_T; r++)
+        for (int h = 0; h < ROPE_H; h++)
+            for (int i = 0; i < ROPE_HD / 2; i++) {
+                size_t at = ((size_t)r * ROPE_H + h) * ROPE_HD + 2 * i;
+                int t = c->pos[r % ROPE_T] * (ROPE_HD / 2) + i;
+                double R[2][2] = {{c->cos[t], -c->sin[t]}, {c->sin[t], c->cos[t]}};
+                for (int a = 0; a < 2; a++)
+                    for (int b = 0; b < 2; b++) dx[at + a] += R[b][a] * c->dout[at + b];
+            }
+}
+
+static void rope_tables(float *cos_t, float *sin_t) {
+    for (int p = 0; p < ROPE_MAXPOS; p++)
+        for (int i = 0; i < ROPE_HD / 2; i++) {
+            double theta = p * pow(10000.0, -2.0 * i / ROPE_HD);
+            cos_t[p * ROPE_HD / 2 + i] = (float)cos(theta);
+            sin_t[p * ROPE_HD / 2 + i] = (float)sin(theta);
+        }
+}
+
+static void test_rope(void **state) {
+    (void)state;
+    rng_seed(3);
+    float cos_t[ROPE_MAXPOS * ROPE_HD / 2], sin_t[ROPE_MAXPOS * ROPE_HD / 2];
+    rope_tables(cos_t, sin_t);
+    const int pos[ROPE_T] = {3, 0, 15, 7, 11};
+    float *x = floats_random(ROPE_N, 1.0), *dout = floats_random(ROPE_N, 1.0);
+    float *out = floats_random(ROPE_N, 1.0);
+    RopeCase c = {doubles_from(x, ROPE_N), cos_t, sin_t, dout, pos};
+    double want[ROPE_N];
+    rope_ref(want, &c);
+    ops->rope_forward(out, x, cos_t, sin_t, pos, ROPE_B * ROPE_T, ROPE_T, ROPE_H, ROPE_HD);
+    assert_close("rope out", out, want, ROPE_N, FWD_TOL);
+    float *inplace = floats_copy(x, ROPE_N);
+    ops->rope_forward(inplace, inplace, cos_t, sin_t, pos, ROPE_B * ROPE_T, ROPE_T, ROPE_H, ROPE_HD);
+    assert_memory_equal(inplace, out, ROPE_N * sizeof *out);
+
+    float *dx0 = floats_random(ROPE_N, 1.0), *dx = floats_copy(dx0, ROPE_N);
+    ops->rope_backward(dx, dout, cos_t, sin_t, pos, ROPE_B * ROPE_T, ROPE_T, ROPE_H, ROPE_HD);
+    double *ref = doubles_zero(ROPE_N);
+    rope_ref_backward(ref, &c);
+    double *fd = fd_gradient(c.x, ROPE_N, rope_loss, &c);
+    double *want_dx = doubles_sum(dx0, ref, ROPE_N), *fd_dx = doubles_sum(dx0, fd, ROPE_N);
+    assert_close("rope dx", dx, want_dx, ROPE_N, FWD_TOL);
+    assert_close("rope dx fd", dx, fd_dx, ROPE_N, FD_TOL);
+    free(x), free(dout), free(out), free(c.x), free(inplace), free(dx0), free(dx), free(ref);
+    free(fd), free(want_dx), free(fd_dx);
+}
+
+// ---- attention -----------------------------------------------------------------------------
+
+typedef struct AttnCase {
+    int B, T, H, KV, hd;
+    double *q, *k, *v;  // (B, T, H, hd), (B, T, KV, hd) x2
+    const float *dout;  // (B, T, H, hd)
+} AttnCase;
+
+static size_t attn_q_size(const AttnCase *c) { return (size_t)c->B * c->T * c->H * c->hd; }
+static size_t attn_kv_size(const AttnCase *c) { return (size_t)c->B * c->T * c->KV * c->hd; }
+static size_t attn_q_at(const AttnCase *c, int b, int t, int h) {
+    return (((size_t)b * c->T + t) * c->H + h) * c->hd;
+}
+static size_t attn_kv_at(const AttnCase *c, int b, int t, int h) {
+    return (((size_t)b * c->T + t) * c->KV + h) * c->hd;
+}
+
+// Softmax probabilities p[0..i] of query (b, i, h) over keys 0..i; returns the lse.
+static double attn_ref_probs(double *p, const AttnCase *c, int b, int i, int h) {
+    int kvh = h / (c->H / c->KV);
+    double mx = -INFINITY, sum = 0.0;
+    for (int j = 0; j <= i; j++) {
+        double s = 0.0;
+        for (int d = 0; d < c->hd; d++)
+            s += c->q[attn_q_at(c, b, i, h) + d] * c->k[attn_kv_at(c, b, j, kvh) + d];
+        p[j] = s / sqrt((double)c->hd);
+        mx = p[j] > mx ? p[j] : mx;
+    }
+    for (int j = 0; j <= i; j++) sum += exp(p[j] - mx);
+    for (int j = 0; j <= i; j++) p[j] = exp(p[j] - mx) / sum;
+    return mx + log(sum);
+}
+
+static void attn_ref(double *out, double *lse, const AttnCase *c) {
+    double *p = doubles_zero(c->T);
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < c->H; h++)
+            for (int i = 0; i < c->T; i++) {
+                double l = attn_ref_probs(p, c, b, i, h);
+                if (lse) lse[((size_t)b * c->H + h) * c->T + i] = l;
+                for (int d = 0; d < c->hd; d++) {
+                    double o = 0.0;
+                    for (int j = 0; j <= i; j++)
+                        o += p[j] * c->v[attn_kv_at(c, b, j, h / (c->H / c->KV)) + d];
+                    out[attn_q_at(c, b, i, h) + d] = o;
+                }
+            }
+    free(p);
+}
+
+static double attn_loss(const void *ctx) {
+    const AttnCase *c = ctx;
+    double *out = doubles_zero(attn_q_size(c));
+    attn_ref(out, NULL, c);
+    double l = dot_weights(out, c->dout, attn_q_size(c));
+    free(out);
+    return l;
+}
+
+// Softmax Jacobian row by row: ds_j = p_j (dp_j - sum_l p_l dp_l), dp_j = dout_i . v_j.
+static void attn_ref_backward(double *dq, double *dk, double *dv, const AttnCase *c) {
+    double *p = doubles_zero(c->T), *dp = doubles_zero(c->T), scale = 1.0 / sqrt((double)c->hd);
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < c->H; h++)
+            for (int i = 0; i < c->T; i++) {
+                int kvh = h / (c->H / c->KV);
+                size_t qi = attn_q_at(c, b, i, h);
+                attn_ref_probs(p, c, b, i, h);
+                double pdp = 0.0;
+                for (int j = 0; j <= i; j++) {
+                    dp[j] = 0.0;
+                    for (int d = 0; d < c->hd; d++) dp[j] += c->dout[qi + d] * c->v[attn_kv_at(c, b, j, kvh) + d];
+                    pdp += p[j] * dp[j];
+                }
+                for (int j = 0; j <= i; j++) {
+                    double ds = p[j] * (dp[j] - pdp);
+                    size_t kj = attn_kv_at(c, b, j, kvh);
+                    for (int d = 0; d < c->hd; d++) {
+                        dq[qi + d] += scale * ds * c->k[kj + d];
+                        dk[kj + d] += scale * ds * c->q[qi + d];
+                        dv[kj + d] += p[j] * c->dout[qi + d];
+                    }
+                }
+            }
+    free(p), free(dp);
+}
+
+typedef struct AttnRun {
+    float *q, *k, *v, *dout, *out, *lse, *dq, *dk, *dv;
+} AttnRun;
+
+static AttnRun attn_run_make(const AttnCase *c) {
+    size_t nq = attn_q_size(c), nkv = attn_kv_size(c);
+    return (AttnRun){floats_random(nq, 1.0), floats_random(nkv, 1.0), floats_random(nkv, 1.0),
+                     floats_random(nq, 1.0), floats_random(nq, 1.0),
+                     floats_random((size_t)c->B * c->H * c->T, 1.0), floats_random(nq, 1.0),
+                     floats_random(nkv, 1.0), floats_random(nkv, 1.0)};
+}
+
+static void attn_run_free(AttnRun *r) {
+    free(r->q), free(r->k), free(r->v), free(r->dout), free(r->out), free(r->lse);
+    free(r->dq), free(r->dk), free(r->dv);
+}
+
+static void attn_run_ops(AttnRun *r, const AttnCase *c) {
+    ops->attention_forward(r->out, r->lse, r->q, r->k, r->v, c->B, c->T, c->H, c->KV, c->hd);
+    ops->attention_backward(r->dq, r->dk, r->dv, r->dout, r->q, r->k, r->v, r->out, r->lse,
+                            c->B, c->T, c->H, c->KV, c->hd);
+}
+
+// Compares one gradient, prefilled with prefill, against reference gradients ref and fd
+// (fd may be NULL).
+static void attn_check_grad(const char *what, const float *got, const float *prefill,
+                            const double *ref, const double *fd, size_t n) {
+    double *want = doubles_sum(prefill, ref, n);
+    assert_close(what, got, want, n, FWD_TOL);
+    free(want);
+    if (!fd) return;
+    want = doubles_sum(prefill, fd, n);
+    assert_close(what, got, want, n, FD_TOL);
+    free(want);
+}
+
+static void attn_check(int B, int T, int H, int KV, int hd, bool with_fd) {
+    AttnCase c = {B, T, H, KV, hd, NULL, NULL, NULL, NULL};
+    size_t nq = attn_q_size(&c), nkv = attn_kv_size(&c), nl = (size_t)B * H * T;
+    AttnRun r = attn_run_make(&c);
+    float *dq0 = floats_copy(r.dq, nq), *dk0 = floats_copy(r.dk, nkv), *dv0 = floats_copy(r.dv, nkv);
+    c.q = doubles_from(r.q, nq), c.k = doubles_from(r.k, nkv), c.v = doubles_from(r.v, nkv);
+    c.dout = r.dout;
+    attn_run_ops(&r, &c);
+    double *out = doubles_zero(nq), *lse = doubles_zero(nl);
+    attn_ref(out, lse, &c);
+    assert_close("attention out", r.out, out, nq, FWD_TOL);
+    assert_close("attention lse", r.lse, lse, nl, FWD_TOL);
+    double *dq = doubles_zero(nq), *dk = doubles_zero(nkv), *dv = doubles_zero(nkv);
+    attn_ref_backward(dq, dk, dv, &c);
+    double *fq = with_fd ? fd_gradient(c.q, nq, attn_loss, &c) : NULL;
+    double *fk = with_fd ? fd_gradient(c.k, nkv, attn_loss, &c) : NULL;
+    double *fv = with_fd ? fd_gradient(c.v, nkv, attn_loss, &c) : NULL;
+    attn_check_grad("attention dq", r.dq, dq0, dq, fq, nq);
+    attn_check_grad("attention dk", r.dk, dk0, dk, fk, nkv);
+    attn_check_grad("attention dv", r.dv, dv0, dv, fv, nkv);
+    attn_run_free(&r);
+    free(dq0), free(dk0), free(dv0), free(c.q), free(c.k), free(c.v), free(out), free(lse);
+    free(dq), free(dk), free(dv), free(fq), free(fk), free(fv);
+}
+
+// T = 70, 67 and 130 leave a partial last query tile (tiles are 64 rows); 64 fills exactly one.
+static void test_attention_gqa2(void **state) {
+    (void)state;
+    rng_seed(4);
+    attn_check(2, 70, 4, 2, 8, false);
+    attn_check(1, 67, 2, 1, 4, true);
+}
+
+static void test_attention_mha(void **state) {
+    (void)state;
+    rng_seed(5);
+    attn_check(1, 130, 3, 3, 16, false);
+    attn_check(2, 9, 2, 2, 4, true);
+}
+
+static void test_attention_gqa4(void **state) {
+    (void)state;
+    rng_seed(6);
+    attn_check(2, 64, 4, 1, 8, false);
+}
+
+// ---- swiglu --------------------------------------------------------------------------------
+
+enum { SWIGLU_N = 1000 };
+
+typedef struct SwigluCase {
+    double *gate, *up;
+    const float *dout;
+} SwigluCase;
+
+static double silu(double g) { return g / (1.0 + exp(-g)); }
+
+static double swiglu_loss(const void *ctx) {
+    const SwigluCase *c = ctx;
+    double l = 0.0;
+    for (int i = 0; i < SWIGLU_N; i++) l += silu(c->gate[i]) * c->up[i] * c->dout[i];
+    return l;
+}
+
+static void test_swiglu(void **state) {
+    (void)state;
+    rng_seed(7);
+    float *gate = floats_random(SWIGLU_N, 12.0), *up = floats_random(SWIGLU_N, 1.0);
+    float *dout = floats_random(SWIGLU_N, 1.0), *out = floats_random(SWIGLU_N, 1.0);
+    SwigluCase c = {doubles_from(gate, SWIGLU_N), doubles_from(up, SWIGLU_N), dout};
+    ops->swiglu_forward(out, gate, up, SWIGLU_N);
+    double want[SWIGLU_N], dgate_ref[SWIGLU_N], dup_ref[SWIGLU_N];
+    for (int i = 0; i < SWIGLU_N; i++) {
+        double g = c.gate[i], sg = 1.0 / (1.0 + exp(-g));
+        want[i] = silu(g) * c.up[i];
+        dgate_ref[i] = dout[i] * c.up[i] * (sg + g * sg * (1.0 - sg));
+        dup_ref[i] = dout[i] * silu(g);
+    }
+    assert_close("swiglu out", out, want, SWIGLU_N, FWD_TOL);
+    float *dg0 = floats_random(SWIGLU_N, 1.0), *du0 = floats_random(SWIGLU_N, 1.0);
+    float *dg = floats_copy(dg0, SWIGLU_N), *du = floats_copy(du0, SWIGLU_N);
+    ops->swiglu_backward(dg, du, dout, gate, up, SWIGLU_N);
+    double *fd_g = fd_gradient(c.gate, SWIGLU_N, swiglu_loss, &c);
+    double *fd_u = fd_gradient(c.up, SWIGLU_N, swiglu_loss, &c);
+    double *w_g = doubles_sum(dg0, dgate_ref, SWIGLU_N), *w_u = doubles_sum(du0, dup_ref, SWIGLU_N);
+    double *f_g = doubles_sum(dg0, fd_g, SWIGLU_N), *f_u = doubles_sum(du0, fd_u, SWIGLU_N);
+    assert_close("swiglu dgate", dg, w_g, SWIGLU_N, FWD_TOL);
+    assert_close("swiglu dup", du, w_u, SWIGLU_N, FWD_TOL);
+    assert_close("swiglu dgate fd", dg, f_g, SWIGLU_N, FD_TOL);
+    assert_close("swiglu dup fd", du, f_u, SWIGLU_N, FD_TOL);
+    free(gate), free(up), free(dout), free(out), free(c.gate), free(c.up), free(dg0), free(du0);
+    free(dg), free(du), free(fd_g), free(fd_u), free(w_g), free(w_u), free(f_g), free(f_u);
+}
+
+// ---- embedding -----------------------------------------------------------------------------
+
+enum { EMB_VOCAB = 10, EMB_DIM = 70, EMB_N = 50 }; // dim spans a partial 32-column chunk
+
+typedef struct EmbCase {
+    double *table;
+    const int *tokens;
+    const float *dout;
+} EmbCase;
+
+static double embedding_loss(const void *ctx) {
+    const EmbCase *c = ctx;
+    double l = 0.0;
+    for (int i = 0; i < EMB_N; i++)
+        for (int j = 0; j < EMB_DIM; j++) l += c->table[c->tokens[i] * EMB_DIM + j] * c->dout[i * EMB_DIM + j];
+    return l;
+}
+
+static void test_embedding(void **state) {
+    (void)state;
+    rng_seed(8);
+    int tokens[EMB_N];
+    for (int i = 0; i < EMB_N; i++) tokens[i] = (int)((rng_uniform() + 1.0) * 0.5 * EMB_VOCAB);
+    tokens[1] = tokens[0]; // a guaranteed repeat
+    float *table = floats_random(EMB_VOCAB * EMB_DIM, 1.0), *out = floats_random(EMB_N * EMB_DIM, 1.0);
+    float *dout = floats_random(EMB_N * EMB_DIM, 1.0);
+    ops->embedding_forward(out, tokens, table, EMB_N, EMB_DIM);
+    for (int i = 0; i < EMB_N; i++)
+        assert_memory_equal(out + i * EMB_DIM, table + tokens[i] * EMB_DIM, EMB_DIM * sizeof *out);
+
+    float *dt0 = floats_random(EMB_VOCAB * EMB_DIM, 1.0), *dt = floats_copy(dt0, EMB_VOCAB * EMB_DIM);
+    ops->embedding_backward(dt, dout, tokens, EMB_N, EMB_DIM);
+    double *ref = doubles_zero(EMB_VOCAB * EMB_DIM);
+    for (int i = 0; i < EMB_N; i++)
+        for (int j = 0; j < EMB_DIM; j++) ref[tokens[i] * EMB_DIM + j] += dout[i * EMB_DIM + j];
+    EmbCase c = {doubles_from(table, EMB_VOCAB * EMB_DIM), tokens, dout};
+    double *fd = fd_gradient(c.table, EMB_VOCAB * EMB_DIM, embedding_loss, &c);
+    double *want = doubles_sum(dt0, ref, EMB_VOCAB * EMB_DIM), *fdw = doubles_sum(dt0, fd, EMB_VOCAB * EMB_DIM);
+    assert_close("embedding dtable", dt, want, EMB_VOCAB * EMB_DIM, FWD_TOL);
+    assert_close("embedding dtable fd", dt, fdw, EMB_VOCAB * EMB_DIM, FD_TOL);
+    free(table), free(out), free(dout), free(dt0), free(dt), free(ref), free(c.table), free(fd);
+    free(want), free(fdw);
+}
+
+// ---- cross-entropy -------------------------------------------------------------------------
+
+enum { CE_N = 7, CE_VOCAB = 50 };
+
+typedef struct CeCase {
+    double *logits;
+    const int *targets;
+    double dloss;
+} CeCase;
+
+static double ce_ref_row(const double *x, int target) {
+    double mx = x[0], sum = 0.0;
+    for (int j = 1; j < CE_VOCAB; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int j = 0; j < CE_VOCAB; j++) sum += exp(x[j] - mx);
+    return mx + log(sum) - x[target];
+}
+
+static double ce_loss(const void *ctx) {
+    const CeCase *c = ctx;
+    double l = 0.0;
+    for (int i = 0; i < CE_N; i++) l += ce_ref_row(c->logits + i * CE_VOCAB, c->targets[i]);
+    return c->dloss * l;
+}
+
+// dloss * (softmax - onehot), row by row.
+static void ce_ref_backward(double *d, const CeCase *c) {
+    for (int i = 0; i < CE_N; i++) {
+        const double *x = c->logits + i * CE_VOCAB;
+        double lse = ce_ref_row(x, 0) + x[0];
+        for (int j = 0; j < CE_VOCAB; j++)
+            d[i * CE_VOCAB + j] += c->dloss * (exp(x[j] - lse) - (j == c->targets[i]));
+    }
+}
+
+// Rows are offset by up to +-200 so that a naive exp would overflow.
+static float *ce_logits(void) {
+    float *x = floats_random(CE_N * CE_VOCAB, 4.0);
+    for (int i = 0; i < CE_N; i++)
+        for (int j = 0; j < CE_VOCAB; j++) x[i * CE_VOCAB + j] += 200.0f * (i - 3) / 3.0f;
+    return x;
+}
+
+static void test_cross_entropy(void **state) {
+    (void)state;
+    rng_seed(9);
+    int targets[CE_N] = {0, 49, 3, 17, 17, 25, 8};
+    float *logits = ce_logits(), losses[CE_N];
+    CeCase c = {doubles_from(logits, CE_N * CE_VOCAB), targets, 0.7};
+    ops->cross_entropy_forward(losses, logits, targets, CE_N, CE_VOCAB);
+    double want[CE_N];
+    for (int i = 0; i < CE_N; i++) want[i] = ce_ref_row(c.logits + i * CE_VOCAB, targets[i]);
+    assert_close("cross-entropy losses", losses, want, CE_N, 1e-4); // lse ~ 200 costs 1 ulp(200)
+
+    float *d0 = floats_random(CE_N * CE_VOCAB, 1.0), *d = floats_copy(d0, CE_N * CE_VOCAB);
+    ops->cross_entropy_backward(d, logits, targets, CE_N, CE_VOCAB, (float)c.dloss);
+    double *ref = doubles_zero(CE_N * CE_VOCAB);
+    ce_ref_backward(ref, &c);
+    double *fd = fd_gradient(c.logits, CE_N * CE_VOCAB, ce_loss, &c);
+    double *w = doubles_sum(d0, ref, CE_N * CE_VOCAB), *fw = doubles_sum(d0, fd, CE_N * CE_VOCAB);
+    assert_close("cross-entropy dlogits", d, w, CE_N * CE_VOCAB, FWD_TOL);
+    assert_close("cross-entropy dlogits fd", d, fw, CE_N * CE_VOCAB, FD_TOL);
+
+    float *alias = floats_copy(logits, CE_N * CE_VOCAB); // aliased: overwritten, not added
+    ops->cross_entropy_backward(alias, alias, targets, CE_N, CE_VOCAB, (float)c.dloss);
+    assert_close("cross-entropy dlogits aliased", alias, ref, CE_N * CE_VOCAB, FWD_TOL);
+    free(logits), free(c.logits), free(d0), free(d), free(ref), free(fd), free(w), free(fw);
+    free(alias);
+}
+
+// ---- add, scale, sum_squares ---------------------------------------------------------------
+
+static void test_add_scale_sum_squares(void **state) {
+    (void)state;
+    rng_seed(10);
+    size_t n = 100003; // not a multiple of any chunk or vector width
+    float *x = floats_random(n, 1.0), *y0 = floats_random(n, 1.0), *y = floats_copy(y0, n);
+    ops->add(y, x, n);
+    for (size_t i = 0; i < n; i++) assert_true(y[i] == y0[i] + x[i]);
+    ops->scale(y, n, -0.3f);
+    for (size_t i = 0; i < n; i++) assert_true(y[i] == (y0[i] + x[i]) * -0.3f);
+    size_t sizes[] = {0, 5, 256, n};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        double want = 0.0;
+        for (size_t i = 0; i < sizes[s]; i++) want += (double)x[i] * x[i];
+        double got = ops->sum_squares(x, sizes[s]);
+        assert_true(fabs(got - want) <= 1e-12 * want);
+    }
+    free(x), free(y0), free(y);
+}
+
+// ---- adamw ---------------------------------------------------------------------------------
+
+static void test_adamw(void **state) {
+    (void)state;
+    rng_seed(11);
+    enum { N = 1000, STEPS = 3 };
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    float *p = floats_random(N, 1.0), m[N] = {0}, v[N] = {0};
+    double rp[N], rm[N] = {0}, rv[N] = {0}, dp[N];
+    for (int i = 0; i < N; i++) rp[i] = p[i];
+    for (int step = 1; step <= STEPS; step++) {
+        float *g = floats_random(N, 1.0), *before = floats_copy(p, N);
+        ops->adamw_update(p, g, m, v, N, lr, b1, b2, eps, wd, step);
+        for (int i = 0; i < N; i++) { // the header's formula, literally
+            double old = rp[i];
+            rp[i] -= (double)lr * wd * rp[i];
+            rm[i] = b1 * rm[i] + (1.0 - b1) * g[i];
+            rv[i] = b2 * rv[i] + (1.0 - b2) * (double)g[i] * g[i];
+            rp[i] -= lr * (rm[i] / (1.0 - pow(b1, step))) / (sqrt(rv[i] / (1.0 - pow(b2, step))) + eps);
+            dp[i] = rp[i] - old;
+            before[i] = p[i] - before[i];
+        }
+        assert_close("adamw param", p, rp, N, FWD_TOL);
+        assert_close("adamw update", before, dp, N, 1e-4); // p - p_old loses p's ulp
+        assert_close("adamw m", m, rm, N, FWD_TOL);
+        assert_close("adamw v", v, rv, N, FWD_TOL);
+        free(g), free(before);
+    }
+    free(p);
+}
+
+// ---- determinism ---------------------------------------------------------------------------
+
+// Two identical calls must give identical bits: no atomics, reductions in a fixed order.
+static void test_determinism(void **state) {
+    (void)state;
+    AttnCase c = {2, 200, 4, 2, 16, NULL, NULL, NULL, NULL};
+    size_t nq = attn_q_size(&c), nkv = attn_kv_size(&c);
+    AttnRun r[2];
+    for (int i = 0; i < 2; i++) {
+        rng_seed(12);
+        r[i] = attn_run_make(&c);
+        attn_run_ops(&r[i], &c);
+    }
+    assert_memory_equal(r[0].out, r[1].out, nq * sizeof(float));
+    assert_memory_equal(r[0].dq, r[1].dq, nq * sizeof(float));
+    assert_memory_equal(r[0].dk, r[1].dk, nkv * sizeof(float));
+    assert_memory_equal(r[0].dv, r[1].dv, nkv * sizeof(float));
+
+    int n = 2048, dim = 96, tokens[2048];
+    size_t nd = (size_t)n * dim;
+    for (int i = 0; i < n; i++) tokens[i] = i % 7; // heavy repetition
+    float *dout = floats_random(nd, 1.0), *x = floats_random(nd, 1.0), *y = floats_random(nd, 1.0);
+    float *w = floats_random(dim, 1.0), rstd[2048], dtab[2][7 * 96], dw[2][96], *dx[2];
+    ops->rmsnorm_forward(y, rstd, x, w, n, dim, 1e-5f);
+    for (int i = 0; i < 2; i++) {
+        memset(dtab[i], 0, sizeof dtab[i]), memset(dw[i], 0, sizeof dw[i]);
+        ops->embedding_backward(dtab[i], dout, tokens, n, dim);
+        dx[i] = floats_copy(x, nd);
+        ops->rmsnorm_backward(dx[i], dw[i], dout, x, w, rstd, n, dim);
+    }
+    assert_memory_equal(dtab[0], dtab[1], sizeof dtab[0]);
+    assert_memory_equal(dw[0], dw[1], sizeof dw[0]);
+    assert_memory_equal(dx[0], dx[1], nd * sizeof(float));
+    double s0 = ops->sum_squares(dout, (size_t)n * dim), s1 = ops->sum_squares(dout, (size_t)n * dim);
+    assert_memory_equal(&s0, &s1, sizeof s0);
+    attn_run_free(&r[0]), attn_run_free(&r[1]);
+    free(dout), free(x), free(y), free(w), free(dx[0]), free(dx[1]);
+}
+
+static int setup_backend(void **state) {
+    (void)state;
+    ops = kernels_backend("cpu");
+    return ops ? 0 : -1;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_backend_registry),
+        cmocka_unit_test(test_matmul_transposes_and_beta),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention_gqa2),
+        cmocka_unit_test(test_attention_mha),
+        cmocka_unit_test(test_attention_gqa4),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_add_scale_sum_squares),
+        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_determinism),
+    };
+    return cmocka_run_group_tests(tests, setup_backend, NULL);
+}

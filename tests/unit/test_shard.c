@@ -1,0 +1,307 @@
+// Token shard tests: llm.c-format shards written and read back as windows (v1 and v2, across
+// the files of a folder, wrapping as epochs), the one-line errors for bad shards, and
+// `titan tokenize --tokenizer bytes`.
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/errors.h"
+#include "data/shard.h"
+#include "data/tokenize.h"
+
+static char dir[256];
+
+static int dir_setup(void **state) {
+    (void)state;
+    snprintf(dir, sizeof(dir), "/tmp/titan_shard_XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int dir_teardown(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    return system(cmd);
+}
+
+static void path_make(char *out, size_t n, const char *name) {
+    snprintf(out, n, "%s/%s", dir, name);
+}
+
+static void bytes_write(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+static void test_v1_single_file_windows(void **state) {
+    (void)state;
+    char path[300];
+    path_make(path, sizeof(path), "v1.bin");
+    uint32_t tokens[101];
+    for (int i = 0; i < 101; i++) tokens[i] = (uint32_t)(i * 649) % 65536;
+    shard_write(path, tokens, 101, 1);
+    // The file is exactly llm.c's layout: 1024-byte header, then uint16 tokens.
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_size, 1024 + 2 * 101);
+    TokenStream s;
+    token_stream_open(&s, path);
+    assert_int_equal(token_stream_num_tokens(&s), 101);
+    assert_int_equal(token_stream_num_windows(&s, 10), 10);
+    int32_t win[11];
+    for (int64_t w = 0; w < 10; w++) {
+        token_stream_window(&s, w, 10, win);
+        for (int k = 0; k <= 10; k++) assert_int_equal(win[k], tokens[w * 10 + k]);
+    }
+    token_stream_close(&s);
+}
+
+static void test_v2_large_ids(void **state) {
+    (void)state;
+    char path[300];
+    path_make(path, sizeof(path), "v2.bin");
+    uint32_t tokens[9];
+    for (int i = 0; i < 9; i++) tokens[i] = 128000u + (uint32_t)i * 1000u;  // beyond uint16
+    shard_write(path, tokens, 9, 2);
+    TokenStream s;
+    token_stream_open(&s, path);
+    int32_t win[5];
+    token_stream_window(&s, 1, 4, win);
+    for (int k = 0; k < 5; k++) assert_int_equal(win[k], tokens[4 + k]);
+    token_stream_close(&s);
+}
+
+// llm.c's Llama 3 shards (dev/data/data_common.py): magic 20240801, version 7, uint32 tokens.
+static void test_llmc_llama3_shard(void **state) {
+    (void)state;
+    char path[300];
+    path_make(path, sizeof(path), "llama3.bin");
+    struct {
+        int32_t header[256];
+        uint32_t tokens[5];
+    } file = {{20240801, 7, 5}, {128000, 9906, 1917, 0, 128001}};
+    bytes_write(path, &file, sizeof(file));
+    TokenStream s;
+    token_stream_open(&s, path);
+    int32_t win[5];
+    token_stream_window(&s, 0, 4, win);
+    for (int k = 0; k < 5; k++) assert_int_equal(win[k], file.tokens[k]);
+    token_stream_close(&s);
+}
+
+// A folder of a.bin (v1, 10 tokens), b.bin (empty), c.bin (v2, 7 tokens) and a non-shard:
+// one stream of 17 tokens 0..16, in name order.
+static void folder_make(char *folder, size_t n) {
+    char path[320];
+    path_make(folder, n, "folder");
+    assert_int_equal(mkdir(folder, 0777), 0);
+    uint32_t tokens[17];
+    for (int i = 0; i < 17; i++) tokens[i] = (uint32_t)i;
+    snprintf(path, sizeof(path), "%s/c.bin", folder);
+    shard_write(path, tokens + 10, 7, 2);
+    snprintf(path, sizeof(path), "%s/a.bin", folder);
+    shard_write(path, tokens, 10, 1);
+    snprintf(path, sizeof(path), "%s/b.bin", folder);
+    shard_write(path, tokens, 0, 1);
+    snprintf(path, sizeof(path), "%s/notes.txt", folder);
+    bytes_write(path, "not a shard", 11);
+}
+
+static void test_folder_spans_files_and_wraps(void **state) {
+    (void)state;
+    char folder[300];
+    folder_make(folder, sizeof(folder));
+    TokenStream s;
+    token_stream_open(&s, folder);
+    assert_int_equal(s.n_shards, 3);
+    assert_int_equal(token_stream_num_tokens(&s), 17);
+    assert_int_equal(token_stream_num_windows(&s, 4), 4);
+    int32_t win[5];
+    // Window 2 = tokens 8..12: the end of a.bin, past the empty b.bin, into c.bin.
+    token_stream_window(&s, 2, 4, win);
+    for (int k = 0; k < 5; k++) assert_int_equal(win[k], 8 + k);
+    // Window 3 ends on the stream's last token; window 4 + 2 wraps to window 2.
+    token_stream_window(&s, 3, 4, win);
+    assert_int_equal(win[4], 16);
+    token_stream_window(&s, 6, 4, win);
+    for (int k = 0; k < 5; k++) assert_int_equal(win[k], 8 + k);
+    // One window of the whole stream.
+    assert_int_equal(token_stream_num_windows(&s, 16), 1);
+    int32_t all[17];
+    token_stream_window(&s, 5, 16, all);
+    for (int k = 0; k < 17; k++) assert_int_equal(all[k], k);
+    token_stream_close(&s);
+}
+
+static void expect_open_error(const char *path, const char *want) {
+    TokenStream s;
+    char err[1024] = "";
+    assert_false(token_stream_try_open(&s, path, err, sizeof(err)));
+    assert_string_equal(err, want);
+    assert_null(s.shards);
+}
+
+static void test_bad_shards(void **state) {
+    (void)state;
+    char path[300], want[600];
+    path_make(path, sizeof(path), "missing.bin");
+    snprintf(want, sizeof(want), "token dataset %s does not exist", path);
+    expect_open_error(path, want);
+
+    uint32_t tokens[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    path_make(path, sizeof(path), "cut.bin");
+    shard_write(path, tokens, 8, 1);
+    assert_int_equal(truncate(path, 1024 + 2 * 8 - 2), 0);
+    snprintf(want, sizeof(want),
+             "token shard %s is truncated or corrupt: its header promises 8 tokens (1040 bytes) "
+             "but the file has 1038 bytes",
+             path);
+    expect_open_error(path, want);
+    assert_int_equal(truncate(path, 100), 0);
+    snprintf(want, sizeof(want),
+             "token shard %s is truncated or not a shard (100 bytes; the header is 1024)", path);
+    expect_open_error(path, want);
+
+    int32_t header[256] = {20240521, 1, 0};
+    path_make(path, sizeof(path), "magic.bin");
+    bytes_write(path, header, sizeof(header));
+    snprintf(want, sizeof(want),
+             "token shard %s has bad magic 20240521 (expected 20240520: not an llm.c/titan shard)",
+             path);
+    expect_open_error(path, want);
+    header[0] = SHARD_MAGIC, header[1] = 3;
+    path_make(path, sizeof(path), "version.bin");
+    bytes_write(path, header, sizeof(header));
+    snprintf(want, sizeof(want),
+             "token shard %s has unsupported version 3 (1: uint16 tokens, 2: uint32)", path);
+    expect_open_error(path, want);
+
+    path_make(path, sizeof(path), "empty_folder");
+    assert_int_equal(mkdir(path, 0777), 0);
+    snprintf(want, sizeof(want), "token dataset folder %s has no .bin files", path);
+    expect_open_error(path, want);
+    char shard[320];
+    snprintf(shard, sizeof(shard), "%s/only.bin", path);
+    shard_write(shard, tokens, 0, 2);
+    snprintf(want, sizeof(want), "token dataset %s holds no tokens", path);
+    expect_open_error(path, want);
+}
+
+// Runs fn(arg) in a child; it must die with exit 2 and print exactly the line want.
+static void expect_die_user(void (*fn)(const char *), const char *arg, const char *want) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 1), dup2(fds[1], 2);
+        fn(arg);
+        _exit(0);
+    }
+    close(fds[1]);
+    char out[1024] = "";
+    ssize_t got, used = 0;
+    while ((got = read(fds[0], out + used, sizeof(out) - 1 - (size_t)used)) > 0) used += got;
+    close(fds[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), EXIT_USER_ERROR);
+    assert_string_equal(out, want);
+}
+
+static void windows_of_8(const char *path) {
+    TokenStream s;
+    token_stream_open(&s, path);
+    token_stream_num_windows(&s, 8);
+}
+
+static void test_too_short_dies_once(void **state) {
+    (void)state;
+    char path[300], want[600];
+    uint32_t tokens[8] = {0};
+    path_make(path, sizeof(path), "short.bin");
+    shard_write(path, tokens, 8, 1);
+    snprintf(want, sizeof(want),
+             "titan: error: token dataset %s has 8 tokens, too few for one window of seq_len + 1 "
+             "= 9\n",
+             path);
+    expect_die_user(windows_of_8, path, want);
+}
+
+static void test_tokenize_bytes(void **state) {
+    (void)state;
+    char a[300], b[300], out[300];
+    path_make(a, sizeof(a), "doc_a.txt");
+    path_make(b, sizeof(b), "doc_b.txt");
+    path_make(out, sizeof(out), "bytes.bin");
+    bytes_write(a, "h\xc3\xa9llo", 6);  // "héllo": é is two UTF-8 bytes
+    bytes_write(b, "\xff!", 2);
+    char *argv[] = {"tokenize", "--tokenizer", "bytes", "--out", out, a, b};
+    assert_int_equal(tokenize_main(7, argv), 0);
+    int32_t header[3];
+    FILE *f = fopen(out, "rb");
+    assert_int_equal(fread(header, 4, 3, f), 3);
+    fclose(f);
+    assert_int_equal(header[0], SHARD_MAGIC);
+    assert_int_equal(header[1], 1);
+    assert_int_equal(header[2], 8);
+    TokenStream s;
+    token_stream_open(&s, out);
+    int32_t win[8], want[8] = {'h', 0xc3, 0xa9, 'l', 'l', 'o', 0xff, '!'};
+    token_stream_window(&s, 0, 7, win);
+    assert_memory_equal(win, want, sizeof(want));
+    token_stream_close(&s);
+}
+
+static void tokenize_with(const char *tokenizer) {
+    char out[300];
+    path_make(out, sizeof(out), "never.bin");
+    char *argv[] = {"tokenize", "--tokenizer", (char *)tokenizer, "--out", out, "doc.txt"};
+    tokenize_main(6, argv);
+}
+
+static void tokenize_missing_input(const char *input) {
+    char out[300];
+    path_make(out, sizeof(out), "never.bin");
+    char *argv[] = {"tokenize", "--tokenizer", "bytes", "--out", out, (char *)input};
+    tokenize_main(6, argv);
+}
+
+static void tokenize_no_out(const char *input) {
+    char *argv[] = {"tokenize", "--tokenizer", "bytes", (char *)input};
+    tokenize_main(4, argv);
+}
+
+static void test_tokenize_errors(void **state) {
+    (void)state;
+    expect_die_user(tokenize_with, "tiktoken",
+                    "titan: error: tokenizer 'tiktoken' is not supported yet (only 'bytes')\n");
+    expect_die_user(tokenize_missing_input, "/nonexistent/doc.txt",
+                    "titan: error: input file /nonexistent/doc.txt: No such file or directory\n");
+    expect_die_user(tokenize_no_out, "doc.txt",
+                    "titan: error: usage: titan tokenize --tokenizer bytes --out OUT.bin "
+                    "FILE...\n");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_v1_single_file_windows),
+        cmocka_unit_test(test_v2_large_ids),
+        cmocka_unit_test(test_llmc_llama3_shard),
+        cmocka_unit_test(test_folder_spans_files_and_wraps),
+        cmocka_unit_test(test_bad_shards),
+        cmocka_unit_test(test_too_short_dies_once),
+        cmocka_unit_test(test_tokenize_bytes),
+        cmocka_unit_test(test_tokenize_errors),
+    };
+    return cmocka_run_group_tests(tests, dir_setup, dir_teardown);
+}
