@@ -53,6 +53,7 @@ static void setup_model(Trainer *t) {
                  llama3_flavor_names());
     t->args.max_seq_len = (int)c->training.seq_len;  // as torchtitan's update_from_config
     t->args.tie_word_embeddings = c->model.tie_word_embeddings;
+    t->args.rope_scaling = c->model.rope_scaling;
     bool full_ac = strcmp(c->activation_checkpoint.mode, "full") == 0;
     llama3_build(&t->model, &t->args, full_ac);
 }
@@ -192,8 +193,8 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
         loss += model_forward_backward(&t->model, &s) / t->accum;
     }
     if (!isfinite(loss))
-        die_user("step %d: loss is %g; stopped before updating the weights (checkpoints in %s "
-                 "are intact)", step, loss, t->ckpt_folder);
+        die_user("step %d: loss is %s; stopped before updating the weights (checkpoints in %s "
+                 "are intact)", step, isnan(loss) ? "NaN" : "infinite", t->ckpt_folder);
     *grad_norm = grad_clip_by_norm(t->k, &t->model.params, t->cfg.training.max_norm);
     *lr = t->opt.lr * lr_schedule_factor(&t->schedule, step);
     adamw_step(&t->opt, t->k, &t->model.params, *lr);

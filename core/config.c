@@ -99,6 +99,8 @@ static const KeySpec KEYS[] = {
      .help = "Print the model after converters are applied"},
     {K_BOOL(model, tie_word_embeddings), .def = "false",
      .help = "titan: share the embedding matrix with the output projection"},
+    {K_BOOL(model, rope_scaling), .def = "false",
+     .help = "titan: Llama 3.1 RoPE frequency scaling (factor 8, original context 8192)"},
 
     {K_ENUM(optimizer, name), .def = "AdamW", .choices = OPTIMIZERS, .help = "Optimizer to use"},
     {K_FLOAT(optimizer, lr), .def = "8e-4", .help = "Learning rate to use"},

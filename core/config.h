@@ -57,6 +57,7 @@ typedef struct {
     StringList converters;
     bool print_after_conversion;
     bool tie_word_embeddings;
+    bool rope_scaling;
 } ModelSection;
 
 typedef struct {

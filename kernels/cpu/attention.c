@@ -35,47 +35,56 @@ static HeadView attention_head(int b, int h, int T, int heads, int head_dim) {
     return (HeadView){((size_t)b * T * heads + h) * head_dim, heads * head_dim};
 }
 
-// Row r of s (query i0 + r, kv_len wide) becomes softmax over keys [0, i0 + r] and zeros
-// beyond; returns the row's log-sum-exp.
-static float attention_softmax_row(float *s, int n_valid, int kv_len) {
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int j = 0; j < n_valid; j++) mx = s[j] > mx ? s[j] : mx;
-    float sum = 0.0f;
+// Row r of s (query i0 + r, kv_len wide) becomes exp(s - max) over keys [0, i0 + r] and zeros
+// beyond; returns 1 / sum, which is applied to the (narrower) output row after P V instead.
+static float attention_exp_row(float *s, int n_valid, int kv_len, float *lse) {
+    float mx = cpu_max_floats(s, n_valid), sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j < n_valid; j++) {
         s[j] = cpu_expf(s[j] - mx);
         sum += s[j];
     }
-    float inv = 1.0f / sum;
-#pragma omp simd
-    for (int j = 0; j < n_valid; j++) s[j] *= inv;
     for (int j = n_valid; j < kv_len; j++) s[j] = 0.0f;
-    return mx + logf(sum);
+    *lse = mx + logf(sum);
+    return 1.0f / sum;
+}
+
+// One query tile (rows queries from i0, row stride ld_q) of one head against keys
+// [0, i0 + rows): o = softmax(scale q k^T) v, through the (rows, kv_len) scratch s.
+static void attention_tile_forward(float *o, float *lse, const float *q, int ld_q,
+                                   const float *k, const float *v, int ld_kv, int rows, int i0,
+                                   int head_dim, float *s) {
+    int kv_len = i0 + rows;
+    float inv_sum[ATTN_TILE];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, kv_len, head_dim,
+                1.0f / sqrtf((float)head_dim), q, ld_q, k, ld_kv, 0.0f, s, kv_len);
+    for (int r = 0; r < rows; r++)
+        inv_sum[r] = attention_exp_row(s + (size_t)r * kv_len, i0 + r + 1, kv_len, lse + r);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, head_dim, kv_len, 1.0f, s,
+                kv_len, v, ld_kv, 0.0f, o, ld_q);
+    for (int r = 0; r < rows; r++) {
+        float *orow = o + (size_t)r * ld_q;
+#pragma omp simd
+        for (int c = 0; c < head_dim; c++) orow[c] *= inv_sum[r];
+    }
 }
 
 void cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                            const float *v, int B, int T, int n_heads, int n_kv_heads,
                            int head_dim) {
     int n_tiles = (T + ATTN_TILE - 1) / ATTN_TILE, group = n_heads / n_kv_heads;
-    float scale = 1.0f / sqrtf((float)head_dim);
 #pragma omp parallel for collapse(3) schedule(dynamic, 1)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < n_heads; h++)
             for (int t = 0; t < n_tiles; t++) {
-                int i0 = t * ATTN_TILE;
-                int rows = T - i0 < ATTN_TILE ? T - i0 : ATTN_TILE, kv_len = i0 + rows;
+                int i0 = t * ATTN_TILE, rows = T - i0 < ATTN_TILE ? T - i0 : ATTN_TILE;
                 HeadView qh = attention_head(b, h, T, n_heads, head_dim);
                 HeadView kh = attention_head(b, h / group, T, n_kv_heads, head_dim);
                 size_t q0 = qh.offset + (size_t)i0 * qh.ld;
-                float *s = attention_scratch((size_t)ATTN_TILE * T);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, kv_len, head_dim,
-                            scale, q + q0, qh.ld, k + kh.offset, kh.ld, 0.0f, s, kv_len);
-                float *lse_bh = lse + ((size_t)b * n_heads + h) * T + i0;
-                for (int r = 0; r < rows; r++)
-                    lse_bh[r] = attention_softmax_row(s + (size_t)r * kv_len, i0 + r + 1, kv_len);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, head_dim, kv_len,
-                            1.0f, s, kv_len, v + kh.offset, kh.ld, 0.0f, out + q0, qh.ld);
+                attention_tile_forward(out + q0, lse + ((size_t)b * n_heads + h) * T + i0,
+                                       q + q0, qh.ld, k + kh.offset, v + kh.offset, kh.ld,
+                                       rows, i0, head_dim,
+                                       attention_scratch((size_t)ATTN_TILE * T));
             }
 }
 

@@ -43,6 +43,8 @@ void cpu_cross_entropy_backward(float *dlogits, const float *logits, const int *
                                 int vocab, float dloss);
 
 void cpu_add(float *y, const float *x, size_t n);
+// max of x[0..n), n >= 1: the shift that makes softmax and log-sum-exp overflow-free.
+float cpu_max_floats(const float *x, int n);
 void cpu_scale(float *x, size_t n, float s);
 double cpu_sum_squares(const float *x, size_t n);
 

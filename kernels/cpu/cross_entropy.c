@@ -4,9 +4,7 @@
 
 // log(sum(exp(x))) shifted by the row maximum, so no exp overflows (logits of any size).
 static float cross_entropy_lse(const float *x, int vocab) {
-    float mx = x[0];
-#pragma omp simd reduction(max : mx)
-    for (int j = 1; j < vocab; j++) mx = x[j] > mx ? x[j] : mx;
+    float mx = cpu_max_floats(x, vocab);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j < vocab; j++) sum += cpu_expf(x[j] - mx);
@@ -22,22 +20,38 @@ void cpu_cross_entropy_forward(float *losses, const float *logits, const int *ta
     }
 }
 
+// Aliased, the row is consumed: exp(x - max) is written over it while summing, then scaled,
+// one exp per logit instead of two.
+static void cross_entropy_backward_overwrite(float *x, int target, int vocab, float dloss) {
+    float mx = cpu_max_floats(x, vocab), sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < vocab; j++) {
+        x[j] = cpu_expf(x[j] - mx);
+        sum += x[j];
+    }
+    float s = dloss / sum;
+#pragma omp simd
+    for (int j = 0; j < vocab; j++) x[j] *= s;
+    x[target] -= dloss;
+}
+
+static void cross_entropy_backward_add(float *d, const float *x, int target, int vocab,
+                                       float dloss) {
+    float lse = cross_entropy_lse(x, vocab);
+#pragma omp simd
+    for (int j = 0; j < vocab; j++) d[j] += dloss * cpu_expf(x[j] - lse);
+    d[target] -= dloss;
+}
+
 void cpu_cross_entropy_backward(float *dlogits, const float *logits, const int *targets, int n,
                                 int vocab, float dloss) {
-    // Aliased, the logits are consumed: the gradient overwrites them instead of adding.
     bool overwrite = dlogits == logits;
 #pragma omp parallel for
     for (int i = 0; i < n; i++) {
-        const float *x = logits + (size_t)i * vocab;
         float *d = dlogits + (size_t)i * vocab;
-        float lse = cross_entropy_lse(x, vocab);
-        if (overwrite) {
-#pragma omp simd
-            for (int j = 0; j < vocab; j++) d[j] = dloss * cpu_expf(x[j] - lse);
-        } else {
-#pragma omp simd
-            for (int j = 0; j < vocab; j++) d[j] += dloss * cpu_expf(x[j] - lse);
-        }
-        d[targets[i]] -= dloss;
+        if (overwrite)
+            cross_entropy_backward_overwrite(d, targets[i], vocab, dloss);
+        else
+            cross_entropy_backward_add(d, logits + (size_t)i * vocab, targets[i], vocab, dloss);
     }
 }

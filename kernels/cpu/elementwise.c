@@ -22,6 +22,20 @@ void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const floa
     }
 }
 
+// Eight running maxima in a fixed-size array: GCC keeps them in two vector registers, where an
+// `omp simd reduction(max)` spills its accumulator to the stack on every iteration.
+float cpu_max_floats(const float *x, int n) {
+    float lanes[8];
+    for (int l = 0; l < 8; l++) lanes[l] = x[0];
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) lanes[l] = x[j + l] > lanes[l] ? x[j + l] : lanes[l];
+    float mx = x[0];
+    for (; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int l = 0; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+    return mx;
+}
+
 void cpu_add(float *y, const float *x, size_t n) {
 #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++) y[i] += x[i];

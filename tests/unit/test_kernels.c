@@ -132,7 +132,8 @@ static void matmul_check(int m, int n, int k, bool ta, bool tb, float beta) {
         for (int j = 0; j < n; j++) {
             double s = beta * (double)c0[i * n + j];
             for (int p = 0; p < k; p++)
-                s += (double)(ta ? a[p * m + i] : a[i * k + p]) * (tb ? b[j * k + p] : b[p * n + j]);
+                s +=
+                    (double)(ta ? a[p * m + i] : a[i * k + p]) * (tb ? b[j * k + p] : b[p * n + j]);
             want[i * n + j] = s;
         }
     char what[64];
@@ -157,7 +158,7 @@ static void test_matmul_transposes_and_beta(void **state) {
 typedef struct RmsCase {
     int n, dim;
     float eps;
-    double *x, *w;    // (n, dim), (dim)
+    double *x, *w;     // (n, dim), (dim)
     const float *dout; // the loss weights
 } RmsCase;
 
@@ -191,7 +192,8 @@ static void rmsnorm_ref_backward(double *dx, double *dw, const RmsCase *c) {
         for (int j = 0; j < c->dim; j++) {
             dw[j] += g[j] * x[j] * r;
             for (int o = 0; o < c->dim; o++)
-                dx[i * c->dim + j] += g[o] * c->w[o] * ((o == j) * r - r * r * r * x[o] * x[j] / c->dim);
+                dx[i * c->dim + j] +=
+                    g[o] * c->w[o] * ((o == j) * r - r * r * r * x[o] * x[j] / c->dim);
         }
     }
 }
@@ -294,7 +296,8 @@ static void test_rope(void **state) {
     ops->rope_forward(out, x, cos_t, sin_t, pos, ROPE_B * ROPE_T, ROPE_T, ROPE_H, ROPE_HD);
     assert_close("rope out", out, want, ROPE_N, FWD_TOL);
     float *inplace = floats_copy(x, ROPE_N);
-    ops->rope_forward(inplace, inplace, cos_t, sin_t, pos, ROPE_B * ROPE_T, ROPE_T, ROPE_H, ROPE_HD);
+    ops->rope_forward(inplace, inplace, cos_t, sin_t, pos, ROPE_B * ROPE_T, ROPE_T, ROPE_H,
+                      ROPE_HD);
     assert_memory_equal(inplace, out, ROPE_N * sizeof *out);
 
     float *dx0 = floats_random(ROPE_N, 1.0), *dx = floats_copy(dx0, ROPE_N);
@@ -313,8 +316,8 @@ static void test_rope(void **state) {
 
 typedef struct AttnCase {
     int B, T, H, KV, hd;
-    double *q, *k, *v;  // (B, T, H, hd), (B, T, KV, hd) x2
-    const float *dout;  // (B, T, H, hd)
+    double *q, *k, *v; // (B, T, H, hd), (B, T, KV, hd) x2
+    const float *dout; // (B, T, H, hd)
 } AttnCase;
 
 static size_t attn_q_size(const AttnCase *c) { return (size_t)c->B * c->T * c->H * c->hd; }
@@ -380,7 +383,8 @@ static void attn_ref_backward(double *dq, double *dk, double *dv, const AttnCase
                 double pdp = 0.0;
                 for (int j = 0; j <= i; j++) {
                     dp[j] = 0.0;
-                    for (int d = 0; d < c->hd; d++) dp[j] += c->dout[qi + d] * c->v[attn_kv_at(c, b, j, kvh) + d];
+                    for (int d = 0; d < c->hd; d++)
+                        dp[j] += c->dout[qi + d] * c->v[attn_kv_at(c, b, j, kvh) + d];
                     pdp += p[j] * dp[j];
                 }
                 for (int j = 0; j <= i; j++) {
@@ -402,10 +406,11 @@ typedef struct AttnRun {
 
 static AttnRun attn_run_make(const AttnCase *c) {
     size_t nq = attn_q_size(c), nkv = attn_kv_size(c);
-    return (AttnRun){floats_random(nq, 1.0), floats_random(nkv, 1.0), floats_random(nkv, 1.0),
-                     floats_random(nq, 1.0), floats_random(nq, 1.0),
-                     floats_random((size_t)c->B * c->H * c->T, 1.0), floats_random(nq, 1.0),
-                     floats_random(nkv, 1.0), floats_random(nkv, 1.0)};
+    return (AttnRun){floats_random(nq, 1.0),  floats_random(nkv, 1.0),
+                     floats_random(nkv, 1.0), floats_random(nq, 1.0),
+                     floats_random(nq, 1.0),  floats_random((size_t)c->B * c->H * c->T, 1.0),
+                     floats_random(nq, 1.0),  floats_random(nkv, 1.0),
+                     floats_random(nkv, 1.0)};
 }
 
 static void attn_run_free(AttnRun *r) {
@@ -415,8 +420,8 @@ static void attn_run_free(AttnRun *r) {
 
 static void attn_run_ops(AttnRun *r, const AttnCase *c) {
     ops->attention_forward(r->out, r->lse, r->q, r->k, r->v, c->B, c->T, c->H, c->KV, c->hd);
-    ops->attention_backward(r->dq, r->dk, r->dv, r->dout, r->q, r->k, r->v, r->out, r->lse,
-                            c->B, c->T, c->H, c->KV, c->hd);
+    ops->attention_backward(r->dq, r->dk, r->dv, r->dout, r->q, r->k, r->v, r->out, r->lse, c->B,
+                            c->T, c->H, c->KV, c->hd);
 }
 
 // Compares one gradient, prefilled with prefill, against reference gradients ref and fd
@@ -436,7 +441,8 @@ static void attn_check(int B, int T, int H, int KV, int hd, bool with_fd) {
     AttnCase c = {B, T, H, KV, hd, NULL, NULL, NULL, NULL};
     size_t nq = attn_q_size(&c), nkv = attn_kv_size(&c), nl = (size_t)B * H * T;
     AttnRun r = attn_run_make(&c);
-    float *dq0 = floats_copy(r.dq, nq), *dk0 = floats_copy(r.dk, nkv), *dv0 = floats_copy(r.dv, nkv);
+    float *dq0 = floats_copy(r.dq, nq), *dk0 = floats_copy(r.dk, nkv),
+          *dv0 = floats_copy(r.dv, nkv);
     c.q = doubles_from(r.q, nq), c.k = doubles_from(r.k, nkv), c.v = doubles_from(r.v, nkv);
     c.dout = r.dout;
     attn_run_ops(&r, &c);
@@ -540,7 +546,8 @@ static double embedding_loss(const void *ctx) {
     const EmbCase *c = ctx;
     double l = 0.0;
     for (int i = 0; i < EMB_N; i++)
-        for (int j = 0; j < EMB_DIM; j++) l += c->table[c->tokens[i] * EMB_DIM + j] * c->dout[i * EMB_DIM + j];
+        for (int j = 0; j < EMB_DIM; j++)
+            l += c->table[c->tokens[i] * EMB_DIM + j] * c->dout[i * EMB_DIM + j];
     return l;
 }
 
@@ -550,20 +557,23 @@ static void test_embedding(void **state) {
     int tokens[EMB_N];
     for (int i = 0; i < EMB_N; i++) tokens[i] = (int)((rng_uniform() + 1.0) * 0.5 * EMB_VOCAB);
     tokens[1] = tokens[0]; // a guaranteed repeat
-    float *table = floats_random(EMB_VOCAB * EMB_DIM, 1.0), *out = floats_random(EMB_N * EMB_DIM, 1.0);
+    float *table = floats_random(EMB_VOCAB * EMB_DIM, 1.0),
+          *out = floats_random(EMB_N * EMB_DIM, 1.0);
     float *dout = floats_random(EMB_N * EMB_DIM, 1.0);
     ops->embedding_forward(out, tokens, table, EMB_N, EMB_DIM);
     for (int i = 0; i < EMB_N; i++)
         assert_memory_equal(out + i * EMB_DIM, table + tokens[i] * EMB_DIM, EMB_DIM * sizeof *out);
 
-    float *dt0 = floats_random(EMB_VOCAB * EMB_DIM, 1.0), *dt = floats_copy(dt0, EMB_VOCAB * EMB_DIM);
+    float *dt0 = floats_random(EMB_VOCAB * EMB_DIM, 1.0),
+          *dt = floats_copy(dt0, EMB_VOCAB * EMB_DIM);
     ops->embedding_backward(dt, dout, tokens, EMB_N, EMB_DIM);
     double *ref = doubles_zero(EMB_VOCAB * EMB_DIM);
     for (int i = 0; i < EMB_N; i++)
         for (int j = 0; j < EMB_DIM; j++) ref[tokens[i] * EMB_DIM + j] += dout[i * EMB_DIM + j];
     EmbCase c = {doubles_from(table, EMB_VOCAB * EMB_DIM), tokens, dout};
     double *fd = fd_gradient(c.table, EMB_VOCAB * EMB_DIM, embedding_loss, &c);
-    double *want = doubles_sum(dt0, ref, EMB_VOCAB * EMB_DIM), *fdw = doubles_sum(dt0, fd, EMB_VOCAB * EMB_DIM);
+    double *want = doubles_sum(dt0, ref, EMB_VOCAB * EMB_DIM),
+           *fdw = doubles_sum(dt0, fd, EMB_VOCAB * EMB_DIM);
     assert_close("embedding dtable", dt, want, EMB_VOCAB * EMB_DIM, FWD_TOL);
     assert_close("embedding dtable fd", dt, fdw, EMB_VOCAB * EMB_DIM, FD_TOL);
     free(table), free(out), free(dout), free(dt0), free(dt), free(ref), free(c.table), free(fd);
@@ -678,7 +688,8 @@ static void test_adamw(void **state) {
             rp[i] -= (double)lr * wd * rp[i];
             rm[i] = b1 * rm[i] + (1.0 - b1) * g[i];
             rv[i] = b2 * rv[i] + (1.0 - b2) * (double)g[i] * g[i];
-            rp[i] -= lr * (rm[i] / (1.0 - pow(b1, step))) / (sqrt(rv[i] / (1.0 - pow(b2, step))) + eps);
+            rp[i] -=
+                lr * (rm[i] / (1.0 - pow(b1, step))) / (sqrt(rv[i] / (1.0 - pow(b2, step))) + eps);
             dp[i] = rp[i] - old;
             before[i] = p[i] - before[i];
         }
@@ -724,7 +735,8 @@ static void test_determinism(void **state) {
     assert_memory_equal(dtab[0], dtab[1], sizeof dtab[0]);
     assert_memory_equal(dw[0], dw[1], sizeof dw[0]);
     assert_memory_equal(dx[0], dx[1], nd * sizeof(float));
-    double s0 = ops->sum_squares(dout, (size_t)n * dim), s1 = ops->sum_squares(dout, (size_t)n * dim);
+    double s0 = ops->sum_squares(dout, (size_t)n * dim),
+           s1 = ops->sum_squares(dout, (size_t)n * dim);
     assert_memory_equal(&s0, &s1, sizeof s0);
     attn_run_free(&r[0]), attn_run_free(&r[1]);
     free(dout), free(x), free(y), free(w), free(dx[0]), free(dx[1]);

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages titan's build, tests and benchmarks need. Idempotent: does
+# nothing when everything is present, so `make test` / `make run` can call it every time.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential pkg-config
+  libopenmpi-dev openmpi-bin          # launch, bootstrap, CPU collectives; mpicc
+  libopenblas-openmp-dev              # CPU GEMM (OpenMP flavour: called inside omp regions)
+  libyaml-dev                         # configs
+  libhdf5-openmpi-dev hdf5-tools      # checkpoints (parallel HDF5), h5dump
+  libcmocka-dev                       # unit tests
+  python3-torch python3-numpy python3-h5py python3-yaml   # the PyTorch reference tests
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "setup: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

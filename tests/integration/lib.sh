@@ -1,0 +1,32 @@
+# Shared by the integration tests: paths, a scratch folder, the Austen text as a byte-level
+# token shard, and assertions. Sourced, not run.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+TITAN=./titan
+PY=/usr/bin/python3  # Debian's interpreter, the one with torch, numpy and h5py
+SCRATCH=$(mktemp -d /tmp/titan-test.XXXXXX)
+trap 'rm -rf "$SCRATCH"' EXIT
+CORPUS=../shared/data/corpus/austen.txt
+DATA=$SCRATCH/austen.bin
+$TITAN tokenize --tokenizer bytes --out "$DATA" "$CORPUS" >/dev/null
+
+# A small, fast configuration shared by the tests: debug model shapes, short sequences.
+SMALL=(--config configs/debug_model.yaml --training.dataset_path "$DATA" --training.seq_len 64
+       --training.local_batch_size 4 --metrics.log_freq 1)
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect_user_error PATTERN CMD...: CMD must exit 2 printing exactly one stderr line that
+# matches the extended regex PATTERN.
+expect_user_error() {
+  local pattern=$1; shift
+  local err rc=0
+  err=$("$@" 2>&1 >/dev/null) || rc=$?
+  [ "$rc" -eq 2 ] || fail "expected exit 2, got $rc from: $* ($err)"
+  [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] || fail "expected one line from: $*, got: $err"
+  printf '%s\n' "$err" | grep -Eq -- "$pattern" || fail "'$err' does not match '$pattern'"
+  echo "ok: $err"
+}
+
+# losses FILE: the loss column of a metrics.jsonl, exactly as written.
+losses() { grep -o '"loss": [^,]*' "$1"; }

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Bad input: each case exits 2 with one line naming the file, line/column or key. No crash,
+# no hang, no lost checkpoint.
+source "$(dirname "$0")/lib.sh"
+
+printf 'training:\n  steps: [1, 2\n' >"$SCRATCH/malformed.yaml"
+expect_user_error "malformed.yaml:[0-9]+:[0-9]+: " $TITAN --config "$SCRATCH/malformed.yaml"
+
+printf 'training:\n  stpes: 10\n' >"$SCRATCH/unknown.yaml"
+expect_user_error "unknown.yaml:2:3: unknown key 'training.stpes' \(did you mean 'training.steps'\?\)" \
+  $TITAN --config "$SCRATCH/unknown.yaml"
+
+printf 'training:\n  steps: ten\n' >"$SCRATCH/type.yaml"
+expect_user_error "type.yaml:2:10: training.steps expects an integer, got 'ten'" \
+  $TITAN --config "$SCRATCH/type.yaml"
+
+expect_user_error "activation_checkpoint.mode" $TITAN "${SMALL[@]}" --activation_checkpoint.mode sometimes
+expect_user_error "unknown option '--training.stpes'" $TITAN "${SMALL[@]}" --training.stpes 3
+expect_user_error "tensor_parallel_degree.*not implemented" $TITAN "${SMALL[@]}" --parallelism.tensor_parallel_degree 2
+expect_user_error "model.flavor 'tiny' is not a llama3 flavor" $TITAN "${SMALL[@]}" --model.flavor tiny
+expect_user_error "$SCRATCH/nothing.bin" $TITAN "${SMALL[@]}" --training.dataset_path "$SCRATCH/nothing.bin"
+expect_user_error "cannot open config file" $TITAN --config "$SCRATCH/absent.yaml"
+
+# A truncated checkpoint is reported, not loaded and not crashed on.
+$TITAN "${SMALL[@]}" --training.steps 2 --checkpoint.enable --checkpoint.interval 2 \
+  --job.dump_folder "$SCRATCH/ck" >/dev/null
+ckpt=$SCRATCH/ck/checkpoint/step-2.h5
+truncate -s $(( $(stat -c %s "$ckpt") / 2 )) "$ckpt"
+expect_user_error "checkpoint .*step-2.h5 is truncated or not an HDF5 file" \
+  $TITAN "${SMALL[@]}" --training.steps 4 --checkpoint.enable --job.dump_folder "$SCRATCH/ck"
+expect_user_error "checkpoint.load_step 7" \
+  $TITAN "${SMALL[@]}" --checkpoint.enable --checkpoint.load_step 7 --job.dump_folder "$SCRATCH/ck"
+
+# A diverging run stops at the first non-finite loss, before the update, keeping the
+# checkpoint it already wrote.
+$TITAN "${SMALL[@]}" --training.steps 2 --checkpoint.enable --checkpoint.interval 2 \
+  --job.dump_folder "$SCRATCH/nan" >/dev/null
+expect_user_error "step [0-9]+: loss is (NaN|infinite); stopped before updating" $TITAN "${SMALL[@]}" --training.steps 40 \
+  --optimizer.lr 1e30 --lr_scheduler.warmup_steps 0 --checkpoint.enable --checkpoint.interval 100 \
+  --job.dump_folder "$SCRATCH/nan"
+[ -f "$SCRATCH/nan/checkpoint/step-2.h5" ] || fail "the NaN run lost the existing checkpoint"
