@@ -177,6 +177,9 @@ static void setup(Trainer *t) {
     log_info("model: llama3 %s, %zu parameters, %d layers, dim %d; batch %d x %d tokens x %d "
              "microbatches", c->model.flavor, t->model.params.numel, t->args.n_layers,
              t->args.dim, t->B, t->T, t->accum);
+    char backend[256];
+    t->k->describe(backend, sizeof backend);
+    log_info("kernels: %s", backend);
     log_memory(t);
 }
 

@@ -17,6 +17,8 @@
 
 typedef struct KernelOps {
     const char *name;
+    // One line naming what runs underneath (library, kernels, threads): benchmarks report it.
+    void (*describe)(char *buf, size_t len);
 
     // c (m, n) = op(a) op(b) + beta * c, op(x) = x^T when trans_x. op(a) is (m, k), op(b) is
     // (k, n); a, b, c are dense row-major (leading dimension = their column count).

@@ -19,7 +19,7 @@ run() {  # name, command...
   fi
 }
 
-mkdir -p build/test-logs
+mkdir -p build/test-logs/unit build/test-logs/integration
 for t in build/tests/test_*; do run "unit/$(basename "$t")" "$t"; done
 for t in tests/integration/test_*.sh; do run "integration/$(basename "$t" .sh)" bash "$t"; done
 

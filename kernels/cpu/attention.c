@@ -147,7 +147,8 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++)
         for (int kvh = 0; kvh < n_kv_heads; kvh++) {
-            float *p = attention_scratch((size_t)2 * ATTN_TILE * T), *ds = p + ATTN_TILE * T;
+            float *p = attention_scratch((size_t)2 * ATTN_TILE * T);
+            float *ds = p + (size_t)ATTN_TILE * T;
             HeadView kh = attention_head(b, kvh, T, n_kv_heads, head_dim);
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {
                 HeadView qh = attention_head(b, h, T, n_heads, head_dim);

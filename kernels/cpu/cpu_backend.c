@@ -1,7 +1,18 @@
+#include <cblas.h>
+#include <omp.h>
+#include <stdio.h>
+
 #include "kernels/cpu/cpu.h"
+
+// OpenBLAS picks its kernels for the CPU at load time (or as OPENBLAS_CORETYPE forces).
+static void cpu_describe(char *buf, size_t len) {
+    snprintf(buf, len, "cpu: %d OpenMP threads, OpenBLAS %s kernels (%s)", omp_get_max_threads(),
+             openblas_get_corename(), openblas_get_config());
+}
 
 const KernelOps kernels_cpu = {
     .name = "cpu",
+    .describe = cpu_describe,
     .matmul = cpu_matmul,
     .rmsnorm_forward = cpu_rmsnorm_forward,
     .rmsnorm_backward = cpu_rmsnorm_backward,
