@@ -147,8 +147,7 @@ static void load_or_initialize(Trainer *t) {
         train_state_load(path, &t->model.params, &t->opt, &t->progress);
         log_info("checkpoint: resumed from %s at step %lld", path, (long long)t->progress.step);
     } else if (ck->initial_load_path) {
-        TrainProgress ignored;
-        train_state_load(ck->initial_load_path, &t->model.params, NULL, &ignored);
+        train_state_load(ck->initial_load_path, &t->model.params, NULL, NULL);
         log_info("checkpoint: initial weights from %s", ck->initial_load_path);
     } else {
         params_initialize(&t->model.params, (uint64_t)t->cfg.training.seed);
@@ -204,6 +203,20 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
     return loss;
 }
 
+// torchtitan's policy: every `interval` steps, after step 1 if asked, and at the last step
+// (model only under last_save_model_only); then only the keep_latest_k newest are kept.
+static void maybe_checkpoint(Trainer *t, int step) {
+    const CheckpointSection *ck = &t->cfg.checkpoint;
+    bool last = step == t->cfg.training.steps;
+    if (!(step % ck->interval == 0 || last || (step == 1 && ck->enable_first_step_checkpoint)))
+        return;
+    char path[4096 + 64];
+    make_dirs(t->ckpt_folder);
+    ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
+    save_checkpoint(t, path, !(last && ck->last_save_model_only));
+    if (ck->keep_latest_k > 0) ckpt_keep_latest(t->ckpt_folder, (int)ck->keep_latest_k);
+}
+
 static void train(Trainer *t) {
     const Config *c = &t->cfg;
     MetricsLog log;
@@ -226,12 +239,7 @@ static void train(Trainer *t) {
             interval_start = now_seconds();
             interval_steps = 0;
         }
-        if (c->checkpoint.enable && (step % c->checkpoint.interval == 0 || step == c->training.steps)) {
-            char path[4096 + 64];
-            ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
-            make_dirs(t->ckpt_folder);
-            save_checkpoint(t, path, true);
-        }
+        if (c->checkpoint.enable) maybe_checkpoint(t, step);
     }
     metrics_close(&log);
 }
@@ -241,6 +249,13 @@ static void create_seed_checkpoint(Trainer *t) {
     make_dirs(t->ckpt_folder);
     ckpt_path_for_step(path, sizeof path, t->ckpt_folder, 0);
     save_checkpoint(t, path, false);
+}
+
+static void save_config(const Config *c, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) die_user("job.save_config_file: cannot write %s: %s", path, strerror(errno));
+    config_print_yaml(c, f);
+    if (fclose(f) != 0) die_user("job.save_config_file: cannot write %s: %s", path, strerror(errno));
 }
 
 // `--print-config` is the short form of `--job.print_config`.
@@ -258,6 +273,7 @@ int main(int argc, char **argv) {
         config_print_yaml(&t->cfg, stdout);
         return 0;
     }
+    if (t->cfg.job.save_config_file) save_config(&t->cfg, t->cfg.job.save_config_file);
     setup(t);
     if (t->cfg.checkpoint.create_seed_checkpoint)
         create_seed_checkpoint(t);

@@ -14,15 +14,6 @@
 // HDF5 prints its whole error stack on every failure; titan reports one line of its own.
 static void hdf5_silence(void) { H5_CHECK(H5Eset_auto2(H5E_DEFAULT, NULL, NULL)); }
 
-__attribute__((format(printf, 3, 4))) static bool fail(char *err, size_t errlen,
-                                                        const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return false;
-}
-
 // Closing semi-strictly makes H5Fclose fail if any object is still open, so a leaked id is
 // caught at once instead of keeping the file silently open (and unflushed) behind our back.
 static hid_t fapl_create(void) {
@@ -37,8 +28,8 @@ static hid_t file_open(const char *path, char *err, size_t errlen) {
     hdf5_silence();
     struct stat st;
     if (stat(path, &st) != 0) {
-        if (errno == ENOENT) fail(err, errlen, "checkpoint file %s does not exist", path);
-        else fail(err, errlen, "cannot read checkpoint %s: %s", path, strerror(errno));
+        if (errno == ENOENT) error_set(err, errlen, "checkpoint file %s does not exist", path);
+        else error_set(err, errlen, "cannot read checkpoint %s: %s", path, strerror(errno));
         return -1;
     }
     hid_t fapl = fapl_create();
@@ -46,7 +37,7 @@ static hid_t file_open(const char *path, char *err, size_t errlen) {
     // fails here; one damaged inside fails later, on read, with the same message.
     hid_t file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
     H5_CHECK(H5Pclose(fapl));
-    if (file < 0) fail(err, errlen, "checkpoint %s is truncated or not an HDF5 file", path);
+    if (file < 0) error_set(err, errlen, "checkpoint %s is truncated or not an HDF5 file", path);
     return file;
 }
 
@@ -96,7 +87,7 @@ static bool dataset_check_shape(hid_t dset, const char *file_path, const CkptTen
     char have[256], want[256];
     shape_format(have, sizeof(have), ndim, found);
     shape_format(want, sizeof(want), t->ndim, t->shape);
-    return fail(err, errlen, "checkpoint %s: %s has shape %s but the model expects %s", file_path,
+    return error_set(err, errlen, "checkpoint %s: %s has shape %s but the model expects %s", file_path,
                 t->path, have, want);
 }
 
@@ -111,16 +102,16 @@ static bool dataset_is_float(hid_t dset) {
 static bool tensor_load(hid_t file, const char *file_path, const CkptTensor *t, char *err,
                         size_t errlen) {
     if (!object_exists(file, t->path))
-        return fail(err, errlen, "checkpoint %s has no dataset %s", file_path, t->path);
+        return error_set(err, errlen, "checkpoint %s has no dataset %s", file_path, t->path);
     hid_t dset = H5Dopen2(file, t->path, H5P_DEFAULT);
     if (dset < 0)
-        return fail(err, errlen, "checkpoint %s: %s is not a readable dataset", file_path, t->path);
+        return error_set(err, errlen, "checkpoint %s: %s is not a readable dataset", file_path, t->path);
     bool ok = dataset_check_shape(dset, file_path, t, err, errlen);
     if (ok && !dataset_is_float(dset))
-        ok = fail(err, errlen, "checkpoint %s: %s is not a floating-point dataset", file_path,
+        ok = error_set(err, errlen, "checkpoint %s: %s is not a floating-point dataset", file_path,
                   t->path);
     if (ok && H5Dread(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t->data) < 0)
-        ok = fail(err, errlen, "checkpoint %s is truncated or corrupt (reading %s failed)",
+        ok = error_set(err, errlen, "checkpoint %s is truncated or corrupt (reading %s failed)",
                   file_path, t->path);
     H5_CHECK(H5Dclose(dset));
     return ok;
@@ -349,15 +340,38 @@ static bool step_parse(const char *name, int64_t *step) {
     return true;
 }
 
-int64_t ckpt_latest_step(const char *folder) {
+// The k-th highest complete step in folder (k = 1: the latest); -1 if there are fewer than k.
+static int64_t kth_latest_step(const char *folder, int k) {
     DIR *dir = opendir(folder);
     if (!dir) {
         if (errno == ENOENT) return -1;
         die_user("cannot read checkpoint folder %s: %s", folder, strerror(errno));
     }
-    int64_t latest = -1, step;
-    for (struct dirent *e; (e = readdir(dir));)
-        if (step_parse(e->d_name, &step) && step > latest) latest = step;
+    int64_t below = INT64_MAX, kth = -1, step;
+    for (int rank = 0; rank < k; rank++, below = kth) {
+        kth = -1;
+        rewinddir(dir);
+        for (struct dirent *e; (e = readdir(dir));)
+            if (step_parse(e->d_name, &step) && step < below && step > kth) kth = step;
+        if (kth < 0) break;
+    }
     SYS_CHECK(closedir(dir));
-    return latest;
+    return kth;
+}
+
+int64_t ckpt_latest_step(const char *folder) { return kth_latest_step(folder, 1); }
+
+void ckpt_keep_latest(const char *folder, int keep) {
+    int64_t oldest_kept = kth_latest_step(folder, keep);
+    if (oldest_kept < 0) return;
+    DIR *dir = opendir(folder);
+    if (!dir) die_user("cannot read checkpoint folder %s: %s", folder, strerror(errno));
+    int64_t step;
+    char path[4096];
+    for (struct dirent *e; (e = readdir(dir));) {
+        if (!step_parse(e->d_name, &step) || step >= oldest_kept) continue;
+        ckpt_path_for_step(path, sizeof path, folder, step);
+        SYS_CHECK(unlink(path));
+    }
+    SYS_CHECK(closedir(dir));
 }

@@ -63,3 +63,5 @@ void ckpt_path_for_step(char *out, size_t outlen, const char *folder, int64_t st
 // Highest N with a complete <folder>/step-<N>.h5; -1 if none or no folder. Temporary files
 // (step-N.h5.tmp) and other names are ignored.
 int64_t ckpt_latest_step(const char *folder);
+// Deletes every complete step file but the `keep` latest (checkpoint.keep_latest_k).
+void ckpt_keep_latest(const char *folder, int keep);

@@ -55,9 +55,8 @@ void train_state_load(const char *path, ParamTable *params, AdamW *opt, TrainPro
     char(*names)[PARAM_NAME_MAX + 32];
     CkptTensor *list = tensor_list(params, opt, n_kinds, &names);
     ckpt_load(path, list, params->count * n_kinds);
-    *progress = (TrainProgress){0};
-    if (full) {
-        opt->step = (int)ckpt_read_int(path, "optimizer_step");
+    if (full) opt->step = (int)ckpt_read_int(path, "optimizer_step");
+    if (progress) {
         progress->step = ckpt_read_int(path, "step");
         progress->windows_consumed = ckpt_read_int(path, "data_windows_consumed");
     }

@@ -19,6 +19,7 @@ typedef struct {
 void train_state_save(const char *path, const ParamTable *params, const AdamW *opt,
                       TrainProgress progress, uint64_t seed, const char *config_yaml,
                       const CkptAttr *model_attrs, int n_model_attrs);
-// Loads the model, and the optimizer state and progress when the file has them (a seed or
-// model-only file leaves opt untouched and progress at zero).
+// Loads the model; with opt, also the optimizer state when the file has it (a seed or
+// model-only file leaves the moments at zero); with progress, the step and data position.
+// Both NULL: weights only, from any file with /model/<fqn> datasets (initial_load_path).
 void train_state_load(const char *path, ParamTable *params, AdamW *opt, TrainProgress *progress);

@@ -23,6 +23,14 @@ void die_internal(const char *file, int line, const char *fmt, ...) {
     exit(EXIT_INTERNAL_ERROR);
 }
 
+bool error_set(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
 static void log_line(FILE *f, const char *prefix, const char *fmt, va_list ap) {
     fputs(prefix, f);
     vfprintf(f, fmt, ap);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -18,6 +19,11 @@ __attribute__((noreturn, format(printf, 3, 4))) void die_internal(const char *fi
                                                                  const char *fmt, ...);
 __attribute__((format(printf, 1, 2))) void log_info(const char *fmt, ...);
 __attribute__((format(printf, 1, 2))) void log_warn(const char *fmt, ...);
+
+// For the try_* forms that report a user error instead of dying: formats the one-line
+// message into err and returns false, so a check reads `return error_set(err, n, ...)`.
+__attribute__((format(printf, 3, 4))) bool error_set(char *err, size_t errlen, const char *fmt,
+                                                      ...);
 
 // Internal invariant: exit 3 naming the condition.
 #define CHECK(cond)                                                                            \

@@ -15,15 +15,6 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "shards assume a littl
 
 #define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * 4)
 
-__attribute__((format(printf, 3, 4))) static bool fail(char *err, size_t errlen,
-                                                        const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return false;
-}
-
 // Bytes per token for a (magic, version) pair: titan's two versions, and llm.c's Llama 3
 // shards (dev/data/data_common.py writes magic 20240801, version 7, uint32 tokens); 0 if unknown.
 static int token_width(int32_t magic, int32_t version) {
@@ -38,17 +29,17 @@ static bool header_check(const uint8_t *map, size_t bytes, const char *file, int
     int32_t header[3];
     memcpy(header, map, sizeof(header));
     if (header[0] != SHARD_MAGIC && header[0] != SHARD_MAGIC_LLMC_LLAMA3)
-        return fail(err, errlen,
+        return error_set(err, errlen,
                     "token shard %s has bad magic %d (expected %d: not an llm.c/titan shard)", file,
                     header[0], SHARD_MAGIC);
     *width = token_width(header[0], header[1]);
     if (*width == 0)
-        return fail(err, errlen,
+        return error_set(err, errlen,
                     "token shard %s has unsupported version %d (1: uint16 tokens, 2: uint32)", file,
                     header[1]);
     int64_t want = SHARD_HEADER_BYTES + (int64_t)header[2] * *width;
     if (header[2] < 0 || (int64_t)bytes != want)
-        return fail(err, errlen,
+        return error_set(err, errlen,
                     "token shard %s is truncated or corrupt: its header promises %d tokens "
                     "(%lld bytes) but the file has %zu bytes",
                     file, header[2], (long long)want, bytes);
@@ -57,12 +48,12 @@ static bool header_check(const uint8_t *map, size_t bytes, const char *file, int
 
 static bool shard_map(TokenShard *sh, const char *file, char *err, size_t errlen) {
     int fd = open(file, O_RDONLY);
-    if (fd < 0) return fail(err, errlen, "cannot open token shard %s: %s", file, strerror(errno));
+    if (fd < 0) return error_set(err, errlen, "cannot open token shard %s: %s", file, strerror(errno));
     struct stat st;
     SYS_CHECK(fstat(fd, &st));
     if (!S_ISREG(st.st_mode) || st.st_size < SHARD_HEADER_BYTES) {
         SYS_CHECK(close(fd));
-        return fail(err, errlen,
+        return error_set(err, errlen,
                     "token shard %s is truncated or not a shard (%lld bytes; the header is %d)",
                     file, (long long)st.st_size, SHARD_HEADER_BYTES);
     }
@@ -89,10 +80,10 @@ static char **dir_list(const char *path, int *n, char *err, size_t errlen) {
     struct dirent **entries;
     int count = scandir(path, &entries, bin_filter, name_compare);
     if (count < 0) {
-        fail(err, errlen, "cannot read token dataset folder %s: %s", path, strerror(errno));
+        error_set(err, errlen, "cannot read token dataset folder %s: %s", path, strerror(errno));
         return NULL;
     }
-    if (count == 0) fail(err, errlen, "token dataset folder %s has no .bin files", path);
+    if (count == 0) error_set(err, errlen, "token dataset folder %s has no .bin files", path);
     char **files = xmalloc((size_t)count * sizeof(char *));
     for (int i = 0; i < count; i++) {
         CHECK(asprintf(&files[i], "%s/%s", path, entries[i]->d_name) >= 0);
@@ -108,7 +99,7 @@ static char **files_list(const char *path, int *n, char *err, size_t errlen) {
     struct stat st;
     *n = 0;
     if (stat(path, &st) != 0) {
-        fail(err, errlen, "token dataset %s does not exist", path);
+        error_set(err, errlen, "token dataset %s does not exist", path);
         return NULL;
     }
     if (S_ISDIR(st.st_mode)) return dir_list(path, n, err, errlen);
@@ -130,7 +121,7 @@ static bool shards_map(TokenStream *s, char **files, int n, char *err, size_t er
         s->first[i + 1] = s->first[i] + count;
     }
     s->num_tokens = s->first[n];
-    if (s->num_tokens == 0) return fail(err, errlen, "token dataset %s holds no tokens", s->path);
+    if (s->num_tokens == 0) return error_set(err, errlen, "token dataset %s holds no tokens", s->path);
     return true;
 }
 

@@ -1,9 +1,13 @@
+#include <stdbool.h>
+
 #include "kernels/cpu/cpu.h"
 
 // Each pair (x0, x1) is the complex number x0 + i x1 multiplied by e^(i pos theta_k)
-// (RoFormer, Su et al. 2021), as torchtitan's apply_rotary_emb.
-void cpu_rope_forward(float *out, const float *x, const float *cos, const float *sin,
-                      const int *pos, int n_rows, int T, int n_heads, int head_dim) {
+// (RoFormer, Su et al. 2021), as torchtitan's apply_rotary_emb. The rotation is orthogonal, so
+// backward is the same loop rotating by -theta (sin_sign = -1) and accumulating.
+static void rope_rotate(float *out, const float *x, const float *cos, const float *sin,
+                        const int *pos, int n_rows, int T, int n_heads, int head_dim,
+                        float sin_sign, bool accumulate) {
     int half = head_dim / 2, width = n_heads * head_dim;
 #pragma omp parallel for
     for (int r = 0; r < n_rows; r++) {
@@ -13,30 +17,22 @@ void cpu_rope_forward(float *out, const float *x, const float *cos, const float 
             float *oh = out + (size_t)r * width + h * head_dim;
 #pragma omp simd
             for (int i = 0; i < half; i++) {
-                float x0 = xh[2 * i], x1 = xh[2 * i + 1];
-                oh[2 * i] = x0 * c[i] - x1 * s[i];
-                oh[2 * i + 1] = x0 * s[i] + x1 * c[i];
+                float x0 = xh[2 * i], x1 = xh[2 * i + 1], si = sin_sign * s[i];
+                // forward overwrites (in place allowed), backward accumulates
+                float o0 = accumulate ? oh[2 * i] : 0.0f, o1 = accumulate ? oh[2 * i + 1] : 0.0f;
+                oh[2 * i] = o0 + x0 * c[i] - x1 * si;
+                oh[2 * i + 1] = o1 + x0 * si + x1 * c[i];
             }
         }
     }
 }
 
-// The rotation is orthogonal, so its transpose is the rotation by -theta.
+void cpu_rope_forward(float *out, const float *x, const float *cos, const float *sin,
+                      const int *pos, int n_rows, int T, int n_heads, int head_dim) {
+    rope_rotate(out, x, cos, sin, pos, n_rows, T, n_heads, head_dim, 1.0f, false);
+}
+
 void cpu_rope_backward(float *dx, const float *dout, const float *cos, const float *sin,
                        const int *pos, int n_rows, int T, int n_heads, int head_dim) {
-    int half = head_dim / 2, width = n_heads * head_dim;
-#pragma omp parallel for
-    for (int r = 0; r < n_rows; r++) {
-        const float *c = cos + (size_t)pos[r % T] * half, *s = sin + (size_t)pos[r % T] * half;
-        for (int h = 0; h < n_heads; h++) {
-            const float *gh = dout + (size_t)r * width + h * head_dim;
-            float *dh = dx + (size_t)r * width + h * head_dim;
-#pragma omp simd
-            for (int i = 0; i < half; i++) {
-                float g0 = gh[2 * i], g1 = gh[2 * i + 1];
-                dh[2 * i] += g0 * c[i] + g1 * s[i];
-                dh[2 * i + 1] += g1 * c[i] - g0 * s[i];
-            }
-        }
-    }
+    rope_rotate(dx, dout, cos, sin, pos, n_rows, T, n_heads, head_dim, -1.0f, true);
 }

@@ -24,8 +24,7 @@ int main(int argc, char **argv) {
     llama3_build(&m, &args, false);
     Arena params, grads, acts;
     model_allocate(&m, k, B, T, &params, &grads, &acts);
-    TrainProgress progress;
-    train_state_load(ckpt, &m.params, NULL, &progress);
+    train_state_load(ckpt, &m.params, NULL, NULL);
 
     TokenStream stream;
     token_stream_open(&stream, data);

@@ -14,20 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/errors.h"
 
-static char dir[256];
-
-static int dir_setup(void **state) {
-    (void)state;
-    snprintf(dir, sizeof(dir), "/tmp/titan_ckpt_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
-}
-
-static int dir_teardown(void **state) {
-    (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    return system(cmd);
-}
+#include "tests/unit/scratch_dir.h"
 
 static void fill(float *x, int64_t n, uint32_t seed) {
     // Arbitrary bit patterns (xorshift), so a lossy conversion anywhere would show.

@@ -16,20 +16,7 @@
 #include "data/shard.h"
 #include "data/tokenize.h"
 
-static char dir[256];
-
-static int dir_setup(void **state) {
-    (void)state;
-    snprintf(dir, sizeof(dir), "/tmp/titan_shard_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
-}
-
-static int dir_teardown(void **state) {
-    (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    return system(cmd);
-}
+#include "tests/unit/scratch_dir.h"
 
 static void path_make(char *out, size_t n, const char *name) {
     snprintf(out, n, "%s/%s", dir, name);
