@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The command line: --print-config prints the resolved config (file + overrides) as YAML that
-# titan reads back to the same config (but for job.config_file, the file it was read from); job.save_config_file writes that same text.
+# titan reads back to the same config (job.config_file and job.print_config aside); job.save_config_file writes that same text.
 source "$(dirname "$0")/lib.sh"
 
 $TITAN --config configs/llama3_8b.yaml --training.steps 7 --print-config >"$SCRATCH/a.yaml"
