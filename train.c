@@ -233,7 +233,7 @@ static void train(Trainer *t) {
             double tokens = (double)interval_steps * t->accum * t->B * t->T;
             m.tokens_per_s = tokens / elapsed;
             m.tflops = m.tokens_per_s * t->model.flops_per_token / 1e12;
-            m.mfu = c->metrics.peak_flops > 0 ? 100 * m.tflops * 1e12 / c->metrics.peak_flops : 0;
+            m.mfu = c->metrics.peak_flops > 0 ? 100 * m.tflops * 1e12 / c->metrics.peak_flops : NAN;
             m.peak_memory_gib = metrics_peak_rss_gib();
             metrics_write(&log, &m);
             interval_start = now_seconds();

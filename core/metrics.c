@@ -1,5 +1,7 @@
 #include "core/metrics.h"
 
+#include <math.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/resource.h>
 
@@ -15,14 +17,18 @@ void metrics_open(MetricsLog *log, const char *dump_folder) {
 }
 
 void metrics_write(MetricsLog *log, const StepMetrics *m) {
+    char mfu[32], mfu_json[32];
+    bool known = !isnan(m->mfu);
+    snprintf(mfu, sizeof mfu, known ? "%5.2f%%" : "  n/a", m->mfu);
+    snprintf(mfu_json, sizeof mfu_json, known ? "%.6g" : "null", m->mfu);
     log_info("step %5d  loss %8.4f  grad_norm %7.4f  lr %.3e  tok/s %9.0f  TFLOP/s %6.3f  "
-             "MFU %5.2f%%  mem %.2f GiB",
-             m->step, m->loss, m->grad_norm, m->lr, m->tokens_per_s, m->tflops, m->mfu,
+             "MFU %s  mem %.2f GiB",
+             m->step, m->loss, m->grad_norm, m->lr, m->tokens_per_s, m->tflops, mfu,
              m->peak_memory_gib);
     fprintf(log->jsonl,
             "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
-            "\"tokens_per_s\": %.6g, \"tflops\": %.6g, \"mfu\": %.6g, \"peak_memory_gib\": %.6g}\n",
-            m->step, m->loss, m->grad_norm, m->lr, m->tokens_per_s, m->tflops, m->mfu,
+            "\"tokens_per_s\": %.6g, \"tflops\": %.6g, \"mfu\": %s, \"peak_memory_gib\": %.6g}\n",
+            m->step, m->loss, m->grad_norm, m->lr, m->tokens_per_s, m->tflops, mfu_json,
             m->peak_memory_gib);
     fflush(log->jsonl);
 }

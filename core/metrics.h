@@ -9,7 +9,7 @@ typedef struct {
     double loss, grad_norm, lr;
     double tokens_per_s;      // per device
     double tflops;            // achieved model TFLOP/s per device
-    double mfu;               // tflops / peak, in percent (0 when the peak is unknown)
+    double mfu;               // tflops / peak, in percent; NAN when the peak is unknown
     double peak_memory_gib;   // resident set high-water mark of this process
 } StepMetrics;
 

@@ -44,13 +44,16 @@ typedef struct KernelOps {
     // head_dim); k, v: (B, T, n_kv_heads, head_dim); query head h reads kv head
     // h / (n_heads / n_kv_heads). lse (B, n_heads, T) is the natural-log log-sum-exp of each
     // row of scaled scores, saved for backward (and for context parallel's merge).
+    // workspace: attention_workspace_bytes(T, head_dim) of scratch for the call's duration,
+    // carved by the caller from its arena so that no op allocates inside the step.
+    size_t (*attention_workspace_bytes)(int T, int head_dim);
     void (*attention_forward)(float *out, float *lse, const float *q, const float *k,
                               const float *v, int B, int T, int n_heads, int n_kv_heads,
-                              int head_dim);
+                              int head_dim, void *workspace);
     void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, int B, int T, int n_heads, int n_kv_heads,
-                               int head_dim);
+                               int head_dim, void *workspace);
 
     // out (n) = silu(gate) * up, the SwiGLU of the FFN (gate = x W1^T, up = x W3^T).
     void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);

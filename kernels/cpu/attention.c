@@ -4,25 +4,23 @@
 // storing the (T, T) matrix.
 #include <cblas.h>
 #include <math.h>
-#include <stdlib.h>
+#include <omp.h>
 
-#include "core/errors.h"
 #include "kernels/cpu/cpu.h"
 
 #define ATTN_TILE 64
 
-// Per-thread scratch that grows to the largest request and is then reused, so the step loop
-// allocates only on its first call (OpenMP keeps its worker threads alive between regions).
-static _Thread_local float *scratch;
-static _Thread_local size_t scratch_floats;
+// The workspace holds one slice per OpenMP thread: two (ATTN_TILE, T) score tiles (forward
+// uses one, backward P and dS).
+static size_t attention_slice_floats(int T) { return (size_t)2 * ATTN_TILE * T; }
 
-static float *attention_scratch(size_t floats) {
-    if (floats > scratch_floats) {
-        free(scratch);
-        scratch = xmalloc(floats * sizeof *scratch);
-        scratch_floats = floats;
-    }
-    return scratch;
+size_t cpu_attention_workspace_bytes(int T, int head_dim) {
+    (void)head_dim;
+    return (size_t)omp_get_max_threads() * attention_slice_floats(T) * sizeof(float);
+}
+
+static float *attention_scratch(void *workspace, int T) {
+    return (float *)workspace + (size_t)omp_get_thread_num() * attention_slice_floats(T);
 }
 
 // Where one (batch, head) starts in a (B, T, heads, head_dim) tensor, and its row stride.
@@ -71,7 +69,7 @@ static void attention_tile_forward(float *o, float *lse, const float *q, int ld_
 
 void cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                            const float *v, int B, int T, int n_heads, int n_kv_heads,
-                           int head_dim) {
+                           int head_dim, void *workspace) {
     int n_tiles = (T + ATTN_TILE - 1) / ATTN_TILE, group = n_heads / n_kv_heads;
 #pragma omp parallel for collapse(3) schedule(dynamic, 1)
     for (int b = 0; b < B; b++)
@@ -84,7 +82,7 @@ void cpu_attention_forward(float *out, float *lse, const float *q, const float *
                 attention_tile_forward(out + q0, lse + ((size_t)b * n_heads + h) * T + i0,
                                        q + q0, qh.ld, k + kh.offset, v + kh.offset, kh.ld,
                                        rows, i0, head_dim,
-                                       attention_scratch((size_t)ATTN_TILE * T));
+                                       attention_scratch(workspace, T));
             }
 }
 
@@ -141,13 +139,14 @@ static void attention_tile_backward(const AttnTile *a, float *p, float *ds) {
 // dQ, in a fixed order, so GQA needs no atomics and results do not depend on scheduling.
 void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                             const float *k, const float *v, const float *out, const float *lse,
-                            int B, int T, int n_heads, int n_kv_heads, int head_dim) {
+                            int B, int T, int n_heads, int n_kv_heads, int head_dim,
+                            void *workspace) {
     int group = n_heads / n_kv_heads;
     float scale = 1.0f / sqrtf((float)head_dim);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++)
         for (int kvh = 0; kvh < n_kv_heads; kvh++) {
-            float *p = attention_scratch((size_t)2 * ATTN_TILE * T);
+            float *p = attention_scratch(workspace, T);
             float *ds = p + (size_t)ATTN_TILE * T;
             HeadView kh = attention_head(b, kvh, T, n_kv_heads, head_dim);
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {

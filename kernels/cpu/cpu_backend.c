@@ -18,6 +18,7 @@ const KernelOps kernels_cpu = {
     .rmsnorm_backward = cpu_rmsnorm_backward,
     .rope_forward = cpu_rope_forward,
     .rope_backward = cpu_rope_backward,
+    .attention_workspace_bytes = cpu_attention_workspace_bytes,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
     .swiglu_forward = cpu_swiglu_forward,

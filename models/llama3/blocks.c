@@ -36,28 +36,12 @@ static LayerDims layer_dims(const LlamaLayer *L, const StepCtx *s) {
                        llama3_hidden_dim(a)};
 }
 
-static void layer_forward(Block *b, StepCtx *s, const float *x, float *y) {
-    LlamaLayer *L = b->self;
+// The forward math, on buffers layer_forward carved.
+static void layer_forward_compute(LlamaLayer *L, StepCtx *s, LayerDims d, const float *x,
+                                  float *y, void *workspace) {
     const LlamaArgs *a = L->args;
     const KernelOps *K = s->k;
-    LayerDims d = layer_dims(L, s);
     LayerSaved *sv = &L->saved;
-    Arena *A = s->act;
-    sv->xn = arena_floats(A, (size_t)d.BT * d.D);
-    sv->rstd1 = arena_floats(A, d.BT);
-    sv->q = arena_floats(A, (size_t)d.BT * d.nq);
-    sv->k = arena_floats(A, (size_t)d.BT * d.nkv);
-    sv->v = arena_floats(A, (size_t)d.BT * d.nkv);
-    sv->attn = arena_floats(A, (size_t)d.BT * d.nq);
-    sv->lse = arena_floats(A, (size_t)d.BT * a->n_heads);
-    sv->h = arena_floats(A, (size_t)d.BT * d.D);
-    sv->hn = arena_floats(A, (size_t)d.BT * d.D);
-    sv->rstd2 = arena_floats(A, d.BT);
-    sv->gate = arena_floats(A, (size_t)d.BT * d.H);
-    sv->up = arena_floats(A, (size_t)d.BT * d.H);
-    sv->act = arena_floats(A, (size_t)d.BT * d.H);
-    if (step_sizing(s)) return;
-
     K->rmsnorm_forward(sv->xn, sv->rstd1, x, L->attention_norm->data, d.BT, d.D, a->norm_eps);
     K->matmul(sv->q, sv->xn, L->wq->data, d.BT, d.nq, d.D, false, true, 0);
     K->matmul(sv->k, sv->xn, L->wk->data, d.BT, d.nkv, d.D, false, true, 0);
@@ -66,7 +50,7 @@ static void layer_forward(Block *b, StepCtx *s, const float *x, float *y) {
     K->rope_forward(sv->k, sv->k, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, a->n_kv_heads,
                     d.hd);
     K->attention_forward(sv->attn, sv->lse, sv->q, sv->k, sv->v, s->B, s->T, a->n_heads,
-                         a->n_kv_heads, d.hd);
+                         a->n_kv_heads, d.hd, workspace);
     copy(sv->h, x, (size_t)d.BT * d.D);
     K->matmul(sv->h, sv->attn, L->wo->data, d.BT, d.D, d.nq, false, true, 1);
 
@@ -76,6 +60,30 @@ static void layer_forward(Block *b, StepCtx *s, const float *x, float *y) {
     K->swiglu_forward(sv->act, sv->gate, sv->up, (size_t)d.BT * d.H);
     copy(y, sv->h, (size_t)d.BT * d.D);
     K->matmul(y, sv->act, L->w2->data, d.BT, d.D, d.H, false, true, 1);
+}
+
+static void layer_forward(Block *b, StepCtx *s, const float *x, float *y) {
+    LlamaLayer *L = b->self;
+    LayerDims d = layer_dims(L, s);
+    LayerSaved *sv = &L->saved;
+    Arena *A = s->act;
+    sv->xn = arena_floats(A, (size_t)d.BT * d.D);
+    sv->rstd1 = arena_floats(A, d.BT);
+    sv->q = arena_floats(A, (size_t)d.BT * d.nq);
+    sv->k = arena_floats(A, (size_t)d.BT * d.nkv);
+    sv->v = arena_floats(A, (size_t)d.BT * d.nkv);
+    sv->attn = arena_floats(A, (size_t)d.BT * d.nq);
+    sv->lse = arena_floats(A, (size_t)d.BT * L->args->n_heads);
+    sv->h = arena_floats(A, (size_t)d.BT * d.D);
+    sv->hn = arena_floats(A, (size_t)d.BT * d.D);
+    sv->rstd2 = arena_floats(A, d.BT);
+    sv->gate = arena_floats(A, (size_t)d.BT * d.H);
+    sv->up = arena_floats(A, (size_t)d.BT * d.H);
+    sv->act = arena_floats(A, (size_t)d.BT * d.H);
+    size_t saved_end = arena_mark(A);  // the attention workspace is scratch: given back below
+    void *workspace = arena_alloc(A, s->k->attention_workspace_bytes(s->T, d.hd));
+    if (!step_sizing(s)) layer_forward_compute(L, s, d, x, y, workspace);
+    arena_release(A, saved_end);
 }
 
 // y = h + act W2^T, act = silu(hn W1^T) * (hn W3^T), hn = ffn_norm(h): dh = dy + d(ffn_norm)
@@ -100,7 +108,7 @@ static void ffn_backward(LlamaLayer *L, StepCtx *s, LayerDims d, const float *dy
 
 // h = x + attn Wo^T, attn = softmax(rope(q) rope(k)^T) v, q/k/v = xn Wq/Wk/Wv^T, xn = norm(x)
 static void attention_backward(LlamaLayer *L, StepCtx *s, LayerDims d, const float *x,
-                               const float *dh, float *dx, float *scratch) {
+                               const float *dh, float *dx, float *scratch, void *workspace) {
     const KernelOps *K = s->k;
     const LlamaArgs *a = L->args;
     LayerSaved *sv = &L->saved;
@@ -111,7 +119,7 @@ static void attention_backward(LlamaLayer *L, StepCtx *s, LayerDims d, const flo
     K->matmul(L->wo->grad, dh, sv->attn, d.D, d.nq, d.BT, true, false, 1);
     zero(dq, nq + 2 * nkv);
     K->attention_backward(dq, dk, dv, dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse, s->B, s->T,
-                          a->n_heads, a->n_kv_heads, d.hd);
+                          a->n_heads, a->n_kv_heads, d.hd, workspace);
     zero(dq0, nq + nkv);
     K->rope_backward(dq0, dq, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, a->n_heads, d.hd);
     K->rope_backward(dk0, dk, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, a->n_kv_heads, d.hd);
@@ -133,9 +141,10 @@ static void layer_backward(Block *b, StepCtx *s, const float *x, const float *dy
     size_t attn_scratch = (size_t)d.BT * (3 * (size_t)d.nq + 3 * (size_t)d.nkv + d.D);
     float *dh = arena_floats(s->act, (size_t)d.BT * d.D);
     float *scratch = arena_floats(s->act, ffn_scratch > attn_scratch ? ffn_scratch : attn_scratch);
+    void *workspace = arena_alloc(s->act, s->k->attention_workspace_bytes(s->T, d.hd));
     if (step_sizing(s)) return;
     ffn_backward(L, s, d, dy, dh, scratch);
-    attention_backward(L, s, d, x, dh, dx, scratch);
+    attention_backward(L, s, d, x, dh, dx, scratch, workspace);
 }
 
 // ---- head: logits = output(norm(x)), loss = mean cross-entropy -----------------------------

@@ -419,9 +419,12 @@ static void attn_run_free(AttnRun *r) {
 }
 
 static void attn_run_ops(AttnRun *r, const AttnCase *c) {
-    ops->attention_forward(r->out, r->lse, r->q, r->k, r->v, c->B, c->T, c->H, c->KV, c->hd);
+    void *workspace = malloc(ops->attention_workspace_bytes(c->T, c->hd));
+    ops->attention_forward(r->out, r->lse, r->q, r->k, r->v, c->B, c->T, c->H, c->KV, c->hd,
+                           workspace);
     ops->attention_backward(r->dq, r->dk, r->dv, r->dout, r->q, r->k, r->v, r->out, r->lse, c->B,
-                            c->T, c->H, c->KV, c->hd);
+                            c->T, c->H, c->KV, c->hd, workspace);
+    free(workspace);
 }
 
 // Compares one gradient, prefilled with prefill, against reference gradients ref and fd
