@@ -1,12 +1,11 @@
-# titan build. `make` builds the cpu binary; `make CUDA=1` adds the cuda backend;
-# `make test` runs every test; `make run` trains the embedded default.
+# titan build. `make` builds the binary (cpu backend); `make test` runs every test;
+# `make run` trains the embedded default.
 #
 # Flags are portable by default (CI runs on whatever x86-64 it gets); NATIVE=1 adds
 # -O3 -march=native for benchmarks on a known machine.
 
-CC       := mpicc
+CC       := mpicc  # the parallel HDF5 headers include mpi.h
 NATIVE   ?= 0
-CUDA     ?= 0
 BUILD    := build
 
 OPT      := -O2
