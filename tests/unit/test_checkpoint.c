@@ -14,7 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/errors.h"
 
-#include "tests/unit/scratch_dir.h"
+#include "tests/unit/test_support.h"
 
 static void fill(float *x, int64_t n, uint32_t seed) {
     // Arbitrary bit patterns (xorshift), so a lossy conversion anywhere would show.
@@ -203,28 +203,8 @@ static void test_mismatch_messages(void **state) {
     expect_load_error(path, &missing, 1, want);
 }
 
-// Runs fn(path, name) in a child and checks it dies with exit 2 and exactly the line want.
-static void expect_die_user(int64_t (*fn)(const char *, const char *), const char *path,
-                            const char *name, const char *want) {
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(fds[1], 2);
-        fn(path, name);
-        _exit(0);
-    }
-    close(fds[1]);
-    char out[1024] = "";
-    ssize_t got, used = 0;
-    while ((got = read(fds[0], out + used, sizeof(out) - 1 - (size_t)used)) > 0) used += got;
-    close(fds[0]);
-    int status;
-    waitpid(pid, &status, 0);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), EXIT_USER_ERROR);
-    assert_string_equal(out, want);
-}
+static void read_seed(const char *path) { ckpt_read_int(path, "seed"); }
+static void read_step(const char *path) { ckpt_read_int(path, "step"); }
 
 static void test_read_int_errors_die_once(void **state) {
     (void)state;
@@ -232,11 +212,11 @@ static void test_read_int_errors_die_once(void **state) {
     snprintf(path, sizeof(path), "%s/attr_err.h5", dir);
     model_save(path);
     snprintf(want, sizeof(want), "titan: error: checkpoint %s has no attribute seed\n", path);
-    expect_die_user(ckpt_read_int, path, "seed", want);
+    expect_die_user(read_seed, path, want);
     assert_int_equal(truncate(path, 64), 0);
     snprintf(want, sizeof(want), "titan: error: checkpoint %s is truncated or not an HDF5 file\n",
              path);
-    expect_die_user(ckpt_read_int, path, "step", want);
+    expect_die_user(read_step, path, want);
 }
 
 // The file must read as plain tensors with other tools: checked through the raw HDF5 API,

@@ -16,7 +16,7 @@
 #include "data/shard.h"
 #include "data/tokenize.h"
 
-#include "tests/unit/scratch_dir.h"
+#include "tests/unit/test_support.h"
 
 static void path_make(char *out, size_t n, const char *name) {
     snprintf(out, n, "%s/%s", dir, name);
@@ -183,27 +183,6 @@ static void test_bad_shards(void **state) {
     expect_open_error(path, want);
 }
 
-// Runs fn(arg) in a child; it must die with exit 2 and print exactly the line want.
-static void expect_die_user(void (*fn)(const char *), const char *arg, const char *want) {
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(fds[1], 1), dup2(fds[1], 2);
-        fn(arg);
-        _exit(0);
-    }
-    close(fds[1]);
-    char out[1024] = "";
-    ssize_t got, used = 0;
-    while ((got = read(fds[0], out + used, sizeof(out) - 1 - (size_t)used)) > 0) used += got;
-    close(fds[0]);
-    int status;
-    waitpid(pid, &status, 0);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), EXIT_USER_ERROR);
-    assert_string_equal(out, want);
-}
 
 static void windows_of_8(const char *path) {
     TokenStream s;

@@ -1,0 +1,48 @@
+// Shared by the unit tests that write files or check user errors (header-only; include after
+// cmocka.h): a scratch directory per test group, and a check that a call dies as die_user
+// must, with exit code 2 and exactly one expected line.
+#pragma once
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/errors.h"
+
+static char dir[256];
+
+static int dir_setup(void **state) {
+    (void)state;
+    snprintf(dir, sizeof(dir), "/tmp/titan_test_XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int dir_teardown(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    return system(cmd);
+}
+
+// Runs fn(arg) in a child; it must exit 2 having printed exactly `want` (stdout and stderr).
+static void expect_die_user(void (*fn)(const char *), const char *arg, const char *want) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 1), dup2(fds[1], 2);
+        fn(arg);
+        _exit(0);
+    }
+    close(fds[1]);
+    char out[1024] = "";
+    ssize_t got, used = 0;
+    while ((got = read(fds[0], out + used, sizeof(out) - 1 - (size_t)used)) > 0) used += got;
+    close(fds[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), EXIT_USER_ERROR);
+    assert_string_equal(out, want);
+}
