@@ -9,6 +9,9 @@ PACKAGES=(
   libopenblas-openmp-dev              # CPU GEMM (OpenMP flavour: called inside omp regions)
   libyaml-dev                         # configs
   libhdf5-openmpi-dev hdf5-tools      # checkpoints (parallel HDF5), h5dump
+  libpcre2-dev                        # tokenizers' pre-tokenization regexes
+  libjansson-dev                      # tokenizer.json, encoder.json, JSONL datasets
+  zlib1g-dev                          # .jsonl.gz datasets, R data files
   libcmocka-dev                       # unit tests
   python3-torch python3-numpy python3-h5py python3-yaml   # the PyTorch reference tests
 )

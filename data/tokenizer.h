@@ -1,0 +1,40 @@
+// Byte-level BPE tokenizers: one encoder for the three file formats the field ships.
+//
+//   - a tiktoken rank file (Meta's Llama 3 `tokenizer.model`, `cl100k_base.tiktoken`, and what
+//     `titan tokenizer train` writes): lines "<base64 token bytes> <rank>";
+//   - a Hugging Face `tokenizer.json` (BPE model, byte-level pre-tokenizer, added tokens);
+//   - GPT-2's `encoder.json` + `vocab.bpe` (pass either file or their folder).
+// The format is detected from the file's content (or the folder's files). Pre-tokenization
+// uses each format's regex (data/pretokenize.h); merges follow the ranks exactly as tiktoken
+// and Hugging Face do, so ids equal theirs. Special tokens (BOS/EOS, Llama 3's reserved set,
+// cl100k's <|endoftext|>, ...) are added as those tokenizers add them, and are never produced
+// from ordinary text by encode.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct Tokenizer Tokenizer;
+
+// The tokenizer at path; die_user naming the file on a missing or malformed one.
+Tokenizer *tokenizer_load(const char *path);
+// tokenizer_load without dying: NULL and a one-line reason in err.
+Tokenizer *tokenizer_try_load(const char *path, char *err, size_t errlen);
+void tokenizer_free(Tokenizer *t);
+
+int tokenizer_vocab_size(const Tokenizer *t);  // every id, special tokens included
+int tokenizer_bos_id(const Tokenizer *t);      // -1 when the vocabulary has none
+int tokenizer_eos_id(const Tokenizer *t);      // -1 when the vocabulary has none
+const char *tokenizer_format(const Tokenizer *t);  // "tiktoken", "huggingface", "gpt2"
+
+// Appends the ids of text[0, len) (no special tokens are recognised in it) to *ids, growing
+// it with realloc as needed (*cap is its capacity in ids); returns the number appended.
+// Thread-safe: several threads may encode with one Tokenizer at once.
+size_t tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
+                        size_t *cap);
+// The bytes of ids (special tokens as their text), malloc'd and NUL-terminated; *len is set
+// to the byte count. Ids outside the vocabulary are a caller bug (exit 3).
+char *tokenizer_decode(const Tokenizer *t, const int32_t *ids, size_t n, size_t *len);
+// The bytes of one id (no NUL; *len set), pointing into the tokenizer: for streaming decode.
+const char *tokenizer_token_bytes(const Tokenizer *t, int32_t id, size_t *len);
