@@ -24,7 +24,7 @@ LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
 LDFLAGS  := -fopenmp
 
 LIB_SRCS := $(wildcard core/*.c kernels/*.c kernels/cpu/*.c models/*.c models/*/*.c \
-                       optim/*.c data/*.c checkpoint/*.c)
+                       optim/*.c data/*.c checkpoint/*.c infer/*.c)
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 TOOLS    := $(patsubst tests/reference/%.c,$(BUILD)/tests/%,$(wildcard tests/reference/*.c))

@@ -1,7 +1,9 @@
 // titan: config -> model -> optimizer -> data -> training loop (DESIGN.md "Layout").
 //
 //   titan --config configs/debug_model.yaml [--section.key value ...] [--print-config]
-//   titan tokenize --tokenizer bytes --out OUT.bin FILE...
+//   titan tokenize --tokenizer T --out DIR FILE...
+//   titan tokenizer train --vocab-size N --out FILE.tiktoken FILE...
+//   titan generate --checkpoint C [--tokenizer T] --prompt "..."
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,10 +14,23 @@
 #include "core/errors.h"
 #include "core/files.h"
 #include "core/metrics.h"
-#include "data/shard.h"
+#include "data/bpe_train.h"
+#include "data/dataset.h"
+#include "data/loader.h"
 #include "data/tokenize.h"
+#include "data/tokenizer.h"
+#include "infer/generate.h"
 #include "models/llama3/llama3.h"
 #include "optim/optim.h"
+
+// One dataset read in batches: the training split or the validation split.
+typedef struct {
+    const char *path;
+    TokenStream stream;
+    DataLoader loader;
+    int B, T;                // rows and sequence length of its batches
+    int *tokens, *targets;   // (B*T) each
+} Split;
 
 typedef struct {
     Config cfg;
@@ -26,10 +41,10 @@ typedef struct {
     size_t act_bytes_other_mode;  // activation arena size under the other AC mode
     AdamW opt;
     LrSchedule schedule;
-    TokenStream data;
-    int B, T, accum;              // microbatch rows, sequence length, microbatches per step
-    int32_t *window;              // (T + 1) one window being read
-    int *tokens, *targets, *pos;  // (B*T), (B*T), (T)
+    Tokenizer *tokenizer;         // NULL when the data is pre-tokenized and none is named
+    Split train, val;             // val is used when validation.enable
+    int accum;                    // microbatches per step
+    int *pos;                     // (max_seq_len) RoPE positions 0, 1, ...
     TrainProgress progress;
     char ckpt_folder[4096];
 } Trainer;
@@ -51,7 +66,10 @@ static void setup_model(Trainer *t) {
     if (!llama3_flavor(c->model.flavor, &t->args))
         die_user("model.flavor '%s' is not a llama3 flavor (known: %s)", c->model.flavor,
                  llama3_flavor_names());
-    t->args.max_seq_len = (int)c->training.seq_len;  // as torchtitan's update_from_config
+    // As torchtitan's update_from_config: the tokenizer sets the vocabulary, the sequence
+    // length the RoPE tables.
+    if (t->tokenizer) t->args.vocab_size = tokenizer_vocab_size(t->tokenizer);
+    t->args.max_seq_len = t->train.T > t->val.T ? t->train.T : t->val.T;
     t->args.tie_word_embeddings = c->model.tie_word_embeddings;
     t->args.rope_scaling = c->model.rope_scaling;
     bool full_ac = strcmp(c->activation_checkpoint.mode, "full") == 0;
@@ -67,9 +85,14 @@ static void allocate_arenas(Trainer *t) {
     Model *m = &t->model;
     bool full_ac = m->blocks[1].checkpointed;
     set_checkpointing(m, !full_ac);
-    t->act_bytes_other_mode = model_activation_bytes(m, t->k, t->B, t->T);
+    t->act_bytes_other_mode = model_activation_bytes(m, t->k, t->train.B, t->train.T);
     set_checkpointing(m, full_ac);
-    model_allocate(m, t->k, t->B, t->T, &t->param_arena, &t->grad_arena, &t->act_arena);
+    size_t act_bytes = model_activation_bytes(m, t->k, t->train.B, t->train.T);
+    if (t->val.B > 0) {
+        size_t val_bytes = model_activation_bytes(m, t->k, t->val.B, t->val.T);
+        if (val_bytes > act_bytes) act_bytes = val_bytes;
+    }
+    model_allocate(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena);
     arena_init_sizing(&t->optim_arena, "optimizer");
     adamw_allocate(&t->opt, m->params.numel, &t->optim_arena);
     arena_commit(&t->optim_arena);
@@ -87,36 +110,45 @@ static void log_memory(const Trainer *t) {
              t->act_arena.size / MiB, with_ac / MiB, without_ac / MiB);
 }
 
-static void setup_data(Trainer *t) {
-    const Config *c = &t->cfg;
-    if (!c->training.dataset_path)
-        die_user("training.dataset_path is not set (a token shard file or directory; make one "
-                 "with `titan tokenize`)");
-    token_stream_open(&t->data, c->training.dataset_path);
-    token_stream_num_windows(&t->data, t->T);
-    t->window = xmalloc(((size_t)t->T + 1) * sizeof(int32_t));
-    t->tokens = xmalloc((size_t)t->B * t->T * sizeof(int));
-    t->targets = xmalloc((size_t)t->B * t->T * sizeof(int));
-    t->pos = xmalloc((size_t)t->T * sizeof(int));
-    for (int i = 0; i < t->T; i++) t->pos[i] = i;
+// A text dataset needs a tokenizer; a pre-tokenized one (token shards) is read as it is.
+static void split_open(Split *sp, const char *key, const char *path, const Tokenizer *tok) {
+    if (!path) die_user("%s is not set (a text, JSONL or R data file or folder, or token shards)",
+                        key);
+    if (!tok && !dataset_is_tokenized(path))
+        die_user("%s %s is text: set model.tokenizer_path to tokenize it", key, path);
+    sp->path = path;
+    token_stream_from_dataset(&sp->stream, path, tok);
+    log_info("data: %s, %lld tokens", path, (long long)token_stream_num_tokens(&sp->stream));
+    loader_open(&sp->loader, &sp->stream, sp->T, 0, 1, sp->B);
+    sp->tokens = xmalloc((size_t)sp->B * sp->T * sizeof(int));
+    sp->targets = xmalloc((size_t)sp->B * sp->T * sizeof(int));
 }
 
-// The next B windows of the stream become one microbatch (inputs and shifted targets).
-static void next_microbatch(Trainer *t) {
-    for (int r = 0; r < t->B; r++) {
-        int64_t w = t->progress.windows_consumed++;
-        token_stream_window(&t->data, w, t->T, t->window);
-        for (int i = 0; i <= t->T; i++)
-            if (t->window[i] < 0 || t->window[i] >= t->args.vocab_size)
-                die_user("%s: token id %d in window %lld is outside the vocabulary of %s (%d)",
-                         t->cfg.training.dataset_path, t->window[i], (long long)w,
-                         t->cfg.model.flavor, t->args.vocab_size);
-        memcpy(t->tokens + (size_t)r * t->T, t->window, (size_t)t->T * sizeof(int));
-        memcpy(t->targets + (size_t)r * t->T, t->window + 1, (size_t)t->T * sizeof(int));
+static void setup_data(Trainer *t) {
+    const Config *c = &t->cfg;
+    split_open(&t->train, "training.dataset_path", c->training.dataset_path, t->tokenizer);
+    if (c->validation.enable)
+        split_open(&t->val, "validation.dataset_path", c->validation.dataset_path, t->tokenizer);
+    t->pos = xmalloc((size_t)t->args.max_seq_len * sizeof(int));
+    for (int i = 0; i < t->args.max_seq_len; i++) t->pos[i] = i;
+}
+
+// The split's next batch, checked against the vocabulary (a shard may come from another one).
+static void split_next(Split *sp, int vocab_size) {
+    loader_next(&sp->loader, sp->tokens, sp->targets);
+    size_t n = (size_t)sp->B * sp->T;
+    for (size_t i = 0; i < n; i++) {
+        int bad = sp->tokens[i] < 0 || sp->tokens[i] >= vocab_size     ? sp->tokens[i]
+                  : sp->targets[i] < 0 || sp->targets[i] >= vocab_size ? sp->targets[i]
+                                                                       : 0;
+        if (bad != 0)
+            die_user("%s: token id %d is outside the model's vocabulary of %d", sp->path, bad,
+                     vocab_size);
     }
 }
 
 static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer) {
+    if (t->train.B > 0) t->progress.windows_consumed = loader_position(&t->train.loader);
     CkptAttr attrs[LLAMA3_N_ATTRS];
     int n = llama3_describe(&t->args, attrs);
     char *yaml = config_to_yaml(&t->cfg);
@@ -145,6 +177,7 @@ static void load_or_initialize(Trainer *t) {
     }
     if (step >= 0) {
         train_state_load(path, &t->model.params, &t->opt, &t->progress);
+        loader_set_position(&t->train.loader, t->progress.windows_consumed);
         log_info("checkpoint: resumed from %s at step %lld", path, (long long)t->progress.step);
     } else if (ck->initial_load_path) {
         train_state_load(ck->initial_load_path, &t->model.params, NULL, NULL);
@@ -157,11 +190,16 @@ static void load_or_initialize(Trainer *t) {
 static void setup(Trainer *t) {
     const Config *c = &t->cfg;
     t->k = kernels_backend("cpu");
-    t->B = (int)c->training.local_batch_size;
-    t->T = (int)c->training.seq_len;
+    t->train.B = (int)c->training.local_batch_size;
+    t->train.T = (int)c->training.seq_len;
+    if (c->validation.enable) {
+        t->val.B = (int)c->validation.local_batch_size;
+        t->val.T = (int)c->validation.seq_len;
+    }
     t->accum = c->training.global_batch_size < 0
                    ? 1
                    : (int)(c->training.global_batch_size / c->training.local_batch_size);
+    if (c->model.tokenizer_path) t->tokenizer = tokenizer_load(c->model.tokenizer_path);
     setup_model(t);
     t->opt = (AdamW){.lr = c->optimizer.lr, .beta1 = c->optimizer.beta1,
                      .beta2 = c->optimizer.beta2, .eps = c->optimizer.eps,
@@ -173,13 +211,40 @@ static void setup(Trainer *t) {
     if (!c->checkpoint.create_seed_checkpoint) setup_data(t);
     allocate_arenas(t);
     load_or_initialize(t);
-    log_info("model: llama3 %s, %zu parameters, %d layers, dim %d; batch %d x %d tokens x %d "
-             "microbatches", c->model.flavor, t->model.params.numel, t->args.n_layers,
-             t->args.dim, t->B, t->T, t->accum);
+    log_info("model: llama3 %s, %zu parameters, %d layers, dim %d, vocab %d; batch %d x %d "
+             "tokens x %d microbatches", c->model.flavor, t->model.params.numel,
+             t->args.n_layers, t->args.dim, t->args.vocab_size, t->train.B, t->train.T, t->accum);
+    if (t->tokenizer)
+        log_info("tokenizer: %s (%s, %d ids)", c->model.tokenizer_path,
+                 tokenizer_format(t->tokenizer), tokenizer_vocab_size(t->tokenizer));
     char backend[256];
     t->k->describe(backend, sizeof backend);
     log_info("kernels: %s", backend);
     log_memory(t);
+}
+
+// A fresh step context for one batch of the split (the activation arena starts empty).
+static StepCtx step_ctx(Trainer *t, const Split *sp) {
+    arena_release(&t->act_arena, 0);
+    return (StepCtx){.k = t->k, .act = &t->act_arena, .B = sp->B, .T = sp->T,
+                     .tokens = sp->tokens, .targets = sp->targets, .pos = t->pos};
+}
+
+// torchtitan's validator: the mean loss over validation.steps batches (-1: one pass over the
+// validation set) from its start, forward only.
+static double validate(Trainer *t) {
+    Split *v = &t->val;
+    int64_t batches = t->cfg.validation.steps;
+    if (batches < 0) batches = token_stream_num_windows(&v->stream, v->T) / v->B;
+    if (batches < 1) batches = 1;
+    loader_set_position(&v->loader, 0);
+    double loss = 0;
+    for (int64_t i = 0; i < batches; i++) {
+        split_next(v, t->args.vocab_size);
+        StepCtx s = step_ctx(t, v);
+        loss += model_forward(&t->model, &s) / batches;
+    }
+    return loss;
 }
 
 // One optimizer step over `accum` microbatches; returns the mean loss and sets *grad_norm.
@@ -187,11 +252,9 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
     memset(t->model.params.grad, 0, t->model.params.numel * sizeof(float));
     double loss = 0;
     for (int m = 0; m < t->accum; m++) {
-        next_microbatch(t);
-        arena_release(&t->act_arena, 0);
-        StepCtx s = {.k = t->k, .act = &t->act_arena, .B = t->B, .T = t->T,
-                     .tokens = t->tokens, .targets = t->targets, .pos = t->pos,
-                     .loss_scale = 1.0f / t->accum};
+        split_next(&t->train, t->args.vocab_size);
+        StepCtx s = step_ctx(t, &t->train);
+        s.loss_scale = 1.0f / t->accum;
         loss += model_forward_backward(&t->model, &s) / t->accum;
     }
     if (!isfinite(loss))
@@ -230,7 +293,7 @@ static void train(Trainer *t) {
         interval_steps++;
         if (step == 1 || step % c->metrics.log_freq == 0 || step == c->training.steps) {
             double elapsed = now_seconds() - interval_start;
-            double tokens = (double)interval_steps * t->accum * t->B * t->T;
+            double tokens = (double)interval_steps * t->accum * t->train.B * t->train.T;
             m.tokens_per_s = tokens / elapsed;
             m.tflops = m.tokens_per_s * t->model.flops_per_token / 1e12;
             m.mfu = c->metrics.peak_flops > 0 ? 100 * m.tflops * 1e12 / c->metrics.peak_flops : NAN;
@@ -239,6 +302,8 @@ static void train(Trainer *t) {
             interval_start = now_seconds();
             interval_steps = 0;
         }
+        if (c->validation.enable && step % c->validation.freq == 0)
+            metrics_write_validation(&log, step, validate(t));
         if (c->checkpoint.enable) maybe_checkpoint(t, step);
     }
     metrics_close(&log);
@@ -266,6 +331,9 @@ static void expand_short_flags(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "tokenize") == 0) return tokenize_main(argc - 1, argv + 1);
+    if (argc > 2 && strcmp(argv[1], "tokenizer") == 0 && strcmp(argv[2], "train") == 0)
+        return tokenizer_train_main(argc - 2, argv + 2);
+    if (argc > 1 && strcmp(argv[1], "generate") == 0) return generate_main(argc - 1, argv + 1);
     expand_short_flags(argc, argv);
     Trainer *t = xcalloc(1, sizeof(Trainer));
     config_load_or_die(&t->cfg, argc, argv);

@@ -92,7 +92,8 @@ static const KeySpec KEYS[] = {
 
     {K_STR(model, name), .def = "llama3", .help = "Which model to train"},
     {K_STR(model, flavor), .def = "debugmodel", .help = "Which model config to train"},
-    {K_STR(model, tokenizer_path), .def = "./tests/assets/tokenizer", .help = "Tokenizer path"},
+    {K_STR(model, tokenizer_path), .def = NULL, .nullable = true,
+     .help = "Tokenizer file (tiktoken, tokenizer.json, GPT-2 folder, or bytes); sets the vocab"},
     {K_LIST(model, converters), .def = "",
      .help = "Converters to apply to the model, e.g. float8"},
     {K_BOOL(model, print_after_conversion), .def = "false",
@@ -861,7 +862,6 @@ static const Implemented IMPLEMENTED[] = {
     {"float8.force_recompute_fp8_weight_in_bwd", {"false"}},
     {"float8.recipe_name", {"null"}},
     {"float8.moe_fqns_prototype", {"[]"}},
-    {"validation.enable", {"false"}},
     {"profiling.enable_profiling", {"false"}},
     {"profiling.enable_memory_snapshot", {"false"}},
     {"metrics.enable_tensorboard", {"false"}},

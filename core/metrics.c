@@ -33,6 +33,12 @@ void metrics_write(MetricsLog *log, const StepMetrics *m) {
     fflush(log->jsonl);
 }
 
+void metrics_write_validation(MetricsLog *log, int step, double loss) {
+    log_info("validate step %5d  loss %8.4f", step, loss);
+    fprintf(log->jsonl, "{\"step\": %d, \"validation_loss\": %.17g}\n", step, loss);
+    fflush(log->jsonl);
+}
+
 void metrics_close(MetricsLog *log) {
     if (log->jsonl) fclose(log->jsonl);
     log->jsonl = NULL;

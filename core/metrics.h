@@ -19,5 +19,7 @@ typedef struct {
 
 void metrics_open(MetricsLog *log, const char *dump_folder);
 void metrics_write(MetricsLog *log, const StepMetrics *m);
+// The validation loss after `step` (torchtitan's "validate step" line).
+void metrics_write_validation(MetricsLog *log, int step, double loss);
 void metrics_close(MetricsLog *log);
 double metrics_peak_rss_gib(void);

@@ -1,6 +1,5 @@
 #include "data/shard.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -9,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/errors.h"
+#include "data/dataset.h"
 
 // Shards are little-endian on disk and read in place through mmap.
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "shards assume a little-endian host");
@@ -60,37 +60,19 @@ static bool shard_map(TokenShard *sh, const char *file, char *err, size_t errlen
     void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) die_internal(__FILE__, __LINE__, "mmap %s: %s", file, strerror(errno));
     SYS_CHECK(close(fd));  // the mapping outlives the descriptor
-    *sh = (TokenShard){.map = map, .bytes = (size_t)st.st_size};
+    *sh = (TokenShard){.map = map, .bytes = (size_t)st.st_size,
+                       .tokens = (const uint8_t *)map + SHARD_HEADER_BYTES};
     if (header_check(map, sh->bytes, file, &sh->width, err, errlen)) return true;
     SYS_CHECK(munmap(map, sh->bytes));
     return false;
 }
 
-static int bin_filter(const struct dirent *e) {
-    size_t len = strlen(e->d_name);
-    return len > 4 && strcmp(e->d_name + len - 4, ".bin") == 0;
-}
-
-// Bytewise, not locale order, so every rank and every machine sees the same stream.
-static int name_compare(const struct dirent **a, const struct dirent **b) {
-    return strcmp((*a)->d_name, (*b)->d_name);
-}
-
 static char **dir_list(const char *path, int *n, char *err, size_t errlen) {
-    struct dirent **entries;
-    int count = scandir(path, &entries, bin_filter, name_compare);
-    if (count < 0) {
+    char **files = dataset_folder_files(path, dataset_file_is_shard, n);
+    if (!files)
         error_set(err, errlen, "cannot read token dataset folder %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    if (count == 0) error_set(err, errlen, "token dataset folder %s has no .bin files", path);
-    char **files = xmalloc((size_t)count * sizeof(char *));
-    for (int i = 0; i < count; i++) {
-        CHECK(asprintf(&files[i], "%s/%s", path, entries[i]->d_name) >= 0);
-        free(entries[i]);
-    }
-    free(entries);
-    *n = count;
+    else if (*n == 0)
+        error_set(err, errlen, "token dataset folder %s has no .bin files", path);
     return files;
 }
 
@@ -142,9 +124,19 @@ void token_stream_open(TokenStream *s, const char *path) {
     if (!token_stream_try_open(s, path, err, sizeof(err))) die_user("%s", err);
 }
 
+void token_stream_from_tokens(TokenStream *s, const char *path, int32_t *tokens, int64_t n) {
+    *s = (TokenStream){.path = strdup(path), .n_shards = 1, .num_tokens = n, .owned = tokens};
+    CHECK(s->path);
+    s->shards = xcalloc(1, sizeof(TokenShard));
+    s->shards[0] = (TokenShard){.tokens = (const uint8_t *)tokens, .width = 4};
+    s->first = xcalloc(2, sizeof(int64_t));
+    s->first[1] = n;
+}
+
 void token_stream_close(TokenStream *s) {
     for (int i = 0; i < s->n_shards; i++)
-        SYS_CHECK(munmap((void *)s->shards[i].map, s->shards[i].bytes));
+        if (s->shards[i].map) SYS_CHECK(munmap((void *)s->shards[i].map, s->shards[i].bytes));
+    free(s->owned);
     free(s->shards);
     free(s->first);
     free(s->path);
@@ -178,7 +170,7 @@ static void tokens_copy(const TokenStream *s, int64_t start, int64_t count, int3
         CHECK(i < s->n_shards);
         int64_t offset = start - s->first[i], take = s->first[i + 1] - start;
         if (take > count) take = count;
-        const uint8_t *tokens = s->shards[i].map + SHARD_HEADER_BYTES;
+        const uint8_t *tokens = s->shards[i].tokens;
         for (int64_t k = 0; k < take; k++)
             out[k] = s->shards[i].width == 2 ? ((const uint16_t *)tokens)[offset + k]
                                                : (int32_t)((const uint32_t *)tokens)[offset + k];

@@ -9,8 +9,10 @@
 //   header[3..255] = 0
 //   then header[2] tokens, little-endian, and nothing after them.
 // llm.c's Llama 3 shards (magic 20240801, version 7, uint32 tokens) are read as well.
-// A dataset path is one .bin file, or a directory whose *.bin files, sorted by name (bytewise),
-// are concatenated into one token stream. Files are mmap'd read-only; nothing is copied.
+// A dataset path is one .bin file, or a directory whose *.bin files (hidden ones aside), sorted
+// by name (bytewise), are concatenated into one token stream. Files are mmap'd read-only;
+// nothing is copied. A stream can also own tokens held in memory (a text dataset tokenized at
+// startup).
 //
 // Training reads windows of seq_len+1 tokens (inputs = window[0..seq_len), targets =
 // window[1..seq_len]). Window w starts at token w*seq_len, so consecutive windows overlap by
@@ -26,9 +28,10 @@
 #define SHARD_HEADER_INTS 256
 
 typedef struct {
-    const uint8_t *map;  // the whole file, mmap'd
+    const uint8_t *map;     // the whole file, mmap'd; NULL for tokens held in memory
     size_t bytes;
-    int width;           // bytes per token: 2 (uint16) or 4 (uint32)
+    const uint8_t *tokens;  // the first token: past the header, or the in-memory array
+    int width;              // bytes per token: 2 (uint16) or 4 (uint32)
 } TokenShard;
 
 typedef struct {
@@ -37,6 +40,7 @@ typedef struct {
     int64_t *first;       // (n_shards + 1) first[i] = stream index of shard i's first token
     int n_shards;
     int64_t num_tokens;
+    int32_t *owned;       // (num_tokens) the in-memory tokens, freed on close; NULL if mapped
 } TokenStream;
 
 // Opens a file or directory of shards; die_user naming the file on a missing path, bad magic,
@@ -44,6 +48,9 @@ typedef struct {
 void token_stream_open(TokenStream *s, const char *path);
 // token_stream_open without dying: false and a one-line reason in err (s is left closed).
 bool token_stream_try_open(TokenStream *s, const char *path, char *err, size_t errlen);
+// A stream of n tokens held in memory; it takes ownership of tokens (malloc'd, every id >= 0).
+// path names the dataset they came from, in messages.
+void token_stream_from_tokens(TokenStream *s, const char *path, int32_t *tokens, int64_t n);
 void token_stream_close(TokenStream *s);
 
 int64_t token_stream_num_tokens(const TokenStream *s);

@@ -1,87 +1,243 @@
 #include "data/tokenize.h"
 
+#include <omp.h>
 #include <stdbool.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <sys/stat.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "core/errors.h"
-#include "data/shard.h"
+#include "core/files.h"
+#include "data/dataset.h"
 
-#define USAGE "usage: titan tokenize --tokenizer bytes --out OUT.bin FILE..."
+// Documents are gathered into batches and each batch is tokenized in parallel: enough text to
+// keep every core busy, little enough to report progress often and hold in memory.
+#define BATCH_BYTES ((size_t)16 << 20)
+#define BATCH_DOCS 65536
 
-// The seam for later tokenizers (BPE): every one emits at most one token per input byte, so an
-// output buffer of len tokens always suffices. Returns the number of tokens written.
 typedef struct {
-    const char *name;
-    int64_t vocab_size;
-    int64_t (*encode)(const uint8_t *text, size_t len, uint32_t *out);
-} Tokenizer;
+    const Tokenizer *t;
+    TokensFn fn;
+    void *ctx;
+    char *text;             // (text_cap) the batch's documents, back to back
+    size_t text_len, text_cap;
+    size_t start[BATCH_DOCS + 1];  // document i is text[start[i], start[i + 1])
+    int n_docs;
+    int32_t *ids[BATCH_DOCS];  // document i's ids; the buffers are kept from batch to batch
+    size_t n_ids[BATCH_DOCS], cap[BATCH_DOCS];
+    int32_t *out;           // (out_cap) the batch's tokens, wrapped and in order
+    size_t out_cap;
+    uint64_t bytes_read;    // after the batch's last document
+} Batch;
 
-static int64_t bytes_encode(const uint8_t *text, size_t len, uint32_t *out) {
-    for (size_t i = 0; i < len; i++) out[i] = text[i];
-    return (int64_t)len;
+// buf, grown (doubling) to hold need items of size bytes; *cap is its capacity in items.
+static void *grow(void *buf, size_t *cap, size_t need, size_t size) {
+    if (need <= *cap) return buf;
+    while (*cap < need) *cap = *cap ? 2 * *cap : 4096;
+    buf = realloc(buf, *cap * size);
+    CHECK(buf);
+    return buf;
 }
 
-static const Tokenizer TOKENIZERS[] = {{"bytes", 256, bytes_encode}};
-
-static const Tokenizer *tokenizer_find(const char *name) {
-    for (size_t i = 0; i < sizeof(TOKENIZERS) / sizeof(TOKENIZERS[0]); i++)
-        if (strcmp(TOKENIZERS[i].name, name) == 0) return &TOKENIZERS[i];
-    die_user("tokenizer '%s' is not supported yet (only 'bytes')", name);
+static size_t batch_wrap(Batch *b) {
+    int32_t bos = tokenizer_bos_id(b->t), eos = tokenizer_eos_id(b->t);
+    size_t total = 0;
+    for (int i = 0; i < b->n_docs; i++) total += b->n_ids[i] + (bos >= 0) + (eos >= 0);
+    b->out = grow(b->out, &b->out_cap, total, sizeof(int32_t));
+    size_t n = 0;
+    for (int i = 0; i < b->n_docs; i++) {
+        if (bos >= 0) b->out[n++] = bos;
+        memcpy(b->out + n, b->ids[i], b->n_ids[i] * sizeof(int32_t));
+        n += b->n_ids[i];
+        if (eos >= 0) b->out[n++] = eos;
+    }
+    return n;
 }
 
-static size_t file_size(const char *path) {
-    struct stat st;
-    if (stat(path, &st) != 0) die_user("input file %s: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) die_user("input file %s is not a regular file", path);
-    return (size_t)st.st_size;
+static void batch_flush(Batch *b) {
+    // Dynamic scheduling, as documents' lengths differ by orders of magnitude.
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < b->n_docs; i++)
+        b->n_ids[i] = tokenizer_encode(b->t, b->text + b->start[i], b->start[i + 1] - b->start[i],
+                                       &b->ids[i], &b->cap[i]);
+    size_t n = batch_wrap(b);  // before reading b->out, which it may move
+    b->fn(b->out, n, b->bytes_read, b->ctx);
+    b->n_docs = 0, b->text_len = 0;
 }
 
-static void file_read(const char *path, uint8_t *buf, size_t size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) die_user("cannot read input file %s: %s", path, strerror(errno));
-    if (fread(buf, 1, size, f) != size) die_user("input file %s changed while being read", path);
-    CHECK(fclose(f) == 0);
+static void batch_add(const char *text, size_t len, uint64_t bytes_read, void *ctx) {
+    Batch *b = ctx;
+    if (b->n_docs == BATCH_DOCS || (b->n_docs > 0 && b->text_len + len > BATCH_BYTES))
+        batch_flush(b);
+    b->text = grow(b->text, &b->text_cap, b->text_len + len, 1);
+    memcpy(b->text + b->text_len, text, len);
+    b->start[b->n_docs] = b->text_len;
+    b->text_len += len;
+    b->start[++b->n_docs] = b->text_len;
+    b->bytes_read = bytes_read;
 }
+
+int64_t tokenize_dataset(const char *path, const Tokenizer *t, TokensFn fn, void *ctx) {
+    Batch *b = xcalloc(1, sizeof(Batch));  // 2 MB of per-document arrays: not on the stack
+    b->t = t, b->fn = fn, b->ctx = ctx;
+    int64_t documents = dataset_for_each_document(path, batch_add, b);
+    batch_flush(b);
+    for (int i = 0; i < BATCH_DOCS; i++) free(b->ids[i]);
+    free(b->text), free(b->out), free(b);
+    return documents;
+}
+
+typedef struct {
+    int32_t *ids;
+    size_t n, cap;
+} TokenArray;
+
+static void tokens_append(const int32_t *ids, size_t n, uint64_t bytes_read, void *ctx) {
+    (void)bytes_read;
+    TokenArray *a = ctx;
+    a->ids = grow(a->ids, &a->cap, a->n + n, sizeof(int32_t));
+    memcpy(a->ids + a->n, ids, n * sizeof(int32_t));
+    a->n += n;
+}
+
+void token_stream_from_dataset(TokenStream *s, const char *path, const Tokenizer *t) {
+    if (dataset_is_tokenized(path)) {
+        token_stream_open(s, path);
+        return;
+    }
+    CHECK(t);
+    TokenArray a = {0};
+    tokenize_dataset(path, t, tokens_append, &a);
+    token_stream_from_tokens(s, path, a.ids, (int64_t)a.n);
+}
+
+// ---- titan tokenize ----
+
+#define USAGE "usage: titan tokenize --tokenizer T --out DIR [--shard-tokens N] DATASET..."
+#define SHARD_TOKENS_DEFAULT 100000000
 
 typedef struct {
     const char *tokenizer, *out;
-    char **files;
-    int n_files;
+    int64_t shard_tokens;
+    char **inputs;
+    int n_inputs;
 } TokenizeArgs;
 
+static int64_t shard_tokens_parse(const char *s) {
+    char *end;
+    long long n = strtoll(s, &end, 10);
+    // A shard's header counts its tokens in an int32.
+    if (*s == '\0' || *end != '\0' || n < 1 || n > INT32_MAX)
+        die_user("tokenize: --shard-tokens %s is not a whole number from 1 to %d", s, INT32_MAX);
+    return n;
+}
+
 static TokenizeArgs args_parse(int argc, char **argv) {
-    TokenizeArgs a = {.files = xmalloc((size_t)argc * sizeof(char *))};
+    TokenizeArgs a = {.shard_tokens = SHARD_TOKENS_DEFAULT,
+                      .inputs = xmalloc((size_t)argc * sizeof(char *))};
     for (int i = 1; i < argc; i++) {
         bool has_value = i + 1 < argc;
         if (strcmp(argv[i], "--tokenizer") == 0 && has_value) a.tokenizer = argv[++i];
         else if (strcmp(argv[i], "--out") == 0 && has_value) a.out = argv[++i];
+        else if (strcmp(argv[i], "--shard-tokens") == 0 && has_value)
+            a.shard_tokens = shard_tokens_parse(argv[++i]);
         else if (argv[i][0] == '-') die_user("tokenize: bad option %s; " USAGE, argv[i]);
-        else a.files[a.n_files++] = argv[i];
+        else a.inputs[a.n_inputs++] = argv[i];
     }
-    if (!a.tokenizer || !a.out || a.n_files == 0) die_user(USAGE);
+    if (!a.tokenizer || !a.out || a.n_inputs == 0) die_user(USAGE);
     return a;
+}
+
+// The progress line on stderr: redrawn in place on a terminal, else (a log file) one line now
+// and then so that the log stays readable.
+typedef struct {
+    bool tty;
+    double start, shown;  // omp_get_wtime() at the start and at the last line
+    uint64_t bytes_total;
+} Progress;
+
+static void progress_show(Progress *p, uint64_t bytes_done, int64_t tokens) {
+    double now = omp_get_wtime(), elapsed = now - p->start;
+    if (now - p->shown < (p->tty ? 0.5 : 5.0)) return;
+    p->shown = now;
+    double done = p->bytes_total ? (double)bytes_done / (double)p->bytes_total : 1.0;
+    // The rest at the byte rate so far (how many tokens the rest holds is not known).
+    int eta = done > 0 ? (int)(elapsed * (1 - done) / done) : 0;
+    char bar[31];
+    for (int i = 0; i < 30; i++) bar[i] = i < (int)(done * 30) ? '#' : '.';
+    bar[30] = '\0';
+    fprintf(stderr, "%stokenize: [%s] %3.0f%%  %.1f/%.1f MB  %.2fM tokens/s  ETA %d:%02d:%02d%s",
+            p->tty ? "\r" : "", bar, 100 * done, (double)bytes_done / 1e6,
+            (double)p->bytes_total / 1e6, (double)tokens / elapsed / 1e6, eta / 3600,
+            eta / 60 % 60, eta % 60, p->tty ? "\033[K" : "\n");
+}
+
+// The tokens of every input, cut into shards of shard_tokens.
+typedef struct {
+    const char *dir;
+    int32_t *shard;  // (shard_tokens) the shard being filled
+    int64_t n, shard_tokens, tokens;
+    int shards, version;
+    uint64_t bytes_before;  // size of the inputs before the current one
+    Progress progress;
+} ShardWriter;
+
+static void shard_flush(ShardWriter *w) {
+    char path[4096];
+    if (snprintf(path, sizeof(path), "%s/shard_%06d.bin", w->dir, w->shards) >= (int)sizeof(path))
+        die_user("tokenize: the output path %s is too long", w->dir);
+    // Token ids are never negative, so int32 and uint32 agree on them.
+    shard_write(path, (const uint32_t *)w->shard, w->n, w->version);
+    w->shards++, w->n = 0;
+}
+
+static void shard_add(const int32_t *ids, size_t n, uint64_t bytes_read, void *ctx) {
+    ShardWriter *w = ctx;
+    for (size_t done = 0; done < n;) {
+        size_t room = (size_t)(w->shard_tokens - w->n), take = n - done < room ? n - done : room;
+        memcpy(w->shard + w->n, ids + done, take * sizeof(int32_t));
+        w->n += (int64_t)take, done += take;
+        if (w->n == w->shard_tokens) shard_flush(w);
+    }
+    w->tokens += (int64_t)n;
+    progress_show(&w->progress, w->bytes_before + bytes_read, w->tokens);
+}
+
+// Fails before any work: a missing input, or an --out that already holds shards, which the
+// new ones would silently join.
+static uint64_t inputs_check(const TokenizeArgs *a) {
+    if (dataset_is_tokenized(a->out))
+        die_user("tokenize: %s already holds token shards; remove it or choose another --out",
+                 a->out);
+    uint64_t total = 0;
+    for (int i = 0; i < a->n_inputs; i++) total += dataset_bytes(a->inputs[i]);
+    return total;
 }
 
 int tokenize_main(int argc, char **argv) {
     TokenizeArgs a = args_parse(argc, argv);
-    const Tokenizer *tok = tokenizer_find(a.tokenizer);
-    size_t *sizes = xmalloc((size_t)a.n_files * sizeof(size_t)), total = 0;
-    for (int i = 0; i < a.n_files; i++) total += sizes[i] = file_size(a.files[i]);
-    if (total == 0) die_user("tokenize: the input files are empty");
-    // A shard's header counts tokens in an int32, and no tokenizer emits more tokens than bytes.
-    if (total > INT32_MAX) die_user("tokenize: %zu input bytes are more than a shard holds", total);
-    uint8_t *text = xmalloc(total);
-    uint32_t *tokens = xmalloc(total * sizeof(uint32_t));
-    for (size_t i = 0, at = 0; i < (size_t)a.n_files; i++) {
-        file_read(a.files[i], text + at, sizes[i]);
-        at += sizes[i];
+    uint64_t bytes_total = inputs_check(&a);
+    Tokenizer *t = tokenizer_load(a.tokenizer);
+    make_dirs(a.out);
+    double start = omp_get_wtime();
+    ShardWriter w = {.dir = a.out, .shard = xmalloc((size_t)a.shard_tokens * sizeof(int32_t)),
+                     .shard_tokens = a.shard_tokens,
+                     .version = tokenizer_vocab_size(t) <= 65536 ? 1 : 2,
+                     .progress = {.tty = isatty(2), .start = start, .shown = start,
+                                  .bytes_total = bytes_total}};
+    int64_t documents = 0;
+    for (int i = 0; i < a.n_inputs; i++) {
+        documents += tokenize_dataset(a.inputs[i], t, shard_add, &w);
+        w.bytes_before += dataset_bytes(a.inputs[i]);
     }
-    int64_t n_tokens = tok->encode(text, total, tokens);
-    shard_write(a.out, tokens, n_tokens, tok->vocab_size <= 65536 ? 1 : 2);
-    log_info("tokenize: %d files, %zu bytes -> %lld tokens (%s), wrote %s", a.n_files, total,
-             (long long)n_tokens, tok->name, a.out);
-    free(text), free(tokens), free(sizes), free(a.files);
+    if (w.n > 0) shard_flush(&w);
+    if (w.progress.tty) fputs("\r\033[K", stderr);
+    double seconds = omp_get_wtime() - start;
+    log_info("tokenize: %lld documents, %llu bytes -> %lld tokens in %d shards (%s), %.1f s, "
+             "%.2fM tokens/s",
+             (long long)documents, (unsigned long long)bytes_total, (long long)w.tokens, w.shards,
+             a.out, seconds, (double)w.tokens / seconds / 1e6);
+    tokenizer_free(t);
+    free(w.shard), free(a.inputs);
     return 0;
 }

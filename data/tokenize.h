@@ -1,11 +1,32 @@
-// `titan tokenize`: turns text files into a token shard (data/shard.h) for training.
+// Tokenizing text datasets (data/dataset.h) over all cores: in memory for training, or to
+// token shards on disk with `titan tokenize`:
 //
-//   titan tokenize --tokenizer bytes --out OUT.bin FILE...
+//   titan tokenize --tokenizer T --out DIR [--shard-tokens N] DATASET...
 //
-// Each input file is one document; documents are concatenated with nothing between them
-// (the byte vocabulary has no special tokens). The byte tokenizer maps each byte of the UTF-8
-// input to its value 0..255 (ByT5-style).
+// T is a tokenizer file or `bytes` (data/tokenizer.h). Each document becomes [BOS] ids [EOS]
+// (BOS and EOS only where the tokenizer has them), and documents follow each other in dataset
+// order. Documents are tokenized in parallel, each whole by one thread, and concatenated in
+// order, so the tokens do not depend on the thread count. `titan tokenize` writes
+// DIR/shard_000000.bin, ... (data/shard.h; version 1 when every id fits in 16 bits, else 2),
+// N tokens each (default 100M) but the last, which DIR then reads back as one dataset.
 #pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "data/shard.h"
+#include "data/tokenizer.h"
+
+// The next n tokens of a dataset, in order (valid during the call only); bytes_read as in
+// DocumentFn.
+typedef void (*TokensFn)(const int32_t *ids, size_t n, uint64_t bytes_read, void *ctx);
+
+// Tokenizes the documents of the text dataset at path, passing their tokens to fn in order;
+// returns the number of documents. Dies as dataset_for_each_document.
+int64_t tokenize_dataset(const char *path, const Tokenizer *t, TokensFn fn, void *ctx);
+// The dataset at path as a stream: the shards of a tokenized one (t is not used and may be
+// NULL), or a text one tokenized by t into memory.
+void token_stream_from_dataset(TokenStream *s, const char *path, const Tokenizer *t);
 
 // argv[0] is "tokenize". Returns 0; bad usage or unreadable inputs die_user.
 int tokenize_main(int argc, char **argv);

@@ -28,8 +28,8 @@ int tokenizer_bos_id(const Tokenizer *t);      // -1 when the vocabulary has non
 int tokenizer_eos_id(const Tokenizer *t);      // -1 when the vocabulary has none
 const char *tokenizer_format(const Tokenizer *t);  // "tiktoken", "huggingface", "gpt2"
 
-// Appends the ids of text[0, len) (no special tokens are recognised in it) to *ids, growing
-// it with realloc as needed (*cap is its capacity in ids); returns the number appended.
+// Writes the ids of text[0, len) (no special tokens are recognised in it) to (*ids)[0..),
+// growing *ids with realloc as needed (*cap is its capacity in ids); returns their number.
 // Thread-safe: several threads may encode with one Tokenizer at once.
 size_t tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
                         size_t *cap);

@@ -54,6 +54,14 @@ typedef struct KernelOps {
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, int B, int T, int n_heads, int n_kv_heads,
                                int head_dim, void *workspace);
+    // One decoding step over a KV cache: q (n_heads, head_dim), the newest position's queries,
+    // attends to cache rows [0, n_ctx) of k_cache, v_cache (rows n_kv_heads*head_dim wide; query
+    // head h reads kv head h / (n_heads / n_kv_heads) as above), scale 1/sqrt(head_dim); out
+    // (n_heads, head_dim). With the cache holding a sequence's k and v this is row n_ctx - 1 of
+    // attention_forward; rows from n_ctx on are never read. Needs no workspace.
+    void (*attention_decode)(float *out, const float *q, const float *k_cache,
+                             const float *v_cache, int n_ctx, int n_heads, int n_kv_heads,
+                             int head_dim);
 
     // out (n) = silu(gate) * up, the SwiGLU of the FFN (gate = x W1^T, up = x W3^T).
     void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);

@@ -58,10 +58,10 @@ typedef struct {
 // Activation bytes one microbatch of (B, T) needs, counted by running the step's allocations
 // on a sizing arena (no compute).
 size_t model_activation_bytes(Model *m, const KernelOps *k, int B, int T);
-// Sizes, allocates and carves the parameter, gradient and activation arenas for microbatches
-// of (B, T); the parameters are zero until initialised or loaded.
-void model_allocate(Model *m, const KernelOps *k, int B, int T, Arena *params, Arena *grads,
-                    Arena *acts);
+// Sizes, allocates and carves the parameter and gradient arenas and an activation arena of
+// activation_bytes (model_activation_bytes of the largest batch); parameters are zero until
+// initialised or loaded.
+void model_allocate(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts);
 
 // One microbatch: forward through every block, then backward in reverse, accumulating into
 // the parameter gradients. Returns s->loss. With a sizing arena it only counts bytes.

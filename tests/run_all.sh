@@ -20,6 +20,9 @@ run() {  # name, command...
 }
 
 mkdir -p build/test-logs/unit build/test-logs/integration
+# The real R data file that test_dataset reads the Austen novels from (Debian's package).
+bash scripts/fetch_austen.sh build/data/janeaustenr.rdb >/dev/null
+export TITAN_AUSTEN_RDB=build/data/janeaustenr.rdb
 for t in build/tests/test_*; do run "unit/$(basename "$t")" "$t"; done
 for t in tests/integration/test_*.sh; do run "integration/$(basename "$t" .sh)" bash "$t"; done
 

@@ -30,6 +30,8 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                             const float *k, const float *v, const float *out, const float *lse,
                             int B, int T, int n_heads, int n_kv_heads, int head_dim,
                             void *workspace);
+void cpu_attention_decode(float *out, const float *q, const float *k_cache, const float *v_cache,
+                          int n_ctx, int n_heads, int n_kv_heads, int head_dim);
 
 void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,

@@ -38,3 +38,36 @@ int llama3_describe(const LlamaArgs *args, CkptAttr out[LLAMA3_N_ATTRS]);
 void llama3_args_from_checkpoint(const char *path, LlamaArgs *args);
 // Frees what llama3_build allocated (not the arenas).
 void llama3_free(Model *m);
+
+// ---- incremental decoding (decode.c) ------------------------------------------------------
+
+// The keys (after RoPE) and values of every position decoded so far, per layer, so that each
+// new token costs one row of every matmul instead of a forward over the whole sequence; plus
+// that one token's activations. Carved from its own arena, sized by the same code.
+typedef struct {
+    int max_ctx;            // positions the cache holds (<= the model's max_seq_len)
+    int kv_width;           // n_kv_heads * head_dim
+    float *k, *v;           // (n_layers, max_ctx, kv_width) each
+    float *x, *xn, *rstd;   // (dim) residual stream, (dim) normed, (1) its 1/rms
+    float *q, *attn;        // (n_heads * head_dim) x2
+    float *gate, *up, *act; // (hidden) x3
+    float *logits;          // (vocab)
+    Arena arena;
+} LlamaKVCache;
+
+// A cache for up to max_ctx positions of the model m (built by llama3_build).
+void llama3_kv_cache_init(LlamaKVCache *c, const Model *m, int max_ctx);
+void llama3_kv_cache_free(LlamaKVCache *c);
+// Runs token at position pos, positions [0, pos) being in the cache already, and returns the
+// next-token logits (vocab), valid until the next call: the forward's row pos, by the math.
+const float *llama3_decode_step(const Model *m, LlamaKVCache *c, const KernelOps *k, int token,
+                                int pos);
+
+// ---- llama2.c checkpoints (llama2c.c) -----------------------------------------------------
+
+// The architecture in a llama2.c checkpoint's header (Karpathy's legacy "version 0" .bin:
+// 7 int32 then fp32 weights); max_seq_len is its seq_len. die_user naming the file on a
+// missing file, a nonsense header, or a size other than the header implies.
+void llama3_args_from_llama2c(const char *path, LlamaArgs *args);
+// Copies the file's weights into m, built from those args and allocated.
+void llama3_load_llama2c(const char *path, Model *m);

@@ -487,6 +487,49 @@ static void test_attention_gqa4(void **state) {
     attn_check(2, 64, 4, 1, 8, false);
 }
 
+// ---- attention_decode ----------------------------------------------------------------------
+
+// The query at position n_ctx - 1 of a T-token sequence against a cache holding that
+// sequence's first n_ctx k, v rows and NaN after them (which must not be read): equal to
+// attention_forward's row n_ctx - 1 and to the naive loop's.
+static void attn_decode_check(int T, int n_ctx, int H, int KV, int hd) {
+    AttnCase c = {1, T, H, KV, hd, NULL, NULL, NULL, NULL};
+    size_t nq = attn_q_size(&c), nkv = attn_kv_size(&c), width = (size_t)H * hd;
+    AttnRun r = attn_run_make(&c);
+    void *workspace = malloc(ops->attention_workspace_bytes(T, hd));
+    ops->attention_forward(r.out, r.lse, r.q, r.k, r.v, 1, T, H, KV, hd, workspace);
+    c.q = doubles_from(r.q, nq), c.k = doubles_from(r.k, nkv), c.v = doubles_from(r.v, nkv);
+    double *naive = doubles_zero(nq);
+    attn_ref(naive, NULL, &c);
+    float *k_cache = floats_copy(r.k, nkv), *v_cache = floats_copy(r.v, nkv);
+    for (size_t i = (size_t)n_ctx * KV * hd; i < nkv; i++) k_cache[i] = v_cache[i] = NAN;
+    size_t row = attn_q_at(&c, 0, n_ctx - 1, 0);
+    float *got = floats_random(width, 1.0);
+    ops->attention_decode(got, r.q + row, k_cache, v_cache, n_ctx, H, KV, hd);
+    double *forward = doubles_from(r.out + row, width);
+    char what[96];
+    snprintf(what, sizeof what, "attention_decode T=%d n_ctx=%d H=%d KV=%d vs naive", T, n_ctx, H,
+             KV);
+    assert_close(what, got, naive + row, width, FWD_TOL);
+    snprintf(what, sizeof what, "attention_decode T=%d n_ctx=%d H=%d KV=%d vs attention_forward",
+             T, n_ctx, H, KV);
+    assert_close(what, got, forward, width, FWD_TOL);
+    attn_run_free(&r);
+    free(workspace), free(c.q), free(c.k), free(c.v), free(naive), free(k_cache), free(v_cache);
+    free(got), free(forward);
+}
+
+// The cpu kernel takes keys in chunks of 128: one key, exactly one chunk, and partial last
+// chunks (129, 300), under GQA groups of 2 and 4 and plain multi-head attention.
+static void test_attention_decode(void **state) {
+    (void)state;
+    rng_seed(13);
+    attn_decode_check(300, 300, 4, 2, 16);
+    attn_decode_check(300, 129, 8, 2, 8);
+    attn_decode_check(130, 128, 3, 3, 16);
+    attn_decode_check(5, 1, 2, 1, 4);
+}
+
 // ---- swiglu --------------------------------------------------------------------------------
 
 enum { SWIGLU_N = 1000 };
@@ -760,6 +803,7 @@ int main(void) {
         cmocka_unit_test(test_attention_gqa2),
         cmocka_unit_test(test_attention_mha),
         cmocka_unit_test(test_attention_gqa4),
+        cmocka_unit_test(test_attention_decode),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_cross_entropy),

@@ -36,7 +36,8 @@ static void build(Built *b, const char *flavor, bool ac, int B, int T) {
     assert_true(llama3_flavor(flavor, &b->args));
     b->args.max_seq_len = T;
     llama3_build(&b->m, &b->args, ac);
-    model_allocate(&b->m, kernels_backend("cpu"), B, T, &b->params, &b->grads, &b->acts);
+    model_allocate(&b->m, model_activation_bytes(&b->m, kernels_backend("cpu"), B, T), &b->params,
+                   &b->grads, &b->acts);
 }
 
 static void unbuild(Built *b) {

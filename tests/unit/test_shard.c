@@ -1,6 +1,6 @@
 // Token shard tests: llm.c-format shards written and read back as windows (v1 and v2, across
-// the files of a folder, wrapping as epochs), the one-line errors for bad shards, and
-// `titan tokenize --tokenizer bytes`.
+// the files of a folder, wrapping as epochs), the one-line errors for bad shards, and a stream
+// over tokens in memory. `titan tokenize` is tested in test_dataset.c.
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -14,7 +14,6 @@
 
 #include "core/errors.h"
 #include "data/shard.h"
-#include "data/tokenize.h"
 
 #include "tests/unit/test_support.h"
 
@@ -183,7 +182,6 @@ static void test_bad_shards(void **state) {
     expect_open_error(path, want);
 }
 
-
 static void windows_of_8(const char *path) {
     TokenStream s;
     token_stream_open(&s, path);
@@ -203,59 +201,20 @@ static void test_too_short_dies_once(void **state) {
     expect_die_user(windows_of_8, path, want);
 }
 
-static void test_tokenize_bytes(void **state) {
+// A stream over tokens in memory reads as one shard of them would, and frees them on close.
+static void test_stream_from_tokens(void **state) {
     (void)state;
-    char a[300], b[300], out[300];
-    path_make(a, sizeof(a), "doc_a.txt");
-    path_make(b, sizeof(b), "doc_b.txt");
-    path_make(out, sizeof(out), "bytes.bin");
-    bytes_write(a, "h\xc3\xa9llo", 6);  // "héllo": é is two UTF-8 bytes
-    bytes_write(b, "\xff!", 2);
-    char *argv[] = {"tokenize", "--tokenizer", "bytes", "--out", out, a, b};
-    assert_int_equal(tokenize_main(7, argv), 0);
-    int32_t header[3];
-    FILE *f = fopen(out, "rb");
-    assert_int_equal(fread(header, 4, 3, f), 3);
-    fclose(f);
-    assert_int_equal(header[0], SHARD_MAGIC);
-    assert_int_equal(header[1], 1);
-    assert_int_equal(header[2], 8);
+    int32_t *tokens = malloc(23 * sizeof(int32_t));
+    for (int i = 0; i < 23; i++) tokens[i] = 70000 + 3 * i;
     TokenStream s;
-    token_stream_open(&s, out);
-    int32_t win[8], want[8] = {'h', 0xc3, 0xa9, 'l', 'l', 'o', 0xff, '!'};
-    token_stream_window(&s, 0, 7, win);
-    assert_memory_equal(win, want, sizeof(want));
+    token_stream_from_tokens(&s, "memory", tokens, 23);
+    assert_int_equal(token_stream_num_tokens(&s), 23);
+    assert_int_equal(token_stream_num_windows(&s, 5), 4);
+    int32_t win[6];
+    token_stream_window(&s, 5, 5, win);  // wraps to window 1: tokens 5..10
+    for (int k = 0; k < 6; k++) assert_int_equal(win[k], 70000 + 3 * (5 + k));
     token_stream_close(&s);
-}
-
-static void tokenize_with(const char *tokenizer) {
-    char out[300];
-    path_make(out, sizeof(out), "never.bin");
-    char *argv[] = {"tokenize", "--tokenizer", (char *)tokenizer, "--out", out, "doc.txt"};
-    tokenize_main(6, argv);
-}
-
-static void tokenize_missing_input(const char *input) {
-    char out[300];
-    path_make(out, sizeof(out), "never.bin");
-    char *argv[] = {"tokenize", "--tokenizer", "bytes", "--out", out, (char *)input};
-    tokenize_main(6, argv);
-}
-
-static void tokenize_no_out(const char *input) {
-    char *argv[] = {"tokenize", "--tokenizer", "bytes", (char *)input};
-    tokenize_main(4, argv);
-}
-
-static void test_tokenize_errors(void **state) {
-    (void)state;
-    expect_die_user(tokenize_with, "tiktoken",
-                    "titan: error: tokenizer 'tiktoken' is not supported yet (only 'bytes')\n");
-    expect_die_user(tokenize_missing_input, "/nonexistent/doc.txt",
-                    "titan: error: input file /nonexistent/doc.txt: No such file or directory\n");
-    expect_die_user(tokenize_no_out, "doc.txt",
-                    "titan: error: usage: titan tokenize --tokenizer bytes --out OUT.bin "
-                    "FILE...\n");
+    assert_null(s.owned);
 }
 
 int main(void) {
@@ -266,8 +225,7 @@ int main(void) {
         cmocka_unit_test(test_folder_spans_files_and_wraps),
         cmocka_unit_test(test_bad_shards),
         cmocka_unit_test(test_too_short_dies_once),
-        cmocka_unit_test(test_tokenize_bytes),
-        cmocka_unit_test(test_tokenize_errors),
+        cmocka_unit_test(test_stream_from_tokens),
     };
     return cmocka_run_group_tests(tests, dir_setup, dir_teardown);
 }

@@ -1,0 +1,207 @@
+// Finding the format of a tokenizer path, the tiktoken rank-file loader and the built-in
+// `bytes` vocabulary. The JSON formats (tokenizer.json, GPT-2) are in data/tokenizer_json.c.
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/errors.h"
+#include "data/tokenizer_impl.h"
+
+char *tokenizer_read_file(const char *path, size_t *len, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return error_set(err, errlen, "tokenizer %s: %s", path, strerror(errno)), NULL;
+    struct stat st;
+    CHECK(fstat(fileno(f), &st) == 0);
+    char *text = xmalloc((size_t)st.st_size + 1);
+    *len = fread(text, 1, (size_t)st.st_size, f);
+    fclose(f);
+    if (*len != (size_t)st.st_size) {
+        free(text);
+        return error_set(err, errlen, "tokenizer %s: cannot read it whole", path), NULL;
+    }
+    text[*len] = '\0';
+    return text;
+}
+
+void tokenizer_sibling_path(const char *path, const char *name, char *out, size_t outlen) {
+    const char *slash = strrchr(path, '/');
+    int dir = slash ? (int)(slash - path + 1) : 0;
+    CHECK(snprintf(out, outlen, "%.*s%s", dir, path, name) < (int)outlen);
+}
+
+static int base64_value(char c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+
+// Decodes base64 (RFC 4648, '=' padded) in place: the output never outruns the input.
+// Returns the decoded length, or -1 on a character or length outside the alphabet.
+static long base64_decode(char *s, size_t n) {
+    while (n > 0 && s[n - 1] == '=') n--;
+    if (n % 4 == 1) return -1;
+    uint32_t acc = 0;
+    long out = 0;
+    for (size_t i = 0; i < n; i++) {
+        int v = base64_value(s[i]);
+        if (v < 0) return -1;
+        acc = acc << 6 | (uint32_t)v;
+        if (i % 4 == 3)
+            s[out++] = (char)(acc >> 16), s[out++] = (char)(acc >> 8), s[out++] = (char)acc;
+    }
+    if (n % 4 == 2) s[out++] = (char)(acc >> 4);
+    if (n % 4 == 3) s[out++] = (char)(acc >> 10), s[out++] = (char)(acc >> 2);
+    return out;
+}
+
+// One "<base64> <rank>" line, line[0, n) without its newline.
+static bool tiktoken_parse_line(Tokenizer *t, char *line, size_t n, const char *path, int lineno,
+                                char *err, size_t errlen) {
+    char *space = memchr(line, ' ', n);
+    char *end = line + n, *rank_end;
+    long rank = space ? strtol(space + 1, &rank_end, 10) : -1;
+    // Ranks stop short of TOKENIZER_MAX_IDS by room for the special tokens added after them.
+    if (!space || space + 1 == end || rank_end != end || rank < 0 ||
+        rank >= TOKENIZER_MAX_IDS - 512)
+        return error_set(err, errlen, "tokenizer %s:%d: not a \"<base64> <rank>\" line", path,
+                         lineno);
+    long bytes = base64_decode(line, (size_t)(space - line));
+    if (bytes < 0) return error_set(err, errlen, "tokenizer %s:%d: bad base64", path, lineno);
+    if (!tokenizer_add_token(t, (int32_t)rank, line, (size_t)bytes, false))
+        return error_set(err, errlen, "tokenizer %s:%d: rank %ld or its bytes appear twice", path,
+                         lineno, rank);
+    return true;
+}
+
+static bool tiktoken_parse(Tokenizer *t, char *text, size_t len, const char *path, char *err,
+                           size_t errlen) {
+    int lineno = 0;
+    for (char *line = text, *end = text + len; line < end;) {
+        char *eol = memchr(line, '\n', (size_t)(end - line));
+        if (!eol) eol = end;
+        size_t n = (size_t)(eol - line);
+        lineno++;
+        if (n > 0 && line[n - 1] == '\r') n--;
+        if (n > 0 && !tiktoken_parse_line(t, line, n, path, lineno, err, errlen)) return false;
+        line = eol + 1;
+    }
+    return t->n_ids > 0 || error_set(err, errlen, "tokenizer %s: no ranks in it", path);
+}
+
+static void special_add(Tokenizer *t, int32_t id, const char *name) {
+    CHECK(tokenizer_add_token(t, id, name, strlen(name), true));
+}
+
+// Meta's Llama 3 tokenizer.py (meta-llama/llama3, and torchtitan's copy): 256 special tokens
+// after the 128000 ranks; 10 named ones, then the reserved tokens 5..250.
+static void specials_add_llama3(Tokenizer *t) {
+    static const char *const NAMED[] = {
+        "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+        "<|reserved_special_token_1|>", "<|reserved_special_token_2|>",
+        "<|reserved_special_token_3|>", "<|start_header_id|>", "<|end_header_id|>",
+        "<|reserved_special_token_4|>", "<|eot_id|>"};
+    const int n_named = (int)(sizeof NAMED / sizeof NAMED[0]);
+    int32_t base = t->n_ids;
+    for (int i = 0; i < 256; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "<|reserved_special_token_%d|>", i - n_named + 5);
+        special_add(t, base + i, i < n_named ? NAMED[i] : name);
+    }
+    t->bos = base, t->eos = base + 1;
+}
+
+// tiktoken's cl100k_base (openai_public.py): no BOS; <|endoftext|> ends documents.
+static void specials_add_cl100k(Tokenizer *t) {
+    special_add(t, 100257, "<|endoftext|>");
+    special_add(t, 100258, "<|fim_prefix|>");
+    special_add(t, 100259, "<|fim_middle|>");
+    special_add(t, 100260, "<|fim_suffix|>");
+    special_add(t, 100276, "<|endofprompt|>");
+    t->eos = 100257;
+}
+
+// A rank file carries no special tokens, so they are known by the vocabulary's size: Llama 3
+// (128000 ranks), cl100k (100256), else titan's own (`titan tokenizer train`): BOS and EOS
+// right after the ranks.
+static void specials_add_tiktoken(Tokenizer *t) {
+    int32_t n = t->n_ids;
+    if (n == 128000) {
+        specials_add_llama3(t);
+    } else if (n == 100256) {
+        specials_add_cl100k(t);
+    } else {
+        special_add(t, n, "<|begin_of_text|>");
+        special_add(t, n + 1, "<|end_of_text|>");
+        t->bos = n, t->eos = n + 1;
+    }
+}
+
+static Tokenizer *load_tiktoken(const char *path, char *text, size_t len, char *err,
+                                size_t errlen) {
+    Tokenizer *t = tokenizer_new("tiktoken");
+    if (!tiktoken_parse(t, text, len, path, err, errlen)) return tokenizer_free(t), NULL;
+    tokenizer_merges_from_ranks(t);
+    specials_add_tiktoken(t);
+    if (!tokenizer_finish(t, PRETOKENIZE_CL100K, path, err, errlen))
+        return tokenizer_free(t), NULL;
+    return t;
+}
+
+// 256 ids, the bytes themselves (ByT5-style); no merges, no specials.
+static Tokenizer *load_bytes(void) {
+    Tokenizer *t = tokenizer_new("bytes");
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        CHECK(tokenizer_add_token(t, b, &c, 1, false));
+    }
+    CHECK(tokenizer_finish(t, NULL, "bytes", NULL, 0));
+    return t;
+}
+
+// A folder names its tokenizer by the conventional file names, the first found wins.
+static bool folder_pick_file(const char *dir, char *out, size_t outlen, char *err,
+                             size_t errlen) {
+    static const char *const NAMES[] = {"encoder.json", "tokenizer.json", "tokenizer.model"};
+    for (size_t i = 0; i < sizeof NAMES / sizeof NAMES[0]; i++) {
+        CHECK(snprintf(out, outlen, "%s/%s", dir, NAMES[i]) < (int)outlen);
+        if (access(out, R_OK) == 0) return true;
+    }
+    return error_set(err, errlen,
+                     "tokenizer %s: a folder without encoder.json, tokenizer.json or "
+                     "tokenizer.model",
+                     dir);
+}
+
+static Tokenizer *load_file(const char *path, char *err, size_t errlen) {
+    size_t len;
+    char *text = tokenizer_read_file(path, &len, err, errlen);
+    if (!text) return NULL;
+    size_t skip = strspn(text, " \t\r\n");
+    Tokenizer *t;
+    if (text[skip] == '{') t = tokenizer_load_json(path, text, len, err, errlen);
+    else if (strncmp(text, "#version", 8) == 0) t = tokenizer_load_gpt2_merges(path, err, errlen);
+    else t = load_tiktoken(path, text, len, err, errlen);
+    free(text);
+    return t;
+}
+
+Tokenizer *tokenizer_try_load(const char *path, char *err, size_t errlen) {
+    if (strcmp(path, "bytes") == 0) return load_bytes();
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return error_set(err, errlen, "tokenizer %s: %s", path, strerror(errno)), NULL;
+    if (!S_ISDIR(st.st_mode)) return load_file(path, err, errlen);
+    char file[PATH_MAX];
+    if (!folder_pick_file(path, file, sizeof file, err, errlen)) return NULL;
+    return load_file(file, err, errlen);
+}
+
+Tokenizer *tokenizer_load(const char *path) {
+    char err[512];
+    Tokenizer *t = tokenizer_try_load(path, err, sizeof err);
+    if (!t) die_user("%s", err);
+    return t;
+}

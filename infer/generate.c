@@ -1,0 +1,361 @@
+// titan generate: continue a prompt one token at a time through the KV cache
+// (models/llama3/decode.c).
+//
+//   titan generate --checkpoint C [--tokenizer T] (--prompt TEXT | --prompt-ids 1,2,3)
+//                  [--max-new-tokens 100] [--temperature 0.8] [--top-p 0.9] [--seed 0]
+//                  [--max-context N] [--ids]
+//
+// C is a titan HDF5 checkpoint (the model from its attributes) or a llama2.c .bin, told apart
+// by the HDF5 signature. With a tokenizer, a text prompt is encoded after its BOS (if it has
+// one), the continuation is streamed to stdout as text, and EOS ends it; without one (or with
+// --ids) the continuation is printed as space-separated ids. Temperature 0 is greedy (argmax,
+// the lowest id on ties); otherwise softmax(logits / t) sampled by nucleus (top-p) with the
+// counter-based RNG of --seed, so a seed fixes the output. Prompt plus continuation stay within
+// --max-context positions: by default the llama2.c header's seq_len, or 2048 (torchtitan's
+// default training.seq_len) for a titan checkpoint, whose model attributes do not record the
+// length it was trained at. Timing goes to stderr.
+#include "infer/generate.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "checkpoint/train_state.h"
+#include "core/errors.h"
+#include "core/rng.h"
+#include "data/tokenizer.h"
+#include "models/llama3/llama3.h"
+
+#define USAGE                                                                                  \
+    "usage: titan generate --checkpoint C [--tokenizer T] (--prompt TEXT | --prompt-ids 1,2,3) " \
+    "[--max-new-tokens N] [--temperature t] [--top-p p] [--seed s] [--max-context N] [--ids]"
+#define TITAN_DEFAULT_CONTEXT 2048
+
+typedef struct {
+    const char *checkpoint, *tokenizer, *prompt, *prompt_ids;
+    long max_new_tokens, max_context;  // max_context 0: the checkpoint's default
+    double temperature, top_p;
+    long seed;
+    bool print_ids;
+} GenOptions;
+
+// ---- options -------------------------------------------------------------------------------
+
+static long parse_long(const char *flag, const char *text, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < lo || v > hi)
+        die_user("%s expects an integer in [%ld, %ld], got '%s'", flag, lo, hi, text);
+    return v;
+}
+
+static double parse_double(const char *flag, const char *text, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end || !(v >= lo && v <= hi))
+        die_user("%s expects a number in [%g, %g], got '%s'", flag, lo, hi, text);
+    return v;
+}
+
+static const char *need(const char *flag, const char *value) {
+    if (!value) die_user("%s needs a value", flag);
+    return value;
+}
+
+// Sets option f from value (NULL when the command line ended after f); false if f is not an
+// option taking a value.
+static bool set_option(GenOptions *o, const char *f, const char *value) {
+    if (strcmp(f, "--checkpoint") == 0)
+        o->checkpoint = need(f, value);
+    else if (strcmp(f, "--tokenizer") == 0)
+        o->tokenizer = need(f, value);
+    else if (strcmp(f, "--prompt") == 0)
+        o->prompt = need(f, value);
+    else if (strcmp(f, "--prompt-ids") == 0)
+        o->prompt_ids = need(f, value);
+    else if (strcmp(f, "--max-new-tokens") == 0)
+        o->max_new_tokens = parse_long(f, need(f, value), 1, INT32_MAX);
+    else if (strcmp(f, "--max-context") == 0)
+        o->max_context = parse_long(f, need(f, value), 2, INT32_MAX);
+    else if (strcmp(f, "--temperature") == 0)
+        o->temperature = parse_double(f, need(f, value), 0, 1e6);
+    else if (strcmp(f, "--top-p") == 0)
+        o->top_p = parse_double(f, need(f, value), 1e-9, 1);
+    else if (strcmp(f, "--seed") == 0)
+        o->seed = parse_long(f, need(f, value), 0, LONG_MAX);
+    else
+        return false;
+    return true;
+}
+
+static void parse_options(GenOptions *o, int argc, char **argv) {
+    *o = (GenOptions){.max_new_tokens = 100, .temperature = 0.8, .top_p = 0.9};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--ids") == 0)
+            o->print_ids = true;
+        else if (set_option(o, argv[i], i + 1 < argc ? argv[i + 1] : NULL))
+            i++;
+        else
+            die_user("generate: unknown option '%s'; " USAGE, argv[i]);
+    }
+    if (!o->checkpoint) die_user("generate needs --checkpoint; " USAGE);
+    if (!o->prompt == !o->prompt_ids) die_user("generate needs one of --prompt and --prompt-ids");
+    if (o->prompt && !o->tokenizer)
+        die_user("--prompt needs --tokenizer to encode it (or give token ids with --prompt-ids)");
+}
+
+// ---- the prompt ----------------------------------------------------------------------------
+
+typedef struct {
+    int32_t *ids;
+    size_t n, cap;
+} Ids;
+
+static void ids_push(Ids *p, int32_t id) {
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 64;
+        p->ids = realloc(p->ids, p->cap * sizeof(int32_t));
+        CHECK(p->ids != NULL);
+    }
+    p->ids[p->n++] = id;
+}
+
+// "1,2,3" -> ids.
+static void parse_prompt_ids(Ids *p, const char *text) {
+    const char *at = text;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(at, &end, 10);
+        if (errno || end == at || v < 0 || v > INT32_MAX || (*end && *end != ','))
+            die_user("--prompt-ids expects comma-separated token ids like 1,2,3, got '%s'", text);
+        ids_push(p, (int32_t)v);
+        if (!*end) return;
+        at = end + 1;
+    }
+}
+
+static Ids read_prompt(const GenOptions *o, const Tokenizer *tok) {
+    Ids p = {0};
+    if (o->prompt_ids) {
+        parse_prompt_ids(&p, o->prompt_ids);
+        return p;
+    }
+    if (tokenizer_bos_id(tok) >= 0) ids_push(&p, tokenizer_bos_id(tok));
+    int32_t *text = NULL;
+    size_t cap = 0, n = tokenizer_encode(tok, o->prompt, strlen(o->prompt), &text, &cap);
+    for (size_t i = 0; i < n; i++) ids_push(&p, text[i]);
+    free(text);
+    if (p.n == 0)
+        die_user("--prompt is empty and %s has no BOS token to start from", o->tokenizer);
+    return p;
+}
+
+// ---- the model -----------------------------------------------------------------------------
+
+typedef struct {
+    bool hdf5;           // a titan checkpoint, else a llama2.c .bin
+    LlamaArgs args;
+    Model model;
+    Arena weights, no_grads;  // generation needs no gradients: no_grads is never committed
+} Loaded;
+
+static bool is_hdf5(const char *path) {
+    static const char SIGNATURE[8] = "\x89HDF\r\n\x1a\n";
+    FILE *f = fopen(path, "rb");
+    if (!f) die_user("cannot open checkpoint %s: %s", path, strerror(errno));
+    char head[8];
+    bool yes = fread(head, 1, sizeof head, f) == sizeof head && !memcmp(head, SIGNATURE, 8);
+    fclose(f);
+    return yes;
+}
+
+static void read_args(Loaded *l, const char *path) {
+    l->hdf5 = is_hdf5(path);
+    if (l->hdf5) {
+        llama3_args_from_checkpoint(path, &l->args);
+        l->args.max_seq_len = TITAN_DEFAULT_CONTEXT;
+    } else {
+        llama3_args_from_llama2c(path, &l->args);
+    }
+}
+
+// Builds the model for n_ctx positions and loads its weights (no gradient buffers).
+static void load_model(Loaded *l, const char *path, int n_ctx) {
+    l->args.max_seq_len = n_ctx;
+    llama3_build(&l->model, &l->args, false);
+    ParamTable *t = &l->model.params;
+    arena_init_sizing(&l->weights, "params");
+    arena_init_sizing(&l->no_grads, "grads");
+    params_allocate(t, &l->weights, &l->no_grads);
+    arena_commit(&l->weights);
+    params_allocate(t, &l->weights, &l->no_grads);
+    if (l->hdf5)
+        train_state_load(path, t, NULL, NULL);
+    else
+        llama3_load_llama2c(path, &l->model);
+}
+
+// ---- sampling ------------------------------------------------------------------------------
+
+typedef struct {
+    float prob;
+    int id;
+} Candidate;
+
+typedef struct {
+    double temperature, top_p;
+    uint64_t key;            // draw i of a run is rng_uniform(key, i)
+    int n_choices;           // ids [0, n_choices) may be drawn: the model's and tokenizer's
+    float *probs;            // (n_choices)
+    Candidate *candidates;   // (n_choices)
+} Sampler;
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static void softmax_with_temperature(float *probs, const float *logits, int n, double t) {
+    float mx = logits[argmax(logits, n)];
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += probs[i] = expf((float)((logits[i] - mx) / t));
+    for (int i = 0; i < n; i++) probs[i] = (float)(probs[i] / sum);
+}
+
+// Most probable first; ties by id, so the order (and the draw) is fully determined.
+static int candidate_order(const void *pa, const void *pb) {
+    const Candidate *a = pa, *b = pb;
+    if (a->prob != b->prob) return a->prob > b->prob ? -1 : 1;
+    return a->id - b->id;
+}
+
+// Nucleus sampling (Holtzman et al. 2019): draw by u from the smallest set of most probable
+// ids whose mass exceeds top_p, renormalised. As llama2.c's sample_topp, ids under
+// (1 - top_p) / (n - 1) are dropped before sorting: together they weigh less than 1 - top_p,
+// so the set is complete before reaching any of them.
+static int sample_top_p(Sampler *s, double u) {
+    int n = s->n_choices, m = 0;
+    double cutoff = n > 1 ? (1.0 - s->top_p) / (n - 1) : 0;
+    for (int i = 0; i < n; i++)
+        if (s->probs[i] >= cutoff) s->candidates[m++] = (Candidate){s->probs[i], i};
+    qsort(s->candidates, (size_t)m, sizeof(Candidate), candidate_order);
+    double mass = 0;
+    int last = m - 1;
+    for (int i = 0; i < m; i++) {
+        mass += s->candidates[i].prob;
+        if (mass > s->top_p) {
+            last = i;
+            break;
+        }
+    }
+    double r = u * mass, c = 0;
+    for (int i = 0; i < last; i++) {
+        c += s->candidates[i].prob;
+        if (r < c) return s->candidates[i].id;
+    }
+    return s->candidates[last].id;
+}
+
+static int sampler_next(Sampler *s, const float *logits, uint64_t draw) {
+    if (s->temperature == 0) return argmax(logits, s->n_choices);
+    softmax_with_temperature(s->probs, logits, s->n_choices, s->temperature);
+    return sample_top_p(s, rng_uniform(s->key, draw));
+}
+
+// ---- generation ----------------------------------------------------------------------------
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void emit(const Tokenizer *text, int32_t id, int index) {
+    if (text) {
+        size_t len;
+        const char *bytes = tokenizer_token_bytes(text, id, &len);
+        fwrite(bytes, 1, len, stdout);
+    } else {
+        printf(index ? " %d" : "%d", id);
+    }
+    fflush(stdout);
+}
+
+typedef struct {
+    int new_tokens, steps;  // tokens generated; tokens run through the model
+} GenCount;
+
+// Feeds the prompt, then samples up to max_new tokens, feeding each but the last back; stops
+// early at eos (not printed).
+static GenCount generate(Loaded *l, LlamaKVCache *cache, Sampler *s, const Ids *prompt,
+                         int max_new, const Tokenizer *text, int eos) {
+    const KernelOps *k = kernels_backend("cpu");
+    const float *logits = NULL;
+    GenCount n = {0, 0};
+    for (; n.steps < (int)prompt->n; n.steps++)
+        logits = llama3_decode_step(&l->model, cache, k, prompt->ids[n.steps], n.steps);
+    for (; n.new_tokens < max_new; n.new_tokens++) {
+        int next = sampler_next(s, logits, (uint64_t)n.new_tokens);
+        if (next == eos) break;
+        emit(text, next, n.new_tokens);
+        if (n.new_tokens + 1 < max_new)
+            logits = llama3_decode_step(&l->model, cache, k, next, n.steps++);
+    }
+    putchar('\n');
+    return n;
+}
+
+static void check_prompt(const Ids *p, const Loaded *l, const char *path, long max_context) {
+    for (size_t i = 0; i < p->n; i++)
+        if (p->ids[i] >= l->args.vocab_size)
+            die_user("prompt token %d is outside the vocabulary of %s (%d ids)", p->ids[i], path,
+                     l->args.vocab_size);
+    if ((long)p->n >= max_context)
+        die_user("the prompt's %zu tokens leave no room in a context of %ld positions "
+                 "(--max-context)", p->n, max_context);
+}
+
+int generate_main(int argc, char **argv) {
+    GenOptions o;
+    parse_options(&o, argc, argv);
+    Tokenizer *tok = o.tokenizer ? tokenizer_load(o.tokenizer) : NULL;
+    Ids prompt = read_prompt(&o, tok);
+    Loaded l = {0};
+    read_args(&l, o.checkpoint);
+    if (tok && tokenizer_vocab_size(tok) > l.args.vocab_size)
+        die_user("tokenizer %s has %d ids, more than the %d of %s", o.tokenizer,
+                 tokenizer_vocab_size(tok), l.args.vocab_size, o.checkpoint);
+    long max_context = o.max_context ? o.max_context : l.args.max_seq_len;
+    check_prompt(&prompt, &l, o.checkpoint, max_context);
+    long total = (long)prompt.n + o.max_new_tokens;
+    int n_ctx = (int)(total < max_context ? total : max_context);
+    load_model(&l, o.checkpoint, n_ctx);
+
+    LlamaKVCache cache;
+    llama3_kv_cache_init(&cache, &l.model, n_ctx);
+    int n_choices = tok ? tokenizer_vocab_size(tok) : l.args.vocab_size;
+    Sampler s = {.temperature = o.temperature, .top_p = o.top_p,
+                 .key = rng_key((uint64_t)o.seed, "generate"), .n_choices = n_choices,
+                 .probs = xmalloc(sizeof(float) * n_choices),
+                 .candidates = xmalloc(sizeof(Candidate) * n_choices)};
+    const Tokenizer *text = o.print_ids ? NULL : tok;
+    double start = now_seconds();
+    GenCount n = generate(&l, &cache, &s, &prompt, n_ctx - (int)prompt.n, text,
+                          tok ? tokenizer_eos_id(tok) : -1);
+    double seconds = now_seconds() - start;
+    fprintf(stderr, "generate: %zu prompt + %d new tokens, %d decode steps in %.3f s (%.1f "
+            "tokens/s)\n", prompt.n, n.new_tokens, n.steps, seconds, n.steps / seconds);
+    llama3_kv_cache_free(&cache);
+    free(s.probs), free(s.candidates), free(prompt.ids);
+    arena_free(&l.weights);
+    llama3_free(&l.model);
+    if (tok) tokenizer_free(tok);
+    return 0;
+}

@@ -1,0 +1,356 @@
+// Tokenizer tests: every reference vector (tiktoken's ids for GPT-2, cl100k_base and Llama 3,
+// the last from both its tiktoken and its tokenizer.json file) encodes exactly and decodes
+// back; special tokens; byte fallback for invalid UTF-8; the `bytes` vocabulary; small
+// hand-written files in each format; two threads encoding at once; the one-line errors.
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/errors.h"
+#include "data/tokenizer.h"
+
+#include "tests/unit/test_support.h"
+
+#define TOKENIZERS "../shared/data/tokenizers/"
+
+enum { GPT2, CL100K, LLAMA3_TIKTOKEN, LLAMA3_JSON, N_REFERENCE };
+
+static const struct {
+    const char *path, *vectors;
+    int vocab_size, bos, eos, first_special;
+    const char *format;
+} REFERENCE[N_REFERENCE] = {
+    [GPT2] = {TOKENIZERS "gpt2", "gpt2", 50257, 50256, 50256, 50256, "gpt2"},
+    [CL100K] = {TOKENIZERS "cl100k_base.tiktoken", "cl100k_base", 100277, -1, 100257, 100257,
+                "tiktoken"},
+    [LLAMA3_TIKTOKEN] = {TOKENIZERS "llama3/tokenizer.model", "llama3", 128256, 128000, 128001,
+                         128000, "tiktoken"},
+    [LLAMA3_JSON] = {TOKENIZERS "llama3/tokenizer.json", "llama3", 128256, 128000, 128001,
+                     128000, "huggingface"},
+};
+
+static Tokenizer *reference[N_REFERENCE];
+
+static int reference_load(void **state) {
+    (void)state;
+    for (int i = 0; i < N_REFERENCE; i++) reference[i] = tokenizer_load(REFERENCE[i].path);
+    return 0;
+}
+
+static int reference_free(void **state) {
+    (void)state;
+    for (int i = 0; i < N_REFERENCE; i++) tokenizer_free(reference[i]);
+    return 0;
+}
+
+// The encoding of text must be want (n ids), and its decoding the text again.
+static void expect_encoding(const Tokenizer *t, const char *text, size_t len,
+                            const int32_t *want, size_t n) {
+    int32_t *ids = NULL;
+    size_t cap = 0, got = tokenizer_encode(t, text, len, &ids, &cap), back_len;
+    assert_int_equal(got, n);
+    assert_memory_equal(ids, want, n * sizeof(int32_t));
+    char *back = tokenizer_decode(t, ids, got, &back_len);
+    assert_int_equal(back_len, len);
+    assert_memory_equal(back, text, len);
+    free(back);
+    free(ids);
+}
+
+// A vectors file: one {"text", "ids"} object a line.
+typedef struct {
+    json_t *lines[400];
+    int n;
+} Vectors;
+
+static Vectors vectors_read(const char *name) {
+    char path[256];
+    snprintf(path, sizeof path, TOKENIZERS "vectors/%s.jsonl", name);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    Vectors v = {.n = 0};
+    char line[65536];
+    while (fgets(line, sizeof line, f)) {
+        assert_true(v.n < 400);
+        v.lines[v.n] = json_loads(line, 0, NULL);
+        assert_non_null(v.lines[v.n++]);
+    }
+    fclose(f);
+    assert_true(v.n > 300);
+    return v;
+}
+
+static void vectors_free(Vectors *v) {
+    for (int i = 0; i < v->n; i++) json_decref(v->lines[i]);
+}
+
+static const char *vector_text(const json_t *line, size_t *len) {
+    const json_t *text = json_object_get(line, "text");
+    *len = json_string_length(text);
+    return json_string_value(text);
+}
+
+static size_t vector_ids(const json_t *line, int32_t *ids, size_t cap) {
+    const json_t *array = json_object_get(line, "ids");
+    size_t i;
+    json_t *id;
+    assert_true(json_array_size(array) <= cap);
+    json_array_foreach(array, i, id) ids[i] = (int32_t)json_integer_value(id);
+    return json_array_size(array);
+}
+
+static void vectors_check(int which) {
+    Vectors v = vectors_read(REFERENCE[which].vectors);
+    static int32_t want[1 << 16];
+    for (int i = 0; i < v.n; i++) {
+        size_t len, n = vector_ids(v.lines[i], want, 1 << 16);
+        const char *text = vector_text(v.lines[i], &len);
+        expect_encoding(reference[which], text, len, want, n);
+    }
+    vectors_free(&v);
+}
+
+static void test_vectors_gpt2(void **state) { (void)state, vectors_check(GPT2); }
+static void test_vectors_cl100k(void **state) { (void)state, vectors_check(CL100K); }
+static void test_vectors_llama3_tiktoken(void **state) {
+    (void)state, vectors_check(LLAMA3_TIKTOKEN);
+}
+static void test_vectors_llama3_json(void **state) { (void)state, vectors_check(LLAMA3_JSON); }
+
+static void expect_token(const Tokenizer *t, int32_t id, const char *text) {
+    size_t len;
+    const char *bytes = tokenizer_token_bytes(t, id, &len);
+    assert_int_equal(len, strlen(text));
+    assert_memory_equal(bytes, text, len);
+}
+
+static void test_specials(void **state) {
+    (void)state;
+    for (int i = 0; i < N_REFERENCE; i++) {
+        assert_int_equal(tokenizer_vocab_size(reference[i]), REFERENCE[i].vocab_size);
+        assert_int_equal(tokenizer_bos_id(reference[i]), REFERENCE[i].bos);
+        assert_int_equal(tokenizer_eos_id(reference[i]), REFERENCE[i].eos);
+        assert_string_equal(tokenizer_format(reference[i]), REFERENCE[i].format);
+    }
+    expect_token(reference[GPT2], 50256, "<|endoftext|>");
+    expect_token(reference[CL100K], 100257, "<|endoftext|>");
+    expect_token(reference[CL100K], 100258, "<|fim_prefix|>");
+    expect_token(reference[CL100K], 100259, "<|fim_middle|>");
+    expect_token(reference[CL100K], 100260, "<|fim_suffix|>");
+    expect_token(reference[CL100K], 100276, "<|endofprompt|>");
+    expect_token(reference[LLAMA3_TIKTOKEN], 128006, "<|start_header_id|>");
+    expect_token(reference[LLAMA3_TIKTOKEN], 128009, "<|eot_id|>");
+    expect_token(reference[LLAMA3_TIKTOKEN], 128255, "<|reserved_special_token_250|>");
+    // The rank file's built-in list against tokenizer.json's added_tokens, all 256.
+    for (int32_t id = 128000; id < 128256; id++) {
+        size_t len;
+        const char *name = tokenizer_token_bytes(reference[LLAMA3_JSON], id, &len);
+        char text[64];
+        snprintf(text, sizeof text, "%.*s", (int)len, name);
+        expect_token(reference[LLAMA3_TIKTOKEN], id, text);
+    }
+}
+
+// A special token's text is ordinary text to encode: it never yields the special id.
+static void test_specials_not_encoded(void **state) {
+    (void)state;
+    const char *text = "<|endoftext|><|begin_of_text|>";
+    for (int i = 0; i < N_REFERENCE; i++) {
+        int32_t *ids = NULL;
+        size_t cap = 0, n = tokenizer_encode(reference[i], text, strlen(text), &ids, &cap);
+        assert_true(n > 2);
+        for (size_t k = 0; k < n; k++) assert_true(ids[k] < REFERENCE[i].first_special);
+        free(ids);
+    }
+}
+
+static void test_invalid_utf8_round_trip(void **state) {
+    (void)state;
+    const char text[] = "\xff\xfe abc \xc3";
+    for (int i = 0; i < N_REFERENCE; i++) {
+        int32_t *ids = NULL;
+        size_t cap = 0, len, n = tokenizer_encode(reference[i], text, sizeof text - 1, &ids, &cap);
+        char *back = tokenizer_decode(reference[i], ids, n, &len);
+        assert_int_equal(len, sizeof text - 1);
+        assert_memory_equal(back, text, len);
+        expect_token(reference[i], ids[0], "\xff");  // each invalid byte is its own token
+        expect_token(reference[i], ids[1], "\xfe");
+        expect_token(reference[i], ids[n - 1], "\xc3");
+        free(back);
+        free(ids);
+    }
+}
+
+// Both threads encode every text; each must get the single-threaded ids.
+static void test_two_threads_agree(void **state) {
+    (void)state;
+    Vectors v = vectors_read("llama3");
+    const Tokenizer *t = reference[LLAMA3_TIKTOKEN];
+    int mismatches = 0;
+#pragma omp parallel num_threads(2) reduction(+ : mismatches)
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < v.n; i++) {
+            int32_t want[4096], *ids = NULL;
+            size_t len, cap = 0, n = vector_ids(v.lines[i], want, 4096);
+            const char *text = vector_text(v.lines[i], &len);
+            size_t got = tokenizer_encode(t, text, len, &ids, &cap);
+            mismatches += got != n || memcmp(ids, want, n * sizeof(int32_t)) != 0;
+            free(ids);
+        }
+    }
+    assert_int_equal(mismatches, 0);
+    vectors_free(&v);
+}
+
+static void test_folder_and_merges_file_load(void **state) {
+    (void)state;
+    const char *text = "Hello world, tokenizers!";
+    int32_t *want = NULL, *ids = NULL;
+    size_t cap = 0, n = tokenizer_encode(reference[GPT2], text, strlen(text), &want, &cap);
+    Tokenizer *t = tokenizer_load(TOKENIZERS "gpt2/vocab.bpe");
+    assert_string_equal(tokenizer_format(t), "gpt2");
+    cap = 0;
+    assert_int_equal(tokenizer_encode(t, text, strlen(text), &ids, &cap), n);
+    assert_memory_equal(ids, want, n * sizeof(int32_t));
+    tokenizer_free(t);
+    free(want);
+    free(ids);
+}
+
+static void test_bytes(void **state) {
+    (void)state;
+    Tokenizer *t = tokenizer_load("bytes");
+    assert_int_equal(tokenizer_vocab_size(t), 256);
+    assert_int_equal(tokenizer_bos_id(t), -1);
+    assert_int_equal(tokenizer_eos_id(t), -1);
+    assert_string_equal(tokenizer_format(t), "bytes");
+    const int32_t want[] = {'a', ' ', 0xff, 0, 'b'};
+    expect_encoding(t, "a \xff\0b", 5, want, 5);
+    tokenizer_free(t);
+}
+
+static void file_write(const char *name, const char *text, char *path, size_t pathlen) {
+    snprintf(path, pathlen, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+// A rank file as `titan tokenizer train` writes it: the 256 bytes in order, then merges.
+static void test_titan_rank_file(void **state) {
+    (void)state;
+    static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char text[256 * 12 + 64], *at = text, path[300];
+    for (int b = 0; b < 256; b++)
+        at += sprintf(at, "%c%c== %d\n", B64[b >> 2], B64[(b & 3) << 4], b);
+    sprintf(at, "YWI= 256\nYWJj 257\n");  // "ab", "abc"
+    file_write("titan.tiktoken", text, path, sizeof path);
+    Tokenizer *t = tokenizer_load(path);
+    assert_int_equal(tokenizer_vocab_size(t), 260);
+    assert_int_equal(tokenizer_bos_id(t), 258);
+    assert_int_equal(tokenizer_eos_id(t), 259);
+    expect_token(t, 258, "<|begin_of_text|>");
+    const int32_t want[] = {257, 256, 'a', ' ', 256, 'd'};
+    expect_encoding(t, "abcaba abd", 10, want, 6);
+    tokenizer_free(t);
+}
+
+// GPT-2's bytes_to_unicode, written out independently: the byte-level spelling of byte b.
+static void byte_level_char(int b, char *out) {
+    static int shifted[256];
+    for (int c = 0, next = 256; c < 256; c++) {
+        bool printable = (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174;
+        shifted[c] = printable ? c : next++;
+    }
+    int cp = shifted[b];
+    if (cp < 0x80) sprintf(out, "%c", cp);
+    else sprintf(out, "%c%c", 0xc0 | cp >> 6, 0x80 | (cp & 0x3f));
+}
+
+// A tokenizer.json with the two merge spellings ("a b" and [a, b]) and an added token.
+static void test_small_huggingface_file(void **state) {
+    (void)state;
+    char text[8192], *at = text, path[300], c[3];
+    at += sprintf(at, "{\"model\": {\"type\": \"BPE\", \"vocab\": {");
+    for (int b = 0; b < 256; b++) {
+        byte_level_char(b, c);
+        at += sprintf(at, "\"%s%s\": %d, ", c[0] == '"' || c[0] == '\\' ? "\\" : "", c, b);
+    }
+    at += sprintf(at, "\"\xc4\xa0" "a\": 256, \"\xc4\xa0" "ab\": 257}, "  // " a", " ab"
+                      "\"merges\": [\"\xc4\xa0 a\", [\"\xc4\xa0" "a\", \"b\"]]}, "
+                      "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, "
+                      "\"added_tokens\": [{\"id\": 258, \"content\": \"<|endoftext|>\", "
+                      "\"special\": true}]}");
+    file_write("tokenizer.json", text, path, sizeof path);
+    Tokenizer *t = tokenizer_load(path);
+    assert_int_equal(tokenizer_vocab_size(t), 259);
+    assert_int_equal(tokenizer_bos_id(t), 258);
+    assert_int_equal(tokenizer_eos_id(t), 258);
+    const int32_t want[] = {'b', 257, 'b', 256, 'c'};  // " abb" merges by both merge spellings
+    expect_encoding(t, "b abb ac", 8, want, 5);
+    tokenizer_free(t);
+}
+
+static void load_or_die(const char *path) { tokenizer_load(path); }
+
+// The reason try_load gives for a file holding text.
+static void expect_load_error(const char *name, const char *text, const char *want_after_path) {
+    char path[300], err[512], want[1024];
+    file_write(name, text, path, sizeof path);
+    assert_null(tokenizer_try_load(path, err, sizeof err));
+    snprintf(want, sizeof want, "tokenizer %s%s", path, want_after_path);
+    assert_string_equal(err, want);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    expect_die_user(load_or_die, "/nonexistent/tokenizer.model",
+                    "titan: error: tokenizer /nonexistent/tokenizer.model: No such file or "
+                    "directory\n");
+    expect_load_error("bad.json", "{\"model\": {\n  \"type\": BPE}}",
+                      ": invalid JSON at line 2, column 13: invalid token near 'BPE'");
+    expect_load_error("word.json", "{\"model\": {\"type\": \"WordPiece\"}}",
+                      ": not a BPE tokenizer (model.type is WordPiece)");
+    expect_load_error("piece.json",
+                      "{\"model\": {\"type\": \"BPE\"}, \"pre_tokenizer\": {\"type\": "
+                      "\"ByteLevel\", \"add_prefix_space\": true}}",
+                      ": pre_tokenizer is neither a Split regex then ByteLevel nor a ByteLevel "
+                      "with its regex and no prefix space");
+    expect_load_error("other.json", "{\"a\": \"b\"}",
+                      ": neither a tokenizer.json nor an encoder.json");
+    expect_load_error("encoder.json", "{\"a\": 0}",
+                      ": a GPT-2 tokenizer needs vocab.bpe beside it");
+    expect_load_error("rank.tiktoken", "IQ== 0\nIg== one\n", ":2: not a \"<base64> <rank>\" line");
+    expect_load_error("b64.tiktoken", "IQ== 0\nI*== 1\n", ":2: bad base64");
+    expect_load_error("twice.tiktoken", "IQ== 0\nIg== 0\n", ":2: rank 0 or its bytes appear twice");
+    expect_load_error("short.tiktoken", "IQ== 0\n", " has no token for the byte 0x00");
+}
+
+int main(void) {
+    const struct CMUnitTest reference_tests[] = {
+        cmocka_unit_test(test_vectors_gpt2),
+        cmocka_unit_test(test_vectors_cl100k),
+        cmocka_unit_test(test_vectors_llama3_tiktoken),
+        cmocka_unit_test(test_vectors_llama3_json),
+        cmocka_unit_test(test_specials),
+        cmocka_unit_test(test_specials_not_encoded),
+        cmocka_unit_test(test_invalid_utf8_round_trip),
+        cmocka_unit_test(test_two_threads_agree),
+        cmocka_unit_test(test_folder_and_merges_file_load),
+    };
+    const struct CMUnitTest file_tests[] = {
+        cmocka_unit_test(test_bytes),
+        cmocka_unit_test(test_titan_rank_file),
+        cmocka_unit_test(test_small_huggingface_file),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(reference_tests, reference_load, reference_free) |
+           cmocka_run_group_tests(file_tests, dir_setup, dir_teardown);
+}
