@@ -10,9 +10,10 @@ CORPUS=../shared/data/corpus/austen.txt
 DATA=$SCRATCH/austen.bin
 $TITAN tokenize --tokenizer bytes --out "$DATA" "$CORPUS" >/dev/null
 
-# A small, fast configuration shared by the tests: debug model shapes, short sequences.
-SMALL=(--config configs/debug_model.yaml --training.dataset_path "$DATA" --training.seq_len 64
-       --training.local_batch_size 4 --metrics.log_freq 1)
+# A small, fast configuration shared by the tests: debug model shapes (vocab 2048), the byte
+# shard above (so no tokenizer), short sequences.
+SMALL=(--config configs/debug_model.yaml --training.dataset_path "$DATA" --model.tokenizer_path null
+       --training.seq_len 64 --training.local_batch_size 4 --metrics.log_freq 1)
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 

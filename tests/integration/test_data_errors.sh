@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Bad data input: each case exits 2 with one line naming the file (and line). Invalid UTF-8 in a
+# corpus is not an error: it is tokenized by byte fallback (each invalid byte its own token) and
+# trained on (tests/unit/test_tokenizer.c checks that such text decodes back to its bytes).
+source "$(dirname "$0")/lib.sh"
+
+TOK=../shared/data/tokenizers/llama3/tokenizer.model
+printf 'Some text.\n' >"$SCRATCH/doc.txt"
+run=(${SMALL[@]} --training.steps 1 --job.dump_folder "$SCRATCH/run")
+
+expect_user_error "$SCRATCH/absent.model" $TITAN "${run[@]}" --model.tokenizer_path "$SCRATCH/absent.model"
+printf '{"model": {"type": "BPE",\n  "vocab": {"a": 0,}\n' >"$SCRATCH/tokenizer.json"
+expect_user_error "tokenizer.json: invalid JSON at line 2, column [0-9]+" $TITAN "${run[@]}" --model.tokenizer_path "$SCRATCH/tokenizer.json"
+
+: >"$SCRATCH/empty.txt"
+expect_user_error "dataset .*empty.txt holds no documents" $TITAN "${run[@]}" \
+  --model.tokenizer_path bytes --training.dataset_path "$SCRATCH/empty.txt"
+printf '{"text": "one"}\n{"text": "two"}\n{"title": "three"}\n' >"$SCRATCH/docs.jsonl"
+expect_user_error "docs.jsonl:3: no \"text\" field" $TITAN "${run[@]}" \
+  --model.tokenizer_path bytes --training.dataset_path "$SCRATCH/docs.jsonl"
+expect_user_error "training.dataset_path .*doc.txt is text: set model.tokenizer_path" \
+  $TITAN "${run[@]}" --training.dataset_path "$SCRATCH/doc.txt"
+expect_user_error "tokenizer .*doc.txt:1: not a \"<base64> <rank>\" line" \
+  $TITAN tokenize --tokenizer "$SCRATCH/doc.txt" --out "$SCRATCH/x" "$SCRATCH/doc.txt"
+
+# Llama 3 ids do not fit the debug model's 2048-token vocabulary.
+$TITAN tokenize --tokenizer "$TOK" --out "$SCRATCH/llama3" "$CORPUS" >/dev/null
+expect_user_error "token id [0-9]+ is outside the model's vocabulary of 2048" \
+  $TITAN "${run[@]}" --training.dataset_path "$SCRATCH/llama3"
+
+# Invalid UTF-8: byte fallback, a training step, documents still wrapped in BOS/EOS.
+printf 'caf\xc3 na\xefve \xff\xfe text %.0s' $(seq 200) >"$SCRATCH/bad_utf8.txt"
+$TITAN "${run[@]}" --model.tokenizer_path "$TOK" --model.flavor small --training.dataset_path "$SCRATCH/bad_utf8.txt" \
+  --training.seq_len 32 >/dev/null || fail "training on invalid UTF-8 failed"
+$TITAN tokenize --tokenizer "$TOK" --out "$SCRATCH/bad" "$SCRATCH/bad_utf8.txt" >/dev/null
+$PY - "$SCRATCH/bad/shard_000000.bin" "$SCRATCH/bad_utf8.txt" <<'PY'
+import sys, numpy as np
+sys.path.insert(0, "tests/reference")
+import llama_ref
+ids = llama_ref.read_tokens(sys.argv[1])
+assert ids[0] == 128000 and ids[-1] == 128001, "document not wrapped in BOS/EOS"
+print("ok: invalid UTF-8 tokenized to", len(ids), "ids")
+PY
+echo "ok: data errors"
