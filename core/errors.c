@@ -63,3 +63,13 @@ void *xcalloc(size_t count, size_t bytes) {
     if (!p) die_internal(__FILE__, __LINE__, "out of memory allocating %zu x %zu bytes", count, bytes);
     return p;
 }
+
+void *xgrow(void *p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return p;
+    size_t grown = *cap ? *cap : 16;
+    while (grown < need) grown *= 2;
+    p = realloc(p, grown * elem);
+    if (!p) die_internal(__FILE__, __LINE__, "out of memory growing to %zu x %zu bytes", grown, elem);
+    *cap = grown;
+    return p;
+}

@@ -46,3 +46,6 @@ __attribute__((format(printf, 3, 4))) bool error_set(char *err, size_t errlen, c
 // malloc-style calls; titan allocates only at setup, so running out is fatal.
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t count, size_t bytes);
+// Grows a buffer of *cap elements of elem bytes to hold at least need (doubling, so appends are
+// amortised O(1)); updates *cap and returns the (possibly moved) buffer.
+void *xgrow(void *p, size_t *cap, size_t need, size_t elem);

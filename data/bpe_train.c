@@ -15,17 +15,6 @@
 // spreads over the threads; the size is fixed so the chunks never depend on the thread count.
 #define CHUNK_BYTES (256 * 1024)
 
-static void *buffer_grow(void *p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return p;
-    size_t cap_new = *cap ? *cap : 16;
-    while (cap_new < need) cap_new *= 2;
-    p = realloc(p, cap_new * elem);
-    if (!p) die_internal(__FILE__, __LINE__, "out of memory growing to %zu x %zu bytes", cap_new,
-                         elem);
-    *cap = cap_new;
-    return p;
-}
-
 // ---- Byte strings -> int64 values: open addressing with linear probing ----
 // Counts pieces (value = frequency) and looks up token bytes (value = rank + 1); a value of 0
 // marks an empty slot.
@@ -80,7 +69,7 @@ static void bytes_table_add(BytesTable *t, const char *s, size_t len, int64_t va
     uint64_t h = bytes_hash(s, len);
     BytesSlot *slot = bytes_table_slot(t, s, len, h);
     if (slot->value == 0) {
-        t->pool = buffer_grow(t->pool, &t->pool_cap, t->pool_len + len, 1);
+        t->pool = xgrow(t->pool, &t->pool_cap, t->pool_len + len, 1);
         memcpy(t->pool + t->pool_len, s, len);
         *slot = (BytesSlot){.hash = h, .offset = t->pool_len, .len = len};
         t->pool_len += len;
@@ -118,7 +107,7 @@ static BpeDocument *chunks_split(const BpeTrainInput *in, size_t *n_chunks) {
         size_t len = in->docs[d].len;
         for (size_t at = 0; at < len;) {
             size_t cut = len - at > CHUNK_BYTES ? chunk_cut(text, at + CHUNK_BYTES, len) : len;
-            chunks = buffer_grow(chunks, &cap, n + 1, sizeof(BpeDocument));
+            chunks = xgrow(chunks, &cap, n + 1, sizeof(BpeDocument));
             chunks[n++] = (BpeDocument){text + at, cut - at};
             at = cut;
         }
@@ -258,7 +247,7 @@ static Pair *pair_get(Pairs *p, uint64_t key) {
     if (2 * (p->n + 1) > p->slot_cap) pairs_grow_slots(p);
     size_t slot = pair_slot(p, key);
     if (p->slots[slot] < 0) {
-        p->pairs = buffer_grow(p->pairs, &p->cap, p->n + 1, sizeof(Pair));
+        p->pairs = xgrow(p->pairs, &p->cap, p->n + 1, sizeof(Pair));
         p->pairs[p->n] = (Pair){.key = key};
         p->slots[slot] = (int64_t)p->n++;
     }
@@ -270,7 +259,7 @@ static bool heap_before(HeapEntry a, HeapEntry b) {
 }
 
 static void heap_push(Pairs *p, HeapEntry e) {
-    p->heap = buffer_grow(p->heap, &p->heap_cap, p->heap_n + 1, sizeof(HeapEntry));
+    p->heap = xgrow(p->heap, &p->heap_cap, p->heap_n + 1, sizeof(HeapEntry));
     size_t i = p->heap_n++;
     for (; i > 0 && heap_before(e, p->heap[(i - 1) / 2]); i = (i - 1) / 2)
         p->heap[i] = p->heap[(i - 1) / 2];
@@ -322,7 +311,7 @@ static void pairs_index_word(Pairs *p, const int32_t *t, size_t len, int32_t w, 
         Pair *pair = pair_get(p, pair_key(t[i], t[i + 1]));
         if (pair->n_words > 0 && pair->words[pair->n_words - 1] == w) continue;
         pair->words =
-            buffer_grow(pair->words, &pair->cap_words, pair->n_words + 1, sizeof(int32_t));
+            xgrow(pair->words, &pair->cap_words, pair->n_words + 1, sizeof(int32_t));
         pair->words[pair->n_words++] = w;
     }
 }
@@ -398,8 +387,8 @@ static const char *vocab_token(const BpeVocab *v, int32_t r, size_t *len) {
 static void vocab_append(VocabBuilder *b, const char *s, size_t len) {
     BpeVocab *v = &b->v;
     size_t end = (size_t)v->offsets[v->n_tokens];
-    v->offsets = buffer_grow(v->offsets, &b->cap_tokens, (size_t)v->n_tokens + 2, sizeof(int64_t));
-    v->bytes = buffer_grow(v->bytes, &b->cap_bytes, end + len, 1);
+    v->offsets = xgrow(v->offsets, &b->cap_tokens, (size_t)v->n_tokens + 2, sizeof(int64_t));
+    v->bytes = xgrow(v->bytes, &b->cap_bytes, end + len, 1);
     memcpy(v->bytes + end, s, len);
     v->offsets[v->n_tokens + 1] = (int64_t)(end + len);
     bytes_table_add(&b->ranks, s, len, v->n_tokens + 1);
@@ -408,7 +397,7 @@ static void vocab_append(VocabBuilder *b, const char *s, size_t len) {
 
 static VocabBuilder vocab_start(void) {
     VocabBuilder b = {0};
-    b.v.offsets = buffer_grow(NULL, &b.cap_tokens, 1, sizeof(int64_t));
+    b.v.offsets = xgrow(NULL, &b.cap_tokens, 1, sizeof(int64_t));
     b.v.offsets[0] = 0;
     for (int c = 0; c < 256; c++) vocab_append(&b, &(char){(char)c}, 1);
     return b;
@@ -496,7 +485,7 @@ void bpe_vocab_write(const BpeVocab *v, const char *path) {
     for (int32_t r = 0; r < v->n_tokens; r++) {
         size_t len;
         const char *s = vocab_token(v, r, &len);
-        line = buffer_grow(line, &cap, 4 * (len / 3 + 1) + 1, 1);
+        line = xgrow(line, &cap, 4 * (len / 3 + 1) + 1, 1);
         base64_encode((const uint8_t *)s, len, line);
         fprintf(f, "%s %d\n", line, r);
     }
@@ -558,10 +547,10 @@ typedef struct {
 static void document_keep(const char *text, size_t len, uint64_t bytes_read, void *ctx) {
     (void)bytes_read;
     DocumentStore *s = ctx;
-    s->text = buffer_grow(s->text, &s->cap, s->len + len + 1, 1);  // never NULL, even if empty
+    s->text = xgrow(s->text, &s->cap, s->len + len + 1, 1);  // never NULL, even if empty
     memcpy(s->text + s->len, text, len);
     s->len += len;
-    s->offsets = buffer_grow(s->offsets, &s->cap_offsets, s->n + 2, sizeof(size_t));
+    s->offsets = xgrow(s->offsets, &s->cap_offsets, s->n + 2, sizeof(size_t));
     s->offsets[0] = 0;
     s->offsets[++s->n] = s->len;
 }

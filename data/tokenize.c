@@ -31,19 +31,11 @@ typedef struct {
 } Batch;
 
 // buf, grown (doubling) to hold need items of size bytes; *cap is its capacity in items.
-static void *grow(void *buf, size_t *cap, size_t need, size_t size) {
-    if (need <= *cap) return buf;
-    while (*cap < need) *cap = *cap ? 2 * *cap : 4096;
-    buf = realloc(buf, *cap * size);
-    CHECK(buf);
-    return buf;
-}
-
 static size_t batch_wrap(Batch *b) {
     int32_t bos = tokenizer_bos_id(b->t), eos = tokenizer_eos_id(b->t);
     size_t total = 0;
     for (int i = 0; i < b->n_docs; i++) total += b->n_ids[i] + (bos >= 0) + (eos >= 0);
-    b->out = grow(b->out, &b->out_cap, total, sizeof(int32_t));
+    b->out = xgrow(b->out, &b->out_cap, total, sizeof(int32_t));
     size_t n = 0;
     for (int i = 0; i < b->n_docs; i++) {
         if (bos >= 0) b->out[n++] = bos;
@@ -69,7 +61,7 @@ static void batch_add(const char *text, size_t len, uint64_t bytes_read, void *c
     Batch *b = ctx;
     if (b->n_docs == BATCH_DOCS || (b->n_docs > 0 && b->text_len + len > BATCH_BYTES))
         batch_flush(b);
-    b->text = grow(b->text, &b->text_cap, b->text_len + len, 1);
+    b->text = xgrow(b->text, &b->text_cap, b->text_len + len, 1);
     memcpy(b->text + b->text_len, text, len);
     b->start[b->n_docs] = b->text_len;
     b->text_len += len;
@@ -95,7 +87,7 @@ typedef struct {
 static void tokens_append(const int32_t *ids, size_t n, uint64_t bytes_read, void *ctx) {
     (void)bytes_read;
     TokenArray *a = ctx;
-    a->ids = grow(a->ids, &a->cap, a->n + n, sizeof(int32_t));
+    a->ids = xgrow(a->ids, &a->cap, a->n + n, sizeof(int32_t));
     memcpy(a->ids + a->n, ids, n * sizeof(int32_t));
     a->n += n;
 }

@@ -75,11 +75,7 @@ static Part *encoder_parts(Encoder *e, size_t n) {
 }
 
 static void encoder_reserve(Encoder *e, size_t more) {
-    if (e->n + more <= *e->cap) return;
-    size_t cap = 2 * *e->cap > e->n + more ? 2 * *e->cap : e->n + more + 1024;
-    *e->ids = realloc(*e->ids, cap * sizeof(int32_t));
-    CHECK(*e->ids);
-    *e->cap = cap;
+    *e->ids = xgrow(*e->ids, e->cap, e->n + more, sizeof(int32_t));
 }
 
 static void encoder_push(Encoder *e, const int32_t *ids, size_t n) {

@@ -116,11 +116,7 @@ typedef struct {
 } Ids;
 
 static void ids_push(Ids *p, int32_t id) {
-    if (p->n == p->cap) {
-        p->cap = p->cap ? 2 * p->cap : 64;
-        p->ids = realloc(p->ids, p->cap * sizeof(int32_t));
-        CHECK(p->ids != NULL);
-    }
+    p->ids = xgrow(p->ids, &p->cap, p->n + 1, sizeof(int32_t));
     p->ids[p->n++] = id;
 }
 

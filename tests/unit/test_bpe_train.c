@@ -213,18 +213,6 @@ static void piece_check(const char *piece, size_t len, void *ctx) {
     run->tokens += n;
 }
 
-static char *austen_read(size_t *len) {
-    FILE *f = fopen(AUSTEN, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    rewind(f);
-    char *text = malloc(*len);
-    assert_int_equal(fread(text, 1, *len, f), *len);
-    fclose(f);
-    return text;
-}
-
 static void austen_train_write(const char *text, size_t len, int threads, const char *path) {
     BpeDocument doc = {text, len};
     BpeTrainStats st;
@@ -262,7 +250,7 @@ static void expect_ranks_mergeable(const Ranks *r) {
 static void test_austen(void **state) {
     (void)state;
     size_t len = 0;
-    char *text = austen_read(&len);
+    char *text = file_slurp(AUSTEN, &len);
     if (!text) skip();
     char one[300], two[300];
     snprintf(one, sizeof(one), "%s/austen1.tiktoken", dir);

@@ -17,17 +17,6 @@
 
 #include "tests/unit/test_support.h"
 
-static void path_make(char *out, size_t n, const char *name) {
-    snprintf(out, n, "%s/%s", dir, name);
-}
-
-static void bytes_write(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, n, f), n);
-    fclose(f);
-}
-
 static void test_v1_single_file_windows(void **state) {
     (void)state;
     char path[300];
