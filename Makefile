@@ -2,11 +2,18 @@
 # `make run` trains the embedded default.
 #
 # Flags are portable by default (CI runs on whatever x86-64 it gets); NATIVE=1 adds
-# -O3 -march=native for benchmarks on a known machine.
+# -O3 -march=native for benchmarks on a known machine. CUDA=1 adds the NCCL communication
+# backend (and, later, the cuda kernels) from CUDA_HOME, in its own object folder so that the
+# two flavours never mix objects.
 
 CC       := mpicc  # the parallel HDF5 headers include mpi.h
 NATIVE   ?= 0
+CUDA     ?= 0
+CUDA_HOME ?= /usr/local/cuda
 BUILD    := build
+ifeq ($(CUDA),1)
+BUILD    := build/cuda
+endif
 
 OPT      := -O2
 ifeq ($(NATIVE),1)
@@ -24,7 +31,15 @@ LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
 LDFLAGS  := -fopenmp
 
 LIB_SRCS := $(wildcard core/*.c kernels/*.c kernels/cpu/*.c models/*.c models/*/*.c \
-                       optim/*.c data/*.c checkpoint/*.c infer/*.c)
+                       optim/*.c data/*.c checkpoint/*.c infer/*.c parallel/*.c)
+LIB_SRCS := $(filter-out parallel/comm_nccl.c,$(LIB_SRCS))
+ifeq ($(CUDA),1)
+# comm_nccl.c is plain C against the CUDA runtime API and nccl.h: no nvcc. -isystem keeps
+# -Werror to titan's own code.
+LIB_SRCS += parallel/comm_nccl.c
+CFLAGS   += -DTITAN_CUDA -isystem $(CUDA_HOME)/include
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart
+endif
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 TOOLS    := $(patsubst tests/reference/%.c,$(BUILD)/tests/%,$(wildcard tests/reference/*.c))

@@ -22,6 +22,11 @@
 #include "infer/generate.h"
 #include "models/llama3/llama3.h"
 #include "optim/optim.h"
+#include "parallel/comm.h"
+#include "parallel/fsdp.h"
+#include "parallel/grads.h"
+#include "parallel/mesh.h"
+#include "parallel/tp.h"
 
 // One dataset read in batches: the training split or the validation split.
 typedef struct {
@@ -37,7 +42,13 @@ typedef struct {
     const KernelOps *k;
     LlamaArgs args;
     Model model;
-    Arena param_arena, grad_arena, optim_arena, act_arena;
+    Mesh mesh;
+    Tp tp;                        // used when tp_on
+    Fsdp fsdp;                    // used when fsdp_on (dp_shard x cp > 1, or HSDP / DDP)
+    bool tp_on, fsdp_on;
+    ParamTable *trained;          // what the optimizer updates: the params, or FSDP's shards
+    ParamTable shard_view;        // FSDP's shards seen as one flat table
+    Arena param_arena, grad_arena, optim_arena, act_arena, comm_arena;
     size_t act_bytes_other_mode;  // activation arena size under the other AC mode
     AdamW opt;
     LrSchedule schedule;
@@ -61,6 +72,10 @@ static DecayType decay_type_of(const char *name) {
                                        : DECAY_LINEAR;
 }
 
+static void set_checkpointing(Model *m, bool on) {
+    for (int i = 1; i + 1 < m->n_blocks; i++) m->blocks[i].checkpointed = on;
+}
+
 static void setup_model(Trainer *t) {
     const Config *c = &t->cfg;
     if (!llama3_flavor(c->model.flavor, &t->args))
@@ -72,12 +87,44 @@ static void setup_model(Trainer *t) {
     t->args.max_seq_len = t->train.T > t->val.T ? t->train.T : t->val.T;
     t->args.tie_word_embeddings = c->model.tie_word_embeddings;
     t->args.rope_scaling = c->model.rope_scaling;
+    char why[256];
+    int tp = t->mesh.layout.size[MESH_TP];
+    if (llama3_tp_check(&t->args, tp, t->train.B, t->train.T, why, sizeof why) ||
+        (t->val.B > 0 && llama3_tp_check(&t->args, tp, t->val.B, t->val.T, why, sizeof why)))
+        die_user("%s", why);
+    // torchtitan's parallelize order: TP, then activation checkpointing, then FSDP.
     bool full_ac = strcmp(c->activation_checkpoint.mode, "full") == 0;
-    llama3_build(&t->model, &t->args, full_ac);
+    llama3_build(&t->model, &t->args, false);
+    if (t->tp_on) {
+        tp_init(&t->tp, t->mesh.group[MESH_TP], !c->parallelism.disable_loss_parallel);
+        llama3_parallelize_tp(&t->model, &t->tp);
+    }
+    set_checkpointing(&t->model, full_ac);
 }
 
-static void set_checkpointing(Model *m, bool on) {
-    for (int i = 1; i + 1 < m->n_blocks; i++) m->blocks[i].checkpointed = on;
+// FSDP's shards, full-parameter slots and communication buffers, sized by a first pass of
+// the same code; then the model's blocks are wrapped so the generic loop drives FSDP.
+static void allocate_fsdp(Trainer *t, size_t act_bytes) {
+    const ParallelismSection *p = &t->cfg.parallelism;
+    Fsdp *f = &t->fsdp;
+    FsdpConfig config = {.size = comm_size(t->mesh.fsdp), .rank = comm_rank(t->mesh.fsdp),
+                         .replicate_size = t->mesh.layout.size[MESH_DP_REPLICATE],
+                         .reshard = fsdp_reshard_parse(p->fsdp_reshard_after_forward),
+                         .tied_embeddings = t->args.tie_word_embeddings, .k = t->k};
+    fsdp_plan(f, &t->model, &config);
+    Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->comm_arena};
+    const char *names[] = {"params", "grads", "comm"};
+    for (int i = 0; i < 3; i++) arena_init_sizing(arenas[i], names[i]);
+    fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
+    for (int i = 0; i < 3; i++) arena_commit(arenas[i]);
+    fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
+    CommGroup *replicate = config.replicate_size > 1 ? t->mesh.group[MESH_DP_REPLICATE] : NULL;
+    fsdp_wrap(f, &t->model, t->mesh.fsdp, replicate);
+    arena_init_sizing(&t->act_arena, "activations");
+    t->act_arena.peak = act_bytes;
+    arena_commit(&t->act_arena);
+    t->shard_view = (ParamTable){.numel = f->numel, .data = f->data, .grad = f->grad};
+    t->trained = &t->shard_view;
 }
 
 // Sizes every arena with the same calls that then carve it (core/arena.h), then allocates.
@@ -92,11 +139,16 @@ static void allocate_arenas(Trainer *t) {
         size_t val_bytes = model_activation_bytes(m, t->k, t->val.B, t->val.T);
         if (val_bytes > act_bytes) act_bytes = val_bytes;
     }
-    model_allocate(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena);
+    if (t->fsdp_on) {
+        allocate_fsdp(t, act_bytes);
+    } else {
+        model_allocate(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena);
+        t->trained = &m->params;
+    }
     arena_init_sizing(&t->optim_arena, "optimizer");
-    adamw_allocate(&t->opt, m->params.numel, &t->optim_arena);
+    adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
     arena_commit(&t->optim_arena);
-    adamw_allocate(&t->opt, m->params.numel, &t->optim_arena);
+    adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
 }
 
 static void log_memory(const Trainer *t) {
@@ -104,14 +156,15 @@ static void log_memory(const Trainer *t) {
     bool full_ac = t->model.blocks[1].checkpointed;
     size_t with_ac = full_ac ? t->act_arena.size : t->act_bytes_other_mode;
     size_t without_ac = full_ac ? t->act_bytes_other_mode : t->act_arena.size;
-    log_info("memory: params %.1f MiB, grads %.1f MiB, optimizer %.1f MiB, activations %.1f MiB "
-             "(activation_checkpoint full: %.1f MiB, none: %.1f MiB)",
+    log_info("memory per rank: params %.1f MiB, grads %.1f MiB, optimizer %.1f MiB, comm %.1f "
+             "MiB, activations %.1f MiB (activation_checkpoint full: %.1f MiB, none: %.1f MiB)",
              t->param_arena.size / MiB, t->grad_arena.size / MiB, t->optim_arena.size / MiB,
-             t->act_arena.size / MiB, with_ac / MiB, without_ac / MiB);
+             t->comm_arena.size / MiB, t->act_arena.size / MiB, with_ac / MiB, without_ac / MiB);
 }
 
 // A text dataset needs a tokenizer; a pre-tokenized one (token shards) is read as it is.
-static void split_open(Split *sp, const char *key, const char *path, const Tokenizer *tok) {
+static void split_open(Split *sp, const char *key, const char *path, const Tokenizer *tok,
+                       const Mesh *mesh) {
     if (!path) die_user("%s is not set (a text, JSONL or R data file or folder, or token shards)",
                         key);
     if (!tok && !dataset_is_tokenized(path))
@@ -119,16 +172,19 @@ static void split_open(Split *sp, const char *key, const char *path, const Token
     sp->path = path;
     token_stream_from_dataset(&sp->stream, path, tok);
     log_info("data: %s, %lld tokens", path, (long long)token_stream_num_tokens(&sp->stream));
-    loader_open(&sp->loader, &sp->stream, sp->T, 0, 1, sp->B);
+    loader_open(&sp->loader, &sp->stream, sp->T, mesh_dp_rank(mesh), mesh_dp_size(&mesh->layout),
+                sp->B);
     sp->tokens = xmalloc((size_t)sp->B * sp->T * sizeof(int));
     sp->targets = xmalloc((size_t)sp->B * sp->T * sizeof(int));
 }
 
 static void setup_data(Trainer *t) {
     const Config *c = &t->cfg;
-    split_open(&t->train, "training.dataset_path", c->training.dataset_path, t->tokenizer);
+    split_open(&t->train, "training.dataset_path", c->training.dataset_path, t->tokenizer,
+               &t->mesh);
     if (c->validation.enable)
-        split_open(&t->val, "validation.dataset_path", c->validation.dataset_path, t->tokenizer);
+        split_open(&t->val, "validation.dataset_path", c->validation.dataset_path, t->tokenizer,
+                   &t->mesh);
     t->pos = xmalloc((size_t)t->args.max_seq_len * sizeof(int));
     for (int i = 0; i < t->args.max_seq_len; i++) t->pos[i] = i;
 }
@@ -182,23 +238,57 @@ static void load_or_initialize(Trainer *t) {
     } else if (ck->initial_load_path) {
         train_state_load(ck->initial_load_path, &t->model.params, NULL, NULL);
         log_info("checkpoint: initial weights from %s", ck->initial_load_path);
+    } else if (t->fsdp_on) {
+        fsdp_initialize(&t->fsdp, (uint64_t)t->cfg.training.seed);
     } else {
         params_initialize(&t->model.params, (uint64_t)t->cfg.training.seed);
     }
 }
 
+// The mesh from the parallelism degrees, checked before anything is allocated; and what the
+// rest of this first version cannot do on several ranks yet, refused by name.
+static void setup_mesh(Trainer *t) {
+    const Config *c = &t->cfg;
+    const ParallelismSection *p = &c->parallelism;
+    int degrees[MESH_NDIMS] = {(int)p->pipeline_parallel_degree,
+                               (int)p->data_parallel_replicate_degree,
+                               (int)p->data_parallel_shard_degree,
+                               (int)p->context_parallel_degree, (int)p->tensor_parallel_degree};
+    MeshLayout layout;
+    char err[512];
+    if (!mesh_plan(&layout, degrees, comm_size(comm_world()), err, sizeof err))
+        die_user("%s", err);
+    if (layout.world_size > 1 && (c->checkpoint.enable || c->checkpoint.initial_load_path ||
+                                  c->checkpoint.create_seed_checkpoint))
+        die_user("checkpoints on %d ranks are not implemented yet (run checkpointing jobs on one "
+                 "rank)", layout.world_size);
+    mesh_build(&t->mesh, &layout);
+    t->tp_on = layout.size[MESH_TP] > 1;
+    t->fsdp_on = comm_size(t->mesh.fsdp) > 1 || layout.size[MESH_DP_REPLICATE] > 1;
+}
+
+// torchtitan's batch: global_batch_size -1 is local_batch_size x dp; larger ones accumulate
+// gradients over global / (local x dp) microbatches.
+static int accumulation_steps(const TrainingSection *tr, int dp) {
+    int64_t per_microbatch = tr->local_batch_size * dp;
+    int64_t global = tr->global_batch_size < 0 ? per_microbatch : tr->global_batch_size;
+    if (global % per_microbatch != 0)
+        die_user("training.global_batch_size %lld is not a multiple of local_batch_size %lld x "
+                 "dp %d", (long long)global, (long long)tr->local_batch_size, dp);
+    return (int)(global / per_microbatch);
+}
+
 static void setup(Trainer *t) {
     const Config *c = &t->cfg;
     t->k = kernels_backend("cpu");
+    setup_mesh(t);
     t->train.B = (int)c->training.local_batch_size;
     t->train.T = (int)c->training.seq_len;
     if (c->validation.enable) {
         t->val.B = (int)c->validation.local_batch_size;
         t->val.T = (int)c->validation.seq_len;
     }
-    t->accum = c->training.global_batch_size < 0
-                   ? 1
-                   : (int)(c->training.global_batch_size / c->training.local_batch_size);
+    t->accum = accumulation_steps(&c->training, mesh_dp_size(&t->mesh.layout));
     if (c->model.tokenizer_path) t->tokenizer = tokenizer_load(c->model.tokenizer_path);
     setup_model(t);
     t->opt = (AdamW){.lr = c->optimizer.lr, .beta1 = c->optimizer.beta1,
@@ -211,9 +301,12 @@ static void setup(Trainer *t) {
     if (!c->checkpoint.create_seed_checkpoint) setup_data(t);
     allocate_arenas(t);
     load_or_initialize(t);
-    log_info("model: llama3 %s, %zu parameters, %d layers, dim %d, vocab %d; batch %d x %d "
-             "tokens x %d microbatches", c->model.flavor, t->model.params.numel,
-             t->args.n_layers, t->args.dim, t->args.vocab_size, t->train.B, t->train.T, t->accum);
+    const int *size = t->mesh.layout.size;
+    log_info("model: llama3 %s, %d layers, dim %d, vocab %d; batch %d x %d tokens x %d "
+             "microbatches per rank; mesh pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d",
+             c->model.flavor, t->args.n_layers, t->args.dim, t->args.vocab_size, t->train.B,
+             t->train.T, t->accum, size[MESH_PP], size[MESH_DP_REPLICATE], size[MESH_DP_SHARD],
+             size[MESH_CP], size[MESH_TP]);
     if (t->tokenizer)
         log_info("tokenizer: %s (%s, %d ids)", c->model.tokenizer_path,
                  tokenizer_format(t->tokenizer), tokenizer_vocab_size(t->tokenizer));
@@ -244,12 +337,12 @@ static double validate(Trainer *t) {
         StepCtx s = step_ctx(t, v);
         loss += model_forward(&t->model, &s) / batches;
     }
-    return loss;
+    return comm_all_reduce_double(t->mesh.loss, loss, COMM_AVG);
 }
 
 // One optimizer step over `accum` microbatches; returns the mean loss and sets *grad_norm.
 static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
-    memset(t->model.params.grad, 0, t->model.params.numel * sizeof(float));
+    memset(t->trained->grad, 0, t->trained->numel * sizeof(float));
     double loss = 0;
     for (int m = 0; m < t->accum; m++) {
         split_next(&t->train, t->args.vocab_size);
@@ -257,12 +350,19 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
         s.loss_scale = 1.0f / t->accum;
         loss += model_forward_backward(&t->model, &s) / t->accum;
     }
+    loss = comm_all_reduce_double(t->mesh.loss, loss, COMM_AVG);  // the global batch's mean
     if (!isfinite(loss))
         die_user("step %d: loss is %s; stopped before updating the weights (checkpoints in %s "
                  "are intact)", step, isnan(loss) ? "NaN" : "infinite", t->ckpt_folder);
-    *grad_norm = grad_clip_by_norm(t->k, &t->model.params, t->cfg.training.max_norm);
+    Fsdp *f = t->fsdp_on ? &t->fsdp : NULL;
+    Tp *tp = t->tp_on ? &t->tp : NULL;
+    if (f) fsdp_finish_step(f);
+    grads_reduce_replicated(&t->model.params, f, tp);
+    *grad_norm = sqrt(grads_sum_squares(t->k, &t->model.params, f, tp));
+    grad_clip_to_norm(t->k, t->trained->grad, t->trained->numel, *grad_norm,
+                      t->cfg.training.max_norm);
     *lr = t->opt.lr * lr_schedule_factor(&t->schedule, step);
-    adamw_step(&t->opt, t->k, &t->model.params, *lr);
+    adamw_step(&t->opt, t->k, t->trained, *lr);
     return loss;
 }
 
@@ -282,8 +382,10 @@ static void maybe_checkpoint(Trainer *t, int step) {
 
 static void train(Trainer *t) {
     const Config *c = &t->cfg;
-    MetricsLog log;
-    metrics_open(&log, c->job.dump_folder);
+    MetricsLog log = {0};
+    if (t->mesh.world_rank == 0) metrics_open(&log, c->job.dump_folder);
+    // Tokens per device, as torchtitan: the ranks of a tp group share their tokens.
+    double tokens_per_step = (double)t->accum * t->train.B * t->train.T / t->mesh.layout.size[MESH_TP];
     double interval_start = now_seconds();
     int interval_steps = 0;
     for (int step = (int)t->progress.step + 1; step <= c->training.steps; step++) {
@@ -293,8 +395,7 @@ static void train(Trainer *t) {
         interval_steps++;
         if (step == 1 || step % c->metrics.log_freq == 0 || step == c->training.steps) {
             double elapsed = now_seconds() - interval_start;
-            double tokens = (double)interval_steps * t->accum * t->train.B * t->train.T;
-            m.tokens_per_s = tokens / elapsed;
+            m.tokens_per_s = interval_steps * tokens_per_step / elapsed;
             m.tflops = m.tokens_per_s * t->model.flops_per_token / 1e12;
             m.mfu = c->metrics.peak_flops > 0 ? 100 * m.tflops * 1e12 / c->metrics.peak_flops : NAN;
             m.peak_memory_gib = metrics_peak_rss_gib();
@@ -307,6 +408,7 @@ static void train(Trainer *t) {
         if (c->checkpoint.enable) maybe_checkpoint(t, step);
     }
     metrics_close(&log);
+    comm_report();
 }
 
 static void create_seed_checkpoint(Trainer *t) {
@@ -335,17 +437,25 @@ int main(int argc, char **argv) {
         return tokenizer_train_main(argc - 2, argv + 2);
     if (argc > 1 && strcmp(argv[1], "generate") == 0) return generate_main(argc - 1, argv + 1);
     expand_short_flags(argc, argv);
+    comm_init(&argc, &argv);
+    log_set_rank(comm_rank(comm_world()));
+    die_user_collective(true);  // every rank reads the same config and plans the same mesh
     Trainer *t = xcalloc(1, sizeof(Trainer));
     config_load_or_die(&t->cfg, argc, argv);
+    const CommSection *cs = &t->cfg.comm;
+    comm_configure(&(CommConfig){.timeout_seconds = (int)cs->train_timeout_seconds,
+                                 .trace_buf_size = (int)cs->trace_buf_size});
     if (t->cfg.job.print_config) {
         config_print_yaml(&t->cfg, stdout);
         return 0;
     }
     if (t->cfg.job.save_config_file) save_config(&t->cfg, t->cfg.job.save_config_file);
     setup(t);
+    die_user_collective(false);
     if (t->cfg.checkpoint.create_seed_checkpoint)
         create_seed_checkpoint(t);
     else
         train(t);
+    comm_finalize();
     return 0;
 }

@@ -3,13 +3,21 @@
 #include <stdarg.h>
 #include <stdlib.h>
 
+static int log_rank;
+static bool errors_collective;
+
+void log_set_rank(int rank) { log_rank = rank; }
+void die_user_collective(bool collective) { errors_collective = collective; }
+
 void die_user(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("titan: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
+    if (log_rank == 0 || !errors_collective) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("titan: error: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+    }
     exit(EXIT_USER_ERROR);
 }
 
@@ -39,6 +47,7 @@ static void log_line(FILE *f, const char *prefix, const char *fmt, va_list ap) {
 }
 
 void log_info(const char *fmt, ...) {
+    if (log_rank != 0) return;
     va_list ap;
     va_start(ap, fmt);
     log_line(stdout, "", fmt, ap);

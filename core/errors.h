@@ -18,6 +18,12 @@ __attribute__((noreturn, format(printf, 1, 2))) void die_user(const char *fmt, .
 __attribute__((noreturn, format(printf, 3, 4))) void die_internal(const char *file, int line,
                                                                  const char *fmt, ...);
 __attribute__((format(printf, 1, 2))) void log_info(const char *fmt, ...);
+// In a multi-rank job only rank 0 prints log_info lines. While every rank checks the same
+// inputs (config, mesh), die_user_collective(true) makes only rank 0 print the error line, so
+// a bad config gives one line, not one per rank; afterwards errors print on the rank that
+// hits them.
+void log_set_rank(int rank);
+void die_user_collective(bool collective);
 __attribute__((format(printf, 1, 2))) void log_warn(const char *fmt, ...);
 
 // For the try_* forms that report a user error instead of dying: formats the one-line
@@ -41,6 +47,35 @@ __attribute__((format(printf, 3, 4))) bool error_set(char *err, size_t errlen, c
 #define H5_CHECK(call)                                                                         \
     do {                                                                                       \
         if ((call) < 0) die_internal(__FILE__, __LINE__, "HDF5 call failed: %s", #call);       \
+    } while (0)
+
+// MPI calls return MPI_SUCCESS or an error code (comm_init sets MPI_ERRORS_RETURN on titan's
+// communicators so that the code reaches this check). Usable where mpi.h is included.
+#define MPI_CHECK(call)                                                                        \
+    do {                                                                                       \
+        int mpi_rc_ = (call);                                                                  \
+        if (mpi_rc_ != MPI_SUCCESS) {                                                          \
+            char mpi_msg_[MPI_MAX_ERROR_STRING];                                               \
+            int mpi_len_ = 0;                                                                  \
+            MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);                                    \
+            die_internal(__FILE__, __LINE__, "%s: %s", #call, mpi_msg_);                      \
+        }                                                                                      \
+    } while (0)
+
+// CUDA runtime and NCCL calls return a status with a message; usable where cuda_runtime.h or
+// nccl.h is included.
+#define CUDA_CHECK(call)                                                                       \
+    do {                                                                                       \
+        cudaError_t cuda_rc_ = (call);                                                         \
+        if (cuda_rc_ != cudaSuccess)                                                           \
+            die_internal(__FILE__, __LINE__, "%s: %s", #call, cudaGetErrorString(cuda_rc_));   \
+    } while (0)
+
+#define NCCL_CHECK(call)                                                                       \
+    do {                                                                                       \
+        ncclResult_t nccl_rc_ = (call);                                                        \
+        if (nccl_rc_ != ncclSuccess)                                                           \
+            die_internal(__FILE__, __LINE__, "%s: %s", #call, ncclGetErrorString(nccl_rc_));   \
     } while (0)
 
 // malloc-style calls; titan allocates only at setup, so running out is fatal.

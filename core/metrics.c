@@ -25,6 +25,7 @@ void metrics_write(MetricsLog *log, const StepMetrics *m) {
              "MFU %s  mem %.2f GiB",
              m->step, m->loss, m->grad_norm, m->lr, m->tokens_per_s, m->tflops, mfu,
              m->peak_memory_gib);
+    if (!log->jsonl) return;  // not the logging rank
     fprintf(log->jsonl,
             "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
             "\"tokens_per_s\": %.6g, \"tflops\": %.6g, \"mfu\": %s, \"peak_memory_gib\": %.6g}\n",
@@ -35,6 +36,7 @@ void metrics_write(MetricsLog *log, const StepMetrics *m) {
 
 void metrics_write_validation(MetricsLog *log, int step, double loss) {
     log_info("validate step %5d  loss %8.4f", step, loss);
+    if (!log->jsonl) return;
     fprintf(log->jsonl, "{\"step\": %d, \"validation_loss\": %.17g}\n", step, loss);
     fflush(log->jsonl);
 }

@@ -14,7 +14,7 @@ typedef struct {
 } StepMetrics;
 
 typedef struct {
-    FILE *jsonl;
+    FILE *jsonl;  // NULL on ranks that do not log
 } MetricsLog;
 
 void metrics_open(MetricsLog *log, const char *dump_folder);

@@ -68,7 +68,8 @@ typedef struct KernelOps {
     void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n);
 
-    // out (n, dim) = table[tokens[i]]; backward scatters dout rows into dtable.
+    // out (n, dim) = table[tokens[i]]; backward scatters dout rows into dtable. A negative id
+    // gives a zero row and takes no gradient (vocab-parallel: a token another rank's rows hold).
     void (*embedding_forward)(float *out, const int *tokens, const float *table, int n, int dim);
     void (*embedding_backward)(float *dtable, const float *dout, const int *tokens, int n,
                                int dim);
@@ -80,6 +81,18 @@ typedef struct KernelOps {
     // dloss * sum(losses). dlogits may alias logits (then it is overwritten, not accumulated).
     void (*cross_entropy_backward)(float *dlogits, const float *logits, const int *targets,
                                    int n, int vocab, float dloss);
+
+    // Vocab-parallel cross-entropy (Megatron-LM's), on a slice of the vocabulary: logits (n,
+    // vocab) are columns [vocab_start, vocab_start + vocab) of each row. lse (n) = logsumexp of
+    // the row's slice; target_logit (n) = the target's logit, 0 when another slice holds it.
+    // Over slices s: loss = M + log(sum_s exp(lse_s - M)) - sum_s target_logit_s, M = max_s lse_s.
+    void (*cross_entropy_slice_forward)(float *lse, float *target_logit, const float *logits,
+                                        const int *targets, int n, int vocab, int vocab_start);
+    // dlogits (n, vocab) += dloss * (exp(logits - lse[i]) - onehot(targets[i] - vocab_start)),
+    // lse (n) that of the whole row; dlogits may alias logits (then it is overwritten).
+    void (*cross_entropy_slice_backward)(float *dlogits, const float *logits, const float *lse,
+                                         const int *targets, int n, int vocab, int vocab_start,
+                                         float dloss);
 
     // y (n) += x
     void (*add)(float *y, const float *x, size_t n);

@@ -7,7 +7,8 @@
 // hidden[i] is the input of block i (hidden[0] unused: the embedding reads tokens), hidden[i+1]
 // its output; the head (last block) has no output.
 static void forward_all(Model *m, StepCtx *s) {
-    size_t width = (size_t)s->B * s->T * m->dim;
+    s->tp = m->tp;
+    size_t width = (size_t)step_rows(s) * m->dim;
     float **hidden = m->hidden;
     hidden[0] = NULL;
     for (int i = 0; i < m->n_blocks; i++) {
@@ -31,7 +32,7 @@ double model_forward(Model *m, StepCtx *s) {
 double model_forward_backward(Model *m, StepCtx *s) {
     forward_all(m, s);
     float **hidden = m->hidden;
-    size_t width = (size_t)s->B * s->T * m->dim;
+    size_t width = (size_t)step_rows(s) * m->dim;
     float *grad_out = arena_floats(s->act, width), *grad_in = arena_floats(s->act, width);
     for (int i = m->n_blocks - 1; i >= 0; i--) {
         Block *b = &m->blocks[i];
@@ -56,7 +57,7 @@ double model_forward_backward(Model *m, StepCtx *s) {
 size_t model_activation_bytes(Model *m, const KernelOps *k, int B, int T) {
     Arena sizing;
     arena_init_sizing(&sizing, "activations");
-    StepCtx s = {.k = k, .act = &sizing, .B = B, .T = T};
+    StepCtx s = {.k = k, .act = &sizing, .B = B, .T = T, .tp = m->tp};
     model_forward_backward(m, &s);
     return sizing.peak;
 }

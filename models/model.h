@@ -1,11 +1,12 @@
 // A model is an ordered list of blocks over one parameter table (DESIGN.md "Blocks").
 //
-// Every block maps hidden states x (B*T, dim) to y (B*T, dim): the embedding reads token ids
-// instead of x, the head writes the loss instead of y. Each block allocates what it keeps for
-// backward (and its scratch) at the top of forward/backward from the step's activation arena,
-// and computes only when the arena is committed: so the same code that runs a step also sizes
-// the activation arena (and `--estimate`), without a hand-written mirror of the step.
-// Model code never calls a collective; parallel/ will wrap these calls.
+// Every block maps hidden states x (rows, dim) to y (rows, dim), rows = step_rows (B*T on one
+// device): the embedding reads token ids instead of x, the head writes the loss instead of y.
+// Each block allocates what it keeps for backward (and its scratch) at the top of
+// forward/backward from the step's activation arena, and computes only when the arena is
+// committed: so the same code that runs a step also sizes the activation arena (and
+// `--estimate`), without a hand-written mirror of the step.
+// Model code never calls a collective: it calls StepCtx.tp's hooks, which parallel/ implements.
 #pragma once
 
 #include <stdbool.h>
@@ -14,19 +15,45 @@
 #include "core/param.h"
 #include "kernels/kernels.h"
 
+// Tensor parallelism as the model sees it (DESIGN.md "Parallelisms", Megatron-LM with sequence
+// parallel, Korthikanti et al. 2022): between blocks the residual stream holds this rank's
+// contiguous 1/size of the B*T rows; column- and row-parallel weights are their Params' local
+// slices (the local shapes tell the widths); these calls, implemented by parallel/tp.c over
+// the tp group, move activations between the ranks. StepCtx.tp NULL: one device, no calls.
+typedef struct TpHooks TpHooks;
+struct TpHooks {
+    int size;            // ranks sharing the rows and the weights
+    bool loss_parallel;  // the loss reads vocab-sharded logits (else they are gathered first)
+    // full (size * n) = every rank's x (n) in rank order: all-gather of rows.
+    void (*gather)(const TpHooks *h, const float *x, float *full, size_t n);
+    // full (rows, size * cols) = every rank's x (rows, cols) side by side: all-gather of
+    // columns; scratch holds size * rows * cols floats.
+    void (*gather_columns)(const TpHooks *h, const float *x, float *full, float *scratch,
+                           int rows, int cols);
+    // y (n) = the sum over ranks of block `rank` of partial (size * n): reduce-scatter of rows.
+    void (*reduce_scatter)(const TpHooks *h, const float *partial, float *y, size_t n);
+    // buf (n) = the elementwise max / sum over ranks (all-reduce).
+    void (*all_reduce_max)(const TpHooks *h, float *buf, size_t n);
+    void (*all_reduce_sum)(const TpHooks *h, float *buf, size_t n);
+};
+
 typedef struct {
     const KernelOps *k;
+    const TpHooks *tp;   // NULL: one device; the generic loop sets it from Model.tp
     Arena *act;          // activations: reset before each microbatch
     int B, T;            // microbatch rows and sequence length
     const int *tokens;   // (B, T) inputs
     const int *targets;  // (B, T) next tokens
     const int *pos;      // (T) RoPE position of each sequence index
     float loss_scale;    // d(objective)/d(mean loss of this microbatch): 1 / accumulation steps
-    double loss;         // out: mean cross-entropy of the microbatch
-    float *logits;       // out: (B*T, vocab), valid after forward until backward overwrites it
+    double loss;         // out: mean cross-entropy of the microbatch (every tp rank: the whole)
+    float *logits;       // out: (B*T, vocab), valid after forward until backward overwrites it;
+                         // (B*T, vocab / tp) this rank's vocab slice under loss parallel
 } StepCtx;
 
 static inline bool step_sizing(const StepCtx *s) { return s->act->base == NULL; }
+// Rows of the residual stream this rank holds between blocks (sequence parallel).
+static inline int step_rows(const StepCtx *s) { return s->B * s->T / (s->tp ? s->tp->size : 1); }
 
 typedef struct Block Block;
 typedef struct {
@@ -43,6 +70,7 @@ struct Block {
     const BlockOps *ops;
     void *self;          // the block's own parameters and config (owned by the model)
     bool checkpointed;   // activation_checkpoint.mode == full: backward re-runs forward
+    int n_params;        // its parameters: the next n_params of the table, in block order
 };
 
 typedef struct {
@@ -51,7 +79,9 @@ typedef struct {
     int n_blocks;
     int dim;             // width of the hidden states between blocks
     float **hidden;      // (n_blocks + 1) pointers into the activation arena, set each step
-    double flops_per_token;  // training FLOPs (forward + backward) per token, for MFU
+    double flops_per_token;  // training FLOPs (forward + backward) per token, for MFU (of the
+                             // whole model, whatever tensor parallelism shards it)
+    const TpHooks *tp;   // set by the model's parallelize plan; NULL: one device
     void *self;          // the architecture's own state (e.g. rope tables)
 } Model;
 

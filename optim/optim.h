@@ -36,6 +36,7 @@ LrSchedule lr_schedule_make(int total_steps, int warmup_steps, double decay_rati
 // Factor of the base lr used by the update of training step `step` (1-based).
 double lr_schedule_factor(const LrSchedule *s, int step);
 
-// Global L2 norm of all gradients; if above max_norm (> 0), scales them to max_norm as
-// torch.nn.utils.clip_grad_norm_ (coefficient max_norm / (norm + 1e-6)). Returns the norm.
-double grad_clip_by_norm(const KernelOps *k, ParamTable *params, double max_norm);
+// Scales grad (n) as torch.nn.utils.clip_grad_norm_ when the global norm exceeds max_norm
+// (> 0): by max_norm / (norm + 1e-6). The norm is the caller's (parallel/grads.h sums it over
+// the pieces the ranks hold).
+void grad_clip_to_norm(const KernelOps *k, float *grad, size_t n, double norm, double max_norm);

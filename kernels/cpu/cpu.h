@@ -45,6 +45,11 @@ void cpu_cross_entropy_forward(float *losses, const float *logits, const int *ta
                                int vocab);
 void cpu_cross_entropy_backward(float *dlogits, const float *logits, const int *targets, int n,
                                 int vocab, float dloss);
+void cpu_cross_entropy_slice_forward(float *lse, float *target_logit, const float *logits,
+                                     const int *targets, int n, int vocab, int vocab_start);
+void cpu_cross_entropy_slice_backward(float *dlogits, const float *logits, const float *lse,
+                                      const int *targets, int n, int vocab, int vocab_start,
+                                      float dloss);
 
 void cpu_add(float *y, const float *x, size_t n);
 // max of x[0..n), n >= 1: the shift that makes softmax and log-sum-exp overflow-free.

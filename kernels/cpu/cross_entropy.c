@@ -55,3 +55,31 @@ void cpu_cross_entropy_backward(float *dlogits, const float *logits, const int *
             cross_entropy_backward_add(d, logits + (size_t)i * vocab, targets[i], vocab, dloss);
     }
 }
+
+void cpu_cross_entropy_slice_forward(float *lse, float *target_logit, const float *logits,
+                                     const int *targets, int n, int vocab, int vocab_start) {
+#pragma omp parallel for
+    for (int i = 0; i < n; i++) {
+        const float *x = logits + (size_t)i * vocab;
+        int t = targets[i] - vocab_start;
+        lse[i] = cross_entropy_lse(x, vocab);
+        target_logit[i] = t >= 0 && t < vocab ? x[t] : 0.0f;
+    }
+}
+
+void cpu_cross_entropy_slice_backward(float *dlogits, const float *logits, const float *lse,
+                                      const int *targets, int n, int vocab, int vocab_start,
+                                      float dloss) {
+    bool overwrite = dlogits == logits;
+#pragma omp parallel for
+    for (int i = 0; i < n; i++) {
+        float *d = dlogits + (size_t)i * vocab;
+        const float *x = logits + (size_t)i * vocab;
+        float m = lse[i];
+#pragma omp simd
+        for (int j = 0; j < vocab; j++)
+            d[j] = (overwrite ? 0.0f : d[j]) + dloss * cpu_expf(x[j] - m);
+        int t = targets[i] - vocab_start;
+        if (t >= 0 && t < vocab) d[t] -= dloss;
+    }
+}

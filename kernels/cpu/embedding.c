@@ -6,8 +6,13 @@
 
 void cpu_embedding_forward(float *out, const int *tokens, const float *table, int n, int dim) {
 #pragma omp parallel for
-    for (int i = 0; i < n; i++)
-        memcpy(out + (size_t)i * dim, table + (size_t)tokens[i] * dim, dim * sizeof *out);
+    for (int i = 0; i < n; i++) {
+        float *dst = out + (size_t)i * dim;
+        if (tokens[i] < 0)
+            memset(dst, 0, dim * sizeof *out);
+        else
+            memcpy(dst, table + (size_t)tokens[i] * dim, dim * sizeof *out);
+    }
 }
 
 void cpu_embedding_backward(float *dtable, const float *dout, const int *tokens, int n,
@@ -18,6 +23,7 @@ void cpu_embedding_backward(float *dtable, const float *dout, const int *tokens,
         int j0 = c * EMBEDDING_COL_CHUNK;
         int j1 = j0 + EMBEDDING_COL_CHUNK < dim ? j0 + EMBEDDING_COL_CHUNK : dim;
         for (int i = 0; i < n; i++) {
+            if (tokens[i] < 0) continue;
             float *dst = dtable + (size_t)tokens[i] * dim;
             const float *src = dout + (size_t)i * dim;
 #pragma omp simd

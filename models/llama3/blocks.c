@@ -1,65 +1,150 @@
 // Llama 3 blocks: each forward is the math of torchtitan's llama3/model.py, each backward its
 // derivative written out (no autograd, as llm.c). BT = B*T rows; weights are (out, in).
+//
+// Under tensor parallelism (StepCtx.tp, Megatron-LM with sequence parallel) each rank holds
+// `rows` = BT / tp of the residual stream and a slice of every sharded weight: the normed rows
+// are gathered before each column-parallel projection (wq/wk/wv, w1/w3, output) and the
+// row-parallel ones (wo, w2) and the vocab-parallel embedding give partial sums over all rows
+// that a reduce-scatter sums back into each rank's rows; backward runs the duals.
 #include "models/llama3/blocks.h"
 
+#include <math.h>
 #include <string.h>
 
 static void copy(float *dst, const float *src, size_t n) { memcpy(dst, src, n * sizeof(float)); }
 static void zero(float *x, size_t n) { memset(x, 0, n * sizeof(float)); }
 
+// ---- sequence-parallel seams, each the identity on one device ------------------------------
+
+// xn (BT, D) = rmsnorm of x (rows, D), gathered from every rank: the input of a
+// column-parallel projection. normed: (rows, D) scratch for this rank's rows under TP.
+static void norm_gathered(const StepCtx *s, float *xn, float *rstd, float *normed, const float *x,
+                          const float *w, int rows, int D, float eps) {
+    float *out = s->tp ? normed : xn;
+    s->k->rmsnorm_forward(out, rstd, x, w, rows, D, eps);
+    if (s->tp) s->tp->gather(s->tp, out, xn, (size_t)rows * D);
+}
+
+// dx (rows, D) += the rmsnorm backward of dxn (BT, D); under TP dxn is this rank's partial sum
+// over its weight slices, reduce-scattered into dxn_rows (rows, D) first: norm_gathered's dual.
+static void norm_backward_reduced(const StepCtx *s, float *dx, float *dw, const float *dxn,
+                                  float *dxn_rows, const float *x, const float *w,
+                                  const float *rstd, int rows, int D) {
+    if (s->tp) {
+        s->tp->reduce_scatter(s->tp, dxn, dxn_rows, (size_t)rows * D);
+        dxn = dxn_rows;
+    }
+    s->k->rmsnorm_backward(dx, dw, dxn, x, w, rstd, rows, D);
+}
+
+// y (rows, D) = x + a W^T for a row-parallel W (D, k) and a (BT, k): under TP a W^T is this
+// rank's partial sum over all rows, reduce-scattered into its rows. partial: (BT, D) scratch.
+static void residual_row_parallel(const StepCtx *s, float *y, const float *x, const float *a,
+                                  const float *w, int BT, int rows, int D, int k, float *partial) {
+    size_t n = (size_t)rows * D;
+    if (!s->tp) {
+        copy(y, x, n);
+        s->k->matmul(y, a, w, BT, D, k, false, true, 1);
+        return;
+    }
+    s->k->matmul(partial, a, w, BT, D, k, false, true, 0);
+    s->tp->reduce_scatter(s->tp, partial, y, n);
+    s->k->add(y, x, n);
+}
+
+// The gradient of all BT rows of what a reduce-scatter wrote (its dual: an all-gather into
+// full (BT, D)); dy (rows, D) itself on one device.
+static const float *grad_gathered(const StepCtx *s, const float *dy, float *full, int rows, int D) {
+    if (!s->tp) return dy;
+    s->tp->gather(s->tp, dy, full, (size_t)rows * D);
+    return full;
+}
+
+// First global row of a vocab-sharded table's slice (0 when it is whole).
+static int vocab_start(const Param *table) {
+    return table->tp.dim == 0 ? table->tp.rank * (int)table->shape[0] : 0;
+}
+
 // ---- tok_embeddings ------------------------------------------------------------------------
+
+// Each token's row in this rank's slice of the table, -1 when another rank's slice holds it
+// (vocab parallel: that rank looks it up, the others give zeros); the tokens on one device.
+static const int *embed_ids(const StepCtx *s, const Param *table, int *ids) {
+    if (!s->tp) return s->tokens;
+    int BT = s->B * s->T, first = vocab_start(table), n = (int)table->shape[0];
+    for (int i = 0; i < BT; i++) {
+        int id = s->tokens[i] - first;
+        ids[i] = id >= 0 && id < n ? id : -1;
+    }
+    return ids;
+}
 
 static void embed_forward(Block *b, StepCtx *s, const float *x, float *y) {
     (void)x;
     LlamaEmbed *e = b->self;
-    if (step_sizing(s)) return;
-    s->k->embedding_forward(y, s->tokens, e->tok_embeddings->data, s->B * s->T, e->args->dim);
+    int BT = s->B * s->T, D = e->args->dim;
+    size_t mark = arena_mark(s->act);  // all scratch: the output y is all backward needs
+    int *ids = s->tp ? arena_alloc(s->act, (size_t)BT * sizeof(int)) : NULL;
+    float *partial = s->tp ? arena_floats(s->act, (size_t)BT * D) : y;
+    if (!step_sizing(s)) {
+        s->k->embedding_forward(partial, embed_ids(s, e->tok_embeddings, ids),
+                                e->tok_embeddings->data, BT, D);
+        if (s->tp) s->tp->reduce_scatter(s->tp, partial, y, (size_t)step_rows(s) * D);
+    }
+    arena_release(s->act, mark);
 }
 
 static void embed_backward(Block *b, StepCtx *s, const float *x, const float *dy, float *dx) {
     (void)x, (void)dx;
     LlamaEmbed *e = b->self;
+    int BT = s->B * s->T, D = e->args->dim;
+    int *ids = s->tp ? arena_alloc(s->act, (size_t)BT * sizeof(int)) : NULL;
+    float *full = s->tp ? arena_floats(s->act, (size_t)BT * D) : NULL;
     if (step_sizing(s)) return;
-    s->k->embedding_backward(e->tok_embeddings->grad, dy, s->tokens, s->B * s->T, e->args->dim);
+    const float *dy_all = grad_gathered(s, dy, full, step_rows(s), D);
+    s->k->embedding_backward(e->tok_embeddings->grad, dy_all, embed_ids(s, e->tok_embeddings, ids),
+                             BT, D);
 }
 
 // ---- transformer block: h = x + Attention(attention_norm(x)); y = h + FFN(ffn_norm(h)) ------
 
 typedef struct {
-    int BT, D, hd, nq, nkv, H;  // rows, model width, head dim, q width, kv width, FFN width
+    int BT, rows, D, hd;  // all rows, this rank's rows, model width, head dim
+    int nh, nkvh;         // query and kv heads of this rank
+    int nq, nkv, H;       // q width, kv width, FFN width of this rank
 } LayerDims;
 
+// The local widths are those of this rank's weight slices: the model needs no tp degree.
 static LayerDims layer_dims(const LlamaLayer *L, const StepCtx *s) {
-    const LlamaArgs *a = L->args;
-    int hd = llama3_head_dim(a);
-    return (LayerDims){s->B * s->T, a->dim, hd, a->n_heads * hd, a->n_kv_heads * hd,
-                       llama3_hidden_dim(a)};
+    int hd = llama3_head_dim(L->args), nq = (int)L->wq->shape[0], nkv = (int)L->wk->shape[0];
+    return (LayerDims){s->B * s->T, step_rows(s), L->args->dim, hd,
+                       nq / hd, nkv / hd, nq, nkv, (int)L->w1->shape[0]};
 }
 
-// The forward math, on buffers layer_forward carved.
+// The forward math, on buffers layer_forward carved; comm: (rows + BT) * D of scratch under TP.
 static void layer_forward_compute(LlamaLayer *L, StepCtx *s, LayerDims d, const float *x,
-                                  float *y, void *workspace) {
+                                  float *y, void *workspace, float *comm) {
     const LlamaArgs *a = L->args;
     const KernelOps *K = s->k;
     LayerSaved *sv = &L->saved;
-    K->rmsnorm_forward(sv->xn, sv->rstd1, x, L->attention_norm->data, d.BT, d.D, a->norm_eps);
+    float *normed = comm, *partial = comm ? comm + (size_t)d.rows * d.D : NULL;
+    norm_gathered(s, sv->xn, sv->rstd1, normed, x, L->attention_norm->data, d.rows, d.D,
+                  a->norm_eps);
     K->matmul(sv->q, sv->xn, L->wq->data, d.BT, d.nq, d.D, false, true, 0);
     K->matmul(sv->k, sv->xn, L->wk->data, d.BT, d.nkv, d.D, false, true, 0);
     K->matmul(sv->v, sv->xn, L->wv->data, d.BT, d.nkv, d.D, false, true, 0);
-    K->rope_forward(sv->q, sv->q, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, a->n_heads, d.hd);
-    K->rope_forward(sv->k, sv->k, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, a->n_kv_heads,
-                    d.hd);
-    K->attention_forward(sv->attn, sv->lse, sv->q, sv->k, sv->v, s->B, s->T, a->n_heads,
-                         a->n_kv_heads, d.hd, workspace);
-    copy(sv->h, x, (size_t)d.BT * d.D);
-    K->matmul(sv->h, sv->attn, L->wo->data, d.BT, d.D, d.nq, false, true, 1);
+    K->rope_forward(sv->q, sv->q, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nh, d.hd);
+    K->rope_forward(sv->k, sv->k, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nkvh, d.hd);
+    K->attention_forward(sv->attn, sv->lse, sv->q, sv->k, sv->v, s->B, s->T, d.nh, d.nkvh, d.hd,
+                         workspace);
+    residual_row_parallel(s, sv->h, x, sv->attn, L->wo->data, d.BT, d.rows, d.D, d.nq, partial);
 
-    K->rmsnorm_forward(sv->hn, sv->rstd2, sv->h, L->ffn_norm->data, d.BT, d.D, a->norm_eps);
+    norm_gathered(s, sv->hn, sv->rstd2, normed, sv->h, L->ffn_norm->data, d.rows, d.D,
+                  a->norm_eps);
     K->matmul(sv->gate, sv->hn, L->w1->data, d.BT, d.H, d.D, false, true, 0);
     K->matmul(sv->up, sv->hn, L->w3->data, d.BT, d.H, d.D, false, true, 0);
     K->swiglu_forward(sv->act, sv->gate, sv->up, (size_t)d.BT * d.H);
-    copy(y, sv->h, (size_t)d.BT * d.D);
-    K->matmul(y, sv->act, L->w2->data, d.BT, d.D, d.H, false, true, 1);
+    residual_row_parallel(s, y, sv->h, sv->act, L->w2->data, d.BT, d.rows, d.D, d.H, partial);
 }
 
 static void layer_forward(Block *b, StepCtx *s, const float *x, float *y) {
@@ -68,70 +153,75 @@ static void layer_forward(Block *b, StepCtx *s, const float *x, float *y) {
     LayerSaved *sv = &L->saved;
     Arena *A = s->act;
     sv->xn = arena_floats(A, (size_t)d.BT * d.D);
-    sv->rstd1 = arena_floats(A, d.BT);
+    sv->rstd1 = arena_floats(A, d.rows);
     sv->q = arena_floats(A, (size_t)d.BT * d.nq);
     sv->k = arena_floats(A, (size_t)d.BT * d.nkv);
     sv->v = arena_floats(A, (size_t)d.BT * d.nkv);
     sv->attn = arena_floats(A, (size_t)d.BT * d.nq);
-    sv->lse = arena_floats(A, (size_t)d.BT * L->args->n_heads);
-    sv->h = arena_floats(A, (size_t)d.BT * d.D);
+    sv->lse = arena_floats(A, (size_t)d.BT * d.nh);
+    sv->h = arena_floats(A, (size_t)d.rows * d.D);
     sv->hn = arena_floats(A, (size_t)d.BT * d.D);
-    sv->rstd2 = arena_floats(A, d.BT);
+    sv->rstd2 = arena_floats(A, d.rows);
     sv->gate = arena_floats(A, (size_t)d.BT * d.H);
     sv->up = arena_floats(A, (size_t)d.BT * d.H);
     sv->act = arena_floats(A, (size_t)d.BT * d.H);
-    size_t saved_end = arena_mark(A);  // the attention workspace is scratch: given back below
+    size_t saved_end = arena_mark(A);  // the workspace and comm buffers are scratch
     void *workspace = arena_alloc(A, s->k->attention_workspace_bytes(s->T, d.hd));
-    if (!step_sizing(s)) layer_forward_compute(L, s, d, x, y, workspace);
+    float *comm = s->tp ? arena_floats(A, (size_t)(d.rows + d.BT) * d.D) : NULL;
+    if (!step_sizing(s)) layer_forward_compute(L, s, d, x, y, workspace, comm);
     arena_release(A, saved_end);
 }
 
-// y = h + act W2^T, act = silu(hn W1^T) * (hn W3^T), hn = ffn_norm(h): dh = dy + d(ffn_norm)
+// y = h + act W2^T, act = silu(hn W1^T) * (hn W3^T), hn = ffn_norm(h): dh = dy + d(ffn_norm).
+// comm, (BT, D) under TP, holds dy's gathered rows, then (their last use past) dhn's reduced ones.
 static void ffn_backward(LlamaLayer *L, StepCtx *s, LayerDims d, const float *dy, float *dh,
-                         float *scratch) {
+                         float *scratch, float *comm) {
     const KernelOps *K = s->k;
     LayerSaved *sv = &L->saved;
     float *dact = scratch, *dgate = dact + (size_t)d.BT * d.H, *dup = dgate + (size_t)d.BT * d.H;
     float *dhn = dup + (size_t)d.BT * d.H;
-    K->matmul(dact, dy, L->w2->data, d.BT, d.H, d.D, false, false, 0);
-    K->matmul(L->w2->grad, dy, sv->act, d.D, d.H, d.BT, true, false, 1);
+    const float *dy_all = grad_gathered(s, dy, comm, d.rows, d.D);
+    K->matmul(dact, dy_all, L->w2->data, d.BT, d.H, d.D, false, false, 0);
+    K->matmul(L->w2->grad, dy_all, sv->act, d.D, d.H, d.BT, true, false, 1);
     zero(dgate, (size_t)2 * d.BT * d.H);
     K->swiglu_backward(dgate, dup, dact, sv->gate, sv->up, (size_t)d.BT * d.H);
     K->matmul(dhn, dgate, L->w1->data, d.BT, d.D, d.H, false, false, 0);
     K->matmul(dhn, dup, L->w3->data, d.BT, d.D, d.H, false, false, 1);
     K->matmul(L->w1->grad, dgate, sv->hn, d.H, d.D, d.BT, true, false, 1);
     K->matmul(L->w3->grad, dup, sv->hn, d.H, d.D, d.BT, true, false, 1);
-    copy(dh, dy, (size_t)d.BT * d.D);
-    K->rmsnorm_backward(dh, L->ffn_norm->grad, dhn, sv->h, L->ffn_norm->data, sv->rstd2, d.BT,
-                        d.D);
+    copy(dh, dy, (size_t)d.rows * d.D);
+    norm_backward_reduced(s, dh, L->ffn_norm->grad, dhn, comm, sv->h, L->ffn_norm->data,
+                          sv->rstd2, d.rows, d.D);
 }
 
-// h = x + attn Wo^T, attn = softmax(rope(q) rope(k)^T) v, q/k/v = xn Wq/Wk/Wv^T, xn = norm(x)
+// h = x + attn Wo^T, attn = softmax(rope(q) rope(k)^T) v, q/k/v = xn Wq/Wk/Wv^T, xn = norm(x);
+// comm as in ffn_backward.
 static void attention_backward(LlamaLayer *L, StepCtx *s, LayerDims d, const float *x,
-                               const float *dh, float *dx, float *scratch, void *workspace) {
+                               const float *dh, float *dx, float *scratch, void *workspace,
+                               float *comm) {
     const KernelOps *K = s->k;
-    const LlamaArgs *a = L->args;
     LayerSaved *sv = &L->saved;
     size_t nq = (size_t)d.BT * d.nq, nkv = (size_t)d.BT * d.nkv;
     float *dattn = scratch, *dq = dattn + nq, *dk = dq + nq, *dv = dk + nkv;
     float *dq0 = dv + nkv, *dk0 = dq0 + nq, *dxn = dk0 + nkv;
-    K->matmul(dattn, dh, L->wo->data, d.BT, d.nq, d.D, false, false, 0);
-    K->matmul(L->wo->grad, dh, sv->attn, d.D, d.nq, d.BT, true, false, 1);
+    const float *dh_all = grad_gathered(s, dh, comm, d.rows, d.D);
+    K->matmul(dattn, dh_all, L->wo->data, d.BT, d.nq, d.D, false, false, 0);
+    K->matmul(L->wo->grad, dh_all, sv->attn, d.D, d.nq, d.BT, true, false, 1);
     zero(dq, nq + 2 * nkv);
     K->attention_backward(dq, dk, dv, dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse, s->B, s->T,
-                          a->n_heads, a->n_kv_heads, d.hd, workspace);
+                          d.nh, d.nkvh, d.hd, workspace);
     zero(dq0, nq + nkv);
-    K->rope_backward(dq0, dq, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, a->n_heads, d.hd);
-    K->rope_backward(dk0, dk, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, a->n_kv_heads, d.hd);
+    K->rope_backward(dq0, dq, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nh, d.hd);
+    K->rope_backward(dk0, dk, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nkvh, d.hd);
     K->matmul(dxn, dq0, L->wq->data, d.BT, d.D, d.nq, false, false, 0);
     K->matmul(dxn, dk0, L->wk->data, d.BT, d.D, d.nkv, false, false, 1);
     K->matmul(dxn, dv, L->wv->data, d.BT, d.D, d.nkv, false, false, 1);
     K->matmul(L->wq->grad, dq0, sv->xn, d.nq, d.D, d.BT, true, false, 1);
     K->matmul(L->wk->grad, dk0, sv->xn, d.nkv, d.D, d.BT, true, false, 1);
     K->matmul(L->wv->grad, dv, sv->xn, d.nkv, d.D, d.BT, true, false, 1);
-    K->add(dx, dh, (size_t)d.BT * d.D);
-    K->rmsnorm_backward(dx, L->attention_norm->grad, dxn, x, L->attention_norm->data, sv->rstd1,
-                        d.BT, d.D);
+    K->add(dx, dh, (size_t)d.rows * d.D);
+    norm_backward_reduced(s, dx, L->attention_norm->grad, dxn, comm, x, L->attention_norm->data,
+                          sv->rstd1, d.rows, d.D);
 }
 
 static void layer_backward(Block *b, StepCtx *s, const float *x, const float *dy, float *dx) {
@@ -139,46 +229,97 @@ static void layer_backward(Block *b, StepCtx *s, const float *x, const float *dy
     LayerDims d = layer_dims(L, s);
     size_t ffn_scratch = (size_t)d.BT * (3 * (size_t)d.H + d.D);
     size_t attn_scratch = (size_t)d.BT * (3 * (size_t)d.nq + 3 * (size_t)d.nkv + d.D);
-    float *dh = arena_floats(s->act, (size_t)d.BT * d.D);
+    float *dh = arena_floats(s->act, (size_t)d.rows * d.D);
     float *scratch = arena_floats(s->act, ffn_scratch > attn_scratch ? ffn_scratch : attn_scratch);
     void *workspace = arena_alloc(s->act, s->k->attention_workspace_bytes(s->T, d.hd));
+    float *comm = s->tp ? arena_floats(s->act, (size_t)d.BT * d.D) : NULL;
     if (step_sizing(s)) return;
-    ffn_backward(L, s, d, dy, dh, scratch);
-    attention_backward(L, s, d, x, dh, dx, scratch, workspace);
+    ffn_backward(L, s, d, dy, dh, scratch, comm);
+    attention_backward(L, s, d, x, dh, dx, scratch, workspace, comm);
 }
 
 // ---- head: logits = output(norm(x)), loss = mean cross-entropy -----------------------------
+
+// losses (BT) from this rank's vocab slice of the logits, without gathering them (Megatron's
+// vocab-parallel cross-entropy): the slices' log-sum-exps are merged as M + log sum exp(lse - M)
+// over ranks, M their max, and only the target's owner contributes its logit.
+static void loss_parallel_forward(LlamaHead *h, StepCtx *s, float *stats) {
+    int BT = s->B * s->T;
+    float *max = stats, *sums = stats + BT, *target_logit = sums + BT;
+    s->k->cross_entropy_slice_forward(h->lse, target_logit, h->logits, s->targets, BT,
+                                      (int)h->output->shape[0], vocab_start(h->output));
+    copy(max, h->lse, BT);
+    s->tp->all_reduce_max(s->tp, max, BT);
+    for (int i = 0; i < BT; i++) sums[i] = expf(h->lse[i] - max[i]);
+    s->tp->all_reduce_sum(s->tp, sums, 2 * (size_t)BT);  // the sums and the target logits
+    for (int i = 0; i < BT; i++) {
+        h->lse[i] = max[i] + logf(sums[i]);
+        h->losses[i] = h->lse[i] - target_logit[i];
+    }
+}
 
 static void head_forward(Block *b, StepCtx *s, const float *x, float *y) {
     (void)y;
     LlamaHead *h = b->self;
     const LlamaArgs *a = h->args;
-    int BT = s->B * s->T;
+    int BT = s->B * s->T, rows = step_rows(s), V = a->vocab_size, Vl = (int)h->output->shape[0];
+    bool loss_parallel = s->tp && s->tp->loss_parallel;
+    bool gathered = s->tp && !loss_parallel;  // full-vocab logits from every rank's slice
     h->xn = arena_floats(s->act, (size_t)BT * a->dim);
-    h->rstd = arena_floats(s->act, BT);
+    h->rstd = arena_floats(s->act, rows);
     h->losses = arena_floats(s->act, BT);
-    s->logits = arena_floats(s->act, (size_t)BT * a->vocab_size);
-    if (step_sizing(s)) return;
-    s->k->rmsnorm_forward(h->xn, h->rstd, x, h->norm->data, BT, a->dim, a->norm_eps);
-    s->k->matmul(s->logits, h->xn, h->output->data, BT, a->vocab_size, a->dim, false, true, 0);
-    s->k->cross_entropy_forward(h->losses, s->logits, s->targets, BT, a->vocab_size);
-    double sum = 0;
-    for (int i = 0; i < BT; i++) sum += h->losses[i];
-    s->loss = sum / BT;
+    h->logits = arena_floats(s->act, (size_t)BT * Vl);
+    h->full_logits = gathered ? arena_floats(s->act, (size_t)BT * V) : s->tp ? NULL : h->logits;
+    h->lse = loss_parallel ? arena_floats(s->act, BT) : NULL;
+    s->logits = loss_parallel ? h->logits : h->full_logits;
+    size_t mark = arena_mark(s->act);  // scratch from here
+    float *normed = s->tp ? arena_floats(s->act, (size_t)rows * a->dim) : NULL;
+    size_t n_scratch = gathered ? (size_t)BT * V : loss_parallel ? 3 * (size_t)BT : 0;
+    float *scratch = n_scratch ? arena_floats(s->act, n_scratch) : NULL;
+    if (!step_sizing(s)) {
+        norm_gathered(s, h->xn, h->rstd, normed, x, h->norm->data, rows, a->dim, a->norm_eps);
+        s->k->matmul(h->logits, h->xn, h->output->data, BT, Vl, a->dim, false, true, 0);
+        if (gathered) s->tp->gather_columns(s->tp, h->logits, h->full_logits, scratch, BT, Vl);
+        if (loss_parallel)
+            loss_parallel_forward(h, s, scratch);
+        else
+            s->k->cross_entropy_forward(h->losses, h->full_logits, s->targets, BT, V);
+        double sum = 0;
+        for (int i = 0; i < BT; i++) sum += h->losses[i];
+        s->loss = sum / BT;
+    }
+    arena_release(s->act, mark);
+}
+
+// dlogits (BT, vocab slice), in place over the logits: from the merged log-sum-exp under loss
+// parallel, else the full-vocab gradient's columns of this rank.
+static void head_dlogits(LlamaHead *h, StepCtx *s, float dloss) {
+    int BT = s->B * s->T, V = h->args->vocab_size, Vl = (int)h->output->shape[0];
+    int first = vocab_start(h->output);
+    if (h->lse) {
+        s->k->cross_entropy_slice_backward(h->logits, h->logits, h->lse, s->targets, BT, Vl, first,
+                                           dloss);
+        return;
+    }
+    s->k->cross_entropy_backward(h->full_logits, h->full_logits, s->targets, BT, V, dloss);
+    if (h->full_logits == h->logits) return;
+    for (int i = 0; i < BT; i++)
+        copy(h->logits + (size_t)i * Vl, h->full_logits + (size_t)i * V + first, Vl);
 }
 
 static void head_backward(Block *b, StepCtx *s, const float *x, const float *dy, float *dx) {
     (void)dy;
     LlamaHead *h = b->self;
     const LlamaArgs *a = h->args;
-    int BT = s->B * s->T, V = a->vocab_size;
+    int BT = s->B * s->T, rows = step_rows(s), Vl = (int)h->output->shape[0];
     float *dxn = arena_floats(s->act, (size_t)BT * a->dim);
+    float *dxn_rows = s->tp ? arena_floats(s->act, (size_t)rows * a->dim) : NULL;
     if (step_sizing(s)) return;
-    float *dlogits = s->logits;  // overwritten in place: the fp32 logits are not needed again
-    s->k->cross_entropy_backward(dlogits, s->logits, s->targets, BT, V, s->loss_scale / BT);
-    s->k->matmul(h->output->grad, dlogits, h->xn, V, a->dim, BT, true, false, 1);
-    s->k->matmul(dxn, dlogits, h->output->data, BT, a->dim, V, false, false, 0);
-    s->k->rmsnorm_backward(dx, h->norm->grad, dxn, x, h->norm->data, h->rstd, BT, a->dim);
+    head_dlogits(h, s, s->loss_scale / BT);
+    s->k->matmul(h->output->grad, h->logits, h->xn, Vl, a->dim, BT, true, false, 1);
+    s->k->matmul(dxn, h->logits, h->output->data, BT, a->dim, Vl, false, false, 0);
+    norm_backward_reduced(s, dx, h->norm->grad, dxn, dxn_rows, x, h->norm->data, h->rstd, rows,
+                          a->dim);
 }
 
 const BlockOps LLAMA_EMBED_OPS = {"embed", embed_forward, embed_backward};

@@ -3,13 +3,15 @@
 
 #include "models/llama3/llama3.h"
 
-// Pointers into the step's activation arena: what a transformer block's forward keeps.
+// Pointers into the step's activation arena: what a transformer block's forward keeps. BT =
+// B*T rows, `rows` of them this rank's (step_rows); head counts and hidden are the local ones
+// (the widths of this rank's weight slices; all of them on one device).
 typedef struct {
-    float *xn, *rstd1;      // (BT, dim), (BT): attention_norm output and its 1/rms
+    float *xn, *rstd1;      // (BT, dim), (rows): attention_norm output (all rows), its 1/rms
     float *q, *k, *v;       // (BT, n_heads*hd), (BT, n_kv*hd) x2: after RoPE for q and k
     float *attn, *lse;      // (BT, n_heads*hd), (B, n_heads, T)
-    float *h;               // (BT, dim): x + attention output (the FFN's residual input)
-    float *hn, *rstd2;      // (BT, dim), (BT): ffn_norm output and its 1/rms
+    float *h;               // (rows, dim): x + attention output (the FFN's residual input)
+    float *hn, *rstd2;      // (BT, dim), (rows): ffn_norm output (all rows) and its 1/rms
     float *gate, *up, *act; // (BT, hidden) x3: hn W1^T, hn W3^T, silu(gate) * up
 } LayerSaved;
 
@@ -29,7 +31,10 @@ typedef struct {
 typedef struct {
     const LlamaArgs *args;
     Param *norm, *output;   // output is tok_embeddings when the embeddings are tied
-    float *xn, *rstd;       // (BT, dim), (BT)
+    float *xn, *rstd;       // (BT, dim) all rows, (rows)
+    float *logits;          // (BT, vocab slice): this rank's columns
+    float *full_logits;     // (BT, vocab): logits itself on one device, NULL under loss parallel
+    float *lse;             // (BT) under loss parallel: log-sum-exp over the whole vocabulary
     float *losses;          // (BT)
 } LlamaHead;
 

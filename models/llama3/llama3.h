@@ -39,6 +39,19 @@ void llama3_args_from_checkpoint(const char *path, LlamaArgs *args);
 // Frees what llama3_build allocated (not the arenas).
 void llama3_free(Model *m);
 
+// ---- tensor parallelism (parallelize.c) ----------------------------------------------------
+
+typedef struct Tp Tp;  // parallel/tp.h
+// Why the model cannot run on tp ranks with microbatches of B x T (one line, for die_user), or
+// NULL when it can: heads, kv heads, FFN width and vocabulary split over tp, and so do the
+// B*T rows (sequence parallel). Called before anything is allocated.
+const char *llama3_tp_check(const LlamaArgs *args, int tp, int B, int T, char *err, size_t len);
+// torchtitan's llama3 TP plan (infra/parallelize.py) on m, built and not yet allocated:
+// wq/wk/wv and w1/w3 column-parallel (Shard(0) of the (out, in) weight), wo and w2
+// row-parallel (Shard(1)), tok_embeddings and output vocab-parallel (Shard(0)), norms
+// replicated; the blocks then call tp's hooks.
+void llama3_parallelize_tp(Model *m, const Tp *tp);
+
 // ---- incremental decoding (decode.c) ------------------------------------------------------
 
 // The keys (after RoPE) and values of every position decoded so far, per layer, so that each

@@ -16,7 +16,9 @@ expect_user_error "type.yaml:2:10: training.steps expects an integer, got 'ten'"
 
 expect_user_error "activation_checkpoint.mode" $TITAN "${SMALL[@]}" --activation_checkpoint.mode sometimes
 expect_user_error "unknown option '--training.stpes'" $TITAN "${SMALL[@]}" --training.stpes 3
-expect_user_error "tensor_parallel_degree.*not implemented" $TITAN "${SMALL[@]}" --parallelism.tensor_parallel_degree 2
+expect_user_error "pipeline_parallel_degree = 2 is not implemented yet" $TITAN "${SMALL[@]}" --parallelism.pipeline_parallel_degree 2
+expect_user_error "parallelism: pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 = 2 ranks, but the job has 1" \
+  $TITAN "${SMALL[@]}" --parallelism.data_parallel_shard_degree 2
 expect_user_error "model.flavor 'tiny' is not a llama3 flavor" $TITAN "${SMALL[@]}" --model.flavor tiny
 expect_user_error "$SCRATCH/nothing.bin" $TITAN "${SMALL[@]}" --training.dataset_path "$SCRATCH/nothing.bin"
 expect_user_error "cannot open config file" $TITAN --config "$SCRATCH/absent.yaml"

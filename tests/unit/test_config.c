@@ -316,8 +316,8 @@ static void test_check_supported(void **state) {
     assert_true(config_check_supported(&c, err, sizeof err));
     config_free(&c);
 
-    supported_error_is("--parallelism.tensor_parallel_degree=2",
-                       "parallelism.tensor_parallel_degree = 2 is not implemented yet");
+    supported_error_is("--parallelism.pipeline_parallel_degree=2",
+                       "parallelism.pipeline_parallel_degree = 2 is not implemented yet");
     supported_error_is("--activation_checkpoint.mode=selective",
                        "activation_checkpoint.mode = selective is not implemented yet");
     supported_error_is("--float8.recipe_name=rowwise",

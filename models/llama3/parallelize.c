@@ -1,0 +1,46 @@
+// Llama 3's tensor-parallel plan: which weight is column-, row- or vocab-parallel (the model's
+// own knowledge, as torchtitan's models/llama3/infra/parallelize.py); the mechanisms are
+// parallel/tp's.
+#include <stdio.h>
+
+#include "core/errors.h"
+#include "models/llama3/blocks.h"
+#include "parallel/tp.h"
+
+const char *llama3_tp_check(const LlamaArgs *a, int tp, int B, int T, char *err, size_t len) {
+    struct { const char *what; long long n; } splits[] = {
+        {"model n_heads", a->n_heads},
+        {"model n_kv_heads", a->n_kv_heads},
+        {"the FFN hidden dim", llama3_hidden_dim(a)},
+        {"model vocab_size", a->vocab_size},
+        {"the rows of a microbatch (local_batch_size x seq_len, sequence parallel)",
+         (long long)B * T},
+    };
+    for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++)
+        if (splits[i].n % tp != 0) {
+            snprintf(err, len, "parallelism.tensor_parallel_degree %d does not divide %s (%lld)",
+                     tp, splits[i].what, splits[i].n);
+            return err;
+        }
+    return NULL;
+}
+
+static void parallelize_layer(LlamaLayer *L, ParamTable *t, const Tp *tp) {
+    Param *colwise[] = {L->wq, L->wk, L->wv, L->w1, L->w3};
+    for (size_t i = 0; i < sizeof colwise / sizeof colwise[0]; i++) tp_shard(tp, t, colwise[i], 0);
+    tp_shard(tp, t, L->wo, 1);
+    tp_shard(tp, t, L->w2, 1);
+    tp_shard(tp, t, L->attention_norm, TP_REPLICATE);
+    tp_shard(tp, t, L->ffn_norm, TP_REPLICATE);
+}
+
+void llama3_parallelize_tp(Model *m, const Tp *tp) {
+    ParamTable *t = &m->params;
+    for (int i = 1; i + 1 < m->n_blocks; i++) parallelize_layer(m->blocks[i].self, t, tp);
+    LlamaEmbed *e = m->blocks[0].self;
+    LlamaHead *h = m->blocks[m->n_blocks - 1].self;
+    tp_shard(tp, t, e->tok_embeddings, 0);
+    if (h->output != e->tok_embeddings) tp_shard(tp, t, h->output, 0);
+    tp_shard(tp, t, h->norm, TP_REPLICATE);
+    m->tp = &tp->hooks;
+}

@@ -1,0 +1,367 @@
+// parallel/comm.h: the generic layer (groups, flight recording, byte counts, waits with a
+// timeout, averaging) and the MPI backend. The backend is chosen in one place, comm_use_nccl;
+// every operation dispatches through `backend`.
+#include "parallel/comm.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/errors.h"
+#include "parallel/comm_internal.h"
+
+// The mesh makes about ten groups; a fixed table keeps group pointers stable without malloc.
+#define COMM_MAX_GROUPS 64
+
+static CommGroup groups[COMM_MAX_GROUPS];  // groups[0] is the world
+static int n_groups;
+static bool owns_mpi;        // comm_init started MPI, so comm_finalize ends it
+static int timeout_seconds;  // <= 0: wait forever
+
+// ---- MPI backend ----------------------------------------------------------------------------
+
+// An MPI_Request is a pointer in Open MPI and an int in MPICH; either fits the handle's void *.
+_Static_assert(sizeof(MPI_Request) <= sizeof(void *), "an MPI_Request must fit a CommHandle");
+
+static void *request_pack(MPI_Request r) {
+    void *p = NULL;
+    memcpy(&p, &r, sizeof(r));
+    return p;
+}
+
+static MPI_Request request_unpack(void *p) {
+    MPI_Request r;
+    memcpy(&r, &p, sizeof(r));
+    return r;
+}
+
+static int mpi_count(size_t n) {
+    CHECK(n <= INT_MAX);  // MPI 3 counts are int; larger messages need the MPI 4 _c calls
+    return (int)n;
+}
+
+// COMM_AVG is a sum here; comm_wait divides it (MPI has no average op).
+static MPI_Op mpi_op_of(CommOp op) { return op == COMM_MAX ? MPI_MAX : MPI_SUM; }
+
+static void *mpi_all_reduce(CommGroup *g, float *buf, size_t n, CommOp op) {
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(n), MPI_FLOAT, mpi_op_of(op), g->mpi,
+                             &r));
+    return request_pack(r);
+}
+
+static void *mpi_all_gather(CommGroup *g, const float *send, float *recv, size_t n) {
+    const void *from = send == recv + (size_t)g->rank * n ? MPI_IN_PLACE : send;
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallgather(from, mpi_count(n), MPI_FLOAT, recv, mpi_count(n), MPI_FLOAT, g->mpi,
+                             &r));
+    return request_pack(r);
+}
+
+static void *mpi_reduce_scatter(CommGroup *g, const float *send, float *recv, size_t n,
+                                CommOp op) {
+    MPI_Request r;
+    MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, mpi_count(n), MPI_FLOAT, mpi_op_of(op),
+                                        g->mpi, &r));
+    return request_pack(r);
+}
+
+static void *mpi_all_to_allv(CommGroup *g, const float *send, const int *send_counts,
+                             const int *send_displs, float *recv, const int *recv_counts,
+                             const int *recv_displs) {
+    MPI_Request r;
+    MPI_CHECK(MPI_Ialltoallv(send, send_counts, send_displs, MPI_FLOAT, recv, recv_counts,
+                             recv_displs, MPI_FLOAT, g->mpi, &r));
+    return request_pack(r);
+}
+
+static void *mpi_broadcast(CommGroup *g, void *buf, size_t bytes, int root) {
+    MPI_Request r;
+    MPI_CHECK(MPI_Ibcast(buf, mpi_count(bytes), MPI_BYTE, root, g->mpi, &r));
+    return request_pack(r);
+}
+
+static void *mpi_send(CommGroup *g, const float *buf, size_t n, int peer, int tag) {
+    MPI_Request r;
+    MPI_CHECK(MPI_Isend(buf, mpi_count(n), MPI_FLOAT, peer, tag, g->mpi, &r));
+    return request_pack(r);
+}
+
+static void *mpi_recv(CommGroup *g, float *buf, size_t n, int peer, int tag) {
+    MPI_Request r;
+    MPI_CHECK(MPI_Irecv(buf, mpi_count(n), MPI_FLOAT, peer, tag, g->mpi, &r));
+    return request_pack(r);
+}
+
+static bool mpi_test(void *request) {
+    MPI_Request r = request_unpack(request);
+    int done = 0;
+    MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+    return done;
+}
+
+static const CommBackend mpi_backend = {
+    .native_avg = false,
+    .all_reduce = mpi_all_reduce,
+    .all_gather = mpi_all_gather,
+    .reduce_scatter = mpi_reduce_scatter,
+    .all_to_allv = mpi_all_to_allv,
+    .broadcast = mpi_broadcast,
+    .send = mpi_send,
+    .recv = mpi_recv,
+    .test = mpi_test,
+};
+
+static const CommBackend *backend = &mpi_backend;
+
+// ---- groups -----------------------------------------------------------------------------------
+
+static CommGroup *group_add(MPI_Comm mpi, CommGroup *parent, int color, int key,
+                            const char *name) {
+    CHECK(n_groups < COMM_MAX_GROUPS);
+    CHECK(strlen(name) < sizeof(groups[0].name));
+    CommGroup *g = &groups[n_groups++];
+    *g = (CommGroup){.mpi = mpi, .parent = parent, .color = color, .key = key};
+    snprintf(g->name, sizeof(g->name), "%s", name);
+    MPI_CHECK(MPI_Comm_rank(mpi, &g->rank));
+    MPI_CHECK(MPI_Comm_size(mpi, &g->size));
+    if (backend->attach) backend->attach(g);
+    return g;
+}
+
+void comm_init(int *argc, char ***argv) {
+    if (n_groups > 0) return;
+    int initialized = 0;
+    MPI_CHECK(MPI_Initialized(&initialized));
+    if (!initialized) {
+        int provided = 0;
+        MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+        CHECK(provided >= MPI_THREAD_FUNNELED);
+        owns_mpi = true;
+    }
+    // A private copy of the world keeps titan's traffic apart from other MPI users (HDF5),
+    // and returning errors (inherited by every split) lets MPI_CHECK name the failing call.
+    MPI_Comm world;
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world));
+    MPI_CHECK(MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN));
+    flight_init(group_add(world, NULL, 0, 0, "world")->rank);
+}
+
+void comm_configure(const CommConfig *config) {
+    CHECK(config->trace_buf_size >= 0);
+    timeout_seconds = config->timeout_seconds;
+    flight_configure(config->trace_buf_size);
+}
+
+void comm_use_nccl(void *compute_stream) {
+#if TITAN_CUDA
+    CHECK(backend == &mpi_backend);  // once per process
+    comm_nccl_setup(compute_stream);
+    backend = &comm_nccl_backend;
+    for (int i = 0; i < n_groups; i++) backend->attach(&groups[i]);  // parents come first
+#else
+    (void)compute_stream;
+    die_user("the cuda backend needs NCCL: build titan with `make CUDA=1`");
+#endif
+}
+
+void comm_finalize(void) {
+    if (n_groups == 0) return;
+    for (int i = n_groups - 1; i >= 0; i--) {
+        if (backend->detach) backend->detach(&groups[i]);
+        MPI_CHECK(MPI_Comm_free(&groups[i].mpi));
+    }
+    n_groups = 0;
+    backend = &mpi_backend;
+    if (owns_mpi) MPI_CHECK(MPI_Finalize());
+}
+
+CommGroup *comm_world(void) {
+    CHECK(n_groups > 0);  // comm_init first
+    return &groups[0];
+}
+
+CommGroup *comm_split(CommGroup *parent, int color, int key, const char *name) {
+    CHECK(color >= 0);  // every rank lands in a group: MPI_UNDEFINED is not offered
+    flight_poll_signal();
+    MPI_Comm mpi;
+    MPI_CHECK(MPI_Comm_split(parent->mpi, color, key, &mpi));
+    return group_add(mpi, parent, color, key, name);
+}
+
+int comm_rank(const CommGroup *g) { return g->rank; }
+int comm_size(const CommGroup *g) { return g->size; }
+const char *comm_name(const CommGroup *g) { return g->name; }
+uint64_t comm_bytes(const CommGroup *g) { return g->bytes; }
+uint64_t comm_ops(const CommGroup *g) { return g->ops; }
+
+// ---- waiting --------------------------------------------------------------------------------
+
+static void abort_on_timeout(const CommHandle *h) {
+    fprintf(stderr,
+            "titan: rank %d: collective %s on group %s (seq %" PRId64 ", %" PRIu64
+            " bytes) did not complete within %d s\n",
+            groups[0].rank, h->op, h->group->name, h->trace_id, h->bytes, timeout_seconds);
+    flight_dump("timeout");
+    // Kills every rank (mpirun also stops a SIGSTOPped one), so the job exits instead of
+    // hanging until the scheduler's limit.
+    MPI_CHECK(MPI_Abort(MPI_COMM_WORLD, EXIT_INTERNAL_ERROR));
+}
+
+// MPI progresses only inside MPI calls (no progress thread), so the first millisecond polls
+// flat out for the latency of small collectives; then the pause doubles from 10 us up to 1 ms,
+// which delays a long wait by at most 1 ms and frees the core when ranks oversubscribe it.
+static void pause_between_polls(double waited_s, long *pause_ns) {
+    if (waited_s < 1e-3) return;
+    *pause_ns = *pause_ns == 0 ? 10000 : *pause_ns * 2;
+    if (*pause_ns > 1000000) *pause_ns = 1000000;
+    struct timespec ts = {.tv_nsec = *pause_ns};
+    // A SIGUSR1 cuts the pause short, which only means an earlier poll.
+    if (nanosleep(&ts, NULL) < 0 && errno != EINTR)
+        die_internal(__FILE__, __LINE__, "nanosleep: %s", strerror(errno));
+}
+
+// Polls rather than blocking in MPI_Wait even without a timeout, so that a SIGUSR1 dump can
+// happen while a rank hangs here.
+static void wait_until(CommHandle *h, bool (*done)(void *request)) {
+    double start = flight_now();
+    long pause_ns = 0;
+    while (!done(h->request)) {
+        flight_poll_signal();
+        double waited = flight_now() - start;
+        if (timeout_seconds > 0 && waited >= timeout_seconds) abort_on_timeout(h);
+        pause_between_polls(waited, &pause_ns);
+    }
+    h->request = NULL;
+    flight_complete(h->trace_id);
+    for (size_t i = 0; i < h->avg_n; i++) h->avg_buf[i] /= (float)h->group->size;
+    h->avg_buf = NULL;
+    h->avg_n = 0;
+}
+
+void comm_wait(CommHandle *h) {
+    if (!h->request) return;
+    wait_until(h, backend->test);
+}
+
+// ---- operations -----------------------------------------------------------------------------
+
+// Counts and records an operation about to start; the caller fills in the request.
+static CommHandle handle_begin(CommGroup *g, const char *op, uint64_t bytes, int peer) {
+    flight_poll_signal();
+    g->bytes += bytes;
+    g->ops++;
+    return (CommHandle){.trace_id = flight_start(op, g->name, bytes, peer), .group = g, .op = op,
+                        .bytes = bytes};
+}
+
+static void average_on_wait(CommHandle *h, CommOp op, float *buf, size_t n) {
+    if (op != COMM_AVG || backend->native_avg) return;
+    h->avg_buf = buf;
+    h->avg_n = n;
+}
+
+CommHandle comm_all_reduce_start(CommGroup *g, float *buf, size_t n, CommOp op) {
+    CommHandle h = handle_begin(g, "all_reduce", 4 * (uint64_t)n, -1);
+    h.request = backend->all_reduce(g, buf, n, op);
+    average_on_wait(&h, op, buf, n);
+    return h;
+}
+
+CommHandle comm_all_gather_start(CommGroup *g, const float *send, float *recv, size_t n) {
+    CommHandle h = handle_begin(g, "all_gather", 4 * (uint64_t)n, -1);
+    h.request = backend->all_gather(g, send, recv, n);
+    return h;
+}
+
+CommHandle comm_reduce_scatter_start(CommGroup *g, const float *send, float *recv, size_t n,
+                                     CommOp op) {
+    CommHandle h = handle_begin(g, "reduce_scatter", 4 * (uint64_t)n * (uint64_t)g->size, -1);
+    h.request = backend->reduce_scatter(g, send, recv, n, op);
+    average_on_wait(&h, op, recv, n);
+    return h;
+}
+
+CommHandle comm_all_to_allv_start(CommGroup *g, const float *send, const int *send_counts,
+                                  const int *send_displs, float *recv, const int *recv_counts,
+                                  const int *recv_displs) {
+    uint64_t floats = 0;
+    for (int p = 0; p < g->size; p++) floats += (uint64_t)send_counts[p];
+    CommHandle h = handle_begin(g, "all_to_allv", 4 * floats, -1);
+    h.request = backend->all_to_allv(g, send, send_counts, send_displs, recv, recv_counts,
+                                     recv_displs);
+    return h;
+}
+
+CommHandle comm_broadcast_start(CommGroup *g, void *buf, size_t bytes, int root) {
+    CommHandle h = handle_begin(g, "broadcast", bytes, root);
+    h.request = backend->broadcast(g, buf, bytes, root);
+    return h;
+}
+
+CommHandle comm_send_start(CommGroup *g, const float *buf, size_t n, int peer, int tag) {
+    CommHandle h = handle_begin(g, "send", 4 * (uint64_t)n, peer);
+    h.request = backend->send(g, buf, n, peer, tag);
+    return h;
+}
+
+CommHandle comm_recv_start(CommGroup *g, float *buf, size_t n, int peer, int tag) {
+    CommHandle h = handle_begin(g, "recv", 0, peer);
+    h.request = backend->recv(g, buf, n, peer, tag);
+    return h;
+}
+
+void comm_all_reduce(CommGroup *g, float *buf, size_t n, CommOp op) {
+    CommHandle h = comm_all_reduce_start(g, buf, n, op);
+    comm_wait(&h);
+}
+
+void comm_all_gather(CommGroup *g, const float *send, float *recv, size_t n) {
+    CommHandle h = comm_all_gather_start(g, send, recv, n);
+    comm_wait(&h);
+}
+
+void comm_reduce_scatter(CommGroup *g, const float *send, float *recv, size_t n, CommOp op) {
+    CommHandle h = comm_reduce_scatter_start(g, send, recv, n, op);
+    comm_wait(&h);
+}
+
+void comm_broadcast(CommGroup *g, void *buf, size_t bytes, int root) {
+    CommHandle h = comm_broadcast_start(g, buf, bytes, root);
+    comm_wait(&h);
+}
+
+// Host-side synchronisation, so MPI on both backends.
+void comm_barrier(CommGroup *g) {
+    CommHandle h = handle_begin(g, "barrier", 0, -1);
+    MPI_Request r;
+    MPI_CHECK(MPI_Ibarrier(g->mpi, &r));
+    h.request = request_pack(r);
+    wait_until(&h, mpi_test);
+}
+
+// A host scalar, so MPI on both backends.
+double comm_all_reduce_double(CommGroup *g, double value, CommOp op) {
+    CommHandle h = handle_begin(g, "all_reduce_double", sizeof(value), -1);
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, mpi_op_of(op), g->mpi, &r));
+    h.request = request_pack(r);
+    wait_until(&h, mpi_test);
+    return op == COMM_AVG ? value / g->size : value;
+}
+
+// ---- reports --------------------------------------------------------------------------------
+
+// The mesh names every group once, so a line per group is a line per name.
+void comm_report(void) {
+    if (n_groups == 0 || groups[0].rank != 0) return;
+    for (int i = 0; i < n_groups; i++)
+        log_info("comm: group %-14s %10" PRIu64 " ops %16" PRIu64 " bytes (%.1f MiB)",
+                 groups[i].name, groups[i].ops, groups[i].bytes,
+                 (double)groups[i].bytes / (1024.0 * 1024.0));
+}
+
+void comm_dump_trace(const char *why) { flight_dump(why); }

@@ -1,0 +1,108 @@
+// The one door to collectives (DESIGN.md "Communication"). Backends: MPI (the cpu backend's
+// collective library, and the bootstrap for everything) and NCCL (built with CUDA=1; ids are
+// broadcast over MPI, groups made by ncclCommSplit).
+//
+// Every operation has a non-blocking form returning a CommHandle so that compute overlaps
+// communication; the blocking form is start + comm_wait. Every operation is recorded in a
+// per-rank flight recorder (the last comm.trace_buf_size entries: sequence number, op, group,
+// bytes, state), dumped to stderr on SIGUSR1 or when a wait outlives
+// comm.train_timeout_seconds, so a hang names the rank and the collective; the timed-out job
+// is then aborted (non-zero exit) instead of hanging. Every group counts the bytes its
+// operations send, reported by comm_report at the end of a run.
+//
+// Buffers are fp32 (reductions sum in fp32, as torch.distributed does for fp32 tensors);
+// byte-level operations (broadcast) take void *. On the NCCL backend every buffer is a device
+// pointer, except comm_all_reduce_double's value and comm_barrier, which stay on the host and
+// go over MPI on both backends.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct CommGroup CommGroup;
+
+typedef enum { COMM_SUM, COMM_MAX, COMM_AVG } CommOp;
+
+// A pending operation. Waiting on a handle twice, or on a zero handle, is a no-op.
+typedef struct {
+    void *request;     // backend request (MPI_Request, cudaEvent_t), NULL when complete
+    int64_t trace_id;  // its sequence number: the flight-recorder entry
+    // What a timeout names, so that the message does not depend on the recorder's depth.
+    CommGroup *group;
+    const char *op;
+    uint64_t bytes;
+    // COMM_AVG on MPI, which has no average op: the sum in avg_buf (avg_n) is divided by the
+    // group size on completion. NULL otherwise.
+    float *avg_buf;
+    size_t avg_n;
+} CommHandle;
+
+typedef struct {
+    int timeout_seconds;   // comm.train_timeout_seconds; <= 0 waits forever
+    int trace_buf_size;    // comm.trace_buf_size; 0 turns the recorder off
+} CommConfig;
+
+// MPI_Init (threads funneled), the world group, the SIGUSR1 handler. Idempotent. Until
+// comm_configure, waits have no timeout and the recorder keeps the last 64 operations.
+void comm_init(int *argc, char ***argv);
+// May be called again (e.g. init timeout for setup and the first step, then the train
+// timeout); the recorder keeps its newest entries across a resize.
+void comm_configure(const CommConfig *config);
+// Selects the NCCL backend for every group, existing and future (collective over the world;
+// call after cudaSetDevice). compute_stream: the cudaStream_t whose queued work each
+// collective waits for, NULL for the legacy default stream. Without it a run uses MPI; a build
+// without CUDA=1 reports a user error. The cuda kernels backend calls this when selected.
+void comm_use_nccl(void *compute_stream);
+// Ends communication for the process (MPI_Finalize if comm_init started MPI).
+void comm_finalize(void);
+CommGroup *comm_world(void);
+// Collective over parent: ranks with the same color form one group, ordered by key. name
+// (e.g. "dp_shard") labels the group in traces and byte reports.
+CommGroup *comm_split(CommGroup *parent, int color, int key, const char *name);
+int comm_rank(const CommGroup *g);
+int comm_size(const CommGroup *g);
+const char *comm_name(const CommGroup *g);
+
+// In place: buf (n) = op over the group's buf. COMM_AVG divides the sum by the group size.
+CommHandle comm_all_reduce_start(CommGroup *g, float *buf, size_t n, CommOp op);
+// recv (size * n) = the concatenation, in rank order, of every rank's send (n). In place when
+// send == recv + rank * n (NCCL's convention).
+CommHandle comm_all_gather_start(CommGroup *g, const float *send, float *recv, size_t n);
+// recv (n) = op over ranks of block `rank` of send (size * n).
+CommHandle comm_reduce_scatter_start(CommGroup *g, const float *send, float *recv, size_t n,
+                                     CommOp op);
+// MPI_Alltoallv semantics, counts and displacements in floats; the four arrays must stay
+// unchanged until the wait (MPI reads them while the operation runs).
+CommHandle comm_all_to_allv_start(CommGroup *g, const float *send, const int *send_counts,
+                                  const int *send_displs, float *recv, const int *recv_counts,
+                                  const int *recv_displs);
+CommHandle comm_broadcast_start(CommGroup *g, void *buf, size_t bytes, int root);
+CommHandle comm_send_start(CommGroup *g, const float *buf, size_t n, int peer, int tag);
+CommHandle comm_recv_start(CommGroup *g, float *buf, size_t n, int peer, int tag);
+// Polls until complete (so that a SIGUSR1 dump can happen meanwhile). Once the wait itself has
+// lasted the timeout, it prints one line naming the rank, op, group, sequence number and
+// bytes, dumps the recorder and aborts the job (exit 3). NCCL ignores tags: send/recv pairs
+// match in issue order.
+void comm_wait(CommHandle *h);
+
+// Blocking forms.
+void comm_all_reduce(CommGroup *g, float *buf, size_t n, CommOp op);
+void comm_all_gather(CommGroup *g, const float *send, float *recv, size_t n);
+void comm_reduce_scatter(CommGroup *g, const float *send, float *recv, size_t n, CommOp op);
+void comm_broadcast(CommGroup *g, void *buf, size_t bytes, int root);
+void comm_barrier(CommGroup *g);
+// A double all-reduced in double precision (loss, grad norm).
+double comm_all_reduce_double(CommGroup *g, double value, CommOp op);
+
+// Bytes this rank has handed to g's operations so far: the size of each operation's local
+// input (all-reduce of n floats: 4n; all-gather of n per rank: 4n; reduce-scatter to n per
+// rank: 4n * size; broadcast: its bytes on every rank; send: its bytes; recv: 0). Independent
+// of the algorithm the library picks, so tests can compare it with the analytic volume.
+uint64_t comm_bytes(const CommGroup *g);
+uint64_t comm_ops(const CommGroup *g);
+// One line per group with its bytes and operation count: world rank 0 prints its own counts
+// (not a sum over ranks, which would need a collective at exit).
+void comm_report(void);
+// Writes the flight recorder to stderr (also what SIGUSR1 does).
+void comm_dump_trace(const char *why);

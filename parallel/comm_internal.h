@@ -1,0 +1,62 @@
+// Private to parallel/comm*.c and parallel/flight_recorder.c: the group record, the backend
+// table the generic layer (comm.c) dispatches through, and the flight recorder.
+#pragma once
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "parallel/comm.h"
+
+struct CommGroup {
+    MPI_Comm mpi;       // always present: bootstrap, barriers, host scalars
+    void *nccl;         // ncclComm_t once the NCCL backend is attached, else NULL
+    CommGroup *parent;  // NULL for the world; with color and key, lets NCCL replay the split
+    int color, key;
+    int rank, size;
+    char name[32];
+    uint64_t bytes, ops;
+};
+
+// One collective library. Each start enqueues the operation and returns its request (packed
+// into a void *); test reports completion without blocking and releases the request when it
+// reports true. The generic layer does the tracing, byte counting, timeout and averaging.
+typedef struct {
+    // NCCL averages natively (ncclAvg, on device buffers); MPI has no average op, so the
+    // generic layer asks for a sum and divides it when the wait completes.
+    bool native_avg;
+    // Gives g its backend communicator; collective over g's parent (NULL: nothing to do).
+    void (*attach)(CommGroup *g);
+    void (*detach)(CommGroup *g);
+    void *(*all_reduce)(CommGroup *g, float *buf, size_t n, CommOp op);
+    void *(*all_gather)(CommGroup *g, const float *send, float *recv, size_t n);
+    void *(*reduce_scatter)(CommGroup *g, const float *send, float *recv, size_t n, CommOp op);
+    void *(*all_to_allv)(CommGroup *g, const float *send, const int *send_counts,
+                         const int *send_displs, float *recv, const int *recv_counts,
+                         const int *recv_displs);
+    void *(*broadcast)(CommGroup *g, void *buf, size_t bytes, int root);
+    void *(*send)(CommGroup *g, const float *buf, size_t n, int peer, int tag);
+    void *(*recv)(CommGroup *g, float *buf, size_t n, int peer, int tag);
+    bool (*test)(void *request);
+} CommBackend;
+
+#if TITAN_CUDA
+extern const CommBackend comm_nccl_backend;
+// The communication stream and the event pool; compute_stream is the cudaStream_t whose
+// queued work every collective waits for (NULL: the legacy default stream).
+void comm_nccl_setup(void *compute_stream);
+#endif
+
+// ---- flight recorder (flight_recorder.c) ----------------------------------------------------
+
+// Keeps the last capacity entries (those recorded so far survive the resize).
+void flight_configure(int capacity);
+// Installs the SIGUSR1 handler; rank labels the dumps.
+void flight_init(int rank);
+int64_t flight_start(const char *op, const char *group, uint64_t bytes, int peer);
+void flight_complete(int64_t seq);
+void flight_dump(const char *why);
+// Dumps if a SIGUSR1 arrived since the last call. Called from every comm call and from the
+// polling loop of comm_wait, which is where a hung rank sits.
+void flight_poll_signal(void);
+double flight_now(void);

@@ -1,0 +1,145 @@
+// The NCCL backend of parallel/comm.h (built with CUDA=1; plain C against the CUDA runtime
+// API): device buffers, one communication stream per rank, and a cudaEvent per pending
+// operation that comm_wait polls. The world communicator comes from a unique id that rank 0
+// broadcasts over MPI; every other group replays its MPI split with ncclCommSplit, so NCCL and
+// MPI agree on every group's ranks.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "core/errors.h"
+#include "parallel/comm_internal.h"
+
+// Operations pending at once: FSDP prefetch and pipeline sends keep a handful in flight.
+#define NCCL_EVENT_POOL 256
+
+static cudaStream_t comm_stream;     // non-blocking, so it runs beside the compute stream
+static cudaStream_t compute_stream;  // whose queued work each collective waits for
+static cudaEvent_t compute_ready;    // re-recorded on compute_stream at every start
+static cudaEvent_t event_pool[NCCL_EVENT_POOL];  // free events: event_pool[0, n_free)
+static int n_free;
+
+void comm_nccl_setup(void *stream) {
+    compute_stream = (cudaStream_t)stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready, cudaEventDisableTiming));
+    for (int i = 0; i < NCCL_EVENT_POOL; i++)
+        CUDA_CHECK(cudaEventCreateWithFlags(&event_pool[i], cudaEventDisableTiming));
+    n_free = NCCL_EVENT_POOL;
+}
+
+static void nccl_attach(CommGroup *g) {
+    ncclComm_t comm;
+    if (g->parent) {
+        NCCL_CHECK(ncclCommSplit(g->parent->nccl, g->color, g->key, &comm, NULL));
+    } else {
+        ncclUniqueId id;
+        if (g->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+        MPI_CHECK(MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, g->mpi));
+        NCCL_CHECK(ncclCommInitRank(&comm, g->size, id, g->rank));
+    }
+    g->nccl = comm;
+}
+
+static void nccl_detach(CommGroup *g) {
+    CUDA_CHECK(cudaStreamSynchronize(comm_stream));  // nothing may still use the communicator
+    NCCL_CHECK(ncclCommDestroy(g->nccl));
+    g->nccl = NULL;
+}
+
+// The stream to enqueue on, ordered after the compute already queued (which produced the
+// buffers).
+static cudaStream_t enqueue_begin(void) {
+    CUDA_CHECK(cudaEventRecord(compute_ready, compute_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(comm_stream, compute_ready, 0));
+    return comm_stream;
+}
+
+// The request: an event that completes with the operation just enqueued.
+static void *enqueue_end(void) {
+    CHECK(n_free > 0);  // NCCL_EVENT_POOL operations pending: some handle is never waited on
+    cudaEvent_t e = event_pool[--n_free];
+    CUDA_CHECK(cudaEventRecord(e, comm_stream));
+    return e;
+}
+
+static bool nccl_test(void *request) {
+    cudaError_t rc = cudaEventQuery((cudaEvent_t)request);
+    if (rc == cudaErrorNotReady) return false;
+    CUDA_CHECK(rc);
+    event_pool[n_free++] = (cudaEvent_t)request;
+    return true;
+}
+
+static ncclRedOp_t nccl_op_of(CommOp op) {
+    return op == COMM_SUM ? ncclSum : op == COMM_MAX ? ncclMax : ncclAvg;
+}
+
+static void *nccl_all_reduce(CommGroup *g, float *buf, size_t n, CommOp op) {
+    cudaStream_t s = enqueue_begin();
+    NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, nccl_op_of(op), g->nccl, s));
+    return enqueue_end();
+}
+
+static void *nccl_all_gather(CommGroup *g, const float *send, float *recv, size_t n) {
+    cudaStream_t s = enqueue_begin();
+    NCCL_CHECK(ncclAllGather(send, recv, n, ncclFloat, g->nccl, s));
+    return enqueue_end();
+}
+
+static void *nccl_reduce_scatter(CommGroup *g, const float *send, float *recv, size_t n,
+                                 CommOp op) {
+    cudaStream_t s = enqueue_begin();
+    NCCL_CHECK(ncclReduceScatter(send, recv, n, ncclFloat, nccl_op_of(op), g->nccl, s));
+    return enqueue_end();
+}
+
+// NCCL has no all-to-all: one send and one receive per peer, fused by a group call.
+static void *nccl_all_to_allv(CommGroup *g, const float *send, const int *send_counts,
+                              const int *send_displs, float *recv, const int *recv_counts,
+                              const int *recv_displs) {
+    cudaStream_t s = enqueue_begin();
+    NCCL_CHECK(ncclGroupStart());
+    for (int p = 0; p < g->size; p++) {
+        NCCL_CHECK(ncclSend(send + send_displs[p], (size_t)send_counts[p], ncclFloat, p, g->nccl,
+                            s));
+        NCCL_CHECK(ncclRecv(recv + recv_displs[p], (size_t)recv_counts[p], ncclFloat, p, g->nccl,
+                            s));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    return enqueue_end();
+}
+
+static void *nccl_broadcast(CommGroup *g, void *buf, size_t bytes, int root) {
+    cudaStream_t s = enqueue_begin();
+    NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclChar, root, g->nccl, s));
+    return enqueue_end();
+}
+
+// NCCL has no tags: point-to-point pairs match in issue order (comm.h).
+static void *nccl_send(CommGroup *g, const float *buf, size_t n, int peer, int tag) {
+    (void)tag;
+    cudaStream_t s = enqueue_begin();
+    NCCL_CHECK(ncclSend(buf, n, ncclFloat, peer, g->nccl, s));
+    return enqueue_end();
+}
+
+static void *nccl_recv(CommGroup *g, float *buf, size_t n, int peer, int tag) {
+    (void)tag;
+    cudaStream_t s = enqueue_begin();
+    NCCL_CHECK(ncclRecv(buf, n, ncclFloat, peer, g->nccl, s));
+    return enqueue_end();
+}
+
+const CommBackend comm_nccl_backend = {
+    .native_avg = true,
+    .attach = nccl_attach,
+    .detach = nccl_detach,
+    .all_reduce = nccl_all_reduce,
+    .all_gather = nccl_all_gather,
+    .reduce_scatter = nccl_reduce_scatter,
+    .all_to_allv = nccl_all_to_allv,
+    .broadcast = nccl_broadcast,
+    .send = nccl_send,
+    .recv = nccl_recv,
+    .test = nccl_test,
+};

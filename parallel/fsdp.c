@@ -1,0 +1,339 @@
+#include "parallel/fsdp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/errors.h"
+
+FsdpReshard fsdp_reshard_parse(const char *mode) {
+    if (strcmp(mode, "default") == 0) return FSDP_RESHARD_DEFAULT;
+    if (strcmp(mode, "always") == 0) return FSDP_RESHARD_ALWAYS;
+    if (strcmp(mode, "never") == 0) return FSDP_RESHARD_NEVER;
+    die_user("parallelism.fsdp_reshard_after_forward must be default, always or never, not '%s'",
+             mode);
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
+// The rows [*first, *first + count) that rank k holds of a tensor of `rows` rows cut into
+// shards of shard_rows (the last ranks hold fewer, possibly none: the rest is padding).
+static int64_t rank_rows(int64_t rows, int64_t shard_rows, int k, int64_t *first) {
+    *first = min64(rows, k * shard_rows);
+    return min64(rows, *first + shard_rows) - *first;
+}
+
+static FsdpShard shard_of(const Param *p, int n, int rank) {
+    int64_t rows = p->shape[0];
+    FsdpShard s = {.shard_rows = (rows + n - 1) / n, .row_numel = p->numel / (size_t)rows};
+    int64_t count = rank_rows(rows, s.shard_rows, rank, &s.row_begin);
+    s.row_end = s.row_begin + count;
+    return s;
+}
+
+static size_t shard_numel(const FsdpShard *s) { return (size_t)s->shard_rows * s->row_numel; }
+
+static void plan_unit(Fsdp *f, FsdpUnit *u) {
+    const ParamTable *t = f->params;
+    u->table_offset = u->first_param < t->count ? t->items[u->first_param].offset : t->numel;
+    for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
+        const Param *p = &t->items[j];
+        FsdpShard *s = &f->shards[j];
+        CHECK(p->offset == u->table_offset + u->full_numel);  // a block's params are contiguous
+        *s = shard_of(p, f->config.size, f->config.rank);
+        s->unit_offset = u->shard_numel;
+        s->shard_offset = u->shard_offset + u->shard_numel;
+        u->shard_numel += shard_numel(s);
+        u->full_numel += p->numel;
+    }
+}
+
+void fsdp_plan(Fsdp *f, Model *m, const FsdpConfig *config) {
+    if (config->tied_embeddings)
+        die_user("model.tie_word_embeddings cannot be trained with FSDP (fsdp group of %d ranks): "
+                 "the tied weight would belong to two FSDP units, the embedding and the head",
+                 config->size);
+    CHECK(config->size >= 1 && config->rank >= 0 && config->rank < config->size);
+    CHECK(config->replicate_size >= 1);
+    *f = (Fsdp){.config = *config, .params = &m->params, .n_units = m->n_blocks,
+                .gathering = -1, .scattering = -1, .last_unit = -1};
+    f->units = xcalloc((size_t)f->n_units, sizeof(FsdpUnit));
+    f->shards = xcalloc((size_t)m->params.count, sizeof(FsdpShard));
+    int first = 0;
+    for (int i = 0; i < f->n_units; i++) {
+        FsdpUnit *u = &f->units[i];
+        *u = (FsdpUnit){.fsdp = f, .index = i, .first_param = first,
+                        .n_params = m->blocks[i].n_params, .shard_offset = f->numel};
+        plan_unit(f, u);
+        f->numel += u->shard_numel;
+        f->max_shard_numel = max_size(f->max_shard_numel, u->shard_numel);
+        f->max_full_numel = max_size(f->max_full_numel, u->full_numel);
+        first += u->n_params;
+    }
+    CHECK(first == m->params.count);
+}
+
+// Whether unit i stays gathered from its forward to its backward. torchtitan's default keeps
+// the last unit (norm + output): backward needs it first, so resharding it would only make
+// backward gather it again at once.
+static bool keeps_after_forward(const Fsdp *f, int i) {
+    switch (f->config.reshard) {
+    case FSDP_RESHARD_NEVER: return true;
+    case FSDP_RESHARD_ALWAYS: return false;
+    case FSDP_RESHARD_DEFAULT: return i == f->n_units - 1;
+    }
+    return false;
+}
+
+// Where unit i's full params live in full_params (i == n_units: the floats needed). Units that
+// reshard after forward take turns in one slot, sized by the largest of them (a prefetched
+// unit waits in gather_buf until its turn); every kept unit has a slot of its own.
+static size_t slot_offset(const Fsdp *f, int i) {
+    size_t rotating = 0, kept = 0;
+    for (int j = 0; j < f->n_units; j++)
+        if (!keeps_after_forward(f, j)) rotating = max_size(rotating, f->units[j].full_numel);
+    for (int j = 0; j < i; j++)
+        if (keeps_after_forward(f, j)) kept += f->units[j].full_numel;
+    return i < f->n_units && !keeps_after_forward(f, i) ? 0 : rotating + kept;
+}
+
+// The model's parameters point into the full buffers: its blocks compute as if unsharded.
+static void point_params(Fsdp *f) {
+    for (int i = 0; i < f->n_units; i++) {
+        FsdpUnit *u = &f->units[i];
+        u->full = f->full_params + slot_offset(f, i);
+        for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
+            Param *p = &f->params->items[j];
+            p->data = u->full + (p->offset - u->table_offset);
+            p->grad = f->full_grad + (p->offset - u->table_offset);
+        }
+    }
+}
+
+void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
+    size_t rank_major = (size_t)f->config.size * f->max_shard_numel;
+    f->data = arena_floats(params, f->numel);
+    f->full_params = arena_floats(params, slot_offset(f, f->n_units));
+    f->grad = arena_floats(grads, f->numel);
+    f->full_grad = arena_floats(grads, f->max_full_numel);
+    f->gather_buf = arena_floats(comm, rank_major);
+    f->scatter_send = arena_floats(comm, rank_major);
+    f->scatter_recv = arena_floats(comm, f->max_shard_numel);
+    if (f->data) point_params(f);
+}
+
+FsdpEstimate fsdp_estimate(const Fsdp *f) {
+    Fsdp sized = *f;
+    Arena params, grads, comm;
+    arena_init_sizing(&params, "params");
+    arena_init_sizing(&grads, "grads");
+    arena_init_sizing(&comm, "comm");
+    fsdp_allocate(&sized, &params, &grads, &comm);
+    uint64_t shards = f->numel * sizeof(float), regathered = 0;
+    for (int i = 0; i < f->n_units; i++)
+        if (!keeps_after_forward(f, i)) regathered += f->units[i].shard_numel * sizeof(float);
+    return (FsdpEstimate){
+        .param_bytes = params.peak, .grad_bytes = grads.peak, .comm_bytes = comm.peak,
+        .all_gather_forward = shards, .all_gather_backward = regathered,
+        .reduce_scatter = shards * (uint64_t)f->config.size,
+        .replicate_all_reduce = f->config.replicate_size > 1 ? shards : 0};
+}
+
+void fsdp_free(Fsdp *f) {
+    free(f->units);
+    free(f->shards);
+    *f = (Fsdp){0};
+}
+
+// Copies between a unit's parameters laid out as the model sees them (full: unpadded, one
+// after another) and rank-major (every rank's shard in rank order: the all-gather's output
+// and the reduce-scatter's input, padding rows zero).
+static void unit_copy(const Fsdp *f, const FsdpUnit *u, float *full, float *rank_major,
+                      bool to_full) {
+    for (int k = 0; k < f->config.size; k++) {
+        for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
+            const Param *p = &f->params->items[j];
+            const FsdpShard *s = &f->shards[j];
+            int64_t first, rows = rank_rows(p->shape[0], s->shard_rows, k, &first);
+            float *part = rank_major + (size_t)k * u->shard_numel + s->unit_offset;
+            float *whole = full + (p->offset - u->table_offset) + (size_t)first * s->row_numel;
+            size_t n = (size_t)rows * s->row_numel;
+            if (to_full) {
+                memcpy(whole, part, n * sizeof(float));
+            } else {
+                memcpy(part, whole, n * sizeof(float));
+                memset(part + n, 0, (shard_numel(s) - n) * sizeof(float));
+            }
+        }
+    }
+}
+
+// ---- all-gather: the wrapped block's parameters before it runs --------------------------
+
+static void gather_start(Fsdp *f, FsdpUnit *u) {
+    f->gather = comm_all_gather_start(f->group, f->data + u->shard_offset, f->gather_buf,
+                                      u->shard_numel);
+    f->gathering = u->index;
+}
+
+// Completes the outstanding all-gather into its unit's slot, which it takes from whichever
+// unit had it.
+static void gather_finish(Fsdp *f) {
+    if (f->gathering < 0) return;
+    FsdpUnit *u = &f->units[f->gathering];
+    comm_wait(&f->gather);
+    f->gathering = -1;
+    for (int j = 0; j < f->n_units; j++)
+        if (f->units[j].full == u->full) f->units[j].gathered = false;
+    unit_copy(f, u, u->full, f->gather_buf, true);
+    u->gathered = true;
+}
+
+static void unit_gather(Fsdp *f, FsdpUnit *u) {
+    if (u->gathered) return;
+    if (f->gathering != u->index) {
+        gather_finish(f);  // a prefetch nobody claimed: finish it to free gather_buf
+        gather_start(f, u);
+    }
+    gather_finish(f);
+}
+
+// Starts unit i's all-gather so that it overlaps the current block's compute.
+static void gather_prefetch(Fsdp *f, int i) {
+    if (i < 0 || i >= f->n_units || f->units[i].gathered || f->gathering >= 0) return;
+    gather_start(f, &f->units[i]);
+}
+
+// The shards are about to change (optimizer step, initialisation, load): no full copy is
+// current any more.
+static void reshard_all(Fsdp *f) {
+    gather_finish(f);
+    for (int i = 0; i < f->n_units; i++) f->units[i].gathered = false;
+}
+
+// ---- reduce-scatter: the wrapped block's gradients after its backward --------------------
+
+// Completes the outstanding reduce-scatter: its average over the group is this microbatch's
+// contribution to the unit's shard grads.
+static void scatter_finish(Fsdp *f) {
+    if (f->scattering < 0) return;
+    FsdpUnit *u = &f->units[f->scattering];
+    comm_wait(&f->scatter);
+    f->scattering = -1;
+    f->config.k->add(f->grad + u->shard_offset, f->scatter_recv, u->shard_numel);
+}
+
+static void scatter_start(Fsdp *f, FsdpUnit *u) {
+    scatter_finish(f);  // it overlapped this unit's backward; its buffers are needed now
+    unit_copy(f, u, f->full_grad, f->scatter_send, false);
+    f->scatter = comm_reduce_scatter_start(f->group, f->scatter_send, f->scatter_recv,
+                                           u->shard_numel, COMM_AVG);
+    f->scattering = u->index;
+}
+
+// ---- the wrapper block --------------------------------------------------------------------
+
+// Activation checkpointing calls a block's forward again just before its backward: right after
+// its own first forward (the last block) or right after the next block's backward.
+static bool is_recompute(const Fsdp *f, const Block *b, int i) {
+    if (!b->checkpointed) return false;
+    return f->last_was_forward ? f->last_unit == i : f->last_unit == i + 1;
+}
+
+static void unit_forward(Block *b, StepCtx *s, const float *x, float *y) {
+    FsdpUnit *u = b->self;
+    Fsdp *f = u->fsdp;
+    if (step_sizing(s)) {
+        u->inner.ops->forward(&u->inner, s, x, y);
+        return;
+    }
+    bool recompute = is_recompute(f, b, u->index);
+    unit_gather(f, u);
+    // A recompute belongs to backward, which runs the units in reverse.
+    gather_prefetch(f, recompute ? u->index - 1 : u->index + 1);
+    u->inner.ops->forward(&u->inner, s, x, y);
+    if (!recompute && !keeps_after_forward(f, u->index)) u->gathered = false;
+    f->last_unit = u->index;
+    f->last_was_forward = true;
+}
+
+static void unit_backward(Block *b, StepCtx *s, const float *x, const float *dy, float *dx) {
+    FsdpUnit *u = b->self;
+    Fsdp *f = u->fsdp;
+    if (step_sizing(s)) {
+        u->inner.ops->backward(&u->inner, s, x, dy, dx);
+        return;
+    }
+    unit_gather(f, u);
+    gather_prefetch(f, u->index - 1);
+    memset(f->full_grad, 0, u->full_numel * sizeof(float));
+    u->inner.ops->backward(&u->inner, s, x, dy, dx);
+    scatter_start(f, u);
+    u->gathered = false;
+    f->last_unit = u->index;
+    f->last_was_forward = false;
+}
+
+static const BlockOps FSDP_UNIT_OPS = {"fsdp", unit_forward, unit_backward};
+
+void fsdp_wrap(Fsdp *f, Model *m, CommGroup *group, CommGroup *replicate) {
+    CHECK(m->n_blocks == f->n_units && &m->params == f->params);
+    CHECK(comm_size(group) == f->config.size && comm_rank(group) == f->config.rank);
+    CHECK((replicate ? comm_size(replicate) : 1) == f->config.replicate_size);
+    f->group = group;
+    f->replicate = replicate;
+    for (int i = 0; i < f->n_units; i++) {
+        FsdpUnit *u = &f->units[i];
+        u->inner = m->blocks[i];
+        m->blocks[i] = (Block){&FSDP_UNIT_OPS, u, u->inner.checkpointed, u->n_params};
+    }
+}
+
+// ---- initialisation, checkpoints, the end of a step ---------------------------------------
+
+// This rank's shard of parameter j with its padding zeroed; *first and *count: the range of
+// the parameter's elements it holds (what the caller fills in).
+static float *shard_prepare(Fsdp *f, int j, size_t *first, size_t *count) {
+    const FsdpShard *s = &f->shards[j];
+    float *dst = f->data + s->shard_offset;
+    *first = (size_t)s->row_begin * s->row_numel;
+    *count = (size_t)(s->row_end - s->row_begin) * s->row_numel;
+    memset(dst + *count, 0, (shard_numel(s) - *count) * sizeof(float));
+    return dst;
+}
+
+void fsdp_initialize(Fsdp *f, uint64_t seed) {
+    reshard_all(f);
+    for (int j = 0; j < f->params->count; j++) {
+        size_t first, count;
+        float *dst = shard_prepare(f, j, &first, &count);
+        param_fill_local(&f->params->items[j], seed, first, count, dst);
+    }
+}
+
+void fsdp_shard_from_full(Fsdp *f, const float *full) {
+    reshard_all(f);
+    for (int j = 0; j < f->params->count; j++) {
+        size_t first, count;
+        float *dst = shard_prepare(f, j, &first, &count);
+        memcpy(dst, full + f->params->items[j].offset + first, count * sizeof(float));
+    }
+}
+
+void fsdp_gather_full(Fsdp *f, float *full) {
+    gather_finish(f);
+    for (int i = 0; i < f->n_units; i++) {
+        FsdpUnit *u = &f->units[i];
+        comm_all_gather(f->group, f->data + u->shard_offset, f->gather_buf, u->shard_numel);
+        unit_copy(f, u, full + u->table_offset, f->gather_buf, true);
+    }
+}
+
+void fsdp_finish_step(Fsdp *f) {
+    scatter_finish(f);
+    if (f->config.replicate_size > 1) comm_all_reduce(f->replicate, f->grad, f->numel, COMM_AVG);
+    reshard_all(f);
+    f->last_unit = -1;
+}
+

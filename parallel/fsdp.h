@@ -1,0 +1,126 @@
+// FSDP (ZeRO-3) and HSDP over the blocks of a model (DESIGN.md "Parallelisms", "Memory").
+//
+// Placement: every parameter is Shard(0) over the fsdp group (dp_shard x cp) of n ranks. Its
+// rows are padded up to a multiple of n, never dropped, and rank k owns rows
+// [k * R/n, (k+1) * R/n) of the padded tensor. Padding rows are zero and stay zero (their
+// gradient is zero, and AdamW maps a zero weight with a zero gradient to zero), so they add
+// nothing to a norm or a sum. Every rank holds the same number of floats.
+//
+// One FSDP unit per block (Zhao et al. 2023, "PyTorch FSDP"). This rank's fp32 master shards
+// of all units are one flat buffer (and their grads another), which the optimizer updates
+// directly; within a unit the shard is laid out parameter after parameter, so one all-gather
+// of it yields every rank's shard in rank order, copied out into the unit's full buffer where
+// the model's Param.data point. fsdp_wrap puts a wrapper in front of every block, so the
+// generic loop of models/model.c drives the all-gathers (prefetching the next unit) and the
+// reduce-scatters (overlapping the next unit's backward) without knowing about them.
+//
+// Gradients are those of the global-batch mean loss: each rank's loss is the mean over its
+// own tokens, so the reduce-scatter averages over the fsdp group and HSDP then averages the
+// shard grads over dp_replicate. Each microbatch's reduce-scatter is added (+=) to the shard
+// grads, which the caller zeroes once per step.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/arena.h"
+#include "core/param.h"
+#include "kernels/kernels.h"
+#include "models/model.h"
+#include "parallel/comm.h"
+
+// parallelism.fsdp_reshard_after_forward. ALWAYS frees a unit's full params after its
+// forward (and gathers them again for backward); NEVER keeps every unit gathered from forward
+// to backward; DEFAULT is torchtitan's: all but the last unit, which backward needs first.
+typedef enum { FSDP_RESHARD_DEFAULT, FSDP_RESHARD_ALWAYS, FSDP_RESHARD_NEVER } FsdpReshard;
+
+// "default", "always" or "never"; anything else is a user error.
+FsdpReshard fsdp_reshard_parse(const char *mode);
+
+typedef struct {
+    int size, rank;            // the fsdp group (dp_shard x cp) and this rank's index in it
+    int replicate_size;        // dp_replicate: > 1 is HSDP
+    FsdpReshard reshard;
+    bool tied_embeddings;      // a weight in two units: refused
+    const KernelOps *k;
+} FsdpConfig;
+
+// Where one parameter's shard lies: rows [row_begin, row_end) of the parameter (of its local
+// tensor when tp shards it; fewer than shard_rows, possibly none, on the last ranks: the rest
+// is padding). What a checkpoint reads and writes as this rank's hyperslab.
+typedef struct {
+    int64_t shard_rows;        // padded rows per rank: ceil(rows / n)
+    int64_t row_begin, row_end;
+    size_t row_numel;          // floats per row (1 for a vector)
+    size_t shard_offset;       // in floats, into Fsdp.data / Fsdp.grad
+    size_t unit_offset;        // in floats, into its unit's shard (the all-gather's block)
+} FsdpShard;
+
+typedef struct Fsdp Fsdp;
+
+typedef struct {
+    Fsdp *fsdp;
+    int index;
+    int first_param, n_params;
+    size_t shard_offset;       // in floats, into Fsdp.data / Fsdp.grad
+    size_t shard_numel;        // this rank's floats of the unit (the same on every rank)
+    size_t full_numel;         // floats of the unit's (unpadded) parameters
+    size_t table_offset;       // in floats: where they start in ParamTable's layout
+    float *full;               // (full_numel) where the unit's Param.data point
+    bool gathered;             // full holds the current parameters
+    Block inner;               // the wrapped block
+} FsdpUnit;
+
+struct Fsdp {
+    FsdpConfig config;
+    CommGroup *group, *replicate;   // NULL until fsdp_wrap (planning needs no MPI)
+    ParamTable *params;
+    int n_units;
+    FsdpUnit *units;                // (n_units) one per block
+    FsdpShard *shards;              // (params->count) the placement of every parameter
+    size_t numel;                   // this rank's shard floats: the optimizer's numel
+    size_t max_shard_numel, max_full_numel;
+    float *data, *grad;             // (numel) sharded fp32 master params and their grads
+    float *full_params;             // one slot shared by the resharded units, or one per unit
+    float *full_grad;               // (max_full_numel) the grads of the unit in backward
+    float *gather_buf;              // (size * max_shard_numel) all-gather output, rank-major
+    float *scatter_send;            // (size * max_shard_numel) reduce-scatter input, rank-major
+    float *scatter_recv;            // (max_shard_numel) reduce-scatter output
+    int gathering, scattering;      // the unit of the outstanding operation, -1: none
+    CommHandle gather, scatter;
+    int last_unit;                  // the wrapper call before this one (to spot recomputes)
+    bool last_was_forward;
+};
+
+// Per-rank bytes fsdp_allocate carves, and the bytes this rank hands to collectives (in
+// comm_bytes' units: an all-gather counts its shard, a reduce-scatter its padded full input).
+typedef struct {
+    size_t param_bytes, grad_bytes, comm_bytes;
+    uint64_t all_gather_forward;    // per microbatch, fsdp group
+    uint64_t all_gather_backward;   // per microbatch: re-gathers of resharded units
+    uint64_t reduce_scatter;        // per microbatch, fsdp group
+    uint64_t replicate_all_reduce;  // per step, dp_replicate group (HSDP)
+} FsdpEstimate;
+
+// The placement and the units of m's blocks (no MPI, no allocation of buffers).
+void fsdp_plan(Fsdp *f, Model *m, const FsdpConfig *config);
+FsdpEstimate fsdp_estimate(const Fsdp *f);
+// Carves the shards and the full buffers from the arenas, in two passes (core/arena.h): on
+// committed arenas also points every Param.data / Param.grad into the full buffers.
+void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm);
+// Replaces every block of m by its unit's wrapper, communicating over group (the fsdp group,
+// of config.size ranks) and replicate (dp_replicate; NULL: no HSDP).
+void fsdp_wrap(Fsdp *f, Model *m, CommGroup *group, CommGroup *replicate);
+void fsdp_free(Fsdp *f);
+
+// This rank's shards from (seed, name, global index): the 1-rank initial values.
+void fsdp_initialize(Fsdp *f, uint64_t seed);
+// Checkpoints: full (params->numel, laid out as ParamTable.data) to this rank's shards, and
+// back (collective over the fsdp group: every rank gets the whole model).
+void fsdp_shard_from_full(Fsdp *f, const float *full);
+void fsdp_gather_full(Fsdp *f, float *full);
+
+// After the last microbatch's backward: waits for every reduce-scatter, then averages the
+// shard grads over dp_replicate.
+void fsdp_finish_step(Fsdp *f);

@@ -1,0 +1,41 @@
+// The device mesh (DESIGN.md "The mesh"): dims pp, dp_replicate, dp_shard, cp, tp, outermost
+// first (torchtitan's order: tp varies fastest, so a tp group shares a node). The world size
+// must equal the product; data_parallel_shard_degree -1 takes what is left. Every dim and the
+// flattened groups dp = dp_replicate x dp_shard, fsdp = dp_shard x cp, loss = dp x cp have a
+// communicator, built once here.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "parallel/comm.h"
+
+typedef enum { MESH_PP, MESH_DP_REPLICATE, MESH_DP_SHARD, MESH_CP, MESH_TP, MESH_NDIMS } MeshDim;
+
+typedef struct {
+    int size[MESH_NDIMS];
+    int world_size;
+} MeshLayout;
+
+typedef struct {
+    MeshLayout layout;
+    int coord[MESH_NDIMS];  // this rank's coordinate
+    int world_rank;
+    CommGroup *group[MESH_NDIMS];
+    CommGroup *dp, *fsdp, *loss, *world;
+} Mesh;
+
+extern const char *const MESH_DIM_NAMES[MESH_NDIMS];
+
+// The layout for degrees (pp, dp_replicate, dp_shard (-1: inferred), cp, tp) on world_size
+// ranks; false with the reason when it is impossible. Needs no MPI (so --estimate can plan
+// any world size).
+bool mesh_plan(MeshLayout *out, const int degrees[MESH_NDIMS], int world_size, char *err,
+               size_t errlen);
+// This rank's coordinate and every group (collective over the world).
+void mesh_build(Mesh *m, const MeshLayout *layout);
+static inline int mesh_dp_size(const MeshLayout *l) {
+    return l->size[MESH_DP_REPLICATE] * l->size[MESH_DP_SHARD];
+}
+// This rank's index in the flattened dp group (dp_replicate major).
+int mesh_dp_rank(const Mesh *m);

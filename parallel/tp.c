@@ -1,0 +1,51 @@
+#include "parallel/tp.h"
+
+#include <string.h>
+
+#include "core/errors.h"
+
+static const Tp *tp_of(const TpHooks *h) { return (const Tp *)h; }
+
+static void tp_gather(const TpHooks *h, const float *x, float *full, size_t n) {
+    comm_all_gather(tp_of(h)->group, x, full, n);
+}
+
+// An all-gather gives rank-major blocks (size, rows, cols); each row of the result is the
+// rows of every block side by side.
+static void tp_gather_columns(const TpHooks *h, const float *x, float *full, float *scratch,
+                              int rows, int cols) {
+    int size = tp_of(h)->size;
+    comm_all_gather(tp_of(h)->group, x, scratch, (size_t)rows * cols);
+    for (int k = 0; k < size; k++)
+        for (int r = 0; r < rows; r++)
+            memcpy(full + ((size_t)r * size + k) * cols, scratch + ((size_t)k * rows + r) * cols,
+                   cols * sizeof(float));
+}
+
+static void tp_reduce_scatter(const TpHooks *h, const float *partial, float *y, size_t n) {
+    comm_reduce_scatter(tp_of(h)->group, partial, y, n, COMM_SUM);
+}
+
+static void tp_all_reduce_max(const TpHooks *h, float *buf, size_t n) {
+    comm_all_reduce(tp_of(h)->group, buf, n, COMM_MAX);
+}
+
+static void tp_all_reduce_sum(const TpHooks *h, float *buf, size_t n) {
+    comm_all_reduce(tp_of(h)->group, buf, n, COMM_SUM);
+}
+
+void tp_init(Tp *tp, CommGroup *group, bool loss_parallel) {
+    *tp = (Tp){.group = group, .rank = comm_rank(group), .size = comm_size(group)};
+    tp->hooks = (TpHooks){.size = tp->size, .loss_parallel = loss_parallel,
+                          .gather = tp_gather, .gather_columns = tp_gather_columns,
+                          .reduce_scatter = tp_reduce_scatter,
+                          .all_reduce_max = tp_all_reduce_max,
+                          .all_reduce_sum = tp_all_reduce_sum};
+}
+
+void tp_shard(const Tp *tp, ParamTable *t, Param *p, int dim) {
+    params_place_tp(t, p, (TpPlacement){dim, tp->rank, tp->size});
+}
+
+double tp_norm_weight(const Param *p) { return p->tp.dim == TP_REPLICATE ? 1.0 / p->tp.size : 1.0; }
+

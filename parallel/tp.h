@@ -1,0 +1,35 @@
+// Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) with sequence parallel (Korthikanti et
+// al. 2022) and loss parallel: the mechanisms over the tp group. Which weight is sharded how
+// is the model's own plan (models/llama3/parallelize.c); this file knows no model.
+//
+// A Tp provides the TpHooks the model calls (models/model.h): all-gather and reduce-scatter
+// of rows over the group, an all-gather of columns, and all-reduces for the loss statistics.
+// Applying it, in torchtitan's order: TP (the model's plan: tp_shard on each parameter, then
+// Model.tp = &tp->hooks), before activation checkpointing, before FSDP (which then shards the
+// local tensors); then allocation and params_initialize. After each step's backward,
+// grads_reduce_replicated (parallel/grads.h) sums the replicated parameters' grads (partial
+// over each rank's rows) over the group.
+#pragma once
+
+#include <stdbool.h>
+
+#include "core/param.h"
+#include "kernels/kernels.h"
+#include "models/model.h"
+#include "parallel/comm.h"
+
+typedef struct Tp {
+    TpHooks hooks;  // first: the hooks' implementations find the Tp from the pointer
+    CommGroup *group;
+    int rank, size;
+} Tp;
+
+// Hooks over group (the mesh's tp group). loss_parallel: !parallelism.disable_loss_parallel.
+void tp_init(Tp *tp, CommGroup *group, bool loss_parallel);
+// Places p on the group as Shard(dim) (this rank's slice `rank`) or Replicate (TP_REPLICATE).
+// Before params_allocate.
+void tp_shard(const Tp *tp, ParamTable *t, Param *p, int dim);
+// The factor of p's local grad sum of squares in the global one, before the sum over the tp
+// group: 1 for a shard (each element is on one rank), 1 / tp.size for a replica (after
+// grads_reduce_replicated every rank holds the same grad; counted once in total).
+double tp_norm_weight(const Param *p);

@@ -1,0 +1,365 @@
+// FSDP / HSDP against the 1-rank model (an MPI program; on 1 rank a plain unit test).
+//
+//   mpirun -np N test_fsdp [dp_replicate]    (dp_shard = N / dp_replicate)
+//
+// Every rank computes the 1-rank reference (the "small" llama3 on a fixed batch of B rows),
+// then trains the same batch with FSDP, each dp rank on its B / dp rows, and checks: the
+// gathered initial parameters equal the reference bit for bit; after forward/backward and
+// fsdp_finish_step the shard grads equal the reference grads' rows (of the full-batch mean
+// loss), so do the loss and the grad norm, for every reshard mode, with and without activation
+// checkpointing and with two microbatches of gradient accumulation; the bytes each group
+// counted equal fsdp_estimate's volume. An uneven placement (3 ranks: padded rows) is checked
+// on any rank count by planning for virtual ranks, and tied embeddings are refused.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/errors.h"
+#include "models/llama3/llama3.h"
+#include "optim/optim.h"
+#include "parallel/fsdp.h"
+#include "parallel/grads.h"
+#include "parallel/mesh.h"
+
+enum { B = 24, T = 8 };  // B divides into 1..4 dp ranks of two microbatches
+static const uint64_t SEED = 1234;
+static const double TOLERANCE = 1e-5;
+
+static int world_rank, failures;
+
+#define EXPECT(cond, ...)                                                                      \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            fprintf(stderr, "rank %d: %s:%d: ", world_rank, __FILE__, __LINE__);               \
+            fprintf(stderr, __VA_ARGS__);                                                      \
+            fputc('\n', stderr);                                                               \
+            failures++;                                                                        \
+        }                                                                                      \
+    } while (0)
+
+typedef struct {
+    LlamaArgs args;
+    Model m;
+} Net;
+
+static void net_build(Net *n, bool activation_checkpoint, bool tied) {
+    CHECK(llama3_flavor("small", &n->args));
+    n->args.max_seq_len = T;
+    n->args.tie_word_embeddings = tied;
+    llama3_build(&n->m, &n->args, activation_checkpoint);
+}
+
+static void net_free(Net *n) {
+    llama3_free(&n->m);
+}
+
+typedef struct {
+    int tokens[B * T], targets[B * T], pos[T];
+    float *params, *grad;  // (numel) the 1-rank values
+    size_t numel;
+    double loss, grad_norm;
+} Reference;
+
+static void batch_make(Reference *r, int vocab) {
+    for (int i = 0; i < B * T; i++) {
+        r->tokens[i] = (int)((i * 7919u + 13) % (unsigned)vocab);
+        r->targets[i] = (int)((i * 104729u + 5) % (unsigned)vocab);
+    }
+    for (int t = 0; t < T; t++) r->pos[t] = t;
+}
+
+static void reference_compute(Reference *r) {
+    const KernelOps *k = kernels_backend("cpu");
+    Net n;
+    net_build(&n, false, false);
+    batch_make(r, n.args.vocab_size);
+    Arena params, grads, acts;
+    model_allocate(&n.m, model_activation_bytes(&n.m, k, B, T), &params, &grads, &acts);
+    params_initialize(&n.m.params, SEED);
+    StepCtx s = {.k = k, .act = &acts, .B = B, .T = T, .tokens = r->tokens,
+                 .targets = r->targets, .pos = r->pos, .loss_scale = 1};
+    r->loss = model_forward_backward(&n.m, &s);
+    r->numel = n.m.params.numel;
+    r->params = xmalloc(r->numel * sizeof(float));
+    r->grad = xmalloc(r->numel * sizeof(float));
+    memcpy(r->params, n.m.params.data, r->numel * sizeof(float));
+    memcpy(r->grad, n.m.params.grad, r->numel * sizeof(float));
+    r->grad_norm = sqrt(k->sum_squares(r->grad, r->numel));
+    arena_free(&params);
+    arena_free(&grads);
+    arena_free(&acts);
+    net_free(&n);
+}
+
+static bool close_to(double got, double want) {
+    return fabs(got - want) <= TOLERANCE * fabs(want);
+}
+
+typedef struct {
+    FsdpReshard reshard;
+    bool activation_checkpoint;
+    int microbatches;
+    bool validate_first;  // a forward-only pass before the step (train.c's validation)
+    const char *name;
+} Case;
+
+typedef struct {
+    Net net;
+    Fsdp f;
+    Arena params, grads, comm, acts;
+} Sharded;
+
+static void sharded_build(Sharded *sh, const Mesh *mesh, const Case *c, int rows) {
+    const KernelOps *k = kernels_backend("cpu");
+    net_build(&sh->net, c->activation_checkpoint, false);
+    int replicate = mesh->layout.size[MESH_DP_REPLICATE];
+    FsdpConfig config = {.size = comm_size(mesh->fsdp), .rank = comm_rank(mesh->fsdp),
+                         .replicate_size = replicate, .reshard = c->reshard,
+                         .k = k};
+    fsdp_plan(&sh->f, &sh->net.m, &config);
+    arena_init_sizing(&sh->params, "params");
+    arena_init_sizing(&sh->grads, "grads");
+    arena_init_sizing(&sh->comm, "comm");
+    fsdp_allocate(&sh->f, &sh->params, &sh->grads, &sh->comm);
+    arena_commit(&sh->params);
+    arena_commit(&sh->grads);
+    arena_commit(&sh->comm);
+    fsdp_allocate(&sh->f, &sh->params, &sh->grads, &sh->comm);
+    fsdp_wrap(&sh->f, &sh->net.m, mesh->fsdp,
+              replicate > 1 ? mesh->group[MESH_DP_REPLICATE] : NULL);
+    arena_init_sizing(&sh->acts, "activations");
+    sh->acts.peak = model_activation_bytes(&sh->net.m, k, rows / c->microbatches, T);
+    arena_commit(&sh->acts);
+}
+
+static void sharded_free(Sharded *sh) {
+    fsdp_free(&sh->f);
+    arena_free(&sh->params);
+    arena_free(&sh->grads);
+    arena_free(&sh->comm);
+    arena_free(&sh->acts);
+    net_free(&sh->net);
+}
+
+// This rank's shard grads against the reference grads' rows; padding must be exactly zero.
+static void check_grads(const Fsdp *f, const Reference *r, const char *name) {
+    for (int j = 0; j < f->params->count; j++) {
+        const Param *p = &f->params->items[j];
+        const FsdpShard *s = &f->shards[j];
+        const float *want = r->grad + p->offset + (size_t)s->row_begin * s->row_numel;
+        const float *got = f->grad + s->shard_offset;
+        size_t n = (size_t)(s->row_end - s->row_begin) * s->row_numel;
+        double err = 0, scale = 0;
+        for (size_t i = 0; i < n; i++) {
+            err = fmax(err, fabs((double)got[i] - want[i]));
+            scale = fmax(scale, fabs((double)want[i]));
+        }
+        EXPECT(err <= TOLERANCE * scale, "%s: %s grad max error %g of %g", name, p->name, err,
+               scale);
+        for (size_t i = n; i < (size_t)s->shard_rows * s->row_numel; i++)
+            EXPECT(got[i] == 0, "%s: %s padding grad %g", name, p->name, got[i]);
+    }
+}
+
+static void check_volume(const Fsdp *f, const Mesh *mesh, const Case *c, uint64_t fsdp_before,
+                         uint64_t replicate_before) {
+    FsdpEstimate e = fsdp_estimate(f);
+    uint64_t want = (uint64_t)c->microbatches *
+                    (e.all_gather_forward + e.all_gather_backward + e.reduce_scatter);
+    uint64_t got = comm_bytes(mesh->fsdp) - fsdp_before;
+    EXPECT(got == want, "%s: fsdp group sent %llu bytes, plan %llu", c->name,
+           (unsigned long long)got, (unsigned long long)want);
+    got = comm_bytes(mesh->group[MESH_DP_REPLICATE]) - replicate_before;
+    EXPECT(got == e.replicate_all_reduce, "%s: dp_replicate sent %llu bytes, plan %llu", c->name,
+           (unsigned long long)got, (unsigned long long)e.replicate_all_reduce);
+}
+
+static StepCtx step_ctx(Sharded *sh, const Reference *r, int first_row, int rows, float scale) {
+    arena_release(&sh->acts, 0);
+    size_t at = (size_t)first_row * T;
+    return (StepCtx){.k = sh->f.config.k, .act = &sh->acts, .B = rows, .T = T,
+                     .tokens = r->tokens + at, .targets = r->targets + at, .pos = r->pos,
+                     .loss_scale = scale};
+}
+
+static void forward_only(Sharded *sh, const Mesh *mesh, const Reference *r, int rows) {
+    StepCtx s = step_ctx(sh, r, mesh_dp_rank(mesh) * rows, rows, 1);
+    model_forward(&sh->net.m, &s);
+}
+
+// One step on this dp rank's rows; returns the dp-mean loss.
+static double sharded_step(Sharded *sh, const Mesh *mesh, const Reference *r, const Case *c,
+                           int rows) {
+    int mb_rows = rows / c->microbatches, first = mesh_dp_rank(mesh) * rows;
+    memset(sh->f.grad, 0, sh->f.numel * sizeof(float));
+    double loss = 0;
+    for (int mb = 0; mb < c->microbatches; mb++) {
+        StepCtx s = step_ctx(sh, r, first + mb * mb_rows, mb_rows, 1.0f / c->microbatches);
+        loss += model_forward_backward(&sh->net.m, &s) / c->microbatches;
+    }
+    fsdp_finish_step(&sh->f);
+    return comm_all_reduce_double(mesh->dp, loss, COMM_AVG);
+}
+
+static void check_case(const Reference *r, const Mesh *mesh, const Case *c) {
+    int rows = B / mesh_dp_size(&mesh->layout);
+    Sharded sh;
+    sharded_build(&sh, mesh, c, rows);
+    fsdp_initialize(&sh.f, SEED);
+    float *full = xmalloc(r->numel * sizeof(float));
+    fsdp_gather_full(&sh.f, full);
+    EXPECT(memcmp(full, r->params, r->numel * sizeof(float)) == 0,
+           "%s: gathered initial params differ from the 1-rank ones", c->name);
+
+    if (c->validate_first) forward_only(&sh, mesh, r, rows);
+    uint64_t fsdp_before = comm_bytes(mesh->fsdp);
+    uint64_t replicate_before = comm_bytes(mesh->group[MESH_DP_REPLICATE]);
+    double loss = sharded_step(&sh, mesh, r, c, rows);
+    // Units a forward-only pass left gathered are not gathered again.
+    if (!c->validate_first) check_volume(&sh.f, mesh, c, fsdp_before, replicate_before);
+    EXPECT(close_to(loss, r->loss), "%s: loss %.9g, 1-rank %.9g", c->name, loss, r->loss);
+    check_grads(&sh.f, r, c->name);
+    const KernelOps *k = kernels_backend("cpu");
+    double norm = sqrt(grads_sum_squares(k, &sh.net.m.params, &sh.f, NULL));
+    EXPECT(close_to(norm, r->grad_norm), "%s: grad norm %.9g, 1-rank %.9g", c->name, norm,
+           r->grad_norm);
+    grad_clip_to_norm(k, sh.f.grad, sh.f.numel, norm, norm / 2);
+    double clipped = sqrt(grads_sum_squares(k, &sh.net.m.params, &sh.f, NULL));
+    EXPECT(close_to(clipped, norm / 2), "%s: clipped norm %.9g, want %.9g", c->name, clipped,
+           norm / 2);
+    FsdpEstimate e = fsdp_estimate(&sh.f);
+    if (world_rank == 0)
+        printf("ok %s: loss %.6f, grad norm %.6f; per rank: %zu of %zu params, MiB params %.2f "
+               "grads %.2f comm %.2f\n", c->name, loss, norm, sh.f.numel, r->numel,
+               e.param_bytes / 1048576.0, e.grad_bytes / 1048576.0, e.comm_bytes / 1048576.0);
+    free(full);
+    sharded_free(&sh);
+}
+
+// Every virtual rank of a 3-rank group fills its padded shard alone; their rows put together
+// are the 1-rank values, the padding is zero, and shard_from_full gives the same shards.
+static void check_uneven_placement(const Reference *r) {
+    enum { N = 3 };
+    for (int k = 0; k < N; k++) {
+        Net n;
+        net_build(&n, false, false);
+        FsdpConfig config = {.size = N, .rank = k, .replicate_size = 1,
+                             .k = kernels_backend("cpu")};
+        Fsdp f;
+        fsdp_plan(&f, &n.m, &config);
+        Arena params, grads, comm;
+        arena_init_sizing(&params, "params");
+        arena_init_sizing(&grads, "grads");
+        arena_init_sizing(&comm, "comm");
+        fsdp_allocate(&f, &params, &grads, &comm);
+        arena_commit(&params);
+        arena_commit(&grads);
+        arena_commit(&comm);
+        fsdp_allocate(&f, &params, &grads, &comm);
+        fsdp_initialize(&f, SEED);
+        float *filled = xmalloc(f.numel * sizeof(float));
+        memcpy(filled, f.data, f.numel * sizeof(float));
+        fsdp_shard_from_full(&f, r->params);
+        EXPECT(memcmp(filled, f.data, f.numel * sizeof(float)) == 0,
+               "rank %d of %d: shard_from_full differs from initialize", k, N);
+        bool padded = false;
+        for (int j = 0; j < f.params->count; j++) {
+            const Param *p = &f.params->items[j];
+            const FsdpShard *s = &f.shards[j];
+            size_t first = (size_t)s->row_begin * s->row_numel;
+            size_t count = (size_t)(s->row_end - s->row_begin) * s->row_numel;
+            EXPECT(s->shard_rows == (p->shape[0] + N - 1) / N, "%s: shard rows", p->name);
+            EXPECT(memcmp(filled + s->shard_offset, r->params + p->offset + first,
+                          count * sizeof(float)) == 0, "rank %d of %d: %s differs", k, N, p->name);
+            for (size_t i = count; i < (size_t)s->shard_rows * s->row_numel; i++)
+                EXPECT(filled[s->shard_offset + i] == 0, "%s: padding not zero", p->name);
+            padded |= count < (size_t)s->shard_rows * s->row_numel;
+        }
+        EXPECT(padded == (k == N - 1), "rank %d of %d: padding on the last rank only", k, N);
+        free(filled);
+        fsdp_free(&f);
+        arena_free(&params);
+        arena_free(&grads);
+        arena_free(&comm);
+        net_free(&n);
+    }
+}
+
+static void plan_tied(void) {
+    Net n;
+    net_build(&n, false, true);
+    FsdpConfig config = {.size = 2, .replicate_size = 1, .tied_embeddings = true,
+                         .k = kernels_backend("cpu")};
+    Fsdp f;
+    fsdp_plan(&f, &n.m, &config);
+}
+
+// Runs before MPI starts, so that the child may exit on its own.
+static void check_tied_refused(void) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 2);
+        plan_tied();
+        _exit(0);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == EXIT_USER_ERROR,
+           "tied embeddings were not refused as a user error");
+}
+
+static void check_reshard_names(void) {
+    EXPECT(fsdp_reshard_parse("default") == FSDP_RESHARD_DEFAULT &&
+           fsdp_reshard_parse("always") == FSDP_RESHARD_ALWAYS &&
+           fsdp_reshard_parse("never") == FSDP_RESHARD_NEVER,
+           "parallelism.fsdp_reshard_after_forward names");
+}
+
+static void mesh_from_args(Mesh *mesh, int argc, char **argv) {
+    int replicate = argc > 1 ? atoi(argv[1]) : 1;
+    int degrees[MESH_NDIMS] = {1, replicate, -1, 1, 1};
+    MeshLayout layout;
+    char err[256];
+    if (!mesh_plan(&layout, degrees, comm_size(comm_world()), err, sizeof err))
+        die_user("%s", err);
+    mesh_build(mesh, &layout);
+}
+
+int main(int argc, char **argv) {
+    check_tied_refused();
+    check_reshard_names();
+    comm_init(&argc, &argv);
+    world_rank = comm_rank(comm_world());
+    Mesh mesh;
+    mesh_from_args(&mesh, argc, argv);
+    Reference r;
+    reference_compute(&r);
+    check_uneven_placement(&r);
+    const Case cases[] = {
+        {FSDP_RESHARD_DEFAULT, false, 1, false, "default"},
+        {FSDP_RESHARD_ALWAYS, false, 1, false, "always"},
+        {FSDP_RESHARD_NEVER, false, 1, false, "never"},
+        {FSDP_RESHARD_DEFAULT, true, 1, false, "default+ac"},
+        {FSDP_RESHARD_ALWAYS, true, 1, false, "always+ac"},
+        {FSDP_RESHARD_NEVER, true, 1, false, "never+ac"},
+        {FSDP_RESHARD_ALWAYS, true, 2, false, "always+ac, 2 microbatches"},
+        {FSDP_RESHARD_DEFAULT, true, 1, true, "default+ac after a forward-only pass"},
+        {FSDP_RESHARD_NEVER, false, 1, true, "never after a forward-only pass"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&r, &mesh, &cases[i]);
+    int total = (int)comm_all_reduce_double(comm_world(), failures, COMM_SUM);
+    if (world_rank == 0)
+        printf("%s: %d ranks (dp_replicate %d x dp_shard %d), %d failures\n",
+               total ? "FAIL" : "PASS", mesh.layout.world_size,
+               mesh.layout.size[MESH_DP_REPLICATE], mesh.layout.size[MESH_DP_SHARD], total);
+    free(r.params);
+    free(r.grad);
+    comm_finalize();
+    return total ? 1 : 0;
+}

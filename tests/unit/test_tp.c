@@ -1,0 +1,204 @@
+// Tensor parallelism (MPI; also a plain unit test on 1 rank): the llama3 TP plan with sequence
+// parallel over every rank of the job, against the 1-rank model on the same batch. The loss
+// must match within 1e-6 relative and every local grad the same slice of the 1-rank grad
+// within 1e-5 (relative to the largest 1-rank grad of that parameter), with and without loss
+// parallel and activation checkpointing; the tp init is the 1-rank init's slices exactly, the
+// grad norm helper gives the 1-rank norm, the tp group's bytes are the documented volume, and
+// the activation arena's sizing pass counts a tp step exactly.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "models/llama3/llama3.h"
+#include "parallel/grads.h"
+#include "parallel/tp.h"
+
+#define ROWS_B 2
+#define SEQ_T 16
+#define SEED 7
+
+static CommGroup *world;
+
+typedef struct {
+    LlamaArgs args;
+    Model m;
+    Tp tp;
+    Arena params, grads, acts;
+    double loss;
+    uint64_t tp_bytes;  // the tp group's bytes over forward, backward and the grad sum
+} Run;
+
+static int tokens[ROWS_B * SEQ_T], targets[ROWS_B * SEQ_T], pos[SEQ_T];
+
+// The same batch on every rank (a tp group shares its data-parallel rank's batch).
+static void make_batch(int vocab) {
+    for (int i = 0; i < ROWS_B * SEQ_T; i++) {
+        tokens[i] = (int)((i * 7919u + 13u) % (unsigned)vocab);
+        targets[i] = (int)((i * 104729u + 5u) % (unsigned)vocab);
+    }
+    for (int t = 0; t < SEQ_T; t++) pos[t] = t;
+}
+
+// Builds, (for tp) parallelizes, allocates and initialises flavor, then runs one forward and
+// backward and, for tp, the step's replicated-grad sum.
+static void run(Run *r, const char *flavor, bool tp, bool loss_parallel, bool ac) {
+    const KernelOps *k = kernels_backend("cpu");
+    assert_true(llama3_flavor(flavor, &r->args));
+    r->args.max_seq_len = SEQ_T;
+    llama3_build(&r->m, &r->args, ac);
+    if (tp) {
+        tp_init(&r->tp, world, loss_parallel);
+        llama3_parallelize_tp(&r->m, &r->tp);
+    }
+    model_allocate(&r->m, model_activation_bytes(&r->m, k, ROWS_B, SEQ_T), &r->params, &r->grads,
+                   &r->acts);
+    params_initialize(&r->m.params, SEED);
+    make_batch(r->args.vocab_size);
+    StepCtx s = {.k = k, .act = &r->acts, .B = ROWS_B, .T = SEQ_T, .tokens = tokens,
+                 .targets = targets, .pos = pos, .loss_scale = 1.0f};
+    uint64_t before = comm_bytes(world);
+    size_t planned = r->acts.peak;
+    r->acts.peak = 0;
+    r->loss = model_forward_backward(&r->m, &s);
+    if (tp) grads_reduce_replicated(&r->m.params, NULL, &r->tp);
+    r->tp_bytes = comm_bytes(world) - before;
+    assert_int_equal(r->acts.peak, planned);  // the sizing pass counted the tp step exactly
+}
+
+static void unrun(Run *r) {
+    arena_free(&r->params);
+    arena_free(&r->grads);
+    arena_free(&r->acts);
+    llama3_free(&r->m);
+}
+
+// The largest |local - reference slice| over p, relative to the reference's largest |value|
+// (of data when grads is false).
+static double slice_error(const Param *p, const Param *ref, bool grads) {
+    const float *x = grads ? p->grad : p->data, *y = grads ? ref->grad : ref->data;
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < ref->numel; i++) scale = fmax(scale, fabs(y[i]));
+    for (size_t i = 0; i < p->numel; i++)
+        err = fmax(err, fabs(x[i] - y[param_global_index(p, i)]));
+    return scale > 0 ? err / scale : err;
+}
+
+// The worst slice_error over every parameter and rank (so every rank asserts the same value).
+static double worst_error(Run *tp, Run *ref, bool grads) {
+    double worst = 0;
+    for (int i = 0; i < tp->m.params.count; i++) {
+        Param *p = &tp->m.params.items[i];
+        Param *q = params_find(&ref->m.params, p->name);
+        assert_non_null(q);
+        double e = slice_error(p, q, grads);
+        if (e > 1e-5) print_message("rank %d: %s error %.3g\n", comm_rank(world), p->name, e);
+        worst = fmax(worst, e);
+    }
+    return comm_all_reduce_double(world, worst, COMM_MAX);
+}
+
+// Bytes the tp group's operations take in one microbatch's forward and backward plus the
+// step's replicated-grad sum, in comm.h's accounting (each operation's local input): every
+// gather of rows (rows x D) and reduce-scatter of all rows (BT x D) once per seam (embedding,
+// 2 per layer forward and again backward, 3 more under checkpointing's re-run forward, the
+// head), the loss statistics (3 BT floats) or the gathered logits (BT x V/tp), the norms' grads.
+static uint64_t tp_volume(const LlamaArgs *a, int tp, bool loss_parallel, bool ac) {
+    uint64_t BT = ROWS_B * SEQ_T, rows = BT / tp, D = a->dim, L = a->n_layers;
+    uint64_t seams = 2 + 4 * L + (ac ? 2 * L : 0);
+    uint64_t loss = loss_parallel ? 3 * BT : BT * a->vocab_size / tp;
+    return 4 * (seams * (BT + rows) * D + loss + (2 * L + 1) * D);
+}
+
+static void check_case(const char *flavor, bool loss_parallel, bool ac) {
+    Run ref, tp;
+    run(&ref, flavor, false, false, false);
+    run(&tp, flavor, true, loss_parallel, ac);
+    double loss_err = fabs(tp.loss - ref.loss) / fabs(ref.loss);
+    assert_true(comm_all_reduce_double(world, loss_err, COMM_MAX) <= 1e-6);
+    assert_true(worst_error(&tp, &ref, true) <= 1e-5);
+    assert_int_equal(ref.tp_bytes, 0);
+    assert_int_equal(tp.tp_bytes, tp_volume(&tp.args, comm_size(world), loss_parallel, ac));
+    unrun(&ref);
+    unrun(&tp);
+}
+
+static void test_small(void **state) {
+    (void)state;
+    check_case("small", true, false);
+}
+
+static void test_small_no_loss_parallel(void **state) {
+    (void)state;
+    check_case("small", false, false);
+}
+
+static void test_small_checkpointed(void **state) {
+    (void)state;
+    check_case("small", true, true);
+    check_case("small", false, true);
+}
+
+static void test_debugmodel(void **state) {
+    (void)state;
+    check_case("debugmodel", true, false);
+    check_case("debugmodel", false, true);
+}
+
+// A shard's initial values are the 1-rank values of its slice, bit for bit; the shards' local
+// shapes are the plan's; the grad norm over the shards is the 1-rank norm.
+static void test_init_shapes_and_norm(void **state) {
+    (void)state;
+    Run ref, tp;
+    run(&ref, "small", false, false, false);
+    run(&tp, "small", true, true, false);
+    assert_true(worst_error(&tp, &ref, false) == 0);
+    int n = comm_size(world);
+    Param *wq = params_find(&tp.m.params, "layers.1.attention.wq.weight");
+    Param *w2 = params_find(&tp.m.params, "layers.1.feed_forward.w2.weight");
+    Param *emb = params_find(&tp.m.params, "tok_embeddings.weight");
+    Param *norm = params_find(&tp.m.params, "layers.1.ffn_norm.weight");
+    assert_true(wq->shape[0] * n == wq->global_shape[0] && wq->shape[1] == wq->global_shape[1]);
+    assert_true(w2->shape[1] * n == w2->global_shape[1] && w2->tp.dim == 1);
+    assert_true(emb->shape[0] * n == emb->global_shape[0] && emb->tp.dim == 0);
+    assert_true(norm->tp.dim == TP_REPLICATE && norm->numel == (size_t)norm->global_shape[0]);
+    const KernelOps *k = kernels_backend("cpu");
+    double want = k->sum_squares(ref.m.params.grad, ref.m.params.numel);
+    double got = grads_sum_squares(k, &tp.m.params, NULL, &tp.tp);
+    assert_true(fabs(got - want) / want <= 1e-5);
+    unrun(&ref);
+    unrun(&tp);
+}
+
+static void test_divisibility(void **state) {
+    (void)state;
+    LlamaArgs a;
+    char err[256];
+    assert_true(llama3_flavor("small", &a));
+    assert_null(llama3_tp_check(&a, 4, 2, 16, err, sizeof err));
+    const char *want = "parallelism.tensor_parallel_degree 8 does not divide model n_kv_heads (4)";
+    assert_string_equal(llama3_tp_check(&a, 8, 2, 16, err, sizeof err), want);
+    assert_non_null(strstr(llama3_tp_check(&a, 4, 1, 6, err, sizeof err), "(6)"));
+    a.vocab_size = 2050;
+    assert_non_null(strstr(llama3_tp_check(&a, 4, 2, 16, err, sizeof err), "vocab_size (2050)"));
+}
+
+int main(int argc, char **argv) {
+    comm_init(&argc, &argv);
+    world = comm_world();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_divisibility),
+        cmocka_unit_test(test_init_shapes_and_norm),
+        cmocka_unit_test(test_small),
+        cmocka_unit_test(test_small_no_loss_parallel),
+        cmocka_unit_test(test_small_checkpointed),
+        cmocka_unit_test(test_debugmodel),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    comm_finalize();
+    return failed;
+}
