@@ -46,6 +46,7 @@ typedef struct {
     Tp tp;                        // used when tp_on
     Fsdp fsdp;                    // used when fsdp_on (dp_shard x cp > 1, or HSDP / DDP)
     bool tp_on, fsdp_on;
+    int estimate_world_size;      // > 0: `--estimate`: plan and size for that many ranks only
     ParamTable *trained;          // what the optimizer updates: the params, or FSDP's shards
     ParamTable shard_view;        // FSDP's shards seen as one flat table
     Arena param_arena, grad_arena, optim_arena, act_arena, comm_arena;
@@ -96,7 +97,9 @@ static void setup_model(Trainer *t) {
     bool full_ac = strcmp(c->activation_checkpoint.mode, "full") == 0;
     llama3_build(&t->model, &t->args, false);
     if (t->tp_on) {
-        tp_init(&t->tp, t->mesh.group[MESH_TP], !c->parallelism.disable_loss_parallel);
+        bool loss_parallel = !c->parallelism.disable_loss_parallel;
+        if (t->estimate_world_size) tp_plan(&t->tp, 0, tp, loss_parallel);
+        else tp_init(&t->tp, t->mesh.group[MESH_TP], loss_parallel);
         llama3_parallelize_tp(&t->model, &t->tp);
     }
     set_checkpointing(&t->model, full_ac);
@@ -104,10 +107,12 @@ static void setup_model(Trainer *t) {
 
 // FSDP's shards, full-parameter slots and communication buffers, sized by a first pass of
 // the same code; then the model's blocks are wrapped so the generic loop drives FSDP.
-static void allocate_fsdp(Trainer *t, size_t act_bytes) {
+static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
     const ParallelismSection *p = &t->cfg.parallelism;
+    const int *size = t->mesh.layout.size;
     Fsdp *f = &t->fsdp;
-    FsdpConfig config = {.size = comm_size(t->mesh.fsdp), .rank = comm_rank(t->mesh.fsdp),
+    FsdpConfig config = {.size = size[MESH_DP_SHARD] * size[MESH_CP],
+                         .rank = t->mesh.fsdp ? comm_rank(t->mesh.fsdp) : 0,
                          .replicate_size = t->mesh.layout.size[MESH_DP_REPLICATE],
                          .reshard = fsdp_reshard_parse(p->fsdp_reshard_after_forward),
                          .tied_embeddings = t->args.tie_word_embeddings, .k = t->k};
@@ -116,19 +121,22 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes) {
     const char *names[] = {"params", "grads", "comm"};
     for (int i = 0; i < 3; i++) arena_init_sizing(arenas[i], names[i]);
     fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
+    arena_init_sizing(&t->act_arena, "activations");
+    t->act_arena.peak = act_bytes;
+    t->trained = &t->shard_view;
+    t->shard_view = (ParamTable){.numel = f->numel};
+    if (!commit) return;
     for (int i = 0; i < 3; i++) arena_commit(arenas[i]);
+    arena_commit(&t->act_arena);
     fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
     CommGroup *replicate = config.replicate_size > 1 ? t->mesh.group[MESH_DP_REPLICATE] : NULL;
     fsdp_wrap(f, &t->model, t->mesh.fsdp, replicate);
-    arena_init_sizing(&t->act_arena, "activations");
-    t->act_arena.peak = act_bytes;
-    arena_commit(&t->act_arena);
     t->shard_view = (ParamTable){.numel = f->numel, .data = f->data, .grad = f->grad};
-    t->trained = &t->shard_view;
 }
 
-// Sizes every arena with the same calls that then carve it (core/arena.h), then allocates.
-static void allocate_arenas(Trainer *t) {
+// Sizes every arena with the same calls that then carve it (core/arena.h), then allocates
+// them (commit), or stops there (--estimate).
+static void allocate_arenas(Trainer *t, bool commit) {
     Model *m = &t->model;
     bool full_ac = m->blocks[1].checkpointed;
     set_checkpointing(m, !full_ac);
@@ -140,13 +148,17 @@ static void allocate_arenas(Trainer *t) {
         if (val_bytes > act_bytes) act_bytes = val_bytes;
     }
     if (t->fsdp_on) {
-        allocate_fsdp(t, act_bytes);
-    } else {
+        allocate_fsdp(t, act_bytes, commit);
+    } else if (commit) {
         model_allocate(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena);
+        t->trained = &m->params;
+    } else {
+        model_size(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena);
         t->trained = &m->params;
     }
     arena_init_sizing(&t->optim_arena, "optimizer");
     adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
+    if (!commit) return;
     arena_commit(&t->optim_arena);
     adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
 }
@@ -256,15 +268,20 @@ static void setup_mesh(Trainer *t) {
                                (int)p->context_parallel_degree, (int)p->tensor_parallel_degree};
     MeshLayout layout;
     char err[512];
-    if (!mesh_plan(&layout, degrees, comm_size(comm_world()), err, sizeof err))
-        die_user("%s", err);
-    if (layout.world_size > 1 && (c->checkpoint.enable || c->checkpoint.initial_load_path ||
-                                  c->checkpoint.create_seed_checkpoint))
-        die_user("checkpoints on %d ranks are not implemented yet (run checkpointing jobs on one "
-                 "rank)", layout.world_size);
-    mesh_build(&t->mesh, &layout);
+    int world = t->estimate_world_size ? t->estimate_world_size : comm_size(comm_world());
+    if (!mesh_plan(&layout, degrees, world, err, sizeof err)) die_user("%s", err);
+    if (t->estimate_world_size) {
+        t->mesh = (Mesh){.layout = layout};  // rank 0's view; no groups
+    } else {
+        if (layout.world_size > 1 && (c->checkpoint.enable || c->checkpoint.initial_load_path ||
+                                      c->checkpoint.create_seed_checkpoint))
+            die_user("checkpoints on %d ranks are not implemented yet (run checkpointing jobs "
+                     "on one rank)", layout.world_size);
+        mesh_build(&t->mesh, &layout);
+    }
     t->tp_on = layout.size[MESH_TP] > 1;
-    t->fsdp_on = comm_size(t->mesh.fsdp) > 1 || layout.size[MESH_DP_REPLICATE] > 1;
+    t->fsdp_on = layout.size[MESH_DP_SHARD] * layout.size[MESH_CP] > 1 ||
+                 layout.size[MESH_DP_REPLICATE] > 1;
 }
 
 // torchtitan's batch: global_batch_size -1 is local_batch_size x dp; larger ones accumulate
@@ -289,7 +306,9 @@ static void setup(Trainer *t) {
         t->val.T = (int)c->validation.seq_len;
     }
     t->accum = accumulation_steps(&c->training, mesh_dp_size(&t->mesh.layout));
-    if (c->model.tokenizer_path) t->tokenizer = tokenizer_load(c->model.tokenizer_path);
+    // --estimate plans with the flavor's vocabulary: it reads no files.
+    if (c->model.tokenizer_path && !t->estimate_world_size)
+        t->tokenizer = tokenizer_load(c->model.tokenizer_path);
     setup_model(t);
     t->opt = (AdamW){.lr = c->optimizer.lr, .beta1 = c->optimizer.beta1,
                      .beta2 = c->optimizer.beta2, .eps = c->optimizer.eps,
@@ -298,8 +317,12 @@ static void setup(Trainer *t) {
     t->schedule = lr_schedule_make((int)c->training.steps, (int)c->lr_scheduler.warmup_steps,
                                    decay_ratio, decay_type_of(c->lr_scheduler.decay_type),
                                    c->lr_scheduler.min_lr_factor);
+    if (t->estimate_world_size) {
+        allocate_arenas(t, false);
+        return;
+    }
     if (!c->checkpoint.create_seed_checkpoint) setup_data(t);
-    allocate_arenas(t);
+    allocate_arenas(t, true);
     load_or_initialize(t);
     const int *size = t->mesh.layout.size;
     log_info("model: llama3 %s, %d layers, dim %d, vocab %d; batch %d x %d tokens x %d "
@@ -380,6 +403,29 @@ static void maybe_checkpoint(Trainer *t, int step) {
     if (ck->keep_latest_k > 0) ckpt_keep_latest(t->ckpt_folder, (int)ck->keep_latest_k);
 }
 
+// <dump_folder>/run_summary.json: what this run allocated and sent (rank 0's view), in the
+// terms `titan --estimate` predicts, so the two can be compared.
+static void write_run_summary(Trainer *t) {
+    char path[4096 + 32];
+    snprintf(path, sizeof path, "%s/run_summary.json", t->cfg.job.dump_folder);
+    FILE *f = fopen(path, "w");
+    if (!f) die_user("cannot write %s: %s", path, strerror(errno));
+    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
+                             &t->comm_arena};
+    const char *names[] = {"params", "grads", "optimizer", "activations", "comm"};
+    fprintf(f, "{\"world_size\": %d, \"steps\": %lld, \"arena_bytes\": {",
+            t->mesh.layout.world_size, (long long)t->progress.step);
+    for (int i = 0; i < 5; i++) fprintf(f, "%s\"%s\": %zu", i ? ", " : "", names[i], arenas[i]->size);
+    CommGroup *groups[] = {t->mesh.fsdp, t->mesh.group[MESH_DP_REPLICATE], t->mesh.group[MESH_TP],
+                           t->mesh.loss};
+    fprintf(f, "}, \"comm_bytes\": {");
+    for (int i = 0; i < 4; i++)
+        fprintf(f, "%s\"%s\": %llu", i ? ", " : "", comm_name(groups[i]),
+                (unsigned long long)comm_bytes(groups[i]));
+    fprintf(f, "}}\n");
+    if (fclose(f) != 0) die_user("cannot write %s: %s", path, strerror(errno));
+}
+
 static void train(Trainer *t) {
     const Config *c = &t->cfg;
     MetricsLog log = {0};
@@ -409,6 +455,65 @@ static void train(Trainer *t) {
     }
     metrics_close(&log);
     comm_report();
+    if (t->mesh.world_rank == 0) write_run_summary(t);
+}
+
+// What one rank hands to each group's collectives per step (comm.h's accounting), from the
+// plans of FSDP and TP: the analytic volume that a real run's comm report must equal.
+typedef struct {
+    const char *group;
+    uint64_t bytes;
+} GroupBytes;
+
+static int comm_per_step(Trainer *t, GroupBytes out[4]) {
+    int n = 0;
+    const int *size = t->mesh.layout.size;
+    bool ac = t->model.blocks[1].checkpointed;
+    if (t->fsdp_on) {
+        FsdpEstimate e = fsdp_estimate(&t->fsdp);
+        uint64_t micro = e.all_gather_forward + e.all_gather_backward + e.reduce_scatter;
+        out[n++] = (GroupBytes){"fsdp", t->accum * micro + sizeof(double)};  // + the grad norm
+        if (size[MESH_DP_REPLICATE] > 1) out[n++] = (GroupBytes){"dp_replicate", e.replicate_all_reduce};
+    }
+    if (t->tp_on) {
+        uint64_t micro = llama3_tp_bytes_per_microbatch(&t->args, size[MESH_TP], t->train.B,
+                                                        t->train.T, ac, t->tp.hooks.loss_parallel);
+        size_t replicated = grads_replicated_floats(&t->model.params, t->fsdp_on ? &t->fsdp : NULL);
+        out[n++] = (GroupBytes){"tp", t->accum * micro + 4 * replicated + sizeof(double)};
+    }
+    out[n++] = (GroupBytes){"loss", sizeof(double)};  // the step's mean loss
+    return n;
+}
+
+// `titan --estimate`: every arena per rank, FLOPs and communication per step, for any flavor
+// and layout, from the sizing passes of the real allocation (nothing is allocated).
+static void print_estimate(Trainer *t) {
+    const double GiB = 1024.0 * 1024.0 * 1024.0;
+    const int *size = t->mesh.layout.size;
+    printf("estimate: llama3 %s on %d ranks (pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d), "
+           "batch %d x %d x %d microbatches per rank, activation_checkpoint %s\n",
+           t->cfg.model.flavor, t->mesh.layout.world_size, size[MESH_PP],
+           size[MESH_DP_REPLICATE], size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP],
+           t->train.B, t->train.T, t->accum, t->cfg.activation_checkpoint.mode);
+    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
+                             &t->comm_arena};
+    size_t total = 0;
+    printf("  %-12s %16s %12s\n", "arena", "bytes per rank", "GiB");
+    for (int i = 0; i < 5; i++) {
+        printf("  %-12s %16zu %12.3f\n", arenas[i]->name ? arenas[i]->name : "comm",
+               arenas[i]->peak, arenas[i]->peak / GiB);
+        total += arenas[i]->peak;
+    }
+    printf("  %-12s %16zu %12.3f\n", "total", total, total / GiB);
+    double tokens = (double)t->accum * t->train.B * t->train.T / size[MESH_TP];
+    printf("  FLOPs per step per rank: %.4g (%.4g per token, torchtitan's 6N + 12 L H Q T)\n",
+           tokens * t->model.flops_per_token, t->model.flops_per_token);
+    GroupBytes groups[4];
+    int n = comm_per_step(t, groups);
+    printf("  %-12s %16s %12s\n", "group", "bytes per step", "GiB");
+    for (int i = 0; i < n; i++)
+        printf("  %-12s %16llu %12.3f\n", groups[i].group, (unsigned long long)groups[i].bytes,
+               groups[i].bytes / GiB);
 }
 
 static void create_seed_checkpoint(Trainer *t) {
@@ -425,10 +530,28 @@ static void save_config(const Config *c, const char *path) {
     if (fclose(f) != 0) die_user("job.save_config_file: cannot write %s: %s", path, strerror(errno));
 }
 
-// `--print-config` is the short form of `--job.print_config`.
-static void expand_short_flags(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--print-config") == 0) argv[i] = "--job.print_config";
+// titan's own flags, removed from argv before the config parses the rest: `--estimate
+// [--world-size N]`; and `--print-config`, the short form of `--job.print_config`.
+static int parse_titan_flags(int argc, char **argv, Trainer *t) {
+    int kept = 1;
+    bool estimate = false;
+    int world = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--estimate") == 0) {
+            estimate = true;
+        } else if (strcmp(argv[i], "--world-size") == 0) {
+            char *end = NULL;
+            long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+            if (!end || *end || v < 1) die_user("--world-size expects a positive integer");
+            world = (int)v;
+            i++;
+        } else {
+            argv[kept++] = strcmp(argv[i], "--print-config") == 0 ? "--job.print_config" : argv[i];
+        }
+    }
+    if (world && !estimate) die_user("--world-size is only for --estimate");
+    if (estimate) t->estimate_world_size = world ? world : 1;
+    return kept;
 }
 
 int main(int argc, char **argv) {
@@ -436,11 +559,17 @@ int main(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[1], "tokenizer") == 0 && strcmp(argv[2], "train") == 0)
         return tokenizer_train_main(argc - 2, argv + 2);
     if (argc > 1 && strcmp(argv[1], "generate") == 0) return generate_main(argc - 1, argv + 1);
-    expand_short_flags(argc, argv);
+    Trainer *t = xcalloc(1, sizeof(Trainer));
+    argc = parse_titan_flags(argc, argv, t);
+    if (t->estimate_world_size) {  // planning only: no MPI, no files, no allocation
+        config_load_or_die(&t->cfg, argc, argv);
+        setup(t);
+        print_estimate(t);
+        return 0;
+    }
     comm_init(&argc, &argv);
     log_set_rank(comm_rank(comm_world()));
     die_user_collective(true);  // every rank reads the same config and plans the same mesh
-    Trainer *t = xcalloc(1, sizeof(Trainer));
     config_load_or_die(&t->cfg, argc, argv);
     const CommSection *cs = &t->cfg.comm;
     comm_configure(&(CommConfig){.timeout_seconds = (int)cs->train_timeout_seconds,

@@ -62,12 +62,16 @@ size_t model_activation_bytes(Model *m, const KernelOps *k, int B, int T) {
     return sizing.peak;
 }
 
-void model_allocate(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts) {
+void model_size(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts) {
     arena_init_sizing(params, "params");
     arena_init_sizing(grads, "grads");
     arena_init_sizing(acts, "activations");
     params_allocate(&m->params, params, grads);
     acts->peak = activation_bytes;
+}
+
+void model_allocate(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts) {
+    model_size(m, activation_bytes, params, grads, acts);
     arena_commit(params);
     arena_commit(grads);
     arena_commit(acts);

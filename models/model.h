@@ -88,6 +88,9 @@ typedef struct {
 // Activation bytes one microbatch of (B, T) needs, counted by running the step's allocations
 // on a sizing arena (no compute).
 size_t model_activation_bytes(Model *m, const KernelOps *k, int B, int T);
+// Sizes the parameter and gradient arenas (sizing arenas, nothing allocated) and sets the
+// activation arena's size: what model_allocate will commit.
+void model_size(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts);
 // Sizes, allocates and carves the parameter and gradient arenas and an activation arena of
 // activation_bytes (model_activation_bytes of the largest batch); parameters are zero until
 // initialised or loaded.

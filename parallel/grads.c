@@ -11,6 +11,13 @@ static GradPiece grad_piece(const ParamTable *t, const Fsdp *f, int i) {
     return (GradPiece){f->grad + s->shard_offset, (size_t)s->shard_rows * s->row_numel};
 }
 
+size_t grads_replicated_floats(const ParamTable *t, const Fsdp *f) {
+    size_t n = 0;
+    for (int i = 0; i < t->count; i++)
+        if (t->items[i].tp.dim == TP_REPLICATE) n += grad_piece(t, f, i).n;
+    return n;
+}
+
 void grads_reduce_replicated(const ParamTable *t, const Fsdp *f, const Tp *tp) {
     if (!tp) return;
     for (int i = 0; i < t->count; i++) {

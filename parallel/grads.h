@@ -12,6 +12,8 @@
 #include "parallel/fsdp.h"
 #include "parallel/tp.h"
 
+// Floats grads_reduce_replicated all-reduces over tp per step (for --estimate).
+size_t grads_replicated_floats(const ParamTable *t, const Fsdp *f);
 // After the last microbatch's backward (and fsdp_finish_step).
 void grads_reduce_replicated(const ParamTable *t, const Fsdp *f, const Tp *tp);
 // Sum over every element of the whole model's gradient of its square: each piece weighted by

@@ -35,7 +35,12 @@ static void tp_all_reduce_sum(const TpHooks *h, float *buf, size_t n) {
 }
 
 void tp_init(Tp *tp, CommGroup *group, bool loss_parallel) {
-    *tp = (Tp){.group = group, .rank = comm_rank(group), .size = comm_size(group)};
+    tp_plan(tp, comm_rank(group), comm_size(group), loss_parallel);
+    tp->group = group;
+}
+
+void tp_plan(Tp *tp, int rank, int size, bool loss_parallel) {
+    *tp = (Tp){.rank = rank, .size = size};
     tp->hooks = (TpHooks){.size = tp->size, .loss_parallel = loss_parallel,
                           .gather = tp_gather, .gather_columns = tp_gather_columns,
                           .reduce_scatter = tp_reduce_scatter,

@@ -26,6 +26,9 @@ typedef struct Tp {
 
 // Hooks over group (the mesh's tp group). loss_parallel: !parallelism.disable_loss_parallel.
 void tp_init(Tp *tp, CommGroup *group, bool loss_parallel);
+// The same placement for rank of size ranks without a group (MPI-free planning: --estimate);
+// its hooks must not be called.
+void tp_plan(Tp *tp, int rank, int size, bool loss_parallel);
 // Places p on the group as Shard(dim) (this rank's slice `rank`) or Replicate (TP_REPLICATE).
 // Before params_allocate.
 void tp_shard(const Tp *tp, ParamTable *t, Param *p, int dim);

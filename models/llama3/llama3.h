@@ -2,6 +2,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "checkpoint/checkpoint.h"
 #include "models/model.h"
@@ -51,6 +52,13 @@ const char *llama3_tp_check(const LlamaArgs *args, int tp, int B, int T, char *e
 // row-parallel (Shard(1)), tok_embeddings and output vocab-parallel (Shard(0)), norms
 // replicated; the blocks then call tp's hooks.
 void llama3_parallelize_tp(Model *m, const Tp *tp);
+// Bytes one rank hands to the tp group per microbatch of B x T (comm.h's accounting: each
+// operation's local input): every sequence-parallel seam (all-gather of rows before a colwise
+// projection, reduce-scatter after a rowwise one; embedding, 4 per layer over forward and
+// backward, 2 more per layer when checkpointing re-runs forward, head) moves (BT + BT/tp) * dim
+// floats, and the loss 3 * BT floats (loss parallel) or the gathered logits.
+uint64_t llama3_tp_bytes_per_microbatch(const LlamaArgs *args, int tp, int B, int T,
+                                        bool activation_checkpoint, bool loss_parallel);
 
 // ---- incremental decoding (decode.c) ------------------------------------------------------
 

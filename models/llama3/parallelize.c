@@ -44,3 +44,11 @@ void llama3_parallelize_tp(Model *m, const Tp *tp) {
     tp_shard(tp, t, h->norm, TP_REPLICATE);
     m->tp = &tp->hooks;
 }
+
+uint64_t llama3_tp_bytes_per_microbatch(const LlamaArgs *args, int tp, int B, int T,
+                                        bool activation_checkpoint, bool loss_parallel) {
+    uint64_t bt = (uint64_t)B * T, L = (uint64_t)args->n_layers;
+    uint64_t seams = 2 + 4 * L + (activation_checkpoint ? 2 * L : 0);
+    uint64_t loss = loss_parallel ? 3 * bt : bt * (uint64_t)args->vocab_size / (uint64_t)tp;
+    return 4 * (seams * (bt + bt / (uint64_t)tp) * (uint64_t)args->dim + loss);
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# `titan --estimate`: prints per-rank arenas, FLOPs and communication per step for the 8B, 70B
+# and 405B configs on thousands of ranks without MPI; and for the debug model its numbers equal
+# what a real run allocates and sends (run_summary.json: every arena's bytes, and each group's
+# bytes = steps x the estimate's per-step bytes), for a 2D layout and for HSDP with activation
+# checkpointing and gradient accumulation.
+source "$(dirname "$0")/lib.sh"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+
+for spec in 8b:64:8 70b:512:8 405b:2048:8; do
+  IFS=: read -r name ranks tp <<<"$spec"
+  $TITAN --estimate --config configs/llama3_$name.yaml --world-size "$ranks" \
+    --parallelism.tensor_parallel_degree "$tp" >"$SCRATCH/$name.txt"
+  for row in params grads optimizer activations comm total fsdp tp "FLOPs per step"; do
+    grep -q "^  $row" "$SCRATCH/$name.txt" || fail "$name estimate has no '$row' row"
+  done
+  head -1 "$SCRATCH/$name.txt"
+done
+
+check() {  # name, ranks, overrides...: estimate vs a 3-step real run
+  local name=$1 np=$2; shift 2
+  local args=(${SMALL[@]} --training.steps 3 "$@")
+  $TITAN --estimate --world-size "$np" "${args[@]}" >"$SCRATCH/$name.estimate"
+  mpirun --oversubscribe -np "$np" $TITAN "${args[@]}" --job.dump_folder "$SCRATCH/$name" \
+    >"$SCRATCH/$name.log" 2>&1 || { tail -5 "$SCRATCH/$name.log"; fail "$name: run failed"; }
+  $PY - "$name" "$SCRATCH/$name.estimate" "$SCRATCH/$name/run_summary.json" <<'PY'
+import json, sys
+name, estimate, summary = sys.argv[1], open(sys.argv[2]).read().splitlines(), json.load(open(sys.argv[3]))
+rows = {l.split()[0]: int(l.split()[1]) for l in estimate if l.startswith("  ") and l.split()[1].isdigit()}
+for arena, got in summary["arena_bytes"].items():
+    assert rows[arena] == got, f"{name}: {arena} estimated {rows[arena]}, allocated {got}"
+for group, got in summary["comm_bytes"].items():
+    want = summary["steps"] * rows.get(group, 0)
+    assert want == got, f"{name}: group {group}: estimated {want} bytes, sent {got}"
+print(f"ok: {name}: arenas and per-group traffic equal the estimate")
+PY
+}
+
+P=--parallelism
+check dp_shard=2xtp=2 4 $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2
+check hsdp+ac+accum 4 --training.local_batch_size 2 --training.global_batch_size 16 \
+  $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2 --activation_checkpoint.mode full
