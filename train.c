@@ -428,6 +428,7 @@ static void write_run_summary(Trainer *t) {
 
 static void train(Trainer *t) {
     const Config *c = &t->cfg;
+    double started = now_seconds(), waited_before = comm_wait_seconds();
     MetricsLog log = {0};
     if (t->mesh.world_rank == 0) metrics_open(&log, c->job.dump_folder);
     // Tokens per device, as torchtitan: the ranks of a tp group share their tokens.
@@ -454,6 +455,9 @@ static void train(Trainer *t) {
         if (c->checkpoint.enable) maybe_checkpoint(t, step);
     }
     metrics_close(&log);
+    double elapsed = now_seconds() - started, waited = comm_wait_seconds() - waited_before;
+    log_info("comm: %.2f s of %.2f s of training waiting on collectives (%.1f%%)", waited, elapsed,
+             elapsed > 0 ? 100 * waited / elapsed : 0.0);
     comm_report();
     if (t->mesh.world_rank == 0) write_run_summary(t);
 }

@@ -226,6 +226,11 @@ static void pause_between_polls(double waited_s, long *pause_ns) {
 
 // Polls rather than blocking in MPI_Wait even without a timeout, so that a SIGUSR1 dump can
 // happen while a rank hangs here.
+// Time this rank has spent blocked in waits: communication that compute did not hide.
+static double waited_total;
+
+double comm_wait_seconds(void) { return waited_total; }
+
 static void wait_until(CommHandle *h, bool (*done)(void *request)) {
     double start = flight_now();
     long pause_ns = 0;
@@ -236,6 +241,7 @@ static void wait_until(CommHandle *h, bool (*done)(void *request)) {
         pause_between_polls(waited, &pause_ns);
     }
     h->request = NULL;
+    waited_total += flight_now() - start;
     flight_complete(h->trace_id);
     for (size_t i = 0; i < h->avg_n; i++) h->avg_buf[i] /= (float)h->group->size;
     h->avg_buf = NULL;

@@ -101,6 +101,9 @@ double comm_all_reduce_double(CommGroup *g, double value, CommOp op);
 // of the algorithm the library picks, so tests can compare it with the analytic volume.
 uint64_t comm_bytes(const CommGroup *g);
 uint64_t comm_ops(const CommGroup *g);
+// Seconds this rank has spent blocked in comm_wait (and the blocking forms) since comm_init:
+// the communication that compute did not hide.
+double comm_wait_seconds(void);
 // One line per group with its bytes and operation count: world rank 0 prints its own counts
 // (not a sum over ranks, which would need a collective at exit).
 void comm_report(void);
