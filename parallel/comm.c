@@ -365,7 +365,8 @@ double comm_all_reduce_double(CommGroup *g, double value, CommOp op) {
 void comm_report(void) {
     if (n_groups == 0 || groups[0].rank != 0) return;
     for (int i = 0; i < n_groups; i++)
-        log_info("comm: group %-14s %10" PRIu64 " ops %16" PRIu64 " bytes (%.1f MiB)",
+        if (groups[i].ops > 0)  // the mesh makes every group; report the ones used
+            log_info("comm: group %-14s %10" PRIu64 " ops %16" PRIu64 " bytes (%.1f MiB)",
                  groups[i].name, groups[i].ops, groups[i].bytes,
                  (double)groups[i].bytes / (1024.0 * 1024.0));
 }

@@ -104,8 +104,8 @@ uint64_t comm_ops(const CommGroup *g);
 // Seconds this rank has spent blocked in comm_wait (and the blocking forms) since comm_init:
 // the communication that compute did not hide.
 double comm_wait_seconds(void);
-// One line per group with its bytes and operation count: world rank 0 prints its own counts
-// (not a sum over ranks, which would need a collective at exit).
+// One line per group that was used, with its bytes and operation count: world rank 0 prints
+// its own counts (not a sum over ranks, which would need a collective at exit).
 void comm_report(void);
 // Writes the flight recorder to stderr (also what SIGUSR1 does).
 void comm_dump_trace(const char *why);
