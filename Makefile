@@ -54,7 +54,9 @@ $(BUILD)/%.o: %.c
 $(BUILD)/libtitan.a: $(LIB_OBJS)
 	ar rcs $@ $^
 
-titan: $(BUILD)/train.o $(BUILD)/libtitan.a
+TRAIN_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard train*.c))
+
+titan: $(TRAIN_OBJS) $(BUILD)/libtitan.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtitan.a
@@ -85,4 +87,4 @@ train-default: titan
 clean:
 	rm -rf $(BUILD) titan
 
--include $(LIB_OBJS:.o=.d) $(BUILD)/train.d
+-include $(LIB_OBJS:.o=.d) $(TRAIN_OBJS:.o=.d)

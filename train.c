@@ -9,57 +9,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "checkpoint/train_state.h"
-#include "core/config.h"
-#include "core/errors.h"
-#include "core/files.h"
-#include "core/metrics.h"
 #include "data/bpe_train.h"
-#include "data/dataset.h"
-#include "data/loader.h"
 #include "data/tokenize.h"
-#include "data/tokenizer.h"
 #include "infer/generate.h"
-#include "models/llama3/llama3.h"
-#include "optim/optim.h"
-#include "parallel/comm.h"
-#include "parallel/fsdp.h"
-#include "parallel/grads.h"
-#include "parallel/mesh.h"
-#include "parallel/tp.h"
-
-// One dataset read in batches: the training split or the validation split.
-typedef struct {
-    const char *path;
-    TokenStream stream;
-    DataLoader loader;
-    int B, T;                // rows and sequence length of its batches
-    int *tokens, *targets;   // (B*T) each
-} Split;
-
-typedef struct {
-    Config cfg;
-    const KernelOps *k;
-    LlamaArgs args;
-    Model model;
-    Mesh mesh;
-    Tp tp;                        // used when tp_on
-    Fsdp fsdp;                    // used when fsdp_on (dp_shard x cp > 1, or HSDP / DDP)
-    bool tp_on, fsdp_on;
-    int estimate_world_size;      // > 0: `--estimate`: plan and size for that many ranks only
-    ParamTable *trained;          // what the optimizer updates: the params, or FSDP's shards
-    ParamTable shard_view;        // FSDP's shards seen as one flat table
-    Arena param_arena, grad_arena, optim_arena, act_arena, comm_arena;
-    size_t act_bytes_other_mode;  // activation arena size under the other AC mode
-    AdamW opt;
-    LrSchedule schedule;
-    Tokenizer *tokenizer;         // NULL when the data is pre-tokenized and none is named
-    Split train, val;             // val is used when validation.enable
-    int accum;                    // microbatches per step
-    int *pos;                     // (max_seq_len) RoPE positions 0, 1, ...
-    TrainProgress progress;
-    char ckpt_folder[4096];
-} Trainer;
+#include "train.h"
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -215,48 +168,6 @@ static void split_next(Split *sp, int vocab_size) {
     }
 }
 
-static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer) {
-    if (t->train.B > 0) t->progress.windows_consumed = loader_position(&t->train.loader);
-    CkptAttr attrs[LLAMA3_N_ATTRS];
-    int n = llama3_describe(&t->args, attrs);
-    char *yaml = config_to_yaml(&t->cfg);
-    train_state_save(path, &t->model.params, with_optimizer ? &t->opt : NULL, t->progress,
-                     (uint64_t)t->cfg.training.seed, yaml, attrs, n);
-    free(yaml);
-    log_info("checkpoint: saved %s", path);
-}
-
-// torchtitan's order: resume from this run's own checkpoint folder (checkpoint.load_step, or
-// the latest step), else start from checkpoint.initial_load_path, else initialise from seed.
-static void load_or_initialize(Trainer *t) {
-    const CheckpointSection *ck = &t->cfg.checkpoint;
-    snprintf(t->ckpt_folder, sizeof t->ckpt_folder, "%s/%s", t->cfg.job.dump_folder, ck->folder);
-    char path[4096 + 64];
-    int64_t step = -1;
-    if (ck->enable && ck->load_step >= 0) {
-        step = ck->load_step;
-        ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
-        FILE *f = fopen(path, "rb");
-        if (!f) die_user("checkpoint.load_step %lld: no checkpoint %s", (long long)step, path);
-        fclose(f);
-    } else if (ck->enable) {
-        step = ckpt_latest_step(t->ckpt_folder);
-        ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
-    }
-    if (step >= 0) {
-        train_state_load(path, &t->model.params, &t->opt, &t->progress);
-        loader_set_position(&t->train.loader, t->progress.windows_consumed);
-        log_info("checkpoint: resumed from %s at step %lld", path, (long long)t->progress.step);
-    } else if (ck->initial_load_path) {
-        train_state_load(ck->initial_load_path, &t->model.params, NULL, NULL);
-        log_info("checkpoint: initial weights from %s", ck->initial_load_path);
-    } else if (t->fsdp_on) {
-        fsdp_initialize(&t->fsdp, (uint64_t)t->cfg.training.seed);
-    } else {
-        params_initialize(&t->model.params, (uint64_t)t->cfg.training.seed);
-    }
-}
-
 // The mesh from the parallelism degrees, checked before anything is allocated; and what the
 // rest of this first version cannot do on several ranks yet, refused by name.
 static void setup_mesh(Trainer *t) {
@@ -323,7 +234,7 @@ static void setup(Trainer *t) {
     }
     if (!c->checkpoint.create_seed_checkpoint) setup_data(t);
     allocate_arenas(t, true);
-    load_or_initialize(t);
+    trainer_load_or_initialize(t);
     const int *size = t->mesh.layout.size;
     log_info("model: llama3 %s, %d layers, dim %d, vocab %d; batch %d x %d tokens x %d "
              "microbatches per rank; mesh pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d",
@@ -389,43 +300,6 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
     return loss;
 }
 
-// torchtitan's policy: every `interval` steps, after step 1 if asked, and at the last step
-// (model only under last_save_model_only); then only the keep_latest_k newest are kept.
-static void maybe_checkpoint(Trainer *t, int step) {
-    const CheckpointSection *ck = &t->cfg.checkpoint;
-    bool last = step == t->cfg.training.steps;
-    if (!(step % ck->interval == 0 || last || (step == 1 && ck->enable_first_step_checkpoint)))
-        return;
-    char path[4096 + 64];
-    make_dirs(t->ckpt_folder);
-    ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
-    save_checkpoint(t, path, !(last && ck->last_save_model_only));
-    if (ck->keep_latest_k > 0) ckpt_keep_latest(t->ckpt_folder, (int)ck->keep_latest_k);
-}
-
-// <dump_folder>/run_summary.json: what this run allocated and sent (rank 0's view), in the
-// terms `titan --estimate` predicts, so the two can be compared.
-static void write_run_summary(Trainer *t) {
-    char path[4096 + 32];
-    snprintf(path, sizeof path, "%s/run_summary.json", t->cfg.job.dump_folder);
-    FILE *f = fopen(path, "w");
-    if (!f) die_user("cannot write %s: %s", path, strerror(errno));
-    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
-                             &t->comm_arena};
-    const char *names[] = {"params", "grads", "optimizer", "activations", "comm"};
-    fprintf(f, "{\"world_size\": %d, \"steps\": %lld, \"arena_bytes\": {",
-            t->mesh.layout.world_size, (long long)t->progress.step);
-    for (int i = 0; i < 5; i++) fprintf(f, "%s\"%s\": %zu", i ? ", " : "", names[i], arenas[i]->size);
-    CommGroup *groups[] = {t->mesh.fsdp, t->mesh.group[MESH_DP_REPLICATE], t->mesh.group[MESH_TP],
-                           t->mesh.loss};
-    fprintf(f, "}, \"comm_bytes\": {");
-    for (int i = 0; i < 4; i++)
-        fprintf(f, "%s\"%s\": %llu", i ? ", " : "", comm_name(groups[i]),
-                (unsigned long long)comm_bytes(groups[i]));
-    fprintf(f, "}}\n");
-    if (fclose(f) != 0) die_user("cannot write %s: %s", path, strerror(errno));
-}
-
 static void train(Trainer *t) {
     const Config *c = &t->cfg;
     double started = now_seconds(), waited_before = comm_wait_seconds();
@@ -452,79 +326,14 @@ static void train(Trainer *t) {
         }
         if (c->validation.enable && step % c->validation.freq == 0)
             metrics_write_validation(&log, step, validate(t));
-        if (c->checkpoint.enable) maybe_checkpoint(t, step);
+        if (c->checkpoint.enable) trainer_maybe_checkpoint(t, step);
     }
     metrics_close(&log);
     double elapsed = now_seconds() - started, waited = comm_wait_seconds() - waited_before;
     log_info("comm: %.2f s of %.2f s of training waiting on collectives (%.1f%%)", waited, elapsed,
              elapsed > 0 ? 100 * waited / elapsed : 0.0);
     comm_report();
-    if (t->mesh.world_rank == 0) write_run_summary(t);
-}
-
-// What one rank hands to each group's collectives per step (comm.h's accounting), from the
-// plans of FSDP and TP: the analytic volume that a real run's comm report must equal.
-typedef struct {
-    const char *group;
-    uint64_t bytes;
-} GroupBytes;
-
-static int comm_per_step(Trainer *t, GroupBytes out[4]) {
-    int n = 0;
-    const int *size = t->mesh.layout.size;
-    bool ac = t->model.blocks[1].checkpointed;
-    if (t->fsdp_on) {
-        FsdpEstimate e = fsdp_estimate(&t->fsdp);
-        uint64_t micro = e.all_gather_forward + e.all_gather_backward + e.reduce_scatter;
-        out[n++] = (GroupBytes){"fsdp", t->accum * micro + sizeof(double)};  // + the grad norm
-        if (size[MESH_DP_REPLICATE] > 1) out[n++] = (GroupBytes){"dp_replicate", e.replicate_all_reduce};
-    }
-    if (t->tp_on) {
-        uint64_t micro = llama3_tp_bytes_per_microbatch(&t->args, size[MESH_TP], t->train.B,
-                                                        t->train.T, ac, t->tp.hooks.loss_parallel);
-        size_t replicated = grads_replicated_floats(&t->model.params, t->fsdp_on ? &t->fsdp : NULL);
-        out[n++] = (GroupBytes){"tp", t->accum * micro + 4 * replicated + sizeof(double)};
-    }
-    out[n++] = (GroupBytes){"loss", sizeof(double)};  // the step's mean loss
-    return n;
-}
-
-// `titan --estimate`: every arena per rank, FLOPs and communication per step, for any flavor
-// and layout, from the sizing passes of the real allocation (nothing is allocated).
-static void print_estimate(Trainer *t) {
-    const double GiB = 1024.0 * 1024.0 * 1024.0;
-    const int *size = t->mesh.layout.size;
-    printf("estimate: llama3 %s on %d ranks (pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d), "
-           "batch %d x %d x %d microbatches per rank, activation_checkpoint %s\n",
-           t->cfg.model.flavor, t->mesh.layout.world_size, size[MESH_PP],
-           size[MESH_DP_REPLICATE], size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP],
-           t->train.B, t->train.T, t->accum, t->cfg.activation_checkpoint.mode);
-    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
-                             &t->comm_arena};
-    size_t total = 0;
-    printf("  %-12s %16s %12s\n", "arena", "bytes per rank", "GiB");
-    for (int i = 0; i < 5; i++) {
-        printf("  %-12s %16zu %12.3f\n", arenas[i]->name ? arenas[i]->name : "comm",
-               arenas[i]->peak, arenas[i]->peak / GiB);
-        total += arenas[i]->peak;
-    }
-    printf("  %-12s %16zu %12.3f\n", "total", total, total / GiB);
-    double tokens = (double)t->accum * t->train.B * t->train.T / size[MESH_TP];
-    printf("  FLOPs per step per rank: %.4g (%.4g per token, torchtitan's 6N + 12 L H Q T)\n",
-           tokens * t->model.flops_per_token, t->model.flops_per_token);
-    GroupBytes groups[4];
-    int n = comm_per_step(t, groups);
-    printf("  %-12s %16s %12s\n", "group", "bytes per step", "GiB");
-    for (int i = 0; i < n; i++)
-        printf("  %-12s %16llu %12.3f\n", groups[i].group, (unsigned long long)groups[i].bytes,
-               groups[i].bytes / GiB);
-}
-
-static void create_seed_checkpoint(Trainer *t) {
-    char path[4096 + 64];
-    make_dirs(t->ckpt_folder);
-    ckpt_path_for_step(path, sizeof path, t->ckpt_folder, 0);
-    save_checkpoint(t, path, false);
+    if (t->mesh.world_rank == 0) trainer_write_run_summary(t);
 }
 
 static void save_config(const Config *c, const char *path) {
@@ -568,7 +377,7 @@ int main(int argc, char **argv) {
     if (t->estimate_world_size) {  // planning only: no MPI, no files, no allocation
         config_load_or_die(&t->cfg, argc, argv);
         setup(t);
-        print_estimate(t);
+        trainer_print_estimate(t);
         return 0;
     }
     comm_init(&argc, &argv);
@@ -586,7 +395,7 @@ int main(int argc, char **argv) {
     setup(t);
     die_user_collective(false);
     if (t->cfg.checkpoint.create_seed_checkpoint)
-        create_seed_checkpoint(t);
+        trainer_create_seed_checkpoint(t);
     else
         train(t);
     comm_finalize();

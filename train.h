@@ -1,0 +1,61 @@
+// The trainer: what train.c's main() wires together (config -> mesh -> model -> parallelize
+// -> optimizer -> data -> loop), shared with its two companions: train_checkpoint.c (when to
+// save, what to load) and train_report.c (--estimate and the run summary).
+#pragma once
+
+#include "checkpoint/train_state.h"
+#include "core/config.h"
+#include "core/errors.h"
+#include "core/files.h"
+#include "core/metrics.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "data/tokenizer.h"
+#include "models/llama3/llama3.h"
+#include "optim/optim.h"
+#include "parallel/comm.h"
+#include "parallel/fsdp.h"
+#include "parallel/grads.h"
+#include "parallel/mesh.h"
+#include "parallel/tp.h"
+
+// One dataset read in batches: the training split or the validation split.
+typedef struct {
+    const char *path;
+    TokenStream stream;
+    DataLoader loader;
+    int B, T;                // rows and sequence length of its batches
+    int *tokens, *targets;   // (B*T) each
+} Split;
+
+typedef struct {
+    Config cfg;
+    const KernelOps *k;
+    LlamaArgs args;
+    Model model;
+    Mesh mesh;
+    Tp tp;                        // used when tp_on
+    Fsdp fsdp;                    // used when fsdp_on (dp_shard x cp > 1, or HSDP / DDP)
+    bool tp_on, fsdp_on;
+    int estimate_world_size;      // > 0: `--estimate`: plan and size for that many ranks only
+    ParamTable *trained;          // what the optimizer updates: the params, or FSDP's shards
+    ParamTable shard_view;        // FSDP's shards seen as one flat table
+    Arena param_arena, grad_arena, optim_arena, act_arena, comm_arena;
+    size_t act_bytes_other_mode;  // activation arena size under the other AC mode
+    AdamW opt;
+    LrSchedule schedule;
+    Tokenizer *tokenizer;         // NULL when the data is pre-tokenized and none is named
+    Split train, val;             // val is used when validation.enable
+    int accum;                    // microbatches per step
+    int *pos;                     // (max_seq_len) RoPE positions 0, 1, ...
+    TrainProgress progress;
+    char ckpt_folder[4096];
+} Trainer;
+
+// train_checkpoint.c: torchtitan's checkpoint policy over checkpoint/train_state.h.
+void trainer_load_or_initialize(Trainer *t);
+void trainer_maybe_checkpoint(Trainer *t, int step);
+void trainer_create_seed_checkpoint(Trainer *t);
+// train_report.c: `titan --estimate`, and <dump_folder>/run_summary.json after a run.
+void trainer_print_estimate(Trainer *t);
+void trainer_write_run_summary(Trainer *t);

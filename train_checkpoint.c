@@ -1,0 +1,67 @@
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "train.h"
+
+static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer) {
+    if (t->train.B > 0) t->progress.windows_consumed = loader_position(&t->train.loader);
+    CkptAttr attrs[LLAMA3_N_ATTRS];
+    int n = llama3_describe(&t->args, attrs);
+    char *yaml = config_to_yaml(&t->cfg);
+    train_state_save(path, &t->model.params, with_optimizer ? &t->opt : NULL, t->progress,
+                     (uint64_t)t->cfg.training.seed, yaml, attrs, n);
+    free(yaml);
+    log_info("checkpoint: saved %s", path);
+}
+
+// torchtitan's order: resume from this run's own checkpoint folder (checkpoint.load_step, or
+// the latest step), else start from checkpoint.initial_load_path, else initialise from seed.
+void trainer_load_or_initialize(Trainer *t) {
+    const CheckpointSection *ck = &t->cfg.checkpoint;
+    snprintf(t->ckpt_folder, sizeof t->ckpt_folder, "%s/%s", t->cfg.job.dump_folder, ck->folder);
+    char path[4096 + 64];
+    int64_t step = -1;
+    if (ck->enable && ck->load_step >= 0) {
+        step = ck->load_step;
+        ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
+        FILE *f = fopen(path, "rb");
+        if (!f) die_user("checkpoint.load_step %lld: no checkpoint %s", (long long)step, path);
+        fclose(f);
+    } else if (ck->enable) {
+        step = ckpt_latest_step(t->ckpt_folder);
+        ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
+    }
+    if (step >= 0) {
+        train_state_load(path, &t->model.params, &t->opt, &t->progress);
+        loader_set_position(&t->train.loader, t->progress.windows_consumed);
+        log_info("checkpoint: resumed from %s at step %lld", path, (long long)t->progress.step);
+    } else if (ck->initial_load_path) {
+        train_state_load(ck->initial_load_path, &t->model.params, NULL, NULL);
+        log_info("checkpoint: initial weights from %s", ck->initial_load_path);
+    } else if (t->fsdp_on) {
+        fsdp_initialize(&t->fsdp, (uint64_t)t->cfg.training.seed);
+    } else {
+        params_initialize(&t->model.params, (uint64_t)t->cfg.training.seed);
+    }
+}
+
+// torchtitan's policy: every `interval` steps, after step 1 if asked, and at the last step
+// (model only under last_save_model_only); then only the keep_latest_k newest are kept.
+void trainer_maybe_checkpoint(Trainer *t, int step) {
+    const CheckpointSection *ck = &t->cfg.checkpoint;
+    bool last = step == t->cfg.training.steps;
+    if (!(step % ck->interval == 0 || last || (step == 1 && ck->enable_first_step_checkpoint)))
+        return;
+    char path[4096 + 64];
+    make_dirs(t->ckpt_folder);
+    ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
+    save_checkpoint(t, path, !(last && ck->last_save_model_only));
+    if (ck->keep_latest_k > 0) ckpt_keep_latest(t->ckpt_folder, (int)ck->keep_latest_k);
+}
+
+void trainer_create_seed_checkpoint(Trainer *t) {
+    char path[4096 + 64];
+    make_dirs(t->ckpt_folder);
+    ckpt_path_for_step(path, sizeof path, t->ckpt_folder, 0);
+    save_checkpoint(t, path, false);
+}
