@@ -3,6 +3,8 @@
 # fixed seed, global batch 8 (and 2-way gradient accumulation where the layout leaves room for
 # it). Each layout is one mpirun; its JSONL losses and grad norms must
 # match the 1-rank run's within 1e-5 relative at every step.
+# Impossible layouts (tp not dividing the heads, a mesh larger than the job, a batch that does
+# not split over dp) exit 2 with one line before anything is allocated.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -42,3 +44,18 @@ layout dp_shard=2xtp=2 4 4 $P.data_parallel_shard_degree 2 $P.tensor_parallel_de
 layout tp=2,no-loss-parallel 2 4 $P.tensor_parallel_degree 2 $P.disable_loss_parallel
 layout dp_shard=2,AC,reshard-never 2 2 $P.data_parallel_shard_degree 2 \
   --activation_checkpoint.mode full $P.fsdp_reshard_after_forward never
+
+# Impossible layouts stop before allocation with one line (from rank 0 only), exit code 2.
+impossible() {  # pattern, ranks, overrides...
+  local pattern=$1 np=$2 rc=0; shift 2
+  mpirun --oversubscribe -np "$np" $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/bad" "$@" \
+    >/dev/null 2>"$SCRATCH/bad.err" || rc=$?
+  [ "$rc" -eq 2 ] || fail "expected exit 2, got $rc for $*"
+  [ "$(grep -c '^titan: error:' "$SCRATCH/bad.err")" -eq 1 ] || fail "not one error line: $(cat "$SCRATCH/bad.err")"
+  grep -Eq "$pattern" "$SCRATCH/bad.err" || fail "$(grep '^titan' "$SCRATCH/bad.err") does not match $pattern"
+  echo "ok: $(grep '^titan: error:' "$SCRATCH/bad.err")"
+}
+impossible "tensor_parallel_degree 3 does not divide model n_heads \(16\)" 3 $P.tensor_parallel_degree 3 $P.data_parallel_shard_degree 1
+impossible "= 4 ranks, but the job has 2" 2 $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2
+impossible "global_batch_size 8 is not a multiple of local_batch_size 4 x dp 4" 4 \
+  --training.local_batch_size 4 $P.data_parallel_shard_degree 4
