@@ -695,6 +695,72 @@ static void test_cross_entropy(void **state) {
     free(alias);
 }
 
+// Vocab-parallel cross-entropy: the vocabulary cut into two slices, as two tp ranks hold it.
+// Merging the slices' log-sum-exps and target logits must give the full-row loss; each slice's
+// backward, with the whole row's lse, its columns of the full gradient (and of the finite
+// differences of the full loss).
+static void test_cross_entropy_slices(void **state) {
+    (void)state;
+    rng_seed(10);
+    enum { CUT = 20 };
+    const int starts[2] = {0, CUT}, widths[2] = {CUT, CE_VOCAB - CUT};
+    int targets[CE_N] = {0, 49, 3, 17, 20, 25, 19};
+    float *logits = ce_logits();
+    CeCase c = {doubles_from(logits, CE_N * CE_VOCAB), targets, 0.7};
+    float *slice[2], lse[2][CE_N], target_logit[2][CE_N], row_lse[CE_N], losses[CE_N];
+    for (int r = 0; r < 2; r++) {
+        slice[r] = malloc(sizeof(float) * CE_N * widths[r]);
+        for (int i = 0; i < CE_N; i++)
+            memcpy(slice[r] + i * widths[r], logits + i * CE_VOCAB + starts[r],
+                   sizeof(float) * widths[r]);
+        ops->cross_entropy_slice_forward(lse[r], target_logit[r], slice[r], targets, CE_N,
+                                         widths[r], starts[r]);
+    }
+    double want[CE_N];
+    for (int i = 0; i < CE_N; i++) {
+        double m = fmax(lse[0][i], lse[1][i]);
+        row_lse[i] = (float)(m + log(exp(lse[0][i] - m) + exp(lse[1][i] - m)));
+        losses[i] = row_lse[i] - (target_logit[0][i] + target_logit[1][i]);
+        want[i] = ce_ref_row(c.logits + i * CE_VOCAB, targets[i]);
+    }
+    assert_close("cross-entropy slices merged losses", losses, want, CE_N, 1e-4);
+
+    double *ref = doubles_zero(CE_N * CE_VOCAB);
+    ce_ref_backward(ref, &c);
+    double *fd = fd_gradient(c.logits, CE_N * CE_VOCAB, ce_loss, &c);
+    float *d = malloc(sizeof(float) * CE_N * CE_VOCAB);
+    for (int r = 0; r < 2; r++) {
+        float *ds = calloc((size_t)CE_N * widths[r], sizeof(float));
+        ops->cross_entropy_slice_backward(ds, slice[r], row_lse, targets, CE_N, widths[r],
+                                          starts[r], (float)c.dloss);
+        for (int i = 0; i < CE_N; i++)
+            memcpy(d + i * CE_VOCAB + starts[r], ds + i * widths[r], sizeof(float) * widths[r]);
+        free(ds);
+    }
+    assert_close("cross-entropy slices dlogits", d, ref, CE_N * CE_VOCAB, FWD_TOL);
+    assert_close("cross-entropy slices dlogits fd", d, fd, CE_N * CE_VOCAB, FD_TOL);
+    free(logits), free(c.logits), free(slice[0]), free(slice[1]), free(ref), free(fd), free(d);
+}
+
+// A token id of -1 (held by another vocab-parallel rank) looks up a zero row and takes no
+// gradient.
+static void test_embedding_foreign_ids(void **state) {
+    (void)state;
+    rng_seed(11);
+    int tokens[3] = {2, -1, 0};
+    float *table = floats_random(4 * EMB_DIM, 1.0), *out = floats_random(3 * EMB_DIM, 1.0);
+    float *dout = floats_random(3 * EMB_DIM, 1.0), zeros[EMB_DIM] = {0};
+    ops->embedding_forward(out, tokens, table, 3, EMB_DIM);
+    assert_memory_equal(out + EMB_DIM, zeros, sizeof zeros);
+    assert_memory_equal(out, table + 2 * EMB_DIM, sizeof zeros);
+    float *dt = calloc(4 * EMB_DIM, sizeof(float));
+    ops->embedding_backward(dt, dout, tokens, 3, EMB_DIM);
+    assert_memory_equal(dt + EMB_DIM, zeros, sizeof zeros);      // row 1: nobody's
+    assert_memory_equal(dt + 3 * EMB_DIM, zeros, sizeof zeros);  // row 3: nobody's
+    assert_memory_equal(dt, dout + 2 * EMB_DIM, sizeof zeros);   // row 0: from position 2
+    free(table), free(out), free(dout), free(dt);
+}
+
 // ---- add, scale, sum_squares ---------------------------------------------------------------
 
 static void test_add_scale_sum_squares(void **state) {
@@ -807,6 +873,8 @@ int main(void) {
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_cross_entropy_slices),
+        cmocka_unit_test(test_embedding_foreign_ids),
         cmocka_unit_test(test_add_scale_sum_squares),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_determinism),
