@@ -52,7 +52,7 @@ static void setup_model(Trainer *t) {
     if (t->tp_on) {
         bool loss_parallel = !c->parallelism.disable_loss_parallel;
         if (t->estimate_world_size) tp_plan(&t->tp, 0, tp, loss_parallel);
-        else tp_init(&t->tp, t->mesh.group[MESH_TP], loss_parallel);
+        else tp_init(&t->tp, t->mesh.group[MESH_TP], t->k, loss_parallel);
         llama3_parallelize_tp(&t->model, &t->tp);
     }
     set_checkpointing(&t->model, full_ac);
@@ -79,8 +79,8 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
     t->trained = &t->shard_view;
     t->shard_view = (ParamTable){.numel = f->numel};
     if (!commit) return;
-    for (int i = 0; i < 3; i++) arena_commit(arenas[i]);
-    arena_commit(&t->act_arena);
+    for (int i = 0; i < 3; i++) arena_commit(arenas[i], &t->memory);
+    arena_commit(&t->act_arena, &t->memory);
     fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
     CommGroup *replicate = config.replicate_size > 1 ? t->mesh.group[MESH_DP_REPLICATE] : NULL;
     fsdp_wrap(f, &t->model, t->mesh.fsdp, replicate);
@@ -103,7 +103,7 @@ static void allocate_arenas(Trainer *t, bool commit) {
     if (t->fsdp_on) {
         allocate_fsdp(t, act_bytes, commit);
     } else if (commit) {
-        model_allocate(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena);
+        model_allocate(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena, &t->memory);
         t->trained = &m->params;
     } else {
         model_size(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena);
@@ -112,7 +112,7 @@ static void allocate_arenas(Trainer *t, bool commit) {
     arena_init_sizing(&t->optim_arena, "optimizer");
     adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
     if (!commit) return;
-    arena_commit(&t->optim_arena);
+    arena_commit(&t->optim_arena, &t->memory);
     adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
 }
 
@@ -154,8 +154,28 @@ static void setup_data(Trainer *t) {
     for (int i = 0; i < t->args.max_seq_len; i++) t->pos[i] = i;
 }
 
-// The split's next batch, checked against the vocabulary (a shard may come from another one).
-static void split_next(Split *sp, int vocab_size) {
+// The step's inputs in the backend's memory: each split's token ids and targets, and the
+// positions (uploaded once).
+static void allocate_inputs(Trainer *t) {
+    Arena *a = &t->input_arena;
+    size_t pos_bytes = (size_t)t->args.max_seq_len * sizeof(int);
+    Split *splits[] = {&t->train, &t->val};
+    arena_init_sizing(a, "inputs");
+    for (int pass = 0; pass < 2; pass++) {  // sizing, then carving the committed arena
+        if (pass == 1) arena_commit(a, &t->memory);
+        t->step_pos = arena_alloc(a, pos_bytes);
+        for (int i = 0; i < 2; i++) {
+            size_t bytes = (size_t)splits[i]->B * splits[i]->T * sizeof(int);
+            splits[i]->step_tokens = arena_alloc(a, bytes);
+            splits[i]->step_targets = arena_alloc(a, bytes);
+        }
+    }
+    t->k->upload(t->step_pos, t->pos, pos_bytes);
+}
+
+// The split's next batch, checked against the vocabulary (a shard may come from another one),
+// then handed to the backend.
+static void split_next(const KernelOps *k, Split *sp, int vocab_size) {
     loader_next(&sp->loader, sp->tokens, sp->targets);
     size_t n = (size_t)sp->B * sp->T;
     for (size_t i = 0; i < n; i++) {
@@ -166,6 +186,8 @@ static void split_next(Split *sp, int vocab_size) {
             die_user("%s: token id %d is outside the model's vocabulary of %d", sp->path, bad,
                      vocab_size);
     }
+    k->upload(sp->step_tokens, sp->tokens, n * sizeof(int));
+    k->upload(sp->step_targets, sp->targets, n * sizeof(int));
 }
 
 // The mesh from the parallelism degrees, checked before anything is allocated; and what the
@@ -206,9 +228,26 @@ static int accumulation_steps(const TrainingSection *tr, int dp) {
     return (int)(global / per_microbatch);
 }
 
+// training.device's backend, started on this rank's device; device memory brings NCCL in as
+// the collective library. --estimate sizes with the cpu backend and starts nothing.
+static void setup_backend(Trainer *t) {
+    const TrainingSection *tr = &t->cfg.training;
+    t->k = kernels_backend(t->estimate_world_size ? "cpu" : tr->device);
+    if (!t->k)
+        die_user("training.device %s: this titan was built without it (build with `make CUDA=1`)",
+                 tr->device);
+    t->memory = (ArenaMemory){t->k->alloc, t->k->free};
+    if (t->estimate_world_size) return;
+    KernelInit init = {.local_rank = comm_local_rank(),
+                       .bf16_compute = strcmp(tr->mixed_precision_param, "bfloat16") == 0};
+    char why[512];
+    if (!t->k->init(&init, why, sizeof why)) die_user("training.device %s: %s", tr->device, why);
+    if (!t->k->host_memory) comm_use_nccl(t->k->queue());
+}
+
 static void setup(Trainer *t) {
     const Config *c = &t->cfg;
-    t->k = kernels_backend("cpu");
+    setup_backend(t);
     setup_mesh(t);
     t->train.B = (int)c->training.local_batch_size;
     t->train.T = (int)c->training.seq_len;
@@ -232,8 +271,10 @@ static void setup(Trainer *t) {
         allocate_arenas(t, false);
         return;
     }
+    model_place_buffers(&t->model, t->k);
     if (!c->checkpoint.create_seed_checkpoint) setup_data(t);
     allocate_arenas(t, true);
+    if (!c->checkpoint.create_seed_checkpoint) allocate_inputs(t);
     trainer_load_or_initialize(t);
     const int *size = t->mesh.layout.size;
     log_info("model: llama3 %s, %d layers, dim %d, vocab %d; batch %d x %d tokens x %d "
@@ -254,7 +295,7 @@ static void setup(Trainer *t) {
 static StepCtx step_ctx(Trainer *t, const Split *sp) {
     arena_release(&t->act_arena, 0);
     return (StepCtx){.k = t->k, .act = &t->act_arena, .B = sp->B, .T = sp->T,
-                     .tokens = sp->tokens, .targets = sp->targets, .pos = t->pos};
+                     .tokens = sp->step_tokens, .targets = sp->step_targets, .pos = t->step_pos};
 }
 
 // torchtitan's validator: the mean loss over validation.steps batches (-1: one pass over the
@@ -267,7 +308,7 @@ static double validate(Trainer *t) {
     loader_set_position(&v->loader, 0);
     double loss = 0;
     for (int64_t i = 0; i < batches; i++) {
-        split_next(v, t->args.vocab_size);
+        split_next(t->k, v, t->args.vocab_size);
         StepCtx s = step_ctx(t, v);
         loss += model_forward(&t->model, &s) / batches;
     }
@@ -276,10 +317,10 @@ static double validate(Trainer *t) {
 
 // One optimizer step over `accum` microbatches; returns the mean loss and sets *grad_norm.
 static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
-    memset(t->trained->grad, 0, t->trained->numel * sizeof(float));
+    t->k->zero(t->trained->grad, t->trained->numel * sizeof(float));
     double loss = 0;
     for (int m = 0; m < t->accum; m++) {
-        split_next(&t->train, t->args.vocab_size);
+        split_next(t->k, &t->train, t->args.vocab_size);
         StepCtx s = step_ctx(t, &t->train);
         s.loss_scale = 1.0f / t->accum;
         loss += model_forward_backward(&t->model, &s) / t->accum;
@@ -344,7 +385,8 @@ static void save_config(const Config *c, const char *path) {
 }
 
 // titan's own flags, removed from argv before the config parses the rest: `--estimate
-// [--world-size N]`; and `--print-config`, the short form of `--job.print_config`.
+// [--world-size N]`; and the short forms `--print-config` (`--job.print_config`) and
+// `--device D` (`--training.device D`).
 static int parse_titan_flags(int argc, char **argv, Trainer *t) {
     int kept = 1;
     bool estimate = false;
@@ -359,7 +401,9 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
             world = (int)v;
             i++;
         } else {
-            argv[kept++] = strcmp(argv[i], "--print-config") == 0 ? "--job.print_config" : argv[i];
+            argv[kept++] = strcmp(argv[i], "--print-config") == 0 ? "--job.print_config"
+                           : strcmp(argv[i], "--device") == 0       ? "--training.device"
+                                                                    : argv[i];
         }
     }
     if (world && !estimate) die_user("--world-size is only for --estimate");

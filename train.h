@@ -25,12 +25,14 @@ typedef struct {
     TokenStream stream;
     DataLoader loader;
     int B, T;                // rows and sequence length of its batches
-    int *tokens, *targets;   // (B*T) each
+    int *tokens, *targets;   // (B*T) each, host memory: what the loader writes
+    int *step_tokens, *step_targets;  // (B*T) each, the backend's copies the step reads
 } Split;
 
 typedef struct {
     Config cfg;
-    const KernelOps *k;
+    const KernelOps *k;           // the kernels backend (training.device)
+    ArenaMemory memory;           // its memory, which every arena below is committed in
     LlamaArgs args;
     Model model;
     Mesh mesh;
@@ -41,13 +43,15 @@ typedef struct {
     ParamTable *trained;          // what the optimizer updates: the params, or FSDP's shards
     ParamTable shard_view;        // FSDP's shards seen as one flat table
     Arena param_arena, grad_arena, optim_arena, act_arena, comm_arena;
+    Arena input_arena;            // the step's token ids and positions in the backend's memory
     size_t act_bytes_other_mode;  // activation arena size under the other AC mode
     AdamW opt;
     LrSchedule schedule;
     Tokenizer *tokenizer;         // NULL when the data is pre-tokenized and none is named
     Split train, val;             // val is used when validation.enable
     int accum;                    // microbatches per step
-    int *pos;                     // (max_seq_len) RoPE positions 0, 1, ...
+    int *pos;                     // (max_seq_len) RoPE positions 0, 1, ..., host memory
+    int *step_pos;                // the backend's copy
     TrainProgress progress;
     char ckpt_folder[4096];
 } Trainer;

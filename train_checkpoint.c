@@ -3,13 +3,57 @@
 
 #include "train.h"
 
+// The trained state as host memory, which initialisation and checkpoints read and write: the
+// tensors themselves on the cpu backend; on a device, host copies, downloaded to be saved or
+// uploaded once loaded or initialised.
+typedef struct {
+    ParamTable params;
+    AdamW opt;
+    bool staged;  // copies (else params and opt are the trainer's own)
+} HostState;
+
+static HostState host_state_open(Trainer *t, bool download) {
+    HostState h = {.params = t->model.params, .opt = t->opt};
+    if (t->k->host_memory) return h;
+    size_t n = t->model.params.numel, bytes = n * sizeof(float);
+    h.staged = true;
+    params_view(&h.params, &t->model.params, xcalloc(n, sizeof(float)));
+    h.opt.exp_avg = xcalloc(n, sizeof(float));
+    h.opt.exp_avg_sq = xcalloc(n, sizeof(float));
+    if (download) {
+        t->k->download(h.params.data, t->model.params.data, bytes);
+        t->k->download(h.opt.exp_avg, t->opt.exp_avg, bytes);
+        t->k->download(h.opt.exp_avg_sq, t->opt.exp_avg_sq, bytes);
+    }
+    return h;
+}
+
+// upload: the host state changed (load, initialisation): the trainer takes it, its optimizer
+// step count included.
+static void host_state_close(Trainer *t, HostState *h, bool upload) {
+    if (upload) t->opt.step = h->opt.step;  // h->opt is a copy even when not staged
+    if (!h->staged) return;
+    if (upload) {
+        size_t bytes = t->model.params.numel * sizeof(float);
+        t->k->upload(t->model.params.data, h->params.data, bytes);
+        t->k->upload(t->opt.exp_avg, h->opt.exp_avg, bytes);
+        t->k->upload(t->opt.exp_avg_sq, h->opt.exp_avg_sq, bytes);
+    }
+    free(h->params.data);
+    free(h->opt.exp_avg);
+    free(h->opt.exp_avg_sq);
+    params_free(&h->params);
+}
+
 static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer) {
     if (t->train.B > 0) t->progress.windows_consumed = loader_position(&t->train.loader);
     CkptAttr attrs[LLAMA3_N_ATTRS];
     int n = llama3_describe(&t->args, attrs);
     char *yaml = config_to_yaml(&t->cfg);
-    train_state_save(path, &t->model.params, with_optimizer ? &t->opt : NULL, t->progress,
+    HostState h = host_state_open(t, true);
+    train_state_save(path, &h.params, with_optimizer ? &h.opt : NULL, t->progress,
                      (uint64_t)t->cfg.training.seed, yaml, attrs, n);
+    host_state_close(t, &h, false);
     free(yaml);
     log_info("checkpoint: saved %s", path);
 }
@@ -31,18 +75,22 @@ void trainer_load_or_initialize(Trainer *t) {
         step = ckpt_latest_step(t->ckpt_folder);
         ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
     }
+    if (t->fsdp_on) {  // checkpoints need one rank for now (train.c refuses them here)
+        fsdp_initialize(&t->fsdp, (uint64_t)t->cfg.training.seed);
+        return;
+    }
+    HostState h = host_state_open(t, false);
     if (step >= 0) {
-        train_state_load(path, &t->model.params, &t->opt, &t->progress);
+        train_state_load(path, &h.params, &h.opt, &t->progress);
         loader_set_position(&t->train.loader, t->progress.windows_consumed);
         log_info("checkpoint: resumed from %s at step %lld", path, (long long)t->progress.step);
     } else if (ck->initial_load_path) {
-        train_state_load(ck->initial_load_path, &t->model.params, NULL, NULL);
+        train_state_load(ck->initial_load_path, &h.params, NULL, NULL);
         log_info("checkpoint: initial weights from %s", ck->initial_load_path);
-    } else if (t->fsdp_on) {
-        fsdp_initialize(&t->fsdp, (uint64_t)t->cfg.training.seed);
     } else {
-        params_initialize(&t->model.params, (uint64_t)t->cfg.training.seed);
+        params_initialize(&h.params, (uint64_t)t->cfg.training.seed);
     }
+    host_state_close(t, &h, true);
 }
 
 // torchtitan's policy: every `interval` steps, after step 1 if asked, and at the last step

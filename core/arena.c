@@ -11,19 +11,25 @@ void arena_init_sizing(Arena *a, const char *name) {
     *a = (Arena){.name = name};
 }
 
-void arena_commit(Arena *a) {
+void arena_commit(Arena *a, const ArenaMemory *memory) {
     CHECK(a->base == NULL);
     a->size = align_up(a->peak);
+    a->memory = memory;
     if (a->size > 0) {
-        a->base = aligned_alloc(ARENA_ALIGN, a->size);
-        if (!a->base) die_user("cannot allocate the %s arena (%zu bytes)", a->name, a->size);
-        memset(a->base, 0, a->size);
+        a->base = memory ? memory->alloc(a->size) : aligned_alloc(ARENA_ALIGN, a->size);
+        if (!a->base)
+            die_user("cannot allocate the %s arena (%zu bytes = %.2f GiB)%s", a->name, a->size,
+                     a->size / (1024.0 * 1024 * 1024), memory ? " in device memory" : "");
+        if (!memory) memset(a->base, 0, a->size);
     }
     a->used = 0;
 }
 
 void arena_free(Arena *a) {
-    free(a->base);
+    if (a->memory)
+        a->memory->free(a->base);
+    else
+        free(a->base);
     *a = (Arena){.name = a->name};
 }
 

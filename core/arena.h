@@ -9,10 +9,19 @@
 
 #include <stddef.h>
 
-#define ARENA_ALIGN 64  // a cache line, and enough for AVX-512 loads
+#define ARENA_ALIGN 64  // a cache line, and enough for AVX-512 loads and GPU vector loads
+
+// Where a committed arena's bytes come from: a kernels backend's tensor memory (device memory
+// on cuda; kernels.h's alloc and free), so the same sizing and carving code places tensors
+// on any backend. NULL: host memory.
+typedef struct {
+    void *(*alloc)(size_t bytes);  // zeroed; NULL when there is no room
+    void (*free)(void *p);
+} ArenaMemory;
 
 typedef struct {
     const char *name;
+    const ArenaMemory *memory;  // set by arena_commit (NULL: host)
     char *base;   // NULL while sizing
     size_t size;  // committed capacity in bytes (0 while sizing)
     size_t used;  // bytes handed out so far
@@ -20,7 +29,8 @@ typedef struct {
 } Arena;
 
 void arena_init_sizing(Arena *a, const char *name);
-void arena_commit(Arena *a);  // allocate a->peak bytes (zeroed) and restart at offset 0
+// Allocates a->peak bytes (zeroed) from memory (NULL: host) and restarts at offset 0.
+void arena_commit(Arena *a, const ArenaMemory *memory);
 void arena_free(Arena *a);
 void *arena_alloc(Arena *a, size_t bytes);  // ARENA_ALIGN-aligned; NULL while sizing
 float *arena_floats(Arena *a, size_t count);

@@ -42,6 +42,7 @@ static const char *const OPTIMIZER_IMPLS[] = {"for-loop", "foreach", "fused", NU
 static const char *const DECAY_TYPES[] = {"linear", "sqrt", "cosine", NULL};
 static const char *const TRAIN_DTYPES[] = {"bfloat16", "float32", NULL};
 static const char *const REDUCE_DTYPES[] = {"float32", NULL};
+static const char *const DEVICES[] = {"cpu", "cuda", NULL};
 static const char *const EXPORT_DTYPES[] = {"float16", "bfloat16", "float32", NULL};
 static const char *const RESHARD_POLICIES[] = {"default", "always", "never", NULL};
 static const char *const PP_SCHEDULES[] = {"1F1B",          "GPipe",
@@ -136,7 +137,11 @@ static const KeySpec KEYS[] = {
     {K_ENUM(training, dtype), .def = "float32", .choices = TRAIN_DTYPES,
      .help = "Dtype of params, grads and optimizer states"},
     {K_ENUM(training, mixed_precision_param), .def = "bfloat16", .choices = TRAIN_DTYPES,
-     .help = "Compute dtype of params under mixed precision (the cpu backend computes fp32)"},
+     .help = "Compute dtype under mixed precision: cuda runs GEMMs and attention in it (fp32 "
+             "accumulation); the cpu backend computes fp32"},
+    {K_ENUM(training, device), .def = "cpu", .choices = DEVICES,
+     .help = "titan: the kernels backend, cpu or cuda (a `make CUDA=1` build on a GPU machine; "
+             "one GPU per rank)"},
     {K_ENUM(training, mixed_precision_reduce), .def = "float32", .choices = REDUCE_DTYPES,
      .help = "Dtype of gradient reductions"},
     {K_BOOL(training, compile), .def = "false", .help = "Whether to compile the model"},

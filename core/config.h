@@ -90,6 +90,7 @@ typedef struct {
     char *dtype;
     char *mixed_precision_param;
     char *mixed_precision_reduce;
+    char *device;  // titan: the kernels backend, "cpu" or "cuda"
     bool compile;
     int64_t gc_freq;
     int64_t seed;  // torchtitan: None; titan seeds 0 so that runs are reproducible by default

@@ -11,6 +11,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" {  // the cuda backend's .cu files are compiled as C++
+#endif
+
 #define EXIT_USER_ERROR 2
 #define EXIT_INTERNAL_ERROR 3
 
@@ -78,9 +82,28 @@ __attribute__((format(printf, 3, 4))) bool error_set(char *err, size_t errlen, c
             die_internal(__FILE__, __LINE__, "%s: %s", #call, ncclGetErrorString(nccl_rc_));   \
     } while (0)
 
+// cuBLASLt and cuDNN calls return a status; usable where cublasLt.h or cudnn.h is included.
+#define CUBLAS_CHECK(call)                                                                     \
+    do {                                                                                       \
+        cublasStatus_t cublas_rc_ = (call);                                                    \
+        if (cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                               \
+            die_internal(__FILE__, __LINE__, "%s: %s", #call, cublasLtGetStatusString(cublas_rc_)); \
+    } while (0)
+
+#define CUDNN_CHECK(call)                                                                      \
+    do {                                                                                       \
+        cudnnStatus_t cudnn_rc_ = (call);                                                      \
+        if (cudnn_rc_ != CUDNN_STATUS_SUCCESS)                                                 \
+            die_internal(__FILE__, __LINE__, "%s: %s", #call, cudnnGetErrorString(cudnn_rc_)); \
+    } while (0)
+
 // malloc-style calls; titan allocates only at setup, so running out is fatal.
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t count, size_t bytes);
 // Grows a buffer of *cap elements of elem bytes to hold at least need (doubling, so appends are
 // amortised O(1)); updates *cap and returns the (possibly moved) buffer.
 void *xgrow(void *p, size_t *cap, size_t need, size_t elem);
+
+#ifdef __cplusplus
+}
+#endif

@@ -83,6 +83,19 @@ void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena) {
     }
 }
 
+void params_view(ParamTable *view, const ParamTable *t, float *data) {
+    *view = *t;
+    view->items = xmalloc((size_t)t->count * sizeof(Param));
+    memcpy(view->items, t->items, (size_t)t->count * sizeof(Param));
+    view->capacity = t->count;
+    view->data = data;
+    view->grad = NULL;
+    for (int i = 0; i < t->count; i++) {
+        view->items[i].data = data + view->items[i].offset;
+        view->items[i].grad = NULL;
+    }
+}
+
 void param_fill(const Param *p, uint64_t seed, size_t first, size_t count, float *dst) {
     CHECK(first + count <= param_global_numel(p));
     uint64_t key = rng_key(seed, p->name);

@@ -58,6 +58,9 @@ __attribute__((format(printf, 6, 7))) int params_add(ParamTable *t, ParamInit in
 Param *params_find(ParamTable *t, const char *name);
 // Carves data and grad buffers (numel floats each) from the arenas and sets every pointer.
 void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena);
+// view = t's parameters over other storage: data (t->numel floats; grads NULL), e.g. a host
+// copy of tensors that live on a device. Free it with params_free.
+void params_view(ParamTable *view, const ParamTable *t, float *data);
 // Makes p's placement `tp` (parameters start replicated on a group of 1): its local shape,
 // numel and every offset of the table follow. Before params_allocate.
 void params_place_tp(ParamTable *t, Param *p, TpPlacement tp);

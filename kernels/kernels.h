@@ -1,8 +1,16 @@
-// The one op interface. Model code calls only these; each backend (kernels/cpu, later
-// kernels/cuda) fills one KernelOps table, picked at run time by kernels_backend(name).
+// The one op interface. Model code calls only these; each backend (kernels/cpu, kernels/cuda
+// with CUDA=1) fills one KernelOps table, picked at run time by kernels_backend(name).
 //
 // Conventions shared by every op:
-// - Row-major fp32 tensors. Shapes are given in the comments as (rows, cols).
+// - Row-major fp32 tensors in the backend's memory (host memory on cpu, device memory on
+//   cuda), allocated through the memory section below. Shapes are given in the comments as
+//   (rows, cols). Index arrays (tokens, targets, positions) live in the same memory.
+// - Ops run in issue order on the backend's one queue (a CUDA stream on cuda) and may return
+//   before they finish; download, sum and sum_squares wait for everything queued.
+// - Numerics: fp32 storage and reductions on both backends. The cpu backend computes in fp32;
+//   the cuda backend computes GEMMs and attention in bf16 with fp32 accumulation when
+//   KernelInit.bf16_compute is set (torchtitan's mixed_precision_param: bfloat16), else in
+//   fp32.
 // - Linear layers keep weights as (out_features, in_features), like torch.nn.Linear, so a
 //   forward is y = x W^T.
 // - Backward ops ACCUMULATE (+=) into every gradient they produce, inputs' and parameters'
@@ -15,10 +23,43 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// What a backend is started with.
+typedef struct {
+    int local_rank;     // this process's index among the ranks of its node: picks the device
+    bool bf16_compute;  // GEMMs and attention in bf16 (fp32 accumulation) where supported
+} KernelInit;
+
 typedef struct KernelOps {
     const char *name;
     // One line naming what runs underneath (library, kernels, threads): benchmarks report it.
     void (*describe)(char *buf, size_t len);
+
+    // ---- memory and the queue ----------------------------------------------------------------
+    // Starts the backend (device, stream, library handles); false with a one-line reason in why
+    // when it cannot run on this machine (no device, no driver).
+    bool (*init)(const KernelInit *init, char *why, size_t len);
+    // True when tensors are host memory (cpu): host code may then read and write them directly.
+    bool host_memory;
+    // The queue every op is issued on (a cudaStream_t), which collectives must wait for; NULL
+    // on cpu.
+    void *(*queue)(void);
+    // bytes of zeroed tensor memory, aligned to at least 256 bytes; NULL when there is no room.
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    // host -> tensor memory and back; both return once the bytes have arrived (download waits
+    // for the queued work that produces them).
+    void (*upload)(void *dst, const void *host_src, size_t bytes);
+    void (*download)(void *host_dst, const void *src, size_t bytes);
+    // Within tensor memory: bytes; and `rows` rows of row_bytes each, from rows src_pitch bytes
+    // apart to rows dst_pitch bytes apart (a strided 2-D copy).
+    void (*copy)(void *dst, const void *src, size_t bytes);
+    void (*copy_rows)(void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                      size_t row_bytes, size_t rows);
+    void (*zero)(void *dst, size_t bytes);
 
     // c (m, n) = op(a) op(b) + beta * c, op(x) = x^T when trans_x. op(a) is (m, k), op(b) is
     // (k, n); a, b, c are dense row-major (leading dimension = their column count).
@@ -44,9 +85,10 @@ typedef struct KernelOps {
     // head_dim); k, v: (B, T, n_kv_heads, head_dim); query head h reads kv head
     // h / (n_heads / n_kv_heads). lse (B, n_heads, T) is the natural-log log-sum-exp of each
     // row of scaled scores, saved for backward (and for context parallel's merge).
-    // workspace: attention_workspace_bytes(T, head_dim) of scratch for the call's duration,
-    // carved by the caller from its arena so that no op allocates inside the step.
-    size_t (*attention_workspace_bytes)(int T, int head_dim);
+    // workspace: attention_workspace_bytes(B, T, n_heads, n_kv_heads, head_dim) of scratch for
+    // the call's duration (the same for forward and backward), carved by the caller from its
+    // arena so that no op allocates inside the step.
+    size_t (*attention_workspace_bytes)(int B, int T, int n_heads, int n_kv_heads, int head_dim);
     void (*attention_forward)(float *out, float *lse, const float *q, const float *k,
                               const float *v, int B, int T, int n_heads, int n_kv_heads,
                               int head_dim, void *workspace);
@@ -68,11 +110,14 @@ typedef struct KernelOps {
     void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n);
 
-    // out (n, dim) = table[tokens[i]]; backward scatters dout rows into dtable. A negative id
-    // gives a zero row and takes no gradient (vocab-parallel: a token another rank's rows hold).
-    void (*embedding_forward)(float *out, const int *tokens, const float *table, int n, int dim);
+    // out (n, dim) = table[tokens[i] - vocab_start] for a table (rows, dim) holding the rows
+    // [vocab_start, vocab_start + rows) of the whole vocabulary; backward scatters dout rows
+    // into dtable. A token outside the slice gives a zero row and takes no gradient
+    // (vocab-parallel: another rank's slice holds it); one table: vocab_start 0, rows = vocab.
+    void (*embedding_forward)(float *out, const int *tokens, const float *table, int n, int dim,
+                              int vocab_start, int rows);
     void (*embedding_backward)(float *dtable, const float *dout, const int *tokens, int n,
-                               int dim);
+                               int dim, int vocab_start, int rows);
 
     // losses (n) = logsumexp(logits[i]) - logits[i][targets[i]].
     void (*cross_entropy_forward)(float *losses, const float *logits, const int *targets, int n,
@@ -93,13 +138,23 @@ typedef struct KernelOps {
     void (*cross_entropy_slice_backward)(float *dlogits, const float *logits, const float *lse,
                                          const int *targets, int n, int vocab, int vocab_start,
                                          float dloss);
+    // The merge's two elementwise steps around the all-reduces over slices: sums (n) =
+    // exp(lse - max); then lse (n) = max + log(sums) and losses (n) = lse - target_logit.
+    void (*cross_entropy_merge_exp)(float *sums, const float *lse, const float *max, int n);
+    void (*cross_entropy_merge_finish)(float *losses, float *lse, const float *max,
+                                       const float *sums, const float *target_logit, int n);
 
     // y (n) += x
     void (*add)(float *y, const float *x, size_t n);
     // x (n) *= s
     void (*scale)(float *x, size_t n, float s);
-    // sum of x^2 in double precision (global grad norm)
+    // sum of x^2, and sum of x, in double precision (global grad norm; mean loss), on the host
     double (*sum_squares)(const float *x, size_t n);
+    double (*sum)(const float *x, size_t n);
+    // bf16 (round to nearest even, NaN kept NaN) and back: FSDP's bf16 all-gather of the
+    // compute weights (torchtitan's mixed_precision_param).
+    void (*to_bf16)(uint16_t *dst, const float *src, size_t n);
+    void (*from_bf16)(float *dst, const uint16_t *src, size_t n);
 
     // One AdamW step (Loshchilov & Hutter, decoupled weight decay) as torch.optim.AdamW:
     // p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
@@ -111,3 +166,7 @@ typedef struct KernelOps {
 
 // The table for "cpu" (always built) or "cuda" (built with CUDA=1); NULL if not built.
 const KernelOps *kernels_backend(const char *name);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,7 +1,5 @@
 #include "models/model.h"
 
-#include <string.h>
-
 #include "core/errors.h"
 
 // hidden[i] is the input of block i (hidden[0] unused: the embedding reads tokens), hidden[i+1]
@@ -44,7 +42,7 @@ double model_forward_backward(Model *m, StepCtx *s) {
             float *y_again = i + 1 < m->n_blocks ? arena_floats(s->act, width) : NULL;
             b->ops->forward(b, s, x, y_again);
         }
-        if (dx && !step_sizing(s)) memset(dx, 0, width * sizeof(float));
+        if (dx && !step_sizing(s)) s->k->zero(dx, width * sizeof(float));
         b->ops->backward(b, s, x, dy, dx);
         arena_release(s->act, mark);
         float *t = grad_out;  // this block's input gradient is the next one's output gradient
@@ -70,10 +68,15 @@ void model_size(Model *m, size_t activation_bytes, Arena *params, Arena *grads, 
     acts->peak = activation_bytes;
 }
 
-void model_allocate(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts) {
+void model_allocate(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts,
+                    const ArenaMemory *memory) {
     model_size(m, activation_bytes, params, grads, acts);
-    arena_commit(params);
-    arena_commit(grads);
-    arena_commit(acts);
+    arena_commit(params, memory);
+    arena_commit(grads, memory);
+    arena_commit(acts, memory);
     params_allocate(&m->params, params, grads);
+}
+
+void model_place_buffers(Model *m, const KernelOps *k) {
+    if (m->place_buffers) m->place_buffers(m, k);
 }

@@ -73,7 +73,8 @@ struct Block {
     int n_params;        // its parameters: the next n_params of the table, in block order
 };
 
-typedef struct {
+typedef struct Model Model;
+struct Model {
     ParamTable params;
     Block *blocks;
     int n_blocks;
@@ -83,7 +84,10 @@ typedef struct {
                              // whole model, whatever tensor parallelism shards it)
     const TpHooks *tp;   // set by the model's parallelize plan; NULL: one device
     void *self;          // the architecture's own state (e.g. rope tables)
-} Model;
+    // Moves the architecture's constant tables (torchtitan's non-persistent buffers, e.g. the
+    // RoPE tables), built in host memory, into backend k's memory: model_place_buffers.
+    void (*place_buffers)(Model *m, const KernelOps *k);
+};
 
 // Activation bytes one microbatch of (B, T) needs, counted by running the step's allocations
 // on a sizing arena (no compute).
@@ -91,10 +95,13 @@ size_t model_activation_bytes(Model *m, const KernelOps *k, int B, int T);
 // Sizes the parameter and gradient arenas (sizing arenas, nothing allocated) and sets the
 // activation arena's size: what model_allocate will commit.
 void model_size(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts);
-// Sizes, allocates and carves the parameter and gradient arenas and an activation arena of
-// activation_bytes (model_activation_bytes of the largest batch); parameters are zero until
-// initialised or loaded.
-void model_allocate(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts);
+// Sizes, allocates (from memory; NULL: host) and carves the parameter and gradient arenas and
+// an activation arena of activation_bytes (model_activation_bytes of the largest batch);
+// parameters are zero until initialised or loaded.
+void model_allocate(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts,
+                    const ArenaMemory *memory);
+// Once per model, before its first step: its constant tables into backend k's memory.
+void model_place_buffers(Model *m, const KernelOps *k);
 
 // One microbatch: forward through every block, then backward in reverse, accumulating into
 // the parameter gradients. Returns s->loss. With a sizing arena it only counts bytes.

@@ -150,6 +150,15 @@ void comm_init(int *argc, char ***argv) {
     flight_init(group_add(world, NULL, 0, 0, "world")->rank);
 }
 
+int comm_local_rank(void) {
+    MPI_Comm node;
+    int rank = 0;
+    MPI_CHECK(MPI_Comm_split_type(groups[0].mpi, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    MPI_CHECK(MPI_Comm_rank(node, &rank));
+    MPI_CHECK(MPI_Comm_free(&node));
+    return rank;
+}
+
 void comm_configure(const CommConfig *config) {
     CHECK(config->trace_buf_size >= 0);
     timeout_seconds = config->timeout_seconds;

@@ -52,7 +52,8 @@ void comm_configure(const CommConfig *config);
 // Selects the NCCL backend for every group, existing and future (collective over the world;
 // call after cudaSetDevice). compute_stream: the cudaStream_t whose queued work each
 // collective waits for, NULL for the legacy default stream. Without it a run uses MPI; a build
-// without CUDA=1 reports a user error. The cuda kernels backend calls this when selected.
+// without CUDA=1 reports a user error. train.c calls it when the kernels backend keeps its
+// tensors in device memory (training.device cuda).
 void comm_use_nccl(void *compute_stream);
 // Ends communication for the process (MPI_Finalize if comm_init started MPI).
 void comm_finalize(void);
@@ -61,6 +62,8 @@ CommGroup *comm_world(void);
 // (e.g. "dp_shard") labels the group in traces and byte reports.
 CommGroup *comm_split(CommGroup *parent, int color, int key, const char *name);
 int comm_rank(const CommGroup *g);
+// This rank's index among the ranks on its node (MPI's shared-memory split): picks its GPU.
+int comm_local_rank(void);
 int comm_size(const CommGroup *g);
 const char *comm_name(const CommGroup *g);
 

@@ -151,6 +151,7 @@ void fsdp_free(Fsdp *f) {
 // and the reduce-scatter's input, padding rows zero).
 static void unit_copy(const Fsdp *f, const FsdpUnit *u, float *full, float *rank_major,
                       bool to_full) {
+    const KernelOps *k_ = f->config.k;
     for (int k = 0; k < f->config.size; k++) {
         for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
             const Param *p = &f->params->items[j];
@@ -160,10 +161,10 @@ static void unit_copy(const Fsdp *f, const FsdpUnit *u, float *full, float *rank
             float *whole = full + (p->offset - u->table_offset) + (size_t)first * s->row_numel;
             size_t n = (size_t)rows * s->row_numel;
             if (to_full) {
-                memcpy(whole, part, n * sizeof(float));
+                k_->copy(whole, part, n * sizeof(float));
             } else {
-                memcpy(part, whole, n * sizeof(float));
-                memset(part + n, 0, (shard_numel(s) - n) * sizeof(float));
+                k_->copy(part, whole, n * sizeof(float));
+                k_->zero(part + n, (shard_numel(s) - n) * sizeof(float));
             }
         }
     }
@@ -267,7 +268,7 @@ static void unit_backward(Block *b, StepCtx *s, const float *x, const float *dy,
     }
     unit_gather(f, u);
     gather_prefetch(f, u->index - 1);
-    memset(f->full_grad, 0, u->full_numel * sizeof(float));
+    f->config.k->zero(f->full_grad, u->full_numel * sizeof(float));
     u->inner.ops->backward(&u->inner, s, x, dy, dx);
     scatter_start(f, u);
     u->gathered = false;
@@ -299,17 +300,29 @@ static float *shard_prepare(Fsdp *f, int j, size_t *first, size_t *count) {
     float *dst = f->data + s->shard_offset;
     *first = (size_t)s->row_begin * s->row_numel;
     *count = (size_t)(s->row_end - s->row_begin) * s->row_numel;
-    memset(dst + *count, 0, (shard_numel(s) - *count) * sizeof(float));
+    f->config.k->zero(dst + *count, (shard_numel(s) - *count) * sizeof(float));
     return dst;
 }
 
+// The shards are filled on the host (the initial values are computed there) and uploaded one
+// parameter at a time through a staging buffer when they live on a device.
 void fsdp_initialize(Fsdp *f, uint64_t seed) {
+    const KernelOps *k = f->config.k;
     reshard_all(f);
+    float *stage = NULL;
+    if (!k->host_memory) {
+        size_t largest = 0;
+        for (int j = 0; j < f->params->count; j++)
+            largest = max_size(largest, shard_numel(&f->shards[j]));
+        stage = xmalloc((largest + 1) * sizeof(float));  // + 1: never a zero-byte request
+    }
     for (int j = 0; j < f->params->count; j++) {
         size_t first, count;
         float *dst = shard_prepare(f, j, &first, &count);
-        param_fill_local(&f->params->items[j], seed, first, count, dst);
+        param_fill_local(&f->params->items[j], seed, first, count, stage ? stage : dst);
+        if (stage) k->upload(dst, stage, count * sizeof(float));
     }
+    free(stage);
 }
 
 void fsdp_shard_from_full(Fsdp *f, const float *full) {
@@ -317,7 +330,7 @@ void fsdp_shard_from_full(Fsdp *f, const float *full) {
     for (int j = 0; j < f->params->count; j++) {
         size_t first, count;
         float *dst = shard_prepare(f, j, &first, &count);
-        memcpy(dst, full + f->params->items[j].offset + first, count * sizeof(float));
+        f->config.k->copy(dst, full + f->params->items[j].offset + first, count * sizeof(float));
     }
 }
 

@@ -1,7 +1,5 @@
 #include "parallel/tp.h"
 
-#include <string.h>
-
 #include "core/errors.h"
 
 static const Tp *tp_of(const TpHooks *h) { return (const Tp *)h; }
@@ -14,12 +12,12 @@ static void tp_gather(const TpHooks *h, const float *x, float *full, size_t n) {
 // rows of every block side by side.
 static void tp_gather_columns(const TpHooks *h, const float *x, float *full, float *scratch,
                               int rows, int cols) {
-    int size = tp_of(h)->size;
-    comm_all_gather(tp_of(h)->group, x, scratch, (size_t)rows * cols);
-    for (int k = 0; k < size; k++)
-        for (int r = 0; r < rows; r++)
-            memcpy(full + ((size_t)r * size + k) * cols, scratch + ((size_t)k * rows + r) * cols,
-                   cols * sizeof(float));
+    const Tp *tp = tp_of(h);
+    size_t row_bytes = (size_t)cols * sizeof(float);
+    comm_all_gather(tp->group, x, scratch, (size_t)rows * cols);
+    for (int k = 0; k < tp->size; k++)
+        tp->k->copy_rows(full + (size_t)k * cols, tp->size * row_bytes,
+                         scratch + (size_t)k * rows * cols, row_bytes, row_bytes, rows);
 }
 
 static void tp_reduce_scatter(const TpHooks *h, const float *partial, float *y, size_t n) {
@@ -34,9 +32,10 @@ static void tp_all_reduce_sum(const TpHooks *h, float *buf, size_t n) {
     comm_all_reduce(tp_of(h)->group, buf, n, COMM_SUM);
 }
 
-void tp_init(Tp *tp, CommGroup *group, bool loss_parallel) {
+void tp_init(Tp *tp, CommGroup *group, const KernelOps *k, bool loss_parallel) {
     tp_plan(tp, comm_rank(group), comm_size(group), loss_parallel);
     tp->group = group;
+    tp->k = k;
 }
 
 void tp_plan(Tp *tp, int rank, int size, bool loss_parallel) {

@@ -21,11 +21,13 @@
 typedef struct Tp {
     TpHooks hooks;  // first: the hooks' implementations find the Tp from the pointer
     CommGroup *group;
+    const KernelOps *k;  // moves the gathered columns into place
     int rank, size;
 } Tp;
 
-// Hooks over group (the mesh's tp group). loss_parallel: !parallelism.disable_loss_parallel.
-void tp_init(Tp *tp, CommGroup *group, bool loss_parallel);
+// Hooks over group (the mesh's tp group), moving tensors of backend k.
+// loss_parallel: !parallelism.disable_loss_parallel.
+void tp_init(Tp *tp, CommGroup *group, const KernelOps *k, bool loss_parallel);
 // The same placement for rank of size ranks without a group (MPI-free planning: --estimate);
 // its hooks must not be called.
 void tp_plan(Tp *tp, int rank, int size, bool loss_parallel);

@@ -14,8 +14,8 @@
 // uses one, backward P and dS).
 static size_t attention_slice_floats(int T) { return (size_t)2 * ATTN_TILE * T; }
 
-size_t cpu_attention_workspace_bytes(int T, int head_dim) {
-    (void)head_dim;
+size_t cpu_attention_workspace_bytes(int B, int T, int n_heads, int n_kv_heads, int head_dim) {
+    (void)B, (void)n_heads, (void)n_kv_heads, (void)head_dim;
     return (size_t)omp_get_max_threads() * attention_slice_floats(T) * sizeof(float);
 }
 

@@ -22,7 +22,7 @@ void cpu_rope_forward(float *out, const float *x, const float *cos, const float 
 void cpu_rope_backward(float *dx, const float *dout, const float *cos, const float *sin,
                        const int *pos, int n_rows, int T, int n_heads, int head_dim);
 
-size_t cpu_attention_workspace_bytes(int T, int head_dim);
+size_t cpu_attention_workspace_bytes(int B, int T, int n_heads, int n_kv_heads, int head_dim);
 void cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                            const float *v, int B, int T, int n_heads, int n_kv_heads,
                            int head_dim, void *workspace);
@@ -37,9 +37,10 @@ void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                          const float *up, size_t n);
 
-void cpu_embedding_forward(float *out, const int *tokens, const float *table, int n, int dim);
-void cpu_embedding_backward(float *dtable, const float *dout, const int *tokens, int n,
-                            int dim);
+void cpu_embedding_forward(float *out, const int *tokens, const float *table, int n, int dim,
+                           int vocab_start, int rows);
+void cpu_embedding_backward(float *dtable, const float *dout, const int *tokens, int n, int dim,
+                            int vocab_start, int rows);
 
 void cpu_cross_entropy_forward(float *losses, const float *logits, const int *targets, int n,
                                int vocab);
@@ -51,11 +52,26 @@ void cpu_cross_entropy_slice_backward(float *dlogits, const float *logits, const
                                       const int *targets, int n, int vocab, int vocab_start,
                                       float dloss);
 
+void cpu_cross_entropy_merge_exp(float *sums, const float *lse, const float *max, int n);
+void cpu_cross_entropy_merge_finish(float *losses, float *lse, const float *max,
+                                    const float *sums, const float *target_logit, int n);
+
 void cpu_add(float *y, const float *x, size_t n);
 // max of x[0..n), n >= 1: the shift that makes softmax and log-sum-exp overflow-free.
 float cpu_max_floats(const float *x, int n);
 void cpu_scale(float *x, size_t n, float s);
 double cpu_sum_squares(const float *x, size_t n);
+double cpu_sum(const float *x, size_t n);
+void cpu_to_bf16(uint16_t *dst, const float *src, size_t n);
+void cpu_from_bf16(float *dst, const uint16_t *src, size_t n);
+
+// Memory: host memory, copies are memcpy (memory.c).
+void *cpu_alloc(size_t bytes);
+void cpu_free(void *p);
+void cpu_copy(void *dst, const void *src, size_t bytes);
+void cpu_copy_rows(void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                   size_t row_bytes, size_t rows);
+void cpu_zero(void *dst, size_t bytes);
 
 void cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                       float beta1, float beta2, float eps, float weight_decay, int step);

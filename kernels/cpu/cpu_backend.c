@@ -10,9 +10,26 @@ static void cpu_describe(char *buf, size_t len) {
              openblas_get_corename(), openblas_get_config());
 }
 
+static bool cpu_init(const KernelInit *init, char *why, size_t len) {
+    (void)init, (void)why, (void)len;
+    return true;
+}
+
+static void *cpu_queue(void) { return NULL; }
+
 const KernelOps kernels_cpu = {
     .name = "cpu",
     .describe = cpu_describe,
+    .init = cpu_init,
+    .host_memory = true,
+    .queue = cpu_queue,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .copy_rows = cpu_copy_rows,
+    .zero = cpu_zero,
     .matmul = cpu_matmul,
     .rmsnorm_forward = cpu_rmsnorm_forward,
     .rmsnorm_backward = cpu_rmsnorm_backward,
@@ -30,8 +47,13 @@ const KernelOps kernels_cpu = {
     .cross_entropy_backward = cpu_cross_entropy_backward,
     .cross_entropy_slice_forward = cpu_cross_entropy_slice_forward,
     .cross_entropy_slice_backward = cpu_cross_entropy_slice_backward,
+    .cross_entropy_merge_exp = cpu_cross_entropy_merge_exp,
+    .cross_entropy_merge_finish = cpu_cross_entropy_merge_finish,
     .add = cpu_add,
     .scale = cpu_scale,
     .sum_squares = cpu_sum_squares,
+    .sum = cpu_sum,
+    .to_bf16 = cpu_to_bf16,
+    .from_bf16 = cpu_from_bf16,
     .adamw_update = cpu_adamw_update,
 };

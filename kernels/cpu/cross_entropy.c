@@ -83,3 +83,15 @@ void cpu_cross_entropy_slice_backward(float *dlogits, const float *logits, const
         if (t >= 0 && t < vocab) d[t] -= dloss;
     }
 }
+
+void cpu_cross_entropy_merge_exp(float *sums, const float *lse, const float *max, int n) {
+    for (int i = 0; i < n; i++) sums[i] = expf(lse[i] - max[i]);
+}
+
+void cpu_cross_entropy_merge_finish(float *losses, float *lse, const float *max,
+                                    const float *sums, const float *target_logit, int n) {
+    for (int i = 0; i < n; i++) {
+        lse[i] = max[i] + logf(sums[i]);
+        losses[i] = lse[i] - target_logit[i];
+    }
+}

@@ -1,8 +1,6 @@
 #include "kernels/cpu/cpu.h"
 
-// sum_squares splits x into this many fixed chunks whatever the thread count, and adds their
-// partial sums in chunk order: the result depends only on n, never on scheduling.
-#define SUM_SQUARES_CHUNKS 256
+#define SUM_CHUNKS 256
 
 static inline float sigmoid(float x) { return 1.0f / (1.0f + cpu_expf(-x)); }
 
@@ -46,18 +44,52 @@ void cpu_scale(float *x, size_t n, float s) {
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
-double cpu_sum_squares(const float *x, size_t n) {
-    double partial[SUM_SQUARES_CHUNKS];
-    size_t chunk = (n + SUM_SQUARES_CHUNKS - 1) / SUM_SQUARES_CHUNKS;
+// x^2 (squares) or x summed over SUM_CHUNKS fixed chunks whatever the thread count, the
+// partial sums added in chunk order: the result depends only on n, never on scheduling.
+static double sum_chunked(const float *x, size_t n, bool squares) {
+    double partial[SUM_CHUNKS];
+    size_t chunk = (n + SUM_CHUNKS - 1) / SUM_CHUNKS;
 #pragma omp parallel for
-    for (int c = 0; c < SUM_SQUARES_CHUNKS; c++) {
-        size_t i0 = c * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
+    for (int c = 0; c < SUM_CHUNKS; c++) {
+        size_t i0 = c * chunk < n ? c * chunk : n, i1 = i0 + chunk < n ? i0 + chunk : n;
         double s = 0.0;
+        if (squares) {
 #pragma omp simd reduction(+ : s)
-        for (size_t i = i0; i < i1; i++) s += (double)x[i] * x[i];
+            for (size_t i = i0; i < i1; i++) s += (double)x[i] * x[i];
+        } else {
+#pragma omp simd reduction(+ : s)
+            for (size_t i = i0; i < i1; i++) s += x[i];
+        }
         partial[c] = s;
     }
     double total = 0.0;
-    for (int c = 0; c < SUM_SQUARES_CHUNKS; c++) total += partial[c];
+    for (int c = 0; c < SUM_CHUNKS; c++) total += partial[c];
     return total;
+}
+
+double cpu_sum_squares(const float *x, size_t n) { return sum_chunked(x, n, true); }
+
+double cpu_sum(const float *x, size_t n) { return sum_chunked(x, n, false); }
+
+// Round to nearest even on the 16 bits dropped; a NaN keeps a quiet NaN (rounding could carry
+// its payload into infinity).
+static uint16_t bf16_of(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x0040u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+void cpu_to_bf16(uint16_t *dst, const float *src, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_of(src[i]);
+}
+
+void cpu_from_bf16(float *dst, const uint16_t *src, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &bits, sizeof bits);
+    }
 }

@@ -8,11 +8,11 @@
 // that a reduce-scatter sums back into each rank's rows; backward runs the duals.
 #include "models/llama3/blocks.h"
 
-#include <math.h>
-#include <string.h>
-
-static void copy(float *dst, const float *src, size_t n) { memcpy(dst, src, n * sizeof(float)); }
-static void zero(float *x, size_t n) { memset(x, 0, n * sizeof(float)); }
+// Tensors are the backend's memory (device memory on cuda): copies and zeroing go through it.
+static void copy(const StepCtx *s, float *dst, const float *src, size_t n) {
+    s->k->copy(dst, src, n * sizeof(float));
+}
+static void zero(const StepCtx *s, float *x, size_t n) { s->k->zero(x, n * sizeof(float)); }
 
 // ---- sequence-parallel seams, each the identity on one device ------------------------------
 
@@ -43,7 +43,7 @@ static void residual_row_parallel(const StepCtx *s, float *y, const float *x, co
                                   const float *w, int BT, int rows, int D, int k, float *partial) {
     size_t n = (size_t)rows * D;
     if (!s->tp) {
-        copy(y, x, n);
+        copy(s, y, x, n);
         s->k->matmul(y, a, w, BT, D, k, false, true, 1);
         return;
     }
@@ -67,28 +67,18 @@ static int vocab_start(const Param *table) {
 
 // ---- tok_embeddings ------------------------------------------------------------------------
 
-// Each token's row in this rank's slice of the table, -1 when another rank's slice holds it
-// (vocab parallel: that rank looks it up, the others give zeros); the tokens on one device.
-static const int *embed_ids(const StepCtx *s, const Param *table, int *ids) {
-    if (!s->tp) return s->tokens;
-    int BT = s->B * s->T, first = vocab_start(table), n = (int)table->shape[0];
-    for (int i = 0; i < BT; i++) {
-        int id = s->tokens[i] - first;
-        ids[i] = id >= 0 && id < n ? id : -1;
-    }
-    return ids;
-}
-
+// Vocab parallel: each rank looks up the tokens its slice of the table holds and gives zeros
+// for the others; the reduce-scatter sums the slices' rows.
 static void embed_forward(Block *b, StepCtx *s, const float *x, float *y) {
     (void)x;
     LlamaEmbed *e = b->self;
+    const Param *table = e->tok_embeddings;
     int BT = s->B * s->T, D = e->args->dim;
     size_t mark = arena_mark(s->act);  // all scratch: the output y is all backward needs
-    int *ids = s->tp ? arena_alloc(s->act, (size_t)BT * sizeof(int)) : NULL;
     float *partial = s->tp ? arena_floats(s->act, (size_t)BT * D) : y;
     if (!step_sizing(s)) {
-        s->k->embedding_forward(partial, embed_ids(s, e->tok_embeddings, ids),
-                                e->tok_embeddings->data, BT, D);
+        s->k->embedding_forward(partial, s->tokens, table->data, BT, D, vocab_start(table),
+                                (int)table->shape[0]);
         if (s->tp) s->tp->reduce_scatter(s->tp, partial, y, (size_t)step_rows(s) * D);
     }
     arena_release(s->act, mark);
@@ -97,13 +87,13 @@ static void embed_forward(Block *b, StepCtx *s, const float *x, float *y) {
 static void embed_backward(Block *b, StepCtx *s, const float *x, const float *dy, float *dx) {
     (void)x, (void)dx;
     LlamaEmbed *e = b->self;
+    const Param *table = e->tok_embeddings;
     int BT = s->B * s->T, D = e->args->dim;
-    int *ids = s->tp ? arena_alloc(s->act, (size_t)BT * sizeof(int)) : NULL;
     float *full = s->tp ? arena_floats(s->act, (size_t)BT * D) : NULL;
     if (step_sizing(s)) return;
     const float *dy_all = grad_gathered(s, dy, full, step_rows(s), D);
-    s->k->embedding_backward(e->tok_embeddings->grad, dy_all, embed_ids(s, e->tok_embeddings, ids),
-                             BT, D);
+    s->k->embedding_backward(table->grad, dy_all, s->tokens, BT, D, vocab_start(table),
+                             (int)table->shape[0]);
 }
 
 // ---- transformer block: h = x + Attention(attention_norm(x)); y = h + FFN(ffn_norm(h)) ------
@@ -119,6 +109,10 @@ static LayerDims layer_dims(const LlamaLayer *L, const StepCtx *s) {
     int hd = llama3_head_dim(L->args), nq = (int)L->wq->shape[0], nkv = (int)L->wk->shape[0];
     return (LayerDims){s->B * s->T, step_rows(s), L->args->dim, hd,
                        nq / hd, nkv / hd, nq, nkv, (int)L->w1->shape[0]};
+}
+
+static size_t attention_workspace(const StepCtx *s, LayerDims d) {
+    return s->k->attention_workspace_bytes(s->B, s->T, d.nh, d.nkvh, d.hd);
 }
 
 // The forward math, on buffers layer_forward carved; comm: (rows + BT) * D of scratch under TP.
@@ -166,7 +160,7 @@ static void layer_forward(Block *b, StepCtx *s, const float *x, float *y) {
     sv->up = arena_floats(A, (size_t)d.BT * d.H);
     sv->act = arena_floats(A, (size_t)d.BT * d.H);
     size_t saved_end = arena_mark(A);  // the workspace and comm buffers are scratch
-    void *workspace = arena_alloc(A, s->k->attention_workspace_bytes(s->T, d.hd));
+    void *workspace = arena_alloc(A, attention_workspace(s, d));
     float *comm = s->tp ? arena_floats(A, (size_t)(d.rows + d.BT) * d.D) : NULL;
     if (!step_sizing(s)) layer_forward_compute(L, s, d, x, y, workspace, comm);
     arena_release(A, saved_end);
@@ -183,13 +177,13 @@ static void ffn_backward(LlamaLayer *L, StepCtx *s, LayerDims d, const float *dy
     const float *dy_all = grad_gathered(s, dy, comm, d.rows, d.D);
     K->matmul(dact, dy_all, L->w2->data, d.BT, d.H, d.D, false, false, 0);
     K->matmul(L->w2->grad, dy_all, sv->act, d.D, d.H, d.BT, true, false, 1);
-    zero(dgate, (size_t)2 * d.BT * d.H);
+    zero(s, dgate, (size_t)2 * d.BT * d.H);
     K->swiglu_backward(dgate, dup, dact, sv->gate, sv->up, (size_t)d.BT * d.H);
     K->matmul(dhn, dgate, L->w1->data, d.BT, d.D, d.H, false, false, 0);
     K->matmul(dhn, dup, L->w3->data, d.BT, d.D, d.H, false, false, 1);
     K->matmul(L->w1->grad, dgate, sv->hn, d.H, d.D, d.BT, true, false, 1);
     K->matmul(L->w3->grad, dup, sv->hn, d.H, d.D, d.BT, true, false, 1);
-    copy(dh, dy, (size_t)d.rows * d.D);
+    copy(s, dh, dy, (size_t)d.rows * d.D);
     norm_backward_reduced(s, dh, L->ffn_norm->grad, dhn, comm, sv->h, L->ffn_norm->data,
                           sv->rstd2, d.rows, d.D);
 }
@@ -207,10 +201,10 @@ static void attention_backward(LlamaLayer *L, StepCtx *s, LayerDims d, const flo
     const float *dh_all = grad_gathered(s, dh, comm, d.rows, d.D);
     K->matmul(dattn, dh_all, L->wo->data, d.BT, d.nq, d.D, false, false, 0);
     K->matmul(L->wo->grad, dh_all, sv->attn, d.D, d.nq, d.BT, true, false, 1);
-    zero(dq, nq + 2 * nkv);
+    zero(s, dq, nq + 2 * nkv);
     K->attention_backward(dq, dk, dv, dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse, s->B, s->T,
                           d.nh, d.nkvh, d.hd, workspace);
-    zero(dq0, nq + nkv);
+    zero(s, dq0, nq + nkv);
     K->rope_backward(dq0, dq, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nh, d.hd);
     K->rope_backward(dk0, dk, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nkvh, d.hd);
     K->matmul(dxn, dq0, L->wq->data, d.BT, d.D, d.nq, false, false, 0);
@@ -231,7 +225,7 @@ static void layer_backward(Block *b, StepCtx *s, const float *x, const float *dy
     size_t attn_scratch = (size_t)d.BT * (3 * (size_t)d.nq + 3 * (size_t)d.nkv + d.D);
     float *dh = arena_floats(s->act, (size_t)d.rows * d.D);
     float *scratch = arena_floats(s->act, ffn_scratch > attn_scratch ? ffn_scratch : attn_scratch);
-    void *workspace = arena_alloc(s->act, s->k->attention_workspace_bytes(s->T, d.hd));
+    void *workspace = arena_alloc(s->act, attention_workspace(s, d));
     float *comm = s->tp ? arena_floats(s->act, (size_t)d.BT * d.D) : NULL;
     if (step_sizing(s)) return;
     ffn_backward(L, s, d, dy, dh, scratch, comm);
@@ -248,14 +242,11 @@ static void loss_parallel_forward(LlamaHead *h, StepCtx *s, float *stats) {
     float *max = stats, *sums = stats + BT, *target_logit = sums + BT;
     s->k->cross_entropy_slice_forward(h->lse, target_logit, h->logits, s->targets, BT,
                                       (int)h->output->shape[0], vocab_start(h->output));
-    copy(max, h->lse, BT);
+    copy(s, max, h->lse, BT);
     s->tp->all_reduce_max(s->tp, max, BT);
-    for (int i = 0; i < BT; i++) sums[i] = expf(h->lse[i] - max[i]);
+    s->k->cross_entropy_merge_exp(sums, h->lse, max, BT);
     s->tp->all_reduce_sum(s->tp, sums, 2 * (size_t)BT);  // the sums and the target logits
-    for (int i = 0; i < BT; i++) {
-        h->lse[i] = max[i] + logf(sums[i]);
-        h->losses[i] = h->lse[i] - target_logit[i];
-    }
+    s->k->cross_entropy_merge_finish(h->losses, h->lse, max, sums, target_logit, BT);
 }
 
 static void head_forward(Block *b, StepCtx *s, const float *x, float *y) {
@@ -284,9 +275,7 @@ static void head_forward(Block *b, StepCtx *s, const float *x, float *y) {
             loss_parallel_forward(h, s, scratch);
         else
             s->k->cross_entropy_forward(h->losses, h->full_logits, s->targets, BT, V);
-        double sum = 0;
-        for (int i = 0; i < BT; i++) sum += h->losses[i];
-        s->loss = sum / BT;
+        s->loss = s->k->sum(h->losses, BT) / BT;
     }
     arena_release(s->act, mark);
 }
@@ -303,8 +292,8 @@ static void head_dlogits(LlamaHead *h, StepCtx *s, float dloss) {
     }
     s->k->cross_entropy_backward(h->full_logits, h->full_logits, s->targets, BT, V, dloss);
     if (h->full_logits == h->logits) return;
-    for (int i = 0; i < BT; i++)
-        copy(h->logits + (size_t)i * Vl, h->full_logits + (size_t)i * V + first, Vl);
+    s->k->copy_rows(h->logits, Vl * sizeof(float), h->full_logits + first, V * sizeof(float),
+                    Vl * sizeof(float), BT);
 }
 
 static void head_backward(Block *b, StepCtx *s, const float *x, const float *dy, float *dx) {

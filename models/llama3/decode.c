@@ -34,7 +34,7 @@ void llama3_kv_cache_init(LlamaKVCache *c, const Model *m, int max_ctx) {
     *c = (LlamaKVCache){.max_ctx = max_ctx, .kv_width = a->n_kv_heads * llama3_head_dim(a)};
     arena_init_sizing(&c->arena, "kv cache");
     kv_cache_carve(c, a);
-    arena_commit(&c->arena);
+    arena_commit(&c->arena, NULL);
     kv_cache_carve(c, a);
 }
 
@@ -73,7 +73,7 @@ const float *llama3_decode_step(const Model *m, LlamaKVCache *c, const KernelOps
     const LlamaArgs *a = model_args(m);
     CHECK(pos >= 0 && pos < c->max_ctx && token >= 0 && token < a->vocab_size);
     const LlamaEmbed *e = m->blocks[0].self;
-    k->embedding_forward(c->x, &token, e->tok_embeddings->data, 1, a->dim);
+    k->embedding_forward(c->x, &token, e->tok_embeddings->data, 1, a->dim, 0, a->vocab_size);
     for (int i = 1; i + 1 < m->n_blocks; i++) {
         const LlamaLayer *L = m->blocks[i].self;
         decode_attention(L, c, k, pos);

@@ -11,7 +11,8 @@ typedef struct {
     LlamaEmbed embed;
     LlamaLayer *layers;
     LlamaHead head;
-    float *rope_cos, *rope_sin;  // (max_seq_len, head_dim/2)
+    float *rope_cos, *rope_sin;  // (max_seq_len, head_dim/2), one allocation from rope_cos
+    const KernelOps *rope_memory;  // whose memory holds them after placing; NULL: host
 } Llama;
 
 // Llama 3.1's frequency scaling (Meta's apply_scaling): long wavelengths are slowed by
@@ -32,8 +33,8 @@ static double rope_scaled_freq(const LlamaArgs *a, double freq) {
 static void rope_tables(Llama *l) {
     const LlamaArgs *a = &l->args;
     int half = llama3_head_dim(a) / 2;
-    l->rope_cos = xmalloc((size_t)a->max_seq_len * half * sizeof(float));
-    l->rope_sin = xmalloc((size_t)a->max_seq_len * half * sizeof(float));
+    l->rope_cos = xmalloc(2 * (size_t)a->max_seq_len * half * sizeof(float));
+    l->rope_sin = l->rope_cos + (size_t)a->max_seq_len * half;
     for (int i = 0; i < half; i++) {
         double freq = 1.0 / pow(a->rope_theta, 2.0 * i / (2 * half));
         if (a->rope_scaling) freq = rope_scaled_freq(a, freq);
@@ -85,13 +86,32 @@ static double flops_per_token(const Model *m, const LlamaArgs *a, int seq_len, s
     return 6 * weights + 12.0 * a->n_layers * a->n_heads * llama3_head_dim(a) * seq_len;
 }
 
+// The RoPE tables are read by every layer's kernels, so they move to the backend's memory.
+static void place_rope_tables(Model *m, const KernelOps *k) {
+    Llama *l = m->self;
+    if (k->host_memory || l->rope_memory) return;
+    size_t n = (size_t)(l->rope_sin - l->rope_cos) * 2, bytes = n * sizeof(float);
+    float *placed = k->alloc(bytes);
+    if (!placed) die_user("cannot allocate the RoPE tables (%zu bytes) in device memory", bytes);
+    k->upload(placed, l->rope_cos, bytes);
+    free(l->rope_cos);
+    l->rope_cos = placed;
+    l->rope_sin = placed + n / 2;
+    l->rope_memory = k;
+    for (int i = 0; i < l->args.n_layers; i++) {
+        l->layers[i].rope_cos = l->rope_cos;
+        l->layers[i].rope_sin = l->rope_sin;
+    }
+}
+
 void llama3_build(Model *m, const LlamaArgs *args, bool activation_checkpoint) {
     Llama *l = xcalloc(1, sizeof(Llama));
     l->args = *args;
     const LlamaArgs *a = &l->args;
     rope_tables(l);
     l->layers = xcalloc((size_t)a->n_layers, sizeof(LlamaLayer));
-    *m = (Model){.dim = a->dim, .n_blocks = a->n_layers + 2, .self = l};
+    *m = (Model){.dim = a->dim, .n_blocks = a->n_layers + 2, .self = l,
+                 .place_buffers = place_rope_tables};
     ParamTable *t = &m->params;
     params_init(t, 9 * a->n_layers + 3);
 
@@ -123,8 +143,10 @@ void llama3_build(Model *m, const LlamaArgs *args, bool activation_checkpoint) {
 
 void llama3_free(Model *m) {
     Llama *l = m->self;
-    free(l->rope_cos);
-    free(l->rope_sin);
+    if (l->rope_memory)
+        l->rope_memory->free(l->rope_cos);
+    else
+        free(l->rope_cos);
     free(l->layers);
     free(l);
     free(m->blocks);

@@ -2,7 +2,7 @@
 # token shard, and assertions. Sourced, not run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-TITAN=./titan
+TITAN=${TITAN:-./titan}  # CI also runs some suites with the CUDA=1 build
 PY=/usr/bin/python3  # Debian's interpreter, the one with torch, numpy and h5py
 SCRATCH=$(mktemp -d /tmp/titan-test.XXXXXX)
 trap 'rm -rf "$SCRATCH"' EXIT

@@ -16,6 +16,11 @@ expect_user_error "type.yaml:2:10: training.steps expects an integer, got 'ten'"
 
 expect_user_error "activation_checkpoint.mode" $TITAN "${SMALL[@]}" --activation_checkpoint.mode sometimes
 expect_user_error "unknown option '--training.stpes'" $TITAN "${SMALL[@]}" --training.stpes 3
+# Without a GPU (CI, our machines) --device cuda stops before anything is allocated: a cpu-only
+# build has no cuda backend, a CUDA=1 build finds no device.
+expect_user_error "^training.device cuda: (this titan was built without it|no CUDA device)" \
+  $TITAN "${SMALL[@]}" --device cuda
+expect_user_error "training.device.*'tpu'" $TITAN "${SMALL[@]}" --device tpu
 expect_user_error "pipeline_parallel_degree = 2 is not implemented yet" $TITAN "${SMALL[@]}" --parallelism.pipeline_parallel_degree 2
 expect_user_error "parallelism: pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 = 2 ranks, but the job has 1" \
   $TITAN "${SMALL[@]}" --parallelism.data_parallel_shard_degree 2

@@ -20,7 +20,7 @@ static void check_decode_matches_forward(LlamaArgs args, int T) {
     Model m;
     Arena params, grads, acts;
     llama3_build(&m, &args, false);
-    model_allocate(&m, model_activation_bytes(&m, k, 1, T), &params, &grads, &acts);
+    model_allocate(&m, model_activation_bytes(&m, k, 1, T), &params, &grads, &acts, NULL);
     params_initialize(&m.params, 3);
     int *tokens = calloc(T, sizeof(int)), *pos = calloc(T, sizeof(int));
     for (int t = 0; t < T; t++) tokens[t] = (t * 7919 + 13) % args.vocab_size, pos[t] = t;

@@ -78,7 +78,7 @@ static void reference_compute(Reference *r) {
     net_build(&n, false, false);
     batch_make(r, n.args.vocab_size);
     Arena params, grads, acts;
-    model_allocate(&n.m, model_activation_bytes(&n.m, k, B, T), &params, &grads, &acts);
+    model_allocate(&n.m, model_activation_bytes(&n.m, k, B, T), &params, &grads, &acts, NULL);
     params_initialize(&n.m.params, SEED);
     StepCtx s = {.k = k, .act = &acts, .B = B, .T = T, .tokens = r->tokens,
                  .targets = r->targets, .pos = r->pos, .loss_scale = 1};
@@ -125,15 +125,15 @@ static void sharded_build(Sharded *sh, const Mesh *mesh, const Case *c, int rows
     arena_init_sizing(&sh->grads, "grads");
     arena_init_sizing(&sh->comm, "comm");
     fsdp_allocate(&sh->f, &sh->params, &sh->grads, &sh->comm);
-    arena_commit(&sh->params);
-    arena_commit(&sh->grads);
-    arena_commit(&sh->comm);
+    arena_commit(&sh->params, NULL);
+    arena_commit(&sh->grads, NULL);
+    arena_commit(&sh->comm, NULL);
     fsdp_allocate(&sh->f, &sh->params, &sh->grads, &sh->comm);
     fsdp_wrap(&sh->f, &sh->net.m, mesh->fsdp,
               replicate > 1 ? mesh->group[MESH_DP_REPLICATE] : NULL);
     arena_init_sizing(&sh->acts, "activations");
     sh->acts.peak = model_activation_bytes(&sh->net.m, k, rows / c->microbatches, T);
-    arena_commit(&sh->acts);
+    arena_commit(&sh->acts, NULL);
 }
 
 static void sharded_free(Sharded *sh) {
@@ -256,9 +256,9 @@ static void check_uneven_placement(const Reference *r) {
         arena_init_sizing(&grads, "grads");
         arena_init_sizing(&comm, "comm");
         fsdp_allocate(&f, &params, &grads, &comm);
-        arena_commit(&params);
-        arena_commit(&grads);
-        arena_commit(&comm);
+        arena_commit(&params, NULL);
+        arena_commit(&grads, NULL);
+        arena_commit(&comm, NULL);
         fsdp_allocate(&f, &params, &grads, &comm);
         fsdp_initialize(&f, SEED);
         float *filled = xmalloc(f.numel * sizeof(float));

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -419,7 +420,7 @@ static void attn_run_free(AttnRun *r) {
 }
 
 static void attn_run_ops(AttnRun *r, const AttnCase *c) {
-    void *workspace = malloc(ops->attention_workspace_bytes(c->T, c->hd));
+    void *workspace = malloc(ops->attention_workspace_bytes(c->B, c->T, c->H, c->KV, c->hd));
     ops->attention_forward(r->out, r->lse, r->q, r->k, r->v, c->B, c->T, c->H, c->KV, c->hd,
                            workspace);
     ops->attention_backward(r->dq, r->dk, r->dv, r->dout, r->q, r->k, r->v, r->out, r->lse, c->B,
@@ -496,7 +497,7 @@ static void attn_decode_check(int T, int n_ctx, int H, int KV, int hd) {
     AttnCase c = {1, T, H, KV, hd, NULL, NULL, NULL, NULL};
     size_t nq = attn_q_size(&c), nkv = attn_kv_size(&c), width = (size_t)H * hd;
     AttnRun r = attn_run_make(&c);
-    void *workspace = malloc(ops->attention_workspace_bytes(T, hd));
+    void *workspace = malloc(ops->attention_workspace_bytes(1, T, H, KV, hd));
     ops->attention_forward(r.out, r.lse, r.q, r.k, r.v, 1, T, H, KV, hd, workspace);
     c.q = doubles_from(r.q, nq), c.k = doubles_from(r.k, nkv), c.v = doubles_from(r.v, nkv);
     double *naive = doubles_zero(nq);
@@ -606,13 +607,13 @@ static void test_embedding(void **state) {
     float *table = floats_random(EMB_VOCAB * EMB_DIM, 1.0),
           *out = floats_random(EMB_N * EMB_DIM, 1.0);
     float *dout = floats_random(EMB_N * EMB_DIM, 1.0);
-    ops->embedding_forward(out, tokens, table, EMB_N, EMB_DIM);
+    ops->embedding_forward(out, tokens, table, EMB_N, EMB_DIM, 0, EMB_VOCAB);
     for (int i = 0; i < EMB_N; i++)
         assert_memory_equal(out + i * EMB_DIM, table + tokens[i] * EMB_DIM, EMB_DIM * sizeof *out);
 
     float *dt0 = floats_random(EMB_VOCAB * EMB_DIM, 1.0),
           *dt = floats_copy(dt0, EMB_VOCAB * EMB_DIM);
-    ops->embedding_backward(dt, dout, tokens, EMB_N, EMB_DIM);
+    ops->embedding_backward(dt, dout, tokens, EMB_N, EMB_DIM, 0, EMB_VOCAB);
     double *ref = doubles_zero(EMB_VOCAB * EMB_DIM);
     for (int i = 0; i < EMB_N; i++)
         for (int j = 0; j < EMB_DIM; j++) ref[tokens[i] * EMB_DIM + j] += dout[i * EMB_DIM + j];
@@ -716,13 +717,18 @@ static void test_cross_entropy_slices(void **state) {
         ops->cross_entropy_slice_forward(lse[r], target_logit[r], slice[r], targets, CE_N,
                                          widths[r], starts[r]);
     }
+    // The merge as the head runs it, the all-reduces over the two slices done by hand.
+    float max[CE_N], sums[2][CE_N], target_sum[CE_N];
     double want[CE_N];
+    for (int i = 0; i < CE_N; i++) max[i] = fmaxf(lse[0][i], lse[1][i]);
+    for (int r = 0; r < 2; r++) ops->cross_entropy_merge_exp(sums[r], lse[r], max, CE_N);
     for (int i = 0; i < CE_N; i++) {
-        double m = fmax(lse[0][i], lse[1][i]);
-        row_lse[i] = (float)(m + log(exp(lse[0][i] - m) + exp(lse[1][i] - m)));
-        losses[i] = row_lse[i] - (target_logit[0][i] + target_logit[1][i]);
+        sums[0][i] += sums[1][i];
+        target_sum[i] = target_logit[0][i] + target_logit[1][i];
         want[i] = ce_ref_row(c.logits + i * CE_VOCAB, targets[i]);
     }
+    memcpy(row_lse, lse[0], sizeof row_lse);
+    ops->cross_entropy_merge_finish(losses, row_lse, max, sums[0], target_sum, CE_N);
     assert_close("cross-entropy slices merged losses", losses, want, CE_N, 1e-4);
 
     double *ref = doubles_zero(CE_N * CE_VOCAB);
@@ -742,26 +748,26 @@ static void test_cross_entropy_slices(void **state) {
     free(logits), free(c.logits), free(slice[0]), free(slice[1]), free(ref), free(fd), free(d);
 }
 
-// A token id of -1 (held by another vocab-parallel rank) looks up a zero row and takes no
-// gradient.
+// A table holding the vocabulary's rows [10, 14) (a vocab-parallel rank's slice): token 3,
+// another slice's, looks up a zero row and takes no gradient; 12 and 10 are its rows 2 and 0.
 static void test_embedding_foreign_ids(void **state) {
     (void)state;
     rng_seed(11);
-    int tokens[3] = {2, -1, 0};
+    int tokens[3] = {12, 3, 10};
     float *table = floats_random(4 * EMB_DIM, 1.0), *out = floats_random(3 * EMB_DIM, 1.0);
     float *dout = floats_random(3 * EMB_DIM, 1.0), zeros[EMB_DIM] = {0};
-    ops->embedding_forward(out, tokens, table, 3, EMB_DIM);
+    ops->embedding_forward(out, tokens, table, 3, EMB_DIM, 10, 4);
     assert_memory_equal(out + EMB_DIM, zeros, sizeof zeros);
     assert_memory_equal(out, table + 2 * EMB_DIM, sizeof zeros);
     float *dt = calloc(4 * EMB_DIM, sizeof(float));
-    ops->embedding_backward(dt, dout, tokens, 3, EMB_DIM);
+    ops->embedding_backward(dt, dout, tokens, 3, EMB_DIM, 10, 4);
     assert_memory_equal(dt + EMB_DIM, zeros, sizeof zeros);      // row 1: nobody's
     assert_memory_equal(dt + 3 * EMB_DIM, zeros, sizeof zeros);  // row 3: nobody's
     assert_memory_equal(dt, dout + 2 * EMB_DIM, sizeof zeros);   // row 0: from position 2
     free(table), free(out), free(dout), free(dt);
 }
 
-// ---- add, scale, sum_squares ---------------------------------------------------------------
+// ---- add, scale, sum_squares, sum, bf16 casts, memory -----------------------------------------
 
 static void test_add_scale_sum_squares(void **state) {
     (void)state;
@@ -778,8 +784,60 @@ static void test_add_scale_sum_squares(void **state) {
         for (size_t i = 0; i < sizes[s]; i++) want += (double)x[i] * x[i];
         double got = ops->sum_squares(x, sizes[s]);
         assert_true(fabs(got - want) <= 1e-12 * want);
+        double want_sum = 0.0, magnitude = 0.0;
+        for (size_t i = 0; i < sizes[s]; i++) want_sum += x[i], magnitude += fabs(x[i]);
+        assert_true(fabs(ops->sum(x, sizes[s]) - want_sum) <= 1e-12 * magnitude);
     }
     free(x), free(y0), free(y);
+}
+
+// bf16 keeps the top 16 bits, rounded to nearest even on the rest; NaN stays NaN, infinities
+// and values that round up to them are infinite.
+static void test_bf16_casts(void **state) {
+    (void)state;
+    const float in[] = {1.0f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -2.5f, FLT_MAX,
+                        INFINITY, -0.0f, NAN, 1e-40f};
+    const uint16_t want[] = {0x3f80, 0x3f80, 0x3f82, 0xc020, 0x7f80, 0x7f80, 0x8000, 0, 0x0001};
+    enum { N = sizeof in / sizeof in[0] };
+    uint16_t got[N];
+    float back[N];
+    ops->to_bf16(got, in, N);
+    ops->from_bf16(back, got, N);
+    for (int i = 0; i < N; i++) {
+        if (isnan(in[i])) {
+            assert_true(isnan(back[i]));
+            continue;
+        }
+        assert_int_equal(got[i], want[i]);
+        uint32_t bits;
+        memcpy(&bits, &back[i], sizeof bits);
+        assert_int_equal(bits, (uint32_t)want[i] << 16);
+    }
+}
+
+// The memory section: zeroed allocations, uploads and downloads, copies and strided row copies.
+static void test_memory(void **state) {
+    (void)state;
+    float host[12], rows[6] = {0};
+    for (int i = 0; i < 12; i++) host[i] = (float)i;
+    float *a = ops->alloc(sizeof host), *b = ops->alloc(sizeof host);
+    assert_non_null(a);
+    float zeros[12] = {0}, got[12];
+    ops->download(got, a, sizeof got);
+    assert_memory_equal(got, zeros, sizeof got);
+    ops->upload(a, host, sizeof host);
+    ops->copy(b, a, sizeof host);
+    ops->download(got, b, sizeof got);
+    assert_memory_equal(got, host, sizeof got);
+    // Columns 1..2 of a (4, 3) matrix into a (3, 2)... as 3 rows of 2 floats, pitch 3 -> 2.
+    ops->copy_rows(b, 2 * sizeof(float), a + 1, 3 * sizeof(float), 2 * sizeof(float), 3);
+    ops->download(rows, b, sizeof rows);
+    const float want[6] = {1, 2, 4, 5, 7, 8};
+    assert_memory_equal(rows, want, sizeof rows);
+    ops->zero(b + 1, 2 * sizeof(float));
+    ops->download(got, b, 4 * sizeof(float));
+    assert_true(got[0] == 1 && got[1] == 0 && got[2] == 0 && got[3] == 5);
+    ops->free(a), ops->free(b);
 }
 
 // ---- adamw ---------------------------------------------------------------------------------
@@ -840,7 +898,7 @@ static void test_determinism(void **state) {
     ops->rmsnorm_forward(y, rstd, x, w, n, dim, 1e-5f);
     for (int i = 0; i < 2; i++) {
         memset(dtab[i], 0, sizeof dtab[i]), memset(dw[i], 0, sizeof dw[i]);
-        ops->embedding_backward(dtab[i], dout, tokens, n, dim);
+        ops->embedding_backward(dtab[i], dout, tokens, n, dim, 0, 7);
         dx[i] = floats_copy(x, nd);
         ops->rmsnorm_backward(dx[i], dw[i], dout, x, w, rstd, n, dim);
     }
@@ -876,6 +934,8 @@ int main(void) {
         cmocka_unit_test(test_cross_entropy_slices),
         cmocka_unit_test(test_embedding_foreign_ids),
         cmocka_unit_test(test_add_scale_sum_squares),
+        cmocka_unit_test(test_bf16_casts),
+        cmocka_unit_test(test_memory),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_determinism),
     };

@@ -37,7 +37,7 @@ static void build(Built *b, const char *flavor, bool ac, int B, int T) {
     b->args.max_seq_len = T;
     llama3_build(&b->m, &b->args, ac);
     model_allocate(&b->m, model_activation_bytes(&b->m, kernels_backend("cpu"), B, T), &b->params,
-                   &b->grads, &b->acts);
+                   &b->grads, &b->acts, NULL);
 }
 
 static void unbuild(Built *b) {

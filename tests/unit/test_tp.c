@@ -52,11 +52,11 @@ static void run(Run *r, const char *flavor, bool tp, bool loss_parallel, bool ac
     r->args.max_seq_len = SEQ_T;
     llama3_build(&r->m, &r->args, ac);
     if (tp) {
-        tp_init(&r->tp, world, loss_parallel);
+        tp_init(&r->tp, world, kernels_backend("cpu"), loss_parallel);
         llama3_parallelize_tp(&r->m, &r->tp);
     }
     model_allocate(&r->m, model_activation_bytes(&r->m, k, ROWS_B, SEQ_T), &r->params, &r->grads,
-                   &r->acts);
+                   &r->acts, NULL);
     params_initialize(&r->m.params, SEED);
     make_batch(r->args.vocab_size);
     StepCtx s = {.k = k, .act = &r->acts, .B = ROWS_B, .T = SEQ_T, .tokens = tokens,
