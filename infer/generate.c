@@ -188,7 +188,7 @@ static void load_model(Loaded *l, const char *path, int n_ctx) {
     arena_init_sizing(&l->weights, "params");
     arena_init_sizing(&l->no_grads, "grads");
     params_allocate(t, &l->weights, &l->no_grads);
-    arena_commit(&l->weights);
+    arena_commit(&l->weights, NULL);
     params_allocate(t, &l->weights, &l->no_grads);
     if (l->hdf5)
         train_state_load(path, t, NULL, NULL);

@@ -23,7 +23,7 @@ int main(int argc, char **argv) {
     Model m;
     llama3_build(&m, &args, false);
     Arena params, grads, acts;
-    model_allocate(&m, model_activation_bytes(&m, k, B, T), &params, &grads, &acts);
+    model_allocate(&m, model_activation_bytes(&m, k, B, T), &params, &grads, &acts, NULL);
     train_state_load(ckpt, &m.params, NULL, NULL);
 
     TokenStream stream;
