@@ -69,6 +69,10 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
                          .replicate_size = t->mesh.layout.size[MESH_DP_REPLICATE],
                          .reshard = fsdp_reshard_parse(p->fsdp_reshard_after_forward),
                          .tied_embeddings = t->args.tie_word_embeddings, .k = t->k};
+    const TrainingSection *tr = &t->cfg.training;
+    bool mixed = t->k->mixed_precision;  // torchtitan's MixedPrecisionPolicy, on cuda
+    config.bf16_params = mixed && strcmp(tr->mixed_precision_param, "bfloat16") == 0;
+    config.bf16_reduce = mixed && strcmp(tr->mixed_precision_reduce, "bfloat16") == 0;
     fsdp_plan(f, &t->model, &config);
     Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->comm_arena};
     const char *names[] = {"params", "grads", "comm"};

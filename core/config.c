@@ -41,7 +41,7 @@ static const char *const OPTIMIZERS[] = {"Adam", "AdamW", NULL};
 static const char *const OPTIMIZER_IMPLS[] = {"for-loop", "foreach", "fused", NULL};
 static const char *const DECAY_TYPES[] = {"linear", "sqrt", "cosine", NULL};
 static const char *const TRAIN_DTYPES[] = {"bfloat16", "float32", NULL};
-static const char *const REDUCE_DTYPES[] = {"float32", NULL};
+static const char *const REDUCE_DTYPES[] = {"float32", "bfloat16", NULL};
 static const char *const DEVICES[] = {"cpu", "cuda", NULL};
 static const char *const EXPORT_DTYPES[] = {"float16", "bfloat16", "float32", NULL};
 static const char *const RESHARD_POLICIES[] = {"default", "always", "never", NULL};
@@ -138,12 +138,13 @@ static const KeySpec KEYS[] = {
      .help = "Dtype of params, grads and optimizer states"},
     {K_ENUM(training, mixed_precision_param), .def = "bfloat16", .choices = TRAIN_DTYPES,
      .help = "Compute dtype under mixed precision: cuda runs GEMMs and attention in it (fp32 "
-             "accumulation); the cpu backend computes fp32"},
+             "accumulation) and FSDP all-gathers the weights in it; the cpu backend computes "
+             "fp32"},
     {K_ENUM(training, device), .def = "cpu", .choices = DEVICES,
      .help = "titan: the kernels backend, cpu or cuda (a `make CUDA=1` build on a GPU machine; "
              "one GPU per rank)"},
     {K_ENUM(training, mixed_precision_reduce), .def = "float32", .choices = REDUCE_DTYPES,
-     .help = "Dtype of gradient reductions"},
+     .help = "Dtype of FSDP's gradient reduce-scatter (cuda; the cpu backend reduces fp32)"},
     {K_BOOL(training, compile), .def = "false", .help = "Whether to compile the model"},
     {K_INT(training, gc_freq), .def = "50",
      .help = "torchtitan's Python GC interval; titan has no GC and ignores it"},

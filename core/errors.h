@@ -87,7 +87,8 @@ __attribute__((format(printf, 3, 4))) bool error_set(char *err, size_t errlen, c
     do {                                                                                       \
         cublasStatus_t cublas_rc_ = (call);                                                    \
         if (cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                               \
-            die_internal(__FILE__, __LINE__, "%s: %s", #call, cublasLtGetStatusString(cublas_rc_)); \
+            die_internal(__FILE__, __LINE__, "%s: %s", #call,                                  \
+                         cublasLtGetStatusString(cublas_rc_));                                 \
     } while (0)
 
 #define CUDNN_CHECK(call)                                                                      \

@@ -44,6 +44,10 @@ typedef struct KernelOps {
     bool (*init)(const KernelInit *init, char *why, size_t len);
     // True when tensors are host memory (cpu): host code may then read and write them directly.
     bool host_memory;
+    // True when the backend honours KernelInit.bf16_compute (cuda), and training then follows
+    // torchtitan's mixed precision (bf16 compute weights under FSDP); the cpu backend computes
+    // and communicates fp32 whatever mixed_precision_param asks.
+    bool mixed_precision;
     // The queue every op is issued on (a cudaStream_t), which collectives must wait for; NULL
     // on cpu.
     void *(*queue)(void);

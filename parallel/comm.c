@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/bf16.h"
 #include "core/errors.h"
 #include "parallel/comm_internal.h"
 
@@ -46,6 +47,24 @@ static int mpi_count(size_t n) {
 // COMM_AVG is a sum here; comm_wait divides it (MPI has no average op).
 static MPI_Op mpi_op_of(CommOp op) { return op == COMM_MAX ? MPI_MAX : MPI_SUM; }
 
+// MPI has no bf16 type: the elements travel as 16-bit integers and sum through this op, which
+// adds in fp32 and rounds back to bf16 (what NCCL does for ncclBfloat16).
+static MPI_Op bf16_sum_op = MPI_OP_NULL;
+
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type) {
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++)
+        b[i] = bf16_from_float(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+
+static MPI_Datatype mpi_type_of(CommDtype type) {
+    return type == COMM_BFLOAT16 ? MPI_UINT16_T : MPI_FLOAT;
+}
+
+static size_t element_bytes(CommDtype type) { return type == COMM_BFLOAT16 ? 2 : 4; }
+
 static void *mpi_all_reduce(CommGroup *g, float *buf, size_t n, CommOp op) {
     MPI_Request r;
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(n), MPI_FLOAT, mpi_op_of(op), g->mpi,
@@ -53,18 +72,26 @@ static void *mpi_all_reduce(CommGroup *g, float *buf, size_t n, CommOp op) {
     return request_pack(r);
 }
 
-static void *mpi_all_gather(CommGroup *g, const float *send, float *recv, size_t n) {
-    const void *from = send == recv + (size_t)g->rank * n ? MPI_IN_PLACE : send;
+static void *mpi_all_gather(CommGroup *g, const void *send, void *recv, size_t n,
+                            CommDtype type) {
+    bool in_place = send == (const char *)recv + (size_t)g->rank * n * element_bytes(type);
+    MPI_Datatype t = mpi_type_of(type);
     MPI_Request r;
-    MPI_CHECK(MPI_Iallgather(from, mpi_count(n), MPI_FLOAT, recv, mpi_count(n), MPI_FLOAT, g->mpi,
-                             &r));
+    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, mpi_count(n), t, recv, mpi_count(n),
+                             t, g->mpi, &r));
     return request_pack(r);
 }
 
-static void *mpi_reduce_scatter(CommGroup *g, const float *send, float *recv, size_t n,
-                                CommOp op) {
+static void *mpi_reduce_scatter(CommGroup *g, const void *send, void *recv, size_t n, CommOp op,
+                                CommDtype type) {
+    MPI_Op mpi_op = mpi_op_of(op);
+    if (type == COMM_BFLOAT16) {
+        CHECK(op == COMM_SUM);
+        if (bf16_sum_op == MPI_OP_NULL) MPI_CHECK(MPI_Op_create(bf16_sum, 1, &bf16_sum_op));
+        mpi_op = bf16_sum_op;
+    }
     MPI_Request r;
-    MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, mpi_count(n), MPI_FLOAT, mpi_op_of(op),
+    MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, mpi_count(n), mpi_type_of(type), mpi_op,
                                         g->mpi, &r));
     return request_pack(r);
 }
@@ -185,6 +212,7 @@ void comm_finalize(void) {
     }
     n_groups = 0;
     backend = &mpi_backend;
+    if (bf16_sum_op != MPI_OP_NULL) MPI_CHECK(MPI_Op_free(&bf16_sum_op));
     if (owns_mpi) MPI_CHECK(MPI_Finalize());
 }
 
@@ -288,15 +316,30 @@ CommHandle comm_all_reduce_start(CommGroup *g, float *buf, size_t n, CommOp op) 
 
 CommHandle comm_all_gather_start(CommGroup *g, const float *send, float *recv, size_t n) {
     CommHandle h = handle_begin(g, "all_gather", 4 * (uint64_t)n, -1);
-    h.request = backend->all_gather(g, send, recv, n);
+    h.request = backend->all_gather(g, send, recv, n, COMM_FLOAT32);
+    return h;
+}
+
+CommHandle comm_all_gather_bf16_start(CommGroup *g, const uint16_t *send, uint16_t *recv,
+                                      size_t n) {
+    CommHandle h = handle_begin(g, "all_gather_bf16", 2 * (uint64_t)n, -1);
+    h.request = backend->all_gather(g, send, recv, n, COMM_BFLOAT16);
     return h;
 }
 
 CommHandle comm_reduce_scatter_start(CommGroup *g, const float *send, float *recv, size_t n,
                                      CommOp op) {
     CommHandle h = handle_begin(g, "reduce_scatter", 4 * (uint64_t)n * (uint64_t)g->size, -1);
-    h.request = backend->reduce_scatter(g, send, recv, n, op);
+    h.request = backend->reduce_scatter(g, send, recv, n, op, COMM_FLOAT32);
     average_on_wait(&h, op, recv, n);
+    return h;
+}
+
+CommHandle comm_reduce_scatter_bf16_start(CommGroup *g, const uint16_t *send, uint16_t *recv,
+                                          size_t n) {
+    CommHandle h = handle_begin(g, "reduce_scatter_bf16", 2 * (uint64_t)n * (uint64_t)g->size,
+                                -1);
+    h.request = backend->reduce_scatter(g, send, recv, n, COMM_SUM, COMM_BFLOAT16);
     return h;
 }
 

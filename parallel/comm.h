@@ -10,8 +10,8 @@
 // is then aborted (non-zero exit) instead of hanging. Every group counts the bytes its
 // operations send, reported by comm_report at the end of a run.
 //
-// Buffers are fp32 (reductions sum in fp32, as torch.distributed does for fp32 tensors);
-// byte-level operations (broadcast) take void *. On the NCCL backend every buffer is a device
+// Buffers are fp32 (reductions sum in fp32, as torch.distributed does for fp32 tensors),
+// except the bf16 all-gather and reduce-scatter; byte-level operations (broadcast) take void *. On the NCCL backend every buffer is a device
 // pointer, except comm_all_reduce_double's value and comm_barrier, which stay on the host and
 // go over MPI on both backends.
 #pragma once
@@ -75,6 +75,14 @@ CommHandle comm_all_gather_start(CommGroup *g, const float *send, float *recv, s
 // recv (n) = op over ranks of block `rank` of send (size * n).
 CommHandle comm_reduce_scatter_start(CommGroup *g, const float *send, float *recv, size_t n,
                                      CommOp op);
+// The same two on bf16 buffers (uint16_t, kernels.h's to_bf16): FSDP's mixed precision, which
+// gathers the compute weights and may reduce the gradients in bf16 (torchtitan's
+// mixed_precision_param / mixed_precision_reduce), for half the bytes. The reduce-scatter sums,
+// rounding to bf16 after each addition as NCCL does (MPI through a user-defined op).
+CommHandle comm_all_gather_bf16_start(CommGroup *g, const uint16_t *send, uint16_t *recv,
+                                      size_t n);
+CommHandle comm_reduce_scatter_bf16_start(CommGroup *g, const uint16_t *send, uint16_t *recv,
+                                          size_t n);
 // MPI_Alltoallv semantics, counts and displacements in floats; the four arrays must stay
 // unchanged until the wait (MPI reads them while the operation runs).
 CommHandle comm_all_to_allv_start(CommGroup *g, const float *send, const int *send_counts,

@@ -18,6 +18,9 @@ struct CommGroup {
     uint64_t bytes, ops;
 };
 
+// Element types of the all-gather and reduce-scatter.
+typedef enum { COMM_FLOAT32, COMM_BFLOAT16 } CommDtype;
+
 // One collective library. Each start enqueues the operation and returns its request (packed
 // into a void *); test reports completion without blocking and releases the request when it
 // reports true. The generic layer does the tracing, byte counting, timeout and averaging.
@@ -29,8 +32,9 @@ typedef struct {
     void (*attach)(CommGroup *g);
     void (*detach)(CommGroup *g);
     void *(*all_reduce)(CommGroup *g, float *buf, size_t n, CommOp op);
-    void *(*all_gather)(CommGroup *g, const float *send, float *recv, size_t n);
-    void *(*reduce_scatter)(CommGroup *g, const float *send, float *recv, size_t n, CommOp op);
+    void *(*all_gather)(CommGroup *g, const void *send, void *recv, size_t n, CommDtype type);
+    void *(*reduce_scatter)(CommGroup *g, const void *send, void *recv, size_t n, CommOp op,
+                            CommDtype type);
     void *(*all_to_allv)(CommGroup *g, const float *send, const int *send_counts,
                          const int *send_displs, float *recv, const int *recv_counts,
                          const int *recv_displs);

@@ -80,16 +80,21 @@ static void *nccl_all_reduce(CommGroup *g, float *buf, size_t n, CommOp op) {
     return enqueue_end();
 }
 
-static void *nccl_all_gather(CommGroup *g, const float *send, float *recv, size_t n) {
+static ncclDataType_t nccl_type_of(CommDtype type) {
+    return type == COMM_BFLOAT16 ? ncclBfloat16 : ncclFloat;
+}
+
+static void *nccl_all_gather(CommGroup *g, const void *send, void *recv, size_t n,
+                             CommDtype type) {
     cudaStream_t s = enqueue_begin();
-    NCCL_CHECK(ncclAllGather(send, recv, n, ncclFloat, g->nccl, s));
+    NCCL_CHECK(ncclAllGather(send, recv, n, nccl_type_of(type), g->nccl, s));
     return enqueue_end();
 }
 
-static void *nccl_reduce_scatter(CommGroup *g, const float *send, float *recv, size_t n,
-                                 CommOp op) {
+static void *nccl_reduce_scatter(CommGroup *g, const void *send, void *recv, size_t n, CommOp op,
+                                 CommDtype type) {
     cudaStream_t s = enqueue_begin();
-    NCCL_CHECK(ncclReduceScatter(send, recv, n, ncclFloat, nccl_op_of(op), g->nccl, s));
+    NCCL_CHECK(ncclReduceScatter(send, recv, n, nccl_type_of(type), nccl_op_of(op), g->nccl, s));
     return enqueue_end();
 }
 

@@ -120,6 +120,15 @@ void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
     f->gather_buf = arena_floats(comm, rank_major);
     f->scatter_send = arena_floats(comm, rank_major);
     f->scatter_recv = arena_floats(comm, f->max_shard_numel);
+    size_t half = sizeof(uint16_t);
+    if (f->config.bf16_params) {
+        f->gather_send16 = arena_alloc(comm, f->max_shard_numel * half);
+        f->gather_recv16 = arena_alloc(comm, rank_major * half);
+    }
+    if (f->config.bf16_reduce) {
+        f->scatter_send16 = arena_alloc(comm, rank_major * half);
+        f->scatter_recv16 = arena_alloc(comm, f->max_shard_numel * half);
+    }
     if (f->data) point_params(f);
 }
 
@@ -130,14 +139,15 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
     arena_init_sizing(&grads, "grads");
     arena_init_sizing(&comm, "comm");
     fsdp_allocate(&sized, &params, &grads, &comm);
-    uint64_t shards = f->numel * sizeof(float), regathered = 0;
+    uint64_t gathered = f->config.bf16_params ? 2 : 4, reduced = f->config.bf16_reduce ? 2 : 4;
+    uint64_t regathered = 0;
     for (int i = 0; i < f->n_units; i++)
-        if (!keeps_after_forward(f, i)) regathered += f->units[i].shard_numel * sizeof(float);
+        if (!keeps_after_forward(f, i)) regathered += f->units[i].shard_numel * gathered;
     return (FsdpEstimate){
         .param_bytes = params.peak, .grad_bytes = grads.peak, .comm_bytes = comm.peak,
-        .all_gather_forward = shards, .all_gather_backward = regathered,
-        .reduce_scatter = shards * (uint64_t)f->config.size,
-        .replicate_all_reduce = f->config.replicate_size > 1 ? shards : 0};
+        .all_gather_forward = f->numel * gathered, .all_gather_backward = regathered,
+        .reduce_scatter = f->numel * reduced * (uint64_t)f->config.size,
+        .replicate_all_reduce = f->config.replicate_size > 1 ? f->numel * sizeof(float) : 0};
 }
 
 void fsdp_free(Fsdp *f) {
@@ -173,8 +183,14 @@ static void unit_copy(const Fsdp *f, const FsdpUnit *u, float *full, float *rank
 // ---- all-gather: the wrapped block's parameters before it runs --------------------------
 
 static void gather_start(Fsdp *f, FsdpUnit *u) {
-    f->gather = comm_all_gather_start(f->group, f->data + u->shard_offset, f->gather_buf,
-                                      u->shard_numel);
+    const float *shard = f->data + u->shard_offset;
+    if (f->config.bf16_params) {
+        f->config.k->to_bf16(f->gather_send16, shard, u->shard_numel);
+        f->gather = comm_all_gather_bf16_start(f->group, f->gather_send16, f->gather_recv16,
+                                               u->shard_numel);
+    } else {
+        f->gather = comm_all_gather_start(f->group, shard, f->gather_buf, u->shard_numel);
+    }
     f->gathering = u->index;
 }
 
@@ -187,6 +203,9 @@ static void gather_finish(Fsdp *f) {
     f->gathering = -1;
     for (int j = 0; j < f->n_units; j++)
         if (f->units[j].full == u->full) f->units[j].gathered = false;
+    if (f->config.bf16_params)
+        f->config.k->from_bf16(f->gather_buf, f->gather_recv16,
+                               (size_t)f->config.size * u->shard_numel);
     unit_copy(f, u, u->full, f->gather_buf, true);
     u->gathered = true;
 }
@@ -220,16 +239,28 @@ static void reshard_all(Fsdp *f) {
 static void scatter_finish(Fsdp *f) {
     if (f->scattering < 0) return;
     FsdpUnit *u = &f->units[f->scattering];
+    const KernelOps *k = f->config.k;
     comm_wait(&f->scatter);
     f->scattering = -1;
-    f->config.k->add(f->grad + u->shard_offset, f->scatter_recv, u->shard_numel);
+    if (f->config.bf16_reduce) {  // a bf16 sum: the average is taken in fp32
+        k->from_bf16(f->scatter_recv, f->scatter_recv16, u->shard_numel);
+        k->scale(f->scatter_recv, u->shard_numel, 1.0f / (float)f->config.size);
+    }
+    k->add(f->grad + u->shard_offset, f->scatter_recv, u->shard_numel);
 }
 
 static void scatter_start(Fsdp *f, FsdpUnit *u) {
     scatter_finish(f);  // it overlapped this unit's backward; its buffers are needed now
     unit_copy(f, u, f->full_grad, f->scatter_send, false);
-    f->scatter = comm_reduce_scatter_start(f->group, f->scatter_send, f->scatter_recv,
-                                           u->shard_numel, COMM_AVG);
+    if (f->config.bf16_reduce) {
+        size_t n = (size_t)f->config.size * u->shard_numel;
+        f->config.k->to_bf16(f->scatter_send16, f->scatter_send, n);
+        f->scatter = comm_reduce_scatter_bf16_start(f->group, f->scatter_send16,
+                                                    f->scatter_recv16, u->shard_numel);
+    } else {
+        f->scatter = comm_reduce_scatter_start(f->group, f->scatter_send, f->scatter_recv,
+                                               u->shard_numel, COMM_AVG);
+    }
     f->scattering = u->index;
 }
 

@@ -43,6 +43,10 @@ typedef struct {
     int replicate_size;        // dp_replicate: > 1 is HSDP
     FsdpReshard reshard;
     bool tied_embeddings;      // a weight in two units: refused
+    // Mixed precision (torchtitan's MixedPrecisionPolicy): all-gather the compute weights in
+    // bf16 (the model then computes with bf16-rounded weights; the masters stay fp32), and
+    // reduce-scatter the grads in bf16 instead of fp32. The HSDP all-reduce stays fp32.
+    bool bf16_params, bf16_reduce;
     const KernelOps *k;
 } FsdpConfig;
 
@@ -87,6 +91,9 @@ struct Fsdp {
     float *gather_buf;              // (size * max_shard_numel) all-gather output, rank-major
     float *scatter_send;            // (size * max_shard_numel) reduce-scatter input, rank-major
     float *scatter_recv;            // (max_shard_numel) reduce-scatter output
+    // bf16 copies of the shard sent and the rank-major buffer received (bf16_params), and of
+    // the reduce-scatter's input and output (bf16_reduce); NULL otherwise.
+    uint16_t *gather_send16, *gather_recv16, *scatter_send16, *scatter_recv16;
     int gathering, scattering;      // the unit of the outstanding operation, -1: none
     CommHandle gather, scatter;
     int last_unit;                  // the wrapper call before this one (to spot recomputes)

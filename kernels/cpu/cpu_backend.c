@@ -22,6 +22,7 @@ const KernelOps kernels_cpu = {
     .describe = cpu_describe,
     .init = cpu_init,
     .host_memory = true,
+    .mixed_precision = false,
     .queue = cpu_queue,
     .alloc = cpu_alloc,
     .free = cpu_free,

@@ -1,3 +1,4 @@
+#include "core/bf16.h"
 #include "kernels/cpu/cpu.h"
 
 #define SUM_CHUNKS 256
@@ -71,25 +72,12 @@ double cpu_sum_squares(const float *x, size_t n) { return sum_chunked(x, n, true
 
 double cpu_sum(const float *x, size_t n) { return sum_chunked(x, n, false); }
 
-// Round to nearest even on the 16 bits dropped; a NaN keeps a quiet NaN (rounding could carry
-// its payload into infinity).
-static uint16_t bf16_of(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x0040u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
 void cpu_to_bf16(uint16_t *dst, const float *src, size_t n) {
 #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) dst[i] = bf16_of(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_from_float(src[i]);
 }
 
 void cpu_from_bf16(float *dst, const uint16_t *src, size_t n) {
 #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-        uint32_t bits = (uint32_t)src[i] << 16;
-        memcpy(&dst[i], &bits, sizeof bits);
-    }
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_float(src[i]);
 }

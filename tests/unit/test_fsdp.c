@@ -8,8 +8,11 @@
 // fsdp_finish_step the shard grads equal the reference grads' rows (of the full-batch mean
 // loss), so do the loss and the grad norm, for every reshard mode, with and without activation
 // checkpointing and with two microbatches of gradient accumulation; the bytes each group
-// counted equal fsdp_estimate's volume. An uneven placement (3 ranks: padded rows) is checked
-// on any rank count by planning for virtual ranks, and tied embeddings are refused.
+// counted equal fsdp_estimate's volume. With mixed precision, the bf16 all-gather gives the
+// 1-rank step on bf16-rounded weights (to fp32 rounding) for half the bytes, and a bf16
+// reduce-scatter the same grads within bf16 rounding. An uneven placement (3 ranks: padded
+// rows) is checked on any rank count by planning for virtual ranks, and tied embeddings are
+// refused.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +31,7 @@
 enum { B = 24, T = 8 };  // B divides into 1..4 dp ranks of two microbatches
 static const uint64_t SEED = 1234;
 static const double TOLERANCE = 1e-5;
+static const double BF16_TOLERANCE = 1e-2;  // grads summed in bf16 (8 significant bits)
 
 static int world_rank, failures;
 
@@ -72,7 +76,9 @@ static void batch_make(Reference *r, int vocab) {
     for (int t = 0; t < T; t++) r->pos[t] = t;
 }
 
-static void reference_compute(Reference *r) {
+// round_weights: the step runs on the weights rounded to bf16 (what a bf16 all-gather hands
+// the model); r->params are the fp32 masters either way.
+static void reference_compute(Reference *r, bool round_weights) {
     const KernelOps *k = kernels_backend("cpu");
     Net n;
     net_build(&n, false, false);
@@ -80,13 +86,20 @@ static void reference_compute(Reference *r) {
     Arena params, grads, acts;
     model_allocate(&n.m, model_activation_bytes(&n.m, k, B, T), &params, &grads, &acts, NULL);
     params_initialize(&n.m.params, SEED);
+    size_t numel = n.m.params.numel;
+    r->params = xmalloc(numel * sizeof(float));
+    memcpy(r->params, n.m.params.data, numel * sizeof(float));
+    if (round_weights) {
+        uint16_t *rounded = xmalloc(numel * sizeof(uint16_t));
+        k->to_bf16(rounded, n.m.params.data, numel);
+        k->from_bf16(n.m.params.data, rounded, numel);
+        free(rounded);
+    }
     StepCtx s = {.k = k, .act = &acts, .B = B, .T = T, .tokens = r->tokens,
                  .targets = r->targets, .pos = r->pos, .loss_scale = 1};
     r->loss = model_forward_backward(&n.m, &s);
-    r->numel = n.m.params.numel;
-    r->params = xmalloc(r->numel * sizeof(float));
+    r->numel = numel;
     r->grad = xmalloc(r->numel * sizeof(float));
-    memcpy(r->params, n.m.params.data, r->numel * sizeof(float));
     memcpy(r->grad, n.m.params.grad, r->numel * sizeof(float));
     r->grad_norm = sqrt(k->sum_squares(r->grad, r->numel));
     arena_free(&params);
@@ -95,8 +108,8 @@ static void reference_compute(Reference *r) {
     net_free(&n);
 }
 
-static bool close_to(double got, double want) {
-    return fabs(got - want) <= TOLERANCE * fabs(want);
+static bool close_to(double got, double want, double tolerance) {
+    return fabs(got - want) <= tolerance * fabs(want);
 }
 
 typedef struct {
@@ -105,6 +118,7 @@ typedef struct {
     int microbatches;
     bool validate_first;  // a forward-only pass before the step (train.c's validation)
     const char *name;
+    bool bf16_params, bf16_reduce;  // FsdpConfig's mixed precision
 } Case;
 
 typedef struct {
@@ -119,7 +133,7 @@ static void sharded_build(Sharded *sh, const Mesh *mesh, const Case *c, int rows
     int replicate = mesh->layout.size[MESH_DP_REPLICATE];
     FsdpConfig config = {.size = comm_size(mesh->fsdp), .rank = comm_rank(mesh->fsdp),
                          .replicate_size = replicate, .reshard = c->reshard,
-                         .k = k};
+                         .bf16_params = c->bf16_params, .bf16_reduce = c->bf16_reduce, .k = k};
     fsdp_plan(&sh->f, &sh->net.m, &config);
     arena_init_sizing(&sh->params, "params");
     arena_init_sizing(&sh->grads, "grads");
@@ -146,7 +160,7 @@ static void sharded_free(Sharded *sh) {
 }
 
 // This rank's shard grads against the reference grads' rows; padding must be exactly zero.
-static void check_grads(const Fsdp *f, const Reference *r, const char *name) {
+static void check_grads(const Fsdp *f, const Reference *r, const char *name, double tolerance) {
     for (int j = 0; j < f->params->count; j++) {
         const Param *p = &f->params->items[j];
         const FsdpShard *s = &f->shards[j];
@@ -158,7 +172,7 @@ static void check_grads(const Fsdp *f, const Reference *r, const char *name) {
             err = fmax(err, fabs((double)got[i] - want[i]));
             scale = fmax(scale, fabs((double)want[i]));
         }
-        EXPECT(err <= TOLERANCE * scale, "%s: %s grad max error %g of %g", name, p->name, err,
+        EXPECT(err <= tolerance * scale, "%s: %s grad max error %g of %g", name, p->name, err,
                scale);
         for (size_t i = n; i < (size_t)s->shard_rows * s->row_numel; i++)
             EXPECT(got[i] == 0, "%s: %s padding grad %g", name, p->name, got[i]);
@@ -205,7 +219,9 @@ static double sharded_step(Sharded *sh, const Mesh *mesh, const Reference *r, co
     return comm_all_reduce_double(mesh->dp, loss, COMM_AVG);
 }
 
-static void check_case(const Reference *r, const Mesh *mesh, const Case *c) {
+// r: the 1-rank reference, rounded: the same on bf16-rounded weights.
+static void check_case(const Reference *r, const Reference *rounded, const Mesh *mesh,
+                       const Case *c) {
     int rows = B / mesh_dp_size(&mesh->layout);
     Sharded sh;
     sharded_build(&sh, mesh, c, rows);
@@ -221,17 +237,23 @@ static void check_case(const Reference *r, const Mesh *mesh, const Case *c) {
     double loss = sharded_step(&sh, mesh, r, c, rows);
     // Units a forward-only pass left gathered are not gathered again.
     if (!c->validate_first) check_volume(&sh.f, mesh, c, fsdp_before, replicate_before);
-    EXPECT(close_to(loss, r->loss), "%s: loss %.9g, 1-rank %.9g", c->name, loss, r->loss);
-    check_grads(&sh.f, r, c->name);
+    const Reference *want = c->bf16_params ? rounded : r;
+    double tolerance = c->bf16_reduce ? BF16_TOLERANCE : TOLERANCE;
+    EXPECT(close_to(loss, want->loss, TOLERANCE), "%s: loss %.9g, 1-rank %.9g", c->name, loss,
+           want->loss);
+    check_grads(&sh.f, want, c->name, tolerance);
     const KernelOps *k = kernels_backend("cpu");
     double norm = sqrt(grads_sum_squares(k, &sh.net.m.params, &sh.f, NULL));
-    EXPECT(close_to(norm, r->grad_norm), "%s: grad norm %.9g, 1-rank %.9g", c->name, norm,
-           r->grad_norm);
+    EXPECT(close_to(norm, want->grad_norm, tolerance), "%s: grad norm %.9g, 1-rank %.9g",
+           c->name, norm, want->grad_norm);
     grad_clip_to_norm(k, sh.f.grad, sh.f.numel, norm, norm / 2);
     double clipped = sqrt(grads_sum_squares(k, &sh.net.m.params, &sh.f, NULL));
-    EXPECT(close_to(clipped, norm / 2), "%s: clipped norm %.9g, want %.9g", c->name, clipped,
-           norm / 2);
+    EXPECT(close_to(clipped, norm / 2, TOLERANCE), "%s: clipped norm %.9g, want %.9g", c->name,
+           clipped, norm / 2);
     FsdpEstimate e = fsdp_estimate(&sh.f);
+    EXPECT(e.all_gather_forward == sh.f.numel * (c->bf16_params ? 2 : 4),
+           "%s: an all-gather of %llu bytes for %zu elements", c->name,
+           (unsigned long long)e.all_gather_forward, sh.f.numel);
     if (world_rank == 0)
         printf("ok %s: loss %.6f, grad norm %.6f; per rank: %zu of %zu params, MiB params %.2f "
                "grads %.2f comm %.2f\n", c->name, loss, norm, sh.f.numel, r->numel,
@@ -338,28 +360,32 @@ int main(int argc, char **argv) {
     world_rank = comm_rank(comm_world());
     Mesh mesh;
     mesh_from_args(&mesh, argc, argv);
-    Reference r;
-    reference_compute(&r);
+    Reference r, rounded;
+    reference_compute(&r, false);
+    reference_compute(&rounded, true);
     check_uneven_placement(&r);
     const Case cases[] = {
-        {FSDP_RESHARD_DEFAULT, false, 1, false, "default"},
-        {FSDP_RESHARD_ALWAYS, false, 1, false, "always"},
-        {FSDP_RESHARD_NEVER, false, 1, false, "never"},
-        {FSDP_RESHARD_DEFAULT, true, 1, false, "default+ac"},
-        {FSDP_RESHARD_ALWAYS, true, 1, false, "always+ac"},
-        {FSDP_RESHARD_NEVER, true, 1, false, "never+ac"},
-        {FSDP_RESHARD_ALWAYS, true, 2, false, "always+ac, 2 microbatches"},
-        {FSDP_RESHARD_DEFAULT, true, 1, true, "default+ac after a forward-only pass"},
-        {FSDP_RESHARD_NEVER, false, 1, true, "never after a forward-only pass"},
+        {FSDP_RESHARD_DEFAULT, false, 1, false, "default", false, false},
+        {FSDP_RESHARD_ALWAYS, false, 1, false, "always", false, false},
+        {FSDP_RESHARD_NEVER, false, 1, false, "never", false, false},
+        {FSDP_RESHARD_DEFAULT, true, 1, false, "default+ac", false, false},
+        {FSDP_RESHARD_ALWAYS, true, 1, false, "always+ac", false, false},
+        {FSDP_RESHARD_NEVER, true, 1, false, "never+ac", false, false},
+        {FSDP_RESHARD_ALWAYS, true, 2, false, "always+ac, 2 microbatches", false, false},
+        {FSDP_RESHARD_DEFAULT, true, 1, true, "default+ac after a forward-only pass", false, false},
+        {FSDP_RESHARD_NEVER, false, 1, true, "never after a forward-only pass", false, false},
+        {FSDP_RESHARD_DEFAULT, false, 1, false, "default, bf16 params", true, false},
+        {FSDP_RESHARD_ALWAYS, true, 2, false, "always+ac, 2 microbatches, bf16 params and reduce",
+         true, true},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&r, &mesh, &cases[i]);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_case(&r, &rounded, &mesh, &cases[i]);
     int total = (int)comm_all_reduce_double(comm_world(), failures, COMM_SUM);
     if (world_rank == 0)
         printf("%s: %d ranks (dp_replicate %d x dp_shard %d), %d failures\n",
                total ? "FAIL" : "PASS", mesh.layout.world_size,
                mesh.layout.size[MESH_DP_REPLICATE], mesh.layout.size[MESH_DP_SHARD], total);
-    free(r.params);
-    free(r.grad);
+    free(r.params), free(r.grad), free(rounded.params), free(rounded.grad);
     comm_finalize();
     return total ? 1 : 0;
 }
