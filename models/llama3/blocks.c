@@ -233,82 +233,145 @@ static void layer_backward(Block *b, StepCtx *s, const float *x, const float *dy
 }
 
 // ---- head: logits = output(norm(x)), loss = mean cross-entropy -----------------------------
+//
+// The logits of the whole batch are BT x vocab floats (4 GiB for 8192 tokens of Llama 3's
+// 128256): when they exceed HEAD_LOGITS_BYTES the head works on chunks of rows, computing each
+// chunk's logits and loss in forward and again, for its gradient, in backward (a fused linear
+// cross-entropy, as Liger-Kernel's, for one more output GEMM), so no step holds more than one
+// chunk of logits. Below the budget the logits are kept from forward to backward (one chunk).
 
-// losses (BT) from this rank's vocab slice of the logits, without gathering them (Megatron's
-// vocab-parallel cross-entropy): the slices' log-sum-exps are merged as M + log sum exp(lse - M)
-// over ranks, M their max, and only the target's owner contributes its logit.
-static void loss_parallel_forward(LlamaHead *h, StepCtx *s, float *stats) {
-    int BT = s->B * s->T;
-    float *max = stats, *sums = stats + BT, *target_logit = sums + BT;
-    s->k->cross_entropy_slice_forward(h->lse, target_logit, h->logits, s->targets, BT,
+#define HEAD_LOGITS_BYTES ((size_t)512 << 20)
+
+static int head_chunk_rows(const LlamaHead *h, int BT) {
+    int rows = h->args->loss_chunk_rows;
+    if (rows <= 0) {
+        size_t fit = HEAD_LOGITS_BYTES / ((size_t)h->args->vocab_size * sizeof(float));
+        rows = fit > (size_t)BT ? BT : fit < 1 ? 1 : (int)fit;
+    }
+    return rows < BT ? rows : BT;
+}
+
+// Under tp without loss parallel every rank's vocab columns are gathered before the loss.
+static bool logits_gathered(const StepCtx *s) { return s->tp && !s->tp->loss_parallel; }
+
+// A chunk of `rows` rows. The gather's scratch, needed only while logits are computed, is
+// carved separately (head_chunk_scratch), after the mark of what forward keeps.
+static HeadChunk head_chunk_carve(const LlamaHead *h, StepCtx *s, int rows) {
+    size_t Vl = (size_t)h->output->shape[0], V = (size_t)h->args->vocab_size;
+    HeadChunk c = {.logits = arena_floats(s->act, rows * Vl)};
+    c.full = logits_gathered(s) ? arena_floats(s->act, rows * V) : c.logits;
+    return c;
+}
+
+static void head_chunk_scratch(const LlamaHead *h, StepCtx *s, HeadChunk *c, int rows) {
+    size_t V = (size_t)h->args->vocab_size;
+    c->scratch = logits_gathered(s) ? arena_floats(s->act, (size_t)rows * V) : NULL;
+}
+
+// The chunk's logits of rows [r0, r0 + n).
+static void head_chunk_logits(const LlamaHead *h, StepCtx *s, const HeadChunk *c, int r0, int n) {
+    int D = h->args->dim, Vl = (int)h->output->shape[0];
+    s->k->matmul(c->logits, h->xn + (size_t)r0 * D, h->output->data, n, Vl, D, false, true, 0);
+    if (logits_gathered(s)) s->tp->gather_columns(s->tp, c->logits, c->full, c->scratch, n, Vl);
+}
+
+// losses of rows [r0, r0 + n) from this rank's vocab slice of the logits, without gathering
+// them (Megatron's vocab-parallel cross-entropy): the slices' log-sum-exps are merged as
+// M + log sum exp(lse - M) over ranks, M their max, and only the target's owner contributes
+// its logit. stats: 3n floats of scratch.
+static void loss_parallel_forward(LlamaHead *h, StepCtx *s, const float *logits, int r0, int n,
+                                  float *stats) {
+    float *max = stats, *sums = stats + n, *target_logit = sums + n;
+    float *lse = h->lse + r0, *losses = h->losses + r0;
+    const int *targets = s->targets + r0;
+    s->k->cross_entropy_slice_forward(lse, target_logit, logits, targets, n,
                                       (int)h->output->shape[0], vocab_start(h->output));
-    copy(s, max, h->lse, BT);
-    s->tp->all_reduce_max(s->tp, max, BT);
-    s->k->cross_entropy_merge_exp(sums, h->lse, max, BT);
-    s->tp->all_reduce_sum(s->tp, sums, 2 * (size_t)BT);  // the sums and the target logits
-    s->k->cross_entropy_merge_finish(h->losses, h->lse, max, sums, target_logit, BT);
+    copy(s, max, lse, n);
+    s->tp->all_reduce_max(s->tp, max, n);
+    s->k->cross_entropy_merge_exp(sums, lse, max, n);
+    s->tp->all_reduce_sum(s->tp, sums, 2 * (size_t)n);  // the sums and the target logits
+    s->k->cross_entropy_merge_finish(losses, lse, max, sums, target_logit, n);
+}
+
+static void head_chunk_loss(LlamaHead *h, StepCtx *s, const HeadChunk *c, int r0, int n,
+                            float *stats) {
+    if (h->lse)
+        loss_parallel_forward(h, s, c->logits, r0, n, stats);
+    else
+        s->k->cross_entropy_forward(h->losses + r0, c->full, s->targets + r0, n,
+                                    h->args->vocab_size);
 }
 
 static void head_forward(Block *b, StepCtx *s, const float *x, float *y) {
     (void)y;
     LlamaHead *h = b->self;
     const LlamaArgs *a = h->args;
-    int BT = s->B * s->T, rows = step_rows(s), V = a->vocab_size, Vl = (int)h->output->shape[0];
-    bool loss_parallel = s->tp && s->tp->loss_parallel;
-    bool gathered = s->tp && !loss_parallel;  // full-vocab logits from every rank's slice
+    int BT = s->B * s->T, rows = step_rows(s), chunk = head_chunk_rows(h, BT);
     h->xn = arena_floats(s->act, (size_t)BT * a->dim);
     h->rstd = arena_floats(s->act, rows);
     h->losses = arena_floats(s->act, BT);
-    h->logits = arena_floats(s->act, (size_t)BT * Vl);
-    h->full_logits = gathered ? arena_floats(s->act, (size_t)BT * V) : s->tp ? NULL : h->logits;
-    h->lse = loss_parallel ? arena_floats(s->act, BT) : NULL;
-    s->logits = loss_parallel ? h->logits : h->full_logits;
+    h->lse = s->tp && s->tp->loss_parallel ? arena_floats(s->act, BT) : NULL;
+    // One chunk: its logits stay for backward (and for s->logits); several: scratch.
+    h->kept = chunk == BT ? head_chunk_carve(h, s, BT) : (HeadChunk){0};
+    s->logits = chunk == BT ? (h->lse ? h->kept.logits : h->kept.full) : NULL;
     size_t mark = arena_mark(s->act);  // scratch from here
     float *normed = s->tp ? arena_floats(s->act, (size_t)rows * a->dim) : NULL;
-    size_t n_scratch = gathered ? (size_t)BT * V : loss_parallel ? 3 * (size_t)BT : 0;
-    float *scratch = n_scratch ? arena_floats(s->act, n_scratch) : NULL;
+    HeadChunk c = chunk == BT ? h->kept : head_chunk_carve(h, s, chunk);
+    head_chunk_scratch(h, s, &c, chunk);
+    float *stats = h->lse ? arena_floats(s->act, 3 * (size_t)chunk) : NULL;
     if (!step_sizing(s)) {
         norm_gathered(s, h->xn, h->rstd, normed, x, h->norm->data, rows, a->dim, a->norm_eps);
-        s->k->matmul(h->logits, h->xn, h->output->data, BT, Vl, a->dim, false, true, 0);
-        if (gathered) s->tp->gather_columns(s->tp, h->logits, h->full_logits, scratch, BT, Vl);
-        if (loss_parallel)
-            loss_parallel_forward(h, s, scratch);
-        else
-            s->k->cross_entropy_forward(h->losses, h->full_logits, s->targets, BT, V);
+        for (int r0 = 0; r0 < BT; r0 += chunk) {
+            int n = BT - r0 < chunk ? BT - r0 : chunk;
+            head_chunk_logits(h, s, &c, r0, n);
+            head_chunk_loss(h, s, &c, r0, n, stats);
+        }
         s->loss = s->k->sum(h->losses, BT) / BT;
     }
     arena_release(s->act, mark);
 }
 
-// dlogits (BT, vocab slice), in place over the logits: from the merged log-sum-exp under loss
-// parallel, else the full-vocab gradient's columns of this rank.
-static void head_dlogits(LlamaHead *h, StepCtx *s, float dloss) {
-    int BT = s->B * s->T, V = h->args->vocab_size, Vl = (int)h->output->shape[0];
-    int first = vocab_start(h->output);
+// dlogits of rows [r0, r0 + n), in place over the chunk's logits (this rank's vocab columns):
+// from the merged log-sum-exp under loss parallel, else the full-vocab gradient's columns of
+// this rank.
+static void head_chunk_dlogits(LlamaHead *h, StepCtx *s, const HeadChunk *c, int r0, int n,
+                               float dloss) {
+    int V = h->args->vocab_size, Vl = (int)h->output->shape[0], first = vocab_start(h->output);
+    const int *targets = s->targets + r0;
     if (h->lse) {
-        s->k->cross_entropy_slice_backward(h->logits, h->logits, h->lse, s->targets, BT, Vl, first,
-                                           dloss);
+        s->k->cross_entropy_slice_backward(c->logits, c->logits, h->lse + r0, targets, n, Vl,
+                                           first, dloss);
         return;
     }
-    s->k->cross_entropy_backward(h->full_logits, h->full_logits, s->targets, BT, V, dloss);
-    if (h->full_logits == h->logits) return;
-    s->k->copy_rows(h->logits, Vl * sizeof(float), h->full_logits + first, V * sizeof(float),
-                    Vl * sizeof(float), BT);
+    s->k->cross_entropy_backward(c->full, c->full, targets, n, V, dloss);
+    if (!logits_gathered(s)) return;
+    s->k->copy_rows(c->logits, Vl * sizeof(float), c->full + first, V * sizeof(float),
+                    Vl * sizeof(float), n);
 }
 
 static void head_backward(Block *b, StepCtx *s, const float *x, const float *dy, float *dx) {
     (void)dy;
     LlamaHead *h = b->self;
     const LlamaArgs *a = h->args;
-    int BT = s->B * s->T, rows = step_rows(s), Vl = (int)h->output->shape[0];
-    float *dxn = arena_floats(s->act, (size_t)BT * a->dim);
-    float *dxn_rows = s->tp ? arena_floats(s->act, (size_t)rows * a->dim) : NULL;
+    int BT = s->B * s->T, rows = step_rows(s), D = a->dim, Vl = (int)h->output->shape[0];
+    int chunk = head_chunk_rows(h, BT);
+    float *dxn = arena_floats(s->act, (size_t)BT * D);
+    float *dxn_rows = s->tp ? arena_floats(s->act, (size_t)rows * D) : NULL;
+    HeadChunk c = h->kept;  // one chunk: the logits forward kept; else recomputed per chunk
+    if (chunk < BT) {
+        c = head_chunk_carve(h, s, chunk);
+        head_chunk_scratch(h, s, &c, chunk);
+    }
     if (step_sizing(s)) return;
-    head_dlogits(h, s, s->loss_scale / BT);
-    s->k->matmul(h->output->grad, h->logits, h->xn, Vl, a->dim, BT, true, false, 1);
-    s->k->matmul(dxn, h->logits, h->output->data, BT, a->dim, Vl, false, false, 0);
-    norm_backward_reduced(s, dx, h->norm->grad, dxn, dxn_rows, x, h->norm->data, h->rstd, rows,
-                          a->dim);
+    for (int r0 = 0; r0 < BT; r0 += chunk) {
+        int n = BT - r0 < chunk ? BT - r0 : chunk;
+        const float *xn = h->xn + (size_t)r0 * D;
+        if (chunk < BT) head_chunk_logits(h, s, &c, r0, n);
+        head_chunk_dlogits(h, s, &c, r0, n, s->loss_scale / BT);
+        s->k->matmul(h->output->grad, c.logits, xn, Vl, D, n, true, false, 1);
+        s->k->matmul(dxn + (size_t)r0 * D, c.logits, h->output->data, n, D, Vl, false, false, 0);
+    }
+    norm_backward_reduced(s, dx, h->norm->grad, dxn, dxn_rows, x, h->norm->data, h->rstd, rows, D);
 }
 
 const BlockOps LLAMA_EMBED_OPS = {"embed", embed_forward, embed_backward};

@@ -28,12 +28,18 @@ typedef struct {
     Param *tok_embeddings;
 } LlamaEmbed;
 
+// One chunk of the head's logits (blocks.c): this rank's vocab columns (rows, vocab slice),
+// and all columns (rows, vocab) with the gather's scratch when tp gathers them (full is logits
+// on one device and under loss parallel; scratch NULL).
+typedef struct {
+    float *logits, *full, *scratch;
+} HeadChunk;
+
 typedef struct {
     const LlamaArgs *args;
     Param *norm, *output;   // output is tok_embeddings when the embeddings are tied
     float *xn, *rstd;       // (BT, dim) all rows, (rows)
-    float *logits;          // (BT, vocab slice): this rank's columns
-    float *full_logits;     // (BT, vocab): logits itself on one device, NULL under loss parallel
+    HeadChunk kept;         // all BT rows' logits, kept for backward when they fit one chunk
     float *lse;             // (BT) under loss parallel: log-sum-exp over the whole vocabulary
     float *losses;          // (BT)
 } LlamaHead;

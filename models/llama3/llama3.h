@@ -20,6 +20,7 @@ typedef struct {
     int max_seq_len;             // RoPE table length
     bool depth_init;             // output projections' init std shrinks with layer depth
     bool tie_word_embeddings;    // output.weight is tok_embeddings.weight
+    int loss_chunk_rows;         // rows of logits the head holds at once; 0: as its budget allows
 } LlamaArgs;
 
 // Fills args with the named flavor ("debugmodel", "small", "8B", "70B", "405B"); false if unknown.

@@ -18,7 +18,7 @@ expect_user_error "activation_checkpoint.mode" $TITAN "${SMALL[@]}" --activation
 expect_user_error "unknown option '--training.stpes'" $TITAN "${SMALL[@]}" --training.stpes 3
 # Without a GPU (CI, our machines) --device cuda stops before anything is allocated: a cpu-only
 # build has no cuda backend, a CUDA=1 build finds no device.
-expect_user_error "^training.device cuda: (this titan was built without it|no CUDA device)" \
+expect_user_error "error: training.device cuda: (this titan was built without it|no CUDA device)" \
   $TITAN "${SMALL[@]}" --device cuda
 expect_user_error "training.device.*'tpu'" $TITAN "${SMALL[@]}" --device tpu
 expect_user_error "pipeline_parallel_degree = 2 is not implemented yet" $TITAN "${SMALL[@]}" --parallelism.pipeline_parallel_degree 2

@@ -1,6 +1,7 @@
 // Model-level tests: torchtitan's initialisation statistics, seed determinism, the activation
 // arena sized by the sizing pass equals what a real step uses, activation checkpointing
-// shrinks it, and the LR schedule's values on a hand-computed case.
+// shrinks it, the chunked head (logits recomputed in backward) gives the one-chunk step's
+// loss and grads in less memory, and the LR schedule's values on a hand-computed case.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,12 +33,19 @@ typedef struct {
     Arena params, grads, acts;
 } Built;
 
-static void build(Built *b, const char *flavor, bool ac, int B, int T) {
+// loss_chunk_rows: LlamaArgs' (0: the head's own budget).
+static void build_chunked(Built *b, const char *flavor, bool ac, int B, int T,
+                          int loss_chunk_rows) {
     assert_true(llama3_flavor(flavor, &b->args));
     b->args.max_seq_len = T;
+    b->args.loss_chunk_rows = loss_chunk_rows;
     llama3_build(&b->m, &b->args, ac);
     model_allocate(&b->m, model_activation_bytes(&b->m, kernels_backend("cpu"), B, T), &b->params,
                    &b->grads, &b->acts, NULL);
+}
+
+static void build(Built *b, const char *flavor, bool ac, int B, int T) {
+    build_chunked(b, flavor, ac, B, T, 0);
 }
 
 static void unbuild(Built *b) {
@@ -127,6 +135,43 @@ static void test_checkpointing_saves_memory(void **state) {
     unbuild(&full);
 }
 
+// Chunks of 5 of the 32 rows (the last one short): the same loss and grads as the logits of
+// all rows at once, to float rounding (the output GEMMs add over the chunks), in an
+// activation arena smaller by most of the logits.
+static void test_chunked_head_matches_one_chunk(void **state) {
+    (void)state;
+    enum { B = 2, T = 16 };
+    Built one, chunked;
+    build(&one, "small", false, B, T);
+    build_chunked(&chunked, "small", false, B, T, 5);
+    params_initialize(&one.m.params, 3);
+    params_initialize(&chunked.m.params, 3);
+    int tokens[B * T], targets[B * T], pos[T];
+    for (int i = 0; i < B * T; i++) {
+        tokens[i] = (i * 37 + 11) % one.args.vocab_size;
+        targets[i] = (i * 53 + 7) % one.args.vocab_size;
+    }
+    for (int i = 0; i < T; i++) pos[i] = i;
+    Built *runs[2] = {&one, &chunked};
+    double loss[2];
+    for (int r = 0; r < 2; r++) {
+        StepCtx s = {.k = kernels_backend("cpu"), .act = &runs[r]->acts, .B = B, .T = T,
+                     .tokens = tokens, .targets = targets, .pos = pos, .loss_scale = 1};
+        loss[r] = model_forward_backward(&runs[r]->m, &s);
+    }
+    assert_true(fabs(loss[1] - loss[0]) <= 1e-6 * loss[0]);
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < one.m.params.numel; i++) {
+        err = fmax(err, fabs((double)chunked.m.params.grad[i] - one.m.params.grad[i]));
+        scale = fmax(scale, fabs((double)one.m.params.grad[i]));
+    }
+    assert_true(err <= 1e-5 * scale);
+    size_t logits_bytes = (size_t)B * T * one.args.vocab_size * sizeof(float);
+    assert_true(chunked.acts.size + logits_bytes / 2 < one.acts.size);
+    unbuild(&one);
+    unbuild(&chunked);
+}
+
 // warmup 2, 10 steps, decay_ratio 0.8: decay over 8 steps, one stable (virtual) step.
 static void test_lr_schedule_values(void **state) {
     (void)state;
@@ -150,6 +195,7 @@ int main(void) {
         cmocka_unit_test(test_seed_determines_weights),
         cmocka_unit_test(test_activation_sizing_is_exact),
         cmocka_unit_test(test_checkpointing_saves_memory),
+        cmocka_unit_test(test_chunked_head_matches_one_chunk),
         cmocka_unit_test(test_lr_schedule_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -45,11 +45,12 @@ static void make_batch(int vocab) {
 }
 
 // Builds, (for tp) parallelizes, allocates and initialises flavor, then runs one forward and
-// backward and, for tp, the step's replicated-grad sum.
-static void run(Run *r, const char *flavor, bool tp, bool loss_parallel, bool ac) {
+// backward and, for tp, the step's replicated-grad sum. chunk: the head's loss_chunk_rows.
+static void run(Run *r, const char *flavor, bool tp, bool loss_parallel, bool ac, int chunk) {
     const KernelOps *k = kernels_backend("cpu");
     assert_true(llama3_flavor(flavor, &r->args));
     r->args.max_seq_len = SEQ_T;
+    r->args.loss_chunk_rows = chunk;
     llama3_build(&r->m, &r->args, ac);
     if (tp) {
         tp_init(&r->tp, world, kernels_backend("cpu"), loss_parallel);
@@ -106,18 +107,20 @@ static double worst_error(Run *tp, Run *ref, bool grads) {
 // step's replicated-grad sum, in comm.h's accounting (each operation's local input): every
 // gather of rows (rows x D) and reduce-scatter of all rows (BT x D) once per seam (embedding,
 // 2 per layer forward and again backward, 3 more under checkpointing's re-run forward, the
-// head), the loss statistics (3 BT floats) or the gathered logits (BT x V/tp), the norms' grads.
+// head), the loss statistics (3 BT floats) or the gathered logits (BT x V/tp; twice when a
+// chunked head recomputes them in backward), the norms' grads.
 static uint64_t tp_volume(const LlamaArgs *a, int tp, bool loss_parallel, bool ac) {
     uint64_t BT = ROWS_B * SEQ_T, rows = BT / tp, D = a->dim, L = a->n_layers;
     uint64_t seams = 2 + 4 * L + (ac ? 2 * L : 0);
-    uint64_t loss = loss_parallel ? 3 * BT : BT * a->vocab_size / tp;
+    uint64_t gathers = a->loss_chunk_rows > 0 && (uint64_t)a->loss_chunk_rows < BT ? 2 : 1;
+    uint64_t loss = loss_parallel ? 3 * BT : gathers * BT * a->vocab_size / tp;
     return 4 * (seams * (BT + rows) * D + loss + (2 * L + 1) * D);
 }
 
-static void check_case(const char *flavor, bool loss_parallel, bool ac) {
+static void check_case(const char *flavor, bool loss_parallel, bool ac, int chunk) {
     Run ref, tp;
-    run(&ref, flavor, false, false, false);
-    run(&tp, flavor, true, loss_parallel, ac);
+    run(&ref, flavor, false, false, false, 0);
+    run(&tp, flavor, true, loss_parallel, ac, chunk);
     double loss_err = fabs(tp.loss - ref.loss) / fabs(ref.loss);
     assert_true(comm_all_reduce_double(world, loss_err, COMM_MAX) <= 1e-6);
     assert_true(worst_error(&tp, &ref, true) <= 1e-5);
@@ -129,24 +132,31 @@ static void check_case(const char *flavor, bool loss_parallel, bool ac) {
 
 static void test_small(void **state) {
     (void)state;
-    check_case("small", true, false);
+    check_case("small", true, false, 0);
 }
 
 static void test_small_no_loss_parallel(void **state) {
     (void)state;
-    check_case("small", false, false);
+    check_case("small", false, false, 0);
 }
 
 static void test_small_checkpointed(void **state) {
     (void)state;
-    check_case("small", true, true);
-    check_case("small", false, true);
+    check_case("small", true, true, 0);
+    check_case("small", false, true, 0);
+}
+
+// The head in chunks of 7 rows (logits recomputed in backward), with and without loss parallel.
+static void test_small_chunked_head(void **state) {
+    (void)state;
+    check_case("small", true, false, 7);
+    check_case("small", false, false, 7);
 }
 
 static void test_debugmodel(void **state) {
     (void)state;
-    check_case("debugmodel", true, false);
-    check_case("debugmodel", false, true);
+    check_case("debugmodel", true, false, 0);
+    check_case("debugmodel", false, true, 0);
 }
 
 // A shard's initial values are the 1-rank values of its slice, bit for bit; the shards' local
@@ -154,8 +164,8 @@ static void test_debugmodel(void **state) {
 static void test_init_shapes_and_norm(void **state) {
     (void)state;
     Run ref, tp;
-    run(&ref, "small", false, false, false);
-    run(&tp, "small", true, true, false);
+    run(&ref, "small", false, false, false, 0);
+    run(&tp, "small", true, true, false, 0);
     assert_true(worst_error(&tp, &ref, false) == 0);
     int n = comm_size(world);
     Param *wq = params_find(&tp.m.params, "layers.1.attention.wq.weight");
@@ -196,6 +206,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_small),
         cmocka_unit_test(test_small_no_loss_parallel),
         cmocka_unit_test(test_small_checkpointed),
+        cmocka_unit_test(test_small_chunked_head),
         cmocka_unit_test(test_debugmodel),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
