@@ -2,9 +2,10 @@
 # `make run` trains the embedded default.
 #
 # Flags are portable by default (CI runs on whatever x86-64 it gets); NATIVE=1 adds
-# -O3 -march=native for benchmarks on a known machine. CUDA=1 adds the NCCL communication
-# backend (and, later, the cuda kernels) from CUDA_HOME, in its own object folder so that the
-# two flavours never mix objects.
+# -O3 -march=native for benchmarks on a known machine. CUDA=1 adds the cuda kernels backend
+# (kernels/cuda: cuBLASLt, cuDNN, custom kernels) and the NCCL communication backend from
+# CUDA_HOME, in its own object folder so that the two flavours never mix objects; the binary is
+# still ./titan (TITAN=path puts it elsewhere, as CI does to keep the cpu one).
 
 CC       := mpicc  # the parallel HDF5 headers include mpi.h
 NATIVE   ?= 0
@@ -33,30 +34,45 @@ LDFLAGS  := -fopenmp
 LIB_SRCS := $(wildcard core/*.c kernels/*.c kernels/cpu/*.c models/*.c models/*/*.c \
                        optim/*.c data/*.c checkpoint/*.c infer/*.c parallel/*.c)
 LIB_SRCS := $(filter-out parallel/comm_nccl.c,$(LIB_SRCS))
-ifeq ($(CUDA),1)
-# comm_nccl.c is plain C against the CUDA runtime API and nccl.h: no nvcc. -isystem keeps
-# -Werror to titan's own code.
-LIB_SRCS += parallel/comm_nccl.c
-CFLAGS   += -DTITAN_CUDA -isystem $(CUDA_HOME)/include
-LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart
-endif
+TITAN    ?= titan
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+ifeq ($(CUDA),1)
+# comm_nccl.c is plain C against the CUDA runtime API and nccl.h. -isystem keeps -Werror to
+# titan's own code. The kernels are built for Hopper (sm_90a machine code) with compute_80 PTX
+# that the driver compiles for any other GPU from Ampere on.
+NVCC      := $(CUDA_HOME)/bin/nvcc
+CUDA_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=compute_80
+NVCCFLAGS := -std=c++17 -O3 $(CUDA_ARCH) -I. -DTITAN_CUDA -Werror all-warnings \
+             -Xcompiler -Wall,-Wextra,-Werror,-fopenmp
+LIB_SRCS += parallel/comm_nccl.c
+CU_SRCS  := $(wildcard kernels/cuda/*.cu)
+LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o) $(CU_SRCS:%.cu=$(BUILD)/%.o)
+CFLAGS   += -DTITAN_CUDA -isystem $(CUDA_HOME)/include
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudnn -lcublasLt \
+            -lcudart -lstdc++
+GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/%,$(wildcard tests/gpu/test_*.c))
+endif
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 TOOLS    := $(patsubst tests/reference/%.c,$(BUILD)/tests/%,$(wildcard tests/reference/*.c))
 
-.PHONY: all test run setup clean check train-default
-all: titan
+.PHONY: all test run setup clean check train-default gpu
+all: $(TITAN)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libtitan.a: $(LIB_OBJS)
 	ar rcs $@ $^
 
 TRAIN_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard train*.c))
 
-titan: $(TRAIN_OBJS) $(BUILD)/libtitan.a
+$(TITAN): $(TRAIN_OBJS) $(BUILD)/libtitan.a
+	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtitan.a
@@ -66,6 +82,14 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtitan.a
 $(BUILD)/tests/%: tests/reference/%.c $(BUILD)/libtitan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(BUILD)/libtitan.a $(LDLIBS) $(LDFLAGS) -o $@
+
+$(BUILD)/tests/%: tests/gpu/%.c $(BUILD)/libtitan.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(BUILD)/libtitan.a $(LDLIBS) $(LDFLAGS) -o $@
+
+# The GPU build and its tests' binaries (CUDA=1): what scripts/gpu_check.sh runs on a GPU and
+# CI compiles without one.
+gpu: $(TITAN) $(GPU_TESTS)
 
 setup:
 	@bash scripts/setup.sh
@@ -78,13 +102,13 @@ test: setup
 run: setup
 	@$(MAKE) --no-print-directory train-default
 
-check: titan $(UNIT_TESTS) $(TOOLS)
+check: $(TITAN) $(UNIT_TESTS) $(TOOLS)
 	@bash tests/run_all.sh
 
-train-default: titan
+train-default: $(TITAN)
 	@bash scripts/run_default.sh
 
 clean:
-	rm -rf $(BUILD) titan
+	rm -rf build titan
 
 -include $(LIB_OBJS:.o=.d) $(TRAIN_OBJS:.o=.d)

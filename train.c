@@ -354,6 +354,7 @@ static void train(Trainer *t) {
     double tokens_per_step = (double)t->accum * t->train.B * t->train.T / t->mesh.layout.size[MESH_TP];
     double interval_start = now_seconds();
     int interval_steps = 0;
+    double peak_flops = c->metrics.peak_flops > 0 ? c->metrics.peak_flops : t->k->peak_flops();
     for (int step = (int)t->progress.step + 1; step <= c->training.steps; step++) {
         StepMetrics m = {.step = step};
         m.loss = train_step(t, step, &m.grad_norm, &m.lr);
@@ -363,7 +364,7 @@ static void train(Trainer *t) {
             double elapsed = now_seconds() - interval_start;
             m.tokens_per_s = interval_steps * tokens_per_step / elapsed;
             m.tflops = m.tokens_per_s * t->model.flops_per_token / 1e12;
-            m.mfu = c->metrics.peak_flops > 0 ? 100 * m.tflops * 1e12 / c->metrics.peak_flops : NAN;
+            m.mfu = peak_flops > 0 ? 100 * m.tflops * 1e12 / peak_flops : NAN;
             m.peak_memory_gib = metrics_peak_rss_gib();
             metrics_write(&log, &m);
             interval_start = now_seconds();

@@ -37,6 +37,9 @@ typedef struct KernelOps {
     const char *name;
     // One line naming what runs underneath (library, kernels, threads): benchmarks report it.
     void (*describe)(char *buf, size_t len);
+    // The device's dense peak FLOP/s in the compute dtype (after init), the denominator of MFU
+    // when metrics.peak_flops is 0; 0 when unknown (cpu).
+    double (*peak_flops)(void);
 
     // ---- memory and the queue ----------------------------------------------------------------
     // Starts the backend (device, stream, library handles); false with a one-line reason in why

@@ -17,9 +17,12 @@ static bool cpu_init(const KernelInit *init, char *why, size_t len) {
 
 static void *cpu_queue(void) { return NULL; }
 
+static double cpu_peak_flops(void) { return 0; }  // depends on cores, clocks and vector units
+
 const KernelOps kernels_cpu = {
     .name = "cpu",
     .describe = cpu_describe,
+    .peak_flops = cpu_peak_flops,
     .init = cpu_init,
     .host_memory = true,
     .mixed_precision = false,

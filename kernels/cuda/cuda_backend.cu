@@ -1,0 +1,186 @@
+// The cuda backend's table, its shared state (device, stream, library handles, scratch) and its
+// memory ops. Every op is issued on one non-blocking stream, so the ops keep issue order among
+// themselves and never wait on the legacy default stream.
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda.h"
+
+static struct {
+    bool ready;  // init has run
+    bool bf16_compute;
+    int device;
+    int sm_count;
+    cudaStream_t stream;
+    cublasLtHandle_t cublaslt;
+    cudnnHandle_t cudnn;   // bound to stream
+    void *gemm_workspace;  // CUDA_GEMM_WORKSPACE bytes
+    void *scratch;         // CUDA_SCRATCH bytes
+} state;
+
+cudaStream_t cuda_stream(void) { return state.stream; }
+bool cuda_bf16_compute(void) { return state.bf16_compute; }
+int cuda_sm_count(void) { return state.sm_count; }
+cublasLtHandle_t cuda_cublaslt(void) { return state.cublaslt; }
+cudnnHandle_t cuda_cudnn(void) { return state.cudnn; }
+void *cuda_gemm_workspace(void) { return state.gemm_workspace; }
+void *cuda_scratch(void) { return state.scratch; }
+
+// A machine without a device or with too old a driver is a reason to pick another backend, not
+// an internal error: only cudaGetDeviceCount's failure is reported through why. Once a device
+// exists every failure is fatal. A second call keeps the first call's settings.
+static bool cuda_init(const KernelInit *init, char *why, size_t len) {
+    if (state.ready) return true;
+    int count = 0;
+    cudaError_t rc = cudaGetDeviceCount(&count);
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();  // so that no later runtime call reports it again
+        snprintf(why, len, "no CUDA device: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(rc),
+                 cudaGetErrorName(rc));
+        return false;
+    }
+    if (count == 0) {
+        snprintf(why, len, "no CUDA device: cudaGetDeviceCount found none");
+        return false;
+    }
+    state.device = init->local_rank % count;
+    CUDA_CHECK(cudaSetDevice(state.device));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasLtCreate(&state.cublaslt));
+    CUDNN_CHECK(cudnnCreate(&state.cudnn));
+    CUDNN_CHECK(cudnnSetStream(state.cudnn, state.stream));
+    CUDA_CHECK(cudaMalloc(&state.gemm_workspace, CUDA_GEMM_WORKSPACE));
+    CUDA_CHECK(cudaMalloc(&state.scratch, CUDA_SCRATCH));
+    CUDA_CHECK(cudaDeviceGetAttribute(&state.sm_count, cudaDevAttrMultiProcessorCount,
+                                      state.device));
+    state.bf16_compute = init->bf16_compute;
+    state.ready = true;
+    return true;
+}
+
+// Library versions are encoded major*10000 + minor*100 + patch (CUBLAS_VERSION, CUDNN_VERSION).
+static void cuda_describe(char *buf, size_t len) {
+    if (!state.ready) {
+        snprintf(buf, len, "cuda: not started");
+        return;
+    }
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, state.device));
+    size_t lt = cublasLtGetVersion(), dnn = cudnnGetVersion();
+    snprintf(buf, len,
+             "cuda: %s (sm_%d%d, %d SMs, %.1f GiB), cuBLASLt %zu.%zu.%zu, cuDNN %zu.%zu.%zu, %s",
+             prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+             (double)prop.totalGlobalMem / (double)(1u << 30), lt / 10000, lt / 100 % 100,
+             lt % 100, dnn / 10000, dnn / 100 % 100, dnn % 100,
+             state.bf16_compute ? "bf16 compute (fp32 accumulation)" : "fp32 compute");
+}
+
+static void *cuda_queue(void) { return (void *)state.stream; }
+
+// cudaMalloc aligns to 256 bytes. A zero-byte request still gets a distinct pointer, since NULL
+// means no room. The zeroing is queued on the stream, so every later op sees it.
+static void *cuda_alloc(size_t bytes) {
+    void *p = NULL;
+    cudaError_t rc = cudaMalloc(&p, bytes ? bytes : 1);
+    if (rc == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();  // out of memory is an answer, not a sticky error
+        return NULL;
+    }
+    if (rc != cudaSuccess)
+        die_internal(__FILE__, __LINE__, "cudaMalloc(%zu bytes): %s", bytes,
+                     cudaGetErrorString(rc));
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, state.stream));
+    return p;
+}
+
+static void cuda_free(void *p) { CUDA_CHECK(cudaFree(p)); }
+
+// On the stream, so the bytes land after the queued work that may still read the old ones; the
+// wait is the contract (and frees the host buffer for reuse).
+static void cuda_upload(void *dst, const void *host_src, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, state.stream));
+    CUDA_CHECK(cudaStreamSynchronize(state.stream));
+}
+
+static void cuda_download(void *host_dst, const void *src, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, state.stream));
+    CUDA_CHECK(cudaStreamSynchronize(state.stream));
+}
+
+static void cuda_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, state.stream));
+}
+
+static void cuda_copy_rows(void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                           size_t row_bytes, size_t rows) {
+    if (row_bytes == 0 || rows == 0) return;
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
+                                 cudaMemcpyDeviceToDevice, state.stream));
+}
+
+static void cuda_zero(void *dst, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, state.stream));
+}
+
+// Dense bf16 tensor-core peaks by device name, as torchtitan's get_peak_flops (NVIDIA's data
+// sheets; SXM parts). fp32 compute runs off the tensor cores: no MFU is claimed for it.
+static double cuda_peak_flops(void) {
+    static const struct { const char *name; double flops; } PEAKS[] = {
+        {"H200", 989e12}, {"H100 NVL", 835e12}, {"H100 PCIe", 756e12}, {"H100", 989e12},
+        {"B200", 2250e12}, {"A100", 312e12}, {"L40S", 362e12},
+    };
+    if (!state.ready || !state.bf16_compute) return 0;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, state.device));
+    for (size_t i = 0; i < sizeof PEAKS / sizeof PEAKS[0]; i++)
+        if (strstr(prop.name, PEAKS[i].name)) return PEAKS[i].flops;
+    return 0;
+}
+
+// In KernelOps' declaration order (C++ requires it of designated initializers).
+extern "C" const KernelOps kernels_cuda = {
+    .name = "cuda",
+    .describe = cuda_describe,
+    .peak_flops = cuda_peak_flops,
+    .init = cuda_init,
+    .host_memory = false,
+    .mixed_precision = true,
+    .queue = cuda_queue,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .copy = cuda_copy,
+    .copy_rows = cuda_copy_rows,
+    .zero = cuda_zero,
+    .matmul = cuda_matmul,
+    .rmsnorm_forward = cuda_rmsnorm_forward,
+    .rmsnorm_backward = cuda_rmsnorm_backward,
+    .rope_forward = cuda_rope_forward,
+    .rope_backward = cuda_rope_backward,
+    .attention_workspace_bytes = cuda_attention_workspace_bytes,
+    .attention_forward = cuda_attention_forward,
+    .attention_backward = cuda_attention_backward,
+    .attention_decode = cuda_attention_decode,
+    .swiglu_forward = cuda_swiglu_forward,
+    .swiglu_backward = cuda_swiglu_backward,
+    .embedding_forward = cuda_embedding_forward,
+    .embedding_backward = cuda_embedding_backward,
+    .cross_entropy_forward = cuda_cross_entropy_forward,
+    .cross_entropy_backward = cuda_cross_entropy_backward,
+    .cross_entropy_slice_forward = cuda_cross_entropy_slice_forward,
+    .cross_entropy_slice_backward = cuda_cross_entropy_slice_backward,
+    .cross_entropy_merge_exp = cuda_cross_entropy_merge_exp,
+    .cross_entropy_merge_finish = cuda_cross_entropy_merge_finish,
+    .add = cuda_add,
+    .scale = cuda_scale,
+    .sum_squares = cuda_sum_squares,
+    .sum = cuda_sum,
+    .to_bf16 = cuda_to_bf16,
+    .from_bf16 = cuda_from_bf16,
+    .adamw_update = cuda_adamw_update,
+};
