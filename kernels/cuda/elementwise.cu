@@ -1,0 +1,153 @@
+// Elementwise ops: SwiGLU, add, scale and the bf16 conversions. Each kernel is one grid-stride
+// loop over the float4 groups [0, n4) (n4 = n / 4 when every pointer allows the vector access,
+// else 0) and one over the elements from 4 * n4 on: an odd n or a misaligned slice of a flat
+// buffer takes the scalar loop.
+#include <stdint.h>
+
+#include "kernels/cuda/device.cuh"
+
+static bool aligned(const void *p, uintptr_t bytes) { return ((uintptr_t)p & (bytes - 1)) == 0; }
+
+// Blocks for n4 vector groups and the scalar elements past them.
+static unsigned elementwise_grid(size_t n, size_t n4) { return cuda_grid(n4 ? n4 + n % 4 : n); }
+
+__device__ __forceinline__ size_t thread_first(void) {
+    return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ size_t thread_stride(void) { return (size_t)gridDim.x * blockDim.x; }
+
+// Same expression as the cpu twin: silu(g) u = g sig(g) u.
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float swiglu_value(float g, float u) { return g * sigmoid(g) * u; }
+
+// d silu(g)/dg = sig(g) (1 + g (1 - sig(g))); accumulates into *dg and *du.
+__device__ __forceinline__ void swiglu_grad(float *dg, float *du, float d, float g, float u) {
+    float sg = sigmoid(g);
+    *dg += d * u * sg * (1.0f + g * (1.0f - sg));
+    *du += d * g * sg;
+}
+
+static __global__ void swiglu_forward_elements(float *out, const float *gate, const float *up,
+                                               size_t n, size_t n4) {
+    for (size_t i = thread_first(); i < n4; i += thread_stride()) {
+        float4 g = ((const float4 *)gate)[i], u = ((const float4 *)up)[i];
+        ((float4 *)out)[i] = make_float4(swiglu_value(g.x, u.x), swiglu_value(g.y, u.y),
+                                         swiglu_value(g.z, u.z), swiglu_value(g.w, u.w));
+    }
+    for (size_t i = 4 * n4 + thread_first(); i < n; i += thread_stride())
+        out[i] = swiglu_value(gate[i], up[i]);
+}
+
+static __global__ void swiglu_backward_elements(float *dgate, float *dup, const float *dout,
+                                                const float *gate, const float *up, size_t n,
+                                                size_t n4) {
+    for (size_t i = thread_first(); i < n4; i += thread_stride()) {
+        float4 d = ((const float4 *)dout)[i], g = ((const float4 *)gate)[i];
+        float4 u = ((const float4 *)up)[i];
+        float4 dg = ((float4 *)dgate)[i], du = ((float4 *)dup)[i];
+        swiglu_grad(&dg.x, &du.x, d.x, g.x, u.x);
+        swiglu_grad(&dg.y, &du.y, d.y, g.y, u.y);
+        swiglu_grad(&dg.z, &du.z, d.z, g.z, u.z);
+        swiglu_grad(&dg.w, &du.w, d.w, g.w, u.w);
+        ((float4 *)dgate)[i] = dg;
+        ((float4 *)dup)[i] = du;
+    }
+    for (size_t i = 4 * n4 + thread_first(); i < n; i += thread_stride())
+        swiglu_grad(&dgate[i], &dup[i], dout[i], gate[i], up[i]);
+}
+
+static __global__ void add_elements(float *y, const float *x, size_t n, size_t n4) {
+    for (size_t i = thread_first(); i < n4; i += thread_stride()) {
+        float4 a = ((float4 *)y)[i], b = ((const float4 *)x)[i];
+        ((float4 *)y)[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    }
+    for (size_t i = 4 * n4 + thread_first(); i < n; i += thread_stride()) y[i] += x[i];
+}
+
+static __global__ void scale_elements(float *x, size_t n, size_t n4, float s) {
+    for (size_t i = thread_first(); i < n4; i += thread_stride()) {
+        float4 a = ((float4 *)x)[i];
+        ((float4 *)x)[i] = make_float4(a.x * s, a.y * s, a.z * s, a.w * s);
+    }
+    for (size_t i = 4 * n4 + thread_first(); i < n; i += thread_stride()) x[i] *= s;
+}
+
+// The cpu twin's rounding bit for bit: nearest even on the 16 dropped bits, and a NaN keeps its
+// sign and top payload bits, made quiet (rounding could carry the payload into infinity;
+// cvt.rn.bf16.f32 would give the one canonical NaN instead).
+__device__ __forceinline__ uint32_t bf16_bits(float f) {
+    uint32_t bits = __float_as_uint(f);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x0040u;
+    return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+}
+
+// Two bf16 in one little-endian word: a at the lower address.
+__device__ __forceinline__ uint32_t bf16_pair(float a, float b) {
+    return bf16_bits(a) | bf16_bits(b) << 16;
+}
+
+static __global__ void to_bf16_elements(uint16_t *dst, const float *src, size_t n, size_t n4) {
+    for (size_t i = thread_first(); i < n4; i += thread_stride()) {
+        float4 a = ((const float4 *)src)[i];
+        ((uint2 *)dst)[i] = make_uint2(bf16_pair(a.x, a.y), bf16_pair(a.z, a.w));
+    }
+    for (size_t i = 4 * n4 + thread_first(); i < n; i += thread_stride())
+        dst[i] = (uint16_t)bf16_bits(src[i]);
+}
+
+static __global__ void from_bf16_elements(float *dst, const uint16_t *src, size_t n, size_t n4) {
+    for (size_t i = thread_first(); i < n4; i += thread_stride()) {
+        uint2 w = ((const uint2 *)src)[i];
+        ((float4 *)dst)[i] = make_float4(__uint_as_float(w.x << 16),
+                                         __uint_as_float(w.x & 0xffff0000u),
+                                         __uint_as_float(w.y << 16),
+                                         __uint_as_float(w.y & 0xffff0000u));
+    }
+    for (size_t i = 4 * n4 + thread_first(); i < n; i += thread_stride())
+        dst[i] = __uint_as_float((uint32_t)src[i] << 16);
+}
+
+void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+    size_t n4 = aligned(out, 16) && aligned(gate, 16) && aligned(up, 16) ? n / 4 : 0;
+    swiglu_forward_elements<<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(
+        out, gate, up, n, n4);
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                          const float *up, size_t n) {
+    bool vec = aligned(dgate, 16) && aligned(dup, 16) && aligned(dout, 16) &&
+               aligned(gate, 16) && aligned(up, 16);
+    size_t n4 = vec ? n / 4 : 0;
+    swiglu_backward_elements<<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(
+        dgate, dup, dout, gate, up, n, n4);
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_add(float *y, const float *x, size_t n) {
+    size_t n4 = aligned(y, 16) && aligned(x, 16) ? n / 4 : 0;
+    add_elements<<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(y, x, n, n4);
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_scale(float *x, size_t n, float s) {
+    size_t n4 = aligned(x, 16) ? n / 4 : 0;
+    scale_elements<<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(x, n, n4, s);
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_to_bf16(uint16_t *dst, const float *src, size_t n) {
+    size_t n4 = aligned(dst, 8) && aligned(src, 16) ? n / 4 : 0;
+    to_bf16_elements<<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(dst, src, n,
+                                                                                  n4);
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_from_bf16(float *dst, const uint16_t *src, size_t n) {
+    size_t n4 = aligned(dst, 16) && aligned(src, 8) ? n / 4 : 0;
+    from_bf16_elements<<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(dst, src, n,
+                                                                                    n4);
+    CUDA_LAUNCH_CHECK();
+}
