@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The GPU check, on a machine with one GPU: builds titan and the GPU tests with CUDA=1, runs
+# every cuda op against the cpu backend (tests/gpu/test_cuda_ops, in bf16 and in fp32
+# compute), trains on cuda against cpu (tests/gpu/test_train_cuda.sh), then benchmarks a short
+# training run of the 1B flavor and prints its tokens/s, TFLOP/s and MFU. Each part runs under
+# timeout, all of them within 8 minutes; a failed part does not stop the next. Ends with a
+# PASS/FAIL line per part and exits non-zero if any failed.
+#
+# Usage: scripts/gpu_check.sh. Outputs (the op tables, every log, the benchmark's dump folder)
+# are written under $OUT/gpu_check when OUT is set (the GPU machine's output folder), else
+# under /tmp/titan-gpu-check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LOGS=${OUT:+$OUT/gpu_check}
+LOGS=${LOGS:-/tmp/titan-gpu-check}
+mkdir -p "$LOGS"
+DEADLINE=$((SECONDS + 465))  # 8 minutes, less timeout's kill grace and the summary
+TITAN=./titan
+# The benchmark's text: tokens wrap around (data/shard.h), so any text of 2049+ bytes will do.
+TEXT=(README.md train*.c core/*.c data/*.c models/llama3/*.c kernels/cpu/*.c)
+
+names=()
+results=()
+record() { names+=("$1"); results+=("$2"); }
+
+# part NAME CAP CMD...: CMD under timeout, at most CAP seconds and never past DEADLINE; its
+# output to the terminal and to $LOGS/NAME.log.
+part() {
+  local name=$1 cap=$2; shift 2
+  local left=$((DEADLINE - SECONDS)) start=$SECONDS rc
+  local limit=$((cap < left ? cap : left))
+  echo "== $name (limit $limit s)"
+  if [ "$limit" -le 0 ]; then
+    record "$name" "FAIL (no time left)"
+    return
+  fi
+  set +e
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$LOGS/$name.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  local took=$((SECONDS - start))
+  case $rc in
+    0) record "$name" "PASS ($took s)" ;;
+    77) record "$name" "FAIL (skipped: no usable GPU, $took s)" ;;
+    124 | 137) record "$name" "FAIL (timed out after $took s)" ;;
+    *) record "$name" "FAIL (exit $rc, $took s)" ;;
+  esac
+  echo "== $name: ${results[-1]}"
+}
+
+# B=4 x T=2048 with fp32 activations and no checkpointing: ~19 GB of activations, ~20 GB of
+# params, grads and AdamW moments, ~4 GB of logits, well inside one H200's 139 GiB.
+# peak_flops: H100/H200 dense bf16.
+BENCH=$LOGS/bench_1b
+BENCH_ARGS=(--device cuda --config configs/debug_model.yaml --model.flavor 1B
+            --model.tokenizer_path null --training.dataset_path "$BENCH/text.bin"
+            --training.seq_len 2048 --training.local_batch_size 4
+            --activation_checkpoint.mode none --training.steps 15
+            --lr_scheduler.warmup_steps 2 --metrics.log_freq 5 --metrics.peak_flops 989e12
+            --job.dump_folder "$BENCH")
+
+# The last logged step of the benchmark's metrics.jsonl (core/metrics.c; mfu is in percent).
+bench_report() {
+  local last
+  last=$(grep '"tokens_per_s"' "$BENCH/metrics.jsonl" 2>/dev/null | tail -n 1) || true
+  if [ -z "$last" ]; then
+    echo "1B benchmark: no metrics logged"
+    case ${results[-1]} in PASS*) results[-1]="FAIL (no metrics)" ;; esac
+    return
+  fi
+  field() { printf '%s\n' "$last" | grep -o "\"$1\": [^,}]*" | cut -d' ' -f2; }
+  echo "1B benchmark (1 GPU, B=4, T=2048, step $(field step)): $(field tokens_per_s) tokens/s," \
+    "$(field tflops) TFLOP/s, MFU $(field mfu)%, peak memory $(field peak_memory_gib) GiB," \
+    "loss $(field loss)" | tee "$LOGS/bench_1b.txt"
+}
+
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader |
+    tee "$LOGS/gpu.txt" || true
+fi
+
+part build 240 make -j16 CUDA=1 gpu
+part ops_bf16 90 build/cuda/tests/test_cuda_ops
+part ops_fp32 90 build/cuda/tests/test_cuda_ops fp32
+part train_cuda 120 bash tests/gpu/test_train_cuda.sh "$LOGS/train_cuda"
+mkdir -p "$BENCH"
+part bench_data 30 $TITAN tokenize --tokenizer bytes --out "$BENCH/text.bin" "${TEXT[@]}"
+part bench_1b 150 $TITAN "${BENCH_ARGS[@]}"
+bench_report
+
+failed=0
+for result in "${results[@]}"; do
+  case $result in FAIL*) failed=$((failed + 1)) ;; esac
+done
+{
+  echo "== summary (outputs in $LOGS)"
+  for i in "${!names[@]}"; do printf '%-12s %s\n' "${names[$i]}" "${results[$i]}"; done
+  if [ "$failed" -eq 0 ]; then echo "gpu_check: PASS"
+  else echo "gpu_check: FAIL ($failed of ${#names[@]} parts)"; fi
+} | tee "$LOGS/summary.txt"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,985 @@
+// Every op of the cuda backend against the cpu one (ggml's test-backend-ops): the same random
+// inputs (fixed seed) are uploaded to both backends, each runs the op, and each output is
+// compared by its normalised error max |cuda - cpu| / max |cpu|. Outputs an op overwrites
+// start as NaN on both sides, so an element the op leaves unwritten fails; gradients start from
+// the same random values, and their error is normalised by the change the cpu op made, so a
+// backward that overwrites instead of accumulating fails too. Prints one row per output (op,
+// shape, error, bound, the cuda op's time, PASS/FAIL); exits 1 on any failure, 77 when there is
+// no usable CUDA device (SKIP), 2 on a bad argument.
+//
+// Usage: test_cuda_ops [fp32]. init starts the backend once per process, so one run tests one
+// compute mode: bf16 (the default, as training.mixed_precision_param) or, with fp32, fp32
+// compute, where GEMMs and attention are held to the fp32 reduction bound.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/kernels.h"
+
+enum { CPU, GPU, N_SIDES };
+static const KernelOps *side[N_SIDES];
+
+#define BOUND_BF16 2e-2    // bf16 operands (8-bit significand: 2^-9 relative), fp32 accumulation
+#define BOUND_FP32 1e-5    // fp32 elementwise math: a few ulps of the largest value
+#define BOUND_REDUCE 1e-4  // fp32 sums over long rows, added in another order
+#define BOUND_EXACT 0.0    // moves, lookups and single roundings: bit for bit
+#define TIME_REPS 20       // cuda runs per timing
+#define MAX_OUTPUTS 3
+
+static double bound_compute;  // GEMMs and attention: BOUND_BF16, or BOUND_REDUCE in fp32 compute
+static void *sync_word;       // 4 bytes of cuda memory whose download waits for the queue
+static int n_checks, n_failed;
+
+// ---- host data -------------------------------------------------------------------------------
+
+static uint64_t rng_state = 20240901;
+
+static uint64_t rng_next(void) {  // splitmix64
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_range(double lo, double hi) {
+    return lo + (hi - lo) * (double)(rng_next() >> 11) / (double)(1ull << 53);
+}
+
+static int rng_int(int lo, int hi) { return lo + (int)(rng_next() % (uint64_t)(hi - lo)); }
+
+static void *host_alloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "test_cuda_ops: out of host memory (%zu bytes)\n", bytes);
+        exit(3);
+    }
+    return p;
+}
+
+static float *host_random(size_t n, double lo, double hi) {
+    float *x = host_alloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = (float)rng_range(lo, hi);
+    return x;
+}
+
+// ---- tensors held by both backends -----------------------------------------------------------
+
+// One tensor in each backend's memory, holding the same bytes; init keeps the host values it
+// started from when it started random (the base that an accumulating op's change is measured
+// from), else NULL.
+typedef struct {
+    void *at[N_SIDES];
+    size_t bytes;
+    float *init;
+} Pair;
+
+#define F(pair, s) ((float *)(pair).at[s])
+#define I(pair, s) ((const int *)(pair).at[s])
+#define H(pair, s) ((uint16_t *)(pair).at[s])
+
+static void *side_alloc(int s, size_t bytes) {
+    void *p = side[s]->alloc(bytes);
+    if (!p) {
+        fprintf(stderr, "test_cuda_ops: %s: cannot allocate %zu bytes\n", side[s]->name, bytes);
+        exit(3);
+    }
+    return p;
+}
+
+static Pair pair_alloc(size_t bytes) {
+    Pair p = {.bytes = bytes};
+    for (int s = 0; s < N_SIDES; s++) p.at[s] = side_alloc(s, bytes);
+    return p;
+}
+
+static Pair pair_of(const void *host, size_t bytes) {
+    Pair p = pair_alloc(bytes);
+    for (int s = 0; s < N_SIDES; s++) side[s]->upload(p.at[s], host, bytes);
+    return p;
+}
+
+// Takes ownership of x (n floats), which becomes the pair's init.
+static Pair pair_adopt(float *x, size_t n) {
+    Pair p = pair_of(x, n * sizeof *x);
+    p.init = x;
+    return p;
+}
+
+static Pair pair_random(size_t n, double lo, double hi) {
+    return pair_adopt(host_random(n, lo, hi), n);
+}
+
+static Pair pair_zeros(size_t n) {
+    float *x = host_alloc(n * sizeof *x);
+    memset(x, 0, n * sizeof *x);
+    return pair_adopt(x, n);
+}
+
+static Pair pair_nan(size_t n) {
+    float *x = host_alloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+    Pair p = pair_of(x, n * sizeof *x);
+    free(x);
+    return p;
+}
+
+static Pair pair_ints(const int *x, size_t n) { return pair_of(x, n * sizeof *x); }
+
+// Both sides back to the init values (after a timing has rerun an op on them).
+static void pair_reset(Pair *p) {
+    for (int s = 0; s < N_SIDES; s++) side[s]->upload(p->at[s], p->init, p->bytes);
+}
+
+static void pair_free(Pair *p) {
+    for (int s = 0; s < N_SIDES; s++) side[s]->free(p->at[s]);
+    free(p->init);
+    *p = (Pair){0};
+}
+
+static void *pair_download(const Pair *p, int s) {
+    void *h = host_alloc(p->bytes);
+    side[s]->download(h, p->at[s], p->bytes);
+    return h;
+}
+
+// The cpu side's bytes copied to the cuda side: a backward then reads the same saved
+// activations on both, so that its check measures the backward alone.
+static void pair_share_cpu(Pair *p) {
+    void *h = pair_download(p, CPU);
+    side[GPU]->upload(p->at[GPU], h, p->bytes);
+    free(h);
+}
+
+// ---- comparing and reporting -----------------------------------------------------------------
+
+typedef enum {
+    CMP_NORMALISED,  // max |cuda - cpu| / max |cpu|
+    CMP_INCREMENT,   // max |cuda - cpu| / max |cpu - init|: an accumulated gradient's error
+    CMP_BITS32,      // the fraction of floats whose bits differ (any NaN matches any NaN)
+    CMP_BITS16,      // the same over bf16 values
+} Compare;
+
+typedef struct {
+    const char *name;       // "" for an op's only output
+    const Pair *pair;       // NULL for a scalar result
+    const double *scalar;   // [N_SIDES] the op's returned values, when pair is NULL
+    Compare cmp;
+    double bound;
+} Output;
+
+// A NaN on either side makes the error NaN, which no bound passes.
+static double error_normalised(const float *cpu, const float *gpu, const float *base, size_t n) {
+    double err = 0.0, scale = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(cpu[i]) || isnan(gpu[i])) return NAN;
+        err = fmax(err, fabs((double)gpu[i] - cpu[i]));
+        scale = fmax(scale, fabs((double)cpu[i] - (base ? base[i] : 0.0f)));
+    }
+    return scale > 0.0 ? err / scale : err;
+}
+
+static double error_bits32(const float *cpu, const float *gpu, size_t n) {
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++)
+        differ += !(isnan(cpu[i]) && isnan(gpu[i])) && memcmp(&cpu[i], &gpu[i], 4) != 0;
+    return n ? (double)differ / (double)n : 0.0;
+}
+
+static bool bf16_is_nan(uint16_t h) { return (h & 0x7fffu) > 0x7f80u; }
+
+static double error_bits16(const uint16_t *cpu, const uint16_t *gpu, size_t n) {
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++)
+        differ += !(bf16_is_nan(cpu[i]) && bf16_is_nan(gpu[i])) && cpu[i] != gpu[i];
+    return n ? (double)differ / (double)n : 0.0;
+}
+
+static double error_scalar(double cpu, double gpu) {
+    if (isnan(cpu) || isnan(gpu)) return NAN;
+    return cpu != 0.0 ? fabs(gpu - cpu) / fabs(cpu) : fabs(gpu);
+}
+
+static double output_error(const Output *o) {
+    if (!o->pair) return error_scalar(o->scalar[CPU], o->scalar[GPU]);
+    void *cpu = pair_download(o->pair, CPU), *gpu = pair_download(o->pair, GPU);
+    size_t n = o->pair->bytes / 4;
+    double err = NAN;
+    switch (o->cmp) {
+    case CMP_NORMALISED: err = error_normalised(cpu, gpu, NULL, n); break;
+    case CMP_INCREMENT: err = error_normalised(cpu, gpu, o->pair->init, n); break;
+    case CMP_BITS32: err = error_bits32(cpu, gpu, n); break;
+    case CMP_BITS16: err = error_bits16(cpu, gpu, o->pair->bytes / 2); break;
+    }
+    free(cpu), free(gpu);
+    return err;
+}
+
+static void report(const char *op, const Output *o, const char *shape, double err, double us) {
+    bool pass = err <= o->bound;  // false for NaN
+    char name[64];
+    snprintf(name, sizeof name, "%s%s%s", op, o->name[0] ? " " : "", o->name);
+    printf("%-37s %-44s %10.3g %8.0e %10.1f  %s\n", name, shape, err, o->bound, us,
+           pass ? "PASS" : "FAIL");
+    fflush(stdout);  // a crash in a later op keeps the rows before it
+    n_checks++;
+    n_failed += !pass;
+}
+
+// ---- running an op on both sides -------------------------------------------------------------
+
+// Runs one op on side s with the arguments in ctx.
+typedef void (*OpRun)(int s, void *ctx);
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+// Mean microseconds of one cuda run over TIME_REPS runs queued back to back, between two
+// one-float downloads (each waits for everything queued before it).
+static double time_us(OpRun run, void *ctx) {
+    float word;
+    side[GPU]->download(&word, sync_word, sizeof word);
+    double t0 = now_s();
+    for (int r = 0; r < TIME_REPS; r++) run(GPU, ctx);
+    side[GPU]->download(&word, sync_word, sizeof word);
+    return (now_s() - t0) * 1e6 / TIME_REPS;
+}
+
+// Runs the op once on each side, compares its outputs, then times it: the timing reruns the op
+// on its own results, so it comes after the comparison.
+static void op_check(const char *op, const char *shape, OpRun run, void *ctx,
+                     const Output *outputs, int n_outputs) {
+    for (int s = 0; s < N_SIDES; s++) run(s, ctx);
+    double err[MAX_OUTPUTS];
+    for (int i = 0; i < n_outputs; i++) err[i] = output_error(&outputs[i]);
+    double us = time_us(run, ctx);
+    for (int i = 0; i < n_outputs; i++) report(op, &outputs[i], shape, err[i], us);
+}
+
+// ---- memory ----------------------------------------------------------------------------------
+
+// One memory op's operands: src and dst (floats), a region of dst_offset/src_offset floats
+// on, and for copy_rows the row geometry in floats.
+typedef struct {
+    Pair dst, src;
+    size_t dst_offset, src_offset, n;  // copy and zero: n floats
+    size_t dst_pitch, src_pitch, row, rows;
+} MemArgs;
+
+static void copy_run(int s, void *ctx) {
+    MemArgs *a = ctx;
+    side[s]->copy(F(a->dst, s) + a->dst_offset, F(a->src, s) + a->src_offset, a->n * 4);
+}
+
+static void copy_rows_run(int s, void *ctx) {
+    MemArgs *a = ctx;
+    side[s]->copy_rows(F(a->dst, s) + a->dst_offset, a->dst_pitch * 4,
+                       F(a->src, s) + a->src_offset, a->src_pitch * 4, a->row * 4, a->rows);
+}
+
+static void zero_run(int s, void *ctx) {
+    MemArgs *a = ctx;
+    side[s]->zero(F(a->dst, s) + a->dst_offset, a->n * 4);
+}
+
+static void alloc_run(int s, void *ctx) {
+    MemArgs *a = ctx;
+    if (a->dst.at[s]) side[s]->free(a->dst.at[s]);
+    a->dst.at[s] = side_alloc(s, a->dst.bytes);
+}
+
+// Every destination starts from the same random values, not NaN: the bytes outside the region
+// must survive, and the whole destination is compared bit for bit.
+static void check_memory(void) {
+    size_t n = (1u << 22) + 11;
+    MemArgs a = {.dst = pair_random(n, -1, 1), .src = pair_random(n, -1, 1), .dst_offset = 3,
+                 .src_offset = 5, .n = n - 8};
+    Output out[] = {{"", &a.dst, NULL, CMP_BITS32, BOUND_EXACT}};
+    char shape[64];
+    snprintf(shape, sizeof shape, "%zu floats, src+5 -> dst+3", a.n);
+    op_check("copy", shape, copy_run, &a, out, 1);
+    a.dst_pitch = 41, a.src_pitch = 37, a.row = 29, a.rows = (n - 8) / 41;
+    snprintf(shape, sizeof shape, "%zu rows of 29, pitch 37 -> 41", a.rows);
+    pair_reset(&a.dst);
+    op_check("copy_rows", shape, copy_rows_run, &a, out, 1);
+    a.dst_offset = 7, a.n = n - 100;
+    snprintf(shape, sizeof shape, "%zu floats at dst+7", a.n);
+    pair_reset(&a.dst);
+    op_check("zero", shape, zero_run, &a, out, 1);
+    pair_free(&a.dst), pair_free(&a.src);
+
+    MemArgs z = {.dst = {.bytes = n * 4}};
+    Output zeroed[] = {{"", &z.dst, NULL, CMP_BITS32, BOUND_EXACT}};
+    snprintf(shape, sizeof shape, "%zu floats", n);
+    op_check("alloc (zeroed)", shape, alloc_run, &z, zeroed, 1);
+    pair_free(&z.dst);
+}
+
+// ---- matmul ----------------------------------------------------------------------------------
+
+typedef struct {
+    Pair a, b, c;
+    int m, n, k;
+    bool ta, tb;
+    float beta;
+} MatmulArgs;
+
+static void matmul_run(int s, void *ctx) {
+    MatmulArgs *a = ctx;
+    side[s]->matmul(F(a->c, s), F(a->a, s), F(a->b, s), a->m, a->n, a->k, a->ta, a->tb, a->beta);
+}
+
+// beta 0 must not read c, which starts as NaN; beta 1 adds onto a c as large as the product
+// (entries ~ sqrt(k) / 3), so that dropping it fails.
+static void check_matmul(int m, int n, int k, bool ta, bool tb, float beta) {
+    size_t mn = (size_t)m * n;
+    double c_scale = sqrt((double)k);
+    MatmulArgs a = {pair_random((size_t)m * k, -1, 1), pair_random((size_t)k * n, -1, 1),
+                    beta == 0.0f ? pair_nan(mn) : pair_random(mn, -c_scale, c_scale),
+                    m, n, k, ta, tb, beta};
+    char shape[64];
+    snprintf(shape, sizeof shape, "%dx%dx%d %c%c beta=%g", m, n, k, ta ? 'T' : 'N',
+             tb ? 'T' : 'N', beta);
+    Output out[] = {{"", &a.c, NULL, beta == 0.0f ? CMP_NORMALISED : CMP_INCREMENT,
+                     bound_compute}};
+    op_check("matmul", shape, matmul_run, &a, out, 1);
+    pair_free(&a.a), pair_free(&a.b), pair_free(&a.c);
+}
+
+// Odd sizes in every transpose case, then the 1B flavor's FFN at 8192 tokens (B=4, T=2048):
+// the forward x W1^T and the weight gradient dW2 += dy^T h.
+static void check_matmuls(void) {
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int beta = 0; beta < 2; beta++) check_matmul(67, 45, 33, ta, tb, (float)beta);
+    check_matmul(8192, 8192, 2048, false, true, 0.0f);
+    check_matmul(2048, 8192, 8192, true, false, 1.0f);
+}
+
+// ---- rmsnorm ---------------------------------------------------------------------------------
+
+typedef struct {
+    Pair out, rstd, x, w, dout, dx, dw;
+    int n, dim;
+} RmsArgs;
+
+static void rmsnorm_forward_run(int s, void *ctx) {
+    RmsArgs *a = ctx;
+    side[s]->rmsnorm_forward(F(a->out, s), F(a->rstd, s), F(a->x, s), F(a->w, s), a->n, a->dim,
+                             1e-5f);
+}
+
+static void rmsnorm_backward_run(int s, void *ctx) {
+    RmsArgs *a = ctx;
+    side[s]->rmsnorm_backward(F(a->dx, s), F(a->dw, s), F(a->dout, s), F(a->x, s), F(a->w, s),
+                              F(a->rstd, s), a->n, a->dim);
+}
+
+static void check_rmsnorm(int n, int dim) {
+    size_t nd = (size_t)n * dim;
+    RmsArgs a = {pair_nan(nd), pair_nan(n), pair_random(nd, -2, 2), pair_random(dim, -1, 1),
+                 pair_random(nd, -1, 1), pair_random(nd, -1, 1), pair_random(dim, -1, 1), n, dim};
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d dim=%d", n, dim);
+    Output fwd[] = {{"out", &a.out, NULL, CMP_NORMALISED, BOUND_FP32},
+                    {"rstd", &a.rstd, NULL, CMP_NORMALISED, BOUND_FP32}};
+    op_check("rmsnorm_fwd", shape, rmsnorm_forward_run, &a, fwd, 2);
+    pair_share_cpu(&a.rstd);
+    Output bwd[] = {{"dx", &a.dx, NULL, CMP_INCREMENT, BOUND_REDUCE},
+                    {"dweight", &a.dw, NULL, CMP_INCREMENT, BOUND_REDUCE}};
+    op_check("rmsnorm_bwd", shape, rmsnorm_backward_run, &a, bwd, 2);
+    Pair *all[] = {&a.out, &a.rstd, &a.x, &a.w, &a.dout, &a.dx, &a.dw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
+// ---- rope ------------------------------------------------------------------------------------
+
+typedef struct {
+    Pair out, x, cos, sin, pos, dout, dx;
+    int B, T, H, hd;
+    bool in_place;  // forward with out == x (out starts as x's values)
+} RopeArgs;
+
+static void rope_forward_run(int s, void *ctx) {
+    RopeArgs *a = ctx;
+    const float *x = a->in_place ? F(a->out, s) : F(a->x, s);
+    side[s]->rope_forward(F(a->out, s), x, F(a->cos, s), F(a->sin, s), I(a->pos, s), a->B * a->T,
+                          a->T, a->H, a->hd);
+}
+
+static void rope_backward_run(int s, void *ctx) {
+    RopeArgs *a = ctx;
+    side[s]->rope_backward(F(a->dx, s), F(a->dout, s), F(a->cos, s), F(a->sin, s), I(a->pos, s),
+                           a->B * a->T, a->T, a->H, a->hd);
+}
+
+// (max_pos, hd/2) angle tables at Llama 3's theta 500000.
+static void rope_tables(RopeArgs *a, int max_pos) {
+    size_t n = (size_t)max_pos * a->hd / 2;
+    float *c = host_alloc(n * sizeof *c), *s = host_alloc(n * sizeof *s);
+    for (int p = 0; p < max_pos; p++)
+        for (int i = 0; i < a->hd / 2; i++) {
+            double theta = p * pow(500000.0, -2.0 * i / a->hd);
+            c[(size_t)p * a->hd / 2 + i] = (float)cos(theta);
+            s[(size_t)p * a->hd / 2 + i] = (float)sin(theta);
+        }
+    a->cos = pair_adopt(c, n), a->sin = pair_adopt(s, n);
+}
+
+// Positions are a scrambled subset of [0, 2T), as a context-parallel shard or a decode sees.
+static void check_rope(int B, int T, int H, int hd) {
+    size_t n = (size_t)B * T * H * hd;
+    RopeArgs a = {.out = pair_nan(n), .x = pair_random(n, -1, 1), .dout = pair_random(n, -1, 1),
+                  .dx = pair_random(n, -1, 1), .B = B, .T = T, .H = H, .hd = hd};
+    rope_tables(&a, 2 * T);
+    int *pos = host_alloc((size_t)T * sizeof *pos);
+    for (int t = 0; t < T; t++) pos[t] = (int)(((int64_t)t * 7 + 3) % (2 * T));
+    a.pos = pair_ints(pos, (size_t)T);
+    free(pos);
+    char shape[64];
+    snprintf(shape, sizeof shape, "B=%d T=%d H=%d hd=%d", B, T, H, hd);
+    Output fwd[] = {{"", &a.out, NULL, CMP_NORMALISED, BOUND_FP32}};
+    op_check("rope_fwd", shape, rope_forward_run, &a, fwd, 1);
+    pair_free(&a.out);
+    a.out = pair_of(a.x.init, n * sizeof(float));
+    a.in_place = true;
+    op_check("rope_fwd in place", shape, rope_forward_run, &a, fwd, 1);
+    Output bwd[] = {{"dx", &a.dx, NULL, CMP_INCREMENT, BOUND_FP32}};
+    op_check("rope_bwd", shape, rope_backward_run, &a, bwd, 1);
+    Pair *all[] = {&a.out, &a.x, &a.cos, &a.sin, &a.pos, &a.dout, &a.dx};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
+// ---- attention -------------------------------------------------------------------------------
+
+typedef struct {
+    Pair q, k, v, out, lse, dout, dq, dk, dv;
+    void *workspace[N_SIDES];  // each backend's own attention_workspace_bytes
+    int B, T, H, KV, hd;
+} AttnArgs;
+
+static void attention_forward_run(int s, void *ctx) {
+    AttnArgs *a = ctx;
+    side[s]->attention_forward(F(a->out, s), F(a->lse, s), F(a->q, s), F(a->k, s), F(a->v, s),
+                               a->B, a->T, a->H, a->KV, a->hd, a->workspace[s]);
+}
+
+static void attention_backward_run(int s, void *ctx) {
+    AttnArgs *a = ctx;
+    side[s]->attention_backward(F(a->dq, s), F(a->dk, s), F(a->dv, s), F(a->dout, s), F(a->q, s),
+                                F(a->k, s), F(a->v, s), F(a->out, s), F(a->lse, s), a->B, a->T,
+                                a->H, a->KV, a->hd, a->workspace[s]);
+}
+
+// q and k in [-2, 2) give scores of standard deviation ~1.3: softmaxes far from uniform, as in
+// a trained model. The backward reads the cpu forward's out and lse on both sides.
+static void check_attention(int B, int T, int H, int KV, int hd) {
+    size_t nq = (size_t)B * T * H * hd, nkv = (size_t)B * T * KV * hd;
+    AttnArgs a = {pair_random(nq, -2, 2),  pair_random(nkv, -2, 2), pair_random(nkv, -1, 1),
+                  pair_nan(nq),            pair_nan((size_t)B * H * T), pair_random(nq, -1, 1),
+                  pair_random(nq, -1, 1),  pair_random(nkv, -1, 1), pair_random(nkv, -1, 1),
+                  {NULL, NULL}, B, T, H, KV, hd};
+    for (int s = 0; s < N_SIDES; s++)
+        a.workspace[s] = side_alloc(s, side[s]->attention_workspace_bytes(B, T, H, KV, hd));
+    char shape[64];
+    snprintf(shape, sizeof shape, "B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
+    Output fwd[] = {{"out", &a.out, NULL, CMP_NORMALISED, bound_compute},
+                    {"lse", &a.lse, NULL, CMP_NORMALISED, bound_compute}};
+    op_check("attention_fwd", shape, attention_forward_run, &a, fwd, 2);
+    pair_share_cpu(&a.out), pair_share_cpu(&a.lse);
+    Output bwd[] = {{"dq", &a.dq, NULL, CMP_INCREMENT, bound_compute},
+                    {"dk", &a.dk, NULL, CMP_INCREMENT, bound_compute},
+                    {"dv", &a.dv, NULL, CMP_INCREMENT, bound_compute}};
+    op_check("attention_bwd", shape, attention_backward_run, &a, bwd, 3);
+    for (int s = 0; s < N_SIDES; s++) side[s]->free(a.workspace[s]);
+    Pair *all[] = {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.dout, &a.dq, &a.dk, &a.dv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
+typedef struct {
+    Pair out, q, k_cache, v_cache;
+    int n_ctx, H, KV, hd;
+} DecodeArgs;
+
+static void attention_decode_run(int s, void *ctx) {
+    DecodeArgs *a = ctx;
+    side[s]->attention_decode(F(a->out, s), F(a->q, s), F(a->k_cache, s), F(a->v_cache, s),
+                              a->n_ctx, a->H, a->KV, a->hd);
+}
+
+// The cache holds 64 rows past n_ctx, all NaN: reading one fails.
+static Pair decode_cache(int n_ctx, int KV, int hd) {
+    size_t width = (size_t)KV * hd, n = (size_t)(n_ctx + 64) * width;
+    float *x = host_random(n, -2, 2);
+    for (size_t i = (size_t)n_ctx * width; i < n; i++) x[i] = NAN;
+    return pair_adopt(x, n);
+}
+
+static void check_attention_decode(int n_ctx, int H, int KV, int hd) {
+    DecodeArgs a = {pair_nan((size_t)H * hd), pair_random((size_t)H * hd, -2, 2),
+                    decode_cache(n_ctx, KV, hd), decode_cache(n_ctx, KV, hd), n_ctx, H, KV, hd};
+    char shape[64];
+    snprintf(shape, sizeof shape, "n_ctx=%d H=%d KV=%d hd=%d", n_ctx, H, KV, hd);
+    Output out[] = {{"", &a.out, NULL, CMP_NORMALISED, bound_compute}};
+    op_check("attention_decode", shape, attention_decode_run, &a, out, 1);
+    pair_free(&a.out), pair_free(&a.q), pair_free(&a.k_cache), pair_free(&a.v_cache);
+}
+
+// GQA groups of 1 and 4, head_dim 64 and 128, T off the 64-row tiles; then the 1B flavor's
+// heads and a larger-head shape at T = 2048.
+static void check_attentions(void) {
+    check_attention(2, 200, 8, 2, 64);
+    check_attention(2, 200, 8, 8, 128);
+    check_attention(1, 77, 4, 1, 128);
+    check_attention(1, 2048, 32, 8, 64);
+    check_attention(1, 2048, 16, 4, 128);
+    check_attention_decode(1, 8, 2, 64);
+    check_attention_decode(129, 32, 8, 64);
+    check_attention_decode(300, 8, 8, 128);
+    check_attention_decode(2048, 16, 4, 128);
+}
+
+// ---- swiglu ----------------------------------------------------------------------------------
+
+typedef struct {
+    Pair out, gate, up, dout, dgate, dup;
+    size_t n;
+} SwigluArgs;
+
+static void swiglu_forward_run(int s, void *ctx) {
+    SwigluArgs *a = ctx;
+    side[s]->swiglu_forward(F(a->out, s), F(a->gate, s), F(a->up, s), a->n);
+}
+
+static void swiglu_backward_run(int s, void *ctx) {
+    SwigluArgs *a = ctx;
+    side[s]->swiglu_backward(F(a->dgate, s), F(a->dup, s), F(a->dout, s), F(a->gate, s),
+                             F(a->up, s), a->n);
+}
+
+// gate in [-12, 12): silu's saturated tails on both sides.
+static void check_swiglu(size_t n) {
+    SwigluArgs a = {pair_nan(n), pair_random(n, -12, 12), pair_random(n, -1, 1),
+                    pair_random(n, -1, 1), pair_random(n, -1, 1), pair_random(n, -1, 1), n};
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    Output fwd[] = {{"", &a.out, NULL, CMP_NORMALISED, BOUND_FP32}};
+    op_check("swiglu_fwd", shape, swiglu_forward_run, &a, fwd, 1);
+    Output bwd[] = {{"dgate", &a.dgate, NULL, CMP_INCREMENT, BOUND_FP32},
+                    {"dup", &a.dup, NULL, CMP_INCREMENT, BOUND_FP32}};
+    op_check("swiglu_bwd", shape, swiglu_backward_run, &a, bwd, 2);
+    Pair *all[] = {&a.out, &a.gate, &a.up, &a.dout, &a.dgate, &a.dup};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
+// ---- embedding -------------------------------------------------------------------------------
+
+typedef struct {
+    Pair out, tokens, table, dout, dtable;
+    int n, dim, vocab_start, rows;
+} EmbArgs;
+
+static void embedding_forward_run(int s, void *ctx) {
+    EmbArgs *a = ctx;
+    side[s]->embedding_forward(F(a->out, s), I(a->tokens, s), F(a->table, s), a->n, a->dim,
+                               a->vocab_start, a->rows);
+}
+
+static void embedding_backward_run(int s, void *ctx) {
+    EmbArgs *a = ctx;
+    side[s]->embedding_backward(F(a->dtable, s), F(a->dout, s), I(a->tokens, s), a->n, a->dim,
+                                a->vocab_start, a->rows);
+}
+
+// The slice [vocab_start, vocab_start + rows) of a vocabulary, with tokens drawn from [lo, hi):
+// those outside the slice (and -1) are another slice's (zero rows, no gradient). A narrow
+// [lo, hi) sends thousands of gradients to each of a few rows, in a sum whose order differs
+// between the sides.
+static void check_embedding(int n, int dim, int vocab_start, int rows, int lo, int hi) {
+    size_t nd = (size_t)n * dim, td = (size_t)rows * dim;
+    int *tokens = host_alloc((size_t)n * sizeof *tokens);
+    for (int i = 0; i < n; i++) tokens[i] = rng_int(lo, hi);
+    EmbArgs a = {pair_nan(nd), pair_ints(tokens, (size_t)n), pair_random(td, -1, 1),
+                 pair_random(nd, -1, 1), pair_random(td, -1, 1), n, dim, vocab_start, rows};
+    free(tokens);
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d dim=%d slice %d+%d ids [%d,%d)", n, dim, vocab_start,
+             rows, lo, hi);
+    Output fwd[] = {{"", &a.out, NULL, CMP_BITS32, BOUND_EXACT}};
+    op_check("embedding_fwd", shape, embedding_forward_run, &a, fwd, 1);
+    Output bwd[] = {{"dtable", &a.dtable, NULL, CMP_INCREMENT,
+                     hi - lo < 64 ? BOUND_REDUCE : BOUND_FP32}};
+    op_check("embedding_bwd", shape, embedding_backward_run, &a, bwd, 1);
+    pair_free(&a.out), pair_free(&a.tokens), pair_free(&a.table), pair_free(&a.dout);
+    pair_free(&a.dtable);
+}
+
+// ---- cross-entropy ---------------------------------------------------------------------------
+
+typedef struct {
+    Pair losses, logits, targets, dlogits;
+    Pair lse, target_logit, row_lse;  // the slice ops': outputs, and the whole row's lse
+    int n, vocab, vocab_start;
+    bool aliased;  // backward with dlogits == logits
+} CeArgs;
+
+#define CE_DLOSS 0.7f
+
+static void ce_forward_run(int s, void *ctx) {
+    CeArgs *a = ctx;
+    side[s]->cross_entropy_forward(F(a->losses, s), F(a->logits, s), I(a->targets, s), a->n,
+                                   a->vocab);
+}
+
+static void ce_backward_run(int s, void *ctx) {
+    CeArgs *a = ctx;
+    const Pair *logits = a->aliased ? &a->dlogits : &a->logits;
+    side[s]->cross_entropy_backward(F(a->dlogits, s), F(*logits, s), I(a->targets, s), a->n,
+                                    a->vocab, CE_DLOSS);
+}
+
+static void ce_slice_forward_run(int s, void *ctx) {
+    CeArgs *a = ctx;
+    side[s]->cross_entropy_slice_forward(F(a->lse, s), F(a->target_logit, s), F(a->logits, s),
+                                         I(a->targets, s), a->n, a->vocab, a->vocab_start);
+}
+
+static void ce_slice_backward_run(int s, void *ctx) {
+    CeArgs *a = ctx;
+    const Pair *logits = a->aliased ? &a->dlogits : &a->logits;
+    side[s]->cross_entropy_slice_backward(F(a->dlogits, s), F(*logits, s), F(a->row_lse, s),
+                                          I(a->targets, s), a->n, a->vocab, a->vocab_start,
+                                          CE_DLOSS);
+}
+
+// Logits in [-8, 8) plus a row offset of up to +-200, at which a naive exp overflows; targets
+// drawn from [0, target_hi).
+static void ce_inputs(CeArgs *a, int n, int vocab, int target_hi) {
+    float *x = host_random((size_t)n * vocab, -8, 8);
+    for (int i = 0; i < n; i++) {
+        float offset = (float)rng_range(-200, 200);
+        for (int j = 0; j < vocab; j++) x[(size_t)i * vocab + j] += offset;
+    }
+    int *targets = host_alloc((size_t)n * sizeof *targets);
+    for (int i = 0; i < n; i++) targets[i] = rng_int(0, target_hi);
+    targets[0] = 0, targets[n - 1] = target_hi - 1;
+    a->logits = pair_adopt(x, (size_t)n * vocab);
+    a->targets = pair_ints(targets, (size_t)n);
+    a->n = n, a->vocab = vocab;
+    free(targets);
+}
+
+// The aliased backward overwrites a copy of the logits; its error is normalised as an output's.
+static void check_ce_backward(CeArgs *a, const char *op, OpRun run, const char *shape) {
+    size_t nv = (size_t)a->n * a->vocab;
+    a->dlogits = pair_random(nv, -1, 1);
+    Output bwd[] = {{"", &a->dlogits, NULL, CMP_INCREMENT, BOUND_REDUCE}};
+    op_check(op, shape, run, a, bwd, 1);
+    pair_free(&a->dlogits);
+    a->dlogits = pair_of(a->logits.init, nv * sizeof(float));
+    a->aliased = true;
+    char aliased[64];
+    snprintf(aliased, sizeof aliased, "%s aliased", op);
+    bwd[0].cmp = CMP_NORMALISED;
+    op_check(aliased, shape, run, a, bwd, 1);
+    a->aliased = false;
+    pair_free(&a->dlogits);
+}
+
+static void check_cross_entropy(int n, int vocab) {
+    CeArgs a = {.losses = pair_nan((size_t)n)};
+    ce_inputs(&a, n, vocab, vocab);
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d vocab=%d", n, vocab);
+    Output fwd[] = {{"", &a.losses, NULL, CMP_NORMALISED, BOUND_REDUCE}};
+    op_check("cross_entropy_fwd", shape, ce_forward_run, &a, fwd, 1);
+    check_ce_backward(&a, "cross_entropy_bwd", ce_backward_run, shape);
+    pair_free(&a.losses), pair_free(&a.logits), pair_free(&a.targets);
+}
+
+// The whole row's lse that the slice backward takes: the slice's own (in double) plus what the
+// other slices would add, log(1 + u) for u in [0, 3).
+static Pair ce_row_lse(const CeArgs *a) {
+    float *lse = host_alloc((size_t)a->n * sizeof *lse);
+    for (int i = 0; i < a->n; i++) {
+        const float *x = a->logits.init + (size_t)i * a->vocab;
+        double mx = x[0], sum = 0.0;
+        for (int j = 1; j < a->vocab; j++) mx = fmax(mx, x[j]);
+        for (int j = 0; j < a->vocab; j++) sum += exp(x[j] - mx);
+        lse[i] = (float)(mx + log(sum) + log1p(rng_range(0, 3)));
+    }
+    return pair_adopt(lse, (size_t)a->n);
+}
+
+// A slice [vocab_start, vocab_start + vocab) of a full_vocab row; targets anywhere in the row.
+static void check_cross_entropy_slice(int n, int vocab, int vocab_start, int full_vocab) {
+    CeArgs a = {.lse = pair_nan((size_t)n), .target_logit = pair_nan((size_t)n),
+                .vocab_start = vocab_start};
+    ce_inputs(&a, n, vocab, full_vocab);
+    a.row_lse = ce_row_lse(&a);
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d slice %d+%d of %d", n, vocab_start, vocab, full_vocab);
+    Output fwd[] = {{"lse", &a.lse, NULL, CMP_NORMALISED, BOUND_REDUCE},
+                    {"target_logit", &a.target_logit, NULL, CMP_BITS32, BOUND_EXACT}};
+    op_check("cross_entropy_slice_fwd", shape, ce_slice_forward_run, &a, fwd, 2);
+    check_ce_backward(&a, "cross_entropy_slice_bwd", ce_slice_backward_run, shape);
+    pair_free(&a.lse), pair_free(&a.target_logit), pair_free(&a.row_lse);
+    pair_free(&a.logits), pair_free(&a.targets);
+}
+
+typedef struct {
+    Pair sums, lse, max, losses, lse_out, sums_in, target_logit;
+    int n;
+} MergeArgs;
+
+static void merge_exp_run(int s, void *ctx) {
+    MergeArgs *a = ctx;
+    side[s]->cross_entropy_merge_exp(F(a->sums, s), F(a->lse, s), F(a->max, s), a->n);
+}
+
+static void merge_finish_run(int s, void *ctx) {
+    MergeArgs *a = ctx;
+    side[s]->cross_entropy_merge_finish(F(a->losses, s), F(a->lse_out, s), F(a->max, s),
+                                        F(a->sums_in, s), F(a->target_logit, s), a->n);
+}
+
+// max is the largest slice's lse, so lse - max <= 0, and the sums over slices lie in [1, 4).
+static void check_cross_entropy_merge(int n) {
+    float *lse = host_random((size_t)n, 0, 12), *max = host_alloc((size_t)n * sizeof *max);
+    for (int i = 0; i < n; i++) max[i] = lse[i] + (float)rng_range(0, 3);
+    MergeArgs a = {pair_nan((size_t)n), pair_adopt(lse, (size_t)n), pair_adopt(max, (size_t)n),
+                   pair_nan((size_t)n), pair_nan((size_t)n), pair_random((size_t)n, 1, 4),
+                   pair_random((size_t)n, -5, 5), n};
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d", n);
+    Output exp_out[] = {{"", &a.sums, NULL, CMP_NORMALISED, BOUND_FP32}};
+    op_check("cross_entropy_merge_exp", shape, merge_exp_run, &a, exp_out, 1);
+    Output finish[] = {{"losses", &a.losses, NULL, CMP_NORMALISED, BOUND_FP32},
+                       {"lse", &a.lse_out, NULL, CMP_NORMALISED, BOUND_FP32}};
+    op_check("cross_entropy_merge_finish", shape, merge_finish_run, &a, finish, 2);
+    Pair *all[] = {&a.sums, &a.lse, &a.max, &a.losses, &a.lse_out, &a.sums_in, &a.target_logit};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
+// ---- elementwise and reductions --------------------------------------------------------------
+
+typedef struct {
+    Pair y, x;
+    size_t n;
+    double result[N_SIDES];  // sum and sum_squares
+} VecArgs;
+
+#define SCALE_FACTOR -0.3f
+
+static void add_run(int s, void *ctx) {
+    VecArgs *a = ctx;
+    side[s]->add(F(a->y, s), F(a->x, s), a->n);
+}
+
+static void scale_run(int s, void *ctx) {
+    VecArgs *a = ctx;
+    side[s]->scale(F(a->y, s), a->n, SCALE_FACTOR);
+}
+
+static void sum_run(int s, void *ctx) {
+    VecArgs *a = ctx;
+    a->result[s] = side[s]->sum(F(a->x, s), a->n);
+}
+
+static void sum_squares_run(int s, void *ctx) {
+    VecArgs *a = ctx;
+    a->result[s] = side[s]->sum_squares(F(a->x, s), a->n);
+}
+
+// add and scale round once per element, so they match bit for bit. x in [-0.5, 1.5) has a
+// positive mean, as the losses that sum adds: its sum does not cancel to a few ulps.
+static void check_vector_ops(size_t n) {
+    VecArgs a = {pair_random(n, -1, 1), pair_random(n, -0.5, 1.5), n, {0, 0}};
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    Output y[] = {{"", &a.y, NULL, CMP_BITS32, BOUND_EXACT}};
+    op_check("add", shape, add_run, &a, y, 1);
+    pair_reset(&a.y);
+    op_check("scale", shape, scale_run, &a, y, 1);
+    Output scalar[] = {{"", NULL, a.result, CMP_NORMALISED, BOUND_FP32}};
+    op_check("sum", shape, sum_run, &a, scalar, 1);
+    op_check("sum_squares", shape, sum_squares_run, &a, scalar, 1);
+    pair_free(&a.y), pair_free(&a.x);
+}
+
+typedef struct {
+    Pair f, h;  // floats, bf16 bits
+    size_t n;
+} Bf16Args;
+
+static void to_bf16_run(int s, void *ctx) {
+    Bf16Args *a = ctx;
+    side[s]->to_bf16(H(a->h, s), F(a->f, s), a->n);
+}
+
+static void from_bf16_run(int s, void *ctx) {
+    Bf16Args *a = ctx;
+    side[s]->from_bf16(F(a->f, s), H(a->h, s), a->n);
+}
+
+// Special floats for rounding: NaNs (one whose payload is only in the dropped bits, which a
+// plain rounding carries into infinity), infinities, zeros, ties to even both ways, the largest
+// float (rounds to infinity), a subnormal.
+static const uint32_t BF16_SPECIALS[] = {
+    0x7fc00000u, 0x7f800001u, 0xffc00001u, 0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u,
+    0x3f808000u, 0x3f818000u, 0x3f80c000u, 0xbf818000u, 0x7f7fffffu, 0x00000001u, 0x00018000u,
+};
+#define N_BF16_SPECIALS (sizeof BF16_SPECIALS / sizeof BF16_SPECIALS[0])
+
+// to_bf16 over random bit patterns (every exponent) after the specials; from_bf16 over all
+// 65536 bf16 values, NaNs included, and the random ones after them.
+static void check_bf16(size_t n) {
+    uint32_t *f = host_alloc(n * sizeof *f);
+    uint16_t *h = host_alloc(n * sizeof *h), *poison = host_alloc(n * sizeof *poison);
+    for (size_t i = 0; i < n; i++) {
+        f[i] = i < N_BF16_SPECIALS ? BF16_SPECIALS[i] : (uint32_t)rng_next();
+        h[i] = i < 65536 ? (uint16_t)i : (uint16_t)rng_next();
+        poison[i] = 0x7fffu;  // a NaN
+    }
+    Bf16Args a = {pair_of(f, n * 4), pair_of(poison, n * 2), n};
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    Output to[] = {{"", &a.h, NULL, CMP_BITS16, BOUND_EXACT}};
+    op_check("to_bf16", shape, to_bf16_run, &a, to, 1);
+    pair_free(&a.f), pair_free(&a.h);
+    a = (Bf16Args){pair_nan(n), pair_of(h, n * 2), n};
+    Output from[] = {{"", &a.f, NULL, CMP_BITS32, BOUND_EXACT}};
+    op_check("from_bf16", shape, from_bf16_run, &a, from, 1);
+    pair_free(&a.f), pair_free(&a.h);
+    free(f), free(h), free(poison);
+}
+
+// ---- adamw -----------------------------------------------------------------------------------
+
+typedef struct {
+    Pair p, g, m, v;
+    size_t n;
+    int step;
+} AdamArgs;
+
+static void adamw_run(int s, void *ctx) {
+    AdamArgs *a = ctx;
+    side[s]->adamw_update(F(a->p, s), F(a->g, s), F(a->m, s), F(a->v, s), a->n, 1e-2f, 0.9f,
+                          0.95f, 1e-8f, 0.1f, a->step);
+}
+
+// The parameter's error is normalised by its update (~lr): p - p_old keeps only a few bits of
+// p's ulp, hence the reduction bound. Step 1 starts from zero moments, a later step from
+// random ones (v >= 0).
+static void check_adamw(size_t n, int step) {
+    AdamArgs a = {pair_random(n, -1, 1), pair_random(n, -1, 1),
+                  step == 1 ? pair_zeros(n) : pair_random(n, -0.1, 0.1),
+                  step == 1 ? pair_zeros(n) : pair_random(n, 0, 0.01), n, step};
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%zu step=%d", n, step);
+    Output out[] = {{"param", &a.p, NULL, CMP_INCREMENT, BOUND_REDUCE},
+                    {"m", &a.m, NULL, CMP_NORMALISED, BOUND_FP32},
+                    {"v", &a.v, NULL, CMP_NORMALISED, BOUND_FP32}};
+    op_check("adamw_update", shape, adamw_run, &a, out, 3);
+    pair_free(&a.p), pair_free(&a.g), pair_free(&a.m), pair_free(&a.v);
+}
+
+// ---- setup -----------------------------------------------------------------------------------
+
+static int table_need(const KernelOps *k, const char *member, bool present) {
+    if (!present) printf("FAIL: the %s backend has no %s\n", k->name, member);
+    return !present;
+}
+
+// The number of NULL entries: each fails here, before any check can call it.
+static int table_holes(const KernelOps *k) {
+    int holes = 0;
+#define NEED(member) holes += table_need(k, #member, k->member != NULL)
+    NEED(describe), NEED(init), NEED(queue), NEED(alloc), NEED(free), NEED(upload);
+    NEED(download), NEED(copy), NEED(copy_rows), NEED(zero), NEED(matmul);
+    NEED(rmsnorm_forward), NEED(rmsnorm_backward), NEED(rope_forward), NEED(rope_backward);
+    NEED(attention_workspace_bytes), NEED(attention_forward), NEED(attention_backward);
+    NEED(attention_decode), NEED(swiglu_forward), NEED(swiglu_backward);
+    NEED(embedding_forward), NEED(embedding_backward), NEED(cross_entropy_forward);
+    NEED(cross_entropy_backward), NEED(cross_entropy_slice_forward);
+    NEED(cross_entropy_slice_backward), NEED(cross_entropy_merge_exp);
+    NEED(cross_entropy_merge_finish), NEED(add), NEED(scale), NEED(sum_squares), NEED(sum);
+    NEED(to_bf16), NEED(from_bf16), NEED(adamw_update);
+#undef NEED
+    return holes;
+}
+
+// Exits 77 (SKIP) without a cuda backend or a device, 1 when a table has holes.
+static void backends_start(bool bf16) {
+    side[CPU] = kernels_backend("cpu");
+    side[GPU] = kernels_backend("cuda");
+    if (!side[GPU]) {
+        printf("SKIP: titan was built without the cuda backend (make CUDA=1)\n");
+        exit(77);
+    }
+    if (table_holes(side[CPU]) + table_holes(side[GPU])) exit(1);
+    KernelInit init = {.local_rank = 0, .bf16_compute = bf16};
+    char why[256] = "";
+    if (!side[GPU]->init(&init, why, sizeof why)) {
+        printf("SKIP: %s\n", why);
+        exit(77);
+    }
+    if (!side[CPU]->init(&init, why, sizeof why)) {
+        fprintf(stderr, "test_cuda_ops: cpu backend: %s\n", why);
+        exit(3);
+    }
+    for (int s = 0; s < N_SIDES; s++) {
+        char line[512];
+        side[s]->describe(line, sizeof line);
+        printf("%s\n", line);
+    }
+    sync_word = side_alloc(GPU, sizeof(float));
+    bound_compute = bf16 ? BOUND_BF16 : BOUND_REDUCE;
+}
+
+static void check_all(void) {
+    check_memory();
+    check_matmuls();
+    check_rmsnorm(8192, 2048);
+    check_rmsnorm(67, 1000);
+    check_rope(2, 200, 8, 128);
+    check_rope(4, 2048, 32, 64);
+    check_attentions();
+    check_swiglu(5);
+    check_swiglu((size_t)8192 * 2048 + 13);
+    check_embedding(8192, 2048, 1000, 3000, -1, 5000);
+    check_embedding(8192, 2048, 1000, 3000, 999, 1007);
+    check_cross_entropy(256, 32000);
+    check_cross_entropy(4, 128256);
+    check_cross_entropy_slice(256, 10000, 12000, 32000);
+    check_cross_entropy_slice(4, 64128, 64128, 128256);
+    check_cross_entropy_merge(8192);
+    check_vector_ops(0);
+    check_vector_ops(5);
+    check_vector_ops(((size_t)1 << 24) + 7);
+    check_bf16(N_BF16_SPECIALS);
+    check_bf16(((size_t)1 << 24) + 3);
+    check_adamw(5, 1);
+    check_adamw(((size_t)1 << 24) + 5, 1);
+    check_adamw(((size_t)1 << 24) + 5, 10);
+}
+
+int main(int argc, char **argv) {
+    bool fp32 = argc == 2 && strcmp(argv[1], "fp32") == 0;
+    if (argc > 2 || (argc == 2 && !fp32)) {
+        fprintf(stderr, "usage: %s [fp32]\n", argv[0]);
+        return 2;
+    }
+    backends_start(!fp32);
+    printf("%-37s %-44s %10s %8s %10s  %s\n", "op", "shape", "error", "bound", "time (us)",
+           "result");
+    check_all();
+    printf("test_cuda_ops (%s compute): %d checks, %d failed\n", fp32 ? "fp32" : "bf16", n_checks,
+           n_failed);
+    return n_failed ? 1 : 0;
+}
