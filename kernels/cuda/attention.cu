@@ -445,10 +445,16 @@ static bool attn_plan_build(AttnPlan *p) {
     return false;
 }
 
+// The graphs are the composite ones cudnn-frontend lowers to from cuDNN 9.16 on; older
+// runtimes need its workarounds (and 9.10.0/9.10.1 are broken), so they run the fallback.
+#define ATTN_CUDNN_MIN_VERSION 91600
+
 // cuDNN's documented limits for bf16 flash attention; shapes outside go to the fallback
-// without asking. A head_dim of 8k also keeps every row of our layout 16-byte aligned.
-static bool attn_cudnn_may_run(AttnShape s) {
-    return s.head_dim % 8 == 0 && s.head_dim <= 256 && s.n_heads % s.n_kv_heads == 0;
+// without asking. A head_dim of 8k also keeps every row of our layout 16-byte aligned. The
+// backward of a single token (s_q = s_kv = 1) is one cudnn-frontend refuses to run.
+static bool attn_cudnn_may_run(AttnShape s, bool backward) {
+    return cudnnGetVersion() >= ATTN_CUDNN_MIN_VERSION && s.head_dim % 8 == 0 &&
+           s.head_dim <= 256 && s.n_heads % s.n_kv_heads == 0 && (!backward || s.T > 1);
 }
 
 static bool attn_shape_equal(AttnShape a, AttnShape b) {
@@ -460,7 +466,7 @@ static bool attn_shape_equal(AttnShape a, AttnShape b) {
 // the fallback kernels run it.
 static AttnPlan *attn_plan(AttnShape s, bool backward) {
     static bool warned_full;
-    if (!cuda_bf16_compute() || !attn_cudnn_may_run(s)) return NULL;
+    if (!cuda_bf16_compute() || !attn_cudnn_may_run(s, backward)) return NULL;
     for (int i = 0; i < attn_n_plans; i++) {
         AttnPlan *p = &attn_plans[i];
         if (p->backward == backward && attn_shape_equal(p->shape, s)) return p->usable ? p : NULL;
