@@ -132,6 +132,7 @@ static bool mpi_test(void *request) {
 
 static const CommBackend mpi_backend = {
     .native_avg = false,
+    .max_poll_pause_ns = 1000000,
     .all_reduce = mpi_all_reduce,
     .all_gather = mpi_all_gather,
     .reduce_scatter = mpi_reduce_scatter,
@@ -248,13 +249,14 @@ static void abort_on_timeout(const CommHandle *h) {
     MPI_CHECK(MPI_Abort(MPI_COMM_WORLD, EXIT_INTERNAL_ERROR));
 }
 
-// MPI progresses only inside MPI calls (no progress thread), so the first millisecond polls
-// flat out for the latency of small collectives; then the pause doubles from 10 us up to 1 ms,
-// which delays a long wait by at most 1 ms and frees the core when ranks oversubscribe it.
+// The first millisecond polls flat out for the latency of small collectives; then the pause
+// doubles from 10 us up to the backend's maximum (1 ms for MPI, which progresses only inside
+// MPI calls: it frees the core when ranks oversubscribe it; 20 us for NCCL), which a long wait
+// may overrun by.
 static void pause_between_polls(double waited_s, long *pause_ns) {
     if (waited_s < 1e-3) return;
     *pause_ns = *pause_ns == 0 ? 10000 : *pause_ns * 2;
-    if (*pause_ns > 1000000) *pause_ns = 1000000;
+    if (*pause_ns > backend->max_poll_pause_ns) *pause_ns = backend->max_poll_pause_ns;
     struct timespec ts = {.tv_nsec = *pause_ns};
     // A SIGUSR1 cuts the pause short, which only means an earlier poll.
     if (nanosleep(&ts, NULL) < 0 && errno != EINTR)

@@ -28,6 +28,11 @@ typedef struct {
     // NCCL averages natively (ncclAvg, on device buffers); MPI has no average op, so the
     // generic layer asks for a sum and divides it when the wait completes.
     bool native_avg;
+    // The longest pause between two polls of a pending operation: what a completed wait may
+    // overrun by. MPI progresses only inside its calls, so polling it flat out would steal the
+    // core of oversubscribed ranks; a GPU collective progresses by itself and costs a poll
+    // nothing but latency.
+    long max_poll_pause_ns;
     // Gives g its backend communicator; collective over g's parent (NULL: nothing to do).
     void (*attach)(CommGroup *g);
     void (*detach)(CommGroup *g);

@@ -137,6 +137,7 @@ static void *nccl_recv(CommGroup *g, float *buf, size_t n, int peer, int tag) {
 
 const CommBackend comm_nccl_backend = {
     .native_avg = true,
+    .max_poll_pause_ns = 20000,
     .attach = nccl_attach,
     .detach = nccl_detach,
     .all_reduce = nccl_all_reduce,
