@@ -67,6 +67,21 @@ static __device__ __forceinline__ float attn_dot(const float *a, const float *b,
 // Row i's update over one key tile (lane j: key k0 + j, visible while j <= last = i - k0): the
 // scores, the new running max m, the running sum l and acc (this lane's columns of
 // sum_j p_j v_j) rescaled to that max.
+// acc (this lane's columns lane + 32c of D) += sum over the tile's first n rows of w_j row_j,
+// w_j being lane j's w: the probability- or gradient-weighted sum of a tile of V or K rows.
+template <int NC>
+static __device__ __forceinline__ void attn_add_weighted_rows(float acc[NC], float w,
+                                                              const float *rows, int pitch,
+                                                              int n, int D) {
+    int lane = threadIdx.x & 31;
+    for (int j = 0; j < n; j++) {
+        float wj = __shfl_sync(ATTN_FULL_MASK, w, j);
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+            if (lane + 32 * c < D) acc[c] += wj * rows[j * pitch + lane + 32 * c];
+    }
+}
+
 template <int NC>
 static __device__ __forceinline__ void attn_forward_tile(float *m, float *l, float acc[NC],
                                                          const float *qrow, const float *ks,
@@ -80,12 +95,7 @@ static __device__ __forceinline__ void attn_forward_tile(float *m, float *l, flo
     *m = m_new;
 #pragma unroll
     for (int c = 0; c < NC; c++) acc[c] *= alpha;
-    for (int j = 0; j < n; j++) {
-        float pj = __shfl_sync(ATTN_FULL_MASK, p, j);
-#pragma unroll
-        for (int c = 0; c < NC; c++)
-            if (lane + 32 * c < D) acc[c] += pj * vs[j * pitch + lane + 32 * c];
-    }
+    attn_add_weighted_rows<NC>(acc, p, vs, pitch, n, D);
 }
 
 template <int NC>
@@ -249,12 +259,7 @@ static __device__ __forceinline__ void attn_dq_tile(float acc[NC], const float *
         float p = expf(attn_dot(qrow, ks + lane * pitch, D) * scale - lse);
         ds = p * (attn_dot(grow, vs + lane * pitch, D) - dvec);
     }
-    for (int j = 0; j < n; j++) {
-        float dsj = __shfl_sync(ATTN_FULL_MASK, ds, j);
-#pragma unroll
-        for (int c = 0; c < NC; c++)
-            if (lane + 32 * c < D) acc[c] += dsj * ks[j * pitch + lane + 32 * c];
-    }
+    attn_add_weighted_rows<NC>(acc, ds, ks, pitch, n, D);
 }
 
 // A block owns ATTN_Q_ROWS query rows of one head and sweeps the keys they see.
