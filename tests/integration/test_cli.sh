@@ -16,4 +16,7 @@ $TITAN "${SMALL[@]}" --training.steps 1 --job.dump_folder "$SCRATCH/run" \
 $TITAN --config "$SCRATCH/saved.yaml" --print-config >"$SCRATCH/again.yaml"
 same "$SCRATCH/again.yaml" "$SCRATCH/saved.yaml" ||
   fail "the saved config is not the resolved config"
-echo "ok: print-config round trip, save_config_file"
+# --device D is short for --training.device D (printing the config starts no backend).
+$TITAN --config configs/debug_model.yaml --device cuda --print-config >"$SCRATCH/device.yaml"
+grep -Eq '^  device: "cuda"' "$SCRATCH/device.yaml" || fail "--device cuda did not set training.device"
+echo "ok: print-config round trip, save_config_file, --device"

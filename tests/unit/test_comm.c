@@ -348,6 +348,8 @@ static int run_checks(void) {
     test_splits(world);
     test_dumps(world);
     test_report(world);
+    // The tests run on one machine: every rank's index on its node is its world rank.
+    EXPECT(comm_local_rank() == world_rank);
     if (world_rank == 0) printf("comm: all checks passed on %d ranks\n", comm_size(world));
     return 0;
 }
