@@ -3,8 +3,10 @@
 # text (README.md and the C sources, as a byte-token shard) on cpu, on cuda in fp32 compute and
 # on cuda in bf16 compute (the default). The fp32 run must match the cpu losses within 1e-3
 # relative at every step, the bf16 run within 3e-2 (bf16 rounding of every GEMM and attention
-# operand), and each run's loss must fall. Also: with no visible device, --device cuda exits 2
-# with one line.
+# operand), and each run's loss must fall. A bf16 run resumed from its step-10 checkpoint
+# (saved from device memory through host copies, loaded back the same way) continues within
+# 1e-3 of the uninterrupted run (not bit for bit: the embedding backward's atomics). Also: with
+# no visible device, --device cuda exits 2 with one line.
 #
 # Usage: tests/gpu/test_train_cuda.sh [DIR] (after `make CUDA=1`): the runs' dump folders and
 # logs go to DIR (kept), else to a scratch folder removed at exit. Exits 0, or 1 naming what
@@ -53,7 +55,10 @@ train() {  # name, extra args...
 }
 train cpu --device cpu
 train cuda_fp32 --device cuda --training.mixed_precision_param float32
-train cuda_bf16 --device cuda
+train cuda_bf16 --device cuda --checkpoint.enable --checkpoint.interval 10
+mkdir -p "$RUNS/cuda_resumed/checkpoint"
+cp "$RUNS/cuda_bf16/checkpoint/step-10.h5" "$RUNS/cuda_resumed/checkpoint/"
+train cuda_resumed --device cuda --checkpoint.enable --checkpoint.interval 10
 
 losses() { grep -o '"loss": [^,]*' "$RUNS/$1/metrics.jsonl" | cut -d' ' -f2; }
 
@@ -84,7 +89,20 @@ falls() {
     }'
 }
 
+# resumed: the resumed run's steps 11.. against the same steps of the uninterrupted one.
+resumed() {
+  paste <(losses cuda_bf16 | tail -n +11) <(losses cuda_resumed) | awk -v steps=$((STEPS - 10)) '
+    { d = ($2 - $1) / $1; d = d < 0 ? -d : d; if (d > worst) worst = d }
+    END {
+      ok = NR == steps && worst <= 1e-3
+      printf "%s: resumed at step 10, %d steps, worst %.3g relative (bound 1e-3)\n",
+             ok ? "ok" : "FAIL", NR, worst
+      exit !ok
+    }'
+}
+
 status=0
+resumed || status=1
 within cuda_fp32 "$FP32_TOL" || status=1
 within cuda_bf16 "$BF16_TOL" || status=1
 for run in cpu cuda_fp32 cuda_bf16; do falls "$run" || status=1; done
