@@ -389,15 +389,39 @@ static void save_config(const Config *c, const char *path) {
     if (fclose(f) != 0) die_user("job.save_config_file: cannot write %s: %s", path, strerror(errno));
 }
 
+// The usage of every command; each subcommand's own --help prints its line in full.
+static const char USAGE[] =
+    "usage: titan --config FILE.yaml [--section.key VALUE ...]   train a model\n"
+    "       titan tokenize --tokenizer T --out DIR [--shard-tokens N] DATASET...\n"
+    "       titan tokenizer train --vocab-size N --out FILE.tiktoken [--threads T] FILE...\n"
+    "       titan generate --checkpoint C [--tokenizer T] --prompt TEXT [...]\n"
+    "       mpirun -np N titan --config FILE.yaml ...      train on N ranks\n"
+    "\n"
+    "Training flags:\n"
+    "  --config FILE          torchtitan's job config in YAML; see configs/ (debug_model.yaml,\n"
+    "                         llama3_8b.yaml, llama3_70b.yaml, llama3_405b.yaml)\n"
+    "  --section.key VALUE    override one config key, e.g. --training.steps 100\n"
+    "  --print-config         print the resolved config as YAML and exit\n"
+    "  --device cpu|cuda      short for --training.device\n"
+    "  --estimate [--world-size N]  print each rank's memory and FLOPs plan and exit\n"
+    "  --help-config          list every config key: type, default, meaning\n"
+    "  -h, --help             this text; `titan COMMAND --help` for a command's\n"
+    "\n"
+    "Exit status: 0 done, 2 a problem with your input (one line says which), 3 a bug in titan.\n"
+    "More in README.md.";
+
 // titan's own flags, removed from argv before the config parses the rest: `--estimate
 // [--world-size N]`; and the short forms `--print-config` (`--job.print_config`) and
-// `--device D` (`--training.device D`).
+// `--device D` (`--training.device D`). `--help-config` prints the config keys and exits.
 static int parse_titan_flags(int argc, char **argv, Trainer *t) {
     int kept = 1;
     bool estimate = false;
     int world = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--estimate") == 0) {
+        if (strcmp(argv[i], "--help-config") == 0) {
+            config_print_help(stdout);
+            exit(0);
+        } else if (strcmp(argv[i], "--estimate") == 0) {
             estimate = true;
         } else if (strcmp(argv[i], "--world-size") == 0) {
             char *end = NULL;
@@ -416,15 +440,32 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
     return kept;
 }
 
+// The config, with the choices core/config.c cannot know (the model's flavors) checked as soon
+// as it is read: before --print-config prints it and before anything starts.
+static void config_load(Config *c, int argc, char **argv) {
+    config_load_or_die(c, argc, argv);
+    LlamaArgs args;
+    if (llama3_flavor(c->model.flavor, &args)) return;
+    char origin[1024], quoted[160];
+    config_key_origin(c, "model.flavor", origin, sizeof origin);
+    die_user("%s: model.flavor %s is not a llama3 flavor (known: %s)", origin,
+             error_quote(quoted, sizeof quoted, c->model.flavor), llama3_flavor_names());
+}
+
 int main(int argc, char **argv) {
+    if (argc == 1) {  // no config: say what titan takes rather than train the defaults
+        fprintf(stderr, "%s\n", USAGE);
+        return EXIT_USER_ERROR;
+    }
     if (argc > 1 && strcmp(argv[1], "tokenize") == 0) return tokenize_main(argc - 1, argv + 1);
     if (argc > 2 && strcmp(argv[1], "tokenizer") == 0 && strcmp(argv[2], "train") == 0)
         return tokenizer_train_main(argc - 2, argv + 2);
     if (argc > 1 && strcmp(argv[1], "generate") == 0) return generate_main(argc - 1, argv + 1);
+    help_exit_if_asked(argc, argv, USAGE);
     Trainer *t = xcalloc(1, sizeof(Trainer));
     argc = parse_titan_flags(argc, argv, t);
     if (t->estimate_world_size) {  // planning only: no MPI, no files, no allocation
-        config_load_or_die(&t->cfg, argc, argv);
+        config_load(&t->cfg, argc, argv);
         setup(t);
         trainer_print_estimate(t);
         return 0;
@@ -432,7 +473,7 @@ int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     log_set_rank(comm_rank(comm_world()));
     die_user_collective(true);  // every rank reads the same config and plans the same mesh
-    config_load_or_die(&t->cfg, argc, argv);
+    config_load(&t->cfg, argc, argv);
     const CommSection *cs = &t->cfg.comm;
     comm_configure(&(CommConfig){.timeout_seconds = (int)cs->train_timeout_seconds,
                                  .trace_buf_size = (int)cs->trace_buf_size});

@@ -11,31 +11,47 @@
 
 #include "core/errors.h"
 
-typedef enum { CFG_BOOL, CFG_INT, CFG_FLOAT, CFG_STRING, CFG_ENUM, CFG_STRING_LIST } KeyType;
-
 typedef struct {
     const char *section;
     const char *key;
     size_t offset;  // of the field inside Config
-    KeyType type;
+    ConfigType type;
+    int64_t min, max;     // INT: accepted range, at most what the trainer's C type holds
+    bool minus_one_ok;    // INT: -1 is a sentinel ("derive it", "all of it")
+    double lo, hi;        // FLOAT: accepted range
+    bool lo_open, hi_open;  // FLOAT: the bound itself is excluded
+    bool (*valid)(const char *text);  // STRING: the values torchtitan accepts...
+    const char *expects;              // ...in words
     const char *def;             // default, written as on the command line; NULL = null
     const char *const *choices;  // ENUM: allowed values, NULL-terminated
     bool nullable;               // torchtitan types it `X | None`
     const char *help;
 } KeySpec;
 
-// The _Generic term makes a table line whose KeyType disagrees with the field's C type fail to
-// compile, so offset arithmetic can never write a double into an int64_t.
+// The _Generic term makes a table line whose ConfigType disagrees with the field's C type fail
+// to compile, so offset arithmetic can never write a double into an int64_t. Numbers must name
+// their range, so no integer can outgrow the int the trainer keeps it in.
 #define FIELD(sec, name, ctype)                 \
     #sec, #name,                                \
         offsetof(Config, sec.name) +            \
             0 * sizeof(char[_Generic(((Config *)0)->sec.name, ctype: 1)])
-#define K_BOOL(sec, name) FIELD(sec, name, bool), CFG_BOOL
-#define K_INT(sec, name) FIELD(sec, name, int64_t), CFG_INT
-#define K_FLOAT(sec, name) FIELD(sec, name, double), CFG_FLOAT
-#define K_STR(sec, name) FIELD(sec, name, char *), CFG_STRING
-#define K_ENUM(sec, name) FIELD(sec, name, char *), CFG_ENUM
-#define K_LIST(sec, name) FIELD(sec, name, StringList), CFG_STRING_LIST
+#define K_BOOL(sec, name) FIELD(sec, name, bool), CONFIG_BOOL
+#define K_INT(sec, name, min_v, max_v) \
+    FIELD(sec, name, int64_t), CONFIG_INT, .min = min_v, .max = max_v
+#define K_FLOAT(sec, name, lo_v, hi_v) \
+    FIELD(sec, name, double), CONFIG_FLOAT, .lo = lo_v, .hi = hi_v
+#define K_STR(sec, name) FIELD(sec, name, char *), CONFIG_STRING
+#define K_ENUM(sec, name) FIELD(sec, name, char *), CONFIG_ENUM
+#define K_LIST(sec, name) FIELD(sec, name, StringList), CONFIG_STRING_LIST
+
+#define WINDOW_MAX (INT32_MAX - 1)  // the loader reads seq_len + 1 tokens into an int count
+#define LOOP_MAX (INT32_MAX - 1)    // `for (int step = 1; step <= steps; step++)` must end
+#define TRACE_BUF_MAX (1 << 20)     // flight recorder entries (56 bytes each): 56 MiB per rank
+
+static bool is_positive_int(const char *t);
+
+// torchtitan's selective AC: every nth block, or "op" (per operator).
+static bool ac_option_valid(const char *t) { return !strcmp(t, "op") || is_positive_int(t); }
 
 static const char *const OPTIMIZERS[] = {"Adam", "AdamW", NULL};
 static const char *const OPTIMIZER_IMPLS[] = {"for-loop", "foreach", "fused", NULL};
@@ -68,17 +84,19 @@ static const KeySpec KEYS[] = {
     {K_BOOL(profiling, enable_profiling), .def = "false", .help = "Whether to profile"},
     {K_STR(profiling, save_traces_folder), .def = "profile_traces",
      .help = "Trace files location"},
-    {K_INT(profiling, profile_freq), .def = "10",
+    {K_INT(profiling, profile_freq, 1, INT32_MAX), .def = "10",
      .help = "How often to collect profile traces, in iterations"},
-    {K_INT(profiling, profiler_active), .def = "1", .help = "Steps the profiler is active for"},
-    {K_INT(profiling, profiler_warmup), .def = "3",
+    {K_INT(profiling, profiler_active, 1, INT32_MAX), .def = "1",
+     .help = "Steps the profiler is active for"},
+    {K_INT(profiling, profiler_warmup, 0, INT32_MAX), .def = "3",
      .help = "Warmup steps before the active step in each profiling cycle"},
     {K_BOOL(profiling, enable_memory_snapshot), .def = "false",
      .help = "Whether to dump memory snapshots"},
     {K_STR(profiling, save_memory_snapshot_folder), .def = "memory_snapshot",
      .help = "Memory snapshot files location"},
 
-    {K_INT(metrics, log_freq), .def = "10", .help = "How often to log metrics, in iterations"},
+    {K_INT(metrics, log_freq, 1, INT32_MAX), .def = "10",
+     .help = "How often to log metrics, in iterations"},
     {K_BOOL(metrics, enable_tensorboard), .def = "false",
      .help = "Whether to log metrics to TensorBoard"},
     {K_BOOL(metrics, disable_color_printing), .def = "false",
@@ -88,7 +106,7 @@ static const KeySpec KEYS[] = {
      .help = "Save metrics for all ranks instead of rank 0 only"},
     {K_BOOL(metrics, enable_wandb), .def = "false",
      .help = "Whether to log metrics to Weights & Biases"},
-    {K_FLOAT(metrics, peak_flops), .def = "0.0",
+    {K_FLOAT(metrics, peak_flops, 0, INFINITY), .def = "0.0",
      .help = "titan: peak FLOP/s per device for MFU; 0 = the device's known peak, else no MFU"},
 
     {K_STR(model, name), .def = "llama3", .help = "Which model to train"},
@@ -105,33 +123,36 @@ static const KeySpec KEYS[] = {
      .help = "titan: Llama 3.1 RoPE frequency scaling (factor 8, original context 8192)"},
 
     {K_ENUM(optimizer, name), .def = "AdamW", .choices = OPTIMIZERS, .help = "Optimizer to use"},
-    {K_FLOAT(optimizer, lr), .def = "8e-4", .help = "Learning rate to use"},
-    {K_FLOAT(optimizer, beta1), .def = "0.9", .help = "Adam first-moment decay"},
-    {K_FLOAT(optimizer, beta2), .def = "0.95", .help = "Adam second-moment decay"},
-    {K_FLOAT(optimizer, eps), .def = "1e-8", .help = "Epsilon value to use"},
-    {K_FLOAT(optimizer, weight_decay), .def = "0.1", .help = "Weight decay to use"},
+    {K_FLOAT(optimizer, lr, 0, INFINITY), .def = "8e-4", .help = "Learning rate to use"},
+    {K_FLOAT(optimizer, beta1, 0, 1), .hi_open = true, .def = "0.9",
+     .help = "Adam first-moment decay"},
+    {K_FLOAT(optimizer, beta2, 0, 1), .hi_open = true, .def = "0.95",
+     .help = "Adam second-moment decay"},
+    {K_FLOAT(optimizer, eps, 0, INFINITY), .def = "1e-8", .help = "Epsilon value to use"},
+    {K_FLOAT(optimizer, weight_decay, 0, INFINITY), .def = "0.1", .help = "Weight decay to use"},
     {K_ENUM(optimizer, implementation), .def = "fused", .choices = OPTIMIZER_IMPLS,
      .help = "PyTorch's optimizer implementation; titan has one, so every value runs it"},
     {K_BOOL(optimizer, early_step_in_backward), .def = "false",
      .help = "Apply the optimizer step inside backward"},
 
-    {K_INT(lr_scheduler, warmup_steps), .def = "200", .help = "Steps for lr warmup"},
-    {K_FLOAT(lr_scheduler, decay_ratio), .def = NULL, .nullable = true,
+    {K_INT(lr_scheduler, warmup_steps, 0, INT32_MAX), .def = "200", .help = "Steps for lr warmup"},
+    {K_FLOAT(lr_scheduler, decay_ratio, 0, 1), .def = NULL, .nullable = true,
      .help = "Fraction of steps spent decaying (WSD); null = decay right after warmup"},
     {K_ENUM(lr_scheduler, decay_type), .def = "linear", .choices = DECAY_TYPES,
      .help = "Learning rate decay curve"},
-    {K_FLOAT(lr_scheduler, min_lr_factor), .def = "0.0",
+    {K_FLOAT(lr_scheduler, min_lr_factor, 0, 1), .def = "0.0",
      .help = "The lr never decays below optimizer.lr * min_lr_factor"},
 
     {K_STR(training, dataset), .def = "c4_test", .help = "Dataset to use"},
     {K_STR(training, dataset_path), .def = NULL, .nullable = true,
      .help = "Path to the dataset in the file system"},
-    {K_INT(training, local_batch_size), .def = "8", .help = "Per-device batch size"},
-    {K_INT(training, global_batch_size), .def = "-1",
+    {K_INT(training, local_batch_size, 1, INT32_MAX), .def = "8", .help = "Per-device batch size"},
+    {K_INT(training, global_batch_size, 1, INT32_MAX), .minus_one_ok = true, .def = "-1",
      .help = "Global batch size; -1 = local_batch_size x data-parallel degree"},
-    {K_INT(training, seq_len), .def = "2048", .help = "Sequence length"},
-    {K_FLOAT(training, max_norm), .def = "1.0", .help = "Max norm for gradient clipping"},
-    {K_INT(training, steps), .def = "10000", .help = "How many train steps to run"},
+    {K_INT(training, seq_len, 1, WINDOW_MAX), .def = "2048", .help = "Sequence length"},
+    {K_FLOAT(training, max_norm, 0, INFINITY), .lo_open = true, .def = "1.0",
+     .help = "Max norm for gradient clipping"},
+    {K_INT(training, steps, 0, LOOP_MAX), .def = "10000", .help = "How many train steps to run"},
     {K_BOOL(training, enable_cpu_offload), .def = "false",
      .help = "Offload params, grads and optimizer states to host memory"},
     {K_ENUM(training, dtype), .def = "float32", .choices = TRAIN_DTYPES,
@@ -146,54 +167,57 @@ static const KeySpec KEYS[] = {
     {K_ENUM(training, mixed_precision_reduce), .def = "float32", .choices = REDUCE_DTYPES,
      .help = "Dtype of FSDP's gradient reduce-scatter (cuda; the cpu backend reduces fp32)"},
     {K_BOOL(training, compile), .def = "false", .help = "Whether to compile the model"},
-    {K_INT(training, gc_freq), .def = "50",
+    {K_INT(training, gc_freq, 1, INT32_MAX), .def = "50",
      .help = "torchtitan's Python GC interval; titan has no GC and ignores it"},
-    {K_INT(training, seed), .def = "0",
+    {K_INT(training, seed, INT64_MIN + 1, INT64_MAX), .def = "0",
      .help = "Base RNG seed (torchtitan: None; titan: 0, so runs repeat by default)"},
     {K_BOOL(training, deterministic), .def = "false",
      .help = "Use deterministic algorithms wherever possible"},
 
-    {K_INT(parallelism, data_parallel_replicate_degree), .def = "1",
+    {K_INT(parallelism, data_parallel_replicate_degree, 1, INT32_MAX), .def = "1",
      .help = "Data-parallel degree with replicated weights (DDP/HSDP); 1 = off"},
     {K_BOOL(parallelism, enable_compiled_autograd), .def = "false",
      .help = "Compile the backward"},
-    {K_INT(parallelism, data_parallel_shard_degree), .def = "-1",
+    {K_INT(parallelism, data_parallel_shard_degree, 1, INT32_MAX), .minus_one_ok = true,
+     .def = "-1",
      .help = "Data-parallel degree with sharded weights (FSDP); -1 = leftover ranks"},
     {K_ENUM(parallelism, fsdp_reshard_after_forward), .def = "default",
      .choices = RESHARD_POLICIES, .help = "When FSDP frees gathered params after forward"},
-    {K_INT(parallelism, tensor_parallel_degree), .def = "1",
+    {K_INT(parallelism, tensor_parallel_degree, 1, INT32_MAX), .def = "1",
      .help = "Tensor parallel degree; 1 = off"},
     {K_BOOL(parallelism, disable_loss_parallel), .def = "false",
      .help = "Do not compute the loss on vocab-sharded logits under TP"},
     {K_BOOL(parallelism, enable_async_tensor_parallel), .def = "false",
      .help = "Overlap TP collectives with compute"},
-    {K_INT(parallelism, pipeline_parallel_degree), .def = "1",
+    {K_INT(parallelism, pipeline_parallel_degree, 1, INT32_MAX), .def = "1",
      .help = "Pipeline parallel degree (ranks, not stages); 1 = off"},
-    {K_INT(parallelism, pipeline_parallel_first_stage_less_layers), .def = "1",
+    {K_INT(parallelism, pipeline_parallel_first_stage_less_layers, 0, INT32_MAX), .def = "1",
      .help = "Layers fewer on the first stage, which also holds the embedding"},
-    {K_INT(parallelism, pipeline_parallel_last_stage_less_layers), .def = "1",
+    {K_INT(parallelism, pipeline_parallel_last_stage_less_layers, 0, INT32_MAX), .def = "1",
      .help = "Layers fewer on the last stage, which also holds the output"},
-    {K_INT(parallelism, pipeline_parallel_layers_per_stage), .def = NULL, .nullable = true,
+    {K_INT(parallelism, pipeline_parallel_layers_per_stage, 1, INT32_MAX),
+     .def = NULL, .nullable = true,
      .help = "Layers per (virtual) stage; null = inferred from the schedule"},
     {K_ENUM(parallelism, pipeline_parallel_schedule), .def = "1F1B", .choices = PP_SCHEDULES,
      .help = "Pipeline schedule"},
     {K_STR(parallelism, pipeline_parallel_schedule_csv), .def = "", .nullable = true,
      .help = "CSV file with a custom pipeline schedule"},
-    {K_INT(parallelism, pipeline_parallel_microbatch_size), .def = "1",
+    {K_INT(parallelism, pipeline_parallel_microbatch_size, 1, INT32_MAX), .def = "1",
      .help = "Size of each pipeline microbatch"},
-    {K_INT(parallelism, context_parallel_degree), .def = "1",
+    {K_INT(parallelism, context_parallel_degree, 1, INT32_MAX), .def = "1",
      .help = "Context parallel degree; 1 = off"},
     {K_ENUM(parallelism, context_parallel_rotate_method), .def = "allgather",
      .choices = CP_ROTATE_METHODS, .help = "How context parallel exchanges K/V shards"},
-    {K_INT(parallelism, expert_parallel_degree), .def = "1",
+    {K_INT(parallelism, expert_parallel_degree, 1, INT32_MAX), .def = "1",
      .help = "Expert parallel degree; 1 = off"},
-    {K_INT(parallelism, expert_tensor_parallel_degree), .def = "1",
+    {K_INT(parallelism, expert_tensor_parallel_degree, 1, INT32_MAX), .def = "1",
      .help = "Tensor parallel degree on routed experts; 1 = off"},
 
     {K_BOOL(checkpoint, enable), .def = "false", .help = "Whether to enable checkpoints"},
     {K_STR(checkpoint, folder), .def = "checkpoint",
      .help = "Checkpoints go to {job.dump_folder}/{folder}"},
-    {K_INT(checkpoint, interval), .def = "500", .help = "Checkpointing interval in steps"},
+    {K_INT(checkpoint, interval, 1, INT32_MAX), .def = "500",
+     .help = "Checkpointing interval in steps"},
     {K_STR(checkpoint, initial_load_path), .def = NULL, .nullable = true,
      .help = "Checkpoint to start from when the run's own folder is empty"},
     {K_BOOL(checkpoint, initial_load_model_only), .def = "true",
@@ -208,9 +232,10 @@ static const KeySpec KEYS[] = {
      .help = "Dtype of the last, model-only save"},
     {K_ENUM(checkpoint, async_mode), .def = "disabled", .choices = ASYNC_MODES,
      .help = "Write checkpoints in the background"},
-    {K_INT(checkpoint, keep_latest_k), .def = "10",
+    {K_INT(checkpoint, keep_latest_k, 0, INT32_MAX), .def = "10",
      .help = "Keep only the latest k checkpoints; 0 = keep all"},
-    {K_INT(checkpoint, load_step), .def = "-1", .help = "Step to load; -1 = the latest"},
+    {K_INT(checkpoint, load_step, -1, INT32_MAX), .def = "-1",
+     .help = "Step to load; -1 = the latest"},
     {K_LIST(checkpoint, exclude_from_loading), .def = "",
      .help = "State not to load, e.g. optimizer,lr_scheduler,dataloader"},
     {K_BOOL(checkpoint, enable_first_step_checkpoint), .def = "false",
@@ -221,7 +246,8 @@ static const KeySpec KEYS[] = {
 
     {K_ENUM(activation_checkpoint, mode), .def = "none", .choices = AC_MODES,
      .help = "Activation checkpointing (torchtitan defaults to selective; titan to none)"},
-    {K_STR(activation_checkpoint, selective_ac_option), .def = "2",
+    {K_STR(activation_checkpoint, selective_ac_option), .def = "2", .valid = ac_option_valid,
+     .expects = "op or an integer in [1, 2147483647]",
      .help = "Selective AC: an integer n (every nth block) or 'op'"},
 
     {K_BOOL(float8, enable_fsdp_float8_all_gather), .def = "false",
@@ -238,11 +264,11 @@ static const KeySpec KEYS[] = {
     {K_LIST(float8, moe_fqns_prototype), .def = "",
      .help = "MoE modules to train with float8 rowwise"},
 
-    {K_INT(comm, init_timeout_seconds), .def = "300",
+    {K_INT(comm, init_timeout_seconds, 1, INT32_MAX), .def = "300",
      .help = "Collective timeout during setup and the first step"},
-    {K_INT(comm, train_timeout_seconds), .def = "100",
+    {K_INT(comm, train_timeout_seconds, 1, INT32_MAX), .def = "100",
      .help = "Collective timeout after the first step"},
-    {K_INT(comm, trace_buf_size), .def = "20000",
+    {K_INT(comm, trace_buf_size, 0, TRACE_BUF_MAX), .def = "20000",
      .help = "Flight recorder ring buffer entries; 0 = off"},
     {K_STR(comm, save_traces_folder), .def = "comm_traces",
      .help = "Flight recorder trace files location"},
@@ -251,14 +277,19 @@ static const KeySpec KEYS[] = {
     {K_STR(validation, dataset), .def = "c4_validation", .help = "Dataset to use"},
     {K_STR(validation, dataset_path), .def = NULL, .nullable = true,
      .help = "Path to the validation dataset"},
-    {K_INT(validation, local_batch_size), .def = "8", .help = "Batch size for validation"},
-    {K_INT(validation, seq_len), .def = "2048", .help = "Sequence length for validation"},
-    {K_INT(validation, freq), .def = "10", .help = "Validate every freq steps"},
-    {K_INT(validation, steps), .def = "-1", .help = "Validation steps; -1 = the whole set"},
+    {K_INT(validation, local_batch_size, 1, INT32_MAX), .def = "8",
+     .help = "Batch size for validation"},
+    {K_INT(validation, seq_len, 1, WINDOW_MAX), .def = "2048",
+     .help = "Sequence length for validation"},
+    {K_INT(validation, freq, 1, INT32_MAX), .def = "10", .help = "Validate every freq steps"},
+    {K_INT(validation, steps, 1, INT32_MAX), .minus_one_ok = true, .def = "-1",
+     .help = "Validation steps; -1 = the whole set"},
 };
 #define KEY_COUNT (sizeof KEYS / sizeof KEYS[0])
 
 #define NAME_MAX_LEN 128  // no known name is this long, so longer input is simply unknown
+#define PATH_SHOWN_MAX 512  // a config path as messages and origins show it
+#define ORIGIN_MAX_LEN (PATH_SHOWN_MAX + 48)  // "PATH:LINE:COL" or "--section.key"
 
 // ---- field access -------------------------------------------------------------------------
 
@@ -278,6 +309,10 @@ static char *dup_range(const char *s, size_t n) {
 static void string_set(char **dst, const char *value) {
     free(*dst);
     *dst = value ? dup_range(value, strlen(value)) : NULL;
+}
+
+static void origin_set(Config *c, const KeySpec *s, const char *origin) {
+    string_set(&c->origin[s - KEYS], origin);
 }
 
 static void list_clear(StringList *l) {
@@ -325,13 +360,23 @@ static bool parse_bool(const char *t, bool *out) {
     return false;
 }
 
-static bool parse_int(const char *t, int64_t *out) {
+typedef enum { INT_OK, INT_MALFORMED, INT_OUT_OF_RANGE } IntParse;
+
+// Beyond int64, and the null sentinel itself, are out of every key's range: no value a user
+// writes can read as null.
+static IntParse parse_int(const char *t, int64_t *out) {
     char *end;
     errno = 0;
     long long v = strtoll(t, &end, 10);
-    if (end == t || *end != '\0' || errno == ERANGE) return false;
+    if (end == t || *end != '\0') return INT_MALFORMED;
+    if (errno == ERANGE || v == CONFIG_INT_UNSET) return INT_OUT_OF_RANGE;
     *out = (int64_t)v;
-    return true;
+    return INT_OK;
+}
+
+static bool is_positive_int(const char *t) {
+    int64_t v;
+    return parse_int(t, &v) == INT_OK && v >= 1 && v <= INT32_MAX;
 }
 
 // Non-finite values are refused: NAN is how a nullable float says null.
@@ -343,22 +388,41 @@ static bool parse_float(const char *t, double *out) {
     return true;
 }
 
+static bool int_in_range(const KeySpec *s, int64_t v) {
+    return (s->minus_one_ok && v == -1) || (v >= s->min && v <= s->max);
+}
+
+static bool float_in_range(const KeySpec *s, double v) {
+    return (s->lo_open ? v > s->lo : v >= s->lo) && (s->hi_open ? v < s->hi : v <= s->hi);
+}
+
 static bool enum_allows(const KeySpec *s, const char *t) {
     for (const char *const *v = s->choices; *v; v++)
         if (!strcmp(*v, t)) return true;
     return false;
 }
 
-static void type_describe(const KeySpec *s, char *buf, size_t n) {
+// What a key accepts, in words; with_range adds a number's range ("an integer in [1, 8]").
+static void type_describe(const KeySpec *s, bool with_range, char *buf, size_t n) {
     static const char *const words[] = {"true or false", "an integer", "a number",
                                         "a string", NULL, "a list of strings"};
-    if (s->type != CFG_ENUM) {
+    size_t used = 0;
+    if (s->type == CONFIG_INT && with_range)
+        snprintf(buf, n, "%san integer in [%" PRId64 ", %" PRId64 "]",
+                 s->minus_one_ok ? "-1 or " : "", s->min, s->max);
+    else if (s->type == CONFIG_FLOAT && with_range && isinf(s->hi))
+        snprintf(buf, n, "a number %s %g", s->lo_open ? ">" : ">=", s->lo);
+    else if (s->type == CONFIG_FLOAT && with_range)
+        snprintf(buf, n, "a number in %c%g, %g%c", s->lo_open ? '(' : '[', s->lo, s->hi,
+                 s->hi_open ? ')' : ']');
+    else if (s->type == CONFIG_STRING && s->expects)
+        snprintf(buf, n, "%s", s->expects);
+    else if (s->type != CONFIG_ENUM)
         snprintf(buf, n, "%s", words[s->type]);
-        return;
-    }
-    size_t used = (size_t)snprintf(buf, n, "one of");
-    for (const char *const *v = s->choices; *v && used < n; v++)
-        used += (size_t)snprintf(buf + used, n - used, "%s %s", v == s->choices ? "" : ",", *v);
+    else
+        for (const char *const *v = s->choices; *v && used < n; v++)
+            used += (size_t)snprintf(buf + used, n - used, "%s %s",
+                                     v == s->choices ? "one of" : ",", *v);
 }
 
 static bool set_null(Config *c, const KeySpec *s, char *why, size_t n) {
@@ -367,10 +431,27 @@ static bool set_null(Config *c, const KeySpec *s, char *why, size_t n) {
         return false;
     }
     void *f = field_of(c, s);
-    if (s->type == CFG_INT) *(int64_t *)f = CONFIG_INT_UNSET;
-    if (s->type == CFG_FLOAT) *(double *)f = NAN;
-    if (s->type == CFG_STRING || s->type == CFG_ENUM) string_set(f, NULL);
+    if (s->type == CONFIG_INT) *(int64_t *)f = CONFIG_INT_UNSET;
+    if (s->type == CONFIG_FLOAT) *(double *)f = NAN;
+    if (s->type == CONFIG_STRING || s->type == CONFIG_ENUM) string_set(f, NULL);
     return true;
+}
+
+// A number's text into its field when it parses and lies in the key's range; *range_error
+// says a well-formed number fell outside it.
+static bool number_set(void *f, const KeySpec *s, const char *text, bool *range_error) {
+    if (s->type == CONFIG_INT) {
+        int64_t v;
+        IntParse r = parse_int(text, &v);
+        *range_error = r == INT_OUT_OF_RANGE || (r == INT_OK && !int_in_range(s, v));
+        if (r == INT_OK && !*range_error) *(int64_t *)f = v;
+        return r == INT_OK && !*range_error;
+    }
+    double v;
+    bool parsed = parse_float(text, &v);
+    *range_error = parsed && !float_in_range(s, v);
+    if (parsed && !*range_error) *(double *)f = v;
+    return parsed && !*range_error;
 }
 
 // Sets one key from its text form (a YAML scalar or a command-line value). On failure the
@@ -379,25 +460,25 @@ static bool value_set(Config *c, const KeySpec *s, const char *text, bool is_nul
                       size_t n) {
     if (is_null) return set_null(c, s, why, n);
     void *f = field_of(c, s);
-    bool ok = true;
+    bool ok = true, range_error = false;
     switch (s->type) {
-    case CFG_BOOL: ok = parse_bool(text, f); break;
-    case CFG_INT: ok = parse_int(text, f); break;
-    case CFG_FLOAT: ok = parse_float(text, f); break;
-    case CFG_ENUM:
-        ok = enum_allows(s, text);
+    case CONFIG_BOOL: ok = parse_bool(text, f); break;
+    case CONFIG_INT:
+    case CONFIG_FLOAT: ok = number_set(f, s, text, &range_error); break;
+    case CONFIG_ENUM:
+    case CONFIG_STRING:
+        ok = s->type == CONFIG_ENUM ? enum_allows(s, text) : !s->valid || s->valid(text);
         if (ok) string_set(f, text);
         break;
-    case CFG_STRING: string_set(f, text); break;
-    case CFG_STRING_LIST:
+    case CONFIG_STRING_LIST:
         list_clear(f);
         list_split(f, text);
         break;
     }
     if (!ok) {
-        char expected[256];
-        type_describe(s, expected, sizeof expected);
-        snprintf(why, n, "expects %s, got '%s'", expected, text);
+        char expected[256], quoted[160];
+        type_describe(s, range_error, expected, sizeof expected);
+        snprintf(why, n, "expects %s, got %s", expected, error_quote(quoted, sizeof quoted, text));
     }
     return ok;
 }
@@ -415,18 +496,18 @@ static void format_double(double v, char *buf, size_t n) {
 static void value_format(const Config *c, const KeySpec *s, char *buf, size_t n) {
     const void *f = field_of_const(c, s);
     switch (s->type) {
-    case CFG_BOOL: snprintf(buf, n, "%s", *(const bool *)f ? "true" : "false"); break;
-    case CFG_INT:
+    case CONFIG_BOOL: snprintf(buf, n, "%s", *(const bool *)f ? "true" : "false"); break;
+    case CONFIG_INT:
         if (*(const int64_t *)f == CONFIG_INT_UNSET) snprintf(buf, n, "null");
         else snprintf(buf, n, "%" PRId64, *(const int64_t *)f);
         break;
-    case CFG_FLOAT:
+    case CONFIG_FLOAT:
         if (isnan(*(const double *)f)) snprintf(buf, n, "null");
         else format_double(*(const double *)f, buf, n);
         break;
-    case CFG_STRING:
-    case CFG_ENUM: snprintf(buf, n, "%s", *(char *const *)f ? *(char *const *)f : "null"); break;
-    case CFG_STRING_LIST: {
+    case CONFIG_STRING:
+    case CONFIG_ENUM: snprintf(buf, n, "%s", *(char *const *)f ? *(char *const *)f : "null"); break;
+    case CONFIG_STRING_LIST: {
         const StringList *l = f;
         size_t used = (size_t)snprintf(buf, n, "[");
         for (int i = 0; i < l->count && used < n; i++)
@@ -524,7 +605,7 @@ static void suggest_key(const char *full, const char *prefix, char *buf, size_t 
 
 typedef struct {
     Config *cfg;
-    const char *path;
+    const char *path;  // escaped for messages
     yaml_document_t *doc;
     bool section_seen[KEY_COUNT];
     bool key_seen[KEY_COUNT];
@@ -569,7 +650,7 @@ static bool node_to_list(FileParse *p, const yaml_node_t *seq, StringList *out, 
 static bool node_apply(FileParse *p, const KeySpec *s, const yaml_node_t *v, char *why,
                        size_t n) {
     if (v->type == YAML_SCALAR_NODE) return value_set(p->cfg, s, node_text(v), node_is_null(v), why, n);
-    if (v->type == YAML_SEQUENCE_NODE && s->type == CFG_STRING_LIST) {
+    if (v->type == YAML_SEQUENCE_NODE && s->type == CONFIG_STRING_LIST) {
         StringList items = {0, NULL};
         if (!node_to_list(p, v, &items, why, n)) {
             list_clear(&items);
@@ -580,7 +661,7 @@ static bool node_apply(FileParse *p, const KeySpec *s, const yaml_node_t *v, cha
         return true;
     }
     char expected[256];
-    type_describe(s, expected, sizeof expected);
+    type_describe(s, false, expected, sizeof expected);
     snprintf(why, n, "expects %s, got a %s", expected,
              v->type == YAML_MAPPING_NODE ? "mapping" : "list");
     return false;
@@ -593,18 +674,23 @@ static bool section_apply(FileParse *p, const char *section, const yaml_node_t *
         const yaml_node_t *v = yaml_document_get_node(p->doc, pr->value);
         if (k->type != YAML_SCALAR_NODE)
             return file_error(p, k->start_mark, "keys of section '%s' must be names", section);
-        char full[2 * NAME_MAX_LEN + 2], hint[3 * NAME_MAX_LEN];
+        char full[2 * NAME_MAX_LEN + 2], hint[3 * NAME_MAX_LEN], quoted[160];
         snprintf(full, sizeof full, "%s.%s", section, node_text(k));
         const KeySpec *s = spec_find(section, strlen(section), node_text(k));
         if (!s) {
             suggest_key(full, "", hint, sizeof hint);
-            return file_error(p, k->start_mark, "unknown key '%s'%s", full, hint);
+            return file_error(p, k->start_mark, "unknown key %s%s",
+                              error_quote(quoted, sizeof quoted, full), hint);
         }
         if (p->key_seen[s - KEYS]) return file_error(p, k->start_mark, "duplicate key '%s'", full);
         p->key_seen[s - KEYS] = true;
         char why[512];
         if (!node_apply(p, s, v, why, sizeof why))
             return file_error(p, v->start_mark, "%s %s", full, why);
+        char origin[ORIGIN_MAX_LEN];
+        snprintf(origin, sizeof origin, "%s:%zu:%zu", p->path, v->start_mark.line + 1,
+                 v->start_mark.column + 1);
+        origin_set(p->cfg, s, origin);
     }
     return true;
 }
@@ -624,9 +710,10 @@ static bool document_apply(FileParse *p) {
         int idx = section_index(name);
         if (idx < 0) {
             const char *near = closest_section(name);
-            char hint[NAME_MAX_LEN + 32] = "";
+            char hint[NAME_MAX_LEN + 32] = "", quoted[160];
             if (near) snprintf(hint, sizeof hint, " (did you mean '%s'?)", near);
-            return file_error(p, k->start_mark, "unknown section '%s'%s", name, hint);
+            return file_error(p, k->start_mark, "unknown section %s%s",
+                              error_quote(quoted, sizeof quoted, name), hint);
         }
         if (p->section_seen[idx]) return file_error(p, k->start_mark, "duplicate section '%s'", name);
         p->section_seen[idx] = true;
@@ -661,17 +748,46 @@ static bool single_document(FileParse *p, yaml_parser_t *y) {
     return ok;
 }
 
-bool config_parse_file(Config *c, const char *path, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot open config file: %s", path, strerror(errno));
-        return false;
-    }
+// Walks the text's events without building it, refusing it at the first collection deeper
+// than CONFIG_MAX_DEPTH: libyaml builds a deep document in time quadratic in its depth.
+static bool depth_check(FileParse *p, const char *text, size_t len) {
     yaml_parser_t y;
-    yaml_document_t doc;
     CHECK(yaml_parser_initialize(&y));
-    yaml_parser_set_input_file(&y, f);
-    FileParse p = {.cfg = c, .path = path, .doc = &doc, .err = err, .errlen = errlen};
+    yaml_parser_set_input_string(&y, (const unsigned char *)text, len);
+    bool ok = true, done = false;
+    for (int depth = 0; ok && !done;) {
+        yaml_event_t e;
+        if (!yaml_parser_parse(&y, &e)) {
+            ok = parser_error(p, &y);
+            break;
+        }
+        bool opens = e.type == YAML_MAPPING_START_EVENT || e.type == YAML_SEQUENCE_START_EVENT;
+        bool closes = e.type == YAML_MAPPING_END_EVENT || e.type == YAML_SEQUENCE_END_EVENT;
+        depth += opens ? 1 : closes ? -1 : 0;
+        if (depth > CONFIG_MAX_DEPTH)
+            ok = file_error(p, e.start_mark,
+                            "nested more than %d levels deep (a config is sections of keys, "
+                            "whose values may be lists)", CONFIG_MAX_DEPTH);
+        done = e.type == YAML_STREAM_END_EVENT;
+        yaml_event_delete(&e);
+    }
+    yaml_parser_delete(&y);
+    return ok;
+}
+
+bool config_parse_text(Config *c, const char *name, const char *text, size_t len, char *err,
+                       size_t errlen) {
+    char shown[PATH_SHOWN_MAX];
+    error_escape(shown, sizeof shown, name);
+    if (len > CONFIG_MAX_BYTES)
+        return error_set(err, errlen, "%s: larger than the %d bytes a config may have", shown,
+                         CONFIG_MAX_BYTES);
+    yaml_document_t doc;
+    FileParse p = {.cfg = c, .path = shown, .doc = &doc, .err = err, .errlen = errlen};
+    if (!depth_check(&p, text, len)) return false;
+    yaml_parser_t y;
+    CHECK(yaml_parser_initialize(&y));
+    yaml_parser_set_input_string(&y, (const unsigned char *)text, len);
     bool ok = yaml_parser_load(&y, &doc);
     if (!ok) {
         parser_error(&p, &y);
@@ -680,7 +796,37 @@ bool config_parse_file(Config *c, const char *path, char *err, size_t errlen) {
         yaml_document_delete(&doc);
     }
     yaml_parser_delete(&y);
+    return ok;
+}
+
+// The whole file, or NULL with the reason in err; reading stops one byte past the size limit.
+static char *file_read_limited(const char *path, size_t *len, char *err, size_t errlen) {
+    char shown[PATH_SHOWN_MAX];
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        error_set(err, errlen, "%s: cannot open config file: %s",
+                  error_escape(shown, sizeof shown, path), strerror(errno));
+        return NULL;
+    }
+    char *text = xmalloc(CONFIG_MAX_BYTES + 1);
+    *len = fread(text, 1, CONFIG_MAX_BYTES + 1, f);
+    bool failed = ferror(f);
     fclose(f);
+    if (failed) {
+        free(text);
+        error_set(err, errlen, "%s: cannot read config file: %s",
+                  error_escape(shown, sizeof shown, path), strerror(errno));
+        return NULL;
+    }
+    return text;
+}
+
+bool config_parse_file(Config *c, const char *path, char *err, size_t errlen) {
+    size_t len;
+    char *text = file_read_limited(path, &len, err, errlen);
+    if (!text) return false;
+    bool ok = config_parse_text(c, path, text, len, err, errlen);
+    free(text);
     return ok;
 }
 
@@ -722,21 +868,22 @@ static bool args_find_config(int argc, char **argv, const char **path, char *err
 static const char *option_next_value(const KeySpec *s, int argc, char **argv, int *i) {
     const char *next = *i + 1 < argc ? argv[*i + 1] : NULL;
     bool unused;
-    bool takes = next && (s->type == CFG_BOOL ? parse_bool(next, &unused) : !is_option(next));
+    bool takes = next && (s->type == CONFIG_BOOL ? parse_bool(next, &unused) : !is_option(next));
     if (takes) {
         (*i)++;
         return next;
     }
-    return s->type == CFG_BOOL ? "true" : NULL;
+    return s->type == CONFIG_BOOL ? "true" : NULL;
 }
 
 static bool args_apply_overrides(Config *c, int argc, char **argv, char *err, size_t n) {
     for (int i = 1; i < argc; i++) {
         if (!is_option(argv[i])) {
-            snprintf(err, n, "unexpected argument '%s'", argv[i]);
-            return false;
+            char quoted[160];
+            return error_set(err, n, "unexpected argument %s",
+                             error_quote(quoted, sizeof quoted, argv[i]));
         }
-        char name[NAME_MAX_LEN], hint[3 * NAME_MAX_LEN], why[512];
+        char name[NAME_MAX_LEN], hint[3 * NAME_MAX_LEN], why[512], option[NAME_MAX_LEN + 2];
         const char *inline_v, *value;
         option_split(argv[i], name, sizeof name, &inline_v);
         if (is_config_flag(name)) {
@@ -744,20 +891,21 @@ static bool args_apply_overrides(Config *c, int argc, char **argv, char *err, si
             continue;
         }
         const KeySpec *s = spec_find_full(name);
+        snprintf(option, sizeof option, "--%s", name);
         if (!s) {
+            char quoted[2 * NAME_MAX_LEN];
             suggest_key(name, "--", hint, sizeof hint);
-            snprintf(err, n, "unknown option '--%s'%s", name, hint);
-            return false;
+            return error_set(err, n, "unknown option %s%s",
+                             error_quote(quoted, sizeof quoted, option), hint);
         }
         value = inline_v ? inline_v : option_next_value(s, argc, argv, &i);
         if (!value) {
             snprintf(err, n, "--%s: expects a value", name);
             return false;
         }
-        if (!value_set(c, s, value, value[0] && is_null_word(value), why, sizeof why)) {
-            snprintf(err, n, "--%s: %s", name, why);
-            return false;
-        }
+        if (!value_set(c, s, value, value[0] && is_null_word(value), why, sizeof why))
+            return error_set(err, n, "%s: %s", option, why);
+        origin_set(c, s, option);
     }
     return true;
 }
@@ -768,68 +916,12 @@ bool config_parse_args(Config *c, int argc, char **argv, char *err, size_t errle
     if (path) {
         if (!config_parse_file(c, path, err, errlen)) return false;
         string_set(&c->job.config_file, path);
+        origin_set(c, spec_find_full("job.config_file"), "--config");
     }
     return args_apply_overrides(c, argc, argv, err, errlen);
 }
 
 // ---- checks --------------------------------------------------------------------------------
-
-// Numeric ranges outside which a value is always wrong. A null value is not checked.
-typedef struct {
-    const char *name;
-    double lo, hi;
-    bool lo_open, hi_open;  // the bound itself is excluded
-    bool minus_one_ok;      // -1 is a sentinel ("derive it", "all of it")
-} Bound;
-
-#define AT_LEAST(name, lo) {name, lo, INFINITY, false, false, false}
-#define ABOVE(name, lo) {name, lo, INFINITY, true, false, false}
-#define WITHIN(name, lo, hi) {name, lo, hi, false, false, false}
-#define BELOW_ONE(name) {name, 0, 1, false, true, false}
-#define SENTINEL_OR_AT_LEAST(name, lo) {name, lo, INFINITY, false, false, true}
-
-static const Bound BOUNDS[] = {
-    AT_LEAST("profiling.profile_freq", 1),
-    AT_LEAST("profiling.profiler_active", 1),
-    AT_LEAST("profiling.profiler_warmup", 0),
-    AT_LEAST("metrics.log_freq", 1),
-    AT_LEAST("metrics.peak_flops", 0),
-    AT_LEAST("optimizer.lr", 0),
-    BELOW_ONE("optimizer.beta1"),
-    BELOW_ONE("optimizer.beta2"),
-    AT_LEAST("optimizer.eps", 0),
-    AT_LEAST("optimizer.weight_decay", 0),
-    AT_LEAST("lr_scheduler.warmup_steps", 0),
-    WITHIN("lr_scheduler.decay_ratio", 0, 1),
-    WITHIN("lr_scheduler.min_lr_factor", 0, 1),
-    AT_LEAST("training.local_batch_size", 1),
-    SENTINEL_OR_AT_LEAST("training.global_batch_size", 1),
-    AT_LEAST("training.seq_len", 1),
-    ABOVE("training.max_norm", 0),
-    AT_LEAST("training.steps", 0),
-    AT_LEAST("training.gc_freq", 1),
-    AT_LEAST("parallelism.data_parallel_replicate_degree", 1),
-    SENTINEL_OR_AT_LEAST("parallelism.data_parallel_shard_degree", 1),
-    AT_LEAST("parallelism.tensor_parallel_degree", 1),
-    AT_LEAST("parallelism.pipeline_parallel_degree", 1),
-    AT_LEAST("parallelism.pipeline_parallel_first_stage_less_layers", 0),
-    AT_LEAST("parallelism.pipeline_parallel_last_stage_less_layers", 0),
-    AT_LEAST("parallelism.pipeline_parallel_layers_per_stage", 1),
-    AT_LEAST("parallelism.pipeline_parallel_microbatch_size", 1),
-    AT_LEAST("parallelism.context_parallel_degree", 1),
-    AT_LEAST("parallelism.expert_parallel_degree", 1),
-    AT_LEAST("parallelism.expert_tensor_parallel_degree", 1),
-    AT_LEAST("checkpoint.interval", 1),
-    AT_LEAST("checkpoint.keep_latest_k", 0),
-    AT_LEAST("checkpoint.load_step", -1),
-    AT_LEAST("comm.init_timeout_seconds", 1),
-    AT_LEAST("comm.train_timeout_seconds", 1),
-    AT_LEAST("comm.trace_buf_size", 0),
-    AT_LEAST("validation.local_batch_size", 1),
-    AT_LEAST("validation.seq_len", 1),
-    AT_LEAST("validation.freq", 1),
-    SENTINEL_OR_AT_LEAST("validation.steps", 1),
-};
 
 // Keys of which this build implements only the listed values (as value_format spells them);
 // any other value asks for a feature not written yet. Delete a line when its feature lands.
@@ -877,36 +969,72 @@ static const KeySpec *spec_must_find(const char *name) {
     return s;
 }
 
-static bool value_number(const Config *c, const KeySpec *s, double *v) {
-    const void *f = field_of_const(c, s);
-    if (s->type == CFG_FLOAT) *v = *(const double *)f;
-    else if (*(const int64_t *)f == CONFIG_INT_UNSET) *v = NAN;
-    else *v = (double)*(const int64_t *)f;
-    return !isnan(*v);
+// A value as messages show it: strings quoted, control characters escaped.
+static void value_show(const Config *c, const KeySpec *s, char *buf, size_t n) {
+    char text[512];
+    value_format(c, s, text, sizeof text);
+    bool quote = (s->type == CONFIG_STRING || s->type == CONFIG_ENUM) &&
+                 *(char *const *)field_of_const(c, s);
+    if (quote) error_quote(buf, n, text);
+    else error_escape(buf, n, text);
 }
 
-static bool bound_holds(const Bound *b, double v) {
-    if (b->minus_one_ok && v == -1) return true;
-    bool lo_ok = b->lo_open ? v > b->lo : v >= b->lo;
-    bool hi_ok = b->hi_open ? v < b->hi : v <= b->hi;
-    return lo_ok && hi_ok;
+static void origin_of(const Config *c, const KeySpec *s, char *buf, size_t n) {
+    const char *o = c->origin ? c->origin[s - KEYS] : NULL;
+    snprintf(buf, n, "%s", o ? o : "default");
 }
 
-static bool bounds_check(const Config *c, char *err, size_t n) {
-    for (size_t i = 0; i < sizeof BOUNDS / sizeof BOUNDS[0]; i++) {
-        const Bound *b = &BOUNDS[i];
-        const KeySpec *s = spec_must_find(b->name);
-        double v;
-        if (!value_number(c, s, &v) || bound_holds(b, v)) continue;
-        char text[64];
-        value_format(c, s, text, sizeof text);
-        if (isinf(b->hi))
-            snprintf(err, n, "%s = %s must be %s%s %g", b->name, text,
-                     b->minus_one_ok ? "-1 or " : "", b->lo_open ? ">" : ">=", b->lo);
-        else
-            snprintf(err, n, "%s = %s must be in %c%g, %g%c", b->name, text, b->lo_open ? '(' : '[',
-                     b->lo, b->hi, b->hi_open ? ')' : ']');
-        return false;
+// "section.key = value (origin)", for a message about how several keys relate.
+static const char *setting_describe(const Config *c, const char *name, char *buf, size_t n) {
+    const KeySpec *s = spec_must_find(name);
+    char value[256], origin[ORIGIN_MAX_LEN];
+    value_show(c, s, value, sizeof value);
+    origin_of(c, s, origin, sizeof origin);
+    snprintf(buf, n, "%s = %s (%s)", name, value, origin);
+    return buf;
+}
+
+// "origin: section.key = value WHAT", the message about one key's value.
+static bool setting_error(const Config *c, const char *name, const char *what, char *err,
+                          size_t n) {
+    const KeySpec *s = spec_must_find(name);
+    char value[256], origin[ORIGIN_MAX_LEN];
+    value_show(c, s, value, sizeof value);
+    origin_of(c, s, origin, sizeof origin);
+    return error_set(err, n, "%s: %s = %s %s", origin, name, value, what);
+}
+
+// The trainer indexes a microbatch's tokens (rows of every activation) with an int.
+static bool tokens_fit(const Config *c, const char *section, int64_t batch, int64_t len,
+                       char *err, size_t n) {
+    if (batch * len <= INT32_MAX) return true;  // both are at most INT32_MAX: no overflow
+    char b[128], t[128], a[1024], d[1024];
+    snprintf(b, sizeof b, "%s.local_batch_size", section);
+    snprintf(t, sizeof t, "%s.seq_len", section);
+    return error_set(err, n, "%s x %s = %" PRId64 " tokens per microbatch, more than %d",
+                     setting_describe(c, b, a, sizeof a), setting_describe(c, t, d, sizeof d),
+                     batch * len, INT32_MAX);
+}
+
+// The mesh multiplies its degrees in an int (data_parallel_shard_degree -1 is derived).
+static bool degrees_fit(const Config *c, char *err, size_t n) {
+    static const char *const names[] = {
+        "parallelism.pipeline_parallel_degree", "parallelism.data_parallel_replicate_degree",
+        "parallelism.data_parallel_shard_degree", "parallelism.context_parallel_degree",
+        "parallelism.tensor_parallel_degree"};
+    int64_t ranks = 1;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        int64_t v = *(const int64_t *)field_of_const(c, spec_must_find(names[i]));
+        ranks *= v > 0 ? v : 1;  // each at most INT32_MAX and ranks at most INT32_MAX here
+        if (ranks <= INT32_MAX) continue;
+        char line[4096] = "", one[1024];
+        for (size_t j = 0; j <= i; j++) {
+            if (*(const int64_t *)field_of_const(c, spec_must_find(names[j])) <= 1) continue;
+            size_t used = strlen(line);
+            snprintf(line + used, sizeof line - used, "%s%s", used ? " x " : "",
+                     setting_describe(c, names[j], one, sizeof one));
+        }
+        return error_set(err, n, "%s is more than %d ranks", line, INT32_MAX);
     }
     return true;
 }
@@ -914,19 +1042,18 @@ static bool bounds_check(const Config *c, char *err, size_t n) {
 // Relations between keys that no single range expresses.
 static bool relations_check(const Config *c, char *err, size_t n) {
     const TrainingSection *t = &c->training;
-    if (t->global_batch_size != -1 && t->global_batch_size % t->local_batch_size != 0) {
-        snprintf(err, n,
-                 "training.global_batch_size = %" PRId64
-                 " must be -1 or a multiple of training.local_batch_size (%" PRId64 ")",
-                 t->global_batch_size, t->local_batch_size);
-        return false;
-    }
-    if (c->checkpoint.keep_latest_k == 1) {
-        // torchtitan's reason: the newest checkpoint may still be being written.
-        snprintf(err, n, "checkpoint.keep_latest_k = 1 must be 0 (keep all) or at least 2");
-        return false;
-    }
-    return true;
+    char a[1024], b[1024];
+    if (t->global_batch_size != -1 && t->global_batch_size % t->local_batch_size != 0)
+        return error_set(err, n, "%s must be -1 or a multiple of %s",
+                         setting_describe(c, "training.global_batch_size", a, sizeof a),
+                         setting_describe(c, "training.local_batch_size", b, sizeof b));
+    if (c->checkpoint.keep_latest_k == 1)  // torchtitan's reason: the newest may be being written
+        return setting_error(c, "checkpoint.keep_latest_k", "must be 0 (keep all) or at least 2",
+                             err, n);
+    const ValidationSection *v = &c->validation;
+    return tokens_fit(c, "training", t->local_batch_size, t->seq_len, err, n) &&
+           tokens_fit(c, "validation", v->local_batch_size, v->seq_len, err, n) &&
+           degrees_fit(c, err, n);
 }
 
 static bool implemented_check(const Config *c, char *err, size_t n) {
@@ -936,23 +1063,20 @@ static bool implemented_check(const Config *c, char *err, size_t n) {
         value_format(c, spec_must_find(r->name), text, sizeof text);
         bool ok = false;
         for (size_t j = 0; j < 3 && r->accepted[j]; j++) ok = ok || !strcmp(text, r->accepted[j]);
-        if (!ok) {
-            snprintf(err, n, "%s = %s is not implemented yet", r->name, text);
-            return false;
-        }
+        if (!ok) return setting_error(c, r->name, "is not implemented yet", err, n);
     }
     return true;
 }
 
 bool config_check_supported(const Config *c, char *err, size_t errlen) {
-    return bounds_check(c, err, errlen) && relations_check(c, err, errlen) &&
-           implemented_check(c, err, errlen);
+    return relations_check(c, err, errlen) && implemented_check(c, err, errlen);
 }
 
 // ---- defaults, printing, lifetime ----------------------------------------------------------
 
 void config_defaults(Config *c) {
     memset(c, 0, sizeof *c);
+    c->origin = xcalloc(KEY_COUNT, sizeof *c->origin);
     for (size_t i = 0; i < KEY_COUNT; i++) {
         const KeySpec *s = &KEYS[i];
         char why[512];
@@ -976,10 +1100,10 @@ static void yaml_quote(FILE *f, const char *s) {
 
 static void value_print_yaml(FILE *f, const Config *c, const KeySpec *s) {
     const void *v = field_of_const(c, s);
-    if (s->type == CFG_STRING || s->type == CFG_ENUM) {
+    if (s->type == CONFIG_STRING || s->type == CONFIG_ENUM) {
         if (*(char *const *)v) yaml_quote(f, *(char *const *)v);
         else fputs("null", f);
-    } else if (s->type == CFG_STRING_LIST) {
+    } else if (s->type == CONFIG_STRING_LIST) {
         const StringList *l = v;
         fputc('[', f);
         for (int i = 0; i < l->count; i++) {
@@ -1017,9 +1141,94 @@ char *config_to_yaml(const Config *c) {
 void config_free(Config *c) {
     for (size_t i = 0; i < KEY_COUNT; i++) {
         void *f = field_of(c, &KEYS[i]);
-        if (KEYS[i].type == CFG_STRING || KEYS[i].type == CFG_ENUM) string_set(f, NULL);
-        if (KEYS[i].type == CFG_STRING_LIST) list_clear(f);
+        if (KEYS[i].type == CONFIG_STRING || KEYS[i].type == CONFIG_ENUM) string_set(f, NULL);
+        if (KEYS[i].type == CONFIG_STRING_LIST) list_clear(f);
+        if (c->origin) string_set(&c->origin[i], NULL);
     }
+    free(c->origin);
+    c->origin = NULL;
+}
+
+// The first line where a and b differ, for a message.
+static void line_first_difference(const char *a, const char *b, char *buf, size_t n) {
+    size_t start = 0, i = 0;
+    for (; a[i] && a[i] == b[i]; i++)
+        if (a[i] == '\n') start = i + 1;
+    const char *end = strchr(a + start, '\n');
+    char line[256];
+    snprintf(line, sizeof line, "%.*s", end ? (int)(end - a - start) : (int)strlen(a + start),
+             a + start);
+    error_quote(buf, n, line);
+}
+
+bool config_roundtrip_check(const Config *c, char *err, size_t errlen) {
+    char *text = config_to_yaml(c), why[1024];
+    Config back;
+    config_defaults(&back);
+    bool ok = config_parse_text(&back, "<printed config>", text, strlen(text), why, sizeof why);
+    if (!ok) {
+        error_set(err, errlen, "the printed config does not parse: %s", why);
+    } else {
+        char *again = config_to_yaml(&back), line[300];
+        ok = !strcmp(text, again);
+        if (!ok) {
+            line_first_difference(text, again, line, sizeof line);
+            error_set(err, errlen, "the printed config reads back differently, at line %s", line);
+        }
+        free(again);
+    }
+    config_free(&back);
+    free(text);
+    return ok;
+}
+
+// A key's default for --help-config: strings quoted, so that an empty one shows.
+static void default_describe(const KeySpec *s, char *buf, size_t n) {
+    bool text = s->type == CONFIG_STRING || s->type == CONFIG_ENUM;
+    if (!s->def) snprintf(buf, n, "null");
+    else if (s->type == CONFIG_STRING_LIST) snprintf(buf, n, "[%s]", s->def);
+    else if (text) error_quote(buf, n, s->def);
+    else snprintf(buf, n, "%s", s->def);
+}
+
+void config_print_help(FILE *f) {
+    fputs("titan's config keys, named as torchtitan names them. Set them in the YAML file given "
+          "to --config\n(a `section:` line, then `  key: value` lines) or on the command line "
+          "(`--section.key value`\nor `--section.key=value`; a bare boolean flag means true). "
+          "The command line wins.\n",
+          f);
+    for (size_t i = 0; i < KEY_COUNT; i++) {
+        const KeySpec *s = &KEYS[i];
+        char expects[256], def[128];
+        type_describe(s, true, expects, sizeof expects);
+        default_describe(s, def, sizeof def);
+        if (section_starts_at(i)) fprintf(f, "\n%s:\n", s->section);
+        fprintf(f, "  --%s.%s: %s%s; default %s\n      %s\n", s->section, s->key, expects,
+                s->nullable ? " or null" : "", def, s->help);
+    }
+}
+
+bool config_key_origin(const Config *c, const char *name, char *buf, size_t n) {
+    const KeySpec *s = spec_find_full(name);
+    if (s) origin_of(c, s, buf, n);
+    return s != NULL;
+}
+
+bool config_value_text(const Config *c, const char *name, char *buf, size_t n) {
+    const KeySpec *s = spec_find_full(name);
+    if (s) value_format(c, s, buf, n);
+    return s != NULL;
+}
+
+size_t config_key_count(void) { return KEY_COUNT; }
+
+ConfigKeyInfo config_key_info(size_t i) {
+    CHECK(i < KEY_COUNT);
+    const KeySpec *s = &KEYS[i];
+    bool is_int = s->type == CONFIG_INT;
+    return (ConfigKeyInfo){.section = s->section, .key = s->key, .type = s->type,
+                           .choices = s->choices, .lo = is_int ? (double)s->min : s->lo,
+                           .hi = is_int ? (double)s->max : s->hi};
 }
 
 void config_load_or_die(Config *c, int argc, char **argv) {

@@ -15,7 +15,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define CONFIG_INT_UNSET INT64_MIN  // a nullable INT key set to null
+#define CONFIG_INT_UNSET INT64_MIN  // a nullable INT key set to null; no user value equals it
+
+// A config larger or more deeply nested than this is refused before it is parsed (libyaml
+// takes seconds on a deep one). A config needs three levels, sections of keys whose values may
+// be lists; one more lets a nested list be reported as such.
+#define CONFIG_MAX_BYTES (1 << 20)
+#define CONFIG_MAX_DEPTH 4
 
 typedef struct {
     int count;
@@ -183,7 +189,25 @@ typedef struct {
     Float8Section float8;
     CommSection comm;
     ValidationSection validation;
+    char **origin;  // per key of the table, owned: where its value came from; NULL = default
 } Config;
+
+typedef enum {
+    CONFIG_BOOL,
+    CONFIG_INT,
+    CONFIG_FLOAT,
+    CONFIG_STRING,
+    CONFIG_ENUM,
+    CONFIG_STRING_LIST
+} ConfigType;
+
+// One key of the table, for code that walks every key (tests, tools).
+typedef struct {
+    const char *section, *key;
+    ConfigType type;
+    const char *const *choices;  // CONFIG_ENUM: the allowed values, NULL-terminated
+    double lo, hi;  // CONFIG_INT, CONFIG_FLOAT: the accepted range (its ends may be open)
+} ConfigKeyInfo;
 
 // Overwrites *c with every default (call config_free first if *c held a config).
 void config_defaults(Config *c);
@@ -193,6 +217,10 @@ void config_defaults(Config *c);
 bool config_parse_args(Config *c, int argc, char **argv, char *err, size_t errlen);
 // Applies the keys a YAML file sets on top of *c; errors name file:line:col.
 bool config_parse_file(Config *c, const char *path, char *err, size_t errlen);
+// The same for YAML text in memory (len bytes, no '\0' needed); name stands for the file in
+// errors and origins.
+bool config_parse_text(Config *c, const char *name, const char *text, size_t len, char *err,
+                       size_t errlen);
 // Refuses values that are always wrong (ranges, batch arithmetic) and values asking for
 // features this build does not implement yet, naming the key.
 bool config_check_supported(const Config *c, char *err, size_t errlen);
@@ -201,4 +229,17 @@ void config_load_or_die(Config *c, int argc, char **argv);
 // The resolved config as YAML with every key, re-parseable by config_parse_file.
 void config_print_yaml(const Config *c, FILE *f);
 char *config_to_yaml(const Config *c);  // same text, malloc'd: checkpoints store it
+// True when config_to_yaml(c), parsed over the defaults, prints back as the same text; else
+// false with the first line that differs (or the parse error) in err.
+bool config_roundtrip_check(const Config *c, char *err, size_t errlen);
+// Every key with its type, accepted values, default and meaning (`titan --help-config`).
+void config_print_help(FILE *f);
+// Where key name ("section.key") got its value: "FILE:LINE:COL" of the YAML value,
+// "--section.key" on the command line, or "default". False for an unknown name.
+bool config_key_origin(const Config *c, const char *name, char *buf, size_t n);
+// The value of key name as messages show it (strings unquoted, lists as [a, b], null as
+// null). False for an unknown name.
+bool config_value_text(const Config *c, const char *name, char *buf, size_t n);
+size_t config_key_count(void);
+ConfigKeyInfo config_key_info(size_t i);  // i < config_key_count()
 void config_free(Config *c);

@@ -39,6 +39,51 @@ bool error_set(char *err, size_t errlen, const char *fmt, ...) {
     return false;
 }
 
+// Escapes text into buf[0..n) with quote (unless '\0') around it, cut short with "..." when
+// it does not fit.
+static const char *escape_into(char *buf, size_t n, const char *text, char quote) {
+    CHECK(n >= 8);
+    size_t used = 0, limit = n - 1 - (quote ? 1 : 0);  // room before the closing quote and '\0'
+    if (quote) buf[used++] = quote;
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        char piece[5];
+        if (*p == '\n') snprintf(piece, sizeof piece, "\\n");
+        else if (*p == '\t') snprintf(piece, sizeof piece, "\\t");
+        else if (*p == '\\' || (quote && *p == quote)) snprintf(piece, sizeof piece, "\\%c", *p);
+        else if (*p < 0x20 || *p == 0x7f) snprintf(piece, sizeof piece, "\\x%02x", *p);
+        else snprintf(piece, sizeof piece, "%c", *p);
+        size_t len = strlen(piece);
+        if (used + len + (p[1] ? 3 : 0) > limit) {  // keeps room for "..." until the last piece
+            memcpy(buf + used, "...", 3);
+            used += 3;
+            break;
+        }
+        memcpy(buf + used, piece, len);
+        used += len;
+    }
+    if (quote) buf[used++] = quote;
+    buf[used] = '\0';
+    return buf;
+}
+
+const char *error_escape(char *buf, size_t n, const char *text) {
+    return escape_into(buf, n, text, '\0');
+}
+
+const char *error_quote(char *buf, size_t n, const char *text) {
+    return escape_into(buf, n, text, '\'');
+}
+
+void help_exit_if_asked(int argc, char **argv, const char *usage) {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(usage, stdout);
+            fputc('\n', stdout);
+            exit(0);
+        }
+    }
+}
+
 static void log_line(FILE *f, const char *prefix, const char *fmt, va_list ap) {
     fputs(prefix, f);
     vfprintf(f, fmt, ap);

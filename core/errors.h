@@ -35,6 +35,15 @@ __attribute__((format(printf, 1, 2))) void log_warn(const char *fmt, ...);
 __attribute__((format(printf, 3, 4))) bool error_set(char *err, size_t errlen, const char *fmt,
                                                       ...);
 
+// User text echoed in a message (a value, a key, a path) on one line: control characters as
+// \n, \t or \xNN, backslashes doubled, and text longer than the buffer cut short with "...".
+// error_quote also wraps it in single quotes (and escapes those). Both return buf.
+const char *error_escape(char *buf, size_t n, const char *text);
+const char *error_quote(char *buf, size_t n, const char *text);
+
+// A command's `--help` (or `-h`) anywhere among its arguments: prints usage to stdout, exit 0.
+void help_exit_if_asked(int argc, char **argv, const char *usage);
+
 // Internal invariant: exit 3 naming the condition.
 #define CHECK(cond)                                                                            \
     do {                                                                                       \

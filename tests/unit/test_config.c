@@ -317,26 +317,281 @@ static void test_check_supported(void **state) {
     config_free(&c);
 
     supported_error_is("--parallelism.pipeline_parallel_degree=2",
+                       "--parallelism.pipeline_parallel_degree: "
                        "parallelism.pipeline_parallel_degree = 2 is not implemented yet");
     supported_error_is("--activation_checkpoint.mode=selective",
-                       "activation_checkpoint.mode = selective is not implemented yet");
+                       "--activation_checkpoint.mode: activation_checkpoint.mode = 'selective' is "
+                       "not implemented yet");
     supported_error_is("--float8.recipe_name=rowwise",
-                       "float8.recipe_name = rowwise is not implemented yet");
+                       "--float8.recipe_name: float8.recipe_name = 'rowwise' is not implemented "
+                       "yet");
     supported_error_is("--model.converters=float8",
-                       "model.converters = [float8] is not implemented yet");
-    supported_error_is("--model.name=deepseek_v3", "model.name = deepseek_v3 is not implemented yet");
-    supported_error_is("--training.steps=-1", "training.steps = -1 must be >= 0");
-    supported_error_is("--training.seq_len=0", "training.seq_len = 0 must be >= 1");
-    supported_error_is("--optimizer.beta1=1", "optimizer.beta1 = 1.0 must be in [0, 1)");
-    supported_error_is("--optimizer.lr=-0.1", "optimizer.lr = -0.1 must be >= 0");
-    supported_error_is("--training.max_norm=0", "training.max_norm = 0.0 must be > 0");
-    supported_error_is("--parallelism.data_parallel_shard_degree=0",
-                       "parallelism.data_parallel_shard_degree = 0 must be -1 or >= 1");
+                       "--model.converters: model.converters = [float8] is not implemented yet");
+    supported_error_is("--model.name=deepseek_v3",
+                       "--model.name: model.name = 'deepseek_v3' is not implemented yet");
     supported_error_is("--training.global_batch_size=12",
-                       "training.global_batch_size = 12 must be -1 or a multiple of "
-                       "training.local_batch_size (8)");
+                       "training.global_batch_size = 12 (--training.global_batch_size) must be -1 "
+                       "or a multiple of training.local_batch_size = 8 (default)");
     supported_error_is("--checkpoint.keep_latest_k=1",
-                       "checkpoint.keep_latest_k = 1 must be 0 (keep all) or at least 2");
+                       "--checkpoint.keep_latest_k: checkpoint.keep_latest_k = 1 must be 0 (keep "
+                       "all) or at least 2");
+    supported_error_is("--training.local_batch_size=1048576",
+                       "training.local_batch_size = 1048576 (--training.local_batch_size) x "
+                       "training.seq_len = 2048 (default) = 2147483648 tokens per microbatch, more "
+                       "than 2147483647");
+    supported_error_is("--validation.seq_len=2147483646",
+                       "validation.local_batch_size = 8 (default) x validation.seq_len = "
+                       "2147483646 (--validation.seq_len) = 17179869168 tokens per microbatch, "
+                       "more than 2147483647");
+}
+
+// Ranges are checked as values are read, so the message names the flag or file:line:col.
+static void test_ranges_checked_at_parse(void **state) {
+    (void)state;
+    char *steps[] = {"titan", "--training.steps", "-1"};
+    arg_error_is(3, steps, "--training.steps: expects an integer in [0, 2147483646], got '-1'");
+    char *seq_len[] = {"titan", "--training.seq_len=0"};
+    arg_error_is(2, seq_len, "--training.seq_len: expects an integer in [1, 2147483646], got '0'");
+    char *beta1[] = {"titan", "--optimizer.beta1", "1"};
+    arg_error_is(3, beta1, "--optimizer.beta1: expects a number in [0, 1), got '1'");
+    char *lr[] = {"titan", "--optimizer.lr", "-0.1"};
+    arg_error_is(3, lr, "--optimizer.lr: expects a number >= 0, got '-0.1'");
+    char *max_norm[] = {"titan", "--training.max_norm", "0"};
+    arg_error_is(3, max_norm, "--training.max_norm: expects a number > 0, got '0'");
+    char *shard[] = {"titan", "--parallelism.data_parallel_shard_degree", "0"};
+    arg_error_is(3, shard, "--parallelism.data_parallel_shard_degree: expects -1 or an integer "
+                           "in [1, 2147483647], got '0'");
+    char *tp[] = {"titan", "--parallelism.tensor_parallel_degree", "9223372036854775807"};
+    arg_error_is(3, tp, "--parallelism.tensor_parallel_degree: expects an integer in [1, "
+                        "2147483647], got '9223372036854775807'");
+    char *huge[] = {"titan", "--training.seed", "9223372036854775808"};
+    arg_error_is(3, huge, "--training.seed: expects an integer in [-9223372036854775807, "
+                          "9223372036854775807], got '9223372036854775808'");
+    char *ring[] = {"titan", "--comm.trace_buf_size", "4294967295"};
+    arg_error_is(3, ring, "--comm.trace_buf_size: expects an integer in [0, 1048576], got "
+                          "'4294967295'");
+    char *ac[] = {"titan", "--activation_checkpoint.selective_ac_option", "0"};
+    arg_error_is(3, ac, "--activation_checkpoint.selective_ac_option: expects op or an integer "
+                        "in [1, 2147483647], got '0'");
+    file_error_is("training:\n  seq_len: 4294967297\n",
+                  "2:12: training.seq_len expects an integer in [1, 2147483646], got '4294967297'");
+}
+
+// Every integer key: its maximum reads back, one more and the null sentinel do not, and no
+// key stores more than an int32 unless its range says so (seed).
+static void test_every_int_key_is_bounded(void **state) {
+    (void)state;
+    for (size_t i = 0; i < config_key_count(); i++) {
+        ConfigKeyInfo k = config_key_info(i);
+        if (k.type != CONFIG_INT) continue;
+        char name[128], max[32], above[32], got[64], err[512];
+        snprintf(name, sizeof name, "--%s.%s", k.section, k.key);
+        // int64's maximum (seed) is not a double: print it exactly
+        snprintf(max, sizeof max, k.hi >= 9.2e18 ? "9223372036854775807" : "%.0f", k.hi);
+        snprintf(above, sizeof above, "%.0f", k.hi + 1);
+        if (strcmp(k.key, "seed") != 0) assert_true(k.hi <= INT32_MAX);
+        char *values[] = {above, "-9223372036854775808", "-9223372036854775809"};
+        for (int v = 0; v < 3; v++) {
+            if (v == 0 && k.hi >= 9.2e18) continue;  // seed's maximum is int64's: nothing above
+            Config c;
+            config_defaults(&c);
+            char *argv[] = {"titan", name, values[v]};
+            assert_false(config_parse_args(&c, 3, argv, err, sizeof err));
+            assert_non_null(strstr(err, "expects"));
+            config_free(&c);
+        }
+        Config c;
+        config_defaults(&c);
+        char *argv[] = {"titan", name, max};
+        bool ok = config_parse_args(&c, 3, argv, err, sizeof err);
+        if (!ok) fail_msg("%s %s: %s", name, max, err);
+        assert_true(config_value_text(&c, name + 2, got, sizeof got));
+        assert_string_equal(got, max);
+        config_free(&c);
+    }
+}
+
+// A valid value of key k other than the default: what the override test sets.
+static void value_other(ConfigKeyInfo k, const char *current, char *buf, size_t n) {
+    switch (k.type) {
+    case CONFIG_BOOL: snprintf(buf, n, "%s", strcmp(current, "true") ? "true" : "false"); break;
+    case CONFIG_INT: {
+        long long v = strcmp(current, "null") ? atoll(current) : (long long)k.lo;
+        snprintf(buf, n, "%lld", v >= k.lo && v + 1 <= k.hi ? v + 1 : (long long)k.lo + 1);
+        break;
+    }
+    case CONFIG_FLOAT: snprintf(buf, n, "%g", (k.lo + (isinf(k.hi) ? k.lo + 1 : k.hi)) / 2); break;
+    case CONFIG_STRING:
+        if (!strcmp(k.key, "selective_ac_option")) snprintf(buf, n, "op");
+        else snprintf(buf, n, "set_%s", k.key);
+        break;
+    case CONFIG_ENUM:
+        for (const char *const *c = k.choices; *c; c++)
+            if (strcmp(*c, current)) {
+                snprintf(buf, n, "%s", *c);
+                break;
+            }
+        break;
+    case CONFIG_STRING_LIST: snprintf(buf, n, "set_%s", k.key); break;
+    }
+}
+
+// Every key of the table, set from the command line, reads back as set (a parsed override
+// that is not applied fails here); and the result prints and reads back the same.
+static void test_every_key_override_applies(void **state) {
+    (void)state;
+    size_t n = config_key_count();
+    char **argv = calloc(2 * n + 1, sizeof *argv), (*expected)[128] = calloc(n, sizeof *expected);
+    Config c;
+    char err[512] = "";
+    config_defaults(&c);
+    int argc = 1;
+    argv[0] = "titan";
+    for (size_t i = 0; i < n; i++) {
+        ConfigKeyInfo k = config_key_info(i);
+        char name[128], current[128];
+        snprintf(name, sizeof name, "%s.%s", k.section, k.key);
+        if (!strcmp(name, "job.config_file")) continue;  // names the file to read, not a value
+        assert_true(config_value_text(&c, name, current, sizeof current));
+        value_other(k, current, expected[i], sizeof expected[i]);
+        assert_string_not_equal(expected[i], current);
+        argv[argc] = malloc(strlen(name) + 3);
+        sprintf(argv[argc++], "--%s", name);
+        argv[argc++] = expected[i];
+    }
+    bool ok = config_parse_args(&c, argc, argv, err, sizeof err);
+    if (!ok) fail_msg("%s", err);
+    for (size_t i = 0; i < n; i++) {
+        ConfigKeyInfo k = config_key_info(i);
+        char name[128], got[128], want[160];
+        snprintf(name, sizeof name, "%s.%s", k.section, k.key);
+        if (!strcmp(name, "job.config_file")) continue;
+        assert_true(config_value_text(&c, name, got, sizeof got));
+        snprintf(want, sizeof want, k.type == CONFIG_STRING_LIST ? "[%s]" : "%s", expected[i]);
+        if (strcmp(got, want)) fail_msg("--%s %s reads back as %s", name, expected[i], got);
+    }
+    assert_true(config_roundtrip_check(&c, err, sizeof err));
+    for (int i = 1; i < argc; i += 2) free(argv[i]);
+    free(argv);
+    free(expected);
+    config_free(&c);
+}
+
+// config_parse_text is config_parse_file without the file; config_roundtrip_check finds a
+// config whose printed form reads back differently.
+static void test_text_parse_and_roundtrip_check(void **state) {
+    (void)state;
+    Config c;
+    char err[512] = "";
+    const char text[] = "training:\n  steps: 5\n  seq_len: 99\n";
+    config_defaults(&c);
+    assert_true(config_parse_text(&c, "mem.yaml", text, strlen(text) - 14, err, sizeof err));
+    assert_int_equal(c.training.steps, 5);
+    assert_int_equal(c.training.seq_len, 2048);  // past len: not read
+    assert_true(config_roundtrip_check(&c, err, sizeof err));
+    c.training.steps = INT64_MAX;  // no parse gives this: its printed form does not read back
+    assert_false(config_roundtrip_check(&c, err, sizeof err));
+    assert_true(strncmp(err, "the printed config does not parse: <printed config>:", 52) == 0);
+    assert_non_null(strstr(err, ":10: training.steps expects an integer in [0, 2147483646], got "
+                                "'9223372036854775807'"));
+    config_free(&c);
+}
+
+// Size and depth limits hold before libyaml builds anything; the deep case used to take 25 s.
+static void test_size_and_depth_limits(void **state) {
+    (void)state;
+    Config c;
+    char err[512] = "";
+    size_t deep = 100000;
+    char *text = malloc(CONFIG_MAX_BYTES + 2);
+    memcpy(text, "training:\n  steps: ", 19);
+    memset(text + 19, '[', deep);
+    config_defaults(&c);
+    assert_false(config_parse_text(&c, "deep.yaml", text, 19 + deep, err, sizeof err));
+    assert_string_equal(err, "deep.yaml:2:12: nested more than 4 levels deep (a config is "
+                             "sections of keys, whose values may be lists)");
+    file_error_is("model:\n  converters: [[[a]]]\n",
+                  "2:17: nested more than 4 levels deep (a config is sections of keys, whose "
+                  "values may be lists)");
+    memset(text, '#', CONFIG_MAX_BYTES + 1);
+    assert_true(config_parse_text(&c, "big.yaml", text, CONFIG_MAX_BYTES, err, sizeof err));
+    assert_false(config_parse_text(&c, "big.yaml", text, CONFIG_MAX_BYTES + 1, err, sizeof err));
+    assert_string_equal(err, "big.yaml: larger than the 1048576 bytes a config may have");
+    free(text);
+    config_free(&c);
+}
+
+// User text is echoed quoted and escaped, so a message stays on one line.
+static void test_messages_are_one_line(void **state) {
+    (void)state;
+    file_error_is("training:\n  steps: \"a\\nb\"\n",
+                  "2:10: training.steps expects an integer, got 'a\\nb'");
+    file_error_is("training:\n  steps: |\n    1\n    2\n",
+                  "2:10: training.steps expects an integer, got '1\\n2\\n'");
+    file_error_is("training:\n  \"st\\teps\": 1\n", "2:3: unknown key 'training.st\\teps' (did you mean "
+                  "'training.steps'?)");
+    file_error_is("\"tr'ain\": {}\n", "1:1: unknown section 'tr\\'ain'");
+    char *value[] = {"titan", "--optimizer.name", "Ad\nam"};
+    arg_error_is(3, value, "--optimizer.name: expects one of Adam, AdamW, got 'Ad\\nam'");
+    char *stray[] = {"titan", "x\ny"};
+    arg_error_is(2, stray, "unexpected argument 'x\\ny'");
+    char long_value[1000];
+    memset(long_value, 'x', sizeof long_value - 1);
+    long_value[sizeof long_value - 1] = '\0';
+    char *tail[] = {"titan", "--training.steps", long_value};
+    Config c;
+    char err[512];
+    config_defaults(&c);
+    assert_false(config_parse_args(&c, 3, tail, err, sizeof err));
+    assert_non_null(strstr(err, "xxx...'"));
+    assert_null(strchr(err, '\n'));
+    config_free(&c);
+}
+
+// Each key knows where its value came from, and the checks after parsing say so.
+static void test_origins_are_named(void **state) {
+    (void)state;
+    const char *path = yaml_write("training:\n  steps: 3\nparallelism:\n"
+                                  "  pipeline_parallel_degree: 2\n");
+    char *argv[] = {"titan", "--config", (char *)path, "--training.seq_len", "7"};
+    Config c;
+    char err[512] = "", origin[256], expected[512];
+    config_defaults(&c);
+    assert_true(config_parse_args(&c, 5, argv, err, sizeof err));
+    assert_true(config_key_origin(&c, "training.steps", origin, sizeof origin));
+    snprintf(expected, sizeof expected, "%s:2:10", path);
+    assert_string_equal(origin, expected);
+    assert_true(config_key_origin(&c, "training.seq_len", origin, sizeof origin));
+    assert_string_equal(origin, "--training.seq_len");
+    assert_true(config_key_origin(&c, "training.seed", origin, sizeof origin));
+    assert_string_equal(origin, "default");
+    assert_false(config_key_origin(&c, "training.nope", origin, sizeof origin));
+    assert_false(config_check_supported(&c, err, sizeof err));
+    snprintf(expected, sizeof expected,
+             "%s:4:29: parallelism.pipeline_parallel_degree = 2 is not implemented yet", path);
+    assert_string_equal(err, expected);
+    config_free(&c);
+}
+
+// --help-config is generated from the table: every key, its range and its default.
+static void test_help_lists_every_key(void **state) {
+    (void)state;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    config_print_help(f);
+    fclose(f);
+    for (size_t i = 0; i < config_key_count(); i++) {
+        ConfigKeyInfo k = config_key_info(i);
+        char name[160];
+        snprintf(name, sizeof name, "  --%s.%s: ", k.section, k.key);
+        assert_non_null(strstr(text, name));
+    }
+    assert_non_null(strstr(text, "  --training.steps: an integer in [0, 2147483646]; default "
+                                 "10000\n      How many train steps to run\n"));
+    assert_non_null(strstr(text, "  --float8.recipe_name: one of tensorwise, rowwise, "
+                                 "rowwise_with_gw_hp or null; default null\n"));
+    free(text);
 }
 
 int main(void) {
@@ -349,6 +604,14 @@ int main(void) {
         cmocka_unit_test(test_missing_file_is_named),
         cmocka_unit_test(test_override_errors_are_exact),
         cmocka_unit_test(test_check_supported),
+        cmocka_unit_test(test_ranges_checked_at_parse),
+        cmocka_unit_test(test_every_int_key_is_bounded),
+        cmocka_unit_test(test_every_key_override_applies),
+        cmocka_unit_test(test_text_parse_and_roundtrip_check),
+        cmocka_unit_test(test_size_and_depth_limits),
+        cmocka_unit_test(test_messages_are_one_line),
+        cmocka_unit_test(test_origins_are_named),
+        cmocka_unit_test(test_help_lists_every_key),
     };
     return cmocka_run_group_tests(tests, dir_setup, dir_teardown);
 }
