@@ -517,6 +517,7 @@ static int64_t arg_int(const char *flag, const char *s, int64_t lo, int64_t hi) 
 }
 
 static TrainArgs args_parse(int argc, char **argv) {
+    help_exit_if_asked(argc, argv, USAGE);
     TrainArgs a = {.threads = omp_get_max_threads(),
                    .files = xmalloc((size_t)argc * sizeof(char *))};
     for (int i = 1; i < argc; i++) {

@@ -125,6 +125,7 @@ static int64_t shard_tokens_parse(const char *s) {
 }
 
 static TokenizeArgs args_parse(int argc, char **argv) {
+    help_exit_if_asked(argc, argv, USAGE);
     TokenizeArgs a = {.shard_tokens = SHARD_TOKENS_DEFAULT,
                       .inputs = xmalloc((size_t)argc * sizeof(char *))};
     for (int i = 1; i < argc; i++) {

@@ -93,6 +93,7 @@ static bool set_option(GenOptions *o, const char *f, const char *value) {
 }
 
 static void parse_options(GenOptions *o, int argc, char **argv) {
+    help_exit_if_asked(argc, argv, USAGE);
     *o = (GenOptions){.max_new_tokens = 100, .temperature = 0.8, .top_p = 0.9};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--ids") == 0)
@@ -305,6 +306,7 @@ static GenCount generate(Loaded *l, LlamaKVCache *cache, Sampler *s, const Ids *
             logits = llama3_decode_step(&l->model, cache, k, next, n.steps++);
     }
     putchar('\n');
+    fflush(stdout);  // before the summary on stderr, which may go to the same file
     return n;
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The command line: --print-config prints the resolved config (file + overrides) as YAML that
 # titan reads back to the same config (job.config_file and job.print_config aside); job.save_config_file writes that same text.
+# --help for titan and each command, --help-config, titan alone; generate's summary line.
 source "$(dirname "$0")/lib.sh"
 
 $TITAN --config configs/llama3_8b.yaml --training.steps 7 --print-config >"$SCRATCH/a.yaml"
@@ -20,3 +21,35 @@ same "$SCRATCH/again.yaml" "$SCRATCH/saved.yaml" ||
 $TITAN --config configs/debug_model.yaml --device cuda --print-config >"$SCRATCH/device.yaml"
 grep -Eq '^  device: "cuda"' "$SCRATCH/device.yaml" || fail "--device cuda did not set training.device"
 echo "ok: print-config round trip, save_config_file, --device"
+
+# --help: the usage on stdout, exit 0, for titan and each command; titan alone: usage, exit 2.
+$TITAN --help >"$SCRATCH/help.txt" || fail "titan --help did not exit 0"
+for want in "titan tokenize" "titan tokenizer train" "titan generate" "--print-config" \
+    "--help-config" "configs/" "README.md"; do
+  grep -qF -- "$want" "$SCRATCH/help.txt" || fail "titan --help does not mention $want"
+done
+$TITAN --config configs/debug_model.yaml --training.steps 3 -h | cmp -s - "$SCRATCH/help.txt" ||
+  fail "-h among training flags does not print the usage"
+$TITAN tokenize --help | grep -q "^usage: titan tokenize --tokenizer" || fail "tokenize --help"
+$TITAN tokenizer train --help | grep -q "^usage: titan tokenizer train --vocab-size" ||
+  fail "tokenizer train --help"
+$TITAN generate --help | grep -q "^usage: titan generate --checkpoint" || fail "generate --help"
+rc=0; $TITAN >/dev/null 2>"$SCRATCH/alone.txt" || rc=$?
+[ "$rc" -eq 2 ] || fail "titan alone exited $rc, not 2"
+cmp -s "$SCRATCH/alone.txt" "$SCRATCH/help.txt" || fail "titan alone does not print the usage"
+# --help-config: every key of the printed config, with its type and default.
+$TITAN --help-config >"$SCRATCH/keys.txt" || fail "--help-config did not exit 0"
+awk '/^[a-z_0-9]+:$/ {s = substr($1, 1, length($1) - 1)} /^  [a-z_0-9]+:/ {print "  --" s "." substr($1, 1, length($1))}' \
+  "$SCRATCH/a.yaml" >"$SCRATCH/key_names.txt"
+[ "$(wc -l <"$SCRATCH/key_names.txt")" -gt 100 ] || fail "too few keys in the printed config"
+while read -r key; do
+  grep -qF -- "$key " "$SCRATCH/keys.txt" || fail "--help-config does not list $key"
+done <"$SCRATCH/key_names.txt"
+grep -qF -- "  --training.steps: an integer in [0, 2147483646]; default 10000" "$SCRATCH/keys.txt" ||
+  fail "--help-config does not give training.steps' range and default"
+# generate ends its text with a newline before the summary, also when both go to one file.
+$TITAN generate --checkpoint ../shared/data/models/stories260K.bin --prompt-ids 1 \
+  --max-new-tokens 5 --temperature 0 --ids >"$SCRATCH/gen.txt" 2>&1
+grep -q "^generate: 1 prompt + 5 new tokens" "$SCRATCH/gen.txt" ||
+  fail "generate's summary does not start a line: $(cat "$SCRATCH/gen.txt")"
+echo "ok: --help, --help-config, titan alone, generate's last line"
