@@ -424,9 +424,11 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
         } else if (strcmp(argv[i], "--estimate") == 0) {
             estimate = true;
         } else if (strcmp(argv[i], "--world-size") == 0) {
-            char *end = NULL;
+            char *end = NULL, quoted[160];
             long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
-            if (!end || *end || v < 1) die_user("--world-size expects a positive integer");
+            if (!end || *end || v < 1 || v > INT32_MAX)  // the mesh counts ranks in an int
+                die_user("--world-size expects an integer in [1, %d], got %s", INT32_MAX,
+                         i + 1 < argc ? error_quote(quoted, sizeof quoted, argv[i + 1]) : "none");
             world = (int)v;
             i++;
         } else {

@@ -21,6 +21,8 @@ expect_user_error "^titan: error: --training.seq_len: expects an integer in \[1,
   $TITAN "${R[@]}" --training.seq_len 9223372036854775807
 expect_user_error "^titan: error: --comm.trace_buf_size: expects an integer in \[0, 1048576\], got '4294967295'$" \
   $TITAN "${R[@]}" --comm.trace_buf_size 4294967295
+expect_user_error "^titan: error: --world-size expects an integer in \[1, 2147483647\], got '4294967297'$" \
+  $TITAN --estimate --world-size 4294967297 --config configs/debug_model.yaml
 # Tokens per microbatch index the activations with an int: both keys are named, with origins.
 expect_user_error "^titan: error: training.local_batch_size = 1000000000 \(--training.local_batch_size\) x training.seq_len = 64 \(--training.seq_len\) = 64000000000 tokens per microbatch, more than 2147483647$" \
   $TITAN "${R[@]}" --training.local_batch_size 1000000000
