@@ -360,6 +360,33 @@ static bool parse_bool(const char *t, bool *out) {
     return false;
 }
 
+// Length of the UTF-8 sequence at p and its code point; 0 when p holds no valid one (overlong
+// forms, surrogates and code points past U+10FFFF are invalid, as for libyaml's reader).
+static size_t utf8_decode(const unsigned char *p, uint32_t *cp) {
+    static const uint32_t min_of_len[] = {0, 0, 0x80, 0x800, 0x10000};
+    size_t len = p[0] < 0x80 ? 1 : (p[0] >> 5) == 6 ? 2 : (p[0] >> 4) == 14 ? 3
+                 : (p[0] >> 3) == 30 ? 4 : 0;
+    if (len == 0) return 0;
+    *cp = len == 1 ? p[0] : p[0] & (0x7f >> len);
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80) return 0;
+        *cp = (*cp << 6) | (p[i] & 0x3f);
+    }
+    bool valid = *cp >= min_of_len[len] && *cp <= 0x10ffff && (*cp < 0xd800 || *cp > 0xdfff);
+    return valid ? len : 0;
+}
+
+// Text from the command line: a config file, printed as YAML, can hold only UTF-8.
+static bool utf8_valid(const char *t) {
+    uint32_t cp;
+    for (const unsigned char *p = (const unsigned char *)t; *p;) {
+        size_t len = utf8_decode(p, &cp);
+        if (len == 0) return false;
+        p += len;
+    }
+    return true;
+}
+
 typedef enum { INT_OK, INT_MALFORMED, INT_OUT_OF_RANGE } IntParse;
 
 // Beyond int64, and the null sentinel itself, are out of every key's range: no value a user
@@ -459,6 +486,11 @@ static bool number_set(void *f, const KeySpec *s, const char *text, bool *range_
 static bool value_set(Config *c, const KeySpec *s, const char *text, bool is_null, char *why,
                       size_t n) {
     if (is_null) return set_null(c, s, why, n);
+    char quoted[160];
+    if (!utf8_valid(text)) {
+        snprintf(why, n, "expects UTF-8 text, got %s", error_quote(quoted, sizeof quoted, text));
+        return false;
+    }
     void *f = field_of(c, s);
     bool ok = true, range_error = false;
     switch (s->type) {
@@ -476,7 +508,7 @@ static bool value_set(Config *c, const KeySpec *s, const char *text, bool is_nul
         break;
     }
     if (!ok) {
-        char expected[256], quoted[160];
+        char expected[256];
         type_describe(s, range_error, expected, sizeof expected);
         snprintf(why, n, "expects %s, got %s", expected, error_quote(quoted, sizeof quoted, text));
     }
@@ -1085,15 +1117,27 @@ void config_defaults(Config *c) {
     }
 }
 
+// YAML holds raw only printable code points, and reads NEL, LS and PS as line breaks.
+static bool yaml_printable(uint32_t cp) {
+    return cp == '\t' || (cp >= 0x20 && cp <= 0x7e) || (cp >= 0xa0 && cp <= 0xd7ff && cp) ||
+           (cp >= 0xe000 && cp <= 0xfffd && cp != 0xfeff) || cp >= 0x10000;
+}
+
 // A double-quoted YAML scalar: the one string form that needs no case analysis to read back.
 static void yaml_quote(FILE *f, const char *s) {
     fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p == '\n') fputs("\\n", f);
-        else if (*p == '\t') fputs("\\t", f);
-        else if (*p < 0x20 || *p == 0x7f) fprintf(f, "\\x%02x", *p);
-        else fputc(*p, f);
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        uint32_t cp;
+        size_t len = utf8_decode(p, &cp);
+        if (len == 0) {  // not UTF-8: set in code, not read (the command line refuses it)
+            fprintf(f, "\\x%02x", *p++);
+            continue;
+        }
+        if (cp == '"' || cp == '\\') fprintf(f, "\\%c", (char)cp);
+        else if (cp == '\n') fputs("\\n", f);
+        else if (!yaml_printable(cp) || cp == 0x2028 || cp == 0x2029) fprintf(f, "\\u%04x", cp);
+        else fwrite(p, 1, len, f);
+        p += len;
     }
     fputc('"', f);
 }

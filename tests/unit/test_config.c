@@ -497,6 +497,26 @@ static void test_text_parse_and_roundtrip_check(void **state) {
     config_free(&c);
 }
 
+// Every string YAML can hold prints in a form that reads back as itself: code points YAML may
+// not hold raw (C1 controls, line separators) are escaped; bytes that are not UTF-8, which no
+// YAML file can hold, are refused on the command line.
+static void test_any_text_round_trips(void **state) {
+    (void)state;
+    Config c;
+    char err[512] = "";
+    assert_true(yaml_parse(&c, "job:\n  description: \"a\\x85b\\u2028c\\u2029d\\x01e\\u0080f "
+                               "\\ufeffg\\uffffh \\u00e9\\U0001F600\"\n",
+                           err, sizeof err));
+    assert_string_equal(c.job.description, "a\xc2\x85" "b\u2028c\u2029d\x01" "e\xc2\x80" "f "
+                                           "\ufeffg\uffffh \u00e9\U0001F600");
+    if (!config_roundtrip_check(&c, err, sizeof err)) fail_msg("%s", err);
+    config_free(&c);
+    char *latin1[] = {"titan", "--job.description", "caf\xe9"};
+    arg_error_is(3, latin1, "--job.description: expects UTF-8 text, got 'caf\xe9'");
+    char *list[] = {"titan", "--model.converters", "a,\xff"};
+    arg_error_is(3, list, "--model.converters: expects UTF-8 text, got 'a,\xff'");
+}
+
 // Size and depth limits hold before libyaml builds anything; the deep case used to take 25 s.
 static void test_size_and_depth_limits(void **state) {
     (void)state;
@@ -608,6 +628,7 @@ int main(void) {
         cmocka_unit_test(test_every_int_key_is_bounded),
         cmocka_unit_test(test_every_key_override_applies),
         cmocka_unit_test(test_text_parse_and_roundtrip_check),
+        cmocka_unit_test(test_any_text_round_trips),
         cmocka_unit_test(test_size_and_depth_limits),
         cmocka_unit_test(test_messages_are_one_line),
         cmocka_unit_test(test_origins_are_named),
