@@ -159,7 +159,8 @@ static void blob_append(Tokenizer *t, const char *s, size_t n) {
 }
 
 bool tokenizer_add_token(Tokenizer *t, int32_t id, const char *s, size_t n, bool special) {
-    CHECK(id >= 0 && id < TOKENIZER_MAX_IDS && n <= INT32_MAX && t->blob_len + n <= UINT32_MAX);
+    CHECK(id >= 0 && id < TOKENIZER_MAX_IDS && n > 0 && n <= INT32_MAX &&
+          t->blob_len + n <= UINT32_MAX);
     ids_reserve(t, id);
     if (t->len[id] >= 0 || (!special && tokenizer_lookup(t, s, n) >= 0)) return false;
     t->start[id] = t->blob_len;

@@ -96,8 +96,8 @@ static bool vocab_add(Tokenizer *t, ByteLevel *b, json_t *vocab, const char *pat
             snprintf(why, sizeof why, "has id %d, which another token has", id);
             return vocab_fail(path, key, why, err, errlen);
         }
-        if (!bytelevel_decode(b, key, strlen(key), &n))
-            return vocab_fail(path, key, "is not byte-level", err, errlen);
+        if (!bytelevel_decode(b, key, strlen(key), &n) || n == 0)
+            return vocab_fail(path, key, "is not byte-level text", err, errlen);
         if (!tokenizer_add_token(t, id, b->buf, n, false))
             return vocab_fail(path, key, "repeats a token", err, errlen);
     }
@@ -160,7 +160,8 @@ static bool hf_added_tokens_add(Tokenizer *t, const json_t *added, const char *p
         int32_t id = json_id(json_object_get(a, "id"));
         const char *content = json_string_value(json_object_get(a, "content"));
         bool special = json_is_true(json_object_get(a, "special"));
-        if (id < 0 || !content || !tokenizer_add_token(t, id, content, strlen(content), special))
+        if (id < 0 || !content || !*content ||
+            !tokenizer_add_token(t, id, content, strlen(content), special))
             return error_set(err, errlen, "tokenizer %s: added_tokens[%zu] is not a new token",
                              path, i);
     }

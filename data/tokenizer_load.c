@@ -76,7 +76,9 @@ static bool tiktoken_parse_line(Tokenizer *t, char *line, size_t n, const char *
                          "in order, without gaps or repeats)",
                          path, lineno, rank, t->n_ids);
     long bytes = base64_decode(line, (size_t)(space - line));
-    if (bytes < 0) return error_set(err, errlen, "tokenizer %s:%d: bad base64", path, lineno);
+    if (bytes <= 0)
+        return error_set(err, errlen, "tokenizer %s:%d: %s", path, lineno,
+                         bytes < 0 ? "bad base64" : "an empty token");
     if (!tokenizer_add_token(t, (int32_t)rank, line, (size_t)bytes, false))
         return error_set(err, errlen, "tokenizer %s:%d: the bytes of rank %ld repeat an earlier "
                          "rank's", path, lineno, rank);

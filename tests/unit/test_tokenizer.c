@@ -390,6 +390,7 @@ static void test_errors(void **state) {
                       ": a GPT-2 tokenizer needs vocab.bpe beside it");
     expect_load_error("rank.tiktoken", "IQ== 0\nIg== one\n", ":2: not a \"<base64> <rank>\" line");
     expect_load_error("b64.tiktoken", "IQ== 0\nI*== 1\n", ":2: bad base64");
+    expect_load_error("empty.tiktoken", "IQ== 0\n= 1\n", ":2: an empty token");
     expect_load_error("short.tiktoken", "IQ== 0\n", " has no token for the byte 0x00");
 }
 
@@ -426,6 +427,8 @@ static void test_huggingface_gaps(void **state) {
     huggingface_write("key.json", -1, HF_VOCAB ", \"a\": 97", "", path, sizeof path);
     expect_path_error(path, ": invalid JSON at line 1, column 2514: duplicate object key near "
                             "'\"a\"'");
+    huggingface_write("empty.json", -1, HF_VOCAB ", \"\": 300", "", path, sizeof path);
+    expect_path_error(path, ": vocab entry \"\" is not byte-level text");
     huggingface_write("merge.json", -1, HF_VOCAB, "\"\xc4\xa0 a\", \"a x\"", path, sizeof path);
     expect_path_error(path, ": merge 1 is not a pair of vocab tokens");
     huggingface_write("byte.json", 'x', HF_VOCAB ", \"xx\": 120", "", path, sizeof path);
