@@ -28,6 +28,13 @@ sed 300d "$TOK" >"$SCRATCH/gap.model"
 expect_user_error "tokenizer .*gap.model:300: rank 300 where 299 was expected" \
   $TITAN "${run[@]}" --model.tokenizer_path "$SCRATCH/gap.model" --training.dataset_path "$SCRATCH/doc.txt"
 
+# A llama2.c header whose shape is too large for the file's byte count to be an int64 is no
+# header (computing that count overflowed before).
+$PY -c 'import struct, sys; sys.stdout.buffer.write(struct.pack("7i", *[1 << 20] * 3, *[1 << 19] * 2, *[1 << 20] * 2))' \
+  >"$SCRATCH/huge.bin"
+expect_user_error "huge.bin is not a llama2.c checkpoint" \
+  $TITAN generate --checkpoint "$SCRATCH/huge.bin" --prompt-ids 1
+
 # Llama 3 ids do not fit the debug model's 2048-token vocabulary.
 $TITAN tokenize --tokenizer "$TOK" --out "$SCRATCH/llama3" "$CORPUS" >/dev/null
 expect_user_error "token id [0-9]+ is outside the model's vocabulary of 2048" \
