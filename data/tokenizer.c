@@ -116,9 +116,10 @@ bool tokenizer_pair_find(const Tokenizer *t, int32_t left, int32_t right, int32_
 
 void tokenizer_merges_from_ranks(Tokenizer *t) {
     for (int32_t id = 0; id < t->n_ids; id++) {
+        if (t->len[id] < 2) continue;  // a single byte, or an id no token has
         const char *s = t->blob + t->start[id];
-        size_t n = t->len[id] < 0 ? 0 : (size_t)t->len[id];
-        if (n < 2 || tokenizer_lookup(t, s, n) != id) continue;  // special or single byte
+        size_t n = (size_t)t->len[id];
+        if (tokenizer_lookup(t, s, n) != id) continue;  // special
         for (size_t cut = 1; cut < n; cut++) {
             int32_t left = tokenizer_lookup(t, s, cut);
             int32_t right = tokenizer_lookup(t, s + cut, n - cut);
@@ -159,7 +160,8 @@ static void blob_append(Tokenizer *t, const char *s, size_t n) {
 }
 
 bool tokenizer_add_token(Tokenizer *t, int32_t id, const char *s, size_t n, bool special) {
-    CHECK(id >= 0 && id < TOKENIZER_MAX_IDS && n <= INT32_MAX && t->blob_len + n <= UINT32_MAX);
+    CHECK(id >= 0 && id < TOKENIZER_MAX_IDS && n > 0 && n <= INT32_MAX &&
+          t->blob_len + n <= UINT32_MAX);
     ids_reserve(t, id);
     if (t->len[id] >= 0 || (!special && tokenizer_lookup(t, s, n) >= 0)) return false;
     t->start[id] = t->blob_len;

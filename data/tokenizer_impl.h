@@ -55,7 +55,7 @@ struct Tokenizer {
 };
 
 Tokenizer *tokenizer_new(const char *format);
-// Gives id the bytes s[0, n); ordinary tokens also become encodable, special ones do not.
+// Gives id the bytes s[0, n), n > 0; ordinary tokens also become encodable, special ones do not.
 // False (and nothing changed) when the id or, for an ordinary token, the bytes are taken.
 bool tokenizer_add_token(Tokenizer *t, int32_t id, const char *s, size_t n, bool special);
 // The ordinary token with bytes s[0, n), or -1.

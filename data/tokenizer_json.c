@@ -51,15 +51,47 @@ static bool bytelevel_decode(ByteLevel *b, const char *s, size_t n, size_t *at) 
     return true;
 }
 
+// s[0..) into out[0, n) with control characters written as \xNN (and a cut at n, as
+// snprintf), so that a message quoting a file's text stays one line.
+static const char *text_escape(const char *s, char *out, size_t n) {
+    size_t at = 0;
+    for (; *s && at + 5 < n; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c < 0x20 || c == 0x7f) at += (size_t)snprintf(out + at, n - at, "\\x%02x", c);
+        else out[at++] = (char)c;
+    }
+    out[at] = '\0';
+    return out;
+}
+
 static bool json_fail(const char *path, const json_error_t *e, char *err, size_t errlen) {
+    char text[4 * JSON_ERROR_TEXT_LENGTH];
     return error_set(err, errlen, "tokenizer %s: invalid JSON at line %d, column %d: %s", path,
-                     e->line, e->column, e->text);
+                     e->line, e->column, text_escape(e->text, text, sizeof text));
 }
 
 // An id from JSON, or -1 when v is not one.
 static int32_t json_id(const json_t *v) {
     json_int_t id = json_integer_value(v);
     return json_is_integer(v) && id >= 0 && id < TOKENIZER_MAX_IDS ? (int32_t)id : -1;
+}
+
+// A refusal naming a vocab entry.
+static bool vocab_fail(const char *path, const char *key, const char *why, char *err,
+                       size_t errlen) {
+    char text[256];
+    return error_set(err, errlen, "tokenizer %s: vocab entry \"%s\" %s", path,
+                     text_escape(key, text, sizeof text), why);
+}
+
+// An entry for an id that has a token already is only an added token restated (GPT-2's
+// <|endoftext|>): its text, raw or byte-level, must be that token's.
+static bool vocab_restates(const Tokenizer *t, ByteLevel *b, int32_t id, const char *key) {
+    size_t n = 0, len = strlen(key);
+    const char *bytes = t->blob + t->start[id];
+    if ((size_t)t->len[id] == len && memcmp(bytes, key, len) == 0) return true;
+    return bytelevel_decode(b, key, len, &n) && (size_t)t->len[id] == n &&
+           memcmp(bytes, b->buf, n) == 0;
 }
 
 static bool vocab_add(Tokenizer *t, ByteLevel *b, json_t *vocab, const char *path, char *err,
@@ -69,17 +101,30 @@ static bool vocab_add(Tokenizer *t, ByteLevel *b, json_t *vocab, const char *pat
     json_object_foreach(vocab, key, value) {
         int32_t id = json_id(value);
         size_t n = 0;
-        if (id < 0)
-            return error_set(err, errlen, "tokenizer %s: vocab entry \"%s\" has no valid id",
-                             path, key);
-        if (id < t->n_ids && t->len[id] >= 0) continue;  // added as a special token already
-        if (!bytelevel_decode(b, key, strlen(key), &n))
-            return error_set(err, errlen, "tokenizer %s: vocab entry \"%s\" is not byte-level",
-                             path, key);
+        if (id < 0) return vocab_fail(path, key, "has no valid id", err, errlen);
+        if (id < t->n_ids && t->len[id] >= 0) {
+            if (vocab_restates(t, b, id, key)) continue;
+            char why[64];
+            snprintf(why, sizeof why, "has id %d, which another token has", id);
+            return vocab_fail(path, key, why, err, errlen);
+        }
+        if (!bytelevel_decode(b, key, strlen(key), &n) || n == 0)
+            return vocab_fail(path, key, "is not byte-level text", err, errlen);
         if (!tokenizer_add_token(t, id, b->buf, n, false))
-            return error_set(err, errlen, "tokenizer %s: vocab entry \"%s\" repeats a token",
-                             path, key);
+            return vocab_fail(path, key, "repeats a token", err, errlen);
     }
+    return true;
+}
+
+// Ids index dense tables (an id without bytes cannot be decoded), so every id up to the
+// largest must have a token.
+static bool ids_dense(const Tokenizer *t, const char *path, char *err, size_t errlen) {
+    for (int32_t id = 0; id < t->n_ids; id++)
+        if (t->len[id] < 0)
+            return error_set(err, errlen,
+                             "tokenizer %s: no token has id %d, below the largest id %d (ids run "
+                             "0, 1, 2, ... without gaps)",
+                             path, id, t->n_ids - 1);
     return true;
 }
 
@@ -127,7 +172,8 @@ static bool hf_added_tokens_add(Tokenizer *t, const json_t *added, const char *p
         int32_t id = json_id(json_object_get(a, "id"));
         const char *content = json_string_value(json_object_get(a, "content"));
         bool special = json_is_true(json_object_get(a, "special"));
-        if (id < 0 || !content || !tokenizer_add_token(t, id, content, strlen(content), special))
+        if (id < 0 || !content || !*content ||
+            !tokenizer_add_token(t, id, content, strlen(content), special))
             return error_set(err, errlen, "tokenizer %s: added_tokens[%zu] is not a new token",
                              path, i);
     }
@@ -193,9 +239,10 @@ static Tokenizer *load_huggingface(json_t *root, const char *path, char *err,
                                    size_t errlen) {
     json_t *model = json_object_get(root, "model");
     const char *type = json_string_value(json_object_get(model, "type"));
+    char text[256];
     if (!type || strcmp(type, "BPE") != 0)
         return error_set(err, errlen, "tokenizer %s: not a BPE tokenizer (model.type is %s)",
-                         path, type ? type : "missing"),
+                         path, type ? text_escape(type, text, sizeof text) : "missing"),
                NULL;
     const char *pattern = hf_pattern(json_object_get(root, "pre_tokenizer"));
     if (!pattern || !*pattern)
@@ -212,6 +259,7 @@ static Tokenizer *load_huggingface(json_t *root, const char *path, char *err,
     bytelevel_init(&b);
     bool ok = hf_added_tokens_add(t, json_object_get(root, "added_tokens"), path, err, errlen) &&
               vocab_add(t, &b, json_object_get(model, "vocab"), path, err, errlen) &&
+              ids_dense(t, path, err, errlen) &&
               hf_merges_add(t, &b, json_object_get(model, "merges"), path, err, errlen) &&
               tokenizer_finish(t, pattern, path, err, errlen) &&
               hf_bos_eos_set(t, path, err, errlen);
@@ -254,6 +302,7 @@ static Tokenizer *load_gpt2(json_t *encoder, const char *encoder_path, const cha
     ByteLevel b;
     bytelevel_init(&b);
     bool ok = vocab_add(t, &b, encoder, encoder_path, err, errlen) &&
+              ids_dense(t, encoder_path, err, errlen) &&
               gpt2_merges_add(t, &b, merges, bpe_path, err, errlen) &&
               tokenizer_finish(t, PRETOKENIZE_GPT2, encoder_path, err, errlen);
     free(b.buf), free(merges);
@@ -273,7 +322,7 @@ static bool gpt2_partner(const char *path, const char *name, char *out, char *er
 Tokenizer *tokenizer_load_json(const char *path, const char *text, size_t len, char *err,
                                size_t errlen) {
     json_error_t jerr;
-    json_t *root = json_loadb(text, len, 0, &jerr);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) return json_fail(path, &jerr, err, errlen), NULL;
     Tokenizer *t = NULL;
     char bpe_path[PATH_MAX];
@@ -291,7 +340,7 @@ Tokenizer *tokenizer_load_gpt2_merges(const char *path, char *err, size_t errlen
     char encoder_path[PATH_MAX];
     if (!gpt2_partner(path, "encoder.json", encoder_path, err, errlen)) return NULL;
     json_error_t jerr;
-    json_t *encoder = json_load_file(encoder_path, 0, &jerr);
+    json_t *encoder = json_load_file(encoder_path, JSON_REJECT_DUPLICATES, &jerr);
     if (!encoder) return json_fail(encoder_path, &jerr, err, errlen), NULL;
     Tokenizer *t = load_gpt2(encoder, encoder_path, path, err, errlen);
     json_decref(encoder);

@@ -68,11 +68,20 @@ static bool tiktoken_parse_line(Tokenizer *t, char *line, size_t n, const char *
         rank >= TOKENIZER_MAX_IDS - 512)
         return error_set(err, errlen, "tokenizer %s:%d: not a \"<base64> <rank>\" line", path,
                          lineno);
+    // Ids index dense tables (an id without bytes cannot be decoded), so a rank file's ranks
+    // must run 0, 1, 2, ... as tiktoken writes them: a gap or a repeat is a cut or corrupt file.
+    if (rank != t->n_ids)
+        return error_set(err, errlen,
+                         "tokenizer %s:%d: rank %ld where %d was expected (ranks run 0, 1, 2, ... "
+                         "in order, without gaps or repeats)",
+                         path, lineno, rank, t->n_ids);
     long bytes = base64_decode(line, (size_t)(space - line));
-    if (bytes < 0) return error_set(err, errlen, "tokenizer %s:%d: bad base64", path, lineno);
+    if (bytes <= 0)
+        return error_set(err, errlen, "tokenizer %s:%d: %s", path, lineno,
+                         bytes < 0 ? "bad base64" : "an empty token");
     if (!tokenizer_add_token(t, (int32_t)rank, line, (size_t)bytes, false))
-        return error_set(err, errlen, "tokenizer %s:%d: rank %ld or its bytes appear twice", path,
-                         lineno, rank);
+        return error_set(err, errlen, "tokenizer %s:%d: the bytes of rank %ld repeat an earlier "
+                         "rank's", path, lineno, rank);
     return true;
 }
 

@@ -23,12 +23,6 @@ static const char *const LAYER_TENSORS[] = {
 };
 #define N_LAYER_TENSORS (int)(sizeof LAYER_TENSORS / sizeof LAYER_TENSORS[0])
 
-static FILE *open_or_die(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) die_user("cannot open llama2.c checkpoint %s: %s", path, strerror(errno));
-    return f;
-}
-
 static int64_t file_bytes(FILE *f) {
     struct stat st;
     SYS_CHECK(fstat(fileno(f), &st));
@@ -56,22 +50,30 @@ static int64_t implied_floats(const int32_t *h) {
     return h[L2C_VOCAB] > 0 ? n : n + vocab * dim;
 }
 
-// The validated header; die_user naming the file on a short file or one that is not this format.
-static void read_header(const char *path, int32_t h[L2C_HEADER_INTS]) {
-    FILE *f = open_or_die(path);
-    if (fread(h, sizeof(int32_t), L2C_HEADER_INTS, f) != L2C_HEADER_INTS || !header_sane(h))
-        die_user("%s is not a llama2.c checkpoint (no header of 7 int32 giving a model's shape)",
-                 path);
-    int64_t want = L2C_HEADER_INTS * 4 + 4 * implied_floats(h), got = file_bytes(f);
+// The validated header; false and a reason naming the file on a missing or short file, or one
+// that is not this format (the bounds on the size keep its byte count an int64).
+static bool header_read(const char *path, int32_t h[L2C_HEADER_INTS], char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return error_set(err, errlen, "cannot open llama2.c checkpoint %s: %s", path,
+                         strerror(errno));
+    bool sane = fread(h, sizeof(int32_t), L2C_HEADER_INTS, f) == L2C_HEADER_INTS &&
+                header_sane(h) && implied_floats(h) < INT64_MAX / 8;
+    int64_t got = file_bytes(f);
     fclose(f);
+    if (!sane)
+        return error_set(err, errlen, "%s is not a llama2.c checkpoint (no header of 7 int32 "
+                         "giving a model's shape)", path);
+    int64_t want = L2C_HEADER_INTS * 4 + 4 * implied_floats(h);
     if (got != want)
-        die_user("llama2.c checkpoint %s has %lld bytes; its header implies %lld (truncated?)",
-                 path, (long long)got, (long long)want);
+        return error_set(err, errlen, "llama2.c checkpoint %s has %lld bytes; its header implies "
+                         "%lld (truncated?)", path, (long long)got, (long long)want);
+    return true;
 }
 
-void llama3_args_from_llama2c(const char *path, LlamaArgs *a) {
+bool llama3_try_args_from_llama2c(const char *path, LlamaArgs *a, char *err, size_t errlen) {
     int32_t h[L2C_HEADER_INTS];
-    read_header(path, h);
+    if (!header_read(path, h, err, errlen)) return false;
     // torchtitan's defaults for what the header does not say (init, the unused RoPE scaling)
     CHECK(llama3_flavor("debugmodel", a));
     a->dim = h[L2C_DIM];
@@ -85,32 +87,55 @@ void llama3_args_from_llama2c(const char *path, LlamaArgs *a) {
     a->norm_eps = 1e-5;
     a->rope_theta = 10000;
     a->rope_scaling = false;
+    return true;
 }
 
-static void read_param(FILE *f, const char *path, Model *m, const char *name) {
+void llama3_args_from_llama2c(const char *path, LlamaArgs *a) {
+    char err[1024];
+    if (!llama3_try_args_from_llama2c(path, a, err, sizeof err)) die_user("%s", err);
+}
+
+static bool param_read(FILE *f, const char *path, Model *m, const char *name, char *err,
+                       size_t errlen) {
     Param *p = params_find(&m->params, name);
     CHECK(p != NULL && p->data != NULL);
-    if (fread(p->data, sizeof(float), p->numel, f) != p->numel)
-        die_user("llama2.c checkpoint %s ends inside %s", path, name);
+    if (fread(p->data, sizeof(float), p->numel, f) == p->numel) return true;
+    return error_set(err, errlen, "llama2.c checkpoint %s ends inside %s", path, name);
+}
+
+// The tensors in file order, from f positioned past the header.
+static bool params_read(FILE *f, const char *path, Model *m, const int32_t *h, char *err,
+                        size_t errlen) {
+    int64_t rope_floats = (int64_t)h[L2C_SEQ_LEN] * (h[L2C_DIM] / h[L2C_HEADS]);
+    char name[PARAM_NAME_MAX];
+    if (!param_read(f, path, m, "tok_embeddings.weight", err, errlen)) return false;
+    for (int t = 0; t < N_LAYER_TENSORS; t++)
+        for (int i = 0; i < h[L2C_LAYERS]; i++) {
+            snprintf(name, sizeof name, LAYER_TENSORS[t], i);
+            if (!param_read(f, path, m, name, err, errlen)) return false;
+        }
+    if (!param_read(f, path, m, "norm.weight", err, errlen)) return false;
+    CHECK(fseek(f, (long)(rope_floats * sizeof(float)), SEEK_CUR) == 0);  // titan computes RoPE
+    return h[L2C_VOCAB] > 0 || param_read(f, path, m, "output.weight", err, errlen);
+}
+
+bool llama3_try_load_llama2c(const char *path, Model *m, char *err, size_t errlen) {
+    int32_t h[L2C_HEADER_INTS];
+    // the file may have changed since llama3_try_args_from_llama2c
+    if (!header_read(path, h, err, errlen)) return false;
+    int64_t rope_floats = (int64_t)h[L2C_SEQ_LEN] * (h[L2C_DIM] / h[L2C_HEADS]);
+    CHECK((int64_t)m->params.numel + rope_floats == implied_floats(h));  // built from this file
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return error_set(err, errlen, "cannot open llama2.c checkpoint %s: %s", path,
+                         strerror(errno));
+    CHECK(fseek(f, L2C_HEADER_INTS * sizeof(int32_t), SEEK_SET) == 0);
+    bool ok = params_read(f, path, m, h, err, errlen);
+    fclose(f);
+    return ok;
 }
 
 void llama3_load_llama2c(const char *path, Model *m) {
-    int32_t h[L2C_HEADER_INTS];
-    read_header(path, h);  // the file may have changed since llama3_args_from_llama2c
-    int64_t n_layers = h[L2C_LAYERS], rope_floats = (int64_t)h[L2C_SEQ_LEN] *
-                                                    (h[L2C_DIM] / h[L2C_HEADS]);
-    CHECK((int64_t)m->params.numel + rope_floats == implied_floats(h));  // built from this file
-    FILE *f = open_or_die(path);
-    CHECK(fseek(f, L2C_HEADER_INTS * sizeof(int32_t), SEEK_SET) == 0);
-    char name[PARAM_NAME_MAX];
-    read_param(f, path, m, "tok_embeddings.weight");
-    for (int t = 0; t < N_LAYER_TENSORS; t++)
-        for (int i = 0; i < n_layers; i++) {
-            snprintf(name, sizeof name, LAYER_TENSORS[t], i);
-            read_param(f, path, m, name);
-        }
-    read_param(f, path, m, "norm.weight");
-    CHECK(fseek(f, (long)(rope_floats * sizeof(float)), SEEK_CUR) == 0);  // titan computes RoPE
-    if (h[L2C_VOCAB] < 0) read_param(f, path, m, "output.weight");
-    fclose(f);
+    char err[1024];
+    if (!llama3_try_load_llama2c(path, m, err, sizeof err)) die_user("%s", err);
 }

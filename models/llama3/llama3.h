@@ -91,5 +91,8 @@ const float *llama3_decode_step(const Model *m, LlamaKVCache *c, const KernelOps
 // 7 int32 then fp32 weights); max_seq_len is its seq_len. die_user naming the file on a
 // missing file, a nonsense header, or a size other than the header implies.
 void llama3_args_from_llama2c(const char *path, LlamaArgs *args);
-// Copies the file's weights into m, built from those args and allocated.
+// Copies the file's weights into m, built from those args and allocated; die_user as above.
 void llama3_load_llama2c(const char *path, Model *m);
+// The two without dying: false and the one-line reason in err.
+bool llama3_try_args_from_llama2c(const char *path, LlamaArgs *args, char *err, size_t errlen);
+bool llama3_try_load_llama2c(const char *path, Model *m, char *err, size_t errlen);

@@ -22,23 +22,48 @@ expect_user_error "training.dataset_path .*doc.txt is text: set model.tokenizer_
   $TITAN "${run[@]}" --training.dataset_path "$SCRATCH/doc.txt"
 expect_user_error "tokenizer .*doc.txt:1: not a \"<base64> <rank>\" line" \
   $TITAN tokenize --tokenizer "$SCRATCH/doc.txt" --out "$SCRATCH/x" "$SCRATCH/doc.txt"
+# A rank file that lost a line (rank 299) is refused at that line, not read as a vocabulary
+# with a hole in it.
+sed 300d "$TOK" >"$SCRATCH/gap.model"
+expect_user_error "tokenizer .*gap.model:300: rank 300 where 299 was expected" \
+  $TITAN "${run[@]}" --model.tokenizer_path "$SCRATCH/gap.model" --training.dataset_path "$SCRATCH/doc.txt"
+
+# A llama2.c header whose shape is too large for the file's byte count to be an int64 is no
+# header (computing that count overflowed before).
+$PY -c 'import struct, sys; sys.stdout.buffer.write(struct.pack("7i", *[1 << 20] * 3, *[1 << 19] * 2, *[1 << 20] * 2))' \
+  >"$SCRATCH/huge.bin"
+expect_user_error "huge.bin is not a llama2.c checkpoint" \
+  $TITAN generate --checkpoint "$SCRATCH/huge.bin" --prompt-ids 1
 
 # Llama 3 ids do not fit the debug model's 2048-token vocabulary.
 $TITAN tokenize --tokenizer "$TOK" --out "$SCRATCH/llama3" "$CORPUS" >/dev/null
 expect_user_error "token id [0-9]+ is outside the model's vocabulary of 2048" \
   $TITAN "${run[@]}" --training.dataset_path "$SCRATCH/llama3"
 
-# Invalid UTF-8: byte fallback, a training step, documents still wrapped in BOS/EOS.
+# Invalid UTF-8: byte fallback. Tokenized, each invalid byte is its own single-byte token and
+# the ids decode (by the rank file, read here independently) to the document's bytes exactly,
+# between BOS and EOS; training reads the same tokens and gets a finite loss.
 printf 'caf\xc3 na\xefve \xff\xfe text %.0s' $(seq 200) >"$SCRATCH/bad_utf8.txt"
-$TITAN "${run[@]}" --model.tokenizer_path "$TOK" --model.flavor small --training.dataset_path "$SCRATCH/bad_utf8.txt" \
-  --training.seq_len 32 >/dev/null || fail "training on invalid UTF-8 failed"
 $TITAN tokenize --tokenizer "$TOK" --out "$SCRATCH/bad" "$SCRATCH/bad_utf8.txt" >/dev/null
-$PY - "$SCRATCH/bad/shard_000000.bin" "$SCRATCH/bad_utf8.txt" <<'PY'
-import sys, numpy as np
+out=$($TITAN "${run[@]}" --model.tokenizer_path "$TOK" --model.flavor small --training.dataset_path "$SCRATCH/bad_utf8.txt" \
+  --training.seq_len 32 --job.dump_folder "$SCRATCH/bad_run") || fail "training on invalid UTF-8 failed"
+trained=$(printf '%s\n' "$out" | sed -n 's/^data: .*, \([0-9]*\) tokens$/\1/p')
+$PY - "$SCRATCH/bad/shard_000000.bin" "$SCRATCH/bad_utf8.txt" "$TOK" "$trained" \
+  "$SCRATCH/bad_run/metrics.jsonl" <<'PY'
+import base64, json, math, sys
 sys.path.insert(0, "tests/reference")
 import llama_ref
-ids = llama_ref.read_tokens(sys.argv[1])
+shard, text_path, tok, trained, metrics = sys.argv[1:]
+ids = [int(i) for i in llama_ref.read_tokens(shard)]
+text = open(text_path, "rb").read()
+vocab = [base64.b64decode(line.split()[0]) for line in open(tok)]
 assert ids[0] == 128000 and ids[-1] == 128001, "document not wrapped in BOS/EOS"
-print("ok: invalid UTF-8 tokenized to", len(ids), "ids")
+assert b"".join(vocab[i] for i in ids[1:-1]) == text, "the ids do not decode to the text"
+for byte in b"\xc3\xef\xff\xfe":
+    assert ids.count(vocab.index(bytes([byte]))) == 200, f"byte {byte:#x} is not its own token"
+assert int(trained) == len(ids), f"training read {trained} tokens, tokenize wrote {len(ids)}"
+loss = json.loads(open(metrics).readline())["loss"]
+assert math.isfinite(loss), f"loss {loss}"
+print("ok: invalid UTF-8 tokenized to", len(ids), "ids by byte fallback; loss", loss)
 PY
 echo "ok: data errors"

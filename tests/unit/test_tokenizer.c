@@ -11,6 +11,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/errors.h"
 #include "data/tokenizer.h"
@@ -243,14 +244,19 @@ static void file_write(const char *name, const char *text, char *path, size_t pa
     fclose(f);
 }
 
+// The lines of a rank file giving the 256 bytes their own ranks, in order (as `titan
+// tokenizer train` writes them), into text; returns the end of what it wrote.
+static char *byte_ranks(char *text) {
+    static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (int b = 0; b < 256; b++) text += sprintf(text, "%c%c== %d\n", B64[b >> 2], B64[(b & 3) << 4], b);
+    return text;
+}
+
 // A rank file as `titan tokenizer train` writes it: the 256 bytes in order, then merges.
 static void test_titan_rank_file(void **state) {
     (void)state;
-    static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    char text[256 * 12 + 64], *at = text, path[300];
-    for (int b = 0; b < 256; b++)
-        at += sprintf(at, "%c%c== %d\n", B64[b >> 2], B64[(b & 3) << 4], b);
-    sprintf(at, "YWI= 256\nYWJj 257\n");  // "ab", "abc"
+    char text[256 * 12 + 64], path[300];
+    sprintf(byte_ranks(text), "YWI= 256\nYWJj 257\n");  // "ab", "abc"
     file_write("titan.tiktoken", text, path, sizeof path);
     Tokenizer *t = tokenizer_load(path);
     assert_int_equal(tokenizer_vocab_size(t), 260);
@@ -274,21 +280,40 @@ static void byte_level_char(int b, char *out) {
     else sprintf(out, "%c%c", 0xc0 | cp >> 6, 0x80 | (cp & 0x3f));
 }
 
+// A byte-level vocab object giving each byte its own id, but the byte `skip` (-1: none), then
+// the entries `more` (without braces); returns the end of what it wrote.
+static char *byte_vocab(char *text, int skip, const char *more) {
+    char c[3];
+    text += sprintf(text, "{");
+    for (int b = 0; b < 256; b++) {
+        if (b == skip) continue;
+        byte_level_char(b, c);
+        text += sprintf(text, "\"%s%s\": %d, ", c[0] == '"' || c[0] == '\\' ? "\\" : "", c, b);
+    }
+    return text + sprintf(text, "%s}", more);
+}
+
+// A tokenizer.json with that vocab, the merges (a JSON array's members) and an added token 258.
+static void huggingface_write(const char *name, int skip, const char *vocab, const char *merges,
+                              char *path, size_t pathlen) {
+    char text[8192], *at = text;
+    at += sprintf(at, "{\"model\": {\"type\": \"BPE\", \"vocab\": ");
+    at = byte_vocab(at, skip, vocab);
+    sprintf(at, ", \"merges\": [%s]}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, "
+                "\"added_tokens\": [{\"id\": 258, \"content\": \"<|endoftext|>\", "
+                "\"special\": true}]}", merges);
+    file_write(name, text, path, pathlen);
+}
+
+// " a" and " ab" in byte-level spelling, and their merges in the two spellings of a merge.
+#define HF_VOCAB "\"\xc4\xa0" "a\": 256, \"\xc4\xa0" "ab\": 257"
+#define HF_MERGES "\"\xc4\xa0 a\", [\"\xc4\xa0" "a\", \"b\"]"
+
 // A tokenizer.json with the two merge spellings ("a b" and [a, b]) and an added token.
 static void test_small_huggingface_file(void **state) {
     (void)state;
-    char text[8192], *at = text, path[300], c[3];
-    at += sprintf(at, "{\"model\": {\"type\": \"BPE\", \"vocab\": {");
-    for (int b = 0; b < 256; b++) {
-        byte_level_char(b, c);
-        at += sprintf(at, "\"%s%s\": %d, ", c[0] == '"' || c[0] == '\\' ? "\\" : "", c, b);
-    }
-    at += sprintf(at, "\"\xc4\xa0" "a\": 256, \"\xc4\xa0" "ab\": 257}, "  // " a", " ab"
-                      "\"merges\": [\"\xc4\xa0 a\", [\"\xc4\xa0" "a\", \"b\"]]}, "
-                      "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, "
-                      "\"added_tokens\": [{\"id\": 258, \"content\": \"<|endoftext|>\", "
-                      "\"special\": true}]}");
-    file_write("tokenizer.json", text, path, sizeof path);
+    char path[300];
+    huggingface_write("tokenizer.json", -1, HF_VOCAB, HF_MERGES, path, sizeof path);
     Tokenizer *t = tokenizer_load(path);
     assert_int_equal(tokenizer_vocab_size(t), 259);
     assert_int_equal(tokenizer_bos_id(t), 258);
@@ -298,15 +323,51 @@ static void test_small_huggingface_file(void **state) {
     tokenizer_free(t);
 }
 
+// GPT-2's two files in their own folder: encoder.json (the byte vocab, `vocab` and
+// <|endoftext|>) and vocab.bpe (`merges`, one a line); the folder's path goes to path.
+static void gpt2_write(const char *folder, int skip, const char *vocab, const char *merges,
+                       char *path, size_t pathlen) {
+    char text[8192], file[300];
+    snprintf(path, pathlen, "%s/%s", dir, folder);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(file, sizeof file, "%s/encoder.json", folder);
+    byte_vocab(text, skip, vocab);
+    file_write(file, text, path, pathlen);
+    snprintf(file, sizeof file, "%s/vocab.bpe", folder);
+    snprintf(text, sizeof text, "#version: 0.2\n%s", merges);
+    file_write(file, text, path, pathlen);
+    snprintf(path, pathlen, "%s/%s", dir, folder);
+}
+
+static void test_small_gpt2_files(void **state) {
+    (void)state;
+    char path[300];
+    gpt2_write("gpt2", -1, HF_VOCAB ", \"<|endoftext|>\": 258", "\xc4\xa0 a\n\xc4\xa0" "a b\n",
+               path, sizeof path);
+    Tokenizer *t = tokenizer_load(path);
+    assert_string_equal(tokenizer_format(t), "gpt2");
+    assert_int_equal(tokenizer_vocab_size(t), 259);
+    assert_int_equal(tokenizer_eos_id(t), 258);
+    const int32_t want[] = {'b', 257, 'b', 256, 'c'};
+    expect_encoding(t, "b abb ac", 8, want, 5);
+    tokenizer_free(t);
+}
+
 static void load_or_die(const char *path) { tokenizer_load(path); }
 
-// The reason try_load gives for a file holding text.
-static void expect_load_error(const char *name, const char *text, const char *want_after_path) {
-    char path[300], err[512], want[1024];
-    file_write(name, text, path, sizeof path);
+// The reason try_load gives for path, which must be "tokenizer <path><want_after_path>".
+static void expect_path_error(const char *path, const char *want_after_path) {
+    char err[512], want[1024];
     assert_null(tokenizer_try_load(path, err, sizeof err));
     snprintf(want, sizeof want, "tokenizer %s%s", path, want_after_path);
     assert_string_equal(err, want);
+}
+
+// The reason try_load gives for a file holding text.
+static void expect_load_error(const char *name, const char *text, const char *want_after_path) {
+    char path[300];
+    file_write(name, text, path, sizeof path);
+    expect_path_error(path, want_after_path);
 }
 
 static void test_errors(void **state) {
@@ -318,6 +379,11 @@ static void test_errors(void **state) {
                       ": invalid JSON at line 2, column 13: invalid token near 'BPE'");
     expect_load_error("word.json", "{\"model\": {\"type\": \"WordPiece\"}}",
                       ": not a BPE tokenizer (model.type is WordPiece)");
+    // Control characters, in the file's text or in its strings, are escaped: one line.
+    expect_load_error("escape.json", "{\"a\\\n\": 0}",
+                      ": invalid JSON at line 2, column 0: invalid escape near '\"a\\\\x0a'");
+    expect_load_error("type.json", "{\"model\": {\"type\": \"B\\nPE\"}}",
+                      ": not a BPE tokenizer (model.type is B\\x0aPE)");
     expect_load_error("piece.json",
                       "{\"model\": {\"type\": \"BPE\"}, \"pre_tokenizer\": {\"type\": "
                       "\"ByteLevel\", \"add_prefix_space\": true}}",
@@ -329,8 +395,71 @@ static void test_errors(void **state) {
                       ": a GPT-2 tokenizer needs vocab.bpe beside it");
     expect_load_error("rank.tiktoken", "IQ== 0\nIg== one\n", ":2: not a \"<base64> <rank>\" line");
     expect_load_error("b64.tiktoken", "IQ== 0\nI*== 1\n", ":2: bad base64");
-    expect_load_error("twice.tiktoken", "IQ== 0\nIg== 0\n", ":2: rank 0 or its bytes appear twice");
+    expect_load_error("empty.tiktoken", "IQ== 0\n= 1\n", ":2: an empty token");
     expect_load_error("short.tiktoken", "IQ== 0\n", " has no token for the byte 0x00");
+}
+
+#define RANKS_IN_ORDER " was expected (ranks run 0, 1, 2, ... in order, without gaps or repeats)"
+
+// A rank file must give ranks 0, 1, 2, ...: a gap (a line lost, a file cut at its start) or a
+// repeat is refused at its line, and a byte without a rank is refused, since encoding starts
+// from the bytes.
+static void test_rank_file_gaps(void **state) {
+    (void)state;
+    char text[256 * 12 + 64];
+    sprintf(byte_ranks(text), "YWI= 257\n");
+    expect_load_error("gap.tiktoken", text, ":257: rank 257 where 256" RANKS_IN_ORDER);
+    expect_load_error("twice.tiktoken", "IQ== 0\nIg== 0\n", ":2: rank 0 where 1" RANKS_IN_ORDER);
+    expect_load_error("cut.tiktoken", "Ig== 1\n", ":1: rank 1 where 0" RANKS_IN_ORDER);
+    expect_load_error("bytes.tiktoken", "IQ== 0\nIQ== 1\n",
+                      ":2: the bytes of rank 1 repeat an earlier rank's");
+    sprintf(byte_ranks(text) - strlen("/w== 255\n"), "\n");  // byte 0xff lost
+    expect_load_error("nobyte.tiktoken", text, " has no token for the byte 0xff");
+}
+
+#define IDS_DENSE ", below the largest id 258 (ids run 0, 1, 2, ... without gaps)"
+
+// The same for tokenizer.json: ids without gaps or repeats, merges of vocab tokens only, every
+// byte a token.
+static void test_huggingface_gaps(void **state) {
+    (void)state;
+    char path[300];
+    huggingface_write("gap.json", -1, "\"\xc4\xa0" "ab\": 257", "", path, sizeof path);
+    expect_path_error(path, ": no token has id 256" IDS_DENSE);
+    huggingface_write("twice.json", -1, HF_VOCAB ", \"\xc4\xa0" "b\": 256", "", path,
+                      sizeof path);
+    expect_path_error(path, ": vocab entry \"\xc4\xa0" "b\" has id 256, which another token has");
+    huggingface_write("key.json", -1, HF_VOCAB ", \"a\": 97", "", path, sizeof path);
+    expect_path_error(path, ": invalid JSON at line 1, column 2514: duplicate object key near "
+                            "'\"a\"'");
+    huggingface_write("empty.json", -1, HF_VOCAB ", \"\": 300", "", path, sizeof path);
+    expect_path_error(path, ": vocab entry \"\" is not byte-level text");
+    huggingface_write("merge.json", -1, HF_VOCAB, "\"\xc4\xa0 a\", \"a x\"", path, sizeof path);
+    expect_path_error(path, ": merge 1 is not a pair of vocab tokens");
+    huggingface_write("byte.json", 'x', HF_VOCAB ", \"xx\": 120", "", path, sizeof path);
+    expect_path_error(path, " has no token for the byte 0x78");
+}
+
+// And for GPT-2's encoder.json and vocab.bpe, whose merges are refused at their line.
+static void test_gpt2_gaps(void **state) {
+    (void)state;
+    char path[300], encoder[320];
+    gpt2_write("gap", -1, "\"\xc4\xa0" "ab\": 257, \"<|endoftext|>\": 258", "", path,
+               sizeof path);
+    snprintf(encoder, sizeof encoder, "%s/encoder.json", path);
+    expect_path_error(encoder, ": no token has id 256" IDS_DENSE);
+    gpt2_write("twice", -1, HF_VOCAB ", \"<|endoftext|>\": 256", "", path, sizeof path);
+    snprintf(encoder, sizeof encoder, "%s/encoder.json", path);
+    expect_path_error(encoder, ": vocab entry \"\xc4\xa0" "a\" has id 256, which another "
+                               "token has");
+    gpt2_write("merge", -1, HF_VOCAB ", \"<|endoftext|>\": 258", "\xc4\xa0 a\na x\n", path,
+               sizeof path);
+    snprintf(encoder, sizeof encoder, "%s/vocab.bpe", path);
+    expect_path_error(encoder, ":3: not a merge of two vocab tokens");
+    gpt2_write("byte", 0, HF_VOCAB ", \"<|endoftext|>\": 258, \"\xc4\x80\xc4\x80\": 0", "",
+               path, sizeof path);
+    snprintf(encoder, sizeof encoder, "%s/encoder.json", path);
+    expect_path_error(encoder, " has no token for the byte 0x00");
 }
 
 int main(void) {
@@ -349,7 +478,11 @@ int main(void) {
         cmocka_unit_test(test_bytes),
         cmocka_unit_test(test_titan_rank_file),
         cmocka_unit_test(test_small_huggingface_file),
+        cmocka_unit_test(test_small_gpt2_files),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_rank_file_gaps),
+        cmocka_unit_test(test_huggingface_gaps),
+        cmocka_unit_test(test_gpt2_gaps),
     };
     return cmocka_run_group_tests(reference_tests, reference_load, reference_free) |
            cmocka_run_group_tests(file_tests, dir_setup, dir_teardown);
