@@ -51,23 +51,10 @@ static bool bytelevel_decode(ByteLevel *b, const char *s, size_t n, size_t *at) 
     return true;
 }
 
-// s[0..) into out[0, n) with control characters written as \xNN (and a cut at n, as
-// snprintf), so that a message quoting a file's text stays one line.
-static const char *text_escape(const char *s, char *out, size_t n) {
-    size_t at = 0;
-    for (; *s && at + 5 < n; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c < 0x20 || c == 0x7f) at += (size_t)snprintf(out + at, n - at, "\\x%02x", c);
-        else out[at++] = (char)c;
-    }
-    out[at] = '\0';
-    return out;
-}
-
 static bool json_fail(const char *path, const json_error_t *e, char *err, size_t errlen) {
     char text[4 * JSON_ERROR_TEXT_LENGTH];
     return error_set(err, errlen, "tokenizer %s: invalid JSON at line %d, column %d: %s", path,
-                     e->line, e->column, text_escape(e->text, text, sizeof text));
+                     e->line, e->column, error_escape(text, sizeof text, e->text));
 }
 
 // An id from JSON, or -1 when v is not one.
@@ -81,7 +68,7 @@ static bool vocab_fail(const char *path, const char *key, const char *why, char 
                        size_t errlen) {
     char text[256];
     return error_set(err, errlen, "tokenizer %s: vocab entry \"%s\" %s", path,
-                     text_escape(key, text, sizeof text), why);
+                     error_escape(text, sizeof text, key), why);
 }
 
 // An entry for an id that has a token already is only an added token restated (GPT-2's
@@ -242,7 +229,7 @@ static Tokenizer *load_huggingface(json_t *root, const char *path, char *err,
     char text[256];
     if (!type || strcmp(type, "BPE") != 0)
         return error_set(err, errlen, "tokenizer %s: not a BPE tokenizer (model.type is %s)",
-                         path, type ? text_escape(type, text, sizeof text) : "missing"),
+                         path, type ? error_escape(text, sizeof text, type) : "missing"),
                NULL;
     const char *pattern = hf_pattern(json_object_get(root, "pre_tokenizer"));
     if (!pattern || !*pattern)

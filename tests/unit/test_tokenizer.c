@@ -381,9 +381,9 @@ static void test_errors(void **state) {
                       ": not a BPE tokenizer (model.type is WordPiece)");
     // Control characters, in the file's text or in its strings, are escaped: one line.
     expect_load_error("escape.json", "{\"a\\\n\": 0}",
-                      ": invalid JSON at line 2, column 0: invalid escape near '\"a\\\\x0a'");
+                      ": invalid JSON at line 2, column 0: invalid escape near '\"a\\\\\\n'");
     expect_load_error("type.json", "{\"model\": {\"type\": \"B\\nPE\"}}",
-                      ": not a BPE tokenizer (model.type is B\\x0aPE)");
+                      ": not a BPE tokenizer (model.type is B\\nPE)");
     expect_load_error("piece.json",
                       "{\"model\": {\"type\": \"BPE\"}, \"pre_tokenizer\": {\"type\": "
                       "\"ByteLevel\", \"add_prefix_space\": true}}",
