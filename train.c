@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "data/bpe_train.h"
 #include "data/tokenize.h"
@@ -348,8 +349,10 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
 static void train(Trainer *t) {
     const Config *c = &t->cfg;
     double started = now_seconds(), waited_before = comm_wait_seconds();
-    MetricsLog log = {0};
-    if (t->mesh.world_rank == 0) metrics_open(&log, c->job.dump_folder);
+    int rank = t->mesh.world_rank;
+    MetricsLog log = {.color = !c->metrics.disable_color_printing && isatty(STDOUT_FILENO)};
+    if (rank == 0 || c->metrics.save_for_all_ranks)
+        metrics_open(&log, c->job.dump_folder, rank, t->progress.step);
     // Tokens per device, as torchtitan: the ranks of a tp group share their tokens.
     double tokens_per_step = (double)t->accum * t->train.B * t->train.T / t->mesh.layout.size[MESH_TP];
     double interval_start = now_seconds();
