@@ -59,43 +59,56 @@ static void setup_model(Trainer *t) {
     set_checkpointing(&t->model, full_ac);
 }
 
-// FSDP's shards, full-parameter slots and communication buffers, sized by a first pass of
-// the same code; then the model's blocks are wrapped so the generic loop drives FSDP.
+// FSDP's shards, full-parameter slots and communication buffers: the sizing pass plans and
+// counts them (commit false); the commit pass allocates what it counted and carves it with the
+// same code; then the model's blocks are wrapped so the generic loop drives FSDP.
 static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
-    const ParallelismSection *p = &t->cfg.parallelism;
-    const int *size = t->mesh.layout.size;
     Fsdp *f = &t->fsdp;
-    FsdpConfig config = {.size = size[MESH_DP_SHARD] * size[MESH_CP],
-                         .rank = t->mesh.fsdp ? comm_rank(t->mesh.fsdp) : 0,
-                         .replicate_size = t->mesh.layout.size[MESH_DP_REPLICATE],
-                         .reshard = fsdp_reshard_parse(p->fsdp_reshard_after_forward),
-                         .tied_embeddings = t->args.tie_word_embeddings, .k = t->k};
-    const TrainingSection *tr = &t->cfg.training;
-    bool mixed = t->k->mixed_precision;  // torchtitan's MixedPrecisionPolicy, on cuda
-    config.bf16_params = mixed && strcmp(tr->mixed_precision_param, "bfloat16") == 0;
-    config.bf16_reduce = mixed && strcmp(tr->mixed_precision_reduce, "bfloat16") == 0;
-    fsdp_plan(f, &t->model, &config);
-    Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->comm_arena};
-    const char *names[] = {"params", "grads", "comm"};
-    for (int i = 0; i < 3; i++) arena_init_sizing(arenas[i], names[i]);
+    Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->comm_arena, &t->act_arena};
+    if (!commit) {
+        const ParallelismSection *p = &t->cfg.parallelism;
+        const int *size = t->mesh.layout.size;
+        FsdpConfig config = {.size = size[MESH_DP_SHARD] * size[MESH_CP],
+                             .rank = t->mesh.fsdp ? comm_rank(t->mesh.fsdp) : 0,
+                             .replicate_size = t->mesh.layout.size[MESH_DP_REPLICATE],
+                             .reshard = fsdp_reshard_parse(p->fsdp_reshard_after_forward),
+                             .tied_embeddings = t->args.tie_word_embeddings, .k = t->k};
+        const TrainingSection *tr = &t->cfg.training;
+        bool mixed = t->k->mixed_precision;  // torchtitan's MixedPrecisionPolicy, on cuda
+        config.bf16_params = mixed && strcmp(tr->mixed_precision_param, "bfloat16") == 0;
+        config.bf16_reduce = mixed && strcmp(tr->mixed_precision_reduce, "bfloat16") == 0;
+        fsdp_plan(f, &t->model, &config);
+        const char *names[] = {"params", "grads", "comm", "activations"};
+        for (int i = 0; i < 4; i++) arena_init_sizing(arenas[i], names[i]);
+        fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
+        t->act_arena.peak = act_bytes;
+        t->trained = &t->shard_view;
+        t->shard_view = (ParamTable){.numel = f->numel};
+        return;
+    }
+    for (int i = 0; i < 4; i++) arena_commit(arenas[i], &t->memory);
     fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
-    arena_init_sizing(&t->act_arena, "activations");
-    t->act_arena.peak = act_bytes;
-    t->trained = &t->shard_view;
-    t->shard_view = (ParamTable){.numel = f->numel};
-    if (!commit) return;
-    for (int i = 0; i < 3; i++) arena_commit(arenas[i], &t->memory);
-    arena_commit(&t->act_arena, &t->memory);
-    fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
-    CommGroup *replicate = config.replicate_size > 1 ? t->mesh.group[MESH_DP_REPLICATE] : NULL;
+    CommGroup *replicate =
+        f->config.replicate_size > 1 ? t->mesh.group[MESH_DP_REPLICATE] : NULL;
     fsdp_wrap(f, &t->model, t->mesh.fsdp, replicate);
     t->shard_view = (ParamTable){.numel = f->numel, .data = f->data, .grad = f->grad};
 }
 
-// Sizes every arena with the same calls that then carve it (core/arena.h), then allocates
-// them (commit), or stops there (--estimate).
+// Sizes every arena with the same calls that then carve it (core/arena.h; commit false: all
+// that --estimate and the memory check need), or allocates what that pass sized and carves it
+// (commit true, after a sizing pass).
 static void allocate_arenas(Trainer *t, bool commit) {
     Model *m = &t->model;
+    if (commit) {
+        if (t->fsdp_on)
+            allocate_fsdp(t, t->act_arena.peak, true);
+        else
+            model_allocate(m, t->act_arena.peak, &t->param_arena, &t->grad_arena, &t->act_arena,
+                           &t->memory);
+        arena_commit(&t->optim_arena, &t->memory);
+        adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
+        return;
+    }
     bool full_ac = m->blocks[1].checkpointed;
     set_checkpointing(m, !full_ac);
     t->act_bytes_other_mode = model_activation_bytes(m, t->k, t->train.B, t->train.T);
@@ -106,18 +119,12 @@ static void allocate_arenas(Trainer *t, bool commit) {
         if (val_bytes > act_bytes) act_bytes = val_bytes;
     }
     if (t->fsdp_on) {
-        allocate_fsdp(t, act_bytes, commit);
-    } else if (commit) {
-        model_allocate(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena, &t->memory);
-        t->trained = &m->params;
+        allocate_fsdp(t, act_bytes, false);
     } else {
         model_size(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena);
         t->trained = &m->params;
     }
     arena_init_sizing(&t->optim_arena, "optimizer");
-    adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
-    if (!commit) return;
-    arena_commit(&t->optim_arena, &t->memory);
     adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
 }
 
@@ -277,9 +284,14 @@ static void setup(Trainer *t) {
         return;
     }
     model_place_buffers(&t->model, t->k);
-    if (!c->checkpoint.create_seed_checkpoint) setup_data(t);
+    if (!c->checkpoint.create_seed_checkpoint) {
+        setup_data(t);
+        allocate_inputs(t);
+    }
+    // What is already loaded (data, inputs) counts as used when the memory check measures.
+    allocate_arenas(t, false);
+    trainer_check_memory(t);
     allocate_arenas(t, true);
-    if (!c->checkpoint.create_seed_checkpoint) allocate_inputs(t);
     trainer_load_or_initialize(t);
     const int *size = t->mesh.layout.size;
     log_info("model: llama3 %s, %d layers, dim %d, vocab %d; batch %d x %d tokens x %d "

@@ -57,6 +57,11 @@ typedef struct KernelOps {
     // bytes of zeroed tensor memory, aligned to at least 256 bytes; NULL when there is no room.
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
+    // Bytes of tensor memory this process could still allocate (after init): cpu: the smaller
+    // of /proc/meminfo's MemAvailable and the room left under the process's memory cgroups
+    // (v2 memory.max, v1 memory.limit_in_bytes, ancestors included), which every process of
+    // the node draws on; cuda: the device's free memory (cudaMemGetInfo). SIZE_MAX if unknown.
+    size_t (*memory_free)(void);
     // host -> tensor memory and back; both return once the bytes have arrived (download waits
     // for the queued work that produces them).
     void (*upload)(void *dst, const void *host_src, size_t bytes);

@@ -64,6 +64,8 @@ CommGroup *comm_split(CommGroup *parent, int color, int key, const char *name);
 int comm_rank(const CommGroup *g);
 // This rank's index among the ranks on its node (MPI's shared-memory split): picks its GPU.
 int comm_local_rank(void);
+// How many ranks run on this node (the same split): they share its host memory.
+int comm_local_size(void);
 int comm_size(const CommGroup *g);
 const char *comm_name(const CommGroup *g);
 

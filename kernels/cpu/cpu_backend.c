@@ -29,6 +29,7 @@ const KernelOps kernels_cpu = {
     .queue = cpu_queue,
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .memory_free = cpu_memory_free,
     .upload = cpu_copy,
     .download = cpu_copy,
     .copy = cpu_copy,
