@@ -248,6 +248,10 @@ static void setup_backend(Trainer *t) {
     if (!t->k)
         die_user("training.device %s: this titan was built without it (build with `make CUDA=1`)",
                  tr->device);
+    if (tr->deterministic && !t->k->deterministic)
+        die_user("training.deterministic: not implemented on training.device %s (its embedding "
+                 "and attention backward add with atomics); the cpu backend is always "
+                 "deterministic", tr->device);
     t->memory = (ArenaMemory){t->k->alloc, t->k->free};
     if (t->estimate_world_size) return;
     KernelInit init = {.local_rank = comm_local_rank(),
@@ -370,9 +374,13 @@ static void train(Trainer *t) {
     double interval_start = now_seconds();
     int interval_steps = 0;
     double peak_flops = c->metrics.peak_flops > 0 ? c->metrics.peak_flops : t->k->peak_flops();
-    for (int step = (int)t->progress.step + 1; step <= c->training.steps; step++) {
+    int first_step = (int)t->progress.step + 1;
+    for (int step = first_step; step <= c->training.steps; step++) {
         StepMetrics m = {.step = step};
         m.loss = train_step(t, step, &m.grad_norm, &m.lr);
+        // torchtitan: comm.init_timeout_seconds covers setup and the first step, whose
+        // collectives wait for the slowest rank's setup; then comm.train_timeout_seconds.
+        if (step == first_step) comm_set_timeout((int)c->comm.train_timeout_seconds);
         t->progress.step = step;
         interval_steps++;
         if (step == 1 || step % c->metrics.log_freq == 0 || step == c->training.steps) {
@@ -449,8 +457,11 @@ int main(int argc, char **argv) {
     die_user_collective(true);  // every rank reads the same config and plans the same mesh
     config_load_or_die(&t->cfg, argc, argv);
     const CommSection *cs = &t->cfg.comm;
-    comm_configure(&(CommConfig){.timeout_seconds = (int)cs->train_timeout_seconds,
-                                 .trace_buf_size = (int)cs->trace_buf_size});
+    char traces[8192];  // torchtitan's <dump_folder>/<save_traces_folder>
+    snprintf(traces, sizeof traces, "%s/%s", t->cfg.job.dump_folder, cs->save_traces_folder);
+    comm_configure(&(CommConfig){.timeout_seconds = (int)cs->init_timeout_seconds,
+                                 .trace_buf_size = (int)cs->trace_buf_size,
+                                 .trace_folder = traces});
     if (t->cfg.job.print_config) {
         config_print_yaml(&t->cfg, stdout);
         return 0;

@@ -51,6 +51,11 @@ typedef struct KernelOps {
     // torchtitan's mixed precision (bf16 compute weights under FSDP); the cpu backend computes
     // and communicates fp32 whatever mixed_precision_param asks.
     bool mixed_precision;
+    // True when every op gives the same bits on every run (cpu: each output element has one
+    // owner that sums in a fixed order). cuda is not: its embedding backward adds repeated
+    // tokens' rows with atomics, and cuDNN's attention backward adds dQ with atomics, so
+    // training.deterministic is refused there (torch.use_deterministic_algorithms raises too).
+    bool deterministic;
     // The queue every op is issued on (a cudaStream_t), which collectives must wait for; NULL
     // on cpu.
     void *(*queue)(void);

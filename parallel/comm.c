@@ -203,8 +203,10 @@ int comm_local_size(void) {
 void comm_configure(const CommConfig *config) {
     CHECK(config->trace_buf_size >= 0);
     timeout_seconds = config->timeout_seconds;
-    flight_configure(config->trace_buf_size);
+    flight_configure(config->trace_buf_size, config->trace_folder);
 }
+
+void comm_set_timeout(int seconds) { timeout_seconds = seconds; }
 
 void comm_use_nccl(void *compute_stream) {
 #if TITAN_CUDA

@@ -26,6 +26,7 @@ const KernelOps kernels_cpu = {
     .init = cpu_init,
     .host_memory = true,
     .mixed_precision = false,
+    .deterministic = true,
     .queue = cpu_queue,
     .alloc = cpu_alloc,
     .free = cpu_free,

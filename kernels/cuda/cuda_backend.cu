@@ -155,6 +155,7 @@ extern "C" const KernelOps kernels_cuda = {
     .init = cuda_init,
     .host_memory = false,
     .mixed_precision = true,
+    .deterministic = false,
     .queue = cuda_queue,
     .alloc = cuda_alloc,
     .free = cuda_free,
