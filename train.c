@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "data/bpe_train.h"
 #include "data/tokenize.h"
@@ -58,43 +59,56 @@ static void setup_model(Trainer *t) {
     set_checkpointing(&t->model, full_ac);
 }
 
-// FSDP's shards, full-parameter slots and communication buffers, sized by a first pass of
-// the same code; then the model's blocks are wrapped so the generic loop drives FSDP.
+// FSDP's shards, full-parameter slots and communication buffers: the sizing pass plans and
+// counts them (commit false); the commit pass allocates what it counted and carves it with the
+// same code; then the model's blocks are wrapped so the generic loop drives FSDP.
 static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
-    const ParallelismSection *p = &t->cfg.parallelism;
-    const int *size = t->mesh.layout.size;
     Fsdp *f = &t->fsdp;
-    FsdpConfig config = {.size = size[MESH_DP_SHARD] * size[MESH_CP],
-                         .rank = t->mesh.fsdp ? comm_rank(t->mesh.fsdp) : 0,
-                         .replicate_size = t->mesh.layout.size[MESH_DP_REPLICATE],
-                         .reshard = fsdp_reshard_parse(p->fsdp_reshard_after_forward),
-                         .tied_embeddings = t->args.tie_word_embeddings, .k = t->k};
-    const TrainingSection *tr = &t->cfg.training;
-    bool mixed = t->k->mixed_precision;  // torchtitan's MixedPrecisionPolicy, on cuda
-    config.bf16_params = mixed && strcmp(tr->mixed_precision_param, "bfloat16") == 0;
-    config.bf16_reduce = mixed && strcmp(tr->mixed_precision_reduce, "bfloat16") == 0;
-    fsdp_plan(f, &t->model, &config);
-    Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->comm_arena};
-    const char *names[] = {"params", "grads", "comm"};
-    for (int i = 0; i < 3; i++) arena_init_sizing(arenas[i], names[i]);
+    Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->comm_arena, &t->act_arena};
+    if (!commit) {
+        const ParallelismSection *p = &t->cfg.parallelism;
+        const int *size = t->mesh.layout.size;
+        FsdpConfig config = {.size = size[MESH_DP_SHARD] * size[MESH_CP],
+                             .rank = t->mesh.fsdp ? comm_rank(t->mesh.fsdp) : 0,
+                             .replicate_size = t->mesh.layout.size[MESH_DP_REPLICATE],
+                             .reshard = fsdp_reshard_parse(p->fsdp_reshard_after_forward),
+                             .tied_embeddings = t->args.tie_word_embeddings, .k = t->k};
+        const TrainingSection *tr = &t->cfg.training;
+        bool mixed = t->k->mixed_precision;  // torchtitan's MixedPrecisionPolicy, on cuda
+        config.bf16_params = mixed && strcmp(tr->mixed_precision_param, "bfloat16") == 0;
+        config.bf16_reduce = mixed && strcmp(tr->mixed_precision_reduce, "bfloat16") == 0;
+        fsdp_plan(f, &t->model, &config);
+        const char *names[] = {"params", "grads", "comm", "activations"};
+        for (int i = 0; i < 4; i++) arena_init_sizing(arenas[i], names[i]);
+        fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
+        t->act_arena.peak = act_bytes;
+        t->trained = &t->shard_view;
+        t->shard_view = (ParamTable){.numel = f->numel};
+        return;
+    }
+    for (int i = 0; i < 4; i++) arena_commit(arenas[i], &t->memory);
     fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
-    arena_init_sizing(&t->act_arena, "activations");
-    t->act_arena.peak = act_bytes;
-    t->trained = &t->shard_view;
-    t->shard_view = (ParamTable){.numel = f->numel};
-    if (!commit) return;
-    for (int i = 0; i < 3; i++) arena_commit(arenas[i], &t->memory);
-    arena_commit(&t->act_arena, &t->memory);
-    fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
-    CommGroup *replicate = config.replicate_size > 1 ? t->mesh.group[MESH_DP_REPLICATE] : NULL;
+    CommGroup *replicate =
+        f->config.replicate_size > 1 ? t->mesh.group[MESH_DP_REPLICATE] : NULL;
     fsdp_wrap(f, &t->model, t->mesh.fsdp, replicate);
     t->shard_view = (ParamTable){.numel = f->numel, .data = f->data, .grad = f->grad};
 }
 
-// Sizes every arena with the same calls that then carve it (core/arena.h), then allocates
-// them (commit), or stops there (--estimate).
+// Sizes every arena with the same calls that then carve it (core/arena.h; commit false: all
+// that --estimate and the memory check need), or allocates what that pass sized and carves it
+// (commit true, after a sizing pass).
 static void allocate_arenas(Trainer *t, bool commit) {
     Model *m = &t->model;
+    if (commit) {
+        if (t->fsdp_on)
+            allocate_fsdp(t, t->act_arena.peak, true);
+        else
+            model_allocate(m, t->act_arena.peak, &t->param_arena, &t->grad_arena, &t->act_arena,
+                           &t->memory);
+        arena_commit(&t->optim_arena, &t->memory);
+        adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
+        return;
+    }
     bool full_ac = m->blocks[1].checkpointed;
     set_checkpointing(m, !full_ac);
     t->act_bytes_other_mode = model_activation_bytes(m, t->k, t->train.B, t->train.T);
@@ -105,18 +119,12 @@ static void allocate_arenas(Trainer *t, bool commit) {
         if (val_bytes > act_bytes) act_bytes = val_bytes;
     }
     if (t->fsdp_on) {
-        allocate_fsdp(t, act_bytes, commit);
-    } else if (commit) {
-        model_allocate(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena, &t->memory);
-        t->trained = &m->params;
+        allocate_fsdp(t, act_bytes, false);
     } else {
         model_size(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena);
         t->trained = &m->params;
     }
     arena_init_sizing(&t->optim_arena, "optimizer");
-    adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
-    if (!commit) return;
-    arena_commit(&t->optim_arena, &t->memory);
     adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
 }
 
@@ -240,6 +248,10 @@ static void setup_backend(Trainer *t) {
     if (!t->k)
         die_user("training.device %s: this titan was built without it (build with `make CUDA=1`)",
                  tr->device);
+    if (tr->deterministic && !t->k->deterministic)
+        die_user("training.deterministic: not implemented on training.device %s (its embedding "
+                 "and attention backward add with atomics); the cpu backend is always "
+                 "deterministic", tr->device);
     t->memory = (ArenaMemory){t->k->alloc, t->k->free};
     if (t->estimate_world_size) return;
     KernelInit init = {.local_rank = comm_local_rank(),
@@ -276,9 +288,14 @@ static void setup(Trainer *t) {
         return;
     }
     model_place_buffers(&t->model, t->k);
-    if (!c->checkpoint.create_seed_checkpoint) setup_data(t);
+    if (!c->checkpoint.create_seed_checkpoint) {
+        setup_data(t);
+        allocate_inputs(t);
+    }
+    // What is already loaded (data, inputs) counts as used when the memory check measures.
+    allocate_arenas(t, false);
+    trainer_check_memory(t);
     allocate_arenas(t, true);
-    if (!c->checkpoint.create_seed_checkpoint) allocate_inputs(t);
     trainer_load_or_initialize(t);
     const int *size = t->mesh.layout.size;
     log_info("model: llama3 %s, %d layers, dim %d, vocab %d; batch %d x %d tokens x %d "
@@ -348,16 +365,22 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
 static void train(Trainer *t) {
     const Config *c = &t->cfg;
     double started = now_seconds(), waited_before = comm_wait_seconds();
-    MetricsLog log = {0};
-    if (t->mesh.world_rank == 0) metrics_open(&log, c->job.dump_folder);
+    int rank = t->mesh.world_rank;
+    MetricsLog log = {.color = !c->metrics.disable_color_printing && isatty(STDOUT_FILENO)};
+    if (rank == 0 || c->metrics.save_for_all_ranks)
+        metrics_open(&log, c->job.dump_folder, rank, t->progress.step);
     // Tokens per device, as torchtitan: the ranks of a tp group share their tokens.
     double tokens_per_step = (double)t->accum * t->train.B * t->train.T / t->mesh.layout.size[MESH_TP];
     double interval_start = now_seconds();
     int interval_steps = 0;
     double peak_flops = c->metrics.peak_flops > 0 ? c->metrics.peak_flops : t->k->peak_flops();
-    for (int step = (int)t->progress.step + 1; step <= c->training.steps; step++) {
+    int first_step = (int)t->progress.step + 1;
+    for (int step = first_step; step <= c->training.steps; step++) {
         StepMetrics m = {.step = step};
         m.loss = train_step(t, step, &m.grad_norm, &m.lr);
+        // torchtitan: comm.init_timeout_seconds covers setup and the first step, whose
+        // collectives wait for the slowest rank's setup; then comm.train_timeout_seconds.
+        if (step == first_step) comm_set_timeout((int)c->comm.train_timeout_seconds);
         t->progress.step = step;
         interval_steps++;
         if (step == 1 || step % c->metrics.log_freq == 0 || step == c->training.steps) {
@@ -477,8 +500,11 @@ int main(int argc, char **argv) {
     die_user_collective(true);  // every rank reads the same config and plans the same mesh
     config_load(&t->cfg, argc, argv);
     const CommSection *cs = &t->cfg.comm;
-    comm_configure(&(CommConfig){.timeout_seconds = (int)cs->train_timeout_seconds,
-                                 .trace_buf_size = (int)cs->trace_buf_size});
+    char traces[8192];  // torchtitan's <dump_folder>/<save_traces_folder>
+    snprintf(traces, sizeof traces, "%s/%s", t->cfg.job.dump_folder, cs->save_traces_folder);
+    comm_configure(&(CommConfig){.timeout_seconds = (int)cs->init_timeout_seconds,
+                                 .trace_buf_size = (int)cs->trace_buf_size,
+                                 .trace_folder = traces});
     if (t->cfg.job.print_config) {
         config_print_yaml(&t->cfg, stdout);
         return 0;

@@ -60,6 +60,8 @@ typedef struct {
 void trainer_load_or_initialize(Trainer *t);
 void trainer_maybe_checkpoint(Trainer *t, int step);
 void trainer_create_seed_checkpoint(Trainer *t);
-// train_report.c: `titan --estimate`, and <dump_folder>/run_summary.json after a run.
+// train_report.c: `titan --estimate`, the memory check before the arenas are allocated, and
+// <dump_folder>/run_summary.json after a run.
 void trainer_print_estimate(Trainer *t);
+void trainer_check_memory(Trainer *t);
 void trainer_write_run_summary(Trainer *t);

@@ -1,4 +1,6 @@
 #include <errno.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -83,4 +85,56 @@ void trainer_print_estimate(Trainer *t) {
     for (int i = 0; i < n; i++)
         printf("  %-12s %16llu %12.3f\n", groups[i].group, (unsigned long long)groups[i].bytes,
                groups[i].bytes / GiB);
+}
+
+// The closest change that makes the run fit in `room` bytes per rank: activation checkpointing
+// when it is off and would be enough, a smaller batch when activations are most of the need,
+// else more ranks to shard the weights, gradients and optimizer state over (FSDP).
+static void memory_fix(const Trainer *t, double need, double room, char *out, size_t len) {
+    const double GiB = 1024.0 * 1024.0 * 1024.0;
+    double act = (double)t->act_arena.peak, act_ac = (double)t->act_bytes_other_mode;
+    if (!t->model.blocks[1].checkpointed && need - act + act_ac <= room)
+        snprintf(out, len, "activation_checkpoint.mode full (activations %.2f GiB -> %.2f GiB)",
+                 act / GiB, act_ac / GiB);
+    else if (act > need / 2)
+        snprintf(out, len, "a smaller training.local_batch_size (activations are %.2f GiB)",
+                 act / GiB);
+    else
+        snprintf(out, len, "more ranks with FSDP (parallelism.data_parallel_shard_degree: "
+                 "params, grads and optimizer are %.2f GiB)", (need - act) / GiB);
+}
+
+// Over-committed memory is granted page by page, so a run whose arenas cannot fit would
+// otherwise be killed by the kernel mid-setup (exit 137, not a word). Before allocating, the
+// arenas' bytes are compared with what the backend says this rank can still get: host memory
+// is the node's, shared by its ranks (each gets 1 / ranks-on-this-node of it); device memory
+// is the rank's own GPU's. The data and the step's inputs are already loaded, so they count as
+// used. A 5% margin covers what lives outside the arenas (libraries, thread stacks, checkpoint
+// staging). Every rank decides on the worst rank's figures, so all refuse together.
+void trainer_check_memory(Trainer *t) {
+    const double GiB = 1024.0 * 1024.0 * 1024.0, margin = 1.05;
+    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
+                             &t->comm_arena};
+    double need = 0;
+    for (int i = 0; i < 5; i++) need += (double)arenas[i]->peak;
+    int sharing = t->k->host_memory ? comm_local_size() : 1;
+    size_t free_bytes = t->k->memory_free();
+    double room = free_bytes == SIZE_MAX ? INFINITY : (double)free_bytes / sharing;
+    need = comm_all_reduce_double(comm_world(), need, COMM_MAX);
+    room = -comm_all_reduce_double(comm_world(), -room, COMM_MAX);
+    const char *where = t->k->host_memory ? "host memory" : "device memory";
+    const char *ranks = sharing == 1 ? "rank" : "ranks";
+    if (need * margin <= room) {
+        log_info("memory check: %.2f GiB of arenas per rank fit the %.2f GiB of %s free per "
+                 "rank (%d %s on this node)", need / GiB, room / GiB, where, sharing, ranks);
+        return;
+    }
+    char fix[256];
+    memory_fix(t, need, room / margin, fix, sizeof fix);
+    die_user("out of memory: this run needs %.2f GiB per rank (params %.2f, grads %.2f, "
+             "optimizer %.2f, activations %.2f, comm %.2f GiB) plus a 5%% margin, but %.2f GiB "
+             "of %s is free per rank (%d %s on this node); try %s",
+             need / GiB, t->param_arena.peak / GiB, t->grad_arena.peak / GiB,
+             t->optim_arena.peak / GiB, t->act_arena.peak / GiB, t->comm_arena.peak / GiB,
+             room / GiB, where, sharing, ranks, fix);
 }

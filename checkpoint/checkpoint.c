@@ -276,6 +276,14 @@ int64_t ckpt_read_int(const char *path, const char *attr) {
     return v;
 }
 
+int64_t ckpt_read_int_in(const char *path, const char *attr, int64_t lo, int64_t hi) {
+    int64_t v = ckpt_read_int(path, attr);
+    if (v < lo || v > hi)
+        die_user("checkpoint %s: attribute %s is %" PRId64 ", outside [%" PRId64 ", %" PRId64 "]",
+                 path, attr, v, lo, hi);
+    return v;
+}
+
 double ckpt_read_double(const char *path, const char *attr) {
     double v;
     attr_read_scalar(path, attr, H5T_FLOAT, H5T_NATIVE_DOUBLE, &v);

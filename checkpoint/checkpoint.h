@@ -55,6 +55,9 @@ bool ckpt_has(const char *path, const char *dataset_path);
 // Root-group attributes; die_user if the file is bad or the attribute is missing or of
 // another kind. ckpt_read_string returns a malloc'd string the caller frees.
 int64_t ckpt_read_int(const char *path, const char *attr);
+// The same, refusing (die_user naming file and attribute) a value outside [lo, hi]: a file a
+// user hands over is input like a config, so a value the reader cannot use is their error.
+int64_t ckpt_read_int_in(const char *path, const char *attr, int64_t lo, int64_t hi);
 double ckpt_read_double(const char *path, const char *attr);
 char *ckpt_read_string(const char *path, const char *attr);
 

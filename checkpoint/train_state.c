@@ -1,5 +1,6 @@
 #include "checkpoint/train_state.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -55,10 +56,11 @@ void train_state_load(const char *path, ParamTable *params, AdamW *opt, TrainPro
     char(*names)[PARAM_NAME_MAX + 32];
     CkptTensor *list = tensor_list(params, opt, n_kinds, &names);
     ckpt_load(path, list, params->count * n_kinds);
-    if (full) opt->step = (int)ckpt_read_int(path, "optimizer_step");
+    if (full) opt->step = (int)ckpt_read_int_in(path, "optimizer_step", 0, INT_MAX);
     if (progress) {
-        progress->step = ckpt_read_int(path, "step");
-        progress->windows_consumed = ckpt_read_int(path, "data_windows_consumed");
+        progress->step = ckpt_read_int_in(path, "step", 0, INT_MAX);
+        progress->windows_consumed =
+            ckpt_read_int_in(path, "data_windows_consumed", 0, TRAIN_STATE_MAX_WINDOWS);
     }
     free(list);
     free(names);

@@ -1,31 +1,76 @@
 #include "core/metrics.h"
 
+#include <fcntl.h>
 #include <math.h>
-#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "core/errors.h"
 #include "core/files.h"
 
-void metrics_open(MetricsLog *log, const char *dump_folder) {
+// A complete row (newline-terminated: a crash may have cut the last one) of a step up to
+// `through`. Every row, training or validation, starts with its step.
+static bool row_kept(const char *line, int64_t through) {
+    long long step;
+    size_t n = strlen(line);
+    return n > 0 && line[n - 1] == '\n' && sscanf(line, "{\"step\": %lld", &step) == 1 &&
+           step <= through;
+}
+
+// Rewrites path with only its rows of steps up to `through`, through a temporary file renamed
+// over it (data synced first), so a crash leaves the old file or the new one, never half.
+static void rows_keep_through(const char *path, int64_t through) {
+    FILE *in = fopen(path, "r");
+    if (!in) {
+        if (errno == ENOENT) return;  // nothing to keep
+        die_user("cannot read %s: %s", path, strerror(errno));
+    }
+    char tmp[4096 + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *out = fopen(tmp, "w");
+    if (!out) die_user("cannot write %s: %s", tmp, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, in) >= 0)
+        if (row_kept(line, through) && fputs(line, out) < 0)
+            die_user("cannot write %s: %s", tmp, strerror(errno));
+    free(line);
+    fclose(in);
+    if (fflush(out) != 0 || fsync(fileno(out)) != 0 || fclose(out) != 0)
+        die_user("cannot write %s: %s", tmp, strerror(errno));
+    if (rename(tmp, path) != 0) die_user("cannot replace %s: %s", path, strerror(errno));
+}
+
+void metrics_open(MetricsLog *log, const char *dump_folder, int rank, int64_t resumed_step) {
     char path[4096];
     make_dirs(dump_folder);
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dump_folder);
-    log->jsonl = fopen(path, "w");
+    if (rank == 0) snprintf(path, sizeof path, "%s/metrics.jsonl", dump_folder);
+    else snprintf(path, sizeof path, "%s/metrics_rank%d.jsonl", dump_folder, rank);
+    if (resumed_step > 0) rows_keep_through(path, resumed_step);
+    log->jsonl = fopen(path, resumed_step > 0 ? "a" : "w");
     if (!log->jsonl) die_user("cannot write %s: %s", path, strerror(errno));
 }
+
+// torchtitan's colors for the step line's fields, in order: step, loss, grad_norm, lr, tok/s,
+// TFLOP/s, MFU, memory; then the reset.
+static const char *const COLORS[] = {"\033[31m", "\033[32m", "\033[38;2;255;165;0m", "\033[37m",
+                                     "\033[34m", "\033[36m", "\033[35m", "\033[33m", "\033[39m"};
+#define N_COLORS (sizeof COLORS / sizeof COLORS[0])
 
 void metrics_write(MetricsLog *log, const StepMetrics *m) {
     char mfu[32], mfu_json[32];
     bool known = !isnan(m->mfu);
     snprintf(mfu, sizeof mfu, known ? "%5.2f%%" : "  n/a", m->mfu);
     snprintf(mfu_json, sizeof mfu_json, known ? "%.6g" : "null", m->mfu);
-    log_info("step %5d  loss %8.4f  grad_norm %7.4f  lr %.3e  tok/s %9.0f  TFLOP/s %6.3f  "
-             "MFU %s  mem %.2f GiB",
-             m->step, m->loss, m->grad_norm, m->lr, m->tokens_per_s, m->tflops, mfu,
-             m->peak_memory_gib);
-    if (!log->jsonl) return;  // not the logging rank
+    const char *c[N_COLORS];
+    for (size_t i = 0; i < N_COLORS; i++) c[i] = log->color ? COLORS[i] : "";
+    log_info("%sstep %5d  %sloss %8.4f  %sgrad_norm %7.4f  %slr %.3e  %stok/s %9.0f  "
+             "%sTFLOP/s %6.3f  %sMFU %s  %smem %.2f GiB%s",
+             c[0], m->step, c[1], m->loss, c[2], m->grad_norm, c[3], m->lr, c[4], m->tokens_per_s,
+             c[5], m->tflops, c[6], mfu, c[7], m->peak_memory_gib, c[8]);
+    if (!log->jsonl) return;  // not a logging rank
     fprintf(log->jsonl,
             "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
             "\"tokens_per_s\": %.6g, \"tflops\": %.6g, \"mfu\": %s, \"peak_memory_gib\": %.6g}\n",

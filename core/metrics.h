@@ -1,7 +1,10 @@
 // Step metrics: one console line per log step on rank 0 and the same figures, at full
-// precision, as one JSON object per line in <dump_folder>/metrics.jsonl.
+// precision, as one JSON object per line in <dump_folder>/metrics.jsonl (rank 0), and, under
+// metrics.save_for_all_ranks, in <dump_folder>/metrics_rank<r>.jsonl for every other rank r.
 #pragma once
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 typedef struct {
@@ -14,10 +17,14 @@ typedef struct {
 } StepMetrics;
 
 typedef struct {
-    FILE *jsonl;  // NULL on ranks that do not log
+    FILE *jsonl;  // NULL on ranks that do not write a file
+    bool color;   // the console line in ANSI colors, as torchtitan's (a terminal, not disabled)
 } MetricsLog;
 
-void metrics_open(MetricsLog *log, const char *dump_folder);
+// Opens rank's file in dump_folder. A run resumed at step `resumed_step` keeps the file's
+// rows of steps up to it (the history before the checkpoint) and drops those after it, which
+// the run writes again; resumed_step 0 (a fresh run) starts an empty file.
+void metrics_open(MetricsLog *log, const char *dump_folder, int rank, int64_t resumed_step);
 void metrics_write(MetricsLog *log, const StepMetrics *m);
 // The validation loss after `step` (torchtitan's "validate step" line).
 void metrics_write_validation(MetricsLog *log, int step, double loss);

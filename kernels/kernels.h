@@ -51,12 +51,22 @@ typedef struct KernelOps {
     // torchtitan's mixed precision (bf16 compute weights under FSDP); the cpu backend computes
     // and communicates fp32 whatever mixed_precision_param asks.
     bool mixed_precision;
+    // True when every op gives the same bits on every run (cpu: each output element has one
+    // owner that sums in a fixed order). cuda is not: its embedding backward adds repeated
+    // tokens' rows with atomics, and cuDNN's attention backward adds dQ with atomics, so
+    // training.deterministic is refused there (torch.use_deterministic_algorithms raises too).
+    bool deterministic;
     // The queue every op is issued on (a cudaStream_t), which collectives must wait for; NULL
     // on cpu.
     void *(*queue)(void);
     // bytes of zeroed tensor memory, aligned to at least 256 bytes; NULL when there is no room.
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
+    // Bytes of tensor memory this process could still allocate (after init): cpu: the smaller
+    // of /proc/meminfo's MemAvailable and the room left under the process's memory cgroups
+    // (v2 memory.max, v1 memory.limit_in_bytes, ancestors included), which every process of
+    // the node draws on; cuda: the device's free memory (cudaMemGetInfo). SIZE_MAX if unknown.
+    size_t (*memory_free)(void);
     // host -> tensor memory and back; both return once the bytes have arrived (download waits
     // for the queued work that produces them).
     void (*upload)(void *dst, const void *host_src, size_t bytes);

@@ -178,20 +178,35 @@ void comm_init(int *argc, char ***argv) {
     flight_init(group_add(world, NULL, 0, 0, "world")->rank);
 }
 
-int comm_local_rank(void) {
+// This rank's index among the ranks of its node, and their number (MPI's shared-memory split;
+// collective over the world).
+static void node_position(int *rank, int *size) {
     MPI_Comm node;
-    int rank = 0;
     MPI_CHECK(MPI_Comm_split_type(groups[0].mpi, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-    MPI_CHECK(MPI_Comm_rank(node, &rank));
+    MPI_CHECK(MPI_Comm_rank(node, rank));
+    MPI_CHECK(MPI_Comm_size(node, size));
     MPI_CHECK(MPI_Comm_free(&node));
+}
+
+int comm_local_rank(void) {
+    int rank, size;
+    node_position(&rank, &size);
     return rank;
+}
+
+int comm_local_size(void) {
+    int rank, size;
+    node_position(&rank, &size);
+    return size;
 }
 
 void comm_configure(const CommConfig *config) {
     CHECK(config->trace_buf_size >= 0);
     timeout_seconds = config->timeout_seconds;
-    flight_configure(config->trace_buf_size);
+    flight_configure(config->trace_buf_size, config->trace_folder);
 }
+
+void comm_set_timeout(int seconds) { timeout_seconds = seconds; }
 
 void comm_use_nccl(void *compute_stream) {
 #if TITAN_CUDA

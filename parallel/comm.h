@@ -5,10 +5,11 @@
 // Every operation has a non-blocking form returning a CommHandle so that compute overlaps
 // communication; the blocking form is start + comm_wait. Every operation is recorded in a
 // per-rank flight recorder (the last comm.trace_buf_size entries: sequence number, op, group,
-// bytes, state), dumped to stderr on SIGUSR1 or when a wait outlives
-// comm.train_timeout_seconds, so a hang names the rank and the collective; the timed-out job
-// is then aborted (non-zero exit) instead of hanging. Every group counts the bytes its
-// operations send, reported by comm_report at the end of a run.
+// bytes, state), dumped to stderr (and to <trace_folder>/rank_<r>.txt) on SIGUSR1 or when a
+// wait outlives the timeout (comm.init_timeout_seconds during setup and the first step, then
+// comm.train_timeout_seconds, as torchtitan), so a hang names the rank and the collective; the
+// timed-out job is then aborted (non-zero exit) instead of hanging. Every group counts the
+// bytes its operations send, reported by comm_report at the end of a run.
 //
 // Buffers are fp32 (reductions sum in fp32, as torch.distributed does for fp32 tensors),
 // except the bf16 all-gather and reduce-scatter; byte-level operations (broadcast) take void *. On the NCCL backend every buffer is a device
@@ -39,16 +40,20 @@ typedef struct {
 } CommHandle;
 
 typedef struct {
-    int timeout_seconds;   // comm.train_timeout_seconds; <= 0 waits forever
-    int trace_buf_size;    // comm.trace_buf_size; 0 turns the recorder off
+    int timeout_seconds;       // comm.init_timeout_seconds, until comm_set_timeout; <= 0: none
+    int trace_buf_size;        // comm.trace_buf_size; 0 turns the recorder off
+    const char *trace_folder;  // <job.dump_folder>/<comm.save_traces_folder>; NULL: stderr only
 } CommConfig;
 
 // MPI_Init (threads funneled), the world group, the SIGUSR1 handler. Idempotent. Until
 // comm_configure, waits have no timeout and the recorder keeps the last 64 operations.
 void comm_init(int *argc, char ***argv);
-// May be called again (e.g. init timeout for setup and the first step, then the train
-// timeout); the recorder keeps its newest entries across a resize.
+// May be called again; the recorder keeps its newest entries across a resize. The folder is
+// created when a dump first writes to it.
 void comm_configure(const CommConfig *config);
+// The collective timeout from now on (train.c: comm.train_timeout_seconds once the first step
+// is done); <= 0 waits forever.
+void comm_set_timeout(int seconds);
 // Selects the NCCL backend for every group, existing and future (collective over the world;
 // call after cudaSetDevice). compute_stream: the cudaStream_t whose queued work each
 // collective waits for, NULL for the legacy default stream. Without it a run uses MPI; a build
@@ -64,6 +69,8 @@ CommGroup *comm_split(CommGroup *parent, int color, int key, const char *name);
 int comm_rank(const CommGroup *g);
 // This rank's index among the ranks on its node (MPI's shared-memory split): picks its GPU.
 int comm_local_rank(void);
+// How many ranks run on this node (the same split): they share its host memory.
+int comm_local_size(void);
 int comm_size(const CommGroup *g);
 const char *comm_name(const CommGroup *g);
 
@@ -118,5 +125,5 @@ double comm_wait_seconds(void);
 // One line per group that was used, with its bytes and operation count: world rank 0 prints
 // its own counts (not a sum over ranks, which would need a collective at exit).
 void comm_report(void);
-// Writes the flight recorder to stderr (also what SIGUSR1 does).
+// Writes the flight recorder to stderr and the trace folder (also what SIGUSR1 does).
 void comm_dump_trace(const char *why);

@@ -58,8 +58,9 @@ void comm_nccl_setup(void *compute_stream);
 
 // ---- flight recorder (flight_recorder.c) ----------------------------------------------------
 
-// Keeps the last capacity entries (those recorded so far survive the resize).
-void flight_configure(int capacity);
+// Keeps the last capacity entries (those recorded so far survive the resize); dumps also go
+// to <folder>/rank_<r>.txt (folder NULL: stderr only).
+void flight_configure(int capacity, const char *folder);
 // Installs the SIGUSR1 handler; rank labels the dumps.
 void flight_init(int rank);
 int64_t flight_start(const char *op, const char *group, uint64_t bytes, int peer);

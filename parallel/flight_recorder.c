@@ -1,6 +1,8 @@
 // The flight recorder (DESIGN.md "Communication"): a ring of this rank's last operations,
 // dumped to stderr on a timeout or SIGUSR1 so that a hang names the rank, the collective and
 // the group it is stuck in, and the sequence numbers line up the ranks against each other.
+// Each dump also goes to <comm.save_traces_folder>/rank_<r>.txt (appended: one file per rank,
+// as torchtitan's per-rank trace files), which outlives a scheduler's truncated stderr.
 //
 // Signal safety: the SIGUSR1 handler only sets a sig_atomic_t flag. The dump (stdio and
 // formatting, neither async-signal-safe) runs in normal context at the next comm call or in
@@ -16,6 +18,7 @@
 #include <time.h>
 
 #include "core/errors.h"
+#include "core/files.h"
 
 typedef enum { FLIGHT_STARTED, FLIGHT_COMPLETED } FlightState;
 
@@ -39,6 +42,7 @@ static int64_t next_seq;
 static int dump_rank;
 static struct timespec epoch;
 static volatile sig_atomic_t signal_pending;
+static char trace_folder[4096];  // "" : stderr only
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -62,8 +66,9 @@ void flight_init(int rank) {
     SYS_CHECK(sigaction(SIGUSR1, &sa, NULL));
 }
 
-void flight_configure(int new_capacity) {
+void flight_configure(int new_capacity, const char *folder) {
     CHECK(new_capacity >= 0);
+    snprintf(trace_folder, sizeof trace_folder, "%s", folder ? folder : "");
     if (new_capacity == capacity) return;
     FlightEntry *resized = new_capacity ? xcalloc((size_t)new_capacity, sizeof(*resized)) : NULL;
     int64_t kept = min64(next_seq, min64(capacity, new_capacity));
@@ -97,41 +102,62 @@ void flight_complete(int64_t seq) {
 }
 
 // One fprintf per line, so that lines of ranks dumping at once into one stream stay whole.
-static void print_entry(const FlightEntry *e, double now) {
+static void print_entry(FILE *f, const FlightEntry *e, double now) {
     char peer[32] = "", state[64];
     if (e->peer >= 0) snprintf(peer, sizeof(peer), " peer %d", e->peer);
     if (e->state == FLIGHT_COMPLETED)
         snprintf(state, sizeof(state), "completed in %.6f s", e->end_s - e->start_s);
     else
         snprintf(state, sizeof(state), "PENDING for %.3f s", now - e->start_s);
-    fprintf(stderr, "titan: rank %d:   seq %" PRId64 " %s on group %s%s, %" PRIu64
+    fprintf(f, "titan: rank %d:   seq %" PRId64 " %s on group %s%s, %" PRIu64
             " bytes, started %.6f s, %s\n",
             dump_rank, e->seq, e->op, e->group, peer, e->bytes, e->start_s, state);
 }
 
-void flight_dump(const char *why) {
+static void dump_to(FILE *f, const char *why) {
     if (capacity == 0) {
-        fprintf(stderr, "titan: rank %d: flight recorder (%s): off (comm.trace_buf_size 0)\n",
+        fprintf(f, "titan: rank %d: flight recorder (%s): off (comm.trace_buf_size 0)\n",
                 dump_rank, why);
         return;
     }
     double now = flight_now();
     int64_t first_kept = next_seq - min64(next_seq, capacity);
     int64_t first_shown = next_seq - min64(next_seq - first_kept, FLIGHT_DUMP_LAST);
-    fprintf(stderr,
+    fprintf(f,
             "titan: rank %d: flight recorder (%s): %" PRId64 " operations, the last %" PRId64 ":\n",
             dump_rank, why, next_seq, next_seq - first_shown);
-    for (int64_t s = first_shown; s < next_seq; s++) print_entry(&ring[s % capacity], now);
+    for (int64_t s = first_shown; s < next_seq; s++) print_entry(f, &ring[s % capacity], now);
     // Older operations still pending are the ones a hang is usually about.
     bool header = false;
     for (int64_t s = first_kept; s < first_shown; s++) {
         const FlightEntry *e = &ring[s % capacity];
         if (e->state != FLIGHT_STARTED) continue;
         if (!header)
-            fprintf(stderr, "titan: rank %d: older operations still pending:\n", dump_rank);
+            fprintf(f, "titan: rank %d: older operations still pending:\n", dump_rank);
         header = true;
-        print_entry(e, now);
+        print_entry(f, e, now);
     }
+}
+
+// A dump that cannot be written to the trace folder is still on stderr: a warning, never the
+// end of a run that a SIGUSR1 only asked about.
+void flight_dump(const char *why) {
+    dump_to(stderr, why);
+    if (!trace_folder[0]) return;
+    char path[4096 + 32], err[4096 + 256];
+    snprintf(path, sizeof path, "%s/rank_%d.txt", trace_folder, dump_rank);
+    if (!try_make_dirs(trace_folder, err, sizeof err)) {
+        log_warn("comm.save_traces_folder: %s", err);
+        return;
+    }
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        log_warn("comm.save_traces_folder: cannot write %s: %s", path, strerror(errno));
+        return;
+    }
+    dump_to(f, why);
+    if (fclose(f) != 0)
+        log_warn("comm.save_traces_folder: cannot write %s: %s", path, strerror(errno));
 }
 
 void flight_poll_signal(void) {

@@ -72,6 +72,7 @@ void cpu_copy(void *dst, const void *src, size_t bytes);
 void cpu_copy_rows(void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
                    size_t row_bytes, size_t rows);
 void cpu_zero(void *dst, size_t bytes);
+size_t cpu_memory_free(void);
 
 void cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                       float beta1, float beta2, float eps, float weight_decay, int step);

@@ -95,6 +95,12 @@ static void *cuda_alloc(size_t bytes) {
 
 static void cuda_free(void *p) { CUDA_CHECK(cudaFree(p)); }
 
+static size_t cuda_memory_free(void) {
+    size_t free_bytes = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return free_bytes;
+}
+
 // On the stream, so the bytes land after the queued work that may still read the old ones; the
 // wait is the contract (and frees the host buffer for reuse).
 static void cuda_upload(void *dst, const void *host_src, size_t bytes) {
@@ -149,9 +155,11 @@ extern "C" const KernelOps kernels_cuda = {
     .init = cuda_init,
     .host_memory = false,
     .mixed_precision = true,
+    .deterministic = false,
     .queue = cuda_queue,
     .alloc = cuda_alloc,
     .free = cuda_free,
+    .memory_free = cuda_memory_free,
     .upload = cuda_upload,
     .download = cuda_download,
     .copy = cuda_copy,
