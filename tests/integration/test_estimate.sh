@@ -18,7 +18,8 @@ for spec in 8b:8B:64:8 70b:70B:512:8 405b:405B:2048:8; do
     grep -q "^  $row" "$SCRATCH/$name.txt" || fail "$name estimate has no '$row' row"
   done
   head -1 "$SCRATCH/$name.txt"
-  (cd tests/reference && $PY estimate_ref.py "$flavor" "$ranks" "$tp" 8192 1 "$SCRATCH/$name.txt") ||
+  (cd tests/reference &&
+    $PY estimate_ref.py "$flavor" "$ranks" "$tp" 8192 1 "$SCRATCH/$name.txt") ||
     fail "$name estimate differs from the closed forms"
 done
 

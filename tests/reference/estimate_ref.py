@@ -82,19 +82,22 @@ def main():
         "comm": 2 * aligned(dp * max(shard)) + aligned(max(shard)),
     }
     n_no_embedding = total - d["vocab"] * d["dim"]
-    per_token = 6 * n_no_embedding + 12 * d["layers"] * d["heads"] * (d["dim"] // d["heads"]) * seq_len
+    head_dim = d["dim"] // d["heads"]
+    per_token = 6 * n_no_embedding + 12 * d["layers"] * d["heads"] * head_dim * seq_len
     want_flops = per_token * batch * seq_len / tp
 
     lines = open(path).read().splitlines()
     got = {l.split()[0]: int(l.split()[1]) for l in lines
            if l.startswith("  ") and len(l.split()) == 3 and l.split()[1].isdigit()}
     m = re.search(r"FLOPs per step per rank: (\S+)", "\n".join(lines))
-    errors = [f"{k}: titan {got.get(k)}, closed form {v}" for k, v in want.items() if got.get(k) != v]
+    errors = [f"{k}: titan {got.get(k)}, closed form {v}"
+              for k, v in want.items() if got.get(k) != v]
     arenas = ("params", "grads", "optimizer", "activations", "comm")
     if got.get("total") != sum(got.get(k, 0) for k in arenas):
         errors.append(f"total {got.get('total')} is not the sum of the arenas")
     if not m or abs(float(m.group(1)) / want_flops - 1) > 1e-3:
-        errors.append(f"FLOPs per step per rank: titan {m and m.group(1)}, closed form {want_flops:.4g}")
+        errors.append(f"FLOPs per step per rank: titan {m and m.group(1)}, "
+                      f"closed form {want_flops:.4g}")
     if errors:
         sys.exit(f"{flavor} on {world} ranks (tp {tp}): " + "; ".join(errors))
     print(f"ok: {flavor} on {world} ranks (dp_shard {dp} x tp {tp}): {total / 1e9:.2f}e9 params; "
