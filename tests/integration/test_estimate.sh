@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # `titan --estimate`: prints per-rank arenas, FLOPs and communication per step for the 8B, 70B
-# and 405B configs on thousands of ranks without MPI; and for the debug model its numbers equal
-# what a real run allocates and sends (run_summary.json: every arena's bytes, and each group's
-# bytes = steps x the estimate's per-step bytes), for a 2D layout and for HSDP with activation
-# checkpointing and gradient accumulation.
+# and 405B configs on thousands of ranks without MPI, equal to closed forms of the flavors'
+# parameter, gradient, optimizer and FSDP buffer sizes and FLOPs; and for the debug model its
+# numbers equal what a real run allocates and sends (run_summary.json: every arena's bytes, and
+# each group's bytes = steps x the estimate's per-step bytes), for a 2D layout and for HSDP
+# with activation checkpointing and gradient accumulation.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
-for spec in 8b:64:8 70b:512:8 405b:2048:8; do
-  IFS=: read -r name ranks tp <<<"$spec"
+# The big flavors' arenas and FLOPs against closed forms from the flavor's dims
+# (tests/reference/estimate_ref.py: parameter count, FSDP x TP shards, AdamW's two moments).
+for spec in 8b:8B:64:8 70b:70B:512:8 405b:405B:2048:8; do
+  IFS=: read -r name flavor ranks tp <<<"$spec"
   $TITAN --estimate --config configs/llama3_$name.yaml --world-size "$ranks" \
     --parallelism.tensor_parallel_degree "$tp" >"$SCRATCH/$name.txt"
   for row in params grads optimizer activations comm total fsdp tp "FLOPs per step"; do
     grep -q "^  $row" "$SCRATCH/$name.txt" || fail "$name estimate has no '$row' row"
   done
   head -1 "$SCRATCH/$name.txt"
+  (cd tests/reference &&
+    $PY estimate_ref.py "$flavor" "$ranks" "$tp" 8192 1 "$SCRATCH/$name.txt") ||
+    fail "$name estimate differs from the closed forms"
 done
 
 check() {  # name, ranks, overrides...: estimate vs a 3-step real run

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # titan generate on llama2.c's stories260K and on a titan checkpoint: greedy ids equal the
 # PyTorch reference's, which re-runs the whole sequence at every step (no KV cache); sampling
-# with a seed is reproducible and differs from greedy; bad input exits 2 with one line.
+# with a seed is reproducible and differs from greedy; the nucleus (--top-p) draws each id as
+# often as its renormalised probability on a model with a known distribution; bad input exits
+# 2 with one line.
 source "$(dirname "$0")/lib.sh"
 
 MODEL=../shared/data/models/stories260K.bin
@@ -21,6 +23,57 @@ cmp -s "$SCRATCH/sampled1.txt" "$SCRATCH/greedy.txt" && fail "sampled output equ
 cmp -s "$SCRATCH/sampled1.txt" "$SCRATCH/sampled3.txt" && fail "--seed 7 and --seed 8 agree"
 [ "$(wc -w <"$SCRATCH/sampled1.txt")" -eq 200 ] || fail "sampling did not give 200 ids"
 echo "ok: greedy matches the reference; sampling is reproducible per seed"
+
+# The nucleus sampler on a model whose next-token distribution is known and never changes: no
+# layer weights (the blocks add nothing), every id embedded as the same unit vector e0, and an
+# untied output whose column 0 gives id v the logit log p[v] (all other ids -30), so each step
+# draws from p = (0.5, 0.3, 0.15, 0.05) at temperature 1. Over 1000 draws, top-p 0.7 keeps
+# {0, 1} (0.8 > 0.7) renormalised to (0.625, 0.375); 0.9 keeps {0, 1, 2}; 1 keeps all four.
+$PY - "$SCRATCH/nucleus.bin" <<'PYEOF'
+import sys
+import numpy as np
+dim, hidden, layers, vocab, seq_len = 8, 8, 1, 8, 1024
+p = [0.5, 0.3, 0.15, 0.05]
+floats = []
+def add(shape, fill=0.0):
+    floats.append(np.full(shape, fill, dtype="<f4"))
+emb = np.zeros((vocab, dim), dtype="<f4"); emb[:, 0] = 1
+floats.append(emb)
+for shape in [(dim,), (dim, dim), (dim, dim), (dim, dim), (dim, dim), (dim,), (hidden, dim),
+              (dim, hidden), (hidden, dim)]:
+    add((layers,) + shape, 1.0 if len(shape) == 1 else 0.0)  # norms 1, matrices 0
+add((dim,), 1.0)                      # final norm
+add((seq_len * dim,))                 # legacy RoPE tables (unused)
+# rmsnorm(e0) = e0 * sqrt(dim) (up to eps), so column 0 / sqrt(dim) is the logit.
+out = np.zeros((vocab, dim), dtype="<f4")
+out[:, 0] = [np.log(x) for x in p] + [-30.0] * (vocab - len(p))
+out[:, 0] /= np.sqrt(dim)
+floats.append(out)
+with open(sys.argv[1], "wb") as f:
+    np.array([dim, hidden, layers, 1, 1, -vocab, seq_len], dtype="<i4").tofile(f)
+    for x in floats:
+        x.tofile(f)
+PYEOF
+nucleus() {  # top_p: the counts of ids 0..7 in 1000 draws
+  $TITAN generate --checkpoint "$SCRATCH/nucleus.bin" --prompt-ids 0 --max-new-tokens 1000 \
+    --temperature 1 --top-p "$1" --seed 3 --ids 2>/dev/null |
+    $PY -c 'import sys; ids = [int(x) for x in sys.stdin.read().split()]
+assert len(ids) == 1000, len(ids); print(" ".join(str(ids.count(v)) for v in range(8)))'
+}
+# check_counts TOP_P FRACTIONS...: each id within 0.05 (3 standard deviations) of its fraction,
+# and no id drawn outside the nucleus.
+check_counts() {
+  local top_p=$1; shift
+  local counts; counts=$(nucleus "$top_p")
+  $PY -c 'import sys; got = [int(x) / 1000 for x in sys.argv[1].split()]
+want = [float(x) for x in sys.argv[2:]] + [0.0] * (8 - len(sys.argv[2:]))
+sys.exit(any(abs(g - w) > 0.05 or (w == 0) != (g == 0) for g, w in zip(got, want)))' \
+    "$counts" "$@" || fail "--top-p $top_p: id counts $counts, want fractions $*"
+  echo "ok: --top-p $top_p draws ids 0..7 $counts times (want fractions $*)"
+}
+check_counts 0.7 0.625 0.375
+check_counts 0.9 0.5263 0.3158 0.1579
+check_counts 1 0.5 0.3 0.15 0.05
 
 # A titan checkpoint (model from its attributes) decodes as the reference does too; a few
 # tokens only, as a barely trained model's top logits can be close enough to swap on rounding.

@@ -629,7 +629,10 @@ static void test_embedding(void **state) {
 
 // ---- cross-entropy -------------------------------------------------------------------------
 
-enum { CE_N = 7, CE_VOCAB = 50 };
+// An odd vocabulary, cut below into odd slice widths, so that every row and slice ends in a
+// partial group of the max's 8 lanes (the tail loop), with one or three logits.
+enum { CE_N = 7, CE_VOCAB = 51, CE_SLICES = 3 };
+static const int ce_starts[CE_SLICES] = {0, 9, 28}, ce_widths[CE_SLICES] = {9, 19, 23};
 
 typedef struct CeCase {
     double *logits;
@@ -661,18 +664,23 @@ static void ce_ref_backward(double *d, const CeCase *c) {
     }
 }
 
-// Rows are offset by up to +-200 so that a naive exp would overflow.
+// Rows are offset by up to +-200 so that a naive exp would overflow, and each has one logit
+// 100 above the rest: the row's last, each slice's last, each slice's first. Unless the max
+// counts that logit, exp(x - max) = exp(100) overflows a float.
 static float *ce_logits(void) {
+    static const int peak[CE_N] = {CE_VOCAB - 1, 8, 27, 0, 9, 28, CE_VOCAB - 1};
     float *x = floats_random(CE_N * CE_VOCAB, 4.0);
-    for (int i = 0; i < CE_N; i++)
+    for (int i = 0; i < CE_N; i++) {
         for (int j = 0; j < CE_VOCAB; j++) x[i * CE_VOCAB + j] += 200.0f * (i - 3) / 3.0f;
+        x[i * CE_VOCAB + peak[i]] += 100.0f;
+    }
     return x;
 }
 
 static void test_cross_entropy(void **state) {
     (void)state;
     rng_seed(9);
-    int targets[CE_N] = {0, 49, 3, 17, 17, 25, 8};
+    int targets[CE_N] = {0, 50, 27, 17, 17, 25, 50};
     float *logits = ce_logits(), losses[CE_N];
     CeCase c = {doubles_from(logits, CE_N * CE_VOCAB), targets, 0.7};
     ops->cross_entropy_forward(losses, logits, targets, CE_N, CE_VOCAB);
@@ -696,35 +704,37 @@ static void test_cross_entropy(void **state) {
     free(alias);
 }
 
-// Vocab-parallel cross-entropy: the vocabulary cut into two slices, as two tp ranks hold it.
-// Merging the slices' log-sum-exps and target logits must give the full-row loss; each slice's
-// backward, with the whole row's lse, its columns of the full gradient (and of the finite
-// differences of the full loss).
+// Vocab-parallel cross-entropy: the vocabulary cut into three slices, as three tp ranks hold
+// it. Merging the slices' log-sum-exps and target logits must give the full-row loss; each
+// slice's backward, with the whole row's lse, its columns of the full gradient (and of the
+// finite differences of the full loss).
 static void test_cross_entropy_slices(void **state) {
     (void)state;
     rng_seed(10);
-    enum { CUT = 20 };
-    const int starts[2] = {0, CUT}, widths[2] = {CUT, CE_VOCAB - CUT};
-    int targets[CE_N] = {0, 49, 3, 17, 20, 25, 19};
+    int targets[CE_N] = {0, 50, 3, 17, 9, 25, 8};
     float *logits = ce_logits();
     CeCase c = {doubles_from(logits, CE_N * CE_VOCAB), targets, 0.7};
-    float *slice[2], lse[2][CE_N], target_logit[2][CE_N], row_lse[CE_N], losses[CE_N];
-    for (int r = 0; r < 2; r++) {
-        slice[r] = malloc(sizeof(float) * CE_N * widths[r]);
+    float *slice[CE_SLICES], lse[CE_SLICES][CE_N], target_logit[CE_SLICES][CE_N];
+    float row_lse[CE_N], losses[CE_N];
+    for (int r = 0; r < CE_SLICES; r++) {
+        slice[r] = malloc(sizeof(float) * CE_N * ce_widths[r]);
         for (int i = 0; i < CE_N; i++)
-            memcpy(slice[r] + i * widths[r], logits + i * CE_VOCAB + starts[r],
-                   sizeof(float) * widths[r]);
+            memcpy(slice[r] + i * ce_widths[r], logits + i * CE_VOCAB + ce_starts[r],
+                   sizeof(float) * ce_widths[r]);
         ops->cross_entropy_slice_forward(lse[r], target_logit[r], slice[r], targets, CE_N,
-                                         widths[r], starts[r]);
+                                         ce_widths[r], ce_starts[r]);
     }
-    // The merge as the head runs it, the all-reduces over the two slices done by hand.
-    float max[CE_N], sums[2][CE_N], target_sum[CE_N];
+    // The merge as the head runs it, the all-reduces over the slices done by hand.
+    float max[CE_N], sums[CE_SLICES][CE_N], target_sum[CE_N] = {0};
     double want[CE_N];
-    for (int i = 0; i < CE_N; i++) max[i] = fmaxf(lse[0][i], lse[1][i]);
-    for (int r = 0; r < 2; r++) ops->cross_entropy_merge_exp(sums[r], lse[r], max, CE_N);
     for (int i = 0; i < CE_N; i++) {
-        sums[0][i] += sums[1][i];
-        target_sum[i] = target_logit[0][i] + target_logit[1][i];
+        max[i] = lse[0][i];
+        for (int r = 1; r < CE_SLICES; r++) max[i] = fmaxf(max[i], lse[r][i]);
+    }
+    for (int r = 0; r < CE_SLICES; r++) ops->cross_entropy_merge_exp(sums[r], lse[r], max, CE_N);
+    for (int i = 0; i < CE_N; i++) {
+        for (int r = 1; r < CE_SLICES; r++) sums[0][i] += sums[r][i];
+        for (int r = 0; r < CE_SLICES; r++) target_sum[i] += target_logit[r][i];
         want[i] = ce_ref_row(c.logits + i * CE_VOCAB, targets[i]);
     }
     memcpy(row_lse, lse[0], sizeof row_lse);
@@ -735,17 +745,19 @@ static void test_cross_entropy_slices(void **state) {
     ce_ref_backward(ref, &c);
     double *fd = fd_gradient(c.logits, CE_N * CE_VOCAB, ce_loss, &c);
     float *d = malloc(sizeof(float) * CE_N * CE_VOCAB);
-    for (int r = 0; r < 2; r++) {
-        float *ds = calloc((size_t)CE_N * widths[r], sizeof(float));
-        ops->cross_entropy_slice_backward(ds, slice[r], row_lse, targets, CE_N, widths[r],
-                                          starts[r], (float)c.dloss);
+    for (int r = 0; r < CE_SLICES; r++) {
+        float *ds = calloc((size_t)CE_N * ce_widths[r], sizeof(float));
+        ops->cross_entropy_slice_backward(ds, slice[r], row_lse, targets, CE_N, ce_widths[r],
+                                          ce_starts[r], (float)c.dloss);
         for (int i = 0; i < CE_N; i++)
-            memcpy(d + i * CE_VOCAB + starts[r], ds + i * widths[r], sizeof(float) * widths[r]);
+            memcpy(d + i * CE_VOCAB + ce_starts[r], ds + i * ce_widths[r],
+                   sizeof(float) * ce_widths[r]);
         free(ds);
     }
     assert_close("cross-entropy slices dlogits", d, ref, CE_N * CE_VOCAB, FWD_TOL);
     assert_close("cross-entropy slices dlogits fd", d, fd, CE_N * CE_VOCAB, FD_TOL);
-    free(logits), free(c.logits), free(slice[0]), free(slice[1]), free(ref), free(fd), free(d);
+    for (int r = 0; r < CE_SLICES; r++) free(slice[r]);
+    free(logits), free(c.logits), free(ref), free(fd), free(d);
 }
 
 // A table holding the vocabulary's rows [10, 14) (a vocab-parallel rank's slice): token 3,
