@@ -204,7 +204,11 @@ int tokenizer_eos_id(const Tokenizer *t) { return t->eos; }
 const char *tokenizer_format(const Tokenizer *t) { return t->format; }
 
 const char *tokenizer_token_bytes(const Tokenizer *t, int32_t id, size_t *len) {
-    CHECK(id >= 0 && id < t->n_ids && t->len[id] >= 0);
+    CHECK(id >= 0 && id < t->n_ids);
+    if (t->len[id] < 0) {  // a hole in the vocabulary
+        *len = 0;
+        return "";
+    }
     *len = (size_t)t->len[id];
     return t->blob + t->start[id];
 }

@@ -34,7 +34,9 @@ const char *tokenizer_format(const Tokenizer *t);  // "tiktoken", "huggingface",
 size_t tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
                         size_t *cap);
 // The bytes of ids (special tokens as their text), malloc'd and NUL-terminated; *len is set
-// to the byte count. Ids outside the vocabulary are a caller bug (exit 3).
+// to the byte count. Ids outside [0, vocab size) are a caller bug (exit 3); an id inside it
+// that no token has (cl100k leaves 17 such holes, as tiktoken does) decodes to no bytes, so a
+// model that samples one does not stop generation.
 char *tokenizer_decode(const Tokenizer *t, const int32_t *ids, size_t n, size_t *len);
 // The bytes of one id (no NUL; *len set), pointing into the tokenizer: for streaming decode.
 const char *tokenizer_token_bytes(const Tokenizer *t, int32_t id, size_t *len);

@@ -1,6 +1,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/errors.h"
 #include "models/llama3/llama3.h"
 
 // torchtitan's TransformerModelArgs defaults (torchtitan/models/llama3/model/args.py).
@@ -89,20 +90,29 @@ int llama3_describe(const LlamaArgs *a, CkptAttr out[LLAMA3_N_ATTRS]) {
     return n;
 }
 
+// A shape attribute: a checkpoint is user input, so a size outside an int (or below 1) is
+// refused naming the attribute rather than truncated.
+static int shape_attr(const char *path, const char *attr) {
+    return (int)ckpt_read_int_in(path, attr, 1, INT32_MAX);
+}
+
 void llama3_args_from_checkpoint(const char *path, LlamaArgs *a) {
     *a = DEFAULTS;
-    a->dim = (int)ckpt_read_int(path, "model.dim");
-    a->n_layers = (int)ckpt_read_int(path, "model.n_layers");
-    a->n_heads = (int)ckpt_read_int(path, "model.n_heads");
-    a->n_kv_heads = (int)ckpt_read_int(path, "model.n_kv_heads");
-    a->vocab_size = (int)ckpt_read_int(path, "model.vocab_size");
-    a->hidden_dim = (int)ckpt_read_int(path, "model.hidden_dim");
+    a->dim = shape_attr(path, "model.dim");
+    a->n_layers = shape_attr(path, "model.n_layers");
+    a->n_heads = shape_attr(path, "model.n_heads");
+    a->n_kv_heads = shape_attr(path, "model.n_kv_heads");
+    a->vocab_size = shape_attr(path, "model.vocab_size");
+    a->hidden_dim = shape_attr(path, "model.hidden_dim");
     a->norm_eps = ckpt_read_double(path, "model.norm_eps");
     a->rope_theta = ckpt_read_double(path, "model.rope_theta");
-    a->rope_scaling = ckpt_read_int(path, "model.rope_scaling") != 0;
+    a->rope_scaling = ckpt_read_int_in(path, "model.rope_scaling", 0, 1) != 0;
     a->rope_scaling_factor = ckpt_read_double(path, "model.rope_scaling_factor");
     a->rope_low_freq_factor = ckpt_read_double(path, "model.rope_low_freq_factor");
     a->rope_high_freq_factor = ckpt_read_double(path, "model.rope_high_freq_factor");
-    a->rope_original_max_pos = (int)ckpt_read_int(path, "model.rope_original_max_pos");
-    a->tie_word_embeddings = ckpt_read_int(path, "model.tie_word_embeddings") != 0;
+    a->rope_original_max_pos = shape_attr(path, "model.rope_original_max_pos");
+    a->tie_word_embeddings = ckpt_read_int_in(path, "model.tie_word_embeddings", 0, 1) != 0;
+    if (a->dim % a->n_heads != 0 || a->n_heads % a->n_kv_heads != 0)
+        die_user("checkpoint %s: model.dim %d, n_heads %d and n_kv_heads %d do not divide "
+                 "evenly", path, a->dim, a->n_heads, a->n_kv_heads);
 }

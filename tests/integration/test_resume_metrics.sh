@@ -52,3 +52,13 @@ bad_attr data_windows_consumed 9223372036854775807
 bad_attr step -3
 bad_attr step 4294967296
 bad_attr optimizer_step -1
+
+# The model's shape attributes, which `titan generate` reads, are input too: a dim beyond an
+# int was truncated before.
+ckpt=$SCRATCH/bad_dim/checkpoint/step-5.h5
+mkdir -p "$(dirname "$ckpt")"
+cp "$SCRATCH/run/checkpoint/step-5.h5" "$ckpt"
+$PY -c 'import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f: f.attrs["model.dim"] = np.int64(2**32 + 64)' "$ckpt"
+expect_user_error "step-5.h5: attribute model.dim is 4294967360, outside \[1, 2147483647\]" \
+  $TITAN generate --checkpoint "$ckpt" --prompt-ids 1 --max-new-tokens 1

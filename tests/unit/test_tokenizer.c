@@ -119,6 +119,21 @@ static void vectors_check(int which) {
 
 static void test_vectors_gpt2(void **state) { (void)state, vectors_check(GPT2); }
 static void test_vectors_cl100k(void **state) { (void)state, vectors_check(CL100K); }
+
+// cl100k's holes (100256, 100261..100275: ids no token has, as in tiktoken) decode to no bytes,
+// so generate cannot stop with an internal error when a model samples one.
+static void test_vocabulary_holes_decode_empty(void **state) {
+    (void)state;
+    const int32_t with_holes[] = {97, 100256, 100261, 100275, 98}, without[] = {97, 98};
+    size_t len, want_len;
+    char *text = tokenizer_decode(reference[CL100K], with_holes, 5, &len);
+    char *want = tokenizer_decode(reference[CL100K], without, 2, &want_len);
+    assert_int_equal(want_len, 2);
+    assert_int_equal(len, want_len);
+    assert_memory_equal(text, want, len);
+    free(text);
+    free(want);
+}
 static void test_vectors_llama3_tiktoken(void **state) {
     (void)state, vectors_check(LLAMA3_TIKTOKEN);
 }
@@ -466,6 +481,7 @@ int main(void) {
     const struct CMUnitTest reference_tests[] = {
         cmocka_unit_test(test_vectors_gpt2),
         cmocka_unit_test(test_vectors_cl100k),
+        cmocka_unit_test(test_vocabulary_holes_decode_empty),
         cmocka_unit_test(test_vectors_llama3_tiktoken),
         cmocka_unit_test(test_vectors_llama3_json),
         cmocka_unit_test(test_specials),
