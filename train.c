@@ -57,6 +57,13 @@ static void setup_model(Trainer *t) {
         llama3_parallelize_tp(&t->model, &t->tp);
     }
     set_checkpointing(&t->model, full_ac);
+    if (t->fsdp_on && t->args.tie_word_embeddings)
+        die_user("model.tie_word_embeddings cannot be trained with FSDP (fsdp group of %d ranks): "
+                 "the tied weight would belong to two FSDP units, the embedding and the head",
+                 t->mesh.layout.size[MESH_DP_SHARD] * t->mesh.layout.size[MESH_CP]);
+    if (t->ddp_on)
+        ddp_place(&t->model.params, t->mesh.layout.size[MESH_DP_REPLICATE],
+                  t->mesh.coord[MESH_DP_REPLICATE]);
 }
 
 // FSDP's shards, full-parameter slots and communication buffers: the sizing pass plans and
@@ -70,9 +77,10 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
         const int *size = t->mesh.layout.size;
         FsdpConfig config = {.size = size[MESH_DP_SHARD] * size[MESH_CP],
                              .rank = t->mesh.fsdp ? comm_rank(t->mesh.fsdp) : 0,
-                             .replicate_size = t->mesh.layout.size[MESH_DP_REPLICATE],
+                             .replicate_size = size[MESH_DP_REPLICATE],
+                             .replicate_rank = t->mesh.coord[MESH_DP_REPLICATE],
                              .reshard = fsdp_reshard_parse(p->fsdp_reshard_after_forward),
-                             .tied_embeddings = t->args.tie_word_embeddings, .k = t->k};
+                             .k = t->k};
         const TrainingSection *tr = &t->cfg.training;
         bool mixed = t->k->mixed_precision;  // torchtitan's MixedPrecisionPolicy, on cuda
         config.bf16_params = mixed && strcmp(tr->mixed_precision_param, "bfloat16") == 0;
@@ -82,8 +90,6 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
         for (int i = 0; i < 4; i++) arena_init_sizing(arenas[i], names[i]);
         fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
         t->act_arena.peak = act_bytes;
-        t->trained = &t->shard_view;
-        t->shard_view = (ParamTable){.numel = f->numel};
         return;
     }
     for (int i = 0; i < 4; i++) arena_commit(arenas[i], &t->memory);
@@ -91,7 +97,6 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
     CommGroup *replicate =
         f->config.replicate_size > 1 ? t->mesh.group[MESH_DP_REPLICATE] : NULL;
     fsdp_wrap(f, &t->model, t->mesh.fsdp, replicate);
-    t->shard_view = (ParamTable){.numel = f->numel, .data = f->data, .grad = f->grad};
 }
 
 // Sizes every arena with the same calls that then carve it (core/arena.h; commit false: all
@@ -106,7 +111,7 @@ static void allocate_arenas(Trainer *t, bool commit) {
             model_allocate(m, t->act_arena.peak, &t->param_arena, &t->grad_arena, &t->act_arena,
                            &t->memory);
         arena_commit(&t->optim_arena, &t->memory);
-        adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
+        adamw_allocate(&t->opt, m->params.shard_numel, &t->optim_arena);
         return;
     }
     bool full_ac = m->blocks[1].checkpointed;
@@ -122,10 +127,9 @@ static void allocate_arenas(Trainer *t, bool commit) {
         allocate_fsdp(t, act_bytes, false);
     } else {
         model_size(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena);
-        t->trained = &m->params;
     }
     arena_init_sizing(&t->optim_arena, "optimizer");
-    adamw_allocate(&t->opt, t->trained->numel, &t->optim_arena);
+    adamw_allocate(&t->opt, m->params.shard_numel, &t->optim_arena);
 }
 
 static void log_memory(const Trainer *t) {
@@ -225,8 +229,8 @@ static void setup_mesh(Trainer *t) {
         mesh_build(&t->mesh, &layout);
     }
     t->tp_on = layout.size[MESH_TP] > 1;
-    t->fsdp_on = layout.size[MESH_DP_SHARD] * layout.size[MESH_CP] > 1 ||
-                 layout.size[MESH_DP_REPLICATE] > 1;
+    t->fsdp_on = layout.size[MESH_DP_SHARD] * layout.size[MESH_CP] > 1;
+    t->ddp_on = !t->fsdp_on && layout.size[MESH_DP_REPLICATE] > 1;
 }
 
 // torchtitan's batch: global_batch_size -1 is local_batch_size x dp; larger ones accumulate
@@ -338,7 +342,8 @@ static double validate(Trainer *t) {
 
 // One optimizer step over `accum` microbatches; returns the mean loss and sets *grad_norm.
 static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
-    t->k->zero(t->trained->grad, t->trained->numel * sizeof(float));
+    ParamTable *params = &t->model.params;
+    t->k->zero(params->shard_grad, params->shard_numel * sizeof(float));
     double loss = 0;
     for (int m = 0; m < t->accum; m++) {
         split_next(t->k, &t->train, t->args.vocab_size);
@@ -350,15 +355,15 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
     if (!isfinite(loss))
         die_user("step %d: loss is %s; stopped before updating the weights (checkpoints in %s "
                  "are intact)", step, isnan(loss) ? "NaN" : "infinite", t->ckpt_folder);
-    Fsdp *f = t->fsdp_on ? &t->fsdp : NULL;
-    Tp *tp = t->tp_on ? &t->tp : NULL;
-    if (f) fsdp_finish_step(f);
-    grads_reduce_replicated(&t->model.params, f, tp);
-    *grad_norm = sqrt(grads_sum_squares(t->k, &t->model.params, f, tp));
-    grad_clip_to_norm(t->k, t->trained->grad, t->trained->numel, *grad_norm,
+    if (t->fsdp_on) fsdp_finish_step(&t->fsdp);
+    if (t->ddp_on) ddp_finish_step(params, t->mesh.group[MESH_DP_REPLICATE]);
+    CommGroup *tp = t->tp_on ? t->tp.group : NULL, *fsdp = t->fsdp_on ? t->mesh.fsdp : NULL;
+    grads_reduce_replicated(params, tp);
+    *grad_norm = sqrt(grads_sum_squares(t->k, params, fsdp, tp));
+    grad_clip_to_norm(t->k, params->shard_grad, params->shard_numel, *grad_norm,
                       t->cfg.training.max_norm);
     *lr = t->opt.lr * lr_schedule_factor(&t->schedule, step);
-    adamw_step(&t->opt, t->k, t->trained, *lr);
+    adamw_step(&t->opt, t->k, params, *lr);
     return loss;
 }
 

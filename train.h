@@ -14,6 +14,7 @@
 #include "models/llama3/llama3.h"
 #include "optim/optim.h"
 #include "parallel/comm.h"
+#include "parallel/ddp.h"
 #include "parallel/fsdp.h"
 #include "parallel/grads.h"
 #include "parallel/mesh.h"
@@ -37,11 +38,10 @@ typedef struct {
     Model model;
     Mesh mesh;
     Tp tp;                        // used when tp_on
-    Fsdp fsdp;                    // used when fsdp_on (dp_shard x cp > 1, or HSDP / DDP)
+    Fsdp fsdp;                    // used when fsdp_on (dp_shard x cp > 1; HSDP with dp_replicate)
     bool tp_on, fsdp_on;
+    bool ddp_on;                  // dp_replicate > 1 on an fsdp group of one: plain DDP
     int estimate_world_size;      // > 0: `--estimate`: plan and size for that many ranks only
-    ParamTable *trained;          // what the optimizer updates: the params, or FSDP's shards
-    ParamTable shard_view;        // FSDP's shards seen as one flat table
     Arena param_arena, grad_arena, optim_arena, act_arena, comm_arena;
     Arena input_arena;            // the step's token ids and positions in the backend's memory
     size_t act_bytes_other_mode;  // activation arena size under the other AC mode

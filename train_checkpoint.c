@@ -3,9 +3,9 @@
 
 #include "train.h"
 
-// The trained state as host memory, which initialisation and checkpoints read and write: the
-// tensors themselves on the cpu backend; on a device, host copies, downloaded to be saved or
-// uploaded once loaded or initialised.
+// The trained state (every parameter's shard and its AdamW moments) as host memory, which
+// initialisation and checkpoints read and write: the tensors themselves on the cpu backend;
+// on a device, host copies, downloaded to be saved or uploaded once loaded or initialised.
 typedef struct {
     ParamTable params;
     AdamW opt;
@@ -15,13 +15,13 @@ typedef struct {
 static HostState host_state_open(Trainer *t, bool download) {
     HostState h = {.params = t->model.params, .opt = t->opt};
     if (t->k->host_memory) return h;
-    size_t n = t->model.params.numel, bytes = n * sizeof(float);
+    size_t n = t->model.params.shard_numel, bytes = n * sizeof(float);
     h.staged = true;
     params_view(&h.params, &t->model.params, xcalloc(n, sizeof(float)));
     h.opt.exp_avg = xcalloc(n, sizeof(float));
     h.opt.exp_avg_sq = xcalloc(n, sizeof(float));
     if (download) {
-        t->k->download(h.params.data, t->model.params.data, bytes);
+        t->k->download(h.params.shard_data, t->model.params.shard_data, bytes);
         t->k->download(h.opt.exp_avg, t->opt.exp_avg, bytes);
         t->k->download(h.opt.exp_avg_sq, t->opt.exp_avg_sq, bytes);
     }
@@ -34,12 +34,12 @@ static void host_state_close(Trainer *t, HostState *h, bool upload) {
     if (upload) t->opt.step = h->opt.step;  // h->opt is a copy even when not staged
     if (!h->staged) return;
     if (upload) {
-        size_t bytes = t->model.params.numel * sizeof(float);
-        t->k->upload(t->model.params.data, h->params.data, bytes);
+        size_t bytes = t->model.params.shard_numel * sizeof(float);
+        t->k->upload(t->model.params.shard_data, h->params.shard_data, bytes);
         t->k->upload(t->opt.exp_avg, h->opt.exp_avg, bytes);
         t->k->upload(t->opt.exp_avg_sq, h->opt.exp_avg_sq, bytes);
     }
-    free(h->params.data);
+    free(h->params.shard_data);
     free(h->opt.exp_avg);
     free(h->opt.exp_avg_sq);
     params_free(&h->params);
@@ -74,10 +74,6 @@ void trainer_load_or_initialize(Trainer *t) {
     } else if (ck->enable) {
         step = ckpt_latest_step(t->ckpt_folder);
         ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
-    }
-    if (t->fsdp_on) {  // checkpoints need one rank for now (train.c refuses them here)
-        fsdp_initialize(&t->fsdp, (uint64_t)t->cfg.training.seed);
-        return;
     }
     HostState h = host_state_open(t, false);
     if (step >= 0) {

@@ -46,10 +46,11 @@ static int comm_per_step(Trainer *t, GroupBytes out[4]) {
         out[n++] = (GroupBytes){"fsdp", t->accum * micro + sizeof(double)};  // + the grad norm
         if (size[MESH_DP_REPLICATE] > 1) out[n++] = (GroupBytes){"dp_replicate", e.replicate_all_reduce};
     }
+    if (t->ddp_on) out[n++] = (GroupBytes){"dp_replicate", ddp_bytes_per_step(&t->model.params)};
     if (t->tp_on) {
         uint64_t micro = llama3_tp_bytes_per_microbatch(&t->args, size[MESH_TP], t->train.B,
                                                         t->train.T, ac, t->tp.hooks.loss_parallel);
-        size_t replicated = grads_replicated_floats(&t->model.params, t->fsdp_on ? &t->fsdp : NULL);
+        size_t replicated = grads_replicated_floats(&t->model.params);
         out[n++] = (GroupBytes){"tp", t->accum * micro + 4 * replicated + sizeof(double)};
     }
     out[n++] = (GroupBytes){"loss", sizeof(double)};  // the step's mean loss

@@ -16,12 +16,12 @@ static CkptTensor *tensor_list(const ParamTable *params, const AdamW *opt, int n
     CkptTensor *list = xcalloc((size_t)params->count * n_kinds, sizeof(CkptTensor));
     *names = xcalloc((size_t)params->count * n_kinds, sizeof **names);
     for (int kind = 0; kind < n_kinds; kind++) {
-        float *base = kind == MODEL ? params->data : kind == EXP_AVG ? opt->exp_avg : opt->exp_avg_sq;
+        float *base = kind == MODEL ? params->shard_data : kind == EXP_AVG ? opt->exp_avg : opt->exp_avg_sq;
         for (int i = 0; i < params->count; i++) {
             const Param *p = &params->items[i];
             int j = kind * params->count + i;
             snprintf((*names)[j], sizeof (*names)[j], "%s%s", GROUP[kind], p->name);
-            list[j] = (CkptTensor){(*names)[j], p->ndim, p->shape, base + p->offset};
+            list[j] = (CkptTensor){(*names)[j], p->ndim, p->shape, base + p->shard_offset};
         }
     }
     return list;

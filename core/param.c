@@ -18,23 +18,38 @@ void params_free(ParamTable *t) {
     *t = (ParamTable){0};
 }
 
+// Every parameter's offsets follow the ones before it, in table order, in both forms.
+static void table_layout(ParamTable *t) {
+    t->numel = t->shard_numel = 0;
+    for (int i = 0; i < t->count; i++) {
+        Param *p = &t->items[i];
+        p->offset = t->numel;
+        p->shard_offset = t->shard_numel;
+        t->numel += p->numel;
+        t->shard_numel += p->shard_numel;
+    }
+}
+
 int params_add(ParamTable *t, ParamInit init, double init_std, int ndim, const int64_t *shape,
                const char *fmt, ...) {
     CHECK(t->count < t->capacity && ndim >= 1 && ndim <= PARAM_MAX_DIMS);
     Param *p = &t->items[t->count];
-    *p = (Param){.ndim = ndim, .tp = {TP_REPLICATE, 0, 1}, .numel = 1, .offset = t->numel,
-                 .init = init, .init_std = init_std, .init_cutoff = 2.0};
+    *p = (Param){.ndim = ndim, .numel = 1, .init = init, .init_std = init_std,
+                 .init_cutoff = 2.0};
     va_list ap;
     va_start(ap, fmt);
     int len = vsnprintf(p->name, sizeof p->name, fmt, ap);
     va_end(ap);
     CHECK(len > 0 && len < PARAM_NAME_MAX);
     for (int d = 0; d < ndim; d++) {
+        CHECK(shape[d] >= 1);
         p->global_shape[d] = p->shape[d] = shape[d];
         p->numel *= (size_t)shape[d];
     }
-    t->numel += p->numel;
-    return t->count++;
+    p->shard_numel = p->numel;
+    t->count++;
+    table_layout(t);
+    return t->count - 1;
 }
 
 Param *params_find(ParamTable *t, const char *name) {
@@ -43,20 +58,82 @@ Param *params_find(ParamTable *t, const char *name) {
     return NULL;
 }
 
-void params_place_tp(ParamTable *t, Param *p, TpPlacement tp) {
-    CHECK(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size && tp.dim < p->ndim);
-    CHECK(tp.dim == TP_REPLICATE || p->global_shape[tp.dim] % tp.size == 0);
-    p->tp = tp;
-    p->numel = 1;
-    for (int d = 0; d < p->ndim; d++) {
-        p->shape[d] = p->global_shape[d] / (d == tp.dim ? tp.size : 1);
-        p->numel *= (size_t)p->shape[d];
+int64_t placement_slice(const Placement *pl, int64_t n, int rank, int64_t *start) {
+    switch (pl->kind) {
+    case PLACE_REPLICATE:
+        *start = 0;
+        return n;
+    case PLACE_SHARD:
+        *start = rank * (n / pl->size);
+        return n / pl->size;
+    case PLACE_SHARD_PADDED: {
+        int64_t per = (n + pl->size - 1) / pl->size;
+        *start = rank * per < n ? rank * per : n;
+        return (*start + per < n ? *start + per : n) - *start;
     }
-    t->numel = 0;
-    for (int i = 0; i < t->count; i++) {
-        t->items[i].offset = t->numel;
-        t->numel += t->items[i].numel;
     }
+    return 0;
+}
+
+ParamBox param_box(const Param *p, bool shard) {
+    ParamBox b = {.ndim = p->ndim};
+    for (int d = 0; d < p->ndim; d++) b.count[d] = p->global_shape[d];
+    for (int i = 0; i < p->n_placements; i++) {
+        const Placement *pl = &p->placements[i];
+        if (pl->kind == PLACE_REPLICATE || (!shard && pl->kind == PLACE_SHARD_PADDED)) continue;
+        int64_t start;
+        b.count[pl->dim] = placement_slice(pl, b.count[pl->dim], pl->rank, &start);
+        b.start[pl->dim] += start;
+    }
+    return b;
+}
+
+size_t box_numel(const ParamBox *b) {
+    size_t n = 1;
+    for (int d = 0; d < b->ndim; d++) n *= (size_t)b->count[d];
+    return n;
+}
+
+// The shard's length in storage: the compute box with each padded dim rounded up to a
+// multiple of its group (every rank stores the same number of floats).
+static size_t shard_stored_numel(const Param *p) {
+    int64_t len[PARAM_MAX_DIMS];
+    for (int d = 0; d < p->ndim; d++) len[d] = p->shape[d];
+    for (int i = 0; i < p->n_placements; i++) {
+        const Placement *pl = &p->placements[i];
+        if (pl->kind == PLACE_SHARD_PADDED) len[pl->dim] = (len[pl->dim] + pl->size - 1) / pl->size;
+    }
+    size_t n = 1;
+    for (int d = 0; d < p->ndim; d++) n *= (size_t)len[d];
+    return n;
+}
+
+void params_place(ParamTable *t, Param *p, Placement pl) {
+    CHECK(pl.size >= 1 && pl.rank >= 0 && pl.rank < pl.size);
+    if (pl.size == 1) return;
+    CHECK(p->n_placements < PARAM_MAX_PLACEMENTS && param_placement_on(p, pl.group) == NULL);
+    if (pl.kind != PLACE_REPLICATE) CHECK(pl.dim >= 0 && pl.dim < p->ndim);
+    if (pl.kind == PLACE_SHARD) CHECK(p->shape[pl.dim] % pl.size == 0);
+    for (int i = 0; i < p->n_placements && pl.kind == PLACE_SHARD; i++)
+        CHECK(p->placements[i].kind != PLACE_SHARD_PADDED);
+    p->placements[p->n_placements++] = pl;
+    ParamBox b = param_box(p, false);
+    p->numel = box_numel(&b);
+    for (int d = 0; d < p->ndim; d++) p->shape[d] = b.count[d];
+    p->shard_numel = shard_stored_numel(p);
+    table_layout(t);
+}
+
+const Placement *param_placement_on(const Param *p, int group) {
+    for (int i = 0; i < p->n_placements; i++)
+        if (p->placements[i].group == group) return &p->placements[i];
+    return NULL;
+}
+
+bool param_is_primary_replica(const Param *p) {
+    for (int i = 0; i < p->n_placements; i++)
+        if (p->placements[i].kind == PLACE_REPLICATE && p->placements[i].rank != 0) return false;
+    return true;
 }
 
 size_t param_global_numel(const Param *p) {
@@ -65,17 +142,49 @@ size_t param_global_numel(const Param *p) {
     return n;
 }
 
-// Shard(0) and Replicate shards are one contiguous run of the global tensor; a Shard(1)
-// shard's local (row, col) is the global (row, col + rank * local columns).
 size_t param_global_index(const Param *p, size_t i) {
-    if (p->tp.dim != 1) return i + (p->tp.dim == 0 ? (size_t)p->tp.rank * p->numel : 0);
-    size_t cols = (size_t)p->shape[1];
-    return i / cols * (size_t)p->global_shape[1] + (size_t)p->tp.rank * cols + i % cols;
+    ParamBox b = param_box(p, false);
+    size_t global = 0, stride = 1;
+    for (int d = p->ndim - 1; d >= 0; d--) {
+        size_t at = i % (size_t)b.count[d];
+        i /= (size_t)b.count[d];
+        global += ((size_t)b.start[d] + at) * stride;
+        stride *= (size_t)p->global_shape[d];
+    }
+    return global;
+}
+
+// The innermost dim the box does not cover whole splits it into runs: for each index of the
+// dims before it, that dim's range times everything after it is one contiguous run.
+void param_box_runs(const Param *p, const ParamBox *b,
+                    void (*fn)(size_t global_first, size_t local_first, size_t count, void *arg),
+                    void *arg) {
+    size_t n = box_numel(b);
+    if (n == 0) return;
+    int cut = -1;
+    for (int d = 0; d < p->ndim; d++)
+        if (b->count[d] != p->global_shape[d]) cut = d;
+    size_t run = 1;
+    for (int d = cut < 0 ? 0 : cut; d < p->ndim; d++) run *= (size_t)b->count[d];
+    for (size_t local = 0; local < n; local += run) {
+        size_t outer = local / run, global = 0, stride = 1;
+        for (int d = p->ndim - 1; d >= 0; d--) {
+            size_t at = 0;
+            if (d < cut) {
+                at = outer % (size_t)b->count[d];
+                outer /= (size_t)b->count[d];
+            }
+            global += ((size_t)b->start[d] + at) * stride;
+            stride *= (size_t)p->global_shape[d];
+        }
+        fn(global, local, run, arg);
+    }
 }
 
 void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena) {
-    t->data = arena_floats(data_arena, t->numel);
-    t->grad = arena_floats(grad_arena, t->numel);
+    CHECK(t->shard_numel == t->numel);  // a padded placement's owner places the shards
+    t->data = t->shard_data = arena_floats(data_arena, t->numel);
+    t->grad = t->shard_grad = arena_floats(grad_arena, t->numel);
     for (int i = 0; i < t->count; i++) {
         Param *p = &t->items[i];
         p->data = t->data ? t->data + p->offset : NULL;
@@ -83,17 +192,14 @@ void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena) {
     }
 }
 
-void params_view(ParamTable *view, const ParamTable *t, float *data) {
+void params_view(ParamTable *view, const ParamTable *t, float *shard_data) {
     *view = *t;
     view->items = xmalloc((size_t)t->count * sizeof(Param));
     memcpy(view->items, t->items, (size_t)t->count * sizeof(Param));
     view->capacity = t->count;
-    view->data = data;
-    view->grad = NULL;
-    for (int i = 0; i < t->count; i++) {
-        view->items[i].data = data + view->items[i].offset;
-        view->items[i].grad = NULL;
-    }
+    view->data = view->grad = view->shard_grad = NULL;
+    view->shard_data = shard_data;
+    for (int i = 0; i < t->count; i++) view->items[i].data = view->items[i].grad = NULL;
 }
 
 void param_fill(const Param *p, uint64_t seed, size_t first, size_t count, float *dst) {
@@ -113,20 +219,24 @@ void param_fill(const Param *p, uint64_t seed, size_t first, size_t count, float
     }
 }
 
-void param_fill_local(const Param *p, uint64_t seed, size_t first, size_t count, float *dst) {
-    if (count == 0) return;  // an FSDP shard of padding only
-    // Contiguous in both the shard and the global tensor: a local row when the columns are
-    // split (Shard(1)), else the whole range.
-    size_t run = p->tp.dim == 1 ? (size_t)p->shape[1] : count;
-    CHECK(first + count <= p->numel);
-    CHECK(p->tp.dim != 1 || (first % run == 0 && count % run == 0));
-    for (size_t j = 0; j < count; j += run)
-        param_fill(p, seed, param_global_index(p, first + j), run, dst + j);
+typedef struct {
+    const Param *p;
+    uint64_t seed;
+    float *dst;
+} FillRun;
+
+static void fill_run(size_t global_first, size_t local_first, size_t count, void *arg) {
+    const FillRun *f = arg;
+    param_fill(f->p, f->seed, global_first, count, f->dst + local_first);
 }
 
 void params_initialize(ParamTable *t, uint64_t seed) {
     for (int i = 0; i < t->count; i++) {
         const Param *p = &t->items[i];
-        param_fill_local(p, seed, 0, p->numel, p->data);
+        ParamBox b = param_box(p, true);
+        FillRun f = {p, seed, t->shard_data + p->shard_offset};
+        size_t n = box_numel(&b);
+        memset(f.dst + n, 0, (p->shard_numel - n) * sizeof(float));  // FSDP's padding
+        param_box_runs(p, &b, fill_run, &f);
     }
 }

@@ -1,52 +1,83 @@
 // Parameters: one table of named, shaped tensors drives allocation, gradients, optimizer state
 // and checkpoints by offset arithmetic (llm.c's ParameterTensors, made data instead of code).
 //
-// A parameter's name is its torchtitan / Hugging Face-convertible fully-qualified name
-// ("layers.3.attention.wq.weight"). It records its global shape, its placement over the
-// tensor-parallel group and the local shape that placement leaves this rank (a DTensor in C):
-// shape, numel and the data pointers are the local shard's, so FSDP, the optimizer and every
-// per-parameter buffer see local tensors.
+// A parameter is a DTensor in C (DESIGN.md "Parameters carry their layout"): its torchtitan /
+// Hugging Face-convertible fully-qualified name ("layers.3.attention.wq.weight"), a global shape,
+// and the placements the parallelisms gave it, one per mesh group it is laid over, in the order
+// they were applied (tensor parallel first, then FSDP), each cutting the box of the global
+// tensor that the ones before it left this rank. A group of one rank is no placement.
+//
+// Every parameter has two local forms, each a box of the global tensor:
+// - the compute tensor (shape, numel, data, grad): what the model's blocks compute with, cut
+//   by the compute placements (Replicate, Shard) only;
+// - the shard (shard_numel floats at shard_offset in ParamTable.shard_data / shard_grad): what
+//   this rank stores, updates in the optimizer and checkpoints, also cut by FSDP's padded
+//   Shard, which is gathered before compute. Without one the shard is the compute tensor.
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "core/arena.h"
 
 #define PARAM_NAME_MAX 96
-#define PARAM_MAX_DIMS 2
+#define PARAM_MAX_DIMS 3
+#define PARAM_MAX_PLACEMENTS 4
 
 // How a parameter is initialised (torchtitan's init_weights): a (truncated) normal or ones.
 typedef enum { INIT_ONES, INIT_NORMAL, INIT_TRUNC_NORMAL } ParamInit;
 
-// Over the tp group (DTensor's Shard(dim) / Replicate): the global tensor is cut into `size`
-// equal slices along dim of which this rank holds slice `rank`; dim TP_REPLICATE: every rank
-// holds all of it.
-#define TP_REPLICATE (-1)
+typedef enum {
+    PLACE_REPLICATE,     // Replicate(): every rank of the group holds the whole box
+    PLACE_SHARD,         // Shard(dim): `size` equal slices of the box along dim
+    // FSDP's Shard(dim): ceil(n / size) along dim per rank, the last ranks fewer (possibly
+    // none), padded to the same length in storage and gathered before compute. Padding is
+    // never part of the box (nor of a checkpoint).
+    PLACE_SHARD_PADDED,
+} PlacementKind;
+
 typedef struct {
-    int dim, rank, size;
-} TpPlacement;
+    PlacementKind kind;
+    int dim;         // the tensor dim a shard cuts
+    int group;       // which mesh group (parallel/mesh.h's MeshGroup; opaque here)
+    int size, rank;  // the group's size and this rank's index in it
+} Placement;
+
+// Elements [start[d], start[d] + count[d]) of the global tensor along each dim.
+typedef struct {
+    int ndim;
+    int64_t start[PARAM_MAX_DIMS], count[PARAM_MAX_DIMS];
+} ParamBox;
 
 typedef struct {
     char name[PARAM_NAME_MAX];
     int ndim;
     int64_t global_shape[PARAM_MAX_DIMS];
-    TpPlacement tp;
-    int64_t shape[PARAM_MAX_DIMS];  // local: global_shape / tp.size along tp.dim
+    int n_placements;
+    Placement placements[PARAM_MAX_PLACEMENTS];  // in the order applied
+    int64_t shape[PARAM_MAX_DIMS];  // the compute tensor's (its box's counts)
     size_t numel;
-    size_t offset;        // in floats, into every per-parameter buffer below
+    size_t offset;        // in floats, into ParamTable.data / grad
+    size_t shard_numel;   // floats this rank stores, padding included
+    size_t shard_offset;  // in floats, into ParamTable.shard_data / shard_grad and the
+                          // optimizer's moments
     ParamInit init;
     double init_std;      // for the normal inits
     double init_cutoff;   // truncation bound |x| <= cutoff (absolute, as torch's a/b)
-    float *data;          // (shape) fp32 master weights
+    float *data;          // (shape) fp32 weights the model computes with
     float *grad;          // (shape)
 } Param;
 
 typedef struct {
     Param *items;
     int count, capacity;
-    size_t numel;  // total floats over all parameters
-    float *data, *grad;  // the flat buffers the per-parameter pointers point into
+    size_t numel;        // total floats of the compute tensors
+    size_t shard_numel;  // total floats of the shards
+    float *data, *grad;  // (numel) the flat buffers the compute pointers point into
+    // (shard_numel) the fp32 masters and their grads: data and grad themselves unless a
+    // padded placement (FSDP) keeps them elsewhere.
+    float *shard_data, *shard_grad;
 } ParamTable;
 
 void params_init(ParamTable *t, int capacity);
@@ -56,23 +87,38 @@ __attribute__((format(printf, 6, 7))) int params_add(ParamTable *t, ParamInit in
                                                       double init_std, int ndim,
                                                       const int64_t *shape, const char *fmt, ...);
 Param *params_find(ParamTable *t, const char *name);
-// Carves data and grad buffers (numel floats each) from the arenas and sets every pointer.
-void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena);
-// view = t's parameters over other storage: data (t->numel floats; grads NULL), e.g. a host
-// copy of tensors that live on a device. Free it with params_free.
-void params_view(ParamTable *view, const ParamTable *t, float *data);
-// Makes p's placement `tp` (parameters start replicated on a group of 1): its local shape,
-// numel and every offset of the table follow. Before params_allocate.
-void params_place_tp(ParamTable *t, Param *p, TpPlacement tp);
+// Appends placement pl to p (nothing for a group of one rank); the local shapes and every
+// offset of the table follow. Before params_allocate. A Shard must divide its dim evenly; a
+// compute placement cannot follow a padded one (FSDP shards what the others left).
+void params_place(ParamTable *t, Param *p, Placement pl);
+// p's placement over mesh group `group`, NULL if it has none.
+const Placement *param_placement_on(const Param *p, int group);
+// The count of n elements (along pl's dim) that rank holds under pl, starting at *start.
+int64_t placement_slice(const Placement *pl, int64_t n, int rank, int64_t *start);
+// This rank's box of the global tensor: the compute tensor's (shard false) or the shard's.
+ParamBox param_box(const Param *p, bool shard);
+size_t box_numel(const ParamBox *b);
+// Whether this rank writes p's shard when the replicas write once: it is replica 0 of every
+// Replicate placement.
+bool param_is_primary_replica(const Param *p);
 size_t param_global_numel(const Param *p);
-// The global flattened (row-major) index of p's local element i.
+// The global flattened (row-major) index of p's compute-tensor element i.
 size_t param_global_index(const Param *p, size_t i);
-// Fills every parameter (its local shard) from (seed, name) as its init says.
+// Carves the compute data and grad buffers (numel floats each) from the arenas and sets
+// every pointer; the shard buffers are the same ones unless the caller (FSDP) places them.
+void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena);
+// view = t's parameters with their shards over other storage: shard_data (t->shard_numel
+// floats), compute tensors and grads NULL; e.g. a host copy of shards that live on a device.
+// Free it with params_free.
+void params_view(ParamTable *view, const ParamTable *t, float *shard_data);
+// Fills every parameter's shard (padding zero) from (seed, name, global index) as its init
+// says: the same numbers on every layout.
 void params_initialize(ParamTable *t, uint64_t seed);
 // dst (count) = elements [first, first + count) of p's initial value (row-major, global
-// indices): the same numbers params_initialize writes there, so a shard is filled alone.
+// indices): the same numbers params_initialize writes there, so a piece is filled alone.
 void param_fill(const Param *p, uint64_t seed, size_t first, size_t count, float *dst);
-// dst (count) = p's local elements [first, first + count) (row-major in its tp shard; whole
-// local rows when the columns are split): what params_initialize writes there, so an FSDP
-// shard of the local tensor is filled alone.
-void param_fill_local(const Param *p, uint64_t seed, size_t first, size_t count, float *dst);
+// Calls fn(global_first, local_first, count, arg) for each maximal run of box b that is
+// contiguous in the global row-major tensor of p (local indices row-major within the box).
+void param_box_runs(const Param *p, const ParamBox *b,
+                    void (*fn)(size_t global_first, size_t local_first, size_t count, void *arg),
+                    void *arg);

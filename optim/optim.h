@@ -11,13 +11,14 @@ typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     int step;               // updates done so far (AdamW's t is step + 1 in the next update)
     size_t numel;
-    float *exp_avg;         // first moment, laid out like ParamTable.data
+    float *exp_avg;         // first moment, laid out like ParamTable.shard_data
     float *exp_avg_sq;      // second moment
 } AdamW;
 
 // Carves both moments from the optimizer arena (zeroed by arena_commit).
 void adamw_allocate(AdamW *opt, size_t numel, Arena *state);
-// One update of every parameter at learning rate lr (torchtitan applies weight decay to all).
+// One update of every parameter's shard at learning rate lr (torchtitan applies weight decay
+// to all).
 void adamw_step(AdamW *opt, const KernelOps *k, ParamTable *params, double lr);
 
 typedef enum { DECAY_LINEAR, DECAY_SQRT, DECAY_COSINE } DecayType;

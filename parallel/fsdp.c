@@ -14,64 +14,69 @@ FsdpReshard fsdp_reshard_parse(const char *mode) {
              mode);
 }
 
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 
-// The rows [*first, *first + count) that rank k holds of a tensor of `rows` rows cut into
-// shards of shard_rows (the last ranks hold fewer, possibly none: the rest is padding).
-static int64_t rank_rows(int64_t rows, int64_t shard_rows, int k, int64_t *first) {
-    *first = min64(rows, k * shard_rows);
-    return min64(rows, *first + shard_rows) - *first;
+// FSDP's placement of a parameter for rank `rank` of the fsdp group.
+static Placement fsdp_placement(const Fsdp *f, int rank) {
+    return (Placement){PLACE_SHARD_PADDED, 0, MESH_GROUP_FSDP, f->config.size, rank};
 }
 
-static FsdpShard shard_of(const Param *p, int n, int rank) {
-    int64_t rows = p->shape[0];
-    FsdpShard s = {.shard_rows = (rows + n - 1) / n, .row_numel = p->numel / (size_t)rows};
-    int64_t count = rank_rows(rows, s.shard_rows, rank, &s.row_begin);
-    s.row_end = s.row_begin + count;
-    return s;
+// The rows [*first, *first + count) of p's compute tensor that rank k holds (the last ranks
+// hold fewer, possibly none: the rest of their shard is padding).
+static int64_t rank_rows(const Fsdp *f, const Param *p, int k, int64_t *first) {
+    Placement pl = fsdp_placement(f, k);
+    return placement_slice(&pl, p->shape[0], k, first);
 }
 
-static size_t shard_numel(const FsdpShard *s) { return (size_t)s->shard_rows * s->row_numel; }
+static size_t row_numel(const Param *p) { return p->numel / (size_t)p->shape[0]; }
 
 static void plan_unit(Fsdp *f, FsdpUnit *u) {
-    const ParamTable *t = f->params;
+    ParamTable *t = f->params;
     u->table_offset = u->first_param < t->count ? t->items[u->first_param].offset : t->numel;
     for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
-        const Param *p = &t->items[j];
-        FsdpShard *s = &f->shards[j];
+        Param *p = &t->items[j];
         CHECK(p->offset == u->table_offset + u->full_numel);  // a block's params are contiguous
-        *s = shard_of(p, f->config.size, f->config.rank);
-        s->unit_offset = u->shard_numel;
-        s->shard_offset = u->shard_offset + u->shard_numel;
-        u->shard_numel += shard_numel(s);
+        params_place(t, p, fsdp_placement(f, f->config.rank));
+        params_place(t, p, (Placement){PLACE_REPLICATE, 0, MESH_DP_REPLICATE,
+                                       f->config.replicate_size, f->config.replicate_rank});
         u->full_numel += p->numel;
     }
 }
 
+// A unit's shard is its parameters' shards, one after another (the table's shard layout).
+static size_t unit_offset(const FsdpUnit *u, const Param *p) {
+    return p->shard_offset - u->shard_offset;
+}
+
 void fsdp_plan(Fsdp *f, Model *m, const FsdpConfig *config) {
-    if (config->tied_embeddings)
-        die_user("model.tie_word_embeddings cannot be trained with FSDP (fsdp group of %d ranks): "
-                 "the tied weight would belong to two FSDP units, the embedding and the head",
-                 config->size);
     CHECK(config->size >= 1 && config->rank >= 0 && config->rank < config->size);
-    CHECK(config->replicate_size >= 1);
+    CHECK(config->replicate_size >= 1 && config->replicate_rank >= 0 &&
+          config->replicate_rank < config->replicate_size);
     *f = (Fsdp){.config = *config, .params = &m->params, .n_units = m->n_blocks,
                 .gathering = -1, .scattering = -1, .last_unit = -1};
     f->units = xcalloc((size_t)f->n_units, sizeof(FsdpUnit));
-    f->shards = xcalloc((size_t)m->params.count, sizeof(FsdpShard));
     int first = 0;
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
         *u = (FsdpUnit){.fsdp = f, .index = i, .first_param = first,
-                        .n_params = m->blocks[i].n_params, .shard_offset = f->numel};
+                        .n_params = m->blocks[i].n_params};
         plan_unit(f, u);
-        f->numel += u->shard_numel;
-        f->max_shard_numel = max_size(f->max_shard_numel, u->shard_numel);
-        f->max_full_numel = max_size(f->max_full_numel, u->full_numel);
         first += u->n_params;
     }
     CHECK(first == m->params.count);
+    // The shard offsets are final once every parameter is placed.
+    for (int i = 0; i < f->n_units; i++) {
+        FsdpUnit *u = &f->units[i];
+        const ParamTable *t = f->params;
+        int end = u->first_param + u->n_params;
+        u->shard_offset = u->first_param < t->count ? t->items[u->first_param].shard_offset
+                                                    : t->shard_numel;
+        u->shard_numel = (end < t->count ? t->items[end].shard_offset : t->shard_numel) -
+                         u->shard_offset;
+        f->max_shard_numel = max_size(f->max_shard_numel, u->shard_numel);
+        f->max_full_numel = max_size(f->max_full_numel, u->full_numel);
+    }
+    f->numel = f->params->shard_numel;
 }
 
 // Whether unit i stays gathered from its forward to its backward. torchtitan's default keeps
@@ -129,7 +134,12 @@ void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
         f->scatter_send16 = arena_alloc(comm, rank_major * half);
         f->scatter_recv16 = arena_alloc(comm, f->max_shard_numel * half);
     }
-    if (f->data) point_params(f);
+    if (!f->data) return;
+    ParamTable *t = f->params;
+    t->shard_data = f->data;
+    t->shard_grad = f->grad;
+    t->data = t->grad = NULL;  // the compute tensors live in the units' full buffers
+    point_params(f);
 }
 
 FsdpEstimate fsdp_estimate(const Fsdp *f) {
@@ -152,7 +162,6 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
 
 void fsdp_free(Fsdp *f) {
     free(f->units);
-    free(f->shards);
     *f = (Fsdp){0};
 }
 
@@ -165,16 +174,15 @@ static void unit_copy(const Fsdp *f, const FsdpUnit *u, float *full, float *rank
     for (int k = 0; k < f->config.size; k++) {
         for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
             const Param *p = &f->params->items[j];
-            const FsdpShard *s = &f->shards[j];
-            int64_t first, rows = rank_rows(p->shape[0], s->shard_rows, k, &first);
-            float *part = rank_major + (size_t)k * u->shard_numel + s->unit_offset;
-            float *whole = full + (p->offset - u->table_offset) + (size_t)first * s->row_numel;
-            size_t n = (size_t)rows * s->row_numel;
+            int64_t first, rows = rank_rows(f, p, k, &first);
+            float *part = rank_major + (size_t)k * u->shard_numel + unit_offset(u, p);
+            float *whole = full + (p->offset - u->table_offset) + (size_t)first * row_numel(p);
+            size_t n = (size_t)rows * row_numel(p);
             if (to_full) {
                 k_->copy(whole, part, n * sizeof(float));
             } else {
                 k_->copy(part, whole, n * sizeof(float));
-                k_->zero(part + n, (shard_numel(s) - n) * sizeof(float));
+                k_->zero(part + n, (p->shard_numel - n) * sizeof(float));
             }
         }
     }
@@ -322,48 +330,7 @@ void fsdp_wrap(Fsdp *f, Model *m, CommGroup *group, CommGroup *replicate) {
     }
 }
 
-// ---- initialisation, checkpoints, the end of a step ---------------------------------------
-
-// This rank's shard of parameter j with its padding zeroed; *first and *count: the range of
-// the parameter's elements it holds (what the caller fills in).
-static float *shard_prepare(Fsdp *f, int j, size_t *first, size_t *count) {
-    const FsdpShard *s = &f->shards[j];
-    float *dst = f->data + s->shard_offset;
-    *first = (size_t)s->row_begin * s->row_numel;
-    *count = (size_t)(s->row_end - s->row_begin) * s->row_numel;
-    f->config.k->zero(dst + *count, (shard_numel(s) - *count) * sizeof(float));
-    return dst;
-}
-
-// The shards are filled on the host (the initial values are computed there) and uploaded one
-// parameter at a time through a staging buffer when they live on a device.
-void fsdp_initialize(Fsdp *f, uint64_t seed) {
-    const KernelOps *k = f->config.k;
-    reshard_all(f);
-    float *stage = NULL;
-    if (!k->host_memory) {
-        size_t largest = 0;
-        for (int j = 0; j < f->params->count; j++)
-            largest = max_size(largest, shard_numel(&f->shards[j]));
-        stage = xmalloc((largest + 1) * sizeof(float));  // + 1: never a zero-byte request
-    }
-    for (int j = 0; j < f->params->count; j++) {
-        size_t first, count;
-        float *dst = shard_prepare(f, j, &first, &count);
-        param_fill_local(&f->params->items[j], seed, first, count, stage ? stage : dst);
-        if (stage) k->upload(dst, stage, count * sizeof(float));
-    }
-    free(stage);
-}
-
-void fsdp_shard_from_full(Fsdp *f, const float *full) {
-    reshard_all(f);
-    for (int j = 0; j < f->params->count; j++) {
-        size_t first, count;
-        float *dst = shard_prepare(f, j, &first, &count);
-        f->config.k->copy(dst, full + f->params->items[j].offset + first, count * sizeof(float));
-    }
-}
+// ---- checkpoints, the end of a step -------------------------------------------------------
 
 void fsdp_gather_full(Fsdp *f, float *full) {
     gather_finish(f);

@@ -1,10 +1,13 @@
 // FSDP (ZeRO-3) and HSDP over the blocks of a model (DESIGN.md "Parallelisms", "Memory").
 //
-// Placement: every parameter is Shard(0) over the fsdp group (dp_shard x cp) of n ranks. Its
-// rows are padded up to a multiple of n, never dropped, and rank k owns rows
+// Placement: every parameter gets FSDP's padded Shard(0) over the fsdp group (dp_shard x cp)
+// of n ranks (core/param.h's PLACE_SHARD_PADDED, after tensor parallel's placements): its
+// local rows are padded up to a multiple of n, never dropped, and rank k owns rows
 // [k * R/n, (k+1) * R/n) of the padded tensor. Padding rows are zero and stay zero (their
 // gradient is zero, and AdamW maps a zero weight with a zero gradient to zero), so they add
-// nothing to a norm or a sum. Every rank holds the same number of floats.
+// nothing to a norm or a sum. Every rank holds the same number of floats. HSDP adds
+// Replicate over dp_replicate. The shards are the ParamTable's shard buffers (shard_data,
+// shard_grad), which the optimizer, initialisation and checkpoints use as on one rank.
 //
 // One FSDP unit per block (Zhao et al. 2023, "PyTorch FSDP"). This rank's fp32 master shards
 // of all units are one flat buffer (and their grads another), which the optimizer updates
@@ -29,6 +32,7 @@
 #include "kernels/kernels.h"
 #include "models/model.h"
 #include "parallel/comm.h"
+#include "parallel/mesh.h"
 
 // parallelism.fsdp_reshard_after_forward. ALWAYS frees a unit's full params after its
 // forward (and gathers them again for backward); NEVER keeps every unit gathered from forward
@@ -41,25 +45,14 @@ FsdpReshard fsdp_reshard_parse(const char *mode);
 typedef struct {
     int size, rank;            // the fsdp group (dp_shard x cp) and this rank's index in it
     int replicate_size;        // dp_replicate: > 1 is HSDP
+    int replicate_rank;        // this rank's index in it
     FsdpReshard reshard;
-    bool tied_embeddings;      // a weight in two units: refused
     // Mixed precision (torchtitan's MixedPrecisionPolicy): all-gather the compute weights in
     // bf16 (the model then computes with bf16-rounded weights; the masters stay fp32), and
     // reduce-scatter the grads in bf16 instead of fp32. The HSDP all-reduce stays fp32.
     bool bf16_params, bf16_reduce;
     const KernelOps *k;
 } FsdpConfig;
-
-// Where one parameter's shard lies: rows [row_begin, row_end) of the parameter (of its local
-// tensor when tp shards it; fewer than shard_rows, possibly none, on the last ranks: the rest
-// is padding). What a checkpoint reads and writes as this rank's hyperslab.
-typedef struct {
-    int64_t shard_rows;        // padded rows per rank: ceil(rows / n)
-    int64_t row_begin, row_end;
-    size_t row_numel;          // floats per row (1 for a vector)
-    size_t shard_offset;       // in floats, into Fsdp.data / Fsdp.grad
-    size_t unit_offset;        // in floats, into its unit's shard (the all-gather's block)
-} FsdpShard;
 
 typedef struct Fsdp Fsdp;
 
@@ -82,10 +75,9 @@ struct Fsdp {
     ParamTable *params;
     int n_units;
     FsdpUnit *units;                // (n_units) one per block
-    FsdpShard *shards;              // (params->count) the placement of every parameter
-    size_t numel;                   // this rank's shard floats: the optimizer's numel
+    size_t numel;                   // this rank's shard floats: params->shard_numel
     size_t max_shard_numel, max_full_numel;
-    float *data, *grad;             // (numel) sharded fp32 master params and their grads
+    float *data, *grad;             // (numel) the params' shard_data and shard_grad
     float *full_params;             // one slot shared by the resharded units, or one per unit
     float *full_grad;               // (max_full_numel) the grads of the unit in backward
     float *gather_buf;              // (size * max_shard_numel) all-gather output, rank-major
@@ -110,22 +102,21 @@ typedef struct {
     uint64_t replicate_all_reduce;  // per step, dp_replicate group (HSDP)
 } FsdpEstimate;
 
-// The placement and the units of m's blocks (no MPI, no allocation of buffers).
+// Places m's parameters and plans the units of its blocks (no MPI, no allocation). A weight
+// shared by two blocks (tied embeddings) cannot be an FSDP unit's own: the caller refuses it.
 void fsdp_plan(Fsdp *f, Model *m, const FsdpConfig *config);
 FsdpEstimate fsdp_estimate(const Fsdp *f);
 // Carves the shards and the full buffers from the arenas, in two passes (core/arena.h): on
-// committed arenas also points every Param.data / Param.grad into the full buffers.
+// committed arenas also makes them the table's shard buffers and points every Param.data /
+// Param.grad into the full buffers.
 void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm);
 // Replaces every block of m by its unit's wrapper, communicating over group (the fsdp group,
 // of config.size ranks) and replicate (dp_replicate; NULL: no HSDP).
 void fsdp_wrap(Fsdp *f, Model *m, CommGroup *group, CommGroup *replicate);
 void fsdp_free(Fsdp *f);
 
-// This rank's shards from (seed, name, global index): the 1-rank initial values.
-void fsdp_initialize(Fsdp *f, uint64_t seed);
-// Checkpoints: full (params->numel, laid out as ParamTable.data) to this rank's shards, and
-// back (collective over the fsdp group: every rank gets the whole model).
-void fsdp_shard_from_full(Fsdp *f, const float *full);
+// full (params->numel, laid out by Param.offset) = every parameter's compute tensor, gathered
+// from the shards (collective over the fsdp group: every rank gets them).
 void fsdp_gather_full(Fsdp *f, float *full);
 
 // After the last microbatch's backward: waits for every reduce-scatter, then averages the

@@ -1,39 +1,36 @@
 #include "parallel/grads.h"
 
-typedef struct {
-    float *grad;
-    size_t n;
-} GradPiece;
+#include "parallel/mesh.h"
 
-static GradPiece grad_piece(const ParamTable *t, const Fsdp *f, int i) {
-    if (!f) return (GradPiece){t->items[i].grad, t->items[i].numel};
-    const FsdpShard *s = &f->shards[i];
-    return (GradPiece){f->grad + s->shard_offset, (size_t)s->shard_rows * s->row_numel};
+static bool tp_replicated(const Param *p) {
+    const Placement *pl = param_placement_on(p, MESH_TP);
+    return pl && pl->kind == PLACE_REPLICATE;
 }
 
-size_t grads_replicated_floats(const ParamTable *t, const Fsdp *f) {
+size_t grads_replicated_floats(const ParamTable *t) {
     size_t n = 0;
     for (int i = 0; i < t->count; i++)
-        if (t->items[i].tp.dim == TP_REPLICATE) n += grad_piece(t, f, i).n;
+        if (tp_replicated(&t->items[i])) n += t->items[i].shard_numel;
     return n;
 }
 
-void grads_reduce_replicated(const ParamTable *t, const Fsdp *f, const Tp *tp) {
+void grads_reduce_replicated(const ParamTable *t, CommGroup *tp) {
     if (!tp) return;
     for (int i = 0; i < t->count; i++) {
-        if (t->items[i].tp.dim != TP_REPLICATE) continue;
-        GradPiece g = grad_piece(t, f, i);
-        comm_all_reduce(tp->group, g.grad, g.n, COMM_SUM);
+        const Param *p = &t->items[i];
+        if (tp_replicated(p))
+            comm_all_reduce(tp, t->shard_grad + p->shard_offset, p->shard_numel, COMM_SUM);
     }
 }
 
-double grads_sum_squares(const KernelOps *k, const ParamTable *t, const Fsdp *f, const Tp *tp) {
+double grads_sum_squares(const KernelOps *k, const ParamTable *t, CommGroup *fsdp, CommGroup *tp) {
     double local = 0;
     for (int i = 0; i < t->count; i++) {
-        GradPiece g = grad_piece(t, f, i);
-        local += (tp ? tp_norm_weight(&t->items[i]) : 1.0) * k->sum_squares(g.grad, g.n);
+        const Param *p = &t->items[i];
+        double weight = tp && tp_replicated(p) ? 1.0 / comm_size(tp) : 1.0;
+        local += weight * k->sum_squares(t->shard_grad + p->shard_offset, p->shard_numel);
     }
-    if (f) local = comm_all_reduce_double(f->group, local, COMM_SUM);
-    if (tp) local = comm_all_reduce_double(tp->group, local, COMM_SUM);
+    if (fsdp) local = comm_all_reduce_double(fsdp, local, COMM_SUM);
+    if (tp) local = comm_all_reduce_double(tp, local, COMM_SUM);
     return local;
 }

@@ -3,20 +3,20 @@
 // parallel), and the global L2 norm for clipping counted exactly once per element of the
 // unsharded model (DESIGN.md "Parameters carry their layout").
 //
-// A parameter's gradient lives in its FSDP shard when FSDP is applied (f != NULL), else in its
-// (TP-local) tensor; tp == NULL: no tensor parallel.
+// A parameter's gradient is its shard's (ParamTable.shard_grad at Param.shard_offset): FSDP's
+// shard when FSDP placed it, else its compute tensor's. fsdp / tp NULL: no such group.
 #pragma once
 
 #include "core/param.h"
 #include "kernels/kernels.h"
-#include "parallel/fsdp.h"
-#include "parallel/tp.h"
+#include "parallel/comm.h"
 
 // Floats grads_reduce_replicated all-reduces over tp per step (for --estimate).
-size_t grads_replicated_floats(const ParamTable *t, const Fsdp *f);
+size_t grads_replicated_floats(const ParamTable *t);
 // After the last microbatch's backward (and fsdp_finish_step).
-void grads_reduce_replicated(const ParamTable *t, const Fsdp *f, const Tp *tp);
-// Sum over every element of the whole model's gradient of its square: each piece weighted by
-// tp_norm_weight (a replica once in total), summed over the fsdp group (shards) and the tp
-// group; data-parallel replicas (HSDP) hold identical grads and are not summed.
-double grads_sum_squares(const KernelOps *k, const ParamTable *t, const Fsdp *f, const Tp *tp);
+void grads_reduce_replicated(const ParamTable *t, CommGroup *tp);
+// Sum over every element of the whole model's gradient of its square: this rank's shards,
+// summed over the fsdp and tp groups, each parameter divided by its replica count over them
+// (a tp-replicated norm weight, once in total); data-parallel replicas (HSDP, DDP) hold
+// identical grads and are not summed.
+double grads_sum_squares(const KernelOps *k, const ParamTable *t, CommGroup *fsdp, CommGroup *tp);

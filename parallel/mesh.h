@@ -12,6 +12,10 @@
 
 typedef enum { MESH_PP, MESH_DP_REPLICATE, MESH_DP_SHARD, MESH_CP, MESH_TP, MESH_NDIMS } MeshDim;
 
+// The groups a parameter is placed over (core/param.h's Placement.group): a mesh dim, or
+// FSDP's flattened dp_shard x cp.
+enum { MESH_GROUP_FSDP = MESH_NDIMS };
+
 typedef struct {
     int size[MESH_NDIMS];
     int world_size;

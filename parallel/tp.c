@@ -48,8 +48,7 @@ void tp_plan(Tp *tp, int rank, int size, bool loss_parallel) {
 }
 
 void tp_shard(const Tp *tp, ParamTable *t, Param *p, int dim) {
-    params_place_tp(t, p, (TpPlacement){dim, tp->rank, tp->size});
+    PlacementKind kind = dim == TP_REPLICATE ? PLACE_REPLICATE : PLACE_SHARD;
+    params_place(t, p, (Placement){kind, dim, MESH_TP, tp->size, tp->rank});
 }
-
-double tp_norm_weight(const Param *p) { return p->tp.dim == TP_REPLICATE ? 1.0 / p->tp.size : 1.0; }
 

@@ -17,6 +17,7 @@
 #include "kernels/kernels.h"
 #include "models/model.h"
 #include "parallel/comm.h"
+#include "parallel/mesh.h"
 
 typedef struct Tp {
     TpHooks hooks;  // first: the hooks' implementations find the Tp from the pointer
@@ -31,10 +32,7 @@ void tp_init(Tp *tp, CommGroup *group, const KernelOps *k, bool loss_parallel);
 // The same placement for rank of size ranks without a group (MPI-free planning: --estimate);
 // its hooks must not be called.
 void tp_plan(Tp *tp, int rank, int size, bool loss_parallel);
-// Places p on the group as Shard(dim) (this rank's slice `rank`) or Replicate (TP_REPLICATE).
-// Before params_allocate.
+#define TP_REPLICATE (-1)
+// Places p on the group (mesh group MESH_TP) as Shard(dim), this rank's slice `rank`, or
+// Replicate (dim TP_REPLICATE). Before params_allocate.
 void tp_shard(const Tp *tp, ParamTable *t, Param *p, int dim);
-// The factor of p's local grad sum of squares in the global one, before the sum over the tp
-// group: 1 for a shard (each element is on one rank), 1 / tp.size for a replica (after
-// grads_reduce_replicated every rank holds the same grad; counted once in total).
-double tp_norm_weight(const Param *p);

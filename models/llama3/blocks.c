@@ -61,9 +61,7 @@ static const float *grad_gathered(const StepCtx *s, const float *dy, float *full
 }
 
 // First global row of a vocab-sharded table's slice (0 when it is whole).
-static int vocab_start(const Param *table) {
-    return table->tp.dim == 0 ? table->tp.rank * (int)table->shape[0] : 0;
-}
+static int vocab_start(const Param *table) { return (int)param_box(table, false).start[0]; }
 
 // ---- tok_embeddings ------------------------------------------------------------------------
 

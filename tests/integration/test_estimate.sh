@@ -3,8 +3,8 @@
 # and 405B configs on thousands of ranks without MPI, equal to closed forms of the flavors'
 # parameter, gradient, optimizer and FSDP buffer sizes and FLOPs; and for the debug model its
 # numbers equal what a real run allocates and sends (run_summary.json: every arena's bytes, and
-# each group's bytes = steps x the estimate's per-step bytes), for a 2D layout and for HSDP
-# with activation checkpointing and gradient accumulation.
+# each group's bytes = steps x the estimate's per-step bytes), for a 2D layout, for HSDP with
+# activation checkpointing and gradient accumulation, and for plain DDP.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -46,3 +46,14 @@ P=--parallelism
 check dp_shard=2xtp=2 4 $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2
 check hsdp+ac+accum 4 --training.local_batch_size 2 --training.global_batch_size 16 \
   $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2 --activation_checkpoint.mode full
+
+# Plain DDP (dp_replicate 2 on an fsdp group of one) runs no FSDP: its fsdp group sends nothing
+# (check's per-group comparison: the estimate has no fsdp row) and it holds no full-parameter
+# slots beyond the model itself: its params arena is the 1-rank run's.
+check ddp+accum 2 --training.global_batch_size 16 $P.data_parallel_replicate_degree 2 \
+  $P.data_parallel_shard_degree 1
+! grep -q "^  fsdp" "$SCRATCH/ddp+accum.estimate" || fail "DDP estimate has FSDP traffic"
+$TITAN --estimate --world-size 1 "${SMALL[@]}" >"$SCRATCH/one.estimate"
+[ "$(grep '^  params' "$SCRATCH/one.estimate")" = "$(grep '^  params' "$SCRATCH/ddp+accum.estimate")" ] ||
+  fail "DDP params arena differs from one rank's: $(grep '^  params' "$SCRATCH/ddp+accum.estimate")"
+echo "ok: DDP holds the 1-rank params arena and runs no FSDP collective"

@@ -4,7 +4,8 @@
 # it). Each layout is one mpirun; its JSONL losses and grad norms must
 # match the 1-rank run's within 1e-5 relative at every step.
 # Impossible layouts (tp not dividing the heads, a mesh larger than the job, a batch that does
-# not split over dp) exit 2 with one line before anything is allocated.
+# not split over dp, tied embeddings under FSDP) exit 2 with one line before anything is
+# allocated.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -42,6 +43,7 @@ layout tp=2 2 4 $P.tensor_parallel_degree 2 $P.data_parallel_shard_degree 1
 layout tp=4 4 4 $P.tensor_parallel_degree 4 $P.data_parallel_shard_degree 1
 layout dp_shard=2xtp=2 4 4 $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2
 layout tp=2,no-loss-parallel 2 4 $P.tensor_parallel_degree 2 $P.disable_loss_parallel
+layout ddp=2,accumulation 2 2 $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 1
 layout dp_shard=2,AC,reshard-never 2 2 $P.data_parallel_shard_degree 2 \
   --activation_checkpoint.mode full $P.fsdp_reshard_after_forward never
 
@@ -59,3 +61,5 @@ impossible "tensor_parallel_degree 3 does not divide model n_heads \(16\)" 3 $P.
 impossible "= 4 ranks, but the job has 2" 2 $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2
 impossible "global_batch_size 8 is not a multiple of local_batch_size 4 x dp 4" 4 \
   --training.local_batch_size 4 $P.data_parallel_shard_degree 4
+impossible "tie_word_embeddings cannot be trained with FSDP" 2 --model.tie_word_embeddings true \
+  --training.local_batch_size 4 $P.data_parallel_shard_degree 2

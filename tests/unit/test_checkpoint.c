@@ -269,14 +269,14 @@ static void state_make(StateCase *c, uint32_t fill_seed) {
     c->opt = (AdamW){.numel = n, .exp_avg = xcalloc(n, sizeof(float)),
                      .exp_avg_sq = xcalloc(n, sizeof(float))};
     if (!fill_seed) return;
-    fill(c->params.data, (int64_t)n, fill_seed);
+    fill(c->params.shard_data, (int64_t)n, fill_seed);
     fill(c->opt.exp_avg, (int64_t)n, fill_seed + 1);
     fill(c->opt.exp_avg_sq, (int64_t)n, fill_seed + 2);
     c->opt.step = 36;
 }
 
 static void state_free(StateCase *c) {
-    free(c->params.data), free(c->opt.exp_avg), free(c->opt.exp_avg_sq);
+    free(c->params.shard_data), free(c->opt.exp_avg), free(c->opt.exp_avg_sq);
     params_free(&c->params);
 }
 
@@ -298,7 +298,7 @@ static void test_train_state_roundtrip(void **state) {
                      model_attrs, 1);
     train_state_load(path, &back.params, &back.opt, &got);
     size_t bytes = saved.params.numel * sizeof(float);
-    assert_memory_equal(back.params.data, saved.params.data, bytes);
+    assert_memory_equal(back.params.shard_data, saved.params.shard_data, bytes);
     assert_memory_equal(back.opt.exp_avg, saved.opt.exp_avg, bytes);
     assert_memory_equal(back.opt.exp_avg_sq, saved.opt.exp_avg_sq, bytes);
     assert_int_equal(back.opt.step, 36);
@@ -316,7 +316,7 @@ static void test_train_state_roundtrip(void **state) {
     train_state_save(path, &saved.params, NULL, progress, 1, yaml, NULL, 0);
     state_make(&back, 0);
     train_state_load(path, &back.params, &back.opt, NULL);
-    assert_memory_equal(back.params.data, saved.params.data, bytes);
+    assert_memory_equal(back.params.shard_data, saved.params.shard_data, bytes);
     float *zeros = xcalloc(saved.params.numel, sizeof(float));
     assert_memory_equal(back.opt.exp_avg, zeros, bytes);
     assert_memory_equal(back.opt.exp_avg_sq, zeros, bytes);

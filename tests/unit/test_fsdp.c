@@ -11,15 +11,12 @@
 // counted equal fsdp_estimate's volume. With mixed precision, the bf16 all-gather gives the
 // 1-rank step on bf16-rounded weights (to fp32 rounding) for half the bytes, and a bf16
 // reduce-scatter the same grads within bf16 rounding. An uneven placement (3 ranks: padded
-// rows) is checked on any rank count by planning for virtual ranks, and tied embeddings are
-// refused.
+// rows) is checked on any rank count by planning for virtual ranks: each rank's boxes put
+// together are the 1-rank tensors.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "core/errors.h"
 #include "models/llama3/llama3.h"
@@ -50,10 +47,9 @@ typedef struct {
     Model m;
 } Net;
 
-static void net_build(Net *n, bool activation_checkpoint, bool tied) {
+static void net_build(Net *n, bool activation_checkpoint) {
     CHECK(llama3_flavor("small", &n->args));
     n->args.max_seq_len = T;
-    n->args.tie_word_embeddings = tied;
     llama3_build(&n->m, &n->args, activation_checkpoint);
 }
 
@@ -81,7 +77,7 @@ static void batch_make(Reference *r, int vocab) {
 static void reference_compute(Reference *r, bool round_weights) {
     const KernelOps *k = kernels_backend("cpu");
     Net n;
-    net_build(&n, false, false);
+    net_build(&n, false);
     batch_make(r, n.args.vocab_size);
     Arena params, grads, acts;
     model_allocate(&n.m, model_activation_bytes(&n.m, k, B, T), &params, &grads, &acts, NULL);
@@ -129,10 +125,11 @@ typedef struct {
 
 static void sharded_build(Sharded *sh, const Mesh *mesh, const Case *c, int rows) {
     const KernelOps *k = kernels_backend("cpu");
-    net_build(&sh->net, c->activation_checkpoint, false);
+    net_build(&sh->net, c->activation_checkpoint);
     int replicate = mesh->layout.size[MESH_DP_REPLICATE];
     FsdpConfig config = {.size = comm_size(mesh->fsdp), .rank = comm_rank(mesh->fsdp),
-                         .replicate_size = replicate, .reshard = c->reshard,
+                         .replicate_size = replicate,
+                         .replicate_rank = mesh->coord[MESH_DP_REPLICATE], .reshard = c->reshard,
                          .bf16_params = c->bf16_params, .bf16_reduce = c->bf16_reduce, .k = k};
     fsdp_plan(&sh->f, &sh->net.m, &config);
     arena_init_sizing(&sh->params, "params");
@@ -160,13 +157,20 @@ static void sharded_free(Sharded *sh) {
 }
 
 // This rank's shard grads against the reference grads' rows; padding must be exactly zero.
+// The floats of p's shard box (its rows: FSDP shards dim 0) and where they start in p's
+// 1-rank tensor.
+static size_t box_of(const Param *p, size_t *first) {
+    ParamBox b = param_box(p, true);
+    *first = (size_t)b.start[0] * (p->numel / (size_t)p->shape[0]);
+    return box_numel(&b);
+}
+
 static void check_grads(const Fsdp *f, const Reference *r, const char *name, double tolerance) {
     for (int j = 0; j < f->params->count; j++) {
         const Param *p = &f->params->items[j];
-        const FsdpShard *s = &f->shards[j];
-        const float *want = r->grad + p->offset + (size_t)s->row_begin * s->row_numel;
-        const float *got = f->grad + s->shard_offset;
-        size_t n = (size_t)(s->row_end - s->row_begin) * s->row_numel;
+        size_t first, n = box_of(p, &first);
+        const float *want = r->grad + p->offset + first;
+        const float *got = f->params->shard_grad + p->shard_offset;
         double err = 0, scale = 0;
         for (size_t i = 0; i < n; i++) {
             err = fmax(err, fabs((double)got[i] - want[i]));
@@ -174,7 +178,7 @@ static void check_grads(const Fsdp *f, const Reference *r, const char *name, dou
         }
         EXPECT(err <= tolerance * scale, "%s: %s grad max error %g of %g", name, p->name, err,
                scale);
-        for (size_t i = n; i < (size_t)s->shard_rows * s->row_numel; i++)
+        for (size_t i = n; i < p->shard_numel; i++)
             EXPECT(got[i] == 0, "%s: %s padding grad %g", name, p->name, got[i]);
     }
 }
@@ -225,7 +229,7 @@ static void check_case(const Reference *r, const Reference *rounded, const Mesh 
     int rows = B / mesh_dp_size(&mesh->layout);
     Sharded sh;
     sharded_build(&sh, mesh, c, rows);
-    fsdp_initialize(&sh.f, SEED);
+    params_initialize(&sh.net.m.params, SEED);
     float *full = xmalloc(r->numel * sizeof(float));
     fsdp_gather_full(&sh.f, full);
     EXPECT(memcmp(full, r->params, r->numel * sizeof(float)) == 0,
@@ -243,11 +247,11 @@ static void check_case(const Reference *r, const Reference *rounded, const Mesh 
            want->loss);
     check_grads(&sh.f, want, c->name, tolerance);
     const KernelOps *k = kernels_backend("cpu");
-    double norm = sqrt(grads_sum_squares(k, &sh.net.m.params, &sh.f, NULL));
+    double norm = sqrt(grads_sum_squares(k, &sh.net.m.params, mesh->fsdp, NULL));
     EXPECT(close_to(norm, want->grad_norm, tolerance), "%s: grad norm %.9g, 1-rank %.9g",
            c->name, norm, want->grad_norm);
     grad_clip_to_norm(k, sh.f.grad, sh.f.numel, norm, norm / 2);
-    double clipped = sqrt(grads_sum_squares(k, &sh.net.m.params, &sh.f, NULL));
+    double clipped = sqrt(grads_sum_squares(k, &sh.net.m.params, mesh->fsdp, NULL));
     EXPECT(close_to(clipped, norm / 2, TOLERANCE), "%s: clipped norm %.9g, want %.9g", c->name,
            clipped, norm / 2);
     FsdpEstimate e = fsdp_estimate(&sh.f);
@@ -262,13 +266,13 @@ static void check_case(const Reference *r, const Reference *rounded, const Mesh 
     sharded_free(&sh);
 }
 
-// Every virtual rank of a 3-rank group fills its padded shard alone; their rows put together
-// are the 1-rank values, the padding is zero, and shard_from_full gives the same shards.
+// Every virtual rank of a 3-rank group fills its padded shard alone; their boxes put together
+// are the 1-rank values, and the padding, on the last rank only, is zero.
 static void check_uneven_placement(const Reference *r) {
     enum { N = 3 };
     for (int k = 0; k < N; k++) {
         Net n;
-        net_build(&n, false, false);
+        net_build(&n, false);
         FsdpConfig config = {.size = N, .rank = k, .replicate_size = 1,
                              .k = kernels_backend("cpu")};
         Fsdp f;
@@ -282,58 +286,27 @@ static void check_uneven_placement(const Reference *r) {
         arena_commit(&grads, NULL);
         arena_commit(&comm, NULL);
         fsdp_allocate(&f, &params, &grads, &comm);
-        fsdp_initialize(&f, SEED);
-        float *filled = xmalloc(f.numel * sizeof(float));
-        memcpy(filled, f.data, f.numel * sizeof(float));
-        fsdp_shard_from_full(&f, r->params);
-        EXPECT(memcmp(filled, f.data, f.numel * sizeof(float)) == 0,
-               "rank %d of %d: shard_from_full differs from initialize", k, N);
+        params_initialize(&n.m.params, SEED);
         bool padded = false;
-        for (int j = 0; j < f.params->count; j++) {
-            const Param *p = &f.params->items[j];
-            const FsdpShard *s = &f.shards[j];
-            size_t first = (size_t)s->row_begin * s->row_numel;
-            size_t count = (size_t)(s->row_end - s->row_begin) * s->row_numel;
-            EXPECT(s->shard_rows == (p->shape[0] + N - 1) / N, "%s: shard rows", p->name);
-            EXPECT(memcmp(filled + s->shard_offset, r->params + p->offset + first,
-                          count * sizeof(float)) == 0, "rank %d of %d: %s differs", k, N, p->name);
-            for (size_t i = count; i < (size_t)s->shard_rows * s->row_numel; i++)
-                EXPECT(filled[s->shard_offset + i] == 0, "%s: padding not zero", p->name);
-            padded |= count < (size_t)s->shard_rows * s->row_numel;
+        for (int j = 0; j < n.m.params.count; j++) {
+            const Param *p = &n.m.params.items[j];
+            const float *shard = n.m.params.shard_data + p->shard_offset;
+            size_t first, count = box_of(p, &first);
+            EXPECT(p->shard_numel == (size_t)(p->shape[0] + N - 1) / N * (p->numel / p->shape[0]),
+                   "%s: shard floats", p->name);
+            EXPECT(memcmp(shard, r->params + p->offset + first, count * sizeof(float)) == 0,
+                   "rank %d of %d: %s differs", k, N, p->name);
+            for (size_t i = count; i < p->shard_numel; i++)
+                EXPECT(shard[i] == 0, "%s: padding not zero", p->name);
+            padded |= count < p->shard_numel;
         }
         EXPECT(padded == (k == N - 1), "rank %d of %d: padding on the last rank only", k, N);
-        free(filled);
         fsdp_free(&f);
         arena_free(&params);
         arena_free(&grads);
         arena_free(&comm);
         net_free(&n);
     }
-}
-
-static void plan_tied(void) {
-    Net n;
-    net_build(&n, false, true);
-    FsdpConfig config = {.size = 2, .replicate_size = 1, .tied_embeddings = true,
-                         .k = kernels_backend("cpu")};
-    Fsdp f;
-    fsdp_plan(&f, &n.m, &config);
-}
-
-// Runs before MPI starts, so that the child may exit on its own.
-static void check_tied_refused(void) {
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, 2);
-        plan_tied();
-        _exit(0);
-    }
-    int status;
-    waitpid(pid, &status, 0);
-    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == EXIT_USER_ERROR,
-           "tied embeddings were not refused as a user error");
 }
 
 static void check_reshard_names(void) {
@@ -354,7 +327,6 @@ static void mesh_from_args(Mesh *mesh, int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    check_tied_refused();
     check_reshard_names();
     comm_init(&argc, &argv);
     world_rank = comm_rank(comm_world());

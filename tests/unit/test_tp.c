@@ -66,7 +66,7 @@ static void run(Run *r, const char *flavor, bool tp, bool loss_parallel, bool ac
     size_t planned = r->acts.peak;
     r->acts.peak = 0;
     r->loss = model_forward_backward(&r->m, &s);
-    if (tp) grads_reduce_replicated(&r->m.params, NULL, &r->tp);
+    if (tp) grads_reduce_replicated(&r->m.params, r->tp.group);
     r->tp_bytes = comm_bytes(world) - before;
     assert_int_equal(r->acts.peak, planned);  // the sizing pass counted the tp step exactly
 }
@@ -80,6 +80,16 @@ static void unrun(Run *r) {
 
 // The largest |local - reference slice| over p, relative to the reference's largest |value|
 // (of data when grads is false).
+// Whether p's placement over the tp group (of n ranks) is Shard(dim), or Replicate for
+// TP_REPLICATE; on one rank there is none (a group of one is no placement).
+static bool placed_on_tp(const Param *p, int dim, int n) {
+    const Placement *pl = param_placement_on(p, MESH_TP);
+    if (n == 1) return pl == NULL;
+    if (!pl) return false;
+    return dim == TP_REPLICATE ? pl->kind == PLACE_REPLICATE
+                               : pl->kind == PLACE_SHARD && pl->dim == dim;
+}
+
 static double slice_error(const Param *p, const Param *ref, bool grads) {
     const float *x = grads ? p->grad : p->data, *y = grads ? ref->grad : ref->data;
     double err = 0, scale = 0;
@@ -108,13 +118,15 @@ static double worst_error(Run *tp, Run *ref, bool grads) {
 // gather of rows (rows x D) and reduce-scatter of all rows (BT x D) once per seam (embedding,
 // 2 per layer forward and again backward, 3 more under checkpointing's re-run forward, the
 // head), the loss statistics (3 BT floats) or the gathered logits (BT x V/tp; twice when a
-// chunked head recomputes them in backward), the norms' grads.
+// chunked head recomputes them in backward), the norms' grads (replicated over a group of
+// more than one rank: on one rank they have no placement and nothing to sum).
 static uint64_t tp_volume(const LlamaArgs *a, int tp, bool loss_parallel, bool ac) {
     uint64_t BT = ROWS_B * SEQ_T, rows = BT / tp, D = a->dim, L = a->n_layers;
     uint64_t seams = 2 + 4 * L + (ac ? 2 * L : 0);
     uint64_t gathers = a->loss_chunk_rows > 0 && (uint64_t)a->loss_chunk_rows < BT ? 2 : 1;
     uint64_t loss = loss_parallel ? 3 * BT : gathers * BT * a->vocab_size / tp;
-    return 4 * (seams * (BT + rows) * D + loss + (2 * L + 1) * D);
+    uint64_t replicated = tp > 1 ? (2 * L + 1) * D : 0;
+    return 4 * (seams * (BT + rows) * D + loss + replicated);
 }
 
 static void check_case(const char *flavor, bool loss_parallel, bool ac, int chunk) {
@@ -173,12 +185,13 @@ static void test_init_shapes_and_norm(void **state) {
     Param *emb = params_find(&tp.m.params, "tok_embeddings.weight");
     Param *norm = params_find(&tp.m.params, "layers.1.ffn_norm.weight");
     assert_true(wq->shape[0] * n == wq->global_shape[0] && wq->shape[1] == wq->global_shape[1]);
-    assert_true(w2->shape[1] * n == w2->global_shape[1] && w2->tp.dim == 1);
-    assert_true(emb->shape[0] * n == emb->global_shape[0] && emb->tp.dim == 0);
-    assert_true(norm->tp.dim == TP_REPLICATE && norm->numel == (size_t)norm->global_shape[0]);
+    assert_true(w2->shape[1] * n == w2->global_shape[1] && placed_on_tp(w2, 1, n));
+    assert_true(emb->shape[0] * n == emb->global_shape[0] && placed_on_tp(emb, 0, n));
+    assert_true(placed_on_tp(norm, TP_REPLICATE, n) &&
+                norm->numel == (size_t)norm->global_shape[0]);
     const KernelOps *k = kernels_backend("cpu");
     double want = k->sum_squares(ref.m.params.grad, ref.m.params.numel);
-    double got = grads_sum_squares(k, &tp.m.params, NULL, &tp.tp);
+    double got = grads_sum_squares(k, &tp.m.params, NULL, tp.tp.group);
     assert_true(fabs(got - want) / want <= 1e-5);
     unrun(&ref);
     unrun(&tp);

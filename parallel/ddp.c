@@ -1,0 +1,15 @@
+#include "parallel/ddp.h"
+
+#include "parallel/mesh.h"
+
+void ddp_place(ParamTable *t, int size, int rank) {
+    for (int i = 0; i < t->count; i++)
+        params_place(t, &t->items[i],
+                     (Placement){PLACE_REPLICATE, 0, MESH_DP_REPLICATE, size, rank});
+}
+
+size_t ddp_bytes_per_step(const ParamTable *t) { return t->shard_numel * sizeof(float); }
+
+void ddp_finish_step(const ParamTable *t, CommGroup *replicate) {
+    comm_all_reduce(replicate, t->shard_grad, t->shard_numel, COMM_AVG);
+}
