@@ -240,9 +240,12 @@ bool llama3_try_args_from_hf(const char *dir, LlamaArgs *a, char *err, size_t er
     snprintf(path, sizeof path, "%s/%s", dir, CONFIG_NAME);
     json_error_t e;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
+    if (!root && e.line < 0)  // not read at all: jansson's text says why (e.g. no such file)
+        return error_set(err, errlen, "Hugging Face config: %s",
+                         error_escape(why, sizeof why, e.text));
     if (!root)
-        return error_set(err, errlen, "Hugging Face config %s: %s (line %d, column %d)", path,
-                         error_escape(why, sizeof why, e.text), e.line, e.column);
+        return error_set(err, errlen, "Hugging Face config %s: invalid JSON at line %d, column "
+                         "%d: %s", path, e.line, e.column, error_escape(why, sizeof why, e.text));
     // torchtitan's defaults for what HF does not say (init, FFN rounding: hidden_dim is given)
     CHECK(llama3_flavor("debugmodel", a));
     ConfigReader r = {path, root, err, errlen};
