@@ -68,7 +68,8 @@ static bool dtype_parse(const char *path, const char *q, const json_t *v, Safete
     return true;
 }
 
-// Sizes of at most CKPT_MAX_DIMS dimensions; numel their product (false on overflow too).
+// Sizes of at most CKPT_MAX_DIMS dimensions; numel their product, false past 2^60 elements (no
+// file holds that many bytes, and the byte count below cannot overflow).
 static bool shape_parse(const char *path, const char *q, const json_t *v, SafetensorsTensor *t,
                         uint64_t *numel, char *err, size_t errlen) {
     const json_t *shape = json_object_get(v, "shape");
@@ -78,7 +79,7 @@ static bool shape_parse(const char *path, const char *q, const json_t *v, Safete
     for (int d = 0; ok && d < t->ndim; d++)
         ok = json_int_in(json_array_get(shape, (size_t)d), 0, INT64_MAX, &t->shape[d]) &&
              !__builtin_mul_overflow(*numel, (uint64_t)t->shape[d], numel);
-    if (ok) return true;
+    if (ok && *numel <= (uint64_t)1 << 60) return true;
     return error_set(err, errlen, "safetensors %s: tensor %s has no shape of at most %d "
                      "non-negative sizes", path, q, CKPT_MAX_DIMS);
 }
@@ -92,7 +93,7 @@ static bool tensor_parse(const char *path, const char *name, const json_t *v,
     if (!json_is_object(v))
         return error_set(err, errlen, "safetensors %s: tensor %s is not an object of dtype, "
                          "shape and data_offsets", path, q);
-    uint64_t numel, bytes;
+    uint64_t numel;
     if (!dtype_parse(path, q, v, &t->dtype, err, errlen) ||
         !shape_parse(path, q, v, t, &numel, err, errlen))
         return false;
@@ -108,12 +109,13 @@ static bool tensor_parse(const char *path, const char *name, const json_t *v,
                          ", %" PRId64 "] outside the data section's %" PRIu64 " bytes", path, q,
                          begin, end, data_bytes);
     t->begin = (uint64_t)begin, t->end = (uint64_t)end;
-    if (__builtin_mul_overflow(numel, dtype_bytes(t->dtype), &bytes) || bytes != t->end - t->begin) {
+    uint64_t bytes = numel * dtype_bytes(t->dtype);
+    if (bytes != t->end - t->begin) {
         char s[256];
         shape_format(s, sizeof s, t->ndim, t->shape);
         return error_set(err, errlen, "safetensors %s: tensor %s of shape %s and dtype %s spans %"
                          PRIu64 " bytes of data_offsets instead of %" PRIu64, path, q, s,
-                         safetensors_dtype_name(t->dtype), t->end - t->begin, numel * dtype_bytes(t->dtype));
+                         safetensors_dtype_name(t->dtype), t->end - t->begin, bytes);
     }
     t->name = xmalloc(strlen(name) + 1);
     strcpy(t->name, name);
@@ -121,7 +123,8 @@ static bool tensor_parse(const char *path, const char *name, const json_t *v,
 }
 
 static int by_begin(const void *pa, const void *pb) {
-    const SafetensorsTensor *a = *(SafetensorsTensor *const *)pa, *b = *(SafetensorsTensor *const *)pb;
+    const SafetensorsTensor *a = *(SafetensorsTensor *const *)pa;
+    const SafetensorsTensor *b = *(SafetensorsTensor *const *)pb;
     if (a->begin != b->begin) return a->begin < b->begin ? -1 : 1;
     return a->end < b->end ? -1 : a->end > b->end;
 }
@@ -153,7 +156,8 @@ static bool header_parse(const char *path, const json_t *root, uint64_t data_byt
     if (!json_is_object(root))
         return error_set(err, errlen, "safetensors %s: header is not a JSON object", path);
     int first = st->n_tensors;
-    st->tensors = realloc(st->tensors, (st->n_tensors + json_object_size(root)) * sizeof *st->tensors);
+    size_t room = (size_t)st->n_tensors + json_object_size(root) + 1;  // + 1: never size 0
+    st->tensors = realloc(st->tensors, room * sizeof *st->tensors);
     CHECK(st->tensors != NULL);
     const char *name;
     const json_t *v;

@@ -64,7 +64,8 @@ static void test_f32_roundtrip_bit_exact(void **state) {
     fclose(f);
     assert_int_equal(n % 8, 0);
     assert_non_null(strstr(header, "\"__metadata__\":{\"format\":\"pt\"}"));
-    assert_non_null(strstr(header, "\"w\":{\"dtype\":\"F32\",\"shape\":[3,4],\"data_offsets\":[0,48]}"));
+    assert_non_null(
+        strstr(header, "\"w\":{\"dtype\":\"F32\",\"shape\":[3,4],\"data_offsets\":[0,48]}"));
     free(header);
 }
 
