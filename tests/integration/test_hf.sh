@@ -3,8 +3,8 @@
 # `small`, and Llama 3.1 RoPE scaling with tied embeddings); a bfloat16 export holds each weight
 # rounded to nearest even; the export read by the `safetensors` package and run the way
 # transformers runs LlamaForCausalLM (rotate_half RoPE) gives titan's logits within 1e-5; and
-# checkpoint.last_save_in_hf / initial_load_in_hf write and read the same weights as the HDF5
-# checkpoints.
+# checkpoint.last_save_in_hf (with export_dtype) / initial_load_in_hf write and read the same
+# weights as the HDF5 checkpoints.
 source "$(dirname "$0")/lib.sh"
 
 run=(${SMALL[@]} --model.flavor small --training.steps 3 --checkpoint.enable
@@ -57,12 +57,15 @@ $TITAN convert --to hf --dtype bfloat16 "$gqa" "$SCRATCH/bf16-hf" >/dev/null
 $TITAN convert --to titan "$SCRATCH/bf16-hf" "$SCRATCH/bf16-back.h5" >/dev/null
 same_model "$gqa" "$SCRATCH/bf16-back.h5" bf16
 
-# The trainer's keys: the last save as HF holds what step-3.h5 holds (runs are deterministic),
-# and a run starting from it trains exactly as one starting from the HDF5 file.
-$TITAN "${run[@]}" --checkpoint.last_save_in_hf --job.dump_folder "$SCRATCH/last" >/dev/null
+# The trainer's keys: the last save as HF in export_dtype bfloat16 holds what step-3.h5 holds
+# (runs are deterministic) rounded to bfloat16, and a run starting from an HF folder trains
+# exactly as one starting from the HDF5 file.
+$TITAN "${run[@]}" --checkpoint.last_save_in_hf --checkpoint.export_dtype bfloat16 \
+  --job.dump_folder "$SCRATCH/last" >/dev/null
 [ -f "$SCRATCH/last/checkpoint/step-3-hf/model.safetensors" ] || fail "no step-3-hf export"
+[ -f "$SCRATCH/last/checkpoint/step-3.h5" ] && fail "step-3.h5 written as well as step-3-hf"
 $TITAN convert --to titan "$SCRATCH/last/checkpoint/step-3-hf" "$SCRATCH/last-back.h5" >/dev/null
-same_model "$gqa" "$SCRATCH/last-back.h5"
+same_model "$gqa" "$SCRATCH/last-back.h5" bf16
 start=(${SMALL[@]} --model.flavor small --training.steps 2)
 $TITAN "${start[@]}" --checkpoint.initial_load_path "$gqa" --job.dump_folder "$SCRATCH/from-h5" >/dev/null
 $TITAN "${start[@]}" --checkpoint.initial_load_path "$SCRATCH/gqa-hf" --checkpoint.initial_load_in_hf \
