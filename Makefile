@@ -32,7 +32,7 @@ LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
 LDFLAGS  := -fopenmp
 
 LIB_SRCS := $(wildcard core/*.c kernels/*.c kernels/cpu/*.c models/*.c models/*/*.c \
-                       optim/*.c data/*.c checkpoint/*.c infer/*.c parallel/*.c)
+                       optim/*.c data/*.c checkpoint/*.c infer/*.c convert/*.c parallel/*.c)
 LIB_SRCS := $(filter-out parallel/comm_nccl.c,$(LIB_SRCS))
 TITAN    ?= titan
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)

@@ -4,12 +4,14 @@
 //   titan tokenize --tokenizer T --out DIR FILE...
 //   titan tokenizer train --vocab-size N --out FILE.tiktoken FILE...
 //   titan generate --checkpoint C [--tokenizer T] --prompt "..."
+//   titan convert --to hf|titan FROM TO
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "convert/convert.h"
 #include "data/bpe_train.h"
 #include "data/tokenize.h"
 #include "infer/generate.h"
@@ -423,6 +425,8 @@ static const char USAGE[] =
     "       titan tokenize --tokenizer T --out DIR [--shard-tokens N] DATASET...\n"
     "       titan tokenizer train --vocab-size N --out FILE.tiktoken [--threads T] FILE...\n"
     "       titan generate --checkpoint C [--tokenizer T] --prompt TEXT [...]\n"
+    "       titan convert --to hf [--dtype float32|bfloat16] CHECKPOINT.h5 OUT_DIR\n"
+    "       titan convert --to titan HF_DIR OUT.h5\n"
     "       mpirun -np N titan --config FILE.yaml ...      train on N ranks\n"
     "\n"
     "Training flags:\n"
@@ -491,6 +495,7 @@ int main(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[1], "tokenizer") == 0 && strcmp(argv[2], "train") == 0)
         return tokenizer_train_main(argc - 2, argv + 2);
     if (argc > 1 && strcmp(argv[1], "generate") == 0) return generate_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "convert") == 0) return convert_main(argc - 1, argv + 1);
     help_exit_if_asked(argc, argv, USAGE);
     Trainer *t = xcalloc(1, sizeof(Trainer));
     argc = parse_titan_flags(argc, argv, t);

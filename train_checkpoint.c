@@ -1,5 +1,6 @@
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "train.h"
 
@@ -58,6 +59,20 @@ static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer) {
     log_info("checkpoint: saved %s", path);
 }
 
+// torchtitan's last_save_in_hf: the last, model-only save as a Hugging Face folder
+// <folder>/step-<N>-hf (model.safetensors in checkpoint.export_dtype, config.json) in place of
+// step-<N>.h5; the name keeps it apart from the step files that resuming reads.
+static void save_hf(Trainer *t, int step) {
+    char dir[4096 + 64];
+    snprintf(dir, sizeof dir, "%s/step-%d-hf", t->ckpt_folder, step);
+    const char *dtype = t->cfg.checkpoint.export_dtype;
+    HostState h = host_state_open(t, true);
+    llama3_save_hf(dir, &t->args, &h.params,
+                   strcmp(dtype, "bfloat16") ? SAFETENSORS_F32 : SAFETENSORS_BF16);
+    host_state_close(t, &h, false);
+    log_info("checkpoint: saved %s (Hugging Face, %s)", dir, dtype);
+}
+
 // torchtitan's order: resume from this run's own checkpoint folder (checkpoint.load_step, or
 // the latest step), else start from checkpoint.initial_load_path, else initialise from seed.
 void trainer_load_or_initialize(Trainer *t) {
@@ -80,6 +95,9 @@ void trainer_load_or_initialize(Trainer *t) {
         train_state_load(path, &h.params, &h.opt, &t->progress);
         loader_set_position(&t->train.loader, t->progress.windows_consumed);
         log_info("checkpoint: resumed from %s at step %lld", path, (long long)t->progress.step);
+    } else if (ck->initial_load_path && ck->initial_load_in_hf) {
+        llama3_load_hf(ck->initial_load_path, &t->args, &h.params);
+        log_info("checkpoint: initial weights from Hugging Face %s", ck->initial_load_path);
     } else if (ck->initial_load_path) {
         train_state_load(ck->initial_load_path, &h.params, NULL, NULL);
         log_info("checkpoint: initial weights from %s", ck->initial_load_path);
@@ -99,7 +117,8 @@ void trainer_maybe_checkpoint(Trainer *t, int step) {
     char path[4096 + 64];
     make_dirs(t->ckpt_folder);
     ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
-    save_checkpoint(t, path, !(last && ck->last_save_model_only));
+    if (last && ck->last_save_in_hf) save_hf(t, step);
+    else save_checkpoint(t, path, !(last && ck->last_save_model_only));
     if (ck->keep_latest_k > 0) ckpt_keep_latest(t->ckpt_folder, (int)ck->keep_latest_k);
 }
 

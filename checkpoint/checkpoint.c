@@ -227,21 +227,32 @@ static void file_write(const char *tmp, const CkptTensor *tensors, int n_tensors
     H5_CHECK(H5Pclose(fapl));
 }
 
-void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const CkptAttr *attrs,
-               int n_attrs) {
-    hdf5_silence();
-    char dir[1024], tmp[1024];
+void ckpt_tmp_prepare(const char *path, char *tmp, size_t tmplen) {
+    char dir[1024];
     dir_of(path, dir, sizeof(dir));
-    CHECK(snprintf(tmp, sizeof(tmp), "%s.tmp", path) < (int)sizeof(tmp));
+    CHECK(snprintf(tmp, tmplen, "%s.tmp", path) < (int)tmplen);
     dir_create(dir);
     // A stale .tmp is a save that crashed; it is garbage, never a checkpoint.
     if (unlink(tmp) != 0 && errno != ENOENT)
         die_user("cannot remove stale %s: %s", tmp, strerror(errno));
-    file_write(tmp, tensors, n_tensors, attrs, n_attrs);
+}
+
+void ckpt_publish(const char *tmp, const char *path) {
+    char dir[1024];
+    dir_of(path, dir, sizeof(dir));
     // Data on disk before the name points at it, and the rename itself made durable.
     fsync_path(tmp);
     SYS_CHECK(rename(tmp, path));
     fsync_path(dir);
+}
+
+void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const CkptAttr *attrs,
+               int n_attrs) {
+    hdf5_silence();
+    char tmp[1024];
+    ckpt_tmp_prepare(path, tmp, sizeof(tmp));
+    file_write(tmp, tensors, n_tensors, attrs, n_attrs);
+    ckpt_publish(tmp, path);
 }
 
 // Opens a root attribute of the given class, dying with a line naming what is wrong.

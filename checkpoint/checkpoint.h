@@ -43,6 +43,12 @@ typedef struct {
 void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const CkptAttr *attrs,
                int n_attrs);
 
+// The atomic write above, for any writer of checkpoint files (safetensors, config.json):
+// tmp (tmplen) = "<path>.tmp", the folder of path created and a stale tmp removed; then, once
+// tmp is written and closed, ckpt_publish fsyncs it, renames it onto path and fsyncs the folder.
+void ckpt_tmp_prepare(const char *path, char *tmp, size_t tmplen);
+void ckpt_publish(const char *tmp, const char *path);
+
 // Fills every listed tensor; each dataset must exist with exactly the listed shape.
 void ckpt_load(const char *path, const CkptTensor *tensors, int n_tensors);
 // ckpt_load without dying: false and a one-line reason in err on any user-caused failure.

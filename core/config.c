@@ -976,9 +976,6 @@ static const Implemented IMPLEMENTED[] = {
     {"parallelism.context_parallel_degree", {"1"}},
     {"parallelism.expert_parallel_degree", {"1"}},
     {"parallelism.expert_tensor_parallel_degree", {"1"}},
-    {"checkpoint.initial_load_in_hf", {"false"}},
-    {"checkpoint.last_save_in_hf", {"false"}},
-    {"checkpoint.export_dtype", {"float32"}},
     {"checkpoint.async_mode", {"disabled"}},
     {"checkpoint.initial_load_model_only", {"true"}},
     {"checkpoint.exclude_from_loading", {"[]"}},
@@ -1082,6 +1079,15 @@ static bool relations_check(const Config *c, char *err, size_t n) {
     if (c->checkpoint.keep_latest_k == 1)  // torchtitan's reason: the newest may be being written
         return setting_error(c, "checkpoint.keep_latest_k", "must be 0 (keep all) or at least 2",
                              err, n);
+    const CheckpointSection *ck = &c->checkpoint;
+    if (ck->last_save_in_hf && !ck->last_save_model_only)  // as torchtitan: weights only
+        return error_set(err, n, "%s needs checkpoint.last_save_model_only (a Hugging Face "
+                         "checkpoint holds the model only)",
+                         setting_describe(c, "checkpoint.last_save_in_hf", a, sizeof a));
+    if (strcmp(ck->export_dtype, "float32") != 0 && !ck->last_save_in_hf)
+        return error_set(err, n, "%s applies to the Hugging Face export (checkpoint."
+                         "last_save_in_hf); titan's HDF5 checkpoints are float32",
+                         setting_describe(c, "checkpoint.export_dtype", a, sizeof a));
     const ValidationSection *v = &c->validation;
     return tokens_fit(c, "training", t->local_batch_size, t->seq_len, err, n) &&
            tokens_fit(c, "validation", v->local_batch_size, v->seq_len, err, n) &&

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
 #include "models/model.h"
 
 typedef struct {
@@ -96,3 +97,26 @@ void llama3_load_llama2c(const char *path, Model *m);
 // The two without dying: false and the one-line reason in err.
 bool llama3_try_args_from_llama2c(const char *path, LlamaArgs *args, char *err, size_t errlen);
 bool llama3_try_load_llama2c(const char *path, Model *m, char *err, size_t errlen);
+
+// ---- Hugging Face checkpoints (hf.c) ------------------------------------------------------
+
+// transformers' LlamaForCausalLM: config.json and safetensors weights under HF's names
+// (model.layers.N.self_attn.q_proj.weight, ...), q_proj and k_proj rows permuted per head for
+// HF's rotate_half RoPE (titan rotates interleaved pairs). The tables are host ParamTables of
+// whole tensors (no tensor-parallel slices), so a caller gathers shards first.
+
+// The architecture in dir/config.json (max_seq_len: its max_position_embeddings; what HF does
+// not record, e.g. init, torchtitan's defaults). die_user naming the file and key on anything
+// titan's Llama cannot be: another model_type or activation, biases, uneven heads, a
+// rope_scaling other than Llama 3.1's.
+bool llama3_try_args_from_hf(const char *dir, LlamaArgs *args, char *err, size_t errlen);
+void llama3_args_from_hf(const char *dir, LlamaArgs *args);
+// Fills params (built from args, allocated) from the safetensors at path (a file, or a folder
+// with model.safetensors or a sharded model.safetensors.index.json); every parameter must be
+// there with its shape, and no tensor that is not one.
+bool llama3_try_load_hf(const char *path, const LlamaArgs *args, ParamTable *params, char *err,
+                        size_t errlen);
+void llama3_load_hf(const char *path, const LlamaArgs *args, ParamTable *params);
+// Writes dir/model.safetensors (in dtype) and dir/config.json, creating dir.
+void llama3_save_hf(const char *dir, const LlamaArgs *args, const ParamTable *params,
+                    SafetensorsDtype dtype);

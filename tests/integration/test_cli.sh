@@ -24,7 +24,7 @@ echo "ok: print-config round trip, save_config_file, --device"
 
 # --help: the usage on stdout, exit 0, for titan and each command; titan alone: usage, exit 2.
 $TITAN --help >"$SCRATCH/help.txt" || fail "titan --help did not exit 0"
-for want in "titan tokenize" "titan tokenizer train" "titan generate" "--print-config" \
+for want in "titan tokenize" "titan tokenizer train" "titan generate" "titan convert" "--print-config" \
     "--help-config" "configs/" "README.md"; do
   grep -qF -- "$want" "$SCRATCH/help.txt" || fail "titan --help does not mention $want"
 done
@@ -34,6 +34,7 @@ $TITAN tokenize --help | grep -q "^usage: titan tokenize --tokenizer" || fail "t
 $TITAN tokenizer train --help | grep -q "^usage: titan tokenizer train --vocab-size" ||
   fail "tokenizer train --help"
 $TITAN generate --help | grep -q "^usage: titan generate --checkpoint" || fail "generate --help"
+$TITAN convert --help | grep -q "^usage: titan convert --to hf" || fail "convert --help"
 rc=0; $TITAN >/dev/null 2>"$SCRATCH/alone.txt" || rc=$?
 [ "$rc" -eq 2 ] || fail "titan alone exited $rc, not 2"
 cmp -s "$SCRATCH/alone.txt" "$SCRATCH/help.txt" || fail "titan alone does not print the usage"

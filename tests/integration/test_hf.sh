@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Hugging Face interop: titan -> HF -> titan gives back every tensor bit for bit (grouped-query
+# `small`, and Llama 3.1 RoPE scaling with tied embeddings); a bfloat16 export holds each weight
+# rounded to nearest even; the export read by the `safetensors` package and run the way
+# transformers runs LlamaForCausalLM (rotate_half RoPE) gives titan's logits within 1e-5; and
+# checkpoint.last_save_in_hf (with export_dtype) / initial_load_in_hf write and read the same
+# weights as the HDF5 checkpoints.
+source "$(dirname "$0")/lib.sh"
+
+run=(${SMALL[@]} --model.flavor small --training.steps 3 --checkpoint.enable
+     --checkpoint.interval 3)
+$TITAN "${run[@]}" --job.dump_folder "$SCRATCH/gqa" >/dev/null
+$TITAN "${run[@]}" --model.rope_scaling --model.tie_word_embeddings \
+  --checkpoint.create_seed_checkpoint --job.dump_folder "$SCRATCH/tied" >/dev/null
+gqa=$SCRATCH/gqa/checkpoint/step-3.h5
+tied=$SCRATCH/tied/checkpoint/step-0.h5
+
+# same_model A.h5 B.h5 [bf16]: B's /model tensors and model.* attributes are A's bit for bit
+# (with bf16: A's fp32 values rounded to bfloat16, nearest even).
+same_model() {
+  $PY - "$@" <<'PY'
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+bf16 = len(sys.argv) > 3
+def round_bf16(x):
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32)
+assert sorted(a["model"]) == sorted(b["model"]), "different tensors"
+for name in a["model"]:
+    x, y = a["model"][name][...], b["model"][name][...]
+    want = round_bf16(x) if bf16 else x
+    assert y.dtype == np.float32 and y.shape == want.shape, name
+    assert y.tobytes() == want.tobytes(), f"{name} differs"
+for k in a.attrs:
+    if k.startswith("model."):
+        assert a.attrs[k] == b.attrs[k], k
+print(f"ok: {len(a['model'])} tensors of {sys.argv[2]} {'rounded to bf16 from' if bf16 else 'identical to'} {sys.argv[1]}")
+PY
+}
+
+for ckpt in "$gqa" "$tied"; do
+  name=$(basename "$(dirname "$(dirname "$ckpt")")")
+  $TITAN convert --to hf "$ckpt" "$SCRATCH/$name-hf" >/dev/null
+  $TITAN convert --to titan "$SCRATCH/$name-hf" "$SCRATCH/$name-back.h5" >/dev/null
+  same_model "$ckpt" "$SCRATCH/$name-back.h5"
+done
+$PY -c "import json, sys; c = json.load(open(sys.argv[1])); assert c['num_key_value_heads'] == 4 \
+  and c['rope_scaling'] is None and not c['tie_word_embeddings'] and c['max_position_embeddings'] == 64" \
+  "$SCRATCH/gqa-hf/config.json" || fail "config.json of the small model"
+[ -z "$($PY -c 'import json, sys; print(json.load(open(sys.argv[1]))["rope_scaling"] or "")' \
+  "$SCRATCH/tied-hf/config.json")" ] && fail "config.json lost rope_scaling"
+
+$TITAN convert --to hf --dtype bfloat16 "$gqa" "$SCRATCH/bf16-hf" >/dev/null
+[ "$(stat -c %s "$SCRATCH/bf16-hf/model.safetensors")" -lt \
+  "$(stat -c %s "$SCRATCH/gqa-hf/model.safetensors")" ] || fail "bfloat16 export is not smaller"
+$TITAN convert --to titan "$SCRATCH/bf16-hf" "$SCRATCH/bf16-back.h5" >/dev/null
+same_model "$gqa" "$SCRATCH/bf16-back.h5" bf16
+
+# The trainer's keys: the last save as HF in export_dtype bfloat16 holds what step-3.h5 holds
+# (runs are deterministic) rounded to bfloat16, and a run starting from an HF folder trains
+# exactly as one starting from the HDF5 file.
+$TITAN "${run[@]}" --checkpoint.last_save_in_hf --checkpoint.export_dtype bfloat16 \
+  --job.dump_folder "$SCRATCH/last" >/dev/null
+[ -f "$SCRATCH/last/checkpoint/step-3-hf/model.safetensors" ] || fail "no step-3-hf export"
+[ -f "$SCRATCH/last/checkpoint/step-3.h5" ] && fail "step-3.h5 written as well as step-3-hf"
+$TITAN convert --to titan "$SCRATCH/last/checkpoint/step-3-hf" "$SCRATCH/last-back.h5" >/dev/null
+same_model "$gqa" "$SCRATCH/last-back.h5" bf16
+start=(${SMALL[@]} --model.flavor small --training.steps 2)
+$TITAN "${start[@]}" --checkpoint.initial_load_path "$gqa" --job.dump_folder "$SCRATCH/from-h5" >/dev/null
+$TITAN "${start[@]}" --checkpoint.initial_load_path "$SCRATCH/gqa-hf" --checkpoint.initial_load_in_hf \
+  --job.dump_folder "$SCRATCH/from-hf" >/dev/null
+diff <(losses "$SCRATCH/from-h5/metrics.jsonl") <(losses "$SCRATCH/from-hf/metrics.jsonl") ||
+  fail "training from the HF export differs from training from the HDF5 checkpoint"
+echo "ok: initial_load_in_hf trains as initial_load_path on the HDF5 file"
+
+expect_user_error "last_save_in_hf = true .* needs checkpoint.last_save_model_only" \
+  $TITAN "${run[@]}" --checkpoint.last_save_in_hf --checkpoint.last_save_model_only false
+expect_user_error "export_dtype = 'bfloat16' .* applies to the Hugging Face export" \
+  $TITAN "${run[@]}" --checkpoint.export_dtype bfloat16
+expect_user_error "safetensors .*/model.safetensors: tensor model.layers.0.self_attn.k_proj.weight has shape \(128, 256\) but the model expects \(256, 256\)$" \
+  $TITAN "${start[@]}" --model.flavor debugmodel --checkpoint.initial_load_path "$SCRATCH/gqa-hf" \
+  --checkpoint.initial_load_in_hf
+mkdir "$SCRATCH/cut" && cp "$SCRATCH/gqa-hf/config.json" "$SCRATCH/cut/"
+head -c 1000 "$SCRATCH/gqa-hf/model.safetensors" >"$SCRATCH/cut/model.safetensors"
+expect_user_error "safetensors .*cut/model.safetensors: header length [0-9]+ does not fit the file's 1000 bytes" \
+  $TITAN convert --to titan "$SCRATCH/cut" "$SCRATCH/x.h5"
+expect_user_error "^titan: error: Hugging Face config: unable to open .*/x.h5/config.json" \
+  $TITAN convert --to titan "$SCRATCH/x.h5" "$SCRATCH/y.h5"
+expect_user_error "^titan: error: --to expects hf or titan, got 'gguf'$" $TITAN convert --to gguf a b
+# config.json keys titan's Llama cannot be are refused naming the file and key.
+edit_config() {  # PYTHON-STATEMENT: applied to config dict c, written to $SCRATCH/edit
+  mkdir -p "$SCRATCH/edit" && cp "$SCRATCH/gqa-hf/model.safetensors" "$SCRATCH/edit/"
+  $PY -c "import json, sys; c = json.load(open(sys.argv[1])); $1; json.dump(c, open(sys.argv[2], 'w'))" \
+    "$SCRATCH/gqa-hf/config.json" "$SCRATCH/edit/config.json"
+}
+edit_config "c['model_type'] = 'mistral'"
+expect_user_error "config.json: model_type is 'mistral'; titan's Llama has llama$" \
+  $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
+edit_config "c['rope_scaling'] = {'rope_type': 'linear', 'factor': 2.0}"
+expect_user_error "config.json: rope_scaling of type 'linear'; titan implements rope_type llama3" \
+  $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
+edit_config "del c['hidden_size']"
+expect_user_error "config.json has no hidden_size$" $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
+edit_config "c['num_key_value_heads'] = 3"
+expect_user_error "num_key_value_heads 3 and head_dim 32 do not make even heads" \
+  $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
+edit_config "c['num_hidden_layers'] = 3"
+expect_user_error "model.safetensors: tensor 'model.layers.3.input_layernorm.weight' is not a weight of this Llama \(3 layers\)$" \
+  $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
+
+# The export as transformers reads it: the `safetensors` package (PyPI) in a venv next to the
+# build, on top of Debian's interpreter for torch and h5py.
+VENV=build/venv-safetensors
+if ! $VENV/bin/python -c "import safetensors" 2>/dev/null; then
+  $PY -m venv --system-site-packages "$VENV" &&
+    $VENV/bin/pip install -q safetensors >"$SCRATCH/pip.log" 2>&1 ||
+    { echo "SKIP reference check: cannot install safetensors from PyPI: $(tail -n 1 "$SCRATCH/pip.log")"; exit 0; }
+fi
+for ckpt in "$gqa" "$tied"; do
+  name=$(basename "$(dirname "$(dirname "$ckpt")")")
+  ./build/tests/dump_step "$ckpt" "$DATA" 2 64 "$SCRATCH/$name-dump.h5" >/dev/null
+  $VENV/bin/python tests/reference/check_hf.py "$SCRATCH/$name-hf" "$SCRATCH/$name-dump.h5"
+done
