@@ -197,9 +197,15 @@ void params_view(ParamTable *view, const ParamTable *t, float *shard_data) {
     view->items = xmalloc((size_t)t->count * sizeof(Param));
     memcpy(view->items, t->items, (size_t)t->count * sizeof(Param));
     view->capacity = t->count;
-    view->data = view->grad = view->shard_grad = NULL;
+    bool whole = t->shard_numel == t->numel;  // no padded placement: shards are the tensors
     view->shard_data = shard_data;
-    for (int i = 0; i < t->count; i++) view->items[i].data = view->items[i].grad = NULL;
+    view->data = whole ? shard_data : NULL;
+    view->grad = view->shard_grad = NULL;
+    for (int i = 0; i < t->count; i++) {
+        Param *p = &view->items[i];
+        p->data = whole ? shard_data + p->shard_offset : NULL;
+        p->grad = NULL;
+    }
 }
 
 void param_fill(const Param *p, uint64_t seed, size_t first, size_t count, float *dst) {

@@ -108,8 +108,9 @@ size_t param_global_index(const Param *p, size_t i);
 // every pointer; the shard buffers are the same ones unless the caller (FSDP) places them.
 void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena);
 // view = t's parameters with their shards over other storage: shard_data (t->shard_numel
-// floats), compute tensors and grads NULL; e.g. a host copy of shards that live on a device.
-// Free it with params_free.
+// floats), e.g. a host copy of shards that live on a device; the compute tensors point there
+// too when no padded placement sets them apart (else NULL), grads NULL. Free it with
+// params_free.
 void params_view(ParamTable *view, const ParamTable *t, float *shard_data);
 // Fills every parameter's shard (padding zero) from (seed, name, global index) as its init
 // says: the same numbers on every layout.
