@@ -99,6 +99,63 @@ static bool dataset_is_float(hid_t dset) {
     return cls == H5T_FLOAT;
 }
 
+// The file's and memory's selections for t's box: the whole tensor, a hyperslab, or nothing
+// (an empty box: FSDP's last ranks may hold no rows; a replica that another rank writes).
+static void box_select(const CkptTensor *t, bool none, hid_t *file_space, hid_t *mem_space) {
+    hsize_t start[CKPT_MAX_DIMS], count[CKPT_MAX_DIMS];
+    hsize_t elements = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        start[d] = t->start ? (hsize_t)t->start[d] : 0;
+        count[d] = t->count ? (hsize_t)t->count[d] : (hsize_t)t->shape[d];
+        elements *= count[d];
+    }
+    if (t->ndim == 0 || (!t->start && !none)) {
+        *file_space = *mem_space = H5S_ALL;
+        return;
+    }
+    H5_CHECK(*mem_space = H5Screate_simple(t->ndim, count, NULL));
+    if (none || elements == 0) {
+        H5_CHECK(H5Sselect_none(*file_space));
+        H5_CHECK(H5Sselect_none(*mem_space));
+    } else {
+        H5_CHECK(H5Sselect_hyperslab(*file_space, H5S_SELECT_SET, start, NULL, count, NULL));
+    }
+}
+
+static void spaces_close(hid_t file_space, hid_t mem_space) {
+    if (mem_space != H5S_ALL) H5_CHECK(H5Sclose(mem_space));
+    H5_CHECK(H5Sclose(file_space));
+}
+
+// Whether HDF5's error stack holds a filter (pipeline) failure: Fletcher32's mismatch.
+static herr_t find_filter_error(unsigned n, const H5E_error2_t *e, void *found) {
+    (void)n;
+    if (e->maj_num == H5E_PLINE) *(bool *)found = true;
+    return 0;
+}
+
+static bool read_failed_in_filter(void) {
+    bool found = false;
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, find_filter_error, &found);
+    return found;
+}
+
+static bool box_read(hid_t dset, const char *file_path, const CkptTensor *t, char *err,
+                     size_t errlen) {
+    hid_t file_space = H5Dget_space(dset), mem_space;
+    H5_CHECK(file_space);
+    box_select(t, false, &file_space, &mem_space);
+    bool ok = H5Dread(dset, H5T_NATIVE_FLOAT, mem_space, file_space, H5P_DEFAULT, t->data) >= 0;
+    if (!ok && read_failed_in_filter())
+        error_set(err, errlen, "checkpoint %s: %s fails its Fletcher32 checksum (the file is "
+                  "corrupt)", file_path, t->path);
+    else if (!ok)
+        error_set(err, errlen, "checkpoint %s is truncated or corrupt (reading %s failed)",
+                  file_path, t->path);
+    spaces_close(file_space, mem_space);
+    return ok;
+}
+
 static bool tensor_load(hid_t file, const char *file_path, const CkptTensor *t, char *err,
                         size_t errlen) {
     if (!object_exists(file, t->path))
@@ -110,9 +167,7 @@ static bool tensor_load(hid_t file, const char *file_path, const CkptTensor *t, 
     if (ok && !dataset_is_float(dset))
         ok = error_set(err, errlen, "checkpoint %s: %s is not a floating-point dataset", file_path,
                   t->path);
-    if (ok && H5Dread(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t->data) < 0)
-        ok = error_set(err, errlen, "checkpoint %s is truncated or corrupt (reading %s failed)",
-                  file_path, t->path);
+    ok = ok && box_read(dset, file_path, t, err, errlen);
     H5_CHECK(H5Dclose(dset));
     return ok;
 }
@@ -140,19 +195,44 @@ bool ckpt_has(const char *path, const char *dataset_path) {
     return found;
 }
 
-static void tensor_write(hid_t file, hid_t lcpl, const CkptTensor *t) {
+// Chunks of whole trailing dims up to CKPT_CHUNK_FLOATS, so each checksum covers a few MiB and
+// a box of rows reads only its chunks.
+static hid_t dataset_create_plist(const CkptTensor *t) {
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5_CHECK(dcpl);
+    H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));  // every element is written
+    if (t->ndim == 0) return dcpl;  // a scalar cannot be chunked
+    hsize_t chunk[CKPT_MAX_DIMS];
+    int64_t budget = CKPT_CHUNK_FLOATS;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        int64_t n = t->shape[d] < budget ? t->shape[d] : budget;
+        chunk[d] = (hsize_t)(n > 0 ? n : 1);
+        budget = budget / (int64_t)chunk[d] > 0 ? budget / (int64_t)chunk[d] : 1;
+    }
+    H5_CHECK(H5Pset_chunk(dcpl, t->ndim, chunk));
+    H5_CHECK(H5Pset_fletcher32(dcpl));
+    return dcpl;
+}
+
+static void tensor_write(hid_t file, hid_t lcpl, hid_t dxpl, const CkptTensor *t) {
     CHECK(t->ndim >= 0 && t->ndim <= CKPT_MAX_DIMS);
     hsize_t dims[CKPT_MAX_DIMS];
     for (int d = 0; d < t->ndim; d++) {
-        CHECK(t->shape[d] >= 0);
+        CHECK(t->shape[d] >= 1);
         dims[d] = (hsize_t)t->shape[d];
     }
     hid_t space = t->ndim ? H5Screate_simple(t->ndim, dims, NULL) : H5Screate(H5S_SCALAR);
     H5_CHECK(space);
-    hid_t dset = H5Dcreate2(file, t->path, H5T_IEEE_F32LE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t dcpl = dataset_create_plist(t);
+    hid_t dset = H5Dcreate2(file, t->path, H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT);
     H5_CHECK(dset);
-    H5_CHECK(H5Dwrite(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t->data));
+    hid_t file_space = H5Dget_space(dset), mem_space;
+    H5_CHECK(file_space);
+    box_select(t, t->replica, &file_space, &mem_space);
+    H5_CHECK(H5Dwrite(dset, H5T_NATIVE_FLOAT, mem_space, file_space, dxpl, t->data));
+    spaces_close(file_space, mem_space);
     H5_CHECK(H5Dclose(dset));
+    H5_CHECK(H5Pclose(dcpl));
     H5_CHECK(H5Sclose(space));
 }
 
@@ -212,18 +292,42 @@ static void fsync_path(const char *path) {
     SYS_CHECK(close(fd));
 }
 
+// This process's rank in the job and the job's size: MPI's world once MPI runs (the trainer),
+// else a job of one (tools, tests).
+static int job_ranks(int *rank) {
+    int initialized = 0, finalized = 0, size = 1;
+    *rank = 0;
+    MPI_CHECK(MPI_Initialized(&initialized));
+    MPI_CHECK(MPI_Finalized(&finalized));
+    if (!initialized || finalized) return 1;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, rank));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+    return size;
+}
+
+// Every rank creates the file together and writes its boxes in collective MPI-IO transfers
+// (which parallel HDF5 needs for filtered datasets); the metadata calls are collective too,
+// so every rank passes the same list.
 static void file_write(const char *tmp, const CkptTensor *tensors, int n_tensors,
-                       const CkptAttr *attrs, int n_attrs) {
-    hid_t fapl = fapl_create();
+                       const CkptAttr *attrs, int n_attrs, bool parallel) {
+    hid_t fapl = fapl_create(), dxpl = H5Pcreate(H5P_DATASET_XFER);
+    H5_CHECK(dxpl);
+    if (parallel) {
+        H5_CHECK(H5Pset_fapl_mpio(fapl, MPI_COMM_WORLD, MPI_INFO_NULL));
+        H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, true));
+        H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
+        H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
+    }
     hid_t file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     if (file < 0) die_user("cannot create checkpoint file %s", tmp);
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     H5_CHECK(lcpl);
     H5_CHECK(H5Pset_create_intermediate_group(lcpl, 1));
-    for (int i = 0; i < n_tensors; i++) tensor_write(file, lcpl, &tensors[i]);
+    for (int i = 0; i < n_tensors; i++) tensor_write(file, lcpl, dxpl, &tensors[i]);
     for (int i = 0; i < n_attrs; i++) attr_write(file, &attrs[i]);
     H5_CHECK(H5Pclose(lcpl));
     H5_CHECK(H5Fclose(file));
+    H5_CHECK(H5Pclose(dxpl));
     H5_CHECK(H5Pclose(fapl));
 }
 
@@ -246,13 +350,20 @@ void ckpt_publish(const char *tmp, const char *path) {
     fsync_path(dir);
 }
 
+// Rank 0 prepares the folder and publishes the file; the barriers order those steps with
+// every rank's part of the write, so no rank goes on (and no later save or deletion starts)
+// before the checkpoint is complete under its name.
 void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const CkptAttr *attrs,
                int n_attrs) {
     hdf5_silence();
+    int rank, ranks = job_ranks(&rank);
     char tmp[1024];
-    ckpt_tmp_prepare(path, tmp, sizeof(tmp));
-    file_write(tmp, tensors, n_tensors, attrs, n_attrs);
-    ckpt_publish(tmp, path);
+    if (rank == 0) ckpt_tmp_prepare(path, tmp, sizeof(tmp));
+    else CHECK(snprintf(tmp, sizeof tmp, "%s.tmp", path) < (int)sizeof tmp);
+    if (ranks > 1) MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    file_write(tmp, tensors, n_tensors, attrs, n_attrs, ranks > 1);
+    if (rank == 0) ckpt_publish(tmp, path);
+    if (ranks > 1) MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
 }
 
 // Opens a root attribute of the given class, dying with a line naming what is wrong.

@@ -6,14 +6,22 @@
 // string) for step, config text, model args, data-loader position. The checkpoint knows
 // nothing about models: callers list what to save and what to load.
 //
-// A file is written as <path>.tmp, closed, fsynced and renamed onto <path> (then the folder is
-// fsynced), so a crash never leaves a partial file under a final name. Step files live in a
-// folder as step-<N>.h5.
+// Distributed: in a job of several MPI ranks every rank calls ckpt_save with the same list,
+// each tensor's box being the part of the global tensor it holds; the file is written once,
+// collectively, through parallel HDF5's MPI-IO, each rank writing only its box (a rank whose
+// box another replica writes selects nothing). ckpt_load reads, on each rank alone, only the
+// boxes it lists, whatever layout wrote the file: loading reshards.
 //
-// Every failure a user can cause (missing or truncated file, missing dataset, wrong shape,
-// missing attribute) ends in one die_user line naming the file; HDF5's own error stack is
-// silenced. The ckpt_try_* forms return that line instead of dying, for callers (and tests)
-// that want to decide.
+// Integrity: datasets are chunked (at most CKPT_CHUNK_FLOATS per chunk) with HDF5's Fletcher32
+// checksum filter, which HDF5 verifies on every read, so a flipped byte fails the load in one
+// line instead of training on garbage. A file is written as <path>.tmp by every rank, closed,
+// fsynced and renamed onto <path> by rank 0 (then the folder is fsynced), so a crash never
+// leaves a partial file under a final name. Step files live in a folder as step-<N>.h5.
+//
+// Every failure a user can cause (missing, truncated or corrupt file, missing dataset, wrong
+// shape, missing attribute) ends in one die_user line naming the file; HDF5's own error stack
+// is silenced. The ckpt_try_* forms return that line instead of dying, for callers (and
+// tests) that want to decide.
 #pragma once
 
 #include <stdbool.h>
@@ -24,10 +32,15 @@ typedef struct {
     const char *path;      // dataset path inside the file, e.g. "/model/norm.weight"
     int ndim;              // 0 (scalar) .. CKPT_MAX_DIMS
     const int64_t *shape;  // (ndim) global shape
-    float *data;           // (shape) read from on save, written on load
+    float *data;           // (count) the box, row-major: read from on save, written on load
+    // (ndim) each: this rank's box, elements [start[d], start[d] + count[d]) along each dim;
+    // NULL: the whole tensor.
+    const int64_t *start, *count;
+    bool replica;          // save: another rank holds the same box and writes it
 } CkptTensor;
 
 #define CKPT_MAX_DIMS 8
+#define CKPT_CHUNK_FLOATS ((int64_t)1 << 20)  // 4 MiB chunks: one checksum each
 
 typedef enum { CKPT_INT, CKPT_DOUBLE, CKPT_STRING } CkptAttrType;
 
@@ -39,7 +52,8 @@ typedef struct {
     const char *s;     // CKPT_STRING, stored as a variable-length UTF-8 string
 } CkptAttr;
 
-// Writes every tensor and attribute to path atomically (see above).
+// Writes every tensor and attribute to path atomically (see above); collective over the job's
+// ranks when it has several.
 void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const CkptAttr *attrs,
                int n_attrs);
 
@@ -49,7 +63,7 @@ void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const
 void ckpt_tmp_prepare(const char *path, char *tmp, size_t tmplen);
 void ckpt_publish(const char *tmp, const char *path);
 
-// Fills every listed tensor; each dataset must exist with exactly the listed shape.
+// Fills every listed tensor's box; each dataset must exist with exactly the listed shape.
 void ckpt_load(const char *path, const CkptTensor *tensors, int n_tensors);
 // ckpt_load without dying: false and a one-line reason in err on any user-caused failure.
 bool ckpt_try_load(const char *path, const CkptTensor *tensors, int n_tensors, char *err,

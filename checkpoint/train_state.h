@@ -2,8 +2,13 @@
 // /model/<fqn>, AdamW's exp_avg / exp_avg_sq under /optimizer/..., and the progress (step,
 // optimizer step, data-loader position) plus the resolved config and the model's arguments
 // as root attributes. A seed checkpoint (checkpoint.create_seed_checkpoint) has the model only.
+//
+// Each rank saves and loads its parameters' shards (core/param.h: the shard box of every
+// global tensor; replicas write once, FSDP's padding is never written), so a checkpoint of any
+// layout loads under any other.
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "checkpoint/checkpoint.h"
@@ -19,13 +24,16 @@ typedef struct {
     int64_t windows_consumed;  // data-loader position: windows read so far
 } TrainProgress;
 
-// opt may be NULL (model only). model_attrs describe the architecture (e.g. "model.dim").
+// opt may be NULL (model only). attrs describe the run (the architecture, "model.dim"; the
+// mesh; the sequence length). Collective over the job's ranks (checkpoint/checkpoint.h).
 void train_state_save(const char *path, const ParamTable *params, const AdamW *opt,
                       TrainProgress progress, uint64_t seed, const char *config_yaml,
-                      const CkptAttr *model_attrs, int n_model_attrs);
-// Loads the model; with opt, also the optimizer state when the file has it (a seed or
-// model-only file leaves the moments at zero); with progress, the step and data position.
-// Steps (the trainer's int) and the position are range-checked: a value outside dies naming
-// the file and attribute, exit 2. Both NULL: weights only, from any file with /model/<fqn>
-// datasets (initial_load_path).
+                      const CkptAttr *attrs, int n_attrs);
+// Whether the file holds optimizer state (a model-only or seed file does not).
+bool train_state_has_optimizer(const char *path);
+// Loads this rank's shards of the model; with opt, also the optimizer state (the file must
+// hold it: train_state_has_optimizer); with progress, the step and data position. Steps (the
+// trainer's int) and the position are range-checked: a value outside dies naming the file
+// and attribute, exit 2. Both NULL: weights only, from any file with /model/<fqn> datasets
+// (initial_load_path). Shard padding is zeroed.
 void train_state_load(const char *path, ParamTable *params, AdamW *opt, TrainProgress *progress);

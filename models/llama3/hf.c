@@ -322,7 +322,7 @@ void llama3_save_hf(const char *dir, const LlamaArgs *a, const ParamTable *param
         const Param *p = &params->items[i];
         check_full(p);
         rows[i] = hf_name(p->name, names[i], sizeof names[i]);
-        list[i] = (CkptTensor){names[i], p->ndim, p->shape, p->data};
+        list[i] = (CkptTensor){.path = names[i], .ndim = p->ndim, .shape = p->shape, .data = p->data};
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, WEIGHTS_NAME);

@@ -53,13 +53,13 @@ int main(int argc, char **argv) {
     CkptTensor *list = xcalloc(n, sizeof(CkptTensor));
     char (*names)[PARAM_NAME_MAX + 8] = xcalloc(m.params.count, sizeof *names);
     int64_t tok_shape[2] = {B, T + 1}, one = 1, logit_shape[2] = {(int64_t)B * T, args.vocab_size};
-    list[0] = (CkptTensor){"/tokens", 2, tok_shape, tokens};
-    list[1] = (CkptTensor){"/loss", 1, &one, &loss};
-    list[2] = (CkptTensor){"/logits", 2, logit_shape, logits};
+    list[0] = (CkptTensor){.path = "/tokens", .ndim = 2, .shape = tok_shape, .data = tokens};
+    list[1] = (CkptTensor){.path = "/loss", .ndim = 1, .shape = &one, .data = &loss};
+    list[2] = (CkptTensor){.path = "/logits", .ndim = 2, .shape = logit_shape, .data = logits};
     for (int i = 0; i < m.params.count; i++) {
         Param *p = &m.params.items[i];
         snprintf(names[i], sizeof names[i], "/grad/%s", p->name);
-        list[3 + i] = (CkptTensor){names[i], p->ndim, p->shape, p->grad};
+        list[3 + i] = (CkptTensor){.path = names[i], .ndim = p->ndim, .shape = p->shape, .data = p->grad};
     }
     ckpt_save(out, list, n, NULL, 0);
     printf("dump_step: loss %.7f, %d gradients -> %s\n", loss, m.params.count, out);

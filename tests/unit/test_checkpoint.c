@@ -31,9 +31,9 @@ static void fill(float *x, int64_t n, uint32_t seed) {
 static const int64_t shape_wq[] = {6, 4}, shape_norm[] = {7}, shape_cube[] = {2, 3, 5};
 static float wq[24], norm[7], cube[30];
 static const CkptTensor tensors[N_TENSORS] = {
-    {"/model/layers.0.attention.wq.weight", 2, shape_wq, wq},
-    {"/model/norm.weight", 1, shape_norm, norm},
-    {"/optimizer/exp_avg/layers.0.cube", 3, shape_cube, cube},
+    {.path = "/model/layers.0.attention.wq.weight", .ndim = 2, .shape = shape_wq, .data = wq},
+    {.path = "/model/norm.weight", .ndim = 1, .shape = shape_norm, .data = norm},
+    {.path = "/optimizer/exp_avg/layers.0.cube", .ndim = 3, .shape = shape_cube, .data = cube},
 };
 
 static void model_save(const char *path) {
@@ -185,18 +185,18 @@ static void test_mismatch_messages(void **state) {
     model_save(path);
     int64_t wrong[] = {256};
     float buf[256];
-    CkptTensor bad_shape = {"/model/norm.weight", 1, wrong, buf};
+    CkptTensor bad_shape = {.path = "/model/norm.weight", .ndim = 1, .shape = wrong, .data = buf};
     snprintf(want, sizeof(want),
              "checkpoint %s: /model/norm.weight has shape (7) but the model expects (256)", path);
     expect_load_error(path, &bad_shape, 1, want);
     int64_t wrong_rank[] = {4, 6};
-    CkptTensor bad_rank = {"/model/layers.0.attention.wq.weight", 2, wrong_rank, buf};
+    CkptTensor bad_rank = {.path = "/model/layers.0.attention.wq.weight", .ndim = 2, .shape = wrong_rank, .data = buf};
     snprintf(want, sizeof(want),
              "checkpoint %s: /model/layers.0.attention.wq.weight has shape (6, 4) but the model "
              "expects (4, 6)",
              path);
     expect_load_error(path, &bad_rank, 1, want);
-    CkptTensor missing = {"/model/output.weight", 1, wrong, buf};
+    CkptTensor missing = {.path = "/model/output.weight", .ndim = 1, .shape = wrong, .data = buf};
     snprintf(want, sizeof(want), "checkpoint %s has no dataset /model/output.weight", path);
     expect_load_error(path, &missing, 1, want);
     snprintf(path, sizeof(path), "%s/absent.h5", dir);

@@ -38,7 +38,7 @@ static void test_f32_roundtrip_bit_exact(void **state) {
     for (int i = 0; i < 12; i++) w[i] = from_bits(0x3f800001u * (uint32_t)(i + 1) ^ 0x5a5a5u);
     s = from_bits(0xc0490fdbu);  // -pi
     int64_t shape[2] = {3, 4};
-    CkptTensor list[] = {{"w", 2, shape, w}, {"scalar", 0, NULL, &s}};
+    CkptTensor list[] = {{.path = "w", .ndim = 2, .shape = shape, .data = w}, {.path = "scalar", .ndim = 0, .shape = NULL, .data = &s}};
     char path[300];
     path_make(path, sizeof path, "f32.safetensors");
     safetensors_save(path, list, 2, SAFETENSORS_F32);
@@ -78,7 +78,7 @@ static void test_bf16_rounds_to_nearest_even(void **state) {
     float x[7], back[7];
     for (int i = 0; i < 7; i++) x[i] = from_bits(in[i]);
     int64_t n = 7;
-    CkptTensor t = {"x", 1, &n, x};
+    CkptTensor t = {.path = "x", .ndim = 1, .shape = &n, .data = x};
     char path[300];
     path_make(path, sizeof path, "bf16.safetensors");
     safetensors_save(path, &t, 1, SAFETENSORS_BF16);
@@ -122,7 +122,7 @@ static void test_sharded_folder(void **state) {
     path_make(sub, sizeof sub, "sharded");
     float x[3] = {1, 2, 3}, y[2] = {4, 5}, back[3];
     int64_t n3 = 3, n2 = 2;
-    CkptTensor tx = {"x", 1, &n3, x}, ty = {"y", 1, &n2, y};
+    CkptTensor tx = {.path = "x", .ndim = 1, .shape = &n3, .data = x}, ty = {.path = "y", .ndim = 1, .shape = &n2, .data = y};
     snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", sub);
     safetensors_save(path, &tx, 1, SAFETENSORS_F32);
     snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", sub);
@@ -217,7 +217,7 @@ static void test_read_refusals(void **state) {
     path_make(path, sizeof path, "read.safetensors");
     float x[4] = {0};
     int64_t four = 4, two_by_two[2] = {2, 2};
-    CkptTensor t = {"x", 1, &four, x};
+    CkptTensor t = {.path = "x", .ndim = 1, .shape = &four, .data = x};
     safetensors_save(path, &t, 1, SAFETENSORS_F32);
     Safetensors st;
     safetensors_open(path, &st);
