@@ -17,10 +17,11 @@ slurm_start
 run=(${SMALL[@]} --training.steps $STEPS --training.local_batch_size 8 --checkpoint.enable
      --checkpoint.interval 1000)  # only the preemption save and the last step's
 start=$SECONDS
-srun -n $RANKS $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/whole" >/dev/null
+srun -n $RANKS $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/whole" >"$SCRATCH/whole.out" 2>&1 ||
+  fail "the uninterrupted run failed: $(tail -n 5 "$SCRATCH/whole.out")"
 echo "ok: uninterrupted run of $STEPS steps in $((SECONDS - start)) s"
 
-# The user's batch script (README "Launching with Slurm"): srun in the foreground.
+# The user's batch script (README "Slurm and preemption"): srun in the foreground.
 cat >"$SCRATCH/job.sh" <<EOF
 #!/bin/bash
 #SBATCH --signal=TERM@120
