@@ -369,6 +369,22 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
     return loss;
 }
 
+// Whether any rank has had a SIGTERM (core/preempt.h): one all-reduce of one double over the
+// world per step, so that every rank stops after the same step and joins the same save.
+static bool preemption_agreed(void) {
+    return comm_all_reduce_double(comm_world(), preempt_requested() ? 1 : 0, COMM_MAX) > 0;
+}
+
+static void log_preemption(const Trainer *t, int step) {
+    if (!t->cfg.checkpoint.enable) {
+        log_info("preempted at step %d: checkpoint.enable is off, nothing saved", step);
+        return;
+    }
+    char path[4096 + 64];
+    ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
+    log_info("preempted at step %d: checkpoint saved to %s", step, path);
+}
+
 static void train(Trainer *t) {
     const Config *c = &t->cfg;
     double started = now_seconds(), waited_before = comm_wait_seconds();
@@ -402,7 +418,12 @@ static void train(Trainer *t) {
         }
         if (c->validation.enable && step % c->validation.freq == 0)
             metrics_write_validation(&log, step, validate(t));
-        if (c->checkpoint.enable) trainer_maybe_checkpoint(t, step);
+        bool preempted = step < c->training.steps && preemption_agreed();
+        if (c->checkpoint.enable) trainer_maybe_checkpoint(t, step, preempted);
+        if (preempted) {
+            log_preemption(t, step);
+            break;
+        }
     }
     metrics_close(&log);
     double elapsed = now_seconds() - started, waited = comm_wait_seconds() - waited_before;
@@ -506,6 +527,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     comm_init(&argc, &argv);
+    preempt_install();  // from here a SIGTERM, even during setup, stops after the next step
     log_set_rank(comm_rank(comm_world()));
     die_user_collective(true);  // every rank reads the same config and plans the same mesh
     config_load(&t->cfg, argc, argv);

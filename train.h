@@ -8,6 +8,7 @@
 #include "core/errors.h"
 #include "core/files.h"
 #include "core/metrics.h"
+#include "core/preempt.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
@@ -58,7 +59,7 @@ typedef struct {
 
 // train_checkpoint.c: torchtitan's checkpoint policy over checkpoint/train_state.h.
 void trainer_load_or_initialize(Trainer *t);
-void trainer_maybe_checkpoint(Trainer *t, int step);
+void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted);
 void trainer_create_seed_checkpoint(Trainer *t);
 // train_report.c: `titan --estimate`, the memory check before the arenas are allocated, and
 // <dump_folder>/run_summary.json after a run.

@@ -108,11 +108,13 @@ void trainer_load_or_initialize(Trainer *t) {
 }
 
 // torchtitan's policy: every `interval` steps, after step 1 if asked, and at the last step
-// (model only under last_save_model_only); then only the keep_latest_k newest are kept.
-void trainer_maybe_checkpoint(Trainer *t, int step) {
+// (model only under last_save_model_only); a preempted run's final step whatever the interval
+// (full: the run is to be resumed); then only the keep_latest_k newest are kept.
+void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted) {
     const CheckpointSection *ck = &t->cfg.checkpoint;
     bool last = step == t->cfg.training.steps;
-    if (!(step % ck->interval == 0 || last || (step == 1 && ck->enable_first_step_checkpoint)))
+    if (!(preempted || step % ck->interval == 0 || last ||
+          (step == 1 && ck->enable_first_step_checkpoint)))
         return;
     char path[4096 + 64];
     make_dirs(t->ckpt_folder);

@@ -14,6 +14,7 @@ PACKAGES=(
   zlib1g-dev                          # .jsonl.gz datasets, R data files
   libcmocka-dev                       # unit tests
   python3-torch python3-numpy python3-h5py python3-yaml   # the PyTorch reference tests
+  slurm-wlm munge                     # the one-node Slurm cluster of tests/integration/slurm.sh
 )
 
 missing=()
