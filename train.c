@@ -209,7 +209,7 @@ static void split_next(const KernelOps *k, Split *sp, int vocab_size) {
 }
 
 // The mesh from the parallelism degrees, checked before anything is allocated; and what the
-// rest of this first version cannot do on several ranks yet, refused by name.
+// rest of titan cannot do on several ranks yet, refused by name.
 static void setup_mesh(Trainer *t) {
     const Config *c = &t->cfg;
     const ParallelismSection *p = &c->parallelism;
@@ -224,10 +224,13 @@ static void setup_mesh(Trainer *t) {
     if (t->estimate_world_size) {
         t->mesh = (Mesh){.layout = layout};  // rank 0's view; no groups
     } else {
-        if (layout.world_size > 1 && (c->checkpoint.enable || c->checkpoint.initial_load_path ||
-                                      c->checkpoint.create_seed_checkpoint))
-            die_user("checkpoints on %d ranks are not implemented yet (run checkpointing jobs "
-                     "on one rank)", layout.world_size);
+        // The Hugging Face files hold whole tensors; titan reads and writes them on one rank.
+        const CheckpointSection *ck = &c->checkpoint;
+        if (layout.world_size > 1 && (ck->initial_load_in_hf || ck->last_save_in_hf))
+            die_user("checkpoint.%s on %d ranks is not implemented yet: convert with `titan "
+                     "convert` (one process) and load or save titan checkpoints instead",
+                     ck->initial_load_in_hf ? "initial_load_in_hf" : "last_save_in_hf",
+                     layout.world_size);
         mesh_build(&t->mesh, &layout);
     }
     t->tp_on = layout.size[MESH_TP] > 1;
@@ -364,7 +367,7 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
     *grad_norm = sqrt(grads_sum_squares(t->k, params, fsdp, tp));
     grad_clip_to_norm(t->k, params->shard_grad, params->shard_numel, *grad_norm,
                       t->cfg.training.max_norm);
-    *lr = t->opt.lr * lr_schedule_factor(&t->schedule, step);
+    *lr = t->opt.lr * lr_schedule_factor(&t->schedule, step - t->lr_origin);
     adamw_step(&t->opt, t->k, params, *lr);
     return loss;
 }

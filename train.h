@@ -48,6 +48,7 @@ typedef struct {
     size_t act_bytes_other_mode;  // activation arena size under the other AC mode
     AdamW opt;
     LrSchedule schedule;
+    int lr_origin;                // the step the schedule counts from (exclude_from_loading)
     Tokenizer *tokenizer;         // NULL when the data is pre-tokenized and none is named
     Split train, val;             // val is used when validation.enable
     int accum;                    // microbatches per step

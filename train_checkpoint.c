@@ -1,3 +1,4 @@
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,10 +47,56 @@ static void host_state_close(Trainer *t, HostState *h, bool upload) {
     params_free(&h->params);
 }
 
+// The attributes a checkpoint records about the run: the architecture (what a resume must
+// match), the sequence length (the unit of the data position) and the mesh (for the reader).
+#define RUN_N_ATTRS (LLAMA3_N_ATTRS + 1 + MESH_NDIMS)
+
+static int run_attrs(const Trainer *t, CkptAttr out[RUN_N_ATTRS]) {
+    static char mesh_names[MESH_NDIMS][32];
+    int n = llama3_describe(&t->args, out);
+    out[n++] = (CkptAttr){.name = "training.seq_len", .type = CKPT_INT, .i = t->train.T};
+    for (int d = 0; d < MESH_NDIMS; d++) {
+        snprintf(mesh_names[d], sizeof mesh_names[d], "mesh.%s", MESH_DIM_NAMES[d]);
+        out[n++] = (CkptAttr){.name = mesh_names[d], .type = CKPT_INT,
+                              .i = t->mesh.layout.size[d]};
+    }
+    return n;
+}
+
+// A checkpoint of another model (flavor, tied embeddings, RoPE scaling) or, when resuming, of
+// another sequence length is refused in one line before a tensor is read. require: every
+// attribute must be there (titan's own step files); else those present are compared (a file
+// from elsewhere for initial_load_path).
+static void run_attrs_check(const Trainer *t, const char *path, bool require, bool with_data) {
+    CkptAttr want[RUN_N_ATTRS];
+    int n = run_attrs(t, want);
+    if (!with_data) n = LLAMA3_N_ATTRS;
+    for (int i = 0; i < n; i++) {
+        const CkptAttr *a = &want[i];
+        if (strncmp(a->name, "mesh.", 5) == 0) continue;  // any layout loads
+        if (!require && !ckpt_has_attr(path, a->name)) continue;
+        bool same = a->type == CKPT_INT ? ckpt_read_int(path, a->name) == a->i
+                                        : ckpt_read_double(path, a->name) == a->d;
+        if (same) continue;
+        char have[64], this_run[64];
+        if (a->type == CKPT_INT) {
+            snprintf(have, sizeof have, "%lld", (long long)ckpt_read_int(path, a->name));
+            snprintf(this_run, sizeof this_run, "%lld", (long long)a->i);
+        } else {
+            snprintf(have, sizeof have, "%.17g", ckpt_read_double(path, a->name));
+            snprintf(this_run, sizeof this_run, "%.17g", a->d);
+        }
+        die_user("checkpoint %s was written with %s %s, this run has %s (%s)", path, a->name, have,
+                 this_run, strncmp(a->name, "model.", 6) == 0
+                               ? "another model: use the model.* settings it was trained with"
+                               : "the data position counts windows of seq_len + 1 tokens");
+    }
+}
+
 static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer) {
     if (t->train.B > 0) t->progress.windows_consumed = loader_position(&t->train.loader);
-    CkptAttr attrs[LLAMA3_N_ATTRS];
-    int n = llama3_describe(&t->args, attrs);
+    CkptAttr attrs[RUN_N_ATTRS];
+    int n = run_attrs(t, attrs);
     char *yaml = config_to_yaml(&t->cfg);
     HostState h = host_state_open(t, true);
     train_state_save(path, &h.params, with_optimizer ? &h.opt : NULL, t->progress,
@@ -73,8 +120,70 @@ static void save_hf(Trainer *t, int step) {
     log_info("checkpoint: saved %s (Hugging Face, %s)", dir, dtype);
 }
 
+// checkpoint.exclude_from_loading names torchtitan's state keys; titan's state has these.
+static bool excluded(const Trainer *t, const char *state) {
+    const StringList *l = &t->cfg.checkpoint.exclude_from_loading;
+    for (int i = 0; i < l->count; i++) {
+        const char *name = l->items[i];
+        if (strcmp(name, "optimizer") && strcmp(name, "dataloader") && strcmp(name, "lr_scheduler"))
+            die_user("checkpoint.exclude_from_loading: '%s' is not a state titan saves (optimizer, "
+                     "lr_scheduler, dataloader)", name);
+    }
+    for (int i = 0; i < l->count; i++)
+        if (strcmp(l->items[i], state) == 0) return true;
+    return false;
+}
+
+// The full training state of path: model, optimizer (unless excluded; a file without it is a
+// model-only save, resumed only with consent), progress, data position (unless excluded) and
+// the LR schedule's clock (restarted when excluded).
+static void load_full(Trainer *t, HostState *h, const char *path) {
+    bool optimizer = !excluded(t, "optimizer");
+    int64_t step = ckpt_read_int_in(path, "step", 0, INT_MAX);
+    if (optimizer && step > 0 && !train_state_has_optimizer(path))
+        die_user("checkpoint %s holds the model only (a last_save_model_only save): resuming it "
+                 "at step %lld would restart AdamW from zero moments; add optimizer to "
+                 "checkpoint.exclude_from_loading to accept that", path, (long long)step);
+    optimizer = optimizer && train_state_has_optimizer(path);
+    train_state_load(path, &h->params, optimizer ? &h->opt : NULL, &t->progress);
+    if (excluded(t, "dataloader")) t->progress.windows_consumed = 0;
+    if (excluded(t, "lr_scheduler")) t->lr_origin = (int)t->progress.step;
+    loader_set_position(&t->train.loader, t->progress.windows_consumed);
+}
+
+// Resuming this run's own step file: it must be the checkpoint its name says.
+static void resume(Trainer *t, HostState *h, const char *path, int64_t step) {
+    run_attrs_check(t, path, true, true);
+    int64_t saved = ckpt_read_int_in(path, "step", 0, INT_MAX);
+    if (saved != step)
+        die_user("checkpoint %s records step %lld, not the %lld of its name (a renamed or "
+                 "damaged file)", path, (long long)saved, (long long)step);
+    load_full(t, h, path);
+    log_info("checkpoint: resumed from %s at step %lld", path, (long long)t->progress.step);
+}
+
+static void initial_load(Trainer *t, HostState *h) {
+    const CheckpointSection *ck = &t->cfg.checkpoint;
+    const char *path = ck->initial_load_path;
+    if (ck->initial_load_in_hf) {
+        llama3_load_hf(path, &t->args, &h->params);
+        log_info("checkpoint: initial weights from Hugging Face %s", path);
+        return;
+    }
+    run_attrs_check(t, path, false, !ck->initial_load_model_only);
+    if (ck->initial_load_model_only) {
+        train_state_load(path, &h->params, NULL, NULL);
+        log_info("checkpoint: initial weights from %s", path);
+    } else {
+        load_full(t, h, path);
+        log_info("checkpoint: initial state from %s at step %lld", path,
+                 (long long)t->progress.step);
+    }
+}
+
 // torchtitan's order: resume from this run's own checkpoint folder (checkpoint.load_step, or
 // the latest step), else start from checkpoint.initial_load_path, else initialise from seed.
+// Each rank reads its own shards, whatever layout saved them.
 void trainer_load_or_initialize(Trainer *t) {
     const CheckpointSection *ck = &t->cfg.checkpoint;
     snprintf(t->ckpt_folder, sizeof t->ckpt_folder, "%s/%s", t->cfg.job.dump_folder, ck->folder);
@@ -90,20 +199,11 @@ void trainer_load_or_initialize(Trainer *t) {
         step = ckpt_latest_step(t->ckpt_folder);
         ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
     }
+    excluded(t, "");  // its names are checked whether or not there is anything to load
     HostState h = host_state_open(t, false);
-    if (step >= 0) {
-        train_state_load(path, &h.params, &h.opt, &t->progress);
-        loader_set_position(&t->train.loader, t->progress.windows_consumed);
-        log_info("checkpoint: resumed from %s at step %lld", path, (long long)t->progress.step);
-    } else if (ck->initial_load_path && ck->initial_load_in_hf) {
-        llama3_load_hf(ck->initial_load_path, &t->args, &h.params);
-        log_info("checkpoint: initial weights from Hugging Face %s", ck->initial_load_path);
-    } else if (ck->initial_load_path) {
-        train_state_load(ck->initial_load_path, &h.params, NULL, NULL);
-        log_info("checkpoint: initial weights from %s", ck->initial_load_path);
-    } else {
-        params_initialize(&h.params, (uint64_t)t->cfg.training.seed);
-    }
+    if (step >= 0) resume(t, &h, path, step);
+    else if (ck->initial_load_path) initial_load(t, &h);
+    else params_initialize(&h.params, (uint64_t)t->cfg.training.seed);
     host_state_close(t, &h, true);
 }
 

@@ -101,7 +101,9 @@ static bool dataset_is_float(hid_t dset) {
 
 // The file's and memory's selections for t's box: the whole tensor, a hyperslab, or nothing
 // (an empty box: FSDP's last ranks may hold no rows; a replica that another rank writes).
-static void box_select(const CkptTensor *t, bool none, hid_t *file_space, hid_t *mem_space) {
+// file_space is the dataset's; *file_sel is it (with the box selected) or H5S_ALL.
+static void box_select(const CkptTensor *t, bool none, hid_t file_space, hid_t *file_sel,
+                       hid_t *mem_space) {
     hsize_t start[CKPT_MAX_DIMS], count[CKPT_MAX_DIMS];
     hsize_t elements = 1;
     for (int d = 0; d < t->ndim; d++) {
@@ -110,15 +112,16 @@ static void box_select(const CkptTensor *t, bool none, hid_t *file_space, hid_t 
         elements *= count[d];
     }
     if (t->ndim == 0 || (!t->start && !none)) {
-        *file_space = *mem_space = H5S_ALL;
+        *file_sel = *mem_space = H5S_ALL;
         return;
     }
+    *file_sel = file_space;
     H5_CHECK(*mem_space = H5Screate_simple(t->ndim, count, NULL));
     if (none || elements == 0) {
-        H5_CHECK(H5Sselect_none(*file_space));
+        H5_CHECK(H5Sselect_none(file_space));
         H5_CHECK(H5Sselect_none(*mem_space));
     } else {
-        H5_CHECK(H5Sselect_hyperslab(*file_space, H5S_SELECT_SET, start, NULL, count, NULL));
+        H5_CHECK(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, NULL, count, NULL));
     }
 }
 
@@ -142,10 +145,10 @@ static bool read_failed_in_filter(void) {
 
 static bool box_read(hid_t dset, const char *file_path, const CkptTensor *t, char *err,
                      size_t errlen) {
-    hid_t file_space = H5Dget_space(dset), mem_space;
+    hid_t file_space = H5Dget_space(dset), file_sel, mem_space;
     H5_CHECK(file_space);
-    box_select(t, false, &file_space, &mem_space);
-    bool ok = H5Dread(dset, H5T_NATIVE_FLOAT, mem_space, file_space, H5P_DEFAULT, t->data) >= 0;
+    box_select(t, false, file_space, &file_sel, &mem_space);
+    bool ok = H5Dread(dset, H5T_NATIVE_FLOAT, mem_space, file_sel, H5P_DEFAULT, t->data) >= 0;
     if (!ok && read_failed_in_filter())
         error_set(err, errlen, "checkpoint %s: %s fails its Fletcher32 checksum (the file is "
                   "corrupt)", file_path, t->path);
@@ -226,10 +229,10 @@ static void tensor_write(hid_t file, hid_t lcpl, hid_t dxpl, const CkptTensor *t
     hid_t dcpl = dataset_create_plist(t);
     hid_t dset = H5Dcreate2(file, t->path, H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT);
     H5_CHECK(dset);
-    hid_t file_space = H5Dget_space(dset), mem_space;
+    hid_t file_space = H5Dget_space(dset), file_sel, mem_space;
     H5_CHECK(file_space);
-    box_select(t, t->replica, &file_space, &mem_space);
-    H5_CHECK(H5Dwrite(dset, H5T_NATIVE_FLOAT, mem_space, file_space, dxpl, t->data));
+    box_select(t, t->replica, file_space, &file_sel, &mem_space);
+    H5_CHECK(H5Dwrite(dset, H5T_NATIVE_FLOAT, mem_space, file_sel, dxpl, t->data));
     spaces_close(file_space, mem_space);
     H5_CHECK(H5Dclose(dset));
     H5_CHECK(H5Pclose(dcpl));
@@ -364,6 +367,13 @@ void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const
     file_write(tmp, tensors, n_tensors, attrs, n_attrs, ranks > 1);
     if (rank == 0) ckpt_publish(tmp, path);
     if (ranks > 1) MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+}
+
+bool ckpt_has_attr(const char *path, const char *attr) {
+    hid_t file = file_open_or_die(path);
+    bool found = H5Aexists(file, attr) > 0;
+    H5_CHECK(H5Fclose(file));
+    return found;
 }
 
 // Opens a root attribute of the given class, dying with a line naming what is wrong.

@@ -72,6 +72,8 @@ bool ckpt_try_load(const char *path, const CkptTensor *tensors, int n_tensors, c
 // Whether the file holds a dataset at dataset_path (e.g. optimizer state); dies on a bad file.
 bool ckpt_has(const char *path, const char *dataset_path);
 
+// Whether the file has a root attribute of that name; dies on a bad file.
+bool ckpt_has_attr(const char *path, const char *attr);
 // Root-group attributes; die_user if the file is bad or the attribute is missing or of
 // another kind. ckpt_read_string returns a malloc'd string the caller frees.
 int64_t ckpt_read_int(const char *path, const char *attr);

@@ -977,8 +977,6 @@ static const Implemented IMPLEMENTED[] = {
     {"parallelism.expert_parallel_degree", {"1"}},
     {"parallelism.expert_tensor_parallel_degree", {"1"}},
     {"checkpoint.async_mode", {"disabled"}},
-    {"checkpoint.initial_load_model_only", {"true"}},
-    {"checkpoint.exclude_from_loading", {"[]"}},
     {"checkpoint.load_only", {"false"}},
     {"activation_checkpoint.mode", {"none", "full"}},
     {"float8.enable_fsdp_float8_all_gather", {"false"}},
