@@ -7,9 +7,9 @@
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/slurm.sh"
 
-# The ranks of every job. 2 once checkpoints work on several ranks (train.c refuses them
-# today): dp_shard takes the 2 ranks (debug_model.yaml's -1), the same layout for both runs.
-RANKS=1
+# The ranks of every job: dp_shard takes the 2 (debug_model.yaml's -1), the same layout for
+# both runs, each rank saving and loading its own shards.
+RANKS=2
 export OMP_NUM_THREADS=$(( $(nproc) / RANKS > 0 ? $(nproc) / RANKS : 1 ))
 STEPS=30
 slurm_start
@@ -97,8 +97,8 @@ grep -q "^preempted at step" "$SCRATCH/$id.out" && fail "job $id saved despite t
 [ "$elapsed" -le 2 ] || fail "titan took $elapsed s to end after a second SIGTERM"
 echo "ok: a second SIGTERM ended job $id within $elapsed s: $state"
 
-# A SIGTERM to one rank of two stops both after the same step, exit 0. Without a checkpoint
-# until checkpoints work on several ranks; then RANKS above covers the save and resume too.
+# A SIGTERM to one rank of two stops both after the same step, exit 0 (here without a
+# checkpoint; the jobs above save and resume on RANKS ranks).
 id=$(OMP_NUM_THREADS=1 sbatch --parsable -n 2 -o "$SCRATCH/%j.out" "$SCRATCH/job.sh" \
        "${SMALL[@]}" --training.steps 1000 --metrics.save_for_all_ranks \
        --job.dump_folder "$SCRATCH/one_rank")
