@@ -208,8 +208,7 @@ static void split_next(const KernelOps *k, Split *sp, int vocab_size) {
     k->upload(sp->step_targets, sp->targets, n * sizeof(int));
 }
 
-// The mesh from the parallelism degrees, checked before anything is allocated; and what the
-// rest of titan cannot do on several ranks yet, refused by name.
+// The mesh from the parallelism degrees, checked before anything is allocated.
 static void setup_mesh(Trainer *t) {
     const Config *c = &t->cfg;
     const ParallelismSection *p = &c->parallelism;
@@ -224,13 +223,6 @@ static void setup_mesh(Trainer *t) {
     if (t->estimate_world_size) {
         t->mesh = (Mesh){.layout = layout};  // rank 0's view; no groups
     } else {
-        // The Hugging Face files hold whole tensors; titan reads and writes them on one rank.
-        const CheckpointSection *ck = &c->checkpoint;
-        if (layout.world_size > 1 && (ck->initial_load_in_hf || ck->last_save_in_hf))
-            die_user("checkpoint.%s on %d ranks is not implemented yet: convert with `titan "
-                     "convert` (one process) and load or save titan checkpoints instead",
-                     ck->initial_load_in_hf ? "initial_load_in_hf" : "last_save_in_hf",
-                     layout.world_size);
         mesh_build(&t->mesh, &layout);
     }
     t->tp_on = layout.size[MESH_TP] > 1;

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "train.h"
 
@@ -108,15 +109,23 @@ static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer) {
 
 // torchtitan's last_save_in_hf: the last, model-only save as a Hugging Face folder
 // <folder>/step-<N>-hf (model.safetensors in checkpoint.export_dtype, config.json) in place of
-// step-<N>.h5; the name keeps it apart from the step files that resuming reads.
-static void save_hf(Trainer *t, int step) {
+// step-<N>.h5; the name keeps it apart from the step files that resuming reads. HF files hold
+// whole tensors, which no one rank has: every rank saves its shards into the step file as
+// usual, then rank 0 reads the whole tensors back from it, writes the folder and removes it.
+static void save_hf(Trainer *t, int step, const char *path) {
+    save_checkpoint(t, path, false);
+    if (t->mesh.world_rank != 0) return;
     char dir[4096 + 64];
     snprintf(dir, sizeof dir, "%s/step-%d-hf", t->ckpt_folder, step);
     const char *dtype = t->cfg.checkpoint.export_dtype;
-    HostState h = host_state_open(t, true);
-    llama3_save_hf(dir, &t->args, &h.params,
+    ParamTable global;
+    params_global_view(&global, &t->model.params);
+    train_state_load(path, &global, NULL, NULL);
+    llama3_save_hf(dir, &t->args, &global,
                    strcmp(dtype, "bfloat16") ? SAFETENSORS_F32 : SAFETENSORS_BF16);
-    host_state_close(t, &h, false);
+    SYS_CHECK(unlink(path));
+    free(global.data);
+    params_free(&global);
     log_info("checkpoint: saved %s (Hugging Face, %s)", dir, dtype);
 }
 
@@ -165,8 +174,13 @@ static void resume(Trainer *t, HostState *h, const char *path, int64_t step) {
 static void initial_load(Trainer *t, HostState *h) {
     const CheckpointSection *ck = &t->cfg.checkpoint;
     const char *path = ck->initial_load_path;
-    if (ck->initial_load_in_hf) {
-        llama3_load_hf(path, &t->args, &h->params);
+    if (ck->initial_load_in_hf) {  // whole tensors: each rank keeps its shards of them
+        ParamTable global;
+        params_global_view(&global, &t->model.params);
+        llama3_load_hf(path, &t->args, &global);
+        params_shards_from_global(&h->params, &global);
+        free(global.data);
+        params_free(&global);
         log_info("checkpoint: initial weights from Hugging Face %s", path);
         return;
     }
@@ -219,9 +233,11 @@ void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted) {
     char path[4096 + 64];
     make_dirs(t->ckpt_folder);
     ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
-    if (last && ck->last_save_in_hf) save_hf(t, step);
+    if (last && ck->last_save_in_hf) save_hf(t, step, path);
     else save_checkpoint(t, path, !(last && ck->last_save_model_only));
-    if (ck->keep_latest_k > 0) ckpt_keep_latest(t->ckpt_folder, (int)ck->keep_latest_k);
+    // One rank deletes (the save's barrier has every rank past its write by now).
+    if (ck->keep_latest_k > 0 && t->mesh.world_rank == 0)
+        ckpt_keep_latest(t->ckpt_folder, (int)ck->keep_latest_k);
 }
 
 void trainer_create_seed_checkpoint(Trainer *t) {

@@ -208,6 +208,50 @@ void params_view(ParamTable *view, const ParamTable *t, float *shard_data) {
     }
 }
 
+void params_global_view(ParamTable *global, const ParamTable *t) {
+    params_init(global, t->count);
+    for (int i = 0; i < t->count; i++) {
+        Param *p = &global->items[i];
+        *p = t->items[i];
+        p->n_placements = 0;
+        p->numel = param_global_numel(p);
+        p->shard_numel = p->numel;
+        for (int d = 0; d < p->ndim; d++) p->shape[d] = p->global_shape[d];
+    }
+    global->count = t->count;
+    table_layout(global);
+    float *data = xcalloc(global->numel + 1, sizeof(float));  // + 1: never a zero-byte request
+    global->data = global->shard_data = data;
+    global->grad = global->shard_grad = NULL;
+    for (int i = 0; i < t->count; i++) {
+        Param *p = &global->items[i];
+        p->data = data + p->offset;
+        p->grad = NULL;
+    }
+}
+
+typedef struct {
+    const float *from;
+    float *to;
+} CopyRun;
+
+static void copy_run(size_t global_first, size_t local_first, size_t count, void *arg) {
+    const CopyRun *c = arg;
+    memcpy(c->to + local_first, c->from + global_first, count * sizeof(float));
+}
+
+void params_shards_from_global(ParamTable *t, const ParamTable *global) {
+    CHECK(global->count == t->count);
+    for (int i = 0; i < t->count; i++) {
+        const Param *p = &t->items[i];
+        ParamBox b = param_box(p, true);
+        CopyRun c = {global->items[i].data, t->shard_data + p->shard_offset};
+        size_t n = box_numel(&b);
+        memset(c.to + n, 0, (p->shard_numel - n) * sizeof(float));
+        param_box_runs(p, &b, copy_run, &c);
+    }
+}
+
 void param_fill(const Param *p, uint64_t seed, size_t first, size_t count, float *dst) {
     CHECK(first + count <= param_global_numel(p));
     uint64_t key = rng_key(seed, p->name);

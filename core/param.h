@@ -112,6 +112,13 @@ void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena);
 // too when no padded placement sets them apart (else NULL), grads NULL. Free it with
 // params_free.
 void params_view(ParamTable *view, const ParamTable *t, float *shard_data);
+// global = t's parameters as whole global tensors (no placements) over new zeroed host
+// storage (global->data), e.g. a model read from a file of whole tensors. Free global->data,
+// then params_free.
+void params_global_view(ParamTable *global, const ParamTable *t);
+// Copies every parameter's shard box out of global (params_global_view's layout) into t's
+// shard storage (padding zero).
+void params_shards_from_global(ParamTable *t, const ParamTable *global);
 // Fills every parameter's shard (padding zero) from (seed, name, global index) as its init
 // says: the same numbers on every layout.
 void params_initialize(ParamTable *t, uint64_t seed);

@@ -74,6 +74,35 @@ diff <(losses "$SCRATCH/from-h5/metrics.jsonl") <(losses "$SCRATCH/from-hf/metri
   fail "training from the HF export differs from training from the HDF5 checkpoint"
 echo "ok: initial_load_in_hf trains as initial_load_path on the HDF5 file"
 
+# On several ranks (dp_shard 2 x tp 2, the same global batch): each rank keeps its shards of
+# the HF tensors, and the last save in HF holds the whole tensors (each rank wrote its shards;
+# rank 0 converted them).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpirun --oversubscribe -np 4 -x OMP_NUM_THREADS=1 $TITAN "${start[@]}" \
+  --training.local_batch_size 2 --parallelism.data_parallel_shard_degree 2 \
+  --parallelism.tensor_parallel_degree 2 \
+  --checkpoint.initial_load_path "$SCRATCH/gqa-hf" --checkpoint.initial_load_in_hf \
+  --checkpoint.enable --checkpoint.last_save_in_hf --job.dump_folder "$SCRATCH/from-hf-4" \
+  >"$SCRATCH/from-hf-4.log" 2>&1 || { tail -5 "$SCRATCH/from-hf-4.log"; fail "4-rank HF run failed"; }
+$PY - "$SCRATCH/from-hf/metrics.jsonl" "$SCRATCH/from-hf-4/metrics.jsonl" <<'PY'
+import json, sys
+one, four = [[json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:]]
+assert len(one) == len(four) == 2 and all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(one, four)), (one, four)
+PY
+[ -f "$SCRATCH/from-hf-4/checkpoint/step-2.h5" ] && fail "4 ranks: step-2.h5 left beside step-2-hf"
+$TITAN "${start[@]}" --checkpoint.initial_load_path "$SCRATCH/gqa-hf" --checkpoint.initial_load_in_hf \
+  --checkpoint.enable --checkpoint.last_save_in_hf --job.dump_folder "$SCRATCH/from-hf-1" >/dev/null
+$TITAN convert --to titan "$SCRATCH/from-hf-1/checkpoint/step-2-hf" "$SCRATCH/hf-1.h5" >/dev/null
+$TITAN convert --to titan "$SCRATCH/from-hf-4/checkpoint/step-2-hf" "$SCRATCH/hf-4.h5" >/dev/null
+$PY - "$SCRATCH/hf-1.h5" "$SCRATCH/hf-4.h5" <<'PY'
+import sys, h5py, numpy as np
+one, four = (h5py.File(p, "r")["model"] for p in sys.argv[1:])
+assert sorted(one) == sorted(four)
+worst = max(float(np.max(np.abs(one[n][()] - four[n][()]))) for n in one)
+assert worst < 1e-4, f"4-rank HF export differs from the 1-rank one by {worst}"
+PY
+echo "ok: initial_load_in_hf and last_save_in_hf on 4 ranks (dp_shard 2 x tp 2) match 1 rank"
+
 expect_user_error "last_save_in_hf = true .* needs checkpoint.last_save_model_only" \
   $TITAN "${run[@]}" --checkpoint.last_save_in_hf --checkpoint.last_save_model_only false
 expect_user_error "export_dtype = 'bfloat16' .* applies to the Hugging Face export" \
