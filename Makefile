@@ -103,6 +103,34 @@ $(BUILD)/tests/%: tests/gpu/%.c $(BUILD)/libtitan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(BUILD)/libtitan.a $(LDLIBS) $(LDFLAGS) -o $@
 
+# libFuzzer targets (tests/fuzz/fuzz_*.c) with clang, against the library built with the same
+# sanitizers and coverage instrumentation in build/fuzz/obj; mpi.h and libmpi from mpicc, which
+# wraps gcc. -Wno-pass-failed: the sanitizers' checks keep clang from vectorizing the kernels'
+# `omp simd` loops, which it would otherwise report as an error.
+FUZZ_CC    := clang-14
+FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+              -fno-omit-frame-pointer -g
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-pass-failed -O1 -fopenmp -I. \
+               $(FUZZ_SAN) \
+               $(shell mpicc -showme:compile 2>/dev/null) \
+               $(shell pkg-config --cflags $(PKGS) openblas 2>/dev/null) $(EXTRA_CFLAGS)
+FUZZ_OBJS  := $(filter-out parallel/comm_nccl.c,$(LIB_SRCS))
+FUZZ_OBJS  := $(FUZZ_OBJS:%.c=build/fuzz/obj/%.o)
+FUZZERS    := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+
+build/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+build/fuzz/libtitan.a: $(FUZZ_OBJS)
+	ar rcs $@ $^
+
+build/fuzz/%: tests/fuzz/%.c build/fuzz/libtitan.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -MMD -MP $< build/fuzz/libtitan.a $(LDLIBS) \
+	    $(shell mpicc -showme:link 2>/dev/null) $(EXTRA_LDFLAGS) -o $@
+
+fuzz: $(FUZZERS)
+
 # The GPU build and its tests' binaries (CUDA=1): what scripts/gpu_check.sh runs on a GPU and
 # CI compiles without one.
 gpu: $(TITAN) $(GPU_TESTS)
@@ -133,4 +161,4 @@ train-default: $(TITAN)
 clean:
 	rm -rf build titan
 
--include $(LIB_OBJS:.o=.d) $(TRAIN_OBJS:.o=.d)
+-include $(LIB_OBJS:.o=.d) $(TRAIN_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d) $(FUZZERS:=.d)

@@ -29,12 +29,18 @@ step() {  # name, command...: its output in $LOGS/name.log, shown when it fails
   fi
 }
 
-for t in "$BUILD"/tests/test_*; do step "$(basename "$t")" "$t"; done
+for t in "$BUILD"/tests/test_*; do
+  case $t in
+    */test_comm|*/test_fsdp|*/test_tp) step "$(basename "$t")" env "$MPI_UNWIND" "$t" ;;
+    *) step "$(basename "$t")" "$t" ;;
+  esac
+done
 DATA=$SCRATCH/austen.bin
 step tokenize "$TITAN" tokenize --tokenizer bytes --out "$DATA" ../shared/data/corpus/austen.txt
 TRAIN=(--config configs/debug_model.yaml --training.dataset_path "$DATA"
        --model.tokenizer_path null --training.seq_len 64 --training.local_batch_size 2
        --training.steps 3 --metrics.log_freq 1 --job.dump_folder "$SCRATCH/out")
+export "$MPI_UNWIND"
 step train_1_rank env OMP_NUM_THREADS=2 "$TITAN" "${TRAIN[@]}"
 step train_2_ranks mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x ASAN_OPTIONS \
   -x UBSAN_OPTIONS -x LSAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose \
