@@ -40,11 +40,21 @@ seeds_prepare() {  # name
   done <"tests/fuzz/$1.seeds"
 }
 
+# The config target reads command-line overrides after "#args" (fuzz_config.c): one seed has
+# some, of each kind (a key and its value, key=value, a bare boolean flag).
+config_args_seed() {
+  mkdir -p build/fuzz/corpus/config
+  { cat configs/debug_model.yaml
+    echo "#args --training.steps 7 --training.seq_len=128 --training.deterministic"
+  } >build/fuzz/corpus/config/seed-args
+}
+
 source tests/sanitize/env.sh  # the same leak suppressions as `make sanitize`
 found=0
 for name in "${names[@]}"; do
   [ -x "build/fuzz/fuzz_$name" ] || { echo "fuzz: no target $name"; exit 2; }
   seeds_prepare "$name"
+  [ "$name" != config ] || config_args_seed
   findings=build/fuzz/findings/$name
   mkdir -p "$findings"
   log=build/fuzz/$name.log
