@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make sanitize`: the unit tests and short trainings (tokenize the Austen text, then 3 steps of
-# the debug model on 1 rank and on 2 ranks with FSDP) under AddressSanitizer and
-# UndefinedBehaviorSanitizer, as built by `make SANITIZE=1` in build/sanitize. Any sanitizer
-# report fails the run (env.sh); each step prints one line with its time.
+# the debug model on 1 rank and on 2 ranks with FSDP, and the bad-input test's refusals) under
+# AddressSanitizer and UndefinedBehaviorSanitizer, as built by `make SANITIZE=1` in
+# build/sanitize. Any sanitizer report fails the run (env.sh); each step prints one line with
+# its time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/sanitize/env.sh
@@ -45,4 +46,5 @@ step train_1_rank env OMP_NUM_THREADS=2 "$TITAN" "${TRAIN[@]}"
 step train_2_ranks mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x ASAN_OPTIONS \
   -x UBSAN_OPTIONS -x LSAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose \
   "$TITAN" "${TRAIN[@]}"
+step bad_input env TITAN="$TITAN" bash tests/integration/test_bad_input.sh
 exit "$failed"
