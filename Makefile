@@ -6,6 +6,11 @@
 # (kernels/cuda: cuBLASLt, cuDNN, custom kernels) and the NCCL communication backend from
 # CUDA_HOME, in its own object folder so that the two flavours never mix objects; the binary is
 # still ./titan (TITAN=path puts it elsewhere, as CI does to keep the cpu one).
+# SANITIZE=1 builds with AddressSanitizer and UndefinedBehaviorSanitizer (any undefined
+# behaviour aborts), in build/sanitize; `make sanitize` builds it and runs the unit tests and
+# short 1- and 2-rank trainings under it. `make fuzz` builds tests/fuzz/fuzz_*.c as libFuzzer
+# binaries in build/fuzz with clang (scripts/fuzz.sh runs them). EXTRA_CFLAGS / EXTRA_LDFLAGS
+# are appended to the compile and link flags.
 
 CC       := mpicc  # the parallel HDF5 headers include mpi.h
 NATIVE   ?= 0
@@ -14,6 +19,10 @@ CUDA_HOME ?= /usr/local/cuda
 BUILD    := build
 ifeq ($(CUDA),1)
 BUILD    := build/cuda
+endif
+SANITIZE ?= 0
+ifeq ($(SANITIZE),1)
+BUILD    := build/sanitize
 endif
 
 OPT      := -O2
@@ -30,6 +39,13 @@ CFLAGS   := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror $(OPT) -fopenmp -I. \
 LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
             -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -lm
 LDFLAGS  := -fopenmp
+ifeq ($(SANITIZE),1)
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g
+CFLAGS   += $(SAN_FLAGS)
+LDFLAGS  += $(SAN_FLAGS)
+endif
+CFLAGS   += $(EXTRA_CFLAGS)
+LDFLAGS  += $(EXTRA_LDFLAGS)
 
 LIB_SRCS := $(wildcard core/*.c kernels/*.c kernels/cpu/*.c models/*.c models/*/*.c \
                        optim/*.c data/*.c checkpoint/*.c infer/*.c convert/*.c parallel/*.c)
@@ -55,7 +71,7 @@ endif
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 TOOLS    := $(patsubst tests/reference/%.c,$(BUILD)/tests/%,$(wildcard tests/reference/*.c))
 
-.PHONY: all test run setup clean check train-default gpu
+.PHONY: all test run setup clean check train-default gpu sanitize fuzz
 all: $(TITAN)
 
 $(BUILD)/%.o: %.c
@@ -87,12 +103,46 @@ $(BUILD)/tests/%: tests/gpu/%.c $(BUILD)/libtitan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(BUILD)/libtitan.a $(LDLIBS) $(LDFLAGS) -o $@
 
+# libFuzzer targets (tests/fuzz/fuzz_*.c) with clang, against the library built with the same
+# sanitizers and coverage instrumentation in build/fuzz/obj; mpi.h and libmpi from mpicc, which
+# wraps gcc. -Wno-pass-failed: the sanitizers' checks keep clang from vectorizing the kernels'
+# `omp simd` loops, which it would otherwise report as an error.
+FUZZ_CC    := clang-14
+FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+              -fno-omit-frame-pointer -g
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-pass-failed -O1 -fopenmp -I. \
+               $(FUZZ_SAN) \
+               $(shell mpicc -showme:compile 2>/dev/null) \
+               $(shell pkg-config --cflags $(PKGS) openblas 2>/dev/null) $(EXTRA_CFLAGS)
+FUZZ_OBJS  := $(filter-out parallel/comm_nccl.c,$(LIB_SRCS))
+FUZZ_OBJS  := $(FUZZ_OBJS:%.c=build/fuzz/obj/%.o)
+FUZZERS    := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+
+build/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+build/fuzz/libtitan.a: $(FUZZ_OBJS)
+	ar rcs $@ $^
+
+build/fuzz/%: tests/fuzz/%.c build/fuzz/libtitan.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -MMD -MP $< build/fuzz/libtitan.a $(LDLIBS) \
+	    $(shell mpicc -showme:link 2>/dev/null) $(EXTRA_LDFLAGS) -o $@
+
+fuzz: $(FUZZERS)
+
 # The GPU build and its tests' binaries (CUDA=1): what scripts/gpu_check.sh runs on a GPU and
 # CI compiles without one.
 gpu: $(TITAN) $(GPU_TESTS)
 
 setup:
 	@bash scripts/setup.sh
+
+# The sanitizer build's binary, unit tests and tools, then tests/sanitize/run.sh on them.
+sanitize:
+	@$(MAKE) --no-print-directory SANITIZE=1 TITAN=build/sanitize/titan \
+	    build/sanitize/titan $(UNIT_TESTS:$(BUILD)/%=build/sanitize/%)
+	@bash tests/sanitize/run.sh
 
 # test and run install what is missing first, then re-enter make so that the pkg-config
 # queries above see the freshly installed packages.
@@ -111,4 +161,4 @@ train-default: $(TITAN)
 clean:
 	rm -rf build titan
 
--include $(LIB_OBJS:.o=.d) $(TRAIN_OBJS:.o=.d)
+-include $(LIB_OBJS:.o=.d) $(TRAIN_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d) $(FUZZERS:=.d)

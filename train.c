@@ -513,7 +513,10 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "generate") == 0) return generate_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "convert") == 0) return convert_main(argc - 1, argv + 1);
     help_exit_if_asked(argc, argv, USAGE);
-    Trainer *t = xcalloc(1, sizeof(Trainer));
+    // The trainer lives as long as the process: static, so nothing it holds is lost when a
+    // path below returns from main.
+    static Trainer trainer;
+    Trainer *t = &trainer;
     argc = parse_titan_flags(argc, argv, t);
     if (t->estimate_world_size) {  // planning only: no MPI, no files, no allocation
         config_load(&t->cfg, argc, argv);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "core/errors.h"
+#include "core/thread_exit.h"
 
 struct Pretokenizer {
     pcre2_code *code;
@@ -13,6 +14,8 @@ struct Pretokenizer {
 
 // One match-data block per thread, sized for any of our patterns (they have one group).
 static _Thread_local pcre2_match_data *thread_match_data;
+
+static void match_data_free(void *data) { pcre2_match_data_free(data); }
 
 bool pretokenizer_try_create(Pretokenizer **out, const char *pattern, char *err, size_t errlen) {
     int code;
@@ -68,7 +71,11 @@ size_t utf8_valid_prefix(const char *s, size_t len) {
 // Splits a run of valid UTF-8 with the regex.
 static void split_valid(const Pretokenizer *p, const char *text, size_t len, PieceFn fn,
                         void *ctx) {
-    if (!thread_match_data) thread_match_data = pcre2_match_data_create(4, NULL);
+    if (!thread_match_data) {
+        thread_match_data = pcre2_match_data_create(4, NULL);
+        CHECK(thread_match_data);
+        thread_exit_free(thread_match_data, match_data_free);
+    }
     size_t at = 0;
     while (at < len) {
         int rc = pcre2_match(p->code, (PCRE2_SPTR)text, len, at, PCRE2_NO_UTF_CHECK,

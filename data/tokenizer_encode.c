@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/errors.h"
+#include "core/thread_exit.h"
 #include "data/tokenizer_impl.h"
 
 // One part of a piece being merged: its id, and the merge with the part after it (rank
@@ -87,7 +88,10 @@ static void encoder_push(Encoder *e, const int32_t *ids, size_t n) {
 // The memo slot of this piece, or NULL for a piece too long to remember.
 static MemoSlot *memo_slot(uint64_t hash, size_t len) {
     if (len > MEMO_BYTES) return NULL;
-    if (!thread_memo) thread_memo = xcalloc(MEMO_SLOTS, sizeof(MemoSlot));
+    if (!thread_memo) {
+        thread_memo = xcalloc(MEMO_SLOTS, sizeof(MemoSlot));
+        thread_exit_free(thread_memo, free);
+    }
     return &thread_memo[(hash >> 32) & (MEMO_SLOTS - 1)];
 }
 

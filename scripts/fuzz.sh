@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# scripts/fuzz.sh [SECONDS_PER_TARGET] [NAME...]: builds the libFuzzer targets (`make fuzz`),
+# fills build/fuzz/corpus/NAME with the seeds tests/fuzz/NAME.seeds lists (kept between runs,
+# so a longer campaign starts where the last one stopped), and runs each target (all, or the
+# NAMEs given: config, gpt2, ...) for that many seconds; a minute in all, split across the
+# targets, by default. What a target finds (crash-*, leak-*, timeout-*, oom-*) lands in
+# build/fuzz/findings/NAME. Prints one line per target; exits 1 on any finding.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+make -s -j"$(nproc)" fuzz titan
+
+names=("${@:2}")
+[ ${#names[@]} -gt 0 ] || names=($(ls tests/fuzz/fuzz_*.c | sed 's|tests/fuzz/fuzz_||; s|\.c$||'))
+seconds=${1:-$(( 60 / ${#names[@]} > 0 ? 60 / ${#names[@]} : 1 ))}
+
+# shard seeds are real shard files: the target takes a shard without its header's zero padding
+# (see fuzz_shard.c), so each is cut to that form. One comes from tokenizing a little text.
+shard_seed() {  # file -> stdout
+  head -c 12 "$1"
+  tail -c +$((256 * 4 + 1)) "$1"
+}
+mkdir -p build/fuzz/seeds
+head -c 3000 ../shared/data/corpus/austen.txt >build/fuzz/seeds/austen.txt
+rm -rf build/fuzz/seeds/austen
+./titan tokenize --tokenizer bytes --out build/fuzz/seeds/austen build/fuzz/seeds/austen.txt \
+  >/dev/null
+
+# A folder listed in a .seeds file is one seed: its files joined in name order (GPT-2's
+# encoder.json then vocab.bpe, as fuzz_gpt2.c splits them).
+seeds_prepare() {  # name
+  local corpus=build/fuzz/corpus/$1 entry out
+  mkdir -p "$corpus"
+  while read -r entry; do
+    [ -n "$entry" ] || continue
+    out=$corpus/seed-$(basename "$entry")
+    if [ -d "$entry" ]; then cat "$entry"/* >"$out"
+    elif [ "$1" = shard ]; then shard_seed "$entry" >"$out"
+    else cp "$entry" "$out"
+    fi
+  done <"tests/fuzz/$1.seeds"
+}
+
+# The config target reads command-line overrides after "#args" (fuzz_config.c): one seed has
+# some, of each kind (a key and its value, key=value, a bare boolean flag).
+config_args_seed() {
+  mkdir -p build/fuzz/corpus/config
+  { cat configs/debug_model.yaml
+    echo "#args --training.steps 7 --training.seq_len=128 --training.deterministic"
+  } >build/fuzz/corpus/config/seed-args
+}
+
+source tests/sanitize/env.sh  # the same leak suppressions as `make sanitize`
+found=0
+for name in "${names[@]}"; do
+  [ -x "build/fuzz/fuzz_$name" ] || { echo "fuzz: no target $name"; exit 2; }
+  seeds_prepare "$name"
+  [ "$name" != config ] || config_args_seed
+  findings=build/fuzz/findings/$name
+  mkdir -p "$findings"
+  log=build/fuzz/$name.log
+  touch build/fuzz/started  # findings newer than it are this run's; older ones stay for a look
+  rc=0
+  "build/fuzz/fuzz_$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
+    -print_final_stats=1 -artifact_prefix="$findings/" "build/fuzz/corpus/$name" >"$log" 2>&1 \
+    || rc=$?
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
+  artifacts=$(find "$findings" -newer build/fuzz/started -regextype egrep \
+                -regex '.*/(crash|leak|timeout|oom)-[^/]*' | wc -l)
+  if [ "$rc" -ne 0 ] || [ "$artifacts" -gt 0 ]; then
+    found=1
+    echo "$name: ${execs:-?} execs, ${rate:-?} exec/s, FINDING (exit $rc, $artifacts in $findings; log $log)"
+    grep -m1 -A20 -E "ERROR: |runtime error:|fuzz: " "$log" | sed 's/^/    /' || tail -n 20 "$log"
+  else
+    echo "$name: $execs execs, $rate exec/s, no finding"
+  fi
+done
+exit "$found"

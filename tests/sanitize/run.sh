@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# `make sanitize`: the unit tests and short trainings (tokenize the Austen text, then 3 steps of
+# the debug model on 1 rank and on 2 ranks with FSDP, and the bad-input test's refusals) under
+# AddressSanitizer and UndefinedBehaviorSanitizer, as built by `make SANITIZE=1` in
+# build/sanitize. Any sanitizer report fails the run (env.sh); each step prints one line with
+# its time.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source tests/sanitize/env.sh
+BUILD=build/sanitize
+TITAN=$BUILD/titan
+LOGS=$BUILD/logs
+mkdir -p "$LOGS"
+SCRATCH=$(mktemp -d /tmp/titan-sanitize.XXXXXX)
+trap 'rm -rf "$SCRATCH"' EXIT
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+bash scripts/fetch_austen.sh build/data/janeaustenr.rdb >/dev/null
+export TITAN_AUSTEN_RDB=build/data/janeaustenr.rdb
+
+failed=0
+step() {  # name, command...: its output in $LOGS/name.log, shown when it fails
+  local name=$1; shift
+  local start=$SECONDS
+  if "$@" >"$LOGS/$name.log" 2>&1; then
+    echo "sanitize: $name ok ($((SECONDS - start)) s)"
+  else
+    echo "sanitize: $name FAILED ($((SECONDS - start)) s)"
+    grep -A40 -m1 -E "ERROR: |runtime error:" "$LOGS/$name.log" || tail -n 30 "$LOGS/$name.log"
+    failed=1
+  fi
+}
+
+for t in "$BUILD"/tests/test_*; do
+  case $t in
+    */test_comm|*/test_fsdp|*/test_tp) step "$(basename "$t")" env "$MPI_UNWIND" "$t" ;;
+    *) step "$(basename "$t")" "$t" ;;
+  esac
+done
+DATA=$SCRATCH/austen.bin
+step tokenize "$TITAN" tokenize --tokenizer bytes --out "$DATA" ../shared/data/corpus/austen.txt
+TRAIN=(--config configs/debug_model.yaml --training.dataset_path "$DATA"
+       --model.tokenizer_path null --training.seq_len 64 --training.local_batch_size 2
+       --training.steps 3 --metrics.log_freq 1 --job.dump_folder "$SCRATCH/out")
+export "$MPI_UNWIND"
+step train_1_rank env OMP_NUM_THREADS=2 "$TITAN" "${TRAIN[@]}"
+step train_2_ranks mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x ASAN_OPTIONS \
+  -x UBSAN_OPTIONS -x LSAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose \
+  "$TITAN" "${TRAIN[@]}"
+step bad_input env TITAN="$TITAN" bash tests/integration/test_bad_input.sh
+exit "$failed"
