@@ -9,18 +9,17 @@ R=(--config configs/debug_model.yaml --training.dataset_path "$DATA" --model.tok
 
 # Integers beyond the int the trainer keeps them in (they used to train with batch 2, seq_len
 # 1, a 0-step schedule, or report "got -1").
-expect_user_error "^titan: error: --training.local_batch_size: expects an integer in \[1, 2147483647\], got '4294967298'$" \
-  $TITAN "${R[@]}" --training.local_batch_size 4294967298
-expect_user_error "^titan: error: --training.seq_len: expects an integer in \[1, 2147483646\], got '4294967297'$" \
-  $TITAN "${R[@]}" --training.seq_len 4294967297
-expect_user_error "^titan: error: --training.steps: expects an integer in \[0, 2147483646\], got '4294967296'$" \
-  $TITAN "${R[@]}" --training.steps 4294967296
-expect_user_error "^titan: error: --parallelism.tensor_parallel_degree: expects an integer in \[1, 2147483647\], got '9223372036854775807'$" \
-  $TITAN "${R[@]}" --parallelism.tensor_parallel_degree 9223372036854775807
-expect_user_error "^titan: error: --training.seq_len: expects an integer in \[1, 2147483646\], got '9223372036854775807'$" \
-  $TITAN "${R[@]}" --training.seq_len 9223372036854775807
-expect_user_error "^titan: error: --comm.trace_buf_size: expects an integer in \[0, 1048576\], got '4294967295'$" \
-  $TITAN "${R[@]}" --comm.trace_buf_size 4294967295
+while IFS='|' read -r key value range; do
+  expect_user_error "^titan: error: --$key: expects an integer in \\[$range\\], got '$value'\$" \
+    $TITAN "${R[@]}" "--$key" "$value"
+done <<'CASES'
+training.local_batch_size|4294967298|1, 2147483647
+training.seq_len|4294967297|1, 2147483646
+training.steps|4294967296|0, 2147483646
+parallelism.tensor_parallel_degree|9223372036854775807|1, 2147483647
+training.seq_len|9223372036854775807|1, 2147483646
+comm.trace_buf_size|4294967295|0, 1048576
+CASES
 expect_user_error "^titan: error: --world-size expects an integer in \[1, 2147483647\], got '4294967297'$" \
   $TITAN --estimate --world-size 4294967297 --config configs/debug_model.yaml
 # Tokens per microbatch index the activations with an int: both keys are named, with origins.

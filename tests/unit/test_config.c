@@ -348,31 +348,37 @@ static void test_check_supported(void **state) {
 // Ranges are checked as values are read, so the message names the flag or file:line:col.
 static void test_ranges_checked_at_parse(void **state) {
     (void)state;
-    char *steps[] = {"titan", "--training.steps", "-1"};
-    arg_error_is(3, steps, "--training.steps: expects an integer in [0, 2147483646], got '-1'");
-    char *seq_len[] = {"titan", "--training.seq_len=0"};
-    arg_error_is(2, seq_len, "--training.seq_len: expects an integer in [1, 2147483646], got '0'");
-    char *beta1[] = {"titan", "--optimizer.beta1", "1"};
-    arg_error_is(3, beta1, "--optimizer.beta1: expects a number in [0, 1), got '1'");
-    char *lr[] = {"titan", "--optimizer.lr", "-0.1"};
-    arg_error_is(3, lr, "--optimizer.lr: expects a number >= 0, got '-0.1'");
-    char *max_norm[] = {"titan", "--training.max_norm", "0"};
-    arg_error_is(3, max_norm, "--training.max_norm: expects a number > 0, got '0'");
-    char *shard[] = {"titan", "--parallelism.data_parallel_shard_degree", "0"};
-    arg_error_is(3, shard, "--parallelism.data_parallel_shard_degree: expects -1 or an integer "
-                           "in [1, 2147483647], got '0'");
-    char *tp[] = {"titan", "--parallelism.tensor_parallel_degree", "9223372036854775807"};
-    arg_error_is(3, tp, "--parallelism.tensor_parallel_degree: expects an integer in [1, "
-                        "2147483647], got '9223372036854775807'");
-    char *huge[] = {"titan", "--training.seed", "9223372036854775808"};
-    arg_error_is(3, huge, "--training.seed: expects an integer in [-9223372036854775807, "
-                          "9223372036854775807], got '9223372036854775808'");
-    char *ring[] = {"titan", "--comm.trace_buf_size", "4294967295"};
-    arg_error_is(3, ring, "--comm.trace_buf_size: expects an integer in [0, 1048576], got "
-                          "'4294967295'");
-    char *ac[] = {"titan", "--activation_checkpoint.selective_ac_option", "0"};
-    arg_error_is(3, ac, "--activation_checkpoint.selective_ac_option: expects op or an integer "
-                        "in [1, 2147483647], got '0'");
+    static const struct {
+        const char *key, *value, *message;
+    } cases[] = {
+        {"--training.steps", "-1",
+         "--training.steps: expects an integer in [0, 2147483646], got '-1'"},
+        {"--training.seq_len", "0",
+         "--training.seq_len: expects an integer in [1, 2147483646], got '0'"},
+        {"--optimizer.beta1", "1", "--optimizer.beta1: expects a number in [0, 1), got '1'"},
+        {"--optimizer.lr", "-0.1", "--optimizer.lr: expects a number >= 0, got '-0.1'"},
+        {"--training.max_norm", "0", "--training.max_norm: expects a number > 0, got '0'"},
+        {"--parallelism.data_parallel_shard_degree", "0",
+         "--parallelism.data_parallel_shard_degree: expects -1 or an integer in [1, "
+         "2147483647], got '0'"},
+        {"--parallelism.tensor_parallel_degree", "9223372036854775807",
+         "--parallelism.tensor_parallel_degree: expects an integer in [1, 2147483647], got "
+         "'9223372036854775807'"},
+        {"--training.seed", "9223372036854775808",
+         "--training.seed: expects an integer in [-9223372036854775807, 9223372036854775807], "
+         "got '9223372036854775808'"},
+        {"--comm.trace_buf_size", "4294967295",
+         "--comm.trace_buf_size: expects an integer in [0, 1048576], got '4294967295'"},
+        {"--activation_checkpoint.selective_ac_option", "0",
+         "--activation_checkpoint.selective_ac_option: expects op or an integer in [1, "
+         "2147483647], got '0'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *argv[] = {"titan", (char *)cases[i].key, (char *)cases[i].value};
+        arg_error_is(3, argv, cases[i].message);
+    }
+    char *joined[] = {"titan", "--training.seq_len=0"};  // the key=value form
+    arg_error_is(2, joined, "--training.seq_len: expects an integer in [1, 2147483646], got '0'");
     file_error_is("training:\n  seq_len: 4294967297\n",
                   "2:12: training.seq_len expects an integer in [1, 2147483646], got '4294967297'");
 }
