@@ -59,6 +59,12 @@ static void host_state_close(Trainer *t, HostState *h, bool upload) {
     params_free(&h->params);
 }
 
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
 // The attributes a checkpoint records about the run: the architecture (what a resume must
 // match), the sequence length (the unit of the data position) and the mesh (for the reader).
 #define RUN_N_ATTRS (LLAMA3_N_ATTRS + 1 + MESH_NDIMS)
@@ -147,6 +153,7 @@ static void save_job_write(void *arg, MPI_Comm comm) {
 }
 
 static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer, bool prune) {
+    double started = now_ms();
     SaveJob j;
     save_job_describe(t, &j);
     save_job_prepare(t, &j, path, with_optimizer, prune);
@@ -154,7 +161,7 @@ static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer, b
     save_job_write(&j, MPI_COMM_WORLD);
     host_state_close(t, &j.state, false);
     free(j.yaml);
-    log_info("checkpoint: saved %s", path);
+    log_info("checkpoint: saved %s in %.1f ms", path, now_ms() - started);
 }
 
 // checkpoint.async_mode async: the job of the save in flight, its state staged in copies
@@ -165,12 +172,6 @@ struct AsyncSave {
     int step;
     double staged_ms, step_ms;  // the checkpointing step's stall, and a step without one
 };
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
 
 // Made after the load: from here on the writer is the only thread that calls HDF5.
 static void async_save_open(Trainer *t) {
@@ -270,8 +271,10 @@ static void resume(Trainer *t, HostState *h, const char *path, int64_t step) {
     if (saved != step)
         die_user("checkpoint %s records step %lld, not the %lld of its name (a renamed or "
                  "damaged file)", path, (long long)saved, (long long)step);
+    double started = now_ms();
     load_full(t, h, path);
-    log_info("checkpoint: resumed from %s at step %lld", path, (long long)t->progress.step);
+    log_info("checkpoint: resumed from %s at step %lld in %.1f ms", path,
+             (long long)t->progress.step, now_ms() - started);
 }
 
 static void initial_load(Trainer *t, HostState *h) {

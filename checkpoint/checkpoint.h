@@ -9,8 +9,8 @@
 // Distributed: in a job of several MPI ranks every rank of the saving communicator calls
 // ckpt_save with the same list, each tensor's box being the part of the global tensor it holds;
 // the file is written once, collectively, through parallel HDF5's MPI-IO, each rank writing
-// only its box (a rank whose box another replica writes selects nothing). ckpt_load reads, on each rank alone, only the
-// boxes it lists, whatever layout wrote the file: loading reshards.
+// only its box (a rank whose box another replica writes selects nothing). ckpt_load reads, on
+// each rank alone, only the boxes it lists, whatever layout wrote the file: loading reshards.
 //
 // Integrity: datasets are chunked (at most CKPT_CHUNK_FLOATS per chunk) with HDF5's Fletcher32
 // checksum filter, which HDF5 verifies on every read, so a flipped byte fails the load in one
