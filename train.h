@@ -69,6 +69,8 @@ void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted);
 // (collective over the world). Both do nothing without one.
 void trainer_wait_checkpoint(Trainer *t);
 void trainer_close_checkpoint(Trainer *t);
+// The host memory an async save's staging takes on this rank (0 when saves are synchronous).
+size_t trainer_checkpoint_staging_bytes(const Trainer *t);
 void trainer_create_seed_checkpoint(Trainer *t);
 // train_report.c: `titan --estimate`, the memory check before the arenas are allocated, and
 // <dump_folder>/run_summary.json after a run.

@@ -173,11 +173,17 @@ struct AsyncSave {
     double staged_ms, step_ms;  // the checkpointing step's stall, and a step without one
 };
 
+static bool async_on(const Trainer *t) {
+    const CheckpointSection *ck = &t->cfg.checkpoint;
+    return ck->enable && strcmp(ck->async_mode, "async") == 0 && !ck->create_seed_checkpoint;
+}
+
+size_t trainer_checkpoint_staging_bytes(const Trainer *t) {
+    return async_on(t) ? 3 * t->model.params.shard_numel * sizeof(float) : 0;  // params, moments
+}
+
 // Made after the load: from here on the writer is the only thread that calls HDF5.
 static void async_save_open(Trainer *t) {
-    if (!comm_threads_concurrent())
-        die_user("checkpoint.async_mode async: this MPI library does not grant "
-                 "MPI_THREAD_MULTIPLE, which the background writer needs; use disabled");
     AsyncSave *a = t->async_save = xcalloc(1, sizeof(AsyncSave));
     ckpt_async_init(&a->writer);
     save_job_describe(t, &a->job);
@@ -315,13 +321,15 @@ void trainer_load_or_initialize(Trainer *t) {
         ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
     }
     excluded(t, "");  // its names are checked whether or not there is anything to load
+    if (async_on(t) && !comm_threads_concurrent())
+        die_user("checkpoint.async_mode async: this MPI library does not grant "
+                 "MPI_THREAD_MULTIPLE, which the background writer needs; use disabled");
     HostState h = host_state_open(t, false);
     if (step >= 0) resume(t, &h, path, step);
     else if (ck->initial_load_path) initial_load(t, &h);
     else params_initialize(&h.params, (uint64_t)t->cfg.training.seed);
     host_state_close(t, &h, true);
-    if (ck->enable && strcmp(ck->async_mode, "async") == 0 && !ck->create_seed_checkpoint)
-        async_save_open(t);
+    if (async_on(t)) async_save_open(t);
 }
 
 // torchtitan's policy: every `interval` steps, after step 1 if asked, and at the last step
