@@ -3,8 +3,9 @@
 # written in the background holds exactly what a synchronous save holds (every dataset and
 # attribute, read with h5py), on 1 rank and on 2; training is not perturbed by it; a run
 # resumed from an async save continues bit-identically on the same layout and within 1e-5 on
-# another (tp=2 -> dp_shard=2, the issue's acceptance case); keep_latest_k deletes only after
-# the save it follows; an async mode titan does not implement is refused in one line.
+# another (tp=2 -> dp_shard=2, the issue's acceptance case); a SIGTERM's final save completes
+# before the run exits; keep_latest_k keeps the newest; the staging counts in the memory check;
+# an async mode titan does not implement is refused in one line.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -105,6 +106,32 @@ for step in range(6, 11):
         assert err < 1e-5, f"step {step} {key}: {got[step][key]!r} vs {ref[step][key]!r}"
 print(f"ok: tp=2 (async save) -> dp_shard=2, steps 6-10 within {worst:.2e} relative")
 PY
+
+# Preemption: a SIGTERM mid-run makes the final save async too; it completes before the
+# preemption line and exit 0, and the run started again ends with the uninterrupted losses.
+long=(${SMALL[@]} --training.steps 30 --training.local_batch_size 8 --checkpoint.enable
+      --checkpoint.interval 1000)
+$TITAN "${long[@]}" --job.dump_folder "$SCRATCH/whole" >/dev/null
+$TITAN "${long[@]}" "${ASYNC[@]}" --job.dump_folder "$SCRATCH/term" >"$SCRATCH/term.log" 2>&1 &
+pid=$!
+for _ in $(seq 600); do
+  [ -f "$SCRATCH/term/metrics.jsonl" ] &&
+    [ "$(grep -c '"step"' "$SCRATCH/term/metrics.jsonl")" -ge 3 ] && break
+  sleep 0.1
+done
+kill -TERM "$pid"
+wait "$pid" || fail "the preempted async run exited $?: $(tail -n 3 "$SCRATCH/term.log")"
+step=$(sed -n 's/^preempted at step \([0-9]*\): checkpoint saved to .*/\1/p' "$SCRATCH/term.log")
+[ -n "$step" ] && [ "$step" -lt 30 ] ||
+  fail "not preempted before the end: $(tail -n 3 "$SCRATCH/term.log")"
+grep -A1 "saved .*/step-$step.h5: step $step staged" "$SCRATCH/term.log" | grep -q "^preempted" ||
+  fail "the preemption line came before the background save of step $step completed"
+$TITAN "${long[@]}" "${ASYNC[@]}" --job.dump_folder "$SCRATCH/term" >"$SCRATCH/term2.log"
+grep -q "resumed from .*step-$step.h5 at step $step" "$SCRATCH/term2.log" ||
+  fail "the restarted run did not resume at step $step"
+diff <(losses "$SCRATCH/whole/metrics.jsonl") <(losses "$SCRATCH/term/metrics.jsonl") ||
+  fail "the preempted (async) and resumed losses differ from the uninterrupted run's"
+echo "ok: preempted at step $step with an async save, resumed to the uninterrupted losses"
 
 # Retention: keep_latest_k 2 with an async save every 2 steps leaves the two newest.
 $TITAN "${SMALL[@]}" --training.steps 8 --checkpoint.enable --checkpoint.interval 2 \
