@@ -23,7 +23,9 @@ common=(--config configs/debug_model.yaml --model.flavor small --model.tokenizer
 
 evict() { dd if="$1" iflag=nocache count=0 status=none; }  # drop its pages from the cache
 mean() { awk '{ s += $1; n++ } END { printf "%.1f", s / n }'; }
-dd_ms() { LC_ALL=C dd "$@" 2>&1 | sed -n 's/.*copied, \([0-9.e-]*\) s,.*/\1/p' | awk '{ print $1 * 1e3 }'; }
+dd_ms() {  # dd's own timing of its copy
+  LC_ALL=C dd "$@" 2>&1 | sed -n 's/.*copied, \([0-9.e-]*\) s,.*/\1/p' | awk '{ print $1 * 1e3 }'
+}
 gbs() { awk -v b="$1" -v ms="$2" 'BEGIN { printf "%.2f", b / (ms * 1e6) }'; }  # bytes, ms
 
 titan_on() {  # ranks, log, overrides...
@@ -46,7 +48,8 @@ f.visititems(lambda n, o: sizes.append(o.nbytes) if isinstance(o, h5py.Dataset) 
 print(sum(sizes))' "$run/checkpoint/step-2.h5")
   save_ms=$(sed -n 's/.*checkpoint: saved .* in \([0-9.]*\) ms$/\1/p' "$run.save.log" | mean)
   evict "$run/checkpoint/step-2.h5"
-  titan_on "$np" "$run.load.log" --training.steps 3 --checkpoint.load_step 2 --job.dump_folder "$run"
+  titan_on "$np" "$run.load.log" --training.steps 3 --checkpoint.load_step 2 \
+    --job.dump_folder "$run"
   load_ms=$(sed -n 's/.*checkpoint: resumed from .* in \([0-9.]*\) ms$/\1/p' "$run.load.log")
 
   mib=$(( (bytes + 1048575) / 1048576 ))
@@ -62,7 +65,8 @@ print(sum(sizes))' "$run/checkpoint/step-2.h5")
   n='\([0-9.]*\)'
   stall=$(sed -n "s/.*step 3 staged in $n ms (a step takes $n ms), written in the \
 background in $n ms.*/\1 \/ \2 \/ \3/p" "$run.async.log")
-  printf "%-5s %9.1f %17s %17s %13s %13s %32s\n" "$np" "$(awk -v b="$bytes" 'BEGIN { print b / 1e6 }')" \
+  printf "%-5s %9.1f %17s %17s %13s %13s %32s\n" "$np" \
+    "$(awk -v b="$bytes" 'BEGIN { print b / 1e6 }')" \
     "$(gbs "$bytes" "$save_ms") ($save_ms)" "$(gbs "$bytes" "$load_ms") ($load_ms)" \
     "$(gbs $((mib * 1048576)) "$dd_write")" "$(gbs $((mib * 1048576)) "$dd_read")" "$stall"
 done

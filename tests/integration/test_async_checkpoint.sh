@@ -4,8 +4,9 @@
 # attribute, read with h5py), on 1 rank and on 2; training is not perturbed by it; a run
 # resumed from an async save continues bit-identically on the same layout and within 1e-5 on
 # another (tp=2 -> dp_shard=2, the issue's acceptance case); a SIGTERM's final save, and the
-# save in flight when the loss diverges, complete before the run exits; keep_latest_k keeps the newest; the staging counts in the memory check;
-# an async mode titan does not implement is refused in one line.
+# save in flight when the loss diverges, complete before the run exits; keep_latest_k keeps
+# the newest; the staging counts in the memory check; an async mode titan does not implement
+# is refused in one line.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -139,7 +140,8 @@ expect_user_error "step [0-9]+: loss is (NaN|infinite); stopped before updating"
   $TITAN "${SMALL[@]}" --training.steps 40 --optimizer.lr 1e30 --lr_scheduler.warmup_steps 0 \
   --checkpoint.enable --checkpoint.interval 1 "${ASYNC[@]}" --job.dump_folder "$SCRATCH/nan"
 last=$(ls "$SCRATCH/nan/checkpoint" | sort -t- -k2 -n | tail -n 1)
-[ "$(grep -c '"step"' "$SCRATCH/nan/metrics.jsonl")" -eq "$(echo "$last" | sed 's/step-\([0-9]*\).h5/\1/')" ] ||
+last_step=$(echo "$last" | sed 's/step-\([0-9]*\).h5/\1/')
+[ "$(grep -c '"step"' "$SCRATCH/nan/metrics.jsonl")" -eq "$last_step" ] ||
   fail "the diverging run's last checkpoint is $last, not its last step's"
 ls "$SCRATCH/nan/checkpoint" | grep -q tmp && fail "the diverging run left a temporary file"
 $PY -c 'import h5py, sys; h5py.File(sys.argv[1], "r")["optimizer/exp_avg/norm.weight"][()]' \
