@@ -349,9 +349,11 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
         loss += model_forward_backward(&t->model, &s) / t->accum;
     }
     loss = comm_all_reduce_double(t->mesh.loss, loss, COMM_AVG);  // the global batch's mean
-    if (!isfinite(loss))
+    if (!isfinite(loss)) {
+        trainer_wait_checkpoint(t);  // a save in flight completes: the message promises it
         die_user("step %d: loss is %s; stopped before updating the weights (checkpoints in %s "
                  "are intact)", step, isnan(loss) ? "NaN" : "infinite", t->ckpt_folder);
+    }
     if (t->fsdp_on) fsdp_finish_step(&t->fsdp);
     if (t->ddp_on) ddp_finish_step(params, t->mesh.group[MESH_DP_REPLICATE]);
     CommGroup *tp = t->tp_on ? t->tp.group : NULL, *fsdp = t->fsdp_on ? t->mesh.fsdp : NULL;
@@ -393,9 +395,12 @@ static void train(Trainer *t) {
     int interval_steps = 0;
     double peak_flops = c->metrics.peak_flops > 0 ? c->metrics.peak_flops : t->k->peak_flops();
     int first_step = (int)t->progress.step + 1;
+    bool preempted = false;
     for (int step = first_step; step <= c->training.steps; step++) {
         StepMetrics m = {.step = step};
+        double step_started = now_seconds();
         m.loss = train_step(t, step, &m.grad_norm, &m.lr);
+        t->step_seconds = now_seconds() - step_started;
         // torchtitan: comm.init_timeout_seconds covers setup and the first step, whose
         // collectives wait for the slowest rank's setup; then comm.train_timeout_seconds.
         if (step == first_step) comm_set_timeout((int)c->comm.train_timeout_seconds);
@@ -413,13 +418,12 @@ static void train(Trainer *t) {
         }
         if (c->validation.enable && step % c->validation.freq == 0)
             metrics_write_validation(&log, step, validate(t));
-        bool preempted = step < c->training.steps && preemption_agreed();
+        preempted = step < c->training.steps && preemption_agreed();
         if (c->checkpoint.enable) trainer_maybe_checkpoint(t, step, preempted);
-        if (preempted) {
-            log_preemption(t, step);
-            break;
-        }
+        if (preempted) break;
     }
+    trainer_close_checkpoint(t);  // the last save, if still in the background, completes
+    if (preempted) log_preemption(t, (int)t->progress.step);
     metrics_close(&log);
     double elapsed = now_seconds() - started, waited = comm_wait_seconds() - waited_before;
     log_info("comm: %.2f s of %.2f s of training waiting on collectives (%.1f%%)", waited, elapsed,

@@ -31,6 +31,8 @@ typedef struct {
     int *step_tokens, *step_targets;  // (B*T) each, the backend's copies the step reads
 } Split;
 
+typedef struct AsyncSave AsyncSave;  // train_checkpoint.c's
+
 typedef struct {
     Config cfg;
     const KernelOps *k;           // the kernels backend (training.device)
@@ -56,11 +58,19 @@ typedef struct {
     int *step_pos;                // the backend's copy
     TrainProgress progress;
     char ckpt_folder[4096];
+    double step_seconds;          // the last step's time: what a checkpoint's stall is set against
+    AsyncSave *async_save;        // checkpoint.async_mode async: the background save (NULL: off)
 } Trainer;
 
 // train_checkpoint.c: torchtitan's checkpoint policy over checkpoint/train_state.h.
 void trainer_load_or_initialize(Trainer *t);
 void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted);
+// A background save in flight (async_mode async) is waited for; close also ends the writer
+// (collective over the world). Both do nothing without one.
+void trainer_wait_checkpoint(Trainer *t);
+void trainer_close_checkpoint(Trainer *t);
+// The host memory an async save's staging takes on this rank (0 when saves are synchronous).
+size_t trainer_checkpoint_staging_bytes(const Trainer *t);
 void trainer_create_seed_checkpoint(Trainer *t);
 // train_report.c: `titan --estimate`, the memory check before the arenas are allocated, and
 // <dump_folder>/run_summary.json after a run.

@@ -2,8 +2,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "checkpoint/async.h"
 #include "train.h"
 
 // The trained state (every parameter's shard and its AdamW moments) as host memory, which
@@ -15,19 +17,29 @@ typedef struct {
     bool staged;  // copies (else params and opt are the trainer's own)
 } HostState;
 
-static HostState host_state_open(Trainer *t, bool download) {
-    HostState h = {.params = t->model.params, .opt = t->opt};
-    if (t->k->host_memory) return h;
-    size_t n = t->model.params.shard_numel, bytes = n * sizeof(float);
-    h.staged = true;
+// Host copies of the trainer's state, sized by its shards; filled by host_state_download.
+static HostState host_state_alloc(const Trainer *t) {
+    size_t n = t->model.params.shard_numel;
+    HostState h = {.opt = t->opt, .staged = true};
     params_view(&h.params, &t->model.params, xcalloc(n, sizeof(float)));
     h.opt.exp_avg = xcalloc(n, sizeof(float));
     h.opt.exp_avg_sq = xcalloc(n, sizeof(float));
-    if (download) {
-        t->k->download(h.params.shard_data, t->model.params.shard_data, bytes);
-        t->k->download(h.opt.exp_avg, t->opt.exp_avg, bytes);
-        t->k->download(h.opt.exp_avg_sq, t->opt.exp_avg_sq, bytes);
-    }
+    return h;
+}
+
+// The trainer's state now into h's copies (a memcpy on the cpu backend), its step count included.
+static void host_state_download(const Trainer *t, HostState *h) {
+    size_t bytes = t->model.params.shard_numel * sizeof(float);
+    t->k->download(h->params.shard_data, t->model.params.shard_data, bytes);
+    t->k->download(h->opt.exp_avg, t->opt.exp_avg, bytes);
+    t->k->download(h->opt.exp_avg_sq, t->opt.exp_avg_sq, bytes);
+    h->opt.step = t->opt.step;
+}
+
+static HostState host_state_open(Trainer *t, bool download) {
+    if (t->k->host_memory) return (HostState){.params = t->model.params, .opt = t->opt};
+    HostState h = host_state_alloc(t);
+    if (download) host_state_download(t, &h);
     return h;
 }
 
@@ -46,6 +58,12 @@ static void host_state_close(Trainer *t, HostState *h, bool upload) {
     free(h->opt.exp_avg);
     free(h->opt.exp_avg_sq);
     params_free(&h->params);
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
 // The attributes a checkpoint records about the run: the architecture (what a resume must
@@ -94,17 +112,118 @@ static void run_attrs_check(const Trainer *t, const char *path, bool require, bo
     }
 }
 
-static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer) {
-    if (t->train.B > 0) t->progress.windows_consumed = loader_position(&t->train.loader);
+// One checkpoint write: everything it reads, so that it can run on another thread while the
+// trainer goes on (checkpoint.async_mode async) as well as on the trainer's own.
+typedef struct {
+    HostState state;            // the trainer's tensors (sync) or copies staged at the step
+    char path[4096 + 64];
+    bool with_optimizer;
+    TrainProgress progress;
+    uint64_t seed;
+    char *yaml;                 // the resolved config
     CkptAttr attrs[RUN_N_ATTRS];
-    int n = run_attrs(t, attrs);
-    char *yaml = config_to_yaml(&t->cfg);
-    HostState h = host_state_open(t, true);
-    train_state_save(path, &h.params, with_optimizer ? &h.opt : NULL, t->progress,
-                     (uint64_t)t->cfg.training.seed, yaml, attrs, n);
-    host_state_close(t, &h, false);
-    free(yaml);
-    log_info("checkpoint: saved %s", path);
+    int n_attrs;
+    const char *prune_folder;   // non-NULL: then only the keep_latest newest step files stay
+    int keep_latest;
+} SaveJob;
+
+// The parts of a save that do not depend on the step: the run's description.
+static void save_job_describe(Trainer *t, SaveJob *j) {
+    j->n_attrs = run_attrs(t, j->attrs);
+    j->seed = (uint64_t)t->cfg.training.seed;
+    j->yaml = config_to_yaml(&t->cfg);
+}
+
+// The step's part; retention (checkpoint.keep_latest_k) is rank 0's alone, after the write.
+static void save_job_prepare(Trainer *t, SaveJob *j, const char *path, bool with_optimizer,
+                             bool prune) {
+    if (t->train.B > 0) t->progress.windows_consumed = loader_position(&t->train.loader);
+    snprintf(j->path, sizeof j->path, "%s", path);
+    j->with_optimizer = with_optimizer;
+    j->progress = t->progress;
+    bool deletes = prune && t->cfg.checkpoint.keep_latest_k > 0 && t->mesh.world_rank == 0;
+    j->prune_folder = deletes ? t->ckpt_folder : NULL;
+    j->keep_latest = (int)t->cfg.checkpoint.keep_latest_k;
+}
+
+static void save_job_write(void *arg, MPI_Comm comm) {
+    SaveJob *j = arg;
+    train_state_save(j->path, &j->state.params, j->with_optimizer ? &j->state.opt : NULL,
+                     j->progress, j->seed, j->yaml, j->attrs, j->n_attrs, comm);
+    if (j->prune_folder) ckpt_keep_latest(j->prune_folder, j->keep_latest);
+}
+
+static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer, bool prune) {
+    double started = now_ms();
+    SaveJob j;
+    save_job_describe(t, &j);
+    save_job_prepare(t, &j, path, with_optimizer, prune);
+    j.state = host_state_open(t, true);
+    save_job_write(&j, MPI_COMM_WORLD);
+    host_state_close(t, &j.state, false);
+    free(j.yaml);
+    log_info("checkpoint: saved %s in %.1f ms", path, now_ms() - started);
+}
+
+// checkpoint.async_mode async: the job of the save in flight, its state staged in copies
+// allocated once; the writer thread (checkpoint/async.h) owns it until it is waited for.
+struct AsyncSave {
+    CkptAsync writer;
+    SaveJob job;
+    int step;
+    double staged_ms, step_ms;  // the checkpointing step's stall, and a step without one
+};
+
+static bool async_on(const Trainer *t) {
+    const CheckpointSection *ck = &t->cfg.checkpoint;
+    return ck->enable && strcmp(ck->async_mode, "async") == 0 && !ck->create_seed_checkpoint;
+}
+
+size_t trainer_checkpoint_staging_bytes(const Trainer *t) {
+    return async_on(t) ? 3 * t->model.params.shard_numel * sizeof(float) : 0;  // params, moments
+}
+
+// Made after the load: from here on the writer is the only thread that calls HDF5.
+static void async_save_open(Trainer *t) {
+    AsyncSave *a = t->async_save = xcalloc(1, sizeof(AsyncSave));
+    ckpt_async_init(&a->writer);
+    save_job_describe(t, &a->job);
+    a->job.state = host_state_alloc(t);
+    host_state_download(t, &a->job.state);  // touched now: the first save's stall is a copy's
+}
+
+// Waits for the save in flight, if any, and reports what it cost the training thread.
+void trainer_wait_checkpoint(Trainer *t) {
+    AsyncSave *a = t->async_save;
+    double started = now_ms();
+    if (!a || !ckpt_async_wait(&a->writer)) return;
+    log_info("checkpoint: saved %s: step %d staged in %.1f ms (a step takes %.1f ms), written "
+             "in the background in %.1f ms (training waited %.1f ms for it)", a->job.path,
+             a->step, a->staged_ms, a->step_ms, a->writer.write_seconds * 1e3,
+             now_ms() - started);
+}
+
+static void async_save_start(Trainer *t, const char *path, bool with_optimizer, int step) {
+    AsyncSave *a = t->async_save;
+    trainer_wait_checkpoint(t);  // at most one in flight: its job and staging are reused
+    double started = now_ms();
+    save_job_prepare(t, &a->job, path, with_optimizer, true);
+    host_state_download(t, &a->job.state);
+    a->staged_ms = now_ms() - started;
+    a->step_ms = t->step_seconds * 1e3;
+    a->step = step;
+    ckpt_async_start(&a->writer, save_job_write, &a->job);
+}
+
+void trainer_close_checkpoint(Trainer *t) {
+    AsyncSave *a = t->async_save;
+    if (!a) return;
+    trainer_wait_checkpoint(t);
+    ckpt_async_free(&a->writer);
+    host_state_close(t, &a->job.state, false);
+    free(a->job.yaml);
+    free(a);
+    t->async_save = NULL;
 }
 
 // torchtitan's last_save_in_hf: the last, model-only save as a Hugging Face folder
@@ -113,7 +232,7 @@ static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer) {
 // whole tensors, which no one rank has: every rank saves its shards into the step file as
 // usual, then rank 0 reads the whole tensors back from it, writes the folder and removes it.
 static void save_hf(Trainer *t, int step, const char *path) {
-    save_checkpoint(t, path, false);
+    save_checkpoint(t, path, false, false);
     if (t->mesh.world_rank != 0) return;
     char dir[4096 + 64];
     snprintf(dir, sizeof dir, "%s/step-%d-hf", t->ckpt_folder, step);
@@ -167,8 +286,10 @@ static void resume(Trainer *t, HostState *h, const char *path, int64_t step) {
     if (saved != step)
         die_user("checkpoint %s records step %lld, not the %lld of its name (a renamed or "
                  "damaged file)", path, (long long)saved, (long long)step);
+    double started = now_ms();
     load_full(t, h, path);
-    log_info("checkpoint: resumed from %s at step %lld", path, (long long)t->progress.step);
+    log_info("checkpoint: resumed from %s at step %lld in %.1f ms", path,
+             (long long)t->progress.step, now_ms() - started);
 }
 
 static void initial_load(Trainer *t, HostState *h) {
@@ -214,18 +335,25 @@ void trainer_load_or_initialize(Trainer *t) {
         ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
     }
     excluded(t, "");  // its names are checked whether or not there is anything to load
+    if (async_on(t) && !comm_threads_concurrent())
+        die_user("checkpoint.async_mode async: this MPI library does not grant "
+                 "MPI_THREAD_MULTIPLE, which the background writer needs; use disabled");
     HostState h = host_state_open(t, false);
     if (step >= 0) resume(t, &h, path, step);
     else if (ck->initial_load_path) initial_load(t, &h);
     else params_initialize(&h.params, (uint64_t)t->cfg.training.seed);
     host_state_close(t, &h, true);
+    if (async_on(t)) async_save_open(t);
 }
 
 // torchtitan's policy: every `interval` steps, after step 1 if asked, and at the last step
 // (model only under last_save_model_only); a preempted run's final step whatever the interval
-// (full: the run is to be resumed); then only the keep_latest_k newest are kept.
+// (full: the run is to be resumed); then only the keep_latest_k newest are kept. Under
+// async_mode async the save is staged here and written in the background; a finished
+// background save is reported at the first step boundary after it.
 void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted) {
     const CheckpointSection *ck = &t->cfg.checkpoint;
+    if (t->async_save && ckpt_async_finished(&t->async_save->writer)) trainer_wait_checkpoint(t);
     bool last = step == t->cfg.training.steps;
     if (!(preempted || step % ck->interval == 0 || last ||
           (step == 1 && ck->enable_first_step_checkpoint)))
@@ -233,16 +361,22 @@ void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted) {
     char path[4096 + 64];
     make_dirs(t->ckpt_folder);
     ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
-    if (last && ck->last_save_in_hf) save_hf(t, step, path);
-    else save_checkpoint(t, path, !(last && ck->last_save_model_only));
-    // One rank deletes (the save's barrier has every rank past its write by now).
-    if (ck->keep_latest_k > 0 && t->mesh.world_rank == 0)
-        ckpt_keep_latest(t->ckpt_folder, (int)ck->keep_latest_k);
+    bool with_optimizer = !(last && ck->last_save_model_only);
+    if (last && ck->last_save_in_hf) {
+        trainer_wait_checkpoint(t);  // retention follows every earlier save
+        save_hf(t, step, path);
+        if (ck->keep_latest_k > 0 && t->mesh.world_rank == 0)
+            ckpt_keep_latest(t->ckpt_folder, (int)ck->keep_latest_k);
+    } else if (t->async_save) {
+        async_save_start(t, path, with_optimizer, step);
+    } else {
+        save_checkpoint(t, path, with_optimizer, true);
+    }
 }
 
 void trainer_create_seed_checkpoint(Trainer *t) {
     char path[4096 + 64];
     make_dirs(t->ckpt_folder);
     ckpt_path_for_step(path, sizeof path, t->ckpt_folder, 0);
-    save_checkpoint(t, path, false);
+    save_checkpoint(t, path, false, false);
 }

@@ -110,14 +110,18 @@ static void memory_fix(const Trainer *t, double need, double room, char *out, si
 // arenas' bytes are compared with what the backend says this rank can still get: host memory
 // is the node's, shared by its ranks (each gets 1 / ranks-on-this-node of it); device memory
 // is the rank's own GPU's. The data and the step's inputs are already loaded, so they count as
-// used. A 5% margin covers what lives outside the arenas (libraries, thread stacks, checkpoint
-// staging). Every rank decides on the worst rank's figures, so all refuse together.
+// used, and so do an async checkpoint's host staging copies when host memory is the arenas'.
+// A 5% margin covers what lives outside the arenas (libraries, thread stacks, a synchronous
+// save's staging on a device). Every rank decides on the worst rank's figures, so all refuse
+// together.
 void trainer_check_memory(Trainer *t) {
     const double GiB = 1024.0 * 1024.0 * 1024.0, margin = 1.05;
     const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
                              &t->comm_arena};
     double need = 0;
     for (int i = 0; i < 5; i++) need += (double)arenas[i]->peak;
+    double staging = t->k->host_memory ? (double)trainer_checkpoint_staging_bytes(t) : 0;
+    need += staging;
     int sharing = t->k->host_memory ? comm_local_size() : 1;
     size_t free_bytes = t->k->memory_free();
     double room = free_bytes == SIZE_MAX ? INFINITY : (double)free_bytes / sharing;
@@ -130,12 +134,14 @@ void trainer_check_memory(Trainer *t) {
                  "rank (%d %s on this node)", need / GiB, room / GiB, where, sharing, ranks);
         return;
     }
-    char fix[256];
+    char fix[256], staged[64] = "";
     memory_fix(t, need, room / margin, fix, sizeof fix);
+    if (staging > 0)
+        snprintf(staged, sizeof staged, ", async checkpoint staging %.2f", staging / GiB);
     die_user("out of memory: this run needs %.2f GiB per rank (params %.2f, grads %.2f, "
-             "optimizer %.2f, activations %.2f, comm %.2f GiB) plus a 5%% margin, but %.2f GiB "
+             "optimizer %.2f, activations %.2f, comm %.2f%s GiB) plus a 5%% margin, but %.2f GiB "
              "of %s is free per rank (%d %s on this node); try %s",
              need / GiB, t->param_arena.peak / GiB, t->grad_arena.peak / GiB,
              t->optim_arena.peak / GiB, t->act_arena.peak / GiB, t->comm_arena.peak / GiB,
-             room / GiB, where, sharing, ranks, fix);
+             staged, room / GiB, where, sharing, ranks, fix);
 }

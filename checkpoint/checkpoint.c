@@ -295,16 +295,13 @@ static void fsync_path(const char *path) {
     SYS_CHECK(close(fd));
 }
 
-// This process's rank in the job and the job's size: MPI's world once MPI runs (the trainer),
-// else a job of one (tools, tests).
-static int job_ranks(int *rank) {
-    int initialized = 0, finalized = 0, size = 1;
+// This process's rank among comm's ranks and their number; MPI_COMM_NULL: a job of one.
+static int comm_ranks(MPI_Comm comm, int *rank) {
+    int size = 1;
     *rank = 0;
-    MPI_CHECK(MPI_Initialized(&initialized));
-    MPI_CHECK(MPI_Finalized(&finalized));
-    if (!initialized || finalized) return 1;
-    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, rank));
-    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+    if (comm == MPI_COMM_NULL) return 1;
+    MPI_CHECK(MPI_Comm_rank(comm, rank));
+    MPI_CHECK(MPI_Comm_size(comm, &size));
     return size;
 }
 
@@ -312,11 +309,11 @@ static int job_ranks(int *rank) {
 // (which parallel HDF5 needs for filtered datasets); the metadata calls are collective too,
 // so every rank passes the same list.
 static void file_write(const char *tmp, const CkptTensor *tensors, int n_tensors,
-                       const CkptAttr *attrs, int n_attrs, bool parallel) {
+                       const CkptAttr *attrs, int n_attrs, MPI_Comm comm) {
     hid_t fapl = fapl_create(), dxpl = H5Pcreate(H5P_DATASET_XFER);
     H5_CHECK(dxpl);
-    if (parallel) {
-        H5_CHECK(H5Pset_fapl_mpio(fapl, MPI_COMM_WORLD, MPI_INFO_NULL));
+    if (comm != MPI_COMM_NULL) {
+        H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
         H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, true));
         H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
         H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
@@ -357,16 +354,16 @@ void ckpt_publish(const char *tmp, const char *path) {
 // every rank's part of the write, so no rank goes on (and no later save or deletion starts)
 // before the checkpoint is complete under its name.
 void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const CkptAttr *attrs,
-               int n_attrs) {
+               int n_attrs, MPI_Comm comm) {
     hdf5_silence();
-    int rank, ranks = job_ranks(&rank);
+    int rank, ranks = comm_ranks(comm, &rank);
     char tmp[1024];
     if (rank == 0) ckpt_tmp_prepare(path, tmp, sizeof(tmp));
     else CHECK(snprintf(tmp, sizeof tmp, "%s.tmp", path) < (int)sizeof tmp);
-    if (ranks > 1) MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-    file_write(tmp, tensors, n_tensors, attrs, n_attrs, ranks > 1);
+    if (ranks > 1) MPI_CHECK(MPI_Barrier(comm));
+    file_write(tmp, tensors, n_tensors, attrs, n_attrs, ranks > 1 ? comm : MPI_COMM_NULL);
     if (rank == 0) ckpt_publish(tmp, path);
-    if (ranks > 1) MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    if (ranks > 1) MPI_CHECK(MPI_Barrier(comm));
 }
 
 bool ckpt_has_attr(const char *path, const char *attr) {

@@ -6,17 +6,22 @@
 // string) for step, config text, model args, data-loader position. The checkpoint knows
 // nothing about models: callers list what to save and what to load.
 //
-// Distributed: in a job of several MPI ranks every rank calls ckpt_save with the same list,
-// each tensor's box being the part of the global tensor it holds; the file is written once,
-// collectively, through parallel HDF5's MPI-IO, each rank writing only its box (a rank whose
-// box another replica writes selects nothing). ckpt_load reads, on each rank alone, only the
-// boxes it lists, whatever layout wrote the file: loading reshards.
+// Distributed: in a job of several MPI ranks every rank of the saving communicator calls
+// ckpt_save with the same list, each tensor's box being the part of the global tensor it holds;
+// the file is written once, collectively, through parallel HDF5's MPI-IO, each rank writing
+// only its box (a rank whose box another replica writes selects nothing). ckpt_load reads, on
+// each rank alone, only the boxes it lists, whatever layout wrote the file: loading reshards.
 //
 // Integrity: datasets are chunked (at most CKPT_CHUNK_FLOATS per chunk) with HDF5's Fletcher32
 // checksum filter, which HDF5 verifies on every read, so a flipped byte fails the load in one
 // line instead of training on garbage. A file is written as <path>.tmp by every rank, closed,
 // fsynced and renamed onto <path> by rank 0 (then the folder is fsynced), so a crash never
 // leaves a partial file under a final name. Step files live in a folder as step-<N>.h5.
+//
+// Threads: HDF5 as Debian builds it for MPI is not thread-safe, so no two threads may be inside
+// these functions at once. The trainer loads only at startup, before any save, and saves from
+// one thread at a time (checkpoint/async.h: the background writer is the only caller while a
+// save is in flight).
 //
 // Every failure a user can cause (missing, truncated or corrupt file, missing dataset, wrong
 // shape, missing attribute) ends in one die_user line naming the file; HDF5's own error stack
@@ -27,6 +32,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <mpi.h>
 
 typedef struct {
     const char *path;      // dataset path inside the file, e.g. "/model/norm.weight"
@@ -52,10 +59,12 @@ typedef struct {
     const char *s;     // CKPT_STRING, stored as a variable-length UTF-8 string
 } CkptAttr;
 
-// Writes every tensor and attribute to path atomically (see above); collective over the job's
-// ranks when it has several.
+// Writes every tensor and attribute to path atomically (see above), collectively over comm's
+// ranks: MPI_COMM_WORLD for a save on the trainer's thread, a duplicate of it for a writer on
+// another thread (whose collectives must not share a communicator with the first thread's),
+// MPI_COMM_NULL for a process of one without MPI (tools, tests).
 void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const CkptAttr *attrs,
-               int n_attrs);
+               int n_attrs, MPI_Comm comm);
 
 // The atomic write above, for any writer of checkpoint files (safetensors, config.json):
 // tmp (tmplen) = "<path>.tmp", the folder of path created and a stale tmp removed; then, once

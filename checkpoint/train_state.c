@@ -59,7 +59,7 @@ static void padding_zero(const TensorList *l, const ParamTable *params) {
 
 void train_state_save(const char *path, const ParamTable *params, const AdamW *opt,
                       TrainProgress progress, uint64_t seed, const char *config_yaml,
-                      const CkptAttr *run_attrs, int n_run_attrs) {
+                      const CkptAttr *run_attrs, int n_run_attrs, MPI_Comm comm) {
     TensorList list = tensor_list(params, opt, opt ? N_KINDS : 1);
     int n_attrs = 5 + n_run_attrs;
     CkptAttr *attrs = xcalloc((size_t)n_attrs, sizeof(CkptAttr));
@@ -70,7 +70,7 @@ void train_state_save(const char *path, const ParamTable *params, const AdamW *o
     attrs[3] = (CkptAttr){.name = "seed", .type = CKPT_INT, .i = (int64_t)seed};
     attrs[4] = (CkptAttr){.name = "config", .type = CKPT_STRING, .s = config_yaml};
     for (int i = 0; i < n_run_attrs; i++) attrs[5 + i] = run_attrs[i];
-    ckpt_save(path, list.tensors, list.count, attrs, n_attrs);
+    ckpt_save(path, list.tensors, list.count, attrs, n_attrs, comm);
     free(attrs);
     tensor_list_free(&list);
 }

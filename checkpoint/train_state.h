@@ -25,10 +25,10 @@ typedef struct {
 } TrainProgress;
 
 // opt may be NULL (model only). attrs describe the run (the architecture, "model.dim"; the
-// mesh; the sequence length). Collective over the job's ranks (checkpoint/checkpoint.h).
+// mesh; the sequence length). Collective over comm's ranks (ckpt_save).
 void train_state_save(const char *path, const ParamTable *params, const AdamW *opt,
                       TrainProgress progress, uint64_t seed, const char *config_yaml,
-                      const CkptAttr *attrs, int n_attrs);
+                      const CkptAttr *attrs, int n_attrs, MPI_Comm comm);
 // Whether the file holds optimizer state (a model-only or seed file does not).
 bool train_state_has_optimizer(const char *path);
 // Loads this rank's shards of the model; with opt, also the optimizer state (the file must

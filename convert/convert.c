@@ -103,7 +103,8 @@ static void to_titan(const ConvertOptions *o) {
     char yaml[256];
     snprintf(yaml, sizeof yaml, "# converted from Hugging Face\ntraining:\n  seq_len: %d\n",
              args.max_seq_len);
-    train_state_save(o->out, &params, NULL, (TrainProgress){0, 0}, 0, yaml, attrs, n);
+    train_state_save(o->out, &params, NULL, (TrainProgress){0, 0}, 0, yaml, attrs, n,
+                     MPI_COMM_NULL);
     printf("convert: %s -> %s\n", o->from, o->out);
     params_free(&params);
     free(data);

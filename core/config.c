@@ -976,7 +976,7 @@ static const Implemented IMPLEMENTED[] = {
     {"parallelism.context_parallel_degree", {"1"}},
     {"parallelism.expert_parallel_degree", {"1"}},
     {"parallelism.expert_tensor_parallel_degree", {"1"}},
-    {"checkpoint.async_mode", {"disabled"}},
+    {"checkpoint.async_mode", {"disabled", "async"}},
     {"checkpoint.load_only", {"false"}},
     {"activation_checkpoint.mode", {"none", "full"}},
     {"float8.enable_fsdp_float8_all_gather", {"false"}},

@@ -20,6 +20,7 @@
 static CommGroup groups[COMM_MAX_GROUPS];  // groups[0] is the world
 static int n_groups;
 static bool owns_mpi;        // comm_init started MPI, so comm_finalize ends it
+static int thread_level;     // what MPI provides: MPI_THREAD_FUNNELED or MPI_THREAD_MULTIPLE
 static int timeout_seconds;  // <= 0: wait forever
 
 // ---- MPI backend ----------------------------------------------------------------------------
@@ -165,10 +166,13 @@ void comm_init(int *argc, char ***argv) {
     int initialized = 0;
     MPI_CHECK(MPI_Initialized(&initialized));
     if (!initialized) {
-        int provided = 0;
-        MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
-        CHECK(provided >= MPI_THREAD_FUNNELED);
+        // MULTIPLE for the background checkpoint writer (checkpoint/async.h), whose MPI-IO
+        // runs while this thread's collectives do; FUNNELED is all the rest needs.
+        MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &thread_level));
+        CHECK(thread_level >= MPI_THREAD_FUNNELED);
         owns_mpi = true;
+    } else {
+        MPI_CHECK(MPI_Query_thread(&thread_level));
     }
     // A private copy of the world keeps titan's traffic apart from other MPI users (HDF5),
     // and returning errors (inherited by every split) lets MPI_CHECK name the failing call.
@@ -230,6 +234,11 @@ void comm_finalize(void) {
     backend = &mpi_backend;
     if (bf16_sum_op != MPI_OP_NULL) MPI_CHECK(MPI_Op_free(&bf16_sum_op));
     if (owns_mpi) MPI_CHECK(MPI_Finalize());
+}
+
+bool comm_threads_concurrent(void) {
+    CHECK(n_groups > 0);  // comm_init first
+    return thread_level >= MPI_THREAD_MULTIPLE;
 }
 
 CommGroup *comm_world(void) {

@@ -45,8 +45,8 @@ typedef struct {
     const char *trace_folder;  // <job.dump_folder>/<comm.save_traces_folder>; NULL: stderr only
 } CommConfig;
 
-// MPI_Init (threads funneled), the world group, the SIGUSR1 handler. Idempotent. Until
-// comm_configure, waits have no timeout and the recorder keeps the last 64 operations.
+// MPI_Init (asking for MPI_THREAD_MULTIPLE), the world group, the SIGUSR1 handler. Idempotent.
+// Until comm_configure, waits have no timeout and the recorder keeps the last 64 operations.
 void comm_init(int *argc, char ***argv);
 // May be called again; the recorder keeps its newest entries across a resize. The folder is
 // created when a dump first writes to it.
@@ -60,6 +60,9 @@ void comm_set_timeout(int seconds);
 // without CUDA=1 reports a user error. train.c calls it when the kernels backend keeps its
 // tensors in device memory (training.device cuda).
 void comm_use_nccl(void *compute_stream);
+// Whether MPI lets several threads call it at once (MPI_THREAD_MULTIPLE was granted): what a
+// background checkpoint writer needs. Without it only the thread that called comm_init may.
+bool comm_threads_concurrent(void);
 // Ends communication for the process (MPI_Finalize if comm_init started MPI).
 void comm_finalize(void);
 CommGroup *comm_world(void);

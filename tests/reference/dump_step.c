@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
         snprintf(names[i], sizeof names[i], "/grad/%s", p->name);
         list[3 + i] = (CkptTensor){.path = names[i], .ndim = p->ndim, .shape = p->shape, .data = p->grad};
     }
-    ckpt_save(out, list, n, NULL, 0);
+    ckpt_save(out, list, n, NULL, 0, MPI_COMM_NULL);
     printf("dump_step: loss %.7f, %d gradients -> %s\n", loss, m.params.count, out);
     return 0;
 }

@@ -39,7 +39,7 @@ static const CkptTensor tensors[N_TENSORS] = {
 static void model_save(const char *path) {
     fill(wq, 24, 1), fill(norm, 7, 2), fill(cube, 30, 3);
     CkptAttr attrs[] = {{.name = "step", .type = CKPT_INT, .i = 10}};
-    ckpt_save(path, tensors, N_TENSORS, attrs, 1);
+    ckpt_save(path, tensors, N_TENSORS, attrs, 1, MPI_COMM_NULL);
 }
 
 static void test_roundtrip_bit_exact(void **state) {
@@ -72,7 +72,7 @@ static void test_attrs_roundtrip(void **state) {
         {.name = "config", .type = CKPT_STRING, .s = config},
         {.name = "name", .type = CKPT_STRING, .s = "llama3 débug"},
     };
-    ckpt_save(path, NULL, 0, attrs, 5);
+    ckpt_save(path, NULL, 0, attrs, 5, MPI_COMM_NULL);
     assert_int_equal(ckpt_read_int(path, "step"), 1234567890123LL);
     assert_int_equal(ckpt_read_int(path, "model.dim"), -7);
     assert_true(ckpt_read_double(path, "lr") == 3e-4);
@@ -295,7 +295,7 @@ static void test_train_state_roundtrip(void **state) {
     CkptAttr model_attrs[] = {{.name = "model.dim", .type = CKPT_INT, .i = 3}};
     TrainProgress progress = {.step = 37, .windows_consumed = 5000000123LL}, got = {0};
     train_state_save(path, &saved.params, &saved.opt, progress, 0x0123456789abcdefull, yaml,
-                     model_attrs, 1);
+                     model_attrs, 1, MPI_COMM_NULL);
     train_state_load(path, &back.params, &back.opt, &got);
     size_t bytes = saved.params.numel * sizeof(float);
     assert_memory_equal(back.params.shard_data, saved.params.shard_data, bytes);
@@ -314,7 +314,7 @@ static void test_train_state_roundtrip(void **state) {
     // A model-only file (the last checkpoint under last_save_model_only) says so and restores
     // the weights alone.
     assert_true(train_state_has_optimizer(path));
-    train_state_save(path, &saved.params, NULL, progress, 1, yaml, NULL, 0);
+    train_state_save(path, &saved.params, NULL, progress, 1, yaml, NULL, 0, MPI_COMM_NULL);
     assert_false(train_state_has_optimizer(path));
     state_make(&back, 0);
     train_state_load(path, &back.params, NULL, NULL);
