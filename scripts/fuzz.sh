@@ -4,7 +4,9 @@
 # so a longer campaign starts where the last one stopped), and runs each target (all, or the
 # NAMEs given: config, gpt2, ...) for that many seconds; a minute in all, split across the
 # targets, by default. What a target finds (crash-*, leak-*, timeout-*, oom-*) lands in
-# build/fuzz/findings/NAME. Prints one line per target; exits 1 on any finding.
+# build/fuzz/findings/NAME. Prints one line per target; exits 1 on any finding. FUZZ_ARGS
+# adds libFuzzer flags (e.g. -max_len=8192: the real tokenizer seeds are megabytes, so a
+# campaign on the small ones below mutates far more inputs per second).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make -s -j"$(nproc)" fuzz titan
@@ -24,6 +26,21 @@ head -c 3000 ../shared/data/corpus/austen.txt >build/fuzz/seeds/austen.txt
 rm -rf build/fuzz/seeds/austen
 ./titan tokenize --tokenizer bytes --out build/fuzz/seeds/austen build/fuzz/seeds/austen.txt \
   >/dev/null
+
+# Small tokenizers cut from the real ones, as seeds that load in microseconds: the first 600
+# ranks of Llama 3's tiktoken file (contiguous, all 256 bytes among them), and GPT-2's first
+# 400 merges with the encoder's ids they reach.
+head -n 600 ../shared/data/tokenizers/llama3/tokenizer.model >build/fuzz/seeds/small.tiktoken
+mkdir -p build/fuzz/seeds/gpt2-small
+/usr/bin/python3 - ../shared/data/tokenizers/gpt2 build/fuzz/seeds/gpt2-small 400 <<'PY'
+import json, sys
+src, dst, merges = sys.argv[1], sys.argv[2], int(sys.argv[3])
+encoder = json.load(open(f"{src}/encoder.json", encoding="utf-8"))
+json.dump({k: v for k, v in encoder.items() if v < 256 + merges},
+          open(f"{dst}/encoder.json", "w", encoding="utf-8"), ensure_ascii=False)
+lines = open(f"{src}/vocab.bpe", encoding="utf-8").read().split("\n")
+open(f"{dst}/vocab.bpe", "w", encoding="utf-8").write("\n".join(lines[:1 + merges]) + "\n")
+PY
 
 # A folder listed in a .seeds file is one seed: its files joined in name order (GPT-2's
 # encoder.json then vocab.bpe, as fuzz_gpt2.c splits them).
@@ -60,7 +77,7 @@ for name in "${names[@]}"; do
   log=build/fuzz/$name.log
   touch build/fuzz/started  # findings newer than it are this run's; older ones stay for a look
   rc=0
-  "build/fuzz/fuzz_$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
+  "build/fuzz/fuzz_$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 ${FUZZ_ARGS:-} \
     -print_final_stats=1 -artifact_prefix="$findings/" "build/fuzz/corpus/$name" >"$log" 2>&1 \
     || rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
