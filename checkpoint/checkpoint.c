@@ -501,7 +501,12 @@ static int64_t kth_latest_step(const char *folder, int k) {
 
 int64_t ckpt_latest_step(const char *folder) { return kth_latest_step(folder, 1); }
 
+// Every rank of a job calls this after the same save; rank 0 alone deletes, as it alone
+// publishes, so that two ranks never race to unlink the same file.
 void ckpt_keep_latest(const char *folder, int keep) {
+    int rank;
+    job_ranks(&rank);
+    if (rank != 0) return;
     int64_t oldest_kept = kth_latest_step(folder, keep);
     if (oldest_kept < 0) return;
     DIR *dir = opendir(folder);

@@ -88,5 +88,6 @@ void ckpt_path_for_step(char *out, size_t outlen, const char *folder, int64_t st
 // Highest N with a complete <folder>/step-<N>.h5; -1 if none or no folder. Temporary files
 // (step-N.h5.tmp) and other names are ignored.
 int64_t ckpt_latest_step(const char *folder);
-// Deletes every complete step file but the `keep` latest (checkpoint.keep_latest_k).
+// Deletes every complete step file but the `keep` latest (checkpoint.keep_latest_k); in a job
+// of several ranks, every rank calls it and rank 0 deletes.
 void ckpt_keep_latest(const char *folder, int keep);

@@ -58,7 +58,8 @@ snapshot() { (cd "$1" && find . -printf '%p %s %T@ %i\n' | sort); }
 
 # The checkpoints the damage starts from: step-1 and step-2 hold the full state, step-3 (the
 # last step) the model only, as torchtitan's last_save_model_only.
-run=(${SMALL[@]} --training.steps 3 --checkpoint.enable --checkpoint.interval 1)
+# The small flavor throughout: 50 MB of full state, quicker to copy, damage and save.
+run=(${SMALL[@]} --model.flavor small --training.steps 3 --checkpoint.enable --checkpoint.interval 1)
 $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/base" >/dev/null
 BASE=$SCRATCH/base/checkpoint
 
@@ -125,8 +126,8 @@ refused reshaped "reshaped/checkpoint/step-2.h5: /model/layers.1.feed_forward.w1
 $PY "$SCRATCH/damage.py" delete "$(damaged no-optimizer)" optimizer
 refused no-optimizer "no-optimizer/checkpoint/step-2.h5 holds the model only" --
 damaged flavor >/dev/null
-refused flavor "flavor/checkpoint/step-2.h5 was written with model.n_layers 6, this run has 4" -- \
-  --model.flavor small
+refused flavor "flavor/checkpoint/step-2.h5 was written with model.n_layers 4, this run has 6" -- \
+  --model.flavor debugmodel
 $PY "$SCRATCH/damage.py" real "$(damaged rope-theta)" model.rope_theta 10000
 refused rope-theta "rope-theta/checkpoint/step-2.h5 was written with model.rope_theta 10000, this run has 500000" --
 damaged tied >/dev/null
@@ -157,3 +158,98 @@ grep -q "resumed from .*/model-only/checkpoint/step-3.h5 at step 3" "$SCRATCH/mo
   fail "the consented model-only resume did not train steps 4 and 5"
 echo "ok: a model-only step-3 resumed with checkpoint.exclude_from_loading optimizer trained to step 5"
 echo "ok: damage cases in $((SECONDS - started)) s"
+
+# 3. SIGKILL of one rank (drawn at random) of a 2-rank job at a random moment of a save, 20
+# times; each restart is the next victim, so every one of them must resume from the newest
+# complete checkpoint the kill before it left, never from a step-N.h5.tmp. Every step saves
+# the small flavor (50 MB with AdamW), most of a step's time. The victim is the first or (at
+# random) the second save after the resume, the moment a random fraction of the last save's
+# measured duration, so the checkpoints advance by one every other kill. 4. keep_latest_k 2
+# deletes as the kills land: the newest complete checkpoint must survive every kill. mpirun
+# ends the surviving rank at once (by default it waits 1 s after each signal).
+STEPS=30
+MPIRUN=(mpirun --oversubscribe -np 2 --mca odls_base_sigkill_timeout 0)
+kill_run=(${run[@]} --training.steps $STEPS --checkpoint.keep_latest_k 2 --job.dump_folder "$SCRATCH/killed")
+FOLDER=$SCRATCH/killed/checkpoint
+"${MPIRUN[@]}" $TITAN "${kill_run[@]}" --checkpoint.enable false --job.dump_folder "$SCRATCH/whole" \
+  >/dev/null || fail "the uninterrupted run failed"
+kill_started=$SECONDS
+
+# rank_pid LAUNCHER RANK: the pid of that rank of the mpirun job LAUNCHER.
+rank_pid() {
+  local p
+  for p in $(pgrep -P "$1"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" &&
+      { echo "$p"; return 0; }
+  done
+  return 1
+}
+# saving N / saved N: whether this run has begun / published the save of step N (its .tmp
+# newer than the run / the file under its name).
+saving() { [ "$FOLDER/step-$1.h5.tmp" -nt "$SCRATCH/start" ]; }
+saved() { [ -f "$FOLDER/step-$1.h5" ]; }
+# abort MESSAGE: fail, ending the job first.
+abort() { kill -9 "$launcher" $(pgrep -P "$launcher") 2>/dev/null || true; fail "$@"; }
+# until_job CMD...: polls CMD while the job runs (30 s at most); fails if it never holds.
+until_job() {
+  for _ in $(seq 1500); do
+    "$@" && return 0
+    kill -0 "$launcher" 2>/dev/null || break
+    sleep 0.02
+  done
+  abort "kill $kill: '$*' never held: $(grep titan "$log")"
+}
+now_us() { echo "${EPOCHREALTIME/./}"; }
+
+newest=-1 save_us=0 cut_saves=0 stale_met=0
+for kill in $(seq 20); do
+  log=$SCRATCH/killed-$kill.out
+  touch "$SCRATCH/start"
+  ls "$FOLDER"/*.tmp >/dev/null 2>&1 && stale_met=$((stale_met + 1))
+  "${MPIRUN[@]}" $TITAN "${kill_run[@]}" >"$log" 2>&1 &
+  launcher=$!
+  first=$((newest < 0 ? 1 : newest + 1))
+  target=$first
+  if [ $save_us -eq 0 ] || [ $((RANDOM % 2)) -eq 1 ]; then  # time the first save, kill in the next
+    until_job saving $first
+    begun=$(now_us)
+    until_job saved $first
+    save_us=$(($(now_us) - begun))
+    target=$((first + 1))
+  fi
+  until_job saving $target
+  delay=$(((RANDOM << 15 | RANDOM) % save_us))
+  sleep "$((delay / 1000000)).$(printf %06d $((delay % 1000000)))"
+  rank=$((RANDOM % 2))
+  pid=$(rank_pid $launcher $rank) || abort "kill $kill: no rank $rank to kill: $(grep titan "$log")"
+  kill -9 "$pid"
+  wait $launcher && fail "kill $kill: the job ended before the kill (steps too few for the kills)"
+  # The job ended by the kill alone, having resumed from the newest checkpoint the kill before
+  # left (the first started afresh).
+  ! grep '^titan' "$log" || fail "kill $kill: the job failed on its own"
+  [ $newest -lt 0 ] || grep -q "^checkpoint: resumed from $FOLDER/step-$newest.h5 at step $newest$" "$log" ||
+    fail "kill $kill: the run did not resume from step-$newest.h5: $(grep resumed "$log")"
+  ls "$FOLDER"/*.tmp >/dev/null 2>&1 && cut_saves=$((cut_saves + 1))
+  read -r latest count < <($PY "$SCRATCH/verify.py" "$FOLDER") ||
+    fail "kill $kill: a checkpoint does not read whole: $(ls "$FOLDER")"
+  [ "$latest" -ge "$newest" ] && [ "$count" -le 2 ] ||
+    fail "kill $kill (rank $rank): newest complete step $latest after $newest, $count kept: $(ls "$FOLDER")"
+  newest=$latest
+done
+[ $newest -ge 2 ] || fail "20 kills and the checkpoints never advanced past step $newest"
+[ $stale_met -ge 1 ] || fail "no restart met a stale .tmp: the kills never landed in a save"
+echo "ok: 20 SIGKILLs in $((SECONDS - kill_started)) s, $cut_saves leaving a save's .tmp, $stale_met restarts past one: every step file read whole, every restart from the newest"
+
+# The same job once more, undisturbed: it resumes from the newest, saves every step on both
+# ranks (rank 0 deleting what keep_latest_k drops), ends with the two newest and no .tmp
+# left, and its losses are the uninterrupted run's, bit for bit.
+"${MPIRUN[@]}" $TITAN "${kill_run[@]}" >"$SCRATCH/last.out" 2>&1 ||
+  fail "the last resume failed: $(grep titan "$SCRATCH/last.out")"
+grep -q "^checkpoint: resumed from $FOLDER/step-$newest.h5 at step $newest$" "$SCRATCH/last.out" ||
+  fail "the last run did not resume from step-$newest.h5: $(grep resumed "$SCRATCH/last.out")"
+[ "$(ls "$FOLDER" | xargs)" = "step-$((STEPS - 1)).h5 step-$STEPS.h5" ] ||
+  fail "keep_latest_k 2 left: $(ls "$FOLDER" | xargs)"
+diff <(losses "$SCRATCH/whole/metrics.jsonl") <(losses "$SCRATCH/killed/metrics.jsonl") ||
+  fail "after 20 kills and restarts the losses differ from the uninterrupted run's"
+echo "ok: resumed from step $newest to step $STEPS, losses of all $STEPS steps equal the uninterrupted run's"
+echo "ok: all cases in $((SECONDS - started)) s"
