@@ -23,17 +23,19 @@ if op == "flip":
         raw.seek(-1, 1)
         raw.write(bytes([byte ^ 0xFF]))
     sys.exit()
-f = h5py.File(path, "r+")
-if op == "delete":
-    del f[args[0]]
-elif op == "reshape":  # the same name, the transposed shape
-    shape = f[args[0]].shape[::-1]
-    del f[args[0]]
-    f.create_dataset(args[0], shape, "<f4", chunks=shape, fletcher32=True)
-elif op == "int":
-    f.attrs.modify(args[0], np.int64(int(args[1])))
-elif op == "real":
-    f.attrs.modify(args[0], np.float64(args[1]))
+with h5py.File(path, "r+") as f:
+    if op == "delete":
+        del f[args[0]]
+    elif op == "reshape":  # the same name, the transposed shape
+        shape = f[args[0]].shape[::-1]
+        del f[args[0]]
+        f.create_dataset(args[0], shape, "<f4", chunks=shape, fletcher32=True)
+    elif op == "int":
+        f.attrs.modify(args[0], np.int64(int(args[1])))
+    elif op == "real":
+        f.attrs.modify(args[0], np.float64(args[1]))
+    else:
+        sys.exit(f"unknown damage {op}")
 PY
 
 # Every complete step file of FOLDER read whole (HDF5 verifies each chunk's Fletcher32), its
@@ -57,8 +59,8 @@ PY
 snapshot() { (cd "$1" && find . -printf '%p %s %T@ %i\n' | sort); }
 
 # The checkpoints the damage starts from: step-1 and step-2 hold the full state, step-3 (the
-# last step) the model only, as torchtitan's last_save_model_only.
-# The small flavor throughout: 50 MB of full state, quicker to copy, damage and save.
+# last step) the model only, as torchtitan's last_save_model_only. The small flavor
+# throughout: 50 MB of full state, quicker to copy and to save than the debug model's 75.
 run=(${SMALL[@]} --model.flavor small --training.steps 3 --checkpoint.enable --checkpoint.interval 1)
 $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/base" >/dev/null
 BASE=$SCRATCH/base/checkpoint
@@ -184,10 +186,10 @@ rank_pid() {
   done
   return 1
 }
-# saving N / saved N: whether this run has begun / published the save of step N (its .tmp
-# newer than the run / the file under its name).
-saving() { [ "$FOLDER/step-$1.h5.tmp" -nt "$SCRATCH/start" ]; }
+# saved N / saving N: whether this run has published / begun the save of step N (the file
+# under its name / also its .tmp newer than the run).
 saved() { [ -f "$FOLDER/step-$1.h5" ]; }
+saving() { [ "$FOLDER/step-$1.h5.tmp" -nt "$SCRATCH/start" ] || saved "$1"; }
 # abort MESSAGE: fail, ending the job first.
 abort() { kill -9 "$launcher" $(pgrep -P "$launcher") 2>/dev/null || true; fail "$@"; }
 # until_job CMD...: polls CMD while the job runs (30 s at most); fails if it never holds.
@@ -210,11 +212,12 @@ for kill in $(seq 20); do
   launcher=$!
   first=$((newest < 0 ? 1 : newest + 1))
   target=$first
+  [ $((first + 1)) -lt $STEPS ] || fail "kill $kill: the checkpoints reached step $newest: raise STEPS"
   if [ $save_us -eq 0 ] || [ $((RANDOM % 2)) -eq 1 ]; then  # time the first save, kill in the next
     until_job saving $first
     begun=$(now_us)
     until_job saved $first
-    save_us=$(($(now_us) - begun))
+    save_us=$(($(now_us) - begun + 1000))
     target=$((first + 1))
   fi
   until_job saving $target
@@ -226,7 +229,7 @@ for kill in $(seq 20); do
   wait $launcher && fail "kill $kill: the job ended before the kill (steps too few for the kills)"
   # The job ended by the kill alone, having resumed from the newest checkpoint the kill before
   # left (the first started afresh).
-  ! grep '^titan' "$log" || fail "kill $kill: the job failed on its own"
+  ! grep -E '^titan: (error|internal error)' "$log" || fail "kill $kill: the job failed on its own"
   [ $newest -lt 0 ] || grep -q "^checkpoint: resumed from $FOLDER/step-$newest.h5 at step $newest$" "$log" ||
     fail "kill $kill: the run did not resume from step-$newest.h5: $(grep resumed "$log")"
   ls "$FOLDER"/*.tmp >/dev/null 2>&1 && cut_saves=$((cut_saves + 1))
