@@ -9,14 +9,16 @@ source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 started=$SECONDS
 
-# The damage, done with h5py as a user (or a disk) would: flip FILE DATASET flips the byte in
-# the middle of the dataset's first chunk as stored (Fletcher32's 4 bytes end the chunk).
+# The damage, done with h5py as a user (or a disk) would: flip FILE DATASET [CHUNK] flips the
+# byte in the middle of the dataset's chunk as stored (the first, or CHUNK; Fletcher32's 4
+# bytes end it); rechunk FILE DATASET stores the dataset in two chunks of rows, as another
+# writer may.
 cat >"$SCRATCH/damage.py" <<'PY'
 import sys, h5py, numpy as np
 op, path, *args = sys.argv[1:]
 if op == "flip":
     with h5py.File(path, "r") as f:
-        chunk = f[args[0]].id.get_chunk_info(0)
+        chunk = f[args[0]].id.get_chunk_info(int(args[1]) if len(args) > 1 else 0)
     with open(path, "r+b") as raw:
         raw.seek(chunk.byte_offset + (chunk.size - 4) // 2)
         byte = raw.read(1)[0]
@@ -30,6 +32,11 @@ with h5py.File(path, "r+") as f:
         shape = f[args[0]].shape[::-1]
         del f[args[0]]
         f.create_dataset(args[0], shape, "<f4", chunks=shape, fletcher32=True)
+    elif op == "rechunk":
+        data = f[args[0]][()]
+        del f[args[0]]
+        f.create_dataset(args[0], data=data, chunks=(len(data) // 2, *data.shape[1:]),
+                         fletcher32=True)
     elif op == "int":
         f.attrs.modify(args[0], np.int64(int(args[1])))
     elif op == "real":
@@ -111,6 +118,12 @@ two_ranks=(mpirun --oversubscribe -np 2)
 name=flip-2-ranks
 $PY "$SCRATCH/damage.py" flip "$(damaged "$name")" model/output.weight
 refused "$name" "step-2.h5: /model/output.weight fails its Fletcher32 checksum" "${two_ranks[@]}" --
+# A corrupt chunk that one rank alone reads (FSDP gives rank 1 the second half of the rows,
+# here the second chunk): the job still stops with the line, once.
+name=flip-rank-1
+$PY "$SCRATCH/damage.py" rechunk "$(damaged "$name")" model/tok_embeddings.weight
+$PY "$SCRATCH/damage.py" flip "$SCRATCH/$name/checkpoint/step-2.h5" model/tok_embeddings.weight 1
+refused "$name" "step-2.h5: /model/tok_embeddings.weight fails its Fletcher32 checksum" "${two_ranks[@]}" --
 
 # 2. Files cut short, damaged or foreign.
 truncate -s 40000000 "$(damaged truncated)"
