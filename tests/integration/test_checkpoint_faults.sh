@@ -126,7 +126,8 @@ $PY "$SCRATCH/damage.py" flip "$SCRATCH/$name/checkpoint/step-2.h5" model/tok_em
 refused "$name" "step-2.h5: /model/tok_embeddings.weight fails its Fletcher32 checksum" "${two_ranks[@]}" --
 
 # 2. Files cut short, damaged or foreign.
-truncate -s 40000000 "$(damaged truncated)"
+file=$(damaged truncated)
+truncate -s $(($(stat -c %s "$file") / 2)) "$file"
 refused truncated "checkpoint .*/truncated/checkpoint/step-2.h5 is truncated or not an HDF5 file" --
 truncate -s -1 "$(damaged truncated-1-byte)"
 refused truncated-1-byte "truncated-1-byte/checkpoint/step-2.h5 is truncated or not an HDF5 file" --
