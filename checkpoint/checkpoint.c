@@ -186,9 +186,23 @@ bool ckpt_try_load(const char *path, const CkptTensor *tensors, int n_tensors, c
     return ok;
 }
 
+static int job_ranks(int *rank);
+
+// A rank may fail alone (a corrupt chunk that only its box covers) while the others go on into
+// the job's first collective; so the ranks agree, and every one dies with the line of the
+// lowest failing rank (printed once, by rank 0, as errors are during the trainer's setup).
 void ckpt_load(const char *path, const CkptTensor *tensors, int n_tensors) {
     char err[1024];
-    if (!ckpt_try_load(path, tensors, n_tensors, err, sizeof(err))) die_user("%s", err);
+    bool ok = ckpt_try_load(path, tensors, n_tensors, err, sizeof(err));
+    int rank, ranks = job_ranks(&rank);
+    if (ranks > 1) {
+        int failed = ok ? ranks : rank;
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+        if (failed == ranks) return;
+        MPI_CHECK(MPI_Bcast(err, sizeof(err), MPI_CHAR, failed, MPI_COMM_WORLD));
+        ok = false;
+    }
+    if (!ok) die_user("%s", err);
 }
 
 bool ckpt_has(const char *path, const char *dataset_path) {
@@ -498,7 +512,12 @@ static int64_t kth_latest_step(const char *folder, int k) {
 
 int64_t ckpt_latest_step(const char *folder) { return kth_latest_step(folder, 1); }
 
+// Every rank of a job calls this after the same save; rank 0 alone deletes, as it alone
+// publishes, so that two ranks never race to unlink the same file.
 void ckpt_keep_latest(const char *folder, int keep) {
+    int rank;
+    job_ranks(&rank);
+    if (rank != 0) return;
     int64_t oldest_kept = kth_latest_step(folder, keep);
     if (oldest_kept < 0) return;
     DIR *dir = opendir(folder);

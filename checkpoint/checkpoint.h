@@ -73,6 +73,8 @@ void ckpt_tmp_prepare(const char *path, char *tmp, size_t tmplen);
 void ckpt_publish(const char *tmp, const char *path);
 
 // Fills every listed tensor's box; each dataset must exist with exactly the listed shape.
+// Collective over the job's ranks when it has several: one rank's failure stops them all with
+// its line.
 void ckpt_load(const char *path, const CkptTensor *tensors, int n_tensors);
 // ckpt_load without dying: false and a one-line reason in err on any user-caused failure.
 bool ckpt_try_load(const char *path, const CkptTensor *tensors, int n_tensors, char *err,
@@ -97,5 +99,6 @@ void ckpt_path_for_step(char *out, size_t outlen, const char *folder, int64_t st
 // Highest N with a complete <folder>/step-<N>.h5; -1 if none or no folder. Temporary files
 // (step-N.h5.tmp) and other names are ignored.
 int64_t ckpt_latest_step(const char *folder);
-// Deletes every complete step file but the `keep` latest (checkpoint.keep_latest_k).
+// Deletes every complete step file but the `keep` latest (checkpoint.keep_latest_k); in a job
+// of several ranks, every rank calls it and rank 0 deletes.
 void ckpt_keep_latest(const char *folder, int keep);

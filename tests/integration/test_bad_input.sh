@@ -39,7 +39,7 @@ expect_user_error "checkpoint.load_step 7" \
   $TITAN "${SMALL[@]}" --checkpoint.enable --checkpoint.load_step 7 --job.dump_folder "$SCRATCH/ck"
 
 # A diverging run stops at the first non-finite loss, before the update, keeping the
-# checkpoint it already wrote.
+# checkpoint it already wrote (a full one, which a longer run may extend).
 $TITAN "${SMALL[@]}" --training.steps 2 --checkpoint.enable --checkpoint.interval 2 \
   --checkpoint.last_save_model_only false --job.dump_folder "$SCRATCH/nan" >/dev/null
 expect_user_error "step [0-9]+: loss is (NaN|infinite); stopped before updating" $TITAN "${SMALL[@]}" --training.steps 40 \
