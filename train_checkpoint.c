@@ -141,7 +141,7 @@ static void save_job_prepare(Trainer *t, SaveJob *j, const char *path, bool with
     snprintf(j->path, sizeof j->path, "%s", path);
     j->with_optimizer = with_optimizer;
     j->progress = t->progress;
-    bool deletes = prune && t->cfg.checkpoint.keep_latest_k > 0 && t->mesh.world_rank == 0;
+    bool deletes = prune && t->cfg.checkpoint.keep_latest_k > 0;
     j->prune_folder = deletes ? t->ckpt_folder : NULL;
     j->keep_latest = (int)t->cfg.checkpoint.keep_latest_k;
 }
@@ -365,8 +365,7 @@ void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted) {
     if (last && ck->last_save_in_hf) {
         trainer_wait_checkpoint(t);  // retention follows every earlier save
         save_hf(t, step, path);
-        if (ck->keep_latest_k > 0 && t->mesh.world_rank == 0)
-            ckpt_keep_latest(t->ckpt_folder, (int)ck->keep_latest_k);
+        if (ck->keep_latest_k > 0) ckpt_keep_latest(t->ckpt_folder, (int)ck->keep_latest_k);
     } else if (t->async_save) {
         async_save_start(t, path, with_optimizer, step);
     } else {

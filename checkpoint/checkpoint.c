@@ -186,7 +186,24 @@ bool ckpt_try_load(const char *path, const CkptTensor *tensors, int n_tensors, c
     return ok;
 }
 
-static int job_ranks(int *rank);
+// This process's rank among comm's ranks and their number; MPI_COMM_NULL: a job of one.
+static int comm_ranks(MPI_Comm comm, int *rank) {
+    int size = 1;
+    *rank = 0;
+    if (comm == MPI_COMM_NULL) return 1;
+    MPI_CHECK(MPI_Comm_rank(comm, rank));
+    MPI_CHECK(MPI_Comm_size(comm, &size));
+    return size;
+}
+
+// This process's rank in the job and the job's size: MPI's world once MPI runs (the trainer),
+// else a job of one (tools, tests).
+static int job_ranks(int *rank) {
+    int initialized = 0, finalized = 0;
+    MPI_CHECK(MPI_Initialized(&initialized));
+    MPI_CHECK(MPI_Finalized(&finalized));
+    return comm_ranks(initialized && !finalized ? MPI_COMM_WORLD : MPI_COMM_NULL, rank);
+}
 
 // A rank may fail alone (a corrupt chunk that only its box covers) while the others go on into
 // the job's first collective; so the ranks agree, and every one dies with the line of the
@@ -307,16 +324,6 @@ static void fsync_path(const char *path) {
     SYS_CHECK(fd);
     SYS_CHECK(fsync(fd));
     SYS_CHECK(close(fd));
-}
-
-// This process's rank among comm's ranks and their number; MPI_COMM_NULL: a job of one.
-static int comm_ranks(MPI_Comm comm, int *rank) {
-    int size = 1;
-    *rank = 0;
-    if (comm == MPI_COMM_NULL) return 1;
-    MPI_CHECK(MPI_Comm_rank(comm, rank));
-    MPI_CHECK(MPI_Comm_size(comm, &size));
-    return size;
 }
 
 // Every rank creates the file together and writes its boxes in collective MPI-IO transfers

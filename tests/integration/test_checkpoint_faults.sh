@@ -244,7 +244,7 @@ for kill in $(seq 20); do
   # The job ended by the kill alone, having resumed from the newest checkpoint the kill before
   # left (the first started afresh).
   ! grep -E '^titan: (error|internal error)' "$log" || fail "kill $kill: the job failed on its own"
-  [ $newest -lt 0 ] || grep -q "^checkpoint: resumed from $FOLDER/step-$newest.h5 at step $newest$" "$log" ||
+  [ $newest -lt 0 ] || grep -Eq "^checkpoint: resumed from $FOLDER/step-$newest.h5 at step $newest in [0-9.]+ ms$" "$log" ||
     fail "kill $kill: the run did not resume from step-$newest.h5: $(grep resumed "$log")"
   ls "$FOLDER"/*.tmp >/dev/null 2>&1 && cut_saves=$((cut_saves + 1))
   read -r latest count < <($PY "$SCRATCH/verify.py" "$FOLDER") ||
@@ -262,7 +262,7 @@ echo "ok: 20 SIGKILLs in $((SECONDS - kill_started)) s, $cut_saves leaving a sav
 # left, and its losses are the uninterrupted run's, bit for bit.
 "${MPIRUN[@]}" $TITAN "${kill_run[@]}" >"$SCRATCH/last.out" 2>&1 ||
   fail "the last resume failed: $(grep titan "$SCRATCH/last.out")"
-grep -q "^checkpoint: resumed from $FOLDER/step-$newest.h5 at step $newest$" "$SCRATCH/last.out" ||
+grep -Eq "^checkpoint: resumed from $FOLDER/step-$newest.h5 at step $newest in [0-9.]+ ms$" "$SCRATCH/last.out" ||
   fail "the last run did not resume from step-$newest.h5: $(grep resumed "$SCRATCH/last.out")"
 [ "$(ls "$FOLDER" | xargs)" = "step-$((STEPS - 1)).h5 step-$STEPS.h5" ] ||
   fail "keep_latest_k 2 left: $(ls "$FOLDER" | xargs)"
