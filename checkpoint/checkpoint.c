@@ -206,13 +206,15 @@ static int job_ranks(int *rank) {
 }
 
 // A rank may fail alone (a corrupt chunk that only its box covers) while the others go on into
-// the job's first collective; so the ranks agree, and every one dies with the line of the
-// lowest failing rank (printed once, by rank 0, as errors are during the trainer's setup).
+// the job's first collective. While errors are collective (core/errors.h: the trainer's
+// setup, where every rank loads and only rank 0 prints) the ranks therefore agree, and every
+// one dies with the line of the lowest failing rank; a load by one rank alone (rank 0 reading
+// a step file back for the Hugging Face export) happens after setup and dies where it fails.
 void ckpt_load(const char *path, const CkptTensor *tensors, int n_tensors) {
     char err[1024];
     bool ok = ckpt_try_load(path, tensors, n_tensors, err, sizeof(err));
     int rank, ranks = job_ranks(&rank);
-    if (ranks > 1) {
+    if (ranks > 1 && die_user_is_collective()) {
         int failed = ok ? ranks : rank;
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
         if (failed == ranks) return;

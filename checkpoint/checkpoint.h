@@ -73,8 +73,8 @@ void ckpt_tmp_prepare(const char *path, char *tmp, size_t tmplen);
 void ckpt_publish(const char *tmp, const char *path);
 
 // Fills every listed tensor's box; each dataset must exist with exactly the listed shape.
-// Collective over the job's ranks when it has several: one rank's failure stops them all with
-// its line.
+// While errors are collective (core/errors.h: the trainer's setup, where every rank loads),
+// the job's ranks agree: one rank's failure stops them all with its line.
 void ckpt_load(const char *path, const CkptTensor *tensors, int n_tensors);
 // ckpt_load without dying: false and a one-line reason in err on any user-caused failure.
 bool ckpt_try_load(const char *path, const CkptTensor *tensors, int n_tensors, char *err,

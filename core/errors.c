@@ -8,6 +8,7 @@ static bool errors_collective;
 
 void log_set_rank(int rank) { log_rank = rank; }
 void die_user_collective(bool collective) { errors_collective = collective; }
+bool die_user_is_collective(void) { return errors_collective; }
 
 void die_user(const char *fmt, ...) {
     if (log_rank == 0 || !errors_collective) {

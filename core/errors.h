@@ -28,6 +28,7 @@ __attribute__((format(printf, 1, 2))) void log_info(const char *fmt, ...);
 // hits them.
 void log_set_rank(int rank);
 void die_user_collective(bool collective);
+bool die_user_is_collective(void);
 __attribute__((format(printf, 1, 2))) void log_warn(const char *fmt, ...);
 
 // For the try_* forms that report a user error instead of dying: formats the one-line
