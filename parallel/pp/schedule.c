@@ -114,19 +114,22 @@ static void gen_1f1b(PpSchedule *s, int v) {
 
 // Zero-bubble schedules (Qi et al. 2023) as a list schedule in unit time (F = I = W = 1):
 // whenever a rank is free it runs a ready I (the gradient the previous stage waits for), else
-// a ready F, else the oldest deferred W, so weight gradients fill what would be bubbles. At
-// most `stages` microbatches are in flight (forwarded on stage 0 and not yet back there), the
-// memory bound of 1F1B. Used with loop placement (InterleavedZeroBubble) and V placement
-// (ZBVZeroBubble).
+// a ready F, else the oldest deferred W, so weight gradients fill what would be bubbles. A
+// rank takes a new microbatch in (F of its first stage, stage r under both placements) only
+// while it holds fewer than `stages` live activations (forwarded, W not yet run): 1F1B's bound
+// on rank 0, so deferred Ws cannot pile up with the microbatch count. Used with loop placement
+// (InterleavedZeroBubble) and V placement (ZBVZeroBubble).
 typedef struct {
     int64_t *f_end, *i_end, *w_end;  // (stages*m) finish time, -1 until scheduled
 } ZbState;
 
 static bool zb_ready(int64_t end, int64_t t) { return end >= 0 && end <= t; }
 
-static bool zb_pick(const PpSchedule *s, const ZbState *z, int r, int64_t t, int in_flight,
-                    PpActionKind *kind, int *stage, int *mb) {
-    int S = s->stages, m = s->microbatches;
+static bool zb_pick(const PpSchedule *s, const ZbState *z, int r, int64_t t, PpActionKind *kind,
+                    int *stage, int *mb) {
+    int S = s->stages, m = s->microbatches, live = 0;
+    for (int i = 0; i < S * m; i++)
+        live += s->stage_rank[i / m] == r && z->f_end[i] >= 0 && z->w_end[i] < 0;
     for (int k = 0; k < 2; k++)  // k = 0: I; k = 1: F; ties go to the later stage
         for (int b = 0; b < m; b++)
             for (int st = S - 1; st >= 0; st--) {
@@ -134,8 +137,8 @@ static bool zb_pick(const PpSchedule *s, const ZbState *z, int r, int64_t t, int
                 int i = st * m + b;
                 bool ok = k == 0 ? z->i_end[i] < 0 && zb_ready(z->f_end[i], t) &&
                                        (st == S - 1 || zb_ready(z->i_end[i + m], t))
-                                 : z->f_end[i] < 0 && (st == 0 ? in_flight < S
-                                                               : zb_ready(z->f_end[i - m], t));
+                                 : z->f_end[i] < 0 && (st == 0 || zb_ready(z->f_end[i - m], t)) &&
+                                       (st != r || live < S);
                 if (ok) {
                     *kind = k == 0 ? PP_BACKWARD_INPUT : PP_FORWARD;
                     *stage = st, *mb = b;
@@ -159,16 +162,13 @@ static void gen_zero_bubble(PpSchedule *s) {
     for (int i = 0; i < S * m; i++) z.f_end[i] = z.i_end[i] = z.w_end[i] = -1;
     for (int64_t t = 0; left > 0; t++) {
         if (t > 3 * (int64_t)S * m) die_internal(__FILE__, __LINE__, "zero-bubble list stalls");
-        int in_flight = 0;  // microbatches forwarded on stage 0 and not yet back (as of t)
-        for (int b = 0; b < m; b++) in_flight += z.f_end[b] >= 0 && !zb_ready(z.i_end[b], t);
         for (int r = 0; r < s->ranks; r++) {
             PpActionKind kind;
             int st, mb;
-            if (!zb_pick(s, &z, r, t, in_flight, &kind, &st, &mb)) continue;
+            if (!zb_pick(s, &z, r, t, &kind, &st, &mb)) continue;
             int64_t *end = kind == PP_FORWARD ? z.f_end
                            : kind == PP_BACKWARD_INPUT ? z.i_end : z.w_end;
             end[st * m + mb] = t + 1;
-            in_flight += kind == PP_FORWARD && st == 0;
             push(s, r, kind, st, mb, -1);
             left--;
         }
@@ -326,7 +326,7 @@ void pp_schedule_print(const PpSchedule *s, const PpReport *r, FILE *out) {
                                                                 PP_BACKWARD ? 2 : 1); t++)
                 if (!is_comm(s->actions[q][i].kind)) cell[t * s->ranks + q] = i;
     fprintf(out, "step");
-    for (int q = 0; q < s->ranks; q++) fprintf(out, "  rank %-3d", q);
+    for (int q = 0; q < s->ranks; q++) fprintf(out, q + 1 < s->ranks ? "  rank %-3d" : "  rank %d", q);
     fprintf(out, "\n");
     for (int t = 0; t < T; t++) {
         fprintf(out, "%4d", t);
@@ -335,7 +335,7 @@ void pp_schedule_print(const PpSchedule *s, const PpReport *r, FILE *out) {
             char name[48] = ".";
             if (i >= 0 && r->start[q][i] == t) pp_action_name(&s->actions[q][i], name, sizeof name);
             else if (i >= 0) snprintf(name, sizeof name, "~");
-            fprintf(out, "  %-8s", name);
+            fprintf(out, q + 1 < s->ranks ? "  %-8s" : "  %s", name);
         }
         fprintf(out, "\n");
     }

@@ -68,6 +68,22 @@ static void test_zero_bubble_beats_1f1b(void **state) {
         }
 }
 
+// Deferred Ws do not pile up: the zero-bubble schedules' live activations stop growing with m.
+static void test_zero_bubble_memory_bounded(void **state) {
+    (void)state;
+    for (size_t k = 4; k < N_ALL; k++)
+        for (int pp = 2; pp <= 8; pp *= 2) {
+            PpReport two, four;
+            check_ok(ALL[k], pp, 2 * pp, &two);
+            check_ok(ALL[k], pp, 4 * pp, &four);
+            for (int r = 0; r < pp; r++) {
+                assert_int_equal(two.peak_live[r], four.peak_live[r]);
+                assert_true(four.peak_live[r] <= 4 * pp);
+            }
+            pp_report_free(&two), pp_report_free(&four);
+        }
+}
+
 static void test_peak_live(void **state) {
     (void)state;
     for (int pp = 2; pp <= 8; pp *= 2)
@@ -142,7 +158,8 @@ static void test_csv(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_schedule_checks), cmocka_unit_test(test_analytic_bubble),
-        cmocka_unit_test(test_zero_bubble_beats_1f1b), cmocka_unit_test(test_peak_live),
+        cmocka_unit_test(test_zero_bubble_beats_1f1b),
+        cmocka_unit_test(test_zero_bubble_memory_bounded), cmocka_unit_test(test_peak_live),
         cmocka_unit_test(test_refusals),              cmocka_unit_test(test_csv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
