@@ -21,9 +21,7 @@ typedef enum { STEP_DONE, STEP_BLOCKED, STEP_ERROR } Step;
 
 #define FAIL(...) (error_set(err, n, __VA_ARGS__), STEP_ERROR)
 
-static int64_t cost(PpActionKind k) {
-    return k == PP_BACKWARD ? 2 : k <= PP_BACKWARD_WEIGHT ? 1 : 0;
-}
+int pp_action_cost(PpActionKind k) { return k == PP_BACKWARD ? 2 : k <= PP_BACKWARD_WEIGHT; }
 
 // Whether stage st's input (forward) or output gradient (backward) is on rank r: made there
 // by the neighbouring stage, or received.
@@ -54,7 +52,7 @@ static Step run_compute(Sim *z, int r, const PpAction *a, const char *at, char *
                  : a->kind == PP_BACKWARD_WEIGHT ? z->w : z->b;
     flag[k] = true;
     z->live[r] += a->kind == PP_FORWARD ? 1 : a->kind == PP_BACKWARD_INPUT ? 0 : -1;
-    z->clock[r] += cost(a->kind);
+    z->clock[r] += pp_action_cost(a->kind);
     return STEP_DONE;
 }
 
@@ -182,7 +180,7 @@ bool pp_schedule_check(const PpSchedule *s, PpReport *rep, char *err, size_t n) 
     bool ok = simulate(&z, rep, pc, err, n);
     for (int r = 0; r < s->ranks; r++) {
         int64_t busy = 0;
-        for (int i = 0; i < s->count[r]; i++) busy += cost(s->actions[r][i].kind);
+        for (int i = 0; i < s->count[r]; i++) busy += pp_action_cost(s->actions[r][i].kind);
         rep->busy += busy;
         if (z.clock[r] > rep->makespan) rep->makespan = z.clock[r];
     }

@@ -322,9 +322,9 @@ void pp_schedule_print(const PpSchedule *s, const PpReport *r, FILE *out) {
     for (int i = 0; i < T * s->ranks; i++) cell[i] = -1;
     for (int q = 0; q < s->ranks; q++)
         for (int i = 0; i < s->count[q]; i++)
-            for (int64_t t = r->start[q][i]; t < r->start[q][i] + (s->actions[q][i].kind ==
-                                                                PP_BACKWARD ? 2 : 1); t++)
-                if (!is_comm(s->actions[q][i].kind)) cell[t * s->ranks + q] = i;
+            for (int64_t t = r->start[q][i];
+                 t < r->start[q][i] + pp_action_cost(s->actions[q][i].kind); t++)
+                cell[t * s->ranks + q] = i;
     fprintf(out, "step");
     for (int q = 0; q < s->ranks; q++) fprintf(out, q + 1 < s->ranks ? "  rank %-3d" : "  rank %d", q);
     fprintf(out, "\n");

@@ -60,6 +60,9 @@ bool pp_schedule_load_csv(PpSchedule *s, const char *text, const char *path, cha
                           size_t n);
 void pp_schedule_free(PpSchedule *s);
 
+// The cost model's time of one action: 2 for B, 1 for F, I and W, 0 for sends and recvs.
+int pp_action_cost(PpActionKind k);
+
 // Runs every rank's list as a process: compute and sends never block (sends are buffered),
 // a recv blocks until the matching send was made. Proves deadlock-freedom, that each (stage,
 // microbatch) runs F once and B (or I and W) once in dependency order, and that every send is
