@@ -464,8 +464,9 @@ static const char USAGE[] =
     "More in README.md.";
 
 // titan's own flags, removed from argv before the config parses the rest: `--estimate
-// [--world-size N]`; `--print-schedule [--microbatches N]`; and the short forms `--print-config` (`--job.print_config`) and
-// `--device D` (`--training.device D`). `--help-config` prints the config keys and exits.
+// [--world-size N]`; `--print-schedule [--microbatches N]`; and the short forms
+// `--print-config` (`--job.print_config`) and `--device D` (`--training.device D`).
+// `--help-config` prints the config keys and exits.
 static int parse_titan_flags(int argc, char **argv, Trainer *t) {
     int kept = 1;
     bool estimate = false;

@@ -91,7 +91,8 @@ static Step run_comm(Sim *z, int r, const PpAction *a, const char *at, char *err
 static Step run_action(Sim *z, int r, int idx, const PpAction *a, char *err, size_t n) {
     const PpSchedule *s = z->s;
     char name[48], at[96];
-    snprintf(at, sizeof at, "rank %d, action %d (%s)", r, idx, pp_action_name(a, name, sizeof name));
+    snprintf(at, sizeof at, "rank %d, action %d (%s)", r, idx,
+             pp_action_name(a, name, sizeof name));
     if (a->stage < 0 || a->stage >= s->stages || a->microbatch < 0 ||
         a->microbatch >= s->microbatches)
         return FAIL("%s: no such stage or microbatch (%d stages, %d microbatches)", at, s->stages,

@@ -326,7 +326,8 @@ void pp_schedule_print(const PpSchedule *s, const PpReport *r, FILE *out) {
                  t < r->start[q][i] + pp_action_cost(s->actions[q][i].kind); t++)
                 cell[t * s->ranks + q] = i;
     fprintf(out, "step");
-    for (int q = 0; q < s->ranks; q++) fprintf(out, q + 1 < s->ranks ? "  rank %-3d" : "  rank %d", q);
+    for (int q = 0; q < s->ranks; q++)
+        fprintf(out, q + 1 < s->ranks ? "  rank %-3d" : "  rank %d", q);
     fprintf(out, "\n");
     for (int t = 0; t < T; t++) {
         fprintf(out, "%4d", t);
