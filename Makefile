@@ -48,7 +48,8 @@ CFLAGS   += $(EXTRA_CFLAGS)
 LDFLAGS  += $(EXTRA_LDFLAGS)
 
 LIB_SRCS := $(wildcard core/*.c kernels/*.c kernels/cpu/*.c models/*.c models/*/*.c \
-                       optim/*.c data/*.c checkpoint/*.c infer/*.c convert/*.c parallel/*.c)
+                       optim/*.c data/*.c checkpoint/*.c infer/*.c convert/*.c parallel/*.c \
+                       parallel/pp/*.c)
 LIB_SRCS := $(filter-out parallel/comm_nccl.c,$(LIB_SRCS))
 TITAN    ?= titan
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)

@@ -456,6 +456,7 @@ static const char USAGE[] =
     "  --print-config         print the resolved config as YAML and exit\n"
     "  --device cpu|cuda      short for --training.device\n"
     "  --estimate [--world-size N]  print each rank's memory and FLOPs plan and exit\n"
+    "  --print-schedule [--microbatches N]  check the pipeline schedule, print it and exit\n"
     "  --help-config          list every config key: type, default, meaning\n"
     "  -h, --help             this text; `titan COMMAND --help` for a command's\n"
     "\n"
@@ -463,8 +464,9 @@ static const char USAGE[] =
     "More in README.md.";
 
 // titan's own flags, removed from argv before the config parses the rest: `--estimate
-// [--world-size N]`; and the short forms `--print-config` (`--job.print_config`) and
-// `--device D` (`--training.device D`). `--help-config` prints the config keys and exits.
+// [--world-size N]`; `--print-schedule [--microbatches N]`; and the short forms
+// `--print-config` (`--job.print_config`) and `--device D` (`--training.device D`).
+// `--help-config` prints the config keys and exits.
 static int parse_titan_flags(int argc, char **argv, Trainer *t) {
     int kept = 1;
     bool estimate = false;
@@ -475,13 +477,16 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
             exit(0);
         } else if (strcmp(argv[i], "--estimate") == 0) {
             estimate = true;
-        } else if (strcmp(argv[i], "--world-size") == 0) {
+        } else if (strcmp(argv[i], "--print-schedule") == 0) {
+            t->print_schedule = true;
+        } else if (strcmp(argv[i], "--world-size") == 0 ||
+                   strcmp(argv[i], "--microbatches") == 0) {
             char *end = NULL, quoted[160];
             long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
-            if (!end || *end || v < 1 || v > INT32_MAX)  // the mesh counts ranks in an int
-                die_user("--world-size expects an integer in [1, %d], got %s", INT32_MAX,
+            if (!end || *end || v < 1 || v > INT32_MAX)  // ranks and microbatches are ints
+                die_user("%s expects an integer in [1, %d], got %s", argv[i], INT32_MAX,
                          i + 1 < argc ? error_quote(quoted, sizeof quoted, argv[i + 1]) : "none");
-            world = (int)v;
+            *(strcmp(argv[i], "--world-size") == 0 ? &world : &t->schedule_microbatches) = (int)v;
             i++;
         } else {
             argv[kept++] = strcmp(argv[i], "--print-config") == 0 ? "--job.print_config"
@@ -490,6 +495,8 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
         }
     }
     if (world && !estimate) die_user("--world-size is only for --estimate");
+    if (t->schedule_microbatches && !t->print_schedule)
+        die_user("--microbatches is only for --print-schedule");
     if (estimate) t->estimate_world_size = world ? world : 1;
     return kept;
 }
@@ -522,6 +529,15 @@ int main(int argc, char **argv) {
     static Trainer trainer;
     Trainer *t = &trainer;
     argc = parse_titan_flags(argc, argv, t);
+    if (t->print_schedule) {  // like --estimate: no MPI, nothing allocated but the schedule
+        // Parsed but not checked against what training implements: planning a pipeline that
+        // training refuses today (pipeline_parallel_degree > 1) is the point.
+        char err[1024];
+        config_defaults(&t->cfg);
+        if (!config_parse_args(&t->cfg, argc, argv, err, sizeof err)) die_user("%s", err);
+        trainer_print_schedule(&t->cfg, t->schedule_microbatches);
+        return 0;
+    }
     if (t->estimate_world_size) {  // planning only: no MPI, no files, no allocation
         config_load(&t->cfg, argc, argv);
         setup(t);

@@ -45,6 +45,8 @@ typedef struct {
     bool tp_on, fsdp_on;
     bool ddp_on;                  // dp_replicate > 1 on an fsdp group of one: plain DDP
     int estimate_world_size;      // > 0: `--estimate`: plan and size for that many ranks only
+    bool print_schedule;          // `--print-schedule`: check and print the pipeline schedule only
+    int schedule_microbatches;    // `--microbatches N` for it (0: from the batch config)
     Arena param_arena, grad_arena, optim_arena, act_arena, comm_arena;
     Arena input_arena;            // the step's token ids and positions in the backend's memory
     size_t act_bytes_other_mode;  // activation arena size under the other AC mode
@@ -77,3 +79,5 @@ void trainer_create_seed_checkpoint(Trainer *t);
 void trainer_print_estimate(Trainer *t);
 void trainer_check_memory(Trainer *t);
 void trainer_write_run_summary(Trainer *t);
+// train_schedule.c: `titan --print-schedule [--microbatches N]`.
+void trainer_print_schedule(const Config *c, int microbatches_flag);

@@ -1,0 +1,201 @@
+// The schedule checker: every rank's action list runs as a process. Compute and sends never
+// block (a send is buffered until its recv takes it); a recv blocks until its matching send
+// was made. Ranks run round-robin until each is done or blocked; when none can move, the
+// blocked ones are deadlocked. Times follow the cost model in schedule.h with free
+// communication: a recv finishes at max(its rank's clock, the send's time).
+#include <stdlib.h>
+
+#include "core/errors.h"
+#include "parallel/pp/schedule.h"
+
+typedef struct {
+    const PpSchedule *s;
+    // (stages*m) per (stage, microbatch): what has run, what arrived
+    bool *f, *i, *w, *b, *act_in, *grad_in, *act_sent, *grad_sent;
+    int64_t *act_time, *grad_time;  // when the send was made (-1: not yet, or taken)
+    int *live;                      // (ranks) current live activations
+    int64_t *clock;                 // (ranks)
+} Sim;
+
+typedef enum { STEP_DONE, STEP_BLOCKED, STEP_ERROR } Step;
+
+#define FAIL(...) (error_set(err, n, __VA_ARGS__), STEP_ERROR)
+
+int pp_action_cost(PpActionKind k) { return k == PP_BACKWARD ? 2 : k <= PP_BACKWARD_WEIGHT; }
+
+// Whether stage st's input (forward) or output gradient (backward) is on rank r: made there
+// by the neighbouring stage, or received.
+static bool input_ready(const Sim *z, int r, int st, int mb, bool backward) {
+    const PpSchedule *s = z->s;
+    int nb = backward ? st + 1 : st - 1, m = s->microbatches;
+    if (nb < 0 || nb >= s->stages) return true;
+    if (s->stage_rank[nb] != r) return backward ? z->grad_in[st * m + mb] : z->act_in[st * m + mb];
+    return backward ? z->i[nb * m + mb] || z->b[nb * m + mb] : z->f[nb * m + mb];
+}
+
+static Step run_compute(Sim *z, int r, const PpAction *a, const char *at, char *err, size_t n) {
+    int k = a->stage * z->s->microbatches + a->microbatch;
+    bool backward = a->kind != PP_FORWARD;
+    bool dup = a->kind == PP_FORWARD           ? z->f[k]
+               : a->kind == PP_BACKWARD_WEIGHT ? z->w[k] || z->b[k]
+                                               : z->i[k] || z->b[k];
+    if (dup) return FAIL("%s: runs a second time", at);
+    if (backward && !z->f[k]) return FAIL("%s: runs before its forward", at);
+    if (a->kind == PP_BACKWARD_WEIGHT && !z->i[k])
+        return FAIL("%s: runs before its backward-input (I)", at);
+    if (a->kind != PP_BACKWARD_WEIGHT && !input_ready(z, r, a->stage, a->microbatch, backward))
+        return FAIL("%s: runs before its %s arrives (no matching %s before it)", at,
+                    backward ? "output gradient" : "input activation",
+                    backward ? "RECV_B or backward of the next stage"
+                             : "RECV_F or forward of the previous stage");
+    bool *flag = a->kind == PP_FORWARD ? z->f : a->kind == PP_BACKWARD_INPUT ? z->i
+                 : a->kind == PP_BACKWARD_WEIGHT ? z->w : z->b;
+    flag[k] = true;
+    z->live[r] += a->kind == PP_FORWARD ? 1 : a->kind == PP_BACKWARD_INPUT ? 0 : -1;
+    z->clock[r] += pp_action_cost(a->kind);
+    return STEP_DONE;
+}
+
+static Step run_comm(Sim *z, int r, const PpAction *a, const char *at, char *err, size_t n) {
+    const PpSchedule *s = z->s;
+    bool act = a->kind == PP_SEND_ACT || a->kind == PP_RECV_ACT;
+    bool send = a->kind == PP_SEND_ACT || a->kind == PP_SEND_GRAD;
+    // A send goes to the neighbour stage the data is for; a recv names its own stage.
+    int other = act == send ? a->stage + 1 : a->stage - 1;
+    if (other < 0 || other >= s->stages)
+        return FAIL("%s: stage %d has no %s stage", at, a->stage, other < 0 ? "previous" : "next");
+    if (a->peer != s->stage_rank[other] || a->peer == r)
+        return FAIL("%s: peer rank %d does not hold stage %d (rank %d does)", at, a->peer, other,
+                    s->stage_rank[other]);
+    int m = s->microbatches, k = a->stage * m + a->microbatch;
+    if (send) {
+        bool made = act ? z->f[k] : z->i[k] || z->b[k];
+        bool *sent = act ? z->act_sent : z->grad_sent;
+        if (!made) return FAIL("%s: sends before its %s runs", at, act ? "forward" : "backward");
+        if (sent[k]) return FAIL("%s: sends a second time", at);
+        sent[k] = true;
+        int to = other * m + a->microbatch;  // kept under the receiving stage's index
+        (act ? z->act_time : z->grad_time)[to] = z->clock[r];
+        return STEP_DONE;
+    }
+    int64_t *t = act ? z->act_time : z->grad_time;
+    bool *in = act ? z->act_in : z->grad_in;
+    if (in[k]) return FAIL("%s: receives a second time", at);
+    if (t[k] < 0) return STEP_BLOCKED;
+    if (t[k] > z->clock[r]) z->clock[r] = t[k];
+    t[k] = -1;
+    in[k] = true;
+    return STEP_DONE;
+}
+
+static Step run_action(Sim *z, int r, int idx, const PpAction *a, char *err, size_t n) {
+    const PpSchedule *s = z->s;
+    char name[48], at[96];
+    snprintf(at, sizeof at, "rank %d, action %d (%s)", r, idx,
+             pp_action_name(a, name, sizeof name));
+    if (a->stage < 0 || a->stage >= s->stages || a->microbatch < 0 ||
+        a->microbatch >= s->microbatches)
+        return FAIL("%s: no such stage or microbatch (%d stages, %d microbatches)", at, s->stages,
+                    s->microbatches);
+    if (s->stage_rank[a->stage] != r)
+        return FAIL("%s: stage %d is on rank %d", at, a->stage, s->stage_rank[a->stage]);
+    return a->kind >= PP_SEND_ACT ? run_comm(z, r, a, at, err, n)
+                                  : run_compute(z, r, a, at, err, n);
+}
+
+// After every rank finished: every send was received, and each (stage, microbatch) ran F and
+// B (or I and W).
+static bool check_complete(const Sim *z, char *err, size_t n) {
+    const PpSchedule *s = z->s;
+    int m = s->microbatches;
+    for (int st = 0; st < s->stages; st++)
+        for (int mb = 0; mb < m; mb++) {
+            int k = st * m + mb, r = s->stage_rank[st];
+            if (!z->f[k]) return error_set(err, n, "rank %d never runs F%d.%d", r, st, mb);
+            if (z->act_sent[k] && !z->act_in[k + m])
+                return error_set(err, n, "rank %d's SEND_F%d.%d is never received by rank %d", r,
+                                 st, mb, s->stage_rank[st + 1]);
+            if (z->grad_sent[k] && !z->grad_in[k - m])
+                return error_set(err, n, "rank %d's SEND_B%d.%d is never received by rank %d", r,
+                                 st, mb, s->stage_rank[st - 1]);
+            if (!z->b[k] && !z->i[k])
+                return error_set(err, n, "rank %d never runs the backward (B or I) of %d.%d", r,
+                                 st, mb);
+            if (z->i[k] && !z->w[k])
+                return error_set(err, n, "rank %d never runs W%d.%d", r, st, mb);
+        }
+    return true;
+}
+
+static bool simulate(Sim *z, PpReport *rep, int *pc, char *err, size_t n) {
+    const PpSchedule *s = z->s;
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int r = 0; r < s->ranks; r++)
+            while (pc[r] < s->count[r]) {
+                const PpAction *a = &s->actions[r][pc[r]];
+                int64_t before = z->clock[r];
+                Step st = run_action(z, r, pc[r], a, err, n);
+                if (st == STEP_ERROR) return false;
+                if (st == STEP_BLOCKED) break;
+                rep->start[r][pc[r]++] = a->kind >= PP_SEND_ACT ? z->clock[r] : before;
+                if (z->live[r] > rep->peak_live[r]) rep->peak_live[r] = z->live[r];
+                moved = true;
+            }
+    }
+    for (int r = 0; r < s->ranks; r++)
+        if (pc[r] < s->count[r]) {
+            char name[48];
+            int stuck = 0;
+            for (int q = 0; q < s->ranks; q++) stuck += pc[q] < s->count[q];
+            return error_set(err, n, "deadlock: rank %d is stuck at action %d (%s), waiting for "
+                             "a send that never comes (%d of %d ranks blocked)", r, pc[r],
+                             pp_action_name(&s->actions[r][pc[r]], name, sizeof name), stuck,
+                             s->ranks);
+        }
+    return check_complete(z, err, n);
+}
+
+bool pp_schedule_check(const PpSchedule *s, PpReport *rep, char *err, size_t n) {
+    size_t cells = (size_t)s->stages * (size_t)s->microbatches;
+    Sim z = {.s = s};
+    bool **flags[] = {&z.f, &z.i, &z.w, &z.b, &z.act_in, &z.grad_in, &z.act_sent, &z.grad_sent};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        if (!(*flags[i] = calloc(cells, 1))) die_internal(__FILE__, __LINE__, "out of memory");
+    z.act_time = malloc(cells * sizeof(int64_t));
+    z.grad_time = malloc(cells * sizeof(int64_t));
+    z.live = calloc((size_t)s->ranks, sizeof(int));
+    z.clock = calloc((size_t)s->ranks, sizeof(int64_t));
+    int *pc = calloc((size_t)s->ranks, sizeof(int));
+    *rep = (PpReport){.ranks = s->ranks,
+                      .peak_live = calloc((size_t)s->ranks, sizeof(int)),
+                      .start = calloc((size_t)s->ranks, sizeof(int64_t *))};
+    if (!z.act_time || !z.grad_time || !z.live || !z.clock || !pc || !rep->peak_live ||
+        !rep->start)
+        die_internal(__FILE__, __LINE__, "out of memory");
+    for (size_t i = 0; i < cells; i++) z.act_time[i] = z.grad_time[i] = -1;
+    for (int r = 0; r < s->ranks; r++) {
+        rep->start[r] = calloc((size_t)s->count[r] + 1, sizeof(int64_t));
+        if (!rep->start[r]) die_internal(__FILE__, __LINE__, "out of memory");
+    }
+    bool ok = simulate(&z, rep, pc, err, n);
+    for (int r = 0; r < s->ranks; r++) {
+        int64_t busy = 0;
+        for (int i = 0; i < s->count[r]; i++) busy += pp_action_cost(s->actions[r][i].kind);
+        rep->busy += busy;
+        if (z.clock[r] > rep->makespan) rep->makespan = z.clock[r];
+    }
+    rep->idle = (int64_t)s->ranks * rep->makespan - rep->busy;
+    rep->bubble = rep->makespan ? (double)rep->idle / ((double)s->ranks * rep->makespan) : 0;
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) free(*flags[i]);
+    free(z.act_time), free(z.grad_time), free(z.live), free(z.clock), free(pc);
+    if (!ok) pp_report_free(rep);
+    return ok;
+}
+
+void pp_report_free(PpReport *r) {
+    for (int i = 0; r->start && i < r->ranks; i++) free(r->start[i]);
+    free(r->peak_live);
+    free(r->start);
+    *r = (PpReport){0};
+}

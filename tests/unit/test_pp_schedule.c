@@ -1,0 +1,166 @@
+// Pipeline schedules and their checker: every generated schedule for pp in {2, 4, 8} and
+// microbatches in {pp, 2pp, 4pp} passes; GPipe and 1F1B idle exactly (pp-1)/(m+pp-1) of the
+// time under F=1, B=2; the zero-bubble schedules idle less than 1F1B; 1F1B's stage 0 keeps pp
+// activations live whatever m, GPipe's m; hand-broken CSVs are refused naming rank and action.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "parallel/pp/schedule.h"
+
+static const char *const ALL[] = {"GPipe", "1F1B", "LoopedBFS", "Interleaved1F1B",
+                                  "InterleavedZeroBubble", "ZBVZeroBubble"};
+#define N_ALL (sizeof ALL / sizeof *ALL)
+
+static void check_ok(const char *name, int pp, int m, PpReport *r) {
+    PpSchedule s;
+    char err[512] = "";
+    assert_true(pp_schedule_generate(&s, name, pp, m, err, sizeof err));
+    if (!pp_schedule_check(&s, r, err, sizeof err)) fail_msg("%s pp=%d m=%d: %s", name, pp, m, err);
+    pp_schedule_free(&s);
+}
+
+static void test_every_schedule_checks(void **state) {
+    (void)state;
+    for (size_t k = 0; k < N_ALL; k++)
+        for (int pp = 2; pp <= 8; pp *= 2)
+            for (int f = 1; f <= 4; f *= 2) {
+                PpReport r;
+                check_ok(ALL[k], pp, f * pp, &r);
+                // each rank computes F and B of every (stage, microbatch) it holds: busy time
+                // is 3 units per (stage, microbatch) in total
+                int stages = (!strcmp(ALL[k], "GPipe") || !strcmp(ALL[k], "1F1B") ? 1 : 2) * pp;
+                assert_int_equal(r.busy, 3 * stages * f * pp);
+                pp_report_free(&r);
+            }
+}
+
+static void test_analytic_bubble(void **state) {
+    (void)state;
+    for (int k = 0; k < 2; k++)
+        for (int pp = 2; pp <= 8; pp *= 2)
+            for (int f = 1; f <= 4; f *= 2) {
+                int m = f * pp;
+                PpReport r;
+                check_ok(k ? "1F1B" : "GPipe", pp, m, &r);
+                // idle / (pp * makespan) == (pp-1) / (m+pp-1), compared exactly
+                assert_int_equal(r.idle * (m + pp - 1), (int64_t)(pp - 1) * pp * r.makespan);
+                assert_int_equal(r.makespan, 3 * (m + pp - 1));
+                pp_report_free(&r);
+            }
+}
+
+static void test_zero_bubble_beats_1f1b(void **state) {
+    (void)state;
+    for (int pp = 2; pp <= 8; pp *= 2)
+        for (int f = 1; f <= 4; f *= 2) {
+            PpReport base, zb, zbv;
+            check_ok("1F1B", pp, f * pp, &base);
+            check_ok("InterleavedZeroBubble", pp, f * pp, &zb);
+            check_ok("ZBVZeroBubble", pp, f * pp, &zbv);
+            assert_true(zb.bubble < base.bubble);
+            assert_true(zbv.bubble < base.bubble);
+            pp_report_free(&base), pp_report_free(&zb), pp_report_free(&zbv);
+        }
+}
+
+// Deferred Ws do not pile up: the zero-bubble schedules' live activations stop growing with m.
+static void test_zero_bubble_memory_bounded(void **state) {
+    (void)state;
+    for (size_t k = 4; k < N_ALL; k++)
+        for (int pp = 2; pp <= 8; pp *= 2) {
+            PpReport two, four;
+            check_ok(ALL[k], pp, 2 * pp, &two);
+            check_ok(ALL[k], pp, 4 * pp, &four);
+            for (int r = 0; r < pp; r++) {
+                assert_int_equal(two.peak_live[r], four.peak_live[r]);
+                assert_true(four.peak_live[r] <= 4 * pp);
+            }
+            pp_report_free(&two), pp_report_free(&four);
+        }
+}
+
+static void test_peak_live(void **state) {
+    (void)state;
+    for (int pp = 2; pp <= 8; pp *= 2)
+        for (int f = 1; f <= 4; f *= 2) {
+            PpReport one, gpipe;
+            check_ok("1F1B", pp, f * pp, &one);
+            check_ok("GPipe", pp, f * pp, &gpipe);
+            assert_int_equal(one.peak_live[0], pp);
+            assert_int_equal(one.peak_live[pp - 1], 1);
+            assert_int_equal(gpipe.peak_live[0], f * pp);
+            pp_report_free(&one), pp_report_free(&gpipe);
+        }
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    PpSchedule s;
+    char err[512];
+    assert_false(pp_schedule_generate(&s, "Interleaved1F1B", 4, 6, err, sizeof err));
+    assert_non_null(strstr(err, "multiple of pipeline_parallel_degree (4)"));
+    assert_false(pp_schedule_generate(&s, "DualPipeV", 2, 4, err, sizeof err));
+    assert_non_null(strstr(err, "DualPipeV is not implemented"));
+    assert_false(pp_schedule_generate(&s, "Nope", 2, 4, err, sizeof err));
+    // fewer microbatches than ranks still runs (torchtitan#775 hangs there)
+    PpReport r;
+    check_ok("1F1B", 4, 2, &r);
+    pp_report_free(&r);
+}
+
+// The checker's verdict on a CSV: NULL when it passes, else its message must contain want.
+static void csv_expect(const char *text, const char *want) {
+    PpSchedule s;
+    PpReport r;
+    char err[512] = "";
+    bool ok = pp_schedule_load_csv(&s, text, "t.csv", err, sizeof err);
+    if (ok) {
+        ok = pp_schedule_check(&s, &r, err, sizeof err);
+        if (ok) pp_report_free(&r);
+        pp_schedule_free(&s);
+    }
+    if (!want) {
+        if (!ok) fail_msg("CSV refused: %s", err);
+        return;
+    }
+    assert_false(ok);
+    if (!strstr(err, want)) fail_msg("message '%s' lacks '%s'", err, want);
+}
+
+static void test_csv(void **state) {
+    (void)state;
+    // compute only: sends and recvs are added, as torchtitan's loader does
+    csv_expect("0F0,0F1,,0B0,0B1\n,1F0,1B0,1F1,1B1\n", NULL);
+    // with comms, taken as written; I and W split; UNSHARD hints skipped
+    csv_expect("0UNSHARD,0F0,0SEND_F0,0RECV_B0,0I0,0W0\n1RECV_F0,1F0,1B0,1SEND_B0\n", NULL);
+    // missing recv: rank 1 forwards stage 1 with no input
+    csv_expect("0F0,0SEND_F0,0RECV_B0,0B0\n1F0,1B0,1SEND_B0\n",
+               "rank 1, action 0 (F1.0): runs before its input activation arrives");
+    // swapped order: each rank waits for the other's send first
+    csv_expect("0RECV_B0,0F0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n",
+               "deadlock: rank 0 is stuck at action 0 (RECV_B0.0)");
+    // duplicated forward
+    csv_expect("0F0,0F0,0B0\n", "rank 0, action 1 (F0.0): runs a second time");
+    // an I without its W
+    csv_expect("0F0,0SEND_F0,0RECV_B0,0I0\n1RECV_F0,1F0,1B0,1SEND_B0\n", "rank 0 never runs W0.0");
+    // a send nobody receives
+    csv_expect("0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n",
+               "rank 0's SEND_F0.1 is never received by rank 1");
+    csv_expect("0F0,0X0\n", "t.csv:1:5: '0X0' is not an action");
+    csv_expect("0F0,0B0\n0F1\n", "t.csv:2:1: stage 0 is on rank 0 and rank 1");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_schedule_checks), cmocka_unit_test(test_analytic_bubble),
+        cmocka_unit_test(test_zero_bubble_beats_1f1b),
+        cmocka_unit_test(test_zero_bubble_memory_bounded), cmocka_unit_test(test_peak_live),
+        cmocka_unit_test(test_refusals),              cmocka_unit_test(test_csv),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,65 @@
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel/pp/schedule.h"
+#include "train.h"
+
+// The microbatch count a pipeline step runs: training.local_batch_size rows in microbatches of
+// pipeline_parallel_microbatch_size (or `--microbatches N`).
+static int schedule_microbatches(const Config *c, int flag) {
+    if (flag) return flag;
+    int64_t b = c->training.local_batch_size, mb = c->parallelism.pipeline_parallel_microbatch_size;
+    if (b % mb != 0 || b / mb > INT32_MAX)
+        die_user("training.local_batch_size %lld is not a multiple of "
+                 "parallelism.pipeline_parallel_microbatch_size %lld", (long long)b, (long long)mb);
+    return (int)(b / mb);
+}
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) die_user("parallelism.pipeline_parallel_schedule_csv: cannot open %s: %s", path,
+                     strerror(errno));
+    size_t cap = 4096, len = 0;
+    char *text = xmalloc(cap);
+    for (size_t got; (got = fread(text + len, 1, cap - 1 - len, f)) > 0;) {
+        len += got;
+        if (len + 1 == cap) text = xgrow(text, &cap, 2 * cap, 1);
+    }
+    if (ferror(f)) die_user("cannot read %s: %s", path, strerror(errno));
+    fclose(f);
+    text[len] = 0;
+    return text;
+}
+
+// `titan --print-schedule`: the pipeline schedule the config names (or its CSV), proved by the
+// checker and printed as a table; a schedule the checker refuses exits 2 with its one line.
+void trainer_print_schedule(const Config *c, int microbatches_flag) {
+    const ParallelismSection *p = &c->parallelism;
+    int pp = (int)p->pipeline_parallel_degree, m = schedule_microbatches(c, microbatches_flag);
+    const char *csv = p->pipeline_parallel_schedule_csv;
+    PpSchedule s;
+    PpReport r;
+    char err[1200];
+    if (csv && *csv) {
+        char *text = read_text(csv);
+        if (!pp_schedule_load_csv(&s, text, csv, err, sizeof err)) die_user("%s", err);
+        free(text);
+        if (s.ranks != pp || s.microbatches != m)
+            die_user("%s: the schedule has %d ranks and %d microbatches; the config runs %d ranks "
+                     "(pipeline_parallel_degree) and %d microbatches", csv, s.ranks,
+                     s.microbatches, pp, m);
+        printf("schedule %s: %d ranks, %d stages, %d microbatches\n", csv, pp, s.stages, m);
+    } else {
+        if (!pp_schedule_generate(&s, p->pipeline_parallel_schedule, pp, m, err, sizeof err))
+            die_user("parallelism.pipeline_parallel_schedule: %s", err);
+        printf("schedule %s: %d ranks, %d stages, %d microbatches\n",
+               p->pipeline_parallel_schedule, pp, s.stages, m);
+    }
+    if (!pp_schedule_check(&s, &r, err, sizeof err)) die_user("%s: %s", csv && *csv ? csv :
+                                                              p->pipeline_parallel_schedule, err);
+    pp_schedule_print(&s, &r, stdout);
+    pp_report_free(&r);
+    pp_schedule_free(&s);
+}
