@@ -123,20 +123,17 @@ edit_config() {  # PYTHON-STATEMENT: applied to config dict c, written to $SCRAT
   $PY -c "import json, sys; c = json.load(open(sys.argv[1])); $1; json.dump(c, open(sys.argv[2], 'w'))" \
     "$SCRATCH/gqa-hf/config.json" "$SCRATCH/edit/config.json"
 }
-edit_config "c['model_type'] = 'mistral'"
-expect_user_error "config.json: model_type is 'mistral'; titan's Llama has llama$" \
-  $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
-edit_config "c['rope_scaling'] = {'rope_type': 'linear', 'factor': 2.0}"
-expect_user_error "config.json: rope_scaling of type 'linear'; titan implements rope_type llama3" \
-  $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
-edit_config "del c['hidden_size']"
-expect_user_error "config.json has no hidden_size$" $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
-edit_config "c['num_key_value_heads'] = 3"
-expect_user_error "num_key_value_heads 3 and head_dim 32 do not make even heads" \
-  $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
-edit_config "c['num_hidden_layers'] = 3"
-expect_user_error "model.safetensors: tensor 'model.layers.3.input_layernorm.weight' is not a weight of this Llama \(3 layers\)$" \
-  $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
+refused() {  # PYTHON-STATEMENT PATTERN: convert --to titan of the edited config is refused
+  edit_config "$1"
+  expect_user_error "$2" $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
+}
+refused "c['model_type'] = 'mistral'" "config.json: model_type is 'mistral'; titan's Llama has llama$"
+refused "c['rope_scaling'] = {'rope_type': 'linear', 'factor': 2.0}" \
+  "config.json: rope_scaling of type 'linear'; titan implements rope_type llama3"
+refused "del c['hidden_size']" "config.json has no hidden_size$"
+refused "c['num_key_value_heads'] = 3" "num_key_value_heads 3 and head_dim 32 do not make even heads"
+refused "c['num_hidden_layers'] = 3" \
+  "model.safetensors: tensor 'model.layers.3.input_layernorm.weight' is not a weight of this Llama \(3 layers\)$"
 
 # The export as transformers reads it: the `safetensors` package (PyPI) in a venv next to the
 # build, on top of Debian's interpreter for torch and h5py.
