@@ -2,7 +2,8 @@
 # Checkpoints: a run resumed from its step-6 checkpoint continues bit-exactly like the
 # uninterrupted run (model, AdamW moments, step, data position all restored); the file is a
 # plain HDF5 view (h5py reads global-shaped tensors and the attributes); no temporary file is
-# left behind; keep_latest_k and enable_first_step_checkpoint behave as torchtitan's.
+# left behind; keep_latest_k and enable_first_step_checkpoint behave as torchtitan's, and so do
+# exclude_from_loading and initial_load_model_only false.
 source "$(dirname "$0")/lib.sh"
 
 run=(${SMALL[@]} --training.steps 12 --checkpoint.enable --checkpoint.interval 6)
@@ -46,3 +47,31 @@ $TITAN "${SMALL[@]}" --training.steps 8 --checkpoint.enable --checkpoint.interva
 $TITAN "${SMALL[@]}" --training.steps 3 --checkpoint.enable --checkpoint.interval 10 \
   --checkpoint.enable_first_step_checkpoint --job.dump_folder "$SCRATCH/first" >/dev/null
 [ -f "$SCRATCH/first/checkpoint/step-1.h5" ] || fail "no first-step checkpoint"
+
+# checkpoint.exclude_from_loading: a resume from step 6 leaving the data loader fresh reads
+# from the first window again (its step-12 file counts 6 steps of windows, not 12); leaving
+# the LR schedule fresh restarts its warmup (step 7's lr is the uninterrupted run's step 1's);
+# a state titan does not save is refused in one line.
+for state in dataloader lr_scheduler; do
+  mkdir -p "$SCRATCH/no-$state/checkpoint"
+  cp "$SCRATCH/full/checkpoint/step-6.h5" "$SCRATCH/no-$state/checkpoint/"
+  $TITAN "${run[@]}" --checkpoint.last_save_model_only false \
+    --checkpoint.exclude_from_loading "$state" --job.dump_folder "$SCRATCH/no-$state" >/dev/null
+done
+$PY - "$SCRATCH" <<'PY'
+import h5py, json, sys
+s = sys.argv[1]
+assert h5py.File(f"{s}/no-dataloader/checkpoint/step-12.h5", "r").attrs["data_windows_consumed"] == 6 * 4
+lr = lambda p: {r["step"]: r["lr"] for r in map(json.loads, open(p)) if "lr" in r}
+full, fresh = lr(f"{s}/full/metrics.jsonl"), lr(f"{s}/no-lr_scheduler/metrics.jsonl")
+assert fresh[7] == full[1] and fresh[12] == full[6], (fresh, full)
+print("ok: exclude_from_loading dataloader restarts the data, lr_scheduler the schedule")
+PY
+# initial_load_model_only false: a new run starts from another run's whole state, as a resume.
+$TITAN "${run[@]}" --checkpoint.initial_load_path "$SCRATCH/full/checkpoint/step-6.h5" \
+  --checkpoint.initial_load_model_only false --job.dump_folder "$SCRATCH/whole" >/dev/null
+diff <(losses "$SCRATCH/full/metrics.jsonl" | tail -n 6) <(losses "$SCRATCH/whole/metrics.jsonl") ||
+  fail "initial_load_model_only false did not continue the run from step 6"
+echo "ok: initial_load_model_only false continues another run's state bit-exactly"
+expect_user_error "checkpoint.exclude_from_loading: 'model' is not a state titan saves" \
+  $TITAN "${run[@]}" --checkpoint.exclude_from_loading model --job.dump_folder "$SCRATCH/part"
