@@ -70,7 +70,7 @@ static void setup_model(Trainer *t) {
 
 // FSDP's shards, full-parameter slots and communication buffers: the sizing pass plans and
 // counts them (commit false); the commit pass allocates what it counted and carves it with the
-// same code; then the model's blocks are wrapped so the generic loop drives FSDP.
+// same code; then FSDP's hooks go around the model's block calls.
 static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
     Fsdp *f = &t->fsdp;
     Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->comm_arena, &t->act_arena};
@@ -87,7 +87,7 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
         bool mixed = t->k->mixed_precision;  // torchtitan's MixedPrecisionPolicy, on cuda
         config.bf16_params = mixed && strcmp(tr->mixed_precision_param, "bfloat16") == 0;
         config.bf16_reduce = mixed && strcmp(tr->mixed_precision_reduce, "bfloat16") == 0;
-        fsdp_plan(f, &t->model, &config);
+        fsdp_plan(f, &t->model.params, t->model.blocks, t->model.n_blocks, &config);
         const char *names[] = {"params", "grads", "comm", "activations"};
         for (int i = 0; i < 4; i++) arena_init_sizing(arenas[i], names[i]);
         fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
@@ -98,7 +98,7 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
     fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
     CommGroup *replicate =
         f->config.replicate_size > 1 ? t->mesh.group[MESH_DP_REPLICATE] : NULL;
-    fsdp_wrap(f, &t->model, t->mesh.fsdp, replicate);
+    t->model.hooks = fsdp_attach(f, t->mesh.fsdp, replicate);
 }
 
 // Sizes every arena with the same calls that then carve it (core/arena.h; commit false: all

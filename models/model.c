@@ -1,57 +1,113 @@
 #include "models/model.h"
 
+#include <stdlib.h>
+
 #include "core/errors.h"
 
-// hidden[i] is the input of block i (hidden[0] unused: the embedding reads tokens), hidden[i+1]
-// its output; the head (last block) has no output.
-static void forward_all(Model *m, StepCtx *s) {
+void model_slots_init(ModelSlots *a, const Model *m) {
+    // One allocation for every block's slot, each rounded up to keep pointers aligned.
+    size_t *offset = xcalloc((size_t)m->n_blocks + 1, sizeof(size_t));
+    for (int i = 0; i < m->n_blocks; i++) {
+        size_t n = m->blocks[i].ops->saved_bytes;
+        offset[i + 1] = offset[i] + (n + sizeof(void *) - 1) / sizeof(void *) * sizeof(void *);
+    }
+    char *all = xcalloc(offset[m->n_blocks] + 1, 1);
+    a->saved = xcalloc((size_t)m->n_blocks, sizeof(void *));
+    for (int i = 0; i < m->n_blocks; i++) a->saved[i] = all + offset[i];
+    free(offset);
+    a->hidden = xcalloc((size_t)m->n_blocks + 1, sizeof(float *));
+    a->grad = xcalloc((size_t)m->n_blocks + 1, sizeof(float *));
+}
+
+void model_slots_free(ModelSlots *a) {
+    if (a->saved) free(a->saved[0]);
+    free(a->saved);
+    free(a->hidden);
+    free(a->grad);
+    *a = (ModelSlots){0};
+}
+
+// Block i's call for this phase, between the hooks: out is its output (forward, recompute) or
+// its input gradient (backward phases).
+static void run_block(Model *m, StepCtx *s, ModelSlots *a, int i, BlockPhase phase, float *out) {
+    Block *b = &m->blocks[i];
+    bool hooked = m->hooks && !step_sizing(s);
+    if (hooked) m->hooks->before(m->hooks, i, phase);
+    if (phase == BLOCK_FORWARD || phase == BLOCK_RECOMPUTE)
+        b->ops->forward(b, s, a->saved[i], a->hidden[i], out);
+    else
+        b->ops->backward(b, s, a->saved[i], phase, a->hidden[i], a->grad[i + 1], out);
+    if (hooked) m->hooks->after(m->hooks, i, phase);
+}
+
+float *model_forward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int last,
+                            const float *x) {
+    CHECK(0 <= first && first < last && last <= m->n_blocks);
     s->tp = m->tp;
     size_t width = (size_t)step_rows(s) * m->dim;
-    float **hidden = m->hidden;
-    hidden[0] = NULL;
-    for (int i = 0; i < m->n_blocks; i++) {
-        Block *b = &m->blocks[i];
-        float *x = hidden[i];
+    a->hidden[first] = (float *)x;
+    for (int i = first; i < last; i++) {
         float *y = i + 1 < m->n_blocks ? arena_floats(s->act, width) : NULL;
-        hidden[i + 1] = y;
+        a->hidden[i + 1] = y;
         // A checkpointed block keeps only its output: what it saved is released at once and
         // recomputed in backward (activation checkpointing, Chen et al. 2016).
         size_t mark = arena_mark(s->act);
-        b->ops->forward(b, s, x, y);
-        if (b->checkpointed) arena_release(s->act, mark);
+        run_block(m, s, a, i, BLOCK_FORWARD, y);
+        if (m->blocks[i].checkpointed) arena_release(s->act, mark);
     }
+    return a->hidden[last];
+}
+
+// The weight part: every block of the range from what its input part kept.
+static void backward_weights(Model *m, StepCtx *s, ModelSlots *a, int first, int last) {
+    for (int i = last - 1; i >= first; i--) run_block(m, s, a, i, BLOCK_BACKWARD_WEIGHT, NULL);
+}
+
+float *model_backward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int last,
+                             BlockPhase phase, const float *dy) {
+    CHECK(0 <= first && first < last && last <= m->n_blocks);
+    CHECK(phase == BLOCK_BACKWARD || phase == BLOCK_BACKWARD_INPUT ||
+          phase == BLOCK_BACKWARD_WEIGHT);
+    if (phase == BLOCK_BACKWARD_WEIGHT) {
+        backward_weights(m, s, a, first, last);
+        return NULL;
+    }
+    size_t width = (size_t)step_rows(s) * m->dim;
+    // The whole backward passes the gradient between blocks through two buffers in turn and
+    // gives back each block's scratch; the input part keeps all of it for the weight part.
+    bool split = phase == BLOCK_BACKWARD_INPUT;
+    float *turns[2] = {NULL, NULL};
+    if (!split) {
+        turns[0] = arena_floats(s->act, width);
+        turns[1] = arena_floats(s->act, width);
+    }
+    a->grad[last] = (float *)dy;
+    for (int i = last - 1; i >= first; i--) {
+        Block *b = &m->blocks[i];
+        size_t mark = arena_mark(s->act);
+        float *dx = i == 0 ? NULL : split ? arena_floats(s->act, width) : turns[(last - i) % 2];
+        if (b->checkpointed) {
+            float *y_again = i + 1 < m->n_blocks ? arena_floats(s->act, width) : NULL;
+            run_block(m, s, a, i, BLOCK_RECOMPUTE, y_again);
+        }
+        if (dx && !step_sizing(s)) s->k->zero(dx, width * sizeof(float));
+        a->grad[i] = dx;
+        run_block(m, s, a, i, phase, dx);
+        if (!split) arena_release(s->act, mark);
+    }
+    return a->grad[first];
 }
 
 double model_forward(Model *m, StepCtx *s) {
-    forward_all(m, s);
+    model_forward_blocks(m, s, &m->slots, 0, m->n_blocks, NULL);
     return s->loss;
 }
 
 double model_forward_backward(Model *m, StepCtx *s) {
-    forward_all(m, s);
-    float **hidden = m->hidden;
-    size_t width = (size_t)step_rows(s) * m->dim;
-    float *grad_out = arena_floats(s->act, width), *grad_in = arena_floats(s->act, width);
-    for (int i = m->n_blocks - 1; i >= 0; i--) {
-        Block *b = &m->blocks[i];
-        const float *x = hidden[i];
-        const float *dy = i + 1 < m->n_blocks ? grad_out : NULL;
-        float *dx = i == 0 ? NULL : grad_in;
-        size_t mark = arena_mark(s->act);
-        if (b->checkpointed) {
-            float *y_again = i + 1 < m->n_blocks ? arena_floats(s->act, width) : NULL;
-            b->ops->forward(b, s, x, y_again);
-        }
-        if (dx && !step_sizing(s)) s->k->zero(dx, width * sizeof(float));
-        b->ops->backward(b, s, x, dy, dx);
-        arena_release(s->act, mark);
-        float *t = grad_out;  // this block's input gradient is the next one's output gradient
-        grad_out = grad_in;
-        grad_in = t;
-    }
+    model_forward_blocks(m, s, &m->slots, 0, m->n_blocks, NULL);
+    model_backward_blocks(m, s, &m->slots, 0, m->n_blocks, BLOCK_BACKWARD, NULL);
     return s->loss;
 }
-
 size_t model_activation_bytes(Model *m, const KernelOps *k, int B, int T) {
     Arena sizing;
     arena_init_sizing(&sizing, "activations");

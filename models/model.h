@@ -1,77 +1,25 @@
-// A model is an ordered list of blocks over one parameter table (DESIGN.md "Blocks").
-//
-// Every block maps hidden states x (rows, dim) to y (rows, dim), rows = step_rows (B*T on one
-// device): the embedding reads token ids instead of x, the head writes the loss instead of y.
-// Each block allocates what it keeps for backward (and its scratch) at the top of
-// forward/backward from the step's activation arena, and computes only when the arena is
-// committed: so the same code that runs a step also sizes the activation arena (and
-// `--estimate`), without a hand-written mirror of the step.
-// Model code never calls a collective: it calls StepCtx.tp's hooks, which parallel/ implements.
+// A model is an ordered list of blocks over one parameter table (DESIGN.md "Blocks"; the block
+// interface is core/block.h). This file runs them: one microbatch at a time over all blocks
+// (model_forward_backward), or over a range of blocks for a microbatch whose activations live
+// in caller-owned slots (a pipeline stage with several microbatches in flight).
 #pragma once
 
 #include <stdbool.h>
 
 #include "core/arena.h"
+#include "core/block.h"
 #include "core/param.h"
 #include "kernels/kernels.h"
 
-// Tensor parallelism as the model sees it (DESIGN.md "Parallelisms", Megatron-LM with sequence
-// parallel, Korthikanti et al. 2022): between blocks the residual stream holds this rank's
-// contiguous 1/size of the B*T rows; column- and row-parallel weights are their Params' local
-// slices (the local shapes tell the widths); these calls, implemented by parallel/tp.c over
-// the tp group, move activations between the ranks. StepCtx.tp NULL: one device, no calls.
-typedef struct TpHooks TpHooks;
-struct TpHooks {
-    int size;            // ranks sharing the rows and the weights
-    bool loss_parallel;  // the loss reads vocab-sharded logits (else they are gathered first)
-    // full (size * n) = every rank's x (n) in rank order: all-gather of rows.
-    void (*gather)(const TpHooks *h, const float *x, float *full, size_t n);
-    // full (rows, size * cols) = every rank's x (rows, cols) side by side: all-gather of
-    // columns; scratch holds size * rows * cols floats.
-    void (*gather_columns)(const TpHooks *h, const float *x, float *full, float *scratch,
-                           int rows, int cols);
-    // y (n) = the sum over ranks of block `rank` of partial (size * n): reduce-scatter of rows.
-    void (*reduce_scatter)(const TpHooks *h, const float *partial, float *y, size_t n);
-    // buf (n) = the elementwise max / sum over ranks (all-reduce).
-    void (*all_reduce_max)(const TpHooks *h, float *buf, size_t n);
-    void (*all_reduce_sum)(const TpHooks *h, float *buf, size_t n);
-};
-
+// One microbatch in flight through a model's blocks: each block's saved state and the hidden
+// states between blocks, pointing into the microbatch's activation arena (StepCtx.act).
 typedef struct {
-    const KernelOps *k;
-    const TpHooks *tp;   // NULL: one device; the generic loop sets it from Model.tp
-    Arena *act;          // activations: reset before each microbatch
-    int B, T;            // microbatch rows and sequence length
-    const int *tokens;   // (B, T) inputs
-    const int *targets;  // (B, T) next tokens
-    const int *pos;      // (T) RoPE position of each sequence index
-    float loss_scale;    // d(objective)/d(mean loss of this microbatch): 1 / accumulation steps
-    double loss;         // out: mean cross-entropy of the microbatch (every tp rank: the whole)
-    float *logits;       // out: (B*T, vocab), valid after forward until backward overwrites it;
-                         // (B*T, vocab / tp) this rank's vocab slice under loss parallel
-} StepCtx;
-
-static inline bool step_sizing(const StepCtx *s) { return s->act->base == NULL; }
-// Rows of the residual stream this rank holds between blocks (sequence parallel).
-static inline int step_rows(const StepCtx *s) { return s->B * s->T / (s->tp ? s->tp->size : 1); }
-
-typedef struct Block Block;
-typedef struct {
-    const char *kind;
-    // y = f(x). Keeps what backward needs in s->act, pointed to from the block's own state
-    // (for a checkpointed block the generic loop releases it, and re-runs forward before
-    // backward).
-    void (*forward)(Block *b, StepCtx *s, const float *x, float *y);
-    // dx += df/dx^T dy, and every parameter gradient += its part. Needs the saved state.
-    void (*backward)(Block *b, StepCtx *s, const float *x, const float *dy, float *dx);
-} BlockOps;
-
-struct Block {
-    const BlockOps *ops;
-    void *self;          // the block's own parameters and config (owned by the model)
-    bool checkpointed;   // activation_checkpoint.mode == full: backward re-runs forward
-    int n_params;        // its parameters: the next n_params of the table, in block order
-};
+    void **saved;    // (n_blocks) each block's slot, BlockOps.saved_bytes of host memory
+    float **hidden;  // (n_blocks + 1) hidden[i]: the input of block i (hidden[0]: none, the
+                     // embedding reads tokens; the head has no output)
+    float **grad;    // (n_blocks + 1) grad[i]: the gradient of hidden[i], kept from a block's
+                     // input part to its weight part (split backward)
+} ModelSlots;
 
 typedef struct Model Model;
 struct Model {
@@ -79,10 +27,11 @@ struct Model {
     Block *blocks;
     int n_blocks;
     int dim;             // width of the hidden states between blocks
-    float **hidden;      // (n_blocks + 1) pointers into the activation arena, set each step
+    ModelSlots slots;    // what model_forward_backward and model_forward run in
     double flops_per_token;  // training FLOPs (forward + backward) per token, for MFU (of the
                              // whole model, whatever tensor parallelism shards it)
     const TpHooks *tp;   // set by the model's parallelize plan; NULL: one device
+    const BlockHooks *hooks;  // called around every block call (FSDP); NULL: none
     void *self;          // the architecture's own state (e.g. rope tables)
     // Moves the architecture's constant tables (torchtitan's non-persistent buffers, e.g. the
     // RoPE tables), built in host memory, into backend k's memory: model_place_buffers.
@@ -102,6 +51,26 @@ void model_allocate(Model *m, size_t activation_bytes, Arena *params, Arena *gra
                     const ArenaMemory *memory);
 // Once per model, before its first step: its constant tables into backend k's memory.
 void model_place_buffers(Model *m, const KernelOps *k);
+
+// Slots for one microbatch of m (host memory; free with model_slots_free).
+void model_slots_init(ModelSlots *a, const Model *m);
+void model_slots_free(ModelSlots *a);
+
+// Forward over blocks [first, last) for the microbatch of s in slots a: x (rows, dim) is the
+// input of block first (NULL when first is 0: the embedding reads s->tokens). Returns the
+// output of block last - 1, carved from s->act (NULL when last is n_blocks: the head leaves
+// s->loss). Checkpointed blocks keep only their input, as the whole model's forward does.
+float *model_forward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int last,
+                            const float *x);
+// Backward over blocks [first, last) in reverse, after their forward in the same slots: dy
+// (rows, dim) is the gradient of block last - 1's output (NULL when last is n_blocks: the
+// head starts from the loss). phase BLOCK_BACKWARD does all of it; BLOCK_BACKWARD_INPUT only
+// the input gradients, keeping what BLOCK_BACKWARD_WEIGHT (called later over the same range,
+// dy NULL) needs, so nothing from this microbatch's arena may be released in between. Returns
+// the gradient of block first's input, carved from s->act (NULL when first is 0, and for the
+// weight part).
+float *model_backward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int last,
+                             BlockPhase phase, const float *dy);
 
 // One microbatch: forward through every block, then backward in reverse, accumulating into
 // the parameter gradients. Returns s->loss. With a sizing arena it only counts bytes.

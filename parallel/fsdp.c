@@ -48,22 +48,23 @@ static size_t unit_offset(const FsdpUnit *u, const Param *p) {
     return p->shard_offset - u->shard_offset;
 }
 
-void fsdp_plan(Fsdp *f, Model *m, const FsdpConfig *config) {
+void fsdp_plan(Fsdp *f, ParamTable *params, const Block *blocks, int n_blocks,
+               const FsdpConfig *config) {
     CHECK(config->size >= 1 && config->rank >= 0 && config->rank < config->size);
     CHECK(config->replicate_size >= 1 && config->replicate_rank >= 0 &&
           config->replicate_rank < config->replicate_size);
-    *f = (Fsdp){.config = *config, .params = &m->params, .n_units = m->n_blocks,
-                .gathering = -1, .scattering = -1, .last_unit = -1};
+    *f = (Fsdp){.config = *config, .params = params, .n_units = n_blocks, .gathering = -1,
+                .scattering = -1};
     f->units = xcalloc((size_t)f->n_units, sizeof(FsdpUnit));
     int first = 0;
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
         *u = (FsdpUnit){.fsdp = f, .index = i, .first_param = first,
-                        .n_params = m->blocks[i].n_params};
+                        .n_params = blocks[i].n_params};
         plan_unit(f, u);
         first += u->n_params;
     }
-    CHECK(first == m->params.count);
+    CHECK(first == params->count);
     // The shard offsets are final once every parameter is placed.
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
@@ -272,62 +273,34 @@ static void scatter_start(Fsdp *f, FsdpUnit *u) {
     f->scattering = u->index;
 }
 
-// ---- the wrapper block --------------------------------------------------------------------
+// ---- the hooks around each block call ---------------------------------------------------
 
-// Activation checkpointing calls a block's forward again just before its backward: right after
-// its own first forward (the last block) or right after the next block's backward.
-static bool is_recompute(const Fsdp *f, const Block *b, int i) {
-    if (!b->checkpointed) return false;
-    return f->last_was_forward ? f->last_unit == i : f->last_unit == i + 1;
+// Forward runs the units in order; a recompute belongs to backward, which runs them in reverse.
+static void unit_before(const BlockHooks *h, int block, BlockPhase phase) {
+    Fsdp *f = (Fsdp *)h;
+    FsdpUnit *u = &f->units[block];
+    CHECK(phase == BLOCK_FORWARD || phase == BLOCK_RECOMPUTE || phase == BLOCK_BACKWARD);
+    unit_gather(f, u);
+    gather_prefetch(f, phase == BLOCK_FORWARD ? block + 1 : block - 1);
+    if (phase == BLOCK_BACKWARD) f->config.k->zero(f->full_grad, u->full_numel * sizeof(float));
 }
 
-static void unit_forward(Block *b, StepCtx *s, const float *x, float *y) {
-    FsdpUnit *u = b->self;
-    Fsdp *f = u->fsdp;
-    if (step_sizing(s)) {
-        u->inner.ops->forward(&u->inner, s, x, y);
-        return;
-    }
-    bool recompute = is_recompute(f, b, u->index);
-    unit_gather(f, u);
-    // A recompute belongs to backward, which runs the units in reverse.
-    gather_prefetch(f, recompute ? u->index - 1 : u->index + 1);
-    u->inner.ops->forward(&u->inner, s, x, y);
-    if (!recompute && !keeps_after_forward(f, u->index)) u->gathered = false;
-    f->last_unit = u->index;
-    f->last_was_forward = true;
-}
-
-static void unit_backward(Block *b, StepCtx *s, const float *x, const float *dy, float *dx) {
-    FsdpUnit *u = b->self;
-    Fsdp *f = u->fsdp;
-    if (step_sizing(s)) {
-        u->inner.ops->backward(&u->inner, s, x, dy, dx);
-        return;
-    }
-    unit_gather(f, u);
-    gather_prefetch(f, u->index - 1);
-    f->config.k->zero(f->full_grad, u->full_numel * sizeof(float));
-    u->inner.ops->backward(&u->inner, s, x, dy, dx);
+static void unit_after(const BlockHooks *h, int block, BlockPhase phase) {
+    Fsdp *f = (Fsdp *)h;
+    FsdpUnit *u = &f->units[block];
+    if (phase == BLOCK_FORWARD && !keeps_after_forward(f, block)) u->gathered = false;
+    if (phase != BLOCK_BACKWARD) return;
     scatter_start(f, u);
     u->gathered = false;
-    f->last_unit = u->index;
-    f->last_was_forward = false;
 }
 
-static const BlockOps FSDP_UNIT_OPS = {"fsdp", unit_forward, unit_backward};
-
-void fsdp_wrap(Fsdp *f, Model *m, CommGroup *group, CommGroup *replicate) {
-    CHECK(m->n_blocks == f->n_units && &m->params == f->params);
+const BlockHooks *fsdp_attach(Fsdp *f, CommGroup *group, CommGroup *replicate) {
     CHECK(comm_size(group) == f->config.size && comm_rank(group) == f->config.rank);
     CHECK((replicate ? comm_size(replicate) : 1) == f->config.replicate_size);
     f->group = group;
     f->replicate = replicate;
-    for (int i = 0; i < f->n_units; i++) {
-        FsdpUnit *u = &f->units[i];
-        u->inner = m->blocks[i];
-        m->blocks[i] = (Block){&FSDP_UNIT_OPS, u, u->inner.checkpointed, u->n_params};
-    }
+    f->hooks = (BlockHooks){unit_before, unit_after};
+    return &f->hooks;
 }
 
 // ---- checkpoints, the end of a step -------------------------------------------------------
@@ -345,6 +318,5 @@ void fsdp_finish_step(Fsdp *f) {
     scatter_finish(f);
     if (f->config.replicate_size > 1) comm_all_reduce(f->replicate, f->grad, f->numel, COMM_AVG);
     reshard_all(f);
-    f->last_unit = -1;
 }
 

@@ -13,9 +13,10 @@
 // of all units are one flat buffer (and their grads another), which the optimizer updates
 // directly; within a unit the shard is laid out parameter after parameter, so one all-gather
 // of it yields every rank's shard in rank order, copied out into the unit's full buffer where
-// the model's Param.data point. fsdp_wrap puts a wrapper in front of every block, so the
-// generic loop of models/model.c drives the all-gathers (prefetching the next unit) and the
-// reduce-scatters (overlapping the next unit's backward) without knowing about them.
+// the model's Param.data point. The code that runs the blocks (models/model.c) calls FSDP's
+// BlockHooks around every block call, naming the block and the phase (forward, recompute,
+// backward): FSDP gathers before, prefetching the unit the phase runs next, and reduce-scatters
+// after a backward, overlapping the next unit's backward, and the blocks know nothing of it.
 //
 // Gradients are those of the global-batch mean loss: each rank's loss is the mean over its
 // own tokens, so the reduce-scatter averages over the fsdp group and HSDP then averages the
@@ -28,9 +29,9 @@
 #include <stdint.h>
 
 #include "core/arena.h"
+#include "core/block.h"
 #include "core/param.h"
 #include "kernels/kernels.h"
-#include "models/model.h"
 #include "parallel/comm.h"
 #include "parallel/mesh.h"
 
@@ -66,10 +67,10 @@ typedef struct {
     size_t table_offset;       // in floats: where they start in ParamTable's layout
     float *full;               // (full_numel) where the unit's Param.data point
     bool gathered;             // full holds the current parameters
-    Block inner;               // the wrapped block
 } FsdpUnit;
 
 struct Fsdp {
+    BlockHooks hooks;               // first: the hooks find the Fsdp from their pointer
     FsdpConfig config;
     CommGroup *group, *replicate;   // NULL until fsdp_wrap (planning needs no MPI)
     ParamTable *params;
@@ -88,8 +89,6 @@ struct Fsdp {
     uint16_t *gather_send16, *gather_recv16, *scatter_send16, *scatter_recv16;
     int gathering, scattering;      // the unit of the outstanding operation, -1: none
     CommHandle gather, scatter;
-    int last_unit;                  // the wrapper call before this one (to spot recomputes)
-    bool last_was_forward;
 };
 
 // Per-rank bytes fsdp_allocate carves, and the bytes this rank hands to collectives (in
@@ -102,17 +101,19 @@ typedef struct {
     uint64_t replicate_all_reduce;  // per step, dp_replicate group (HSDP)
 } FsdpEstimate;
 
-// Places m's parameters and plans the units of its blocks (no MPI, no allocation). A weight
-// shared by two blocks (tied embeddings) cannot be an FSDP unit's own: the caller refuses it.
-void fsdp_plan(Fsdp *f, Model *m, const FsdpConfig *config);
+// Places the parameters of blocks (n_blocks, their params the table's in order) and plans one
+// unit per block (no MPI, no allocation). A weight shared by two blocks (tied embeddings)
+// cannot be an FSDP unit's own: the caller refuses it.
+void fsdp_plan(Fsdp *f, ParamTable *params, const Block *blocks, int n_blocks,
+               const FsdpConfig *config);
 FsdpEstimate fsdp_estimate(const Fsdp *f);
 // Carves the shards and the full buffers from the arenas, in two passes (core/arena.h): on
 // committed arenas also makes them the table's shard buffers and points every Param.data /
 // Param.grad into the full buffers.
 void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm);
-// Replaces every block of m by its unit's wrapper, communicating over group (the fsdp group,
-// of config.size ranks) and replicate (dp_replicate; NULL: no HSDP).
-void fsdp_wrap(Fsdp *f, Model *m, CommGroup *group, CommGroup *replicate);
+// Starts communicating over group (the fsdp group, of config.size ranks) and replicate
+// (dp_replicate; NULL: no HSDP); returns the hooks the blocks' runner calls (Model.hooks).
+const BlockHooks *fsdp_attach(Fsdp *f, CommGroup *group, CommGroup *replicate);
 void fsdp_free(Fsdp *f);
 
 // full (params->numel, laid out by Param.offset) = every parameter's compute tensor, gathered

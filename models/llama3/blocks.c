@@ -67,8 +67,8 @@ static int vocab_start(const Param *table) { return (int)param_box(table, false)
 
 // Vocab parallel: each rank looks up the tokens its slice of the table holds and gives zeros
 // for the others; the reduce-scatter sums the slices' rows.
-static void embed_forward(Block *b, StepCtx *s, const float *x, float *y) {
-    (void)x;
+static void embed_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
+    (void)saved, (void)x;
     LlamaEmbed *e = b->self;
     const Param *table = e->tok_embeddings;
     int BT = s->B * s->T, D = e->args->dim;
@@ -82,8 +82,12 @@ static void embed_forward(Block *b, StepCtx *s, const float *x, float *y) {
     arena_release(s->act, mark);
 }
 
-static void embed_backward(Block *b, StepCtx *s, const float *x, const float *dy, float *dx) {
-    (void)x, (void)dx;
+// All of it is the table's gradient: the input part has nothing to do (there is no input
+// gradient), the weight part reads dy, still valid then.
+static void embed_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, const float *x,
+                           const float *dy, float *dx) {
+    (void)saved, (void)x, (void)dx;
+    if (phase == BLOCK_BACKWARD_INPUT) return;
     LlamaEmbed *e = b->self;
     const Param *table = e->tok_embeddings;
     int BT = s->B * s->T, D = e->args->dim;
@@ -114,11 +118,10 @@ static size_t attention_workspace(const StepCtx *s, LayerDims d) {
 }
 
 // The forward math, on buffers layer_forward carved; comm: (rows + BT) * D of scratch under TP.
-static void layer_forward_compute(LlamaLayer *L, StepCtx *s, LayerDims d, const float *x,
-                                  float *y, void *workspace, float *comm) {
+static void layer_forward_compute(LlamaLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
+                                  const float *x, float *y, void *workspace, float *comm) {
     const LlamaArgs *a = L->args;
     const KernelOps *K = s->k;
-    LayerSaved *sv = &L->saved;
     float *normed = comm, *partial = comm ? comm + (size_t)d.rows * d.D : NULL;
     norm_gathered(s, sv->xn, sv->rstd1, normed, x, L->attention_norm->data, d.rows, d.D,
                   a->norm_eps);
@@ -139,10 +142,10 @@ static void layer_forward_compute(LlamaLayer *L, StepCtx *s, LayerDims d, const 
     residual_row_parallel(s, y, sv->h, sv->act, L->w2->data, d.BT, d.rows, d.D, d.H, partial);
 }
 
-static void layer_forward(Block *b, StepCtx *s, const float *x, float *y) {
+static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
     LlamaLayer *L = b->self;
     LayerDims d = layer_dims(L, s);
-    LayerSaved *sv = &L->saved;
+    LayerSaved *sv = saved;
     Arena *A = s->act;
     sv->xn = arena_floats(A, (size_t)d.BT * d.D);
     sv->rstd1 = arena_floats(A, d.rows);
@@ -160,45 +163,64 @@ static void layer_forward(Block *b, StepCtx *s, const float *x, float *y) {
     size_t saved_end = arena_mark(A);  // the workspace and comm buffers are scratch
     void *workspace = arena_alloc(A, attention_workspace(s, d));
     float *comm = s->tp ? arena_floats(A, (size_t)(d.rows + d.BT) * d.D) : NULL;
-    if (!step_sizing(s)) layer_forward_compute(L, s, d, x, y, workspace, comm);
+    if (!step_sizing(s)) layer_forward_compute(L, s, sv, d, x, y, workspace, comm);
     arena_release(A, saved_end);
 }
 
-// y = h + act W2^T, act = silu(hn W1^T) * (hn W3^T), hn = ffn_norm(h): dh = dy + d(ffn_norm).
-// comm, (BT, D) under TP, holds dy's gathered rows, then (their last use past) dhn's reduced ones.
-static void ffn_backward(LlamaLayer *L, StepCtx *s, LayerDims d, const float *dy, float *dh,
-                         float *scratch, float *comm) {
+// The backward of a transformer block comes in three pieces per sublayer: the gradients of
+// the projections' outputs and of the normed input (input part), the weight gradients from
+// them (weight part), and the norm's backward into the residual stream (input part; the
+// rmsnorm kernel gives the norm weight's gradient with it, at no cost to defer).
+
+// y = h + act W2^T, act = silu(hn W1^T) * (hn W3^T), hn = ffn_norm(h). Returns dhn (BT, D) in
+// scratch; keeps dy's rows (gathered into `gathered` under TP), dgate and dup in sv->g.
+static float *ffn_grads(LlamaLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d, const float *dy,
+                        float *scratch, float *gathered) {
     const KernelOps *K = s->k;
-    LayerSaved *sv = &L->saved;
+    LayerGrads *g = &sv->g;
     float *dact = scratch, *dgate = dact + (size_t)d.BT * d.H, *dup = dgate + (size_t)d.BT * d.H;
     float *dhn = dup + (size_t)d.BT * d.H;
-    const float *dy_all = grad_gathered(s, dy, comm, d.rows, d.D);
-    K->matmul(dact, dy_all, L->w2->data, d.BT, d.H, d.D, false, false, 0);
-    K->matmul(L->w2->grad, dy_all, sv->act, d.D, d.H, d.BT, true, false, 1);
+    g->dy_all = grad_gathered(s, dy, gathered, d.rows, d.D);
+    g->dgate = dgate;
+    g->dup = dup;
+    K->matmul(dact, g->dy_all, L->w2->data, d.BT, d.H, d.D, false, false, 0);
     zero(s, dgate, (size_t)2 * d.BT * d.H);
     K->swiglu_backward(dgate, dup, dact, sv->gate, sv->up, (size_t)d.BT * d.H);
     K->matmul(dhn, dgate, L->w1->data, d.BT, d.D, d.H, false, false, 0);
     K->matmul(dhn, dup, L->w3->data, d.BT, d.D, d.H, false, false, 1);
-    K->matmul(L->w1->grad, dgate, sv->hn, d.H, d.D, d.BT, true, false, 1);
-    K->matmul(L->w3->grad, dup, sv->hn, d.H, d.D, d.BT, true, false, 1);
+    return dhn;
+}
+
+static void ffn_weights(LlamaLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d) {
+    const KernelOps *K = s->k;
+    const LayerGrads *g = &sv->g;
+    K->matmul(L->w2->grad, g->dy_all, sv->act, d.D, d.H, d.BT, true, false, 1);
+    K->matmul(L->w1->grad, g->dgate, sv->hn, d.H, d.D, d.BT, true, false, 1);
+    K->matmul(L->w3->grad, g->dup, sv->hn, d.H, d.D, d.BT, true, false, 1);
+}
+
+// dh (rows, D) = dy + ffn_norm's backward of dhn; comm (BT, D) under TP.
+static void ffn_norm_backward(LlamaLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d,
+                              const float *dy, const float *dhn, float *dh, float *comm) {
     copy(s, dh, dy, (size_t)d.rows * d.D);
     norm_backward_reduced(s, dh, L->ffn_norm->grad, dhn, comm, sv->h, L->ffn_norm->data,
                           sv->rstd2, d.rows, d.D);
 }
 
-// h = x + attn Wo^T, attn = softmax(rope(q) rope(k)^T) v, q/k/v = xn Wq/Wk/Wv^T, xn = norm(x);
-// comm as in ffn_backward.
-static void attention_backward(LlamaLayer *L, StepCtx *s, LayerDims d, const float *x,
-                               const float *dh, float *dx, float *scratch, void *workspace,
-                               float *comm) {
+// h = x + attn Wo^T, attn = softmax(rope(q) rope(k)^T) v, q/k/v = xn Wq/Wk/Wv^T, xn = norm(x).
+// Returns dxn (BT, D) in scratch; keeps dh's rows, dq0, dk0 and dv in sv->g.
+static float *attention_grads(LlamaLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
+                              const float *dh, float *scratch, void *workspace, float *gathered) {
     const KernelOps *K = s->k;
-    LayerSaved *sv = &L->saved;
+    LayerGrads *g = &sv->g;
     size_t nq = (size_t)d.BT * d.nq, nkv = (size_t)d.BT * d.nkv;
     float *dattn = scratch, *dq = dattn + nq, *dk = dq + nq, *dv = dk + nkv;
     float *dq0 = dv + nkv, *dk0 = dq0 + nq, *dxn = dk0 + nkv;
-    const float *dh_all = grad_gathered(s, dh, comm, d.rows, d.D);
-    K->matmul(dattn, dh_all, L->wo->data, d.BT, d.nq, d.D, false, false, 0);
-    K->matmul(L->wo->grad, dh_all, sv->attn, d.D, d.nq, d.BT, true, false, 1);
+    g->dh_all = grad_gathered(s, dh, gathered, d.rows, d.D);
+    g->dq0 = dq0;
+    g->dk0 = dk0;
+    g->dv = dv;
+    K->matmul(dattn, g->dh_all, L->wo->data, d.BT, d.nq, d.D, false, false, 0);
     zero(s, dq, nq + 2 * nkv);
     K->attention_backward(dq, dk, dv, dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse, s->B, s->T,
                           d.nh, d.nkvh, d.hd, workspace);
@@ -208,26 +230,62 @@ static void attention_backward(LlamaLayer *L, StepCtx *s, LayerDims d, const flo
     K->matmul(dxn, dq0, L->wq->data, d.BT, d.D, d.nq, false, false, 0);
     K->matmul(dxn, dk0, L->wk->data, d.BT, d.D, d.nkv, false, false, 1);
     K->matmul(dxn, dv, L->wv->data, d.BT, d.D, d.nkv, false, false, 1);
-    K->matmul(L->wq->grad, dq0, sv->xn, d.nq, d.D, d.BT, true, false, 1);
-    K->matmul(L->wk->grad, dk0, sv->xn, d.nkv, d.D, d.BT, true, false, 1);
-    K->matmul(L->wv->grad, dv, sv->xn, d.nkv, d.D, d.BT, true, false, 1);
-    K->add(dx, dh, (size_t)d.rows * d.D);
+    return dxn;
+}
+
+static void attention_weights(LlamaLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d) {
+    const KernelOps *K = s->k;
+    const LayerGrads *g = &sv->g;
+    K->matmul(L->wo->grad, g->dh_all, sv->attn, d.D, d.nq, d.BT, true, false, 1);
+    K->matmul(L->wq->grad, g->dq0, sv->xn, d.nq, d.D, d.BT, true, false, 1);
+    K->matmul(L->wk->grad, g->dk0, sv->xn, d.nkv, d.D, d.BT, true, false, 1);
+    K->matmul(L->wv->grad, g->dv, sv->xn, d.nkv, d.D, d.BT, true, false, 1);
+}
+
+// dx (rows, D) += dh + attention_norm's backward of dxn; comm (BT, D) under TP.
+static void attention_norm_backward(LlamaLayer *L, StepCtx *s, const LayerSaved *sv,
+                                    LayerDims d, const float *x, const float *dh,
+                                    const float *dxn, float *dx, float *comm) {
+    s->k->add(dx, dh, (size_t)d.rows * d.D);
     norm_backward_reduced(s, dx, L->attention_norm->grad, dxn, comm, x, L->attention_norm->data,
                           sv->rstd1, d.rows, d.D);
 }
 
-static void layer_backward(Block *b, StepCtx *s, const float *x, const float *dy, float *dx) {
+// The whole backward shares one scratch between the sublayers, and under TP one comm buffer
+// for the gathered gradient rows and the reduced norm inputs, each sublayer's weight part
+// running before the buffers are reused. The input part keeps each sublayer's scratch and
+// gathered rows apart for the weight part, which runs later.
+static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, const float *x,
+                           const float *dy, float *dx) {
     LlamaLayer *L = b->self;
+    LayerSaved *sv = saved;
     LayerDims d = layer_dims(L, s);
+    if (phase == BLOCK_BACKWARD_WEIGHT) {
+        if (!step_sizing(s)) {
+            ffn_weights(L, s, sv, d);
+            attention_weights(L, s, sv, d);
+        }
+        return;
+    }
+    bool split = phase == BLOCK_BACKWARD_INPUT;
     size_t ffn_scratch = (size_t)d.BT * (3 * (size_t)d.H + d.D);
     size_t attn_scratch = (size_t)d.BT * (3 * (size_t)d.nq + 3 * (size_t)d.nkv + d.D);
+    size_t both = ffn_scratch > attn_scratch ? ffn_scratch : attn_scratch;
+    size_t all_rows = (size_t)d.BT * d.D;
     float *dh = arena_floats(s->act, (size_t)d.rows * d.D);
-    float *scratch = arena_floats(s->act, ffn_scratch > attn_scratch ? ffn_scratch : attn_scratch);
+    float *ffn = arena_floats(s->act, split ? ffn_scratch : both);
+    float *attn = split ? arena_floats(s->act, attn_scratch) : ffn;
     void *workspace = arena_alloc(s->act, attention_workspace(s, d));
-    float *comm = s->tp ? arena_floats(s->act, (size_t)d.BT * d.D) : NULL;
+    float *comm = s->tp ? arena_floats(s->act, all_rows) : NULL;
+    float *dy_rows = split && s->tp ? arena_floats(s->act, all_rows) : comm;
+    float *dh_rows = split && s->tp ? arena_floats(s->act, all_rows) : comm;
     if (step_sizing(s)) return;
-    ffn_backward(L, s, d, dy, dh, scratch, comm);
-    attention_backward(L, s, d, x, dh, dx, scratch, workspace, comm);
+    const float *dhn = ffn_grads(L, s, sv, d, dy, ffn, dy_rows);
+    if (!split) ffn_weights(L, s, sv, d);
+    ffn_norm_backward(L, s, sv, d, dy, dhn, dh, comm);
+    const float *dxn = attention_grads(L, s, sv, d, dh, attn, workspace, dh_rows);
+    if (!split) attention_weights(L, s, sv, d);
+    attention_norm_backward(L, s, sv, d, x, dh, dxn, dx, comm);
 }
 
 // ---- head: logits = output(norm(x)), loss = mean cross-entropy -----------------------------
@@ -267,9 +325,10 @@ static void head_chunk_scratch(const LlamaHead *h, StepCtx *s, HeadChunk *c, int
 }
 
 // The chunk's logits of rows [r0, r0 + n).
-static void head_chunk_logits(const LlamaHead *h, StepCtx *s, const HeadChunk *c, int r0, int n) {
+static void head_chunk_logits(const LlamaHead *h, StepCtx *s, const HeadSaved *sv,
+                              const HeadChunk *c, int r0, int n) {
     int D = h->args->dim, Vl = (int)h->output->shape[0];
-    s->k->matmul(c->logits, h->xn + (size_t)r0 * D, h->output->data, n, Vl, D, false, true, 0);
+    s->k->matmul(c->logits, sv->xn + (size_t)r0 * D, h->output->data, n, Vl, D, false, true, 0);
     if (logits_gathered(s)) s->tp->gather_columns(s->tp, c->logits, c->full, c->scratch, n, Vl);
 }
 
@@ -277,10 +336,10 @@ static void head_chunk_logits(const LlamaHead *h, StepCtx *s, const HeadChunk *c
 // them (Megatron's vocab-parallel cross-entropy): the slices' log-sum-exps are merged as
 // M + log sum exp(lse - M) over ranks, M their max, and only the target's owner contributes
 // its logit. stats: 3n floats of scratch.
-static void loss_parallel_forward(LlamaHead *h, StepCtx *s, const float *logits, int r0, int n,
-                                  float *stats) {
+static void loss_parallel_forward(LlamaHead *h, StepCtx *s, HeadSaved *sv, const float *logits,
+                                  int r0, int n, float *stats) {
     float *max = stats, *sums = stats + n, *target_logit = sums + n;
-    float *lse = h->lse + r0, *losses = h->losses + r0;
+    float *lse = sv->lse + r0, *losses = sv->losses + r0;
     const int *targets = s->targets + r0;
     s->k->cross_entropy_slice_forward(lse, target_logit, logits, targets, n,
                                       (int)h->output->shape[0], vocab_start(h->output));
@@ -291,40 +350,41 @@ static void loss_parallel_forward(LlamaHead *h, StepCtx *s, const float *logits,
     s->k->cross_entropy_merge_finish(losses, lse, max, sums, target_logit, n);
 }
 
-static void head_chunk_loss(LlamaHead *h, StepCtx *s, const HeadChunk *c, int r0, int n,
-                            float *stats) {
-    if (h->lse)
-        loss_parallel_forward(h, s, c->logits, r0, n, stats);
+static void head_chunk_loss(LlamaHead *h, StepCtx *s, HeadSaved *sv, const HeadChunk *c, int r0,
+                            int n, float *stats) {
+    if (sv->lse)
+        loss_parallel_forward(h, s, sv, c->logits, r0, n, stats);
     else
-        s->k->cross_entropy_forward(h->losses + r0, c->full, s->targets + r0, n,
+        s->k->cross_entropy_forward(sv->losses + r0, c->full, s->targets + r0, n,
                                     h->args->vocab_size);
 }
 
-static void head_forward(Block *b, StepCtx *s, const float *x, float *y) {
+static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
     (void)y;
     LlamaHead *h = b->self;
+    HeadSaved *sv = saved;
     const LlamaArgs *a = h->args;
     int BT = s->B * s->T, rows = step_rows(s), chunk = head_chunk_rows(h, BT);
-    h->xn = arena_floats(s->act, (size_t)BT * a->dim);
-    h->rstd = arena_floats(s->act, rows);
-    h->losses = arena_floats(s->act, BT);
-    h->lse = s->tp && s->tp->loss_parallel ? arena_floats(s->act, BT) : NULL;
+    sv->xn = arena_floats(s->act, (size_t)BT * a->dim);
+    sv->rstd = arena_floats(s->act, rows);
+    sv->losses = arena_floats(s->act, BT);
+    sv->lse = s->tp && s->tp->loss_parallel ? arena_floats(s->act, BT) : NULL;
     // One chunk: its logits stay for backward (and for s->logits); several: scratch.
-    h->kept = chunk == BT ? head_chunk_carve(h, s, BT) : (HeadChunk){0};
-    s->logits = chunk == BT ? (h->lse ? h->kept.logits : h->kept.full) : NULL;
+    sv->kept = chunk == BT ? head_chunk_carve(h, s, BT) : (HeadChunk){0};
+    s->logits = chunk == BT ? (sv->lse ? sv->kept.logits : sv->kept.full) : NULL;
     size_t mark = arena_mark(s->act);  // scratch from here
     float *normed = s->tp ? arena_floats(s->act, (size_t)rows * a->dim) : NULL;
-    HeadChunk c = chunk == BT ? h->kept : head_chunk_carve(h, s, chunk);
+    HeadChunk c = chunk == BT ? sv->kept : head_chunk_carve(h, s, chunk);
     head_chunk_scratch(h, s, &c, chunk);
-    float *stats = h->lse ? arena_floats(s->act, 3 * (size_t)chunk) : NULL;
+    float *stats = sv->lse ? arena_floats(s->act, 3 * (size_t)chunk) : NULL;
     if (!step_sizing(s)) {
-        norm_gathered(s, h->xn, h->rstd, normed, x, h->norm->data, rows, a->dim, a->norm_eps);
+        norm_gathered(s, sv->xn, sv->rstd, normed, x, h->norm->data, rows, a->dim, a->norm_eps);
         for (int r0 = 0; r0 < BT; r0 += chunk) {
             int n = BT - r0 < chunk ? BT - r0 : chunk;
-            head_chunk_logits(h, s, &c, r0, n);
-            head_chunk_loss(h, s, &c, r0, n, stats);
+            head_chunk_logits(h, s, sv, &c, r0, n);
+            head_chunk_loss(h, s, sv, &c, r0, n, stats);
         }
-        s->loss = s->k->sum(h->losses, BT) / BT;
+        s->loss = s->k->sum(sv->losses, BT) / BT;
     }
     arena_release(s->act, mark);
 }
@@ -332,12 +392,12 @@ static void head_forward(Block *b, StepCtx *s, const float *x, float *y) {
 // dlogits of rows [r0, r0 + n), in place over the chunk's logits (this rank's vocab columns):
 // from the merged log-sum-exp under loss parallel, else the full-vocab gradient's columns of
 // this rank.
-static void head_chunk_dlogits(LlamaHead *h, StepCtx *s, const HeadChunk *c, int r0, int n,
-                               float dloss) {
+static void head_chunk_dlogits(LlamaHead *h, StepCtx *s, const HeadSaved *sv, const HeadChunk *c,
+                               int r0, int n, float dloss) {
     int V = h->args->vocab_size, Vl = (int)h->output->shape[0], first = vocab_start(h->output);
     const int *targets = s->targets + r0;
-    if (h->lse) {
-        s->k->cross_entropy_slice_backward(c->logits, c->logits, h->lse + r0, targets, n, Vl,
+    if (sv->lse) {
+        s->k->cross_entropy_slice_backward(c->logits, c->logits, sv->lse + r0, targets, n, Vl,
                                            first, dloss);
         return;
     }
@@ -347,15 +407,20 @@ static void head_chunk_dlogits(LlamaHead *h, StepCtx *s, const HeadChunk *c, int
                     Vl * sizeof(float), n);
 }
 
-static void head_backward(Block *b, StepCtx *s, const float *x, const float *dy, float *dx) {
+// The output weight's gradient is taken in the input part too: deferring it to the weight part
+// would keep every chunk's logit gradients, the whole batch's logits the chunks avoid.
+static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, const float *x,
+                          const float *dy, float *dx) {
     (void)dy;
+    if (phase == BLOCK_BACKWARD_WEIGHT) return;
     LlamaHead *h = b->self;
+    HeadSaved *sv = saved;
     const LlamaArgs *a = h->args;
     int BT = s->B * s->T, rows = step_rows(s), D = a->dim, Vl = (int)h->output->shape[0];
     int chunk = head_chunk_rows(h, BT);
     float *dxn = arena_floats(s->act, (size_t)BT * D);
     float *dxn_rows = s->tp ? arena_floats(s->act, (size_t)rows * D) : NULL;
-    HeadChunk c = h->kept;  // one chunk: the logits forward kept; else recomputed per chunk
+    HeadChunk c = sv->kept;  // one chunk: the logits forward kept; else recomputed per chunk
     if (chunk < BT) {
         c = head_chunk_carve(h, s, chunk);
         head_chunk_scratch(h, s, &c, chunk);
@@ -363,15 +428,17 @@ static void head_backward(Block *b, StepCtx *s, const float *x, const float *dy,
     if (step_sizing(s)) return;
     for (int r0 = 0; r0 < BT; r0 += chunk) {
         int n = BT - r0 < chunk ? BT - r0 : chunk;
-        const float *xn = h->xn + (size_t)r0 * D;
-        if (chunk < BT) head_chunk_logits(h, s, &c, r0, n);
-        head_chunk_dlogits(h, s, &c, r0, n, s->loss_scale / BT);
+        const float *xn = sv->xn + (size_t)r0 * D;
+        if (chunk < BT) head_chunk_logits(h, s, sv, &c, r0, n);
+        head_chunk_dlogits(h, s, sv, &c, r0, n, s->loss_scale / BT);
         s->k->matmul(h->output->grad, c.logits, xn, Vl, D, n, true, false, 1);
         s->k->matmul(dxn + (size_t)r0 * D, c.logits, h->output->data, n, D, Vl, false, false, 0);
     }
-    norm_backward_reduced(s, dx, h->norm->grad, dxn, dxn_rows, x, h->norm->data, h->rstd, rows, D);
+    norm_backward_reduced(s, dx, h->norm->grad, dxn, dxn_rows, x, h->norm->data, sv->rstd, rows,
+                          D);
 }
 
-const BlockOps LLAMA_EMBED_OPS = {"embed", embed_forward, embed_backward};
-const BlockOps LLAMA_LAYER_OPS = {"transformer", layer_forward, layer_backward};
-const BlockOps LLAMA_HEAD_OPS = {"head", head_forward, head_backward};
+const BlockOps LLAMA_EMBED_OPS = {"embed", 0, embed_forward, embed_backward};
+const BlockOps LLAMA_LAYER_OPS = {"transformer", sizeof(LayerSaved), layer_forward,
+                                  layer_backward};
+const BlockOps LLAMA_HEAD_OPS = {"head", sizeof(HeadSaved), head_forward, head_backward};

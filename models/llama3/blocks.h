@@ -3,9 +3,19 @@
 
 #include "models/llama3/llama3.h"
 
-// Pointers into the step's activation arena: what a transformer block's forward keeps. BT =
-// B*T rows, `rows` of them this rank's (step_rows); head counts and hidden are the local ones
-// (the widths of this rank's weight slices; all of them on one device).
+// What the weight part of a transformer block's backward reads besides the forward's saved
+// state: the gradients of the projections' outputs, from the input part. Pointers into the
+// microbatch's activation arena, kept until the weight part when the backward is split.
+typedef struct {
+    const float *dy_all;    // (BT, dim): the block output's gradient, all rows
+    float *dgate, *dup;     // (BT, hidden) x2: of hn W1^T and hn W3^T
+    const float *dh_all;    // (BT, dim): h's gradient, all rows
+    float *dq0, *dk0, *dv;  // (BT, n_heads*hd), (BT, n_kv*hd) x2: of q, k before RoPE, of v
+} LayerGrads;
+
+// A transformer block's slot: pointers into the microbatch's activation arena, what forward
+// keeps. BT = B*T rows, `rows` of them this rank's (step_rows); head counts and hidden are the
+// local ones (the widths of this rank's weight slices; all of them on one device).
 typedef struct {
     float *xn, *rstd1;      // (BT, dim), (rows): attention_norm output (all rows), its 1/rms
     float *q, *k, *v;       // (BT, n_heads*hd), (BT, n_kv*hd) x2: after RoPE for q and k
@@ -13,6 +23,7 @@ typedef struct {
     float *h;               // (rows, dim): x + attention output (the FFN's residual input)
     float *hn, *rstd2;      // (BT, dim), (rows): ffn_norm output (all rows) and its 1/rms
     float *gate, *up, *act; // (BT, hidden) x3: hn W1^T, hn W3^T, silu(gate) * up
+    LayerGrads g;           // set by backward's input part
 } LayerSaved;
 
 typedef struct {
@@ -20,7 +31,6 @@ typedef struct {
     int layer_id;
     Param *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
     const float *rope_cos, *rope_sin;  // (max_seq_len, head_dim/2)
-    LayerSaved saved;
 } LlamaLayer;
 
 typedef struct {
@@ -38,10 +48,14 @@ typedef struct {
 typedef struct {
     const LlamaArgs *args;
     Param *norm, *output;   // output is tok_embeddings when the embeddings are tied
+} LlamaHead;
+
+// The head's slot.
+typedef struct {
     float *xn, *rstd;       // (BT, dim) all rows, (rows)
     HeadChunk kept;         // all BT rows' logits, kept for backward when they fit one chunk
     float *lse;             // (BT) under loss parallel: log-sum-exp over the whole vocabulary
     float *losses;          // (BT)
-} LlamaHead;
+} HeadSaved;
 
 extern const BlockOps LLAMA_EMBED_OPS, LLAMA_LAYER_OPS, LLAMA_HEAD_OPS;

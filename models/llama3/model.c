@@ -132,13 +132,13 @@ void llama3_build(Model *m, const LlamaArgs *args, bool activation_checkpoint) {
     }
 
     m->blocks = xcalloc((size_t)m->n_blocks, sizeof(Block));
-    m->hidden = xcalloc((size_t)m->n_blocks + 1, sizeof(float *));
     m->blocks[0] = (Block){&LLAMA_EMBED_OPS, &l->embed, false, 1};
     for (int i = 0; i < a->n_layers; i++)
         m->blocks[i + 1] = (Block){&LLAMA_LAYER_OPS, &l->layers[i], activation_checkpoint, 9};
     m->blocks[m->n_blocks - 1] =
         (Block){&LLAMA_HEAD_OPS, &l->head, false, a->tie_word_embeddings ? 1 : 2};
     m->flops_per_token = flops_per_token(m, a, a->max_seq_len, l->embed.tok_embeddings->numel);
+    model_slots_init(&m->slots, m);
 }
 
 void llama3_free(Model *m) {
@@ -150,6 +150,6 @@ void llama3_free(Model *m) {
     free(l->layers);
     free(l);
     free(m->blocks);
-    free(m->hidden);
+    model_slots_free(&m->slots);
     params_free(&m->params);
 }

@@ -131,7 +131,7 @@ static void sharded_build(Sharded *sh, const Mesh *mesh, const Case *c, int rows
                          .replicate_size = replicate,
                          .replicate_rank = mesh->coord[MESH_DP_REPLICATE], .reshard = c->reshard,
                          .bf16_params = c->bf16_params, .bf16_reduce = c->bf16_reduce, .k = k};
-    fsdp_plan(&sh->f, &sh->net.m, &config);
+    fsdp_plan(&sh->f, &sh->net.m.params, sh->net.m.blocks, sh->net.m.n_blocks, &config);
     arena_init_sizing(&sh->params, "params");
     arena_init_sizing(&sh->grads, "grads");
     arena_init_sizing(&sh->comm, "comm");
@@ -140,8 +140,8 @@ static void sharded_build(Sharded *sh, const Mesh *mesh, const Case *c, int rows
     arena_commit(&sh->grads, NULL);
     arena_commit(&sh->comm, NULL);
     fsdp_allocate(&sh->f, &sh->params, &sh->grads, &sh->comm);
-    fsdp_wrap(&sh->f, &sh->net.m, mesh->fsdp,
-              replicate > 1 ? mesh->group[MESH_DP_REPLICATE] : NULL);
+    sh->net.m.hooks = fsdp_attach(&sh->f, mesh->fsdp,
+                                  replicate > 1 ? mesh->group[MESH_DP_REPLICATE] : NULL);
     arena_init_sizing(&sh->acts, "activations");
     sh->acts.peak = model_activation_bytes(&sh->net.m, k, rows / c->microbatches, T);
     arena_commit(&sh->acts, NULL);
@@ -276,7 +276,7 @@ static void check_uneven_placement(const Reference *r) {
         FsdpConfig config = {.size = N, .rank = k, .replicate_size = 1,
                              .k = kernels_backend("cpu")};
         Fsdp f;
-        fsdp_plan(&f, &n.m, &config);
+        fsdp_plan(&f, &n.m.params, n.m.blocks, n.m.n_blocks, &config);
         Arena params, grads, comm;
         arena_init_sizing(&params, "params");
         arena_init_sizing(&grads, "grads");

@@ -1,0 +1,102 @@
+// The block interface (DESIGN.md "Blocks"): what models/ implements and parallel/ runs in
+// pieces (FSDP units, pipeline stages), so that neither includes the other.
+//
+// Every block maps hidden states x (rows, dim) to y (rows, dim), rows = step_rows (B*T on one
+// device): the embedding reads token ids instead of x, the head writes the loss instead of y.
+// What a block keeps from its forward for its backward lives in a caller-owned slot (the
+// block's saved_bytes of host memory, pointing into the microbatch's activation arena), not in
+// the block: a pipeline stage has several microbatches in flight, each with its own slots.
+// Each block allocates what it keeps (and its scratch) at the top of forward/backward from
+// the microbatch's activation arena, and computes only when the arena is committed: so the
+// same code that runs a step also sizes the activation arena (and `--estimate`), without a
+// hand-written mirror of the step.
+// Model code never calls a collective: it calls StepCtx.tp's hooks, which parallel/ implements.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/arena.h"
+#include "kernels/kernels.h"
+
+// Tensor parallelism as the model sees it (DESIGN.md "Parallelisms", Megatron-LM with sequence
+// parallel, Korthikanti et al. 2022): between blocks the residual stream holds this rank's
+// contiguous 1/size of the B*T rows; column- and row-parallel weights are their Params' local
+// slices (the local shapes tell the widths); these calls, implemented by parallel/tp.c over
+// the tp group, move activations between the ranks. StepCtx.tp NULL: one device, no calls.
+typedef struct TpHooks TpHooks;
+struct TpHooks {
+    int size;            // ranks sharing the rows and the weights
+    bool loss_parallel;  // the loss reads vocab-sharded logits (else they are gathered first)
+    // full (size * n) = every rank's x (n) in rank order: all-gather of rows.
+    void (*gather)(const TpHooks *h, const float *x, float *full, size_t n);
+    // full (rows, size * cols) = every rank's x (rows, cols) side by side: all-gather of
+    // columns; scratch holds size * rows * cols floats.
+    void (*gather_columns)(const TpHooks *h, const float *x, float *full, float *scratch,
+                           int rows, int cols);
+    // y (n) = the sum over ranks of block `rank` of partial (size * n): reduce-scatter of rows.
+    void (*reduce_scatter)(const TpHooks *h, const float *partial, float *y, size_t n);
+    // buf (n) = the elementwise max / sum over ranks (all-reduce).
+    void (*all_reduce_max)(const TpHooks *h, float *buf, size_t n);
+    void (*all_reduce_sum)(const TpHooks *h, float *buf, size_t n);
+};
+
+typedef struct {
+    const KernelOps *k;
+    const TpHooks *tp;   // NULL: one device; the generic loop sets it from Model.tp
+    Arena *act;          // this microbatch's activations (a stack: see core/arena.h)
+    int B, T;            // microbatch rows and sequence length
+    const int *tokens;   // (B, T) inputs
+    const int *targets;  // (B, T) next tokens
+    const int *pos;      // (T) RoPE position of each sequence index
+    float loss_scale;    // d(objective)/d(mean loss of this microbatch): 1 / microbatches
+    double loss;         // out: mean cross-entropy of the microbatch (every tp rank: the whole)
+    float *logits;       // out: (B*T, vocab), valid after forward until backward overwrites it;
+                         // (B*T, vocab / tp) this rank's vocab slice under loss parallel
+} StepCtx;
+
+static inline bool step_sizing(const StepCtx *s) { return s->act->base == NULL; }
+// Rows of the residual stream this rank holds between blocks (sequence parallel).
+static inline int step_rows(const StepCtx *s) { return s->B * s->T / (s->tp ? s->tp->size : 1); }
+
+// What a call of a block does, as the code around it needs to know (FSDP gathers before each,
+// prefetches in the direction the next one goes, and reduce-scatters after the gradients).
+// BACKWARD is INPUT then WEIGHT at once; zero-bubble schedules run them apart: INPUT gives the
+// input gradient (what the previous pipeline stage waits for) and keeps in the slot what
+// WEIGHT then needs to accumulate the parameter gradients.
+typedef enum {
+    BLOCK_FORWARD,
+    BLOCK_RECOMPUTE,        // activation checkpointing: forward again, just before backward
+    BLOCK_BACKWARD,
+    BLOCK_BACKWARD_INPUT,
+    BLOCK_BACKWARD_WEIGHT,
+} BlockPhase;
+
+typedef struct Block Block;
+typedef struct {
+    const char *kind;
+    size_t saved_bytes;  // the slot: what forward keeps for backward (pointers into the arena)
+    // y = f(x); fills the slot.
+    void (*forward)(Block *b, StepCtx *s, void *saved, const float *x, float *y);
+    // phase BACKWARD: dx += df/dx^T dy, and every parameter gradient += its part. INPUT: dx
+    // only (a block may take some parameter gradients here when deferring them would cost
+    // more than it hides; it says which); WEIGHT: the rest, with the same x and dy (still
+    // valid, as is all that INPUT carved) and dx NULL. Needs the slot forward filled.
+    void (*backward)(Block *b, StepCtx *s, void *saved, BlockPhase phase, const float *x,
+                     const float *dy, float *dx);
+} BlockOps;
+
+struct Block {
+    const BlockOps *ops;
+    void *self;          // the block's own parameters and config (owned by the model)
+    bool checkpointed;   // activation_checkpoint.mode == full: backward re-runs forward
+    int n_params;        // its parameters: the next n_params of the table, in block order
+};
+
+// Called around every block call by the code that runs blocks (not while sizing): how FSDP
+// gathers parameters and reduce-scatters gradients without wrapping the blocks.
+typedef struct BlockHooks BlockHooks;
+struct BlockHooks {
+    void (*before)(const BlockHooks *h, int block, BlockPhase phase);
+    void (*after)(const BlockHooks *h, int block, BlockPhase phase);
+};
