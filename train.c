@@ -52,6 +52,7 @@ static void setup_model(Trainer *t) {
     // torchtitan's parallelize order: TP, then activation checkpointing, then FSDP.
     bool full_ac = strcmp(c->activation_checkpoint.mode, "full") == 0;
     llama3_build(&t->model, &t->args, false);
+    if (t->mesh.layout.size[MESH_PP] > 1) trainer_pipeline_plan(t);
     if (t->tp_on) {
         bool loss_parallel = !c->parallelism.disable_loss_parallel;
         if (t->estimate_world_size) tp_plan(&t->tp, 0, tp, loss_parallel);
@@ -101,6 +102,13 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
     t->model.hooks = fsdp_attach(f, t->mesh.fsdp, replicate);
 }
 
+// The activation arena one step needs: a microbatch through the whole model, or the pipeline
+// stages' regions.
+static size_t train_activation_bytes(Trainer *t) {
+    if (t->pipeline) return trainer_pipeline_activation_bytes(t);
+    return model_activation_bytes(&t->model, t->k, t->train.B, t->train.T);
+}
+
 // Sizes every arena with the same calls that then carve it (core/arena.h; commit false: all
 // that --estimate and the memory check need), or allocates what that pass sized and carves it
 // (commit true, after a sizing pass).
@@ -114,13 +122,14 @@ static void allocate_arenas(Trainer *t, bool commit) {
                            &t->memory);
         arena_commit(&t->optim_arena, &t->memory);
         adamw_allocate(&t->opt, m->params.shard_numel, &t->optim_arena);
+        if (t->pipeline) trainer_pipeline_start(t);
         return;
     }
     bool full_ac = m->blocks[1].checkpointed;
     set_checkpointing(m, !full_ac);
-    t->act_bytes_other_mode = model_activation_bytes(m, t->k, t->train.B, t->train.T);
+    t->act_bytes_other_mode = train_activation_bytes(t);
     set_checkpointing(m, full_ac);
-    size_t act_bytes = model_activation_bytes(m, t->k, t->train.B, t->train.T);
+    size_t act_bytes = train_activation_bytes(t);
     if (t->val.B > 0) {
         size_t val_bytes = model_activation_bytes(m, t->k, t->val.B, t->val.T);
         if (val_bytes > act_bytes) act_bytes = val_bytes;
@@ -344,10 +353,16 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
     double loss = 0;
     for (int m = 0; m < t->accum; m++) {
         split_next(t->k, &t->train, t->args.vocab_size);
+        if (t->pipeline) {
+            loss += trainer_pipeline_step(t) / t->accum;
+            continue;
+        }
         StepCtx s = step_ctx(t, &t->train);
         s.loss_scale = 1.0f / t->accum;
         loss += model_forward_backward(&t->model, &s) / t->accum;
     }
+    CommGroup *pp = t->pipeline ? t->mesh.group[MESH_PP] : NULL;
+    if (pp) loss = comm_all_reduce_double(pp, loss, COMM_SUM);  // the last stage's, everywhere
     loss = comm_all_reduce_double(t->mesh.loss, loss, COMM_AVG);  // the global batch's mean
     if (!isfinite(loss)) {
         trainer_wait_checkpoint(t);  // a save in flight completes: the message promises it
@@ -358,7 +373,7 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
     if (t->ddp_on) ddp_finish_step(params, t->mesh.group[MESH_DP_REPLICATE]);
     CommGroup *tp = t->tp_on ? t->tp.group : NULL, *fsdp = t->fsdp_on ? t->mesh.fsdp : NULL;
     grads_reduce_replicated(params, tp);
-    *grad_norm = sqrt(grads_sum_squares(t->k, params, fsdp, tp));
+    *grad_norm = sqrt(grads_sum_squares(t->k, params, fsdp, tp, pp));
     grad_clip_to_norm(t->k, params->shard_grad, params->shard_numel, *grad_norm,
                       t->cfg.training.max_norm);
     *lr = t->opt.lr * lr_schedule_factor(&t->schedule, step - t->lr_origin);

@@ -19,6 +19,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/grads.h"
 #include "parallel/mesh.h"
+#include "parallel/pp/schedule.h"
 #include "parallel/tp.h"
 
 // One dataset read in batches: the training split or the validation split.
@@ -32,6 +33,7 @@ typedef struct {
 } Split;
 
 typedef struct AsyncSave AsyncSave;  // train_checkpoint.c's
+typedef struct Pipeline Pipeline;    // train_pipeline.c's
 
 typedef struct {
     Config cfg;
@@ -44,6 +46,7 @@ typedef struct {
     Fsdp fsdp;                    // used when fsdp_on (dp_shard x cp > 1; HSDP with dp_replicate)
     bool tp_on, fsdp_on;
     bool ddp_on;                  // dp_replicate > 1 on an fsdp group of one: plain DDP
+    Pipeline *pipeline;           // pipeline_parallel_degree > 1; NULL: off
     int estimate_world_size;      // > 0: `--estimate`: plan and size for that many ranks only
     bool print_schedule;          // `--print-schedule`: check and print the pipeline schedule only
     int schedule_microbatches;    // `--microbatches N` for it (0: from the batch config)
@@ -79,5 +82,17 @@ void trainer_create_seed_checkpoint(Trainer *t);
 void trainer_print_estimate(Trainer *t);
 void trainer_check_memory(Trainer *t);
 void trainer_write_run_summary(Trainer *t);
-// train_schedule.c: `titan --print-schedule [--microbatches N]`.
+// train_schedule.c: `titan --print-schedule [--microbatches N]`, and the schedule training runs.
 void trainer_print_schedule(const Config *c, int microbatches_flag);
+void trainer_load_schedule(const Config *c, int microbatches, PpSchedule *s, PpReport *r);
+// The microbatches of a pipeline step: local_batch_size / pipeline_parallel_microbatch_size.
+int trainer_schedule_microbatches(const Config *c);
+// train_pipeline.c: pipeline parallel. plan: after the model is built, before TP (the schedule,
+// each stage's blocks, its parameters placed on its rank); activation_bytes: the regions'
+// bytes (sizing pass); start: the executor on the committed activation arena; step: one
+// batch's microbatches through this rank's stages, returning the mean loss on the last
+// stage's rank and 0 on the others.
+void trainer_pipeline_plan(Trainer *t);
+size_t trainer_pipeline_activation_bytes(Trainer *t);
+void trainer_pipeline_start(Trainer *t);
+double trainer_pipeline_step(Trainer *t);

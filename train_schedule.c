@@ -33,32 +33,40 @@ static char *read_text(const char *path) {
     return text;
 }
 
-// `titan --print-schedule`: the pipeline schedule the config names (or its CSV), proved by the
-// checker and printed as a table; a schedule the checker refuses exits 2 with its one line.
-void trainer_print_schedule(const Config *c, int microbatches_flag) {
+// The schedule the config names (or its CSV) for m microbatches, proved by the checker: exits
+// 2 with one line naming the rank and action when it is not sound.
+void trainer_load_schedule(const Config *c, int m, PpSchedule *s, PpReport *r) {
     const ParallelismSection *p = &c->parallelism;
-    int pp = (int)p->pipeline_parallel_degree, m = schedule_microbatches(c, microbatches_flag);
+    int pp = (int)p->pipeline_parallel_degree;
     const char *csv = p->pipeline_parallel_schedule_csv;
-    PpSchedule s;
-    PpReport r;
     char err[1200];
     if (csv && *csv) {
         char *text = read_text(csv);
-        if (!pp_schedule_load_csv(&s, text, csv, err, sizeof err)) die_user("%s", err);
+        if (!pp_schedule_load_csv(s, text, csv, err, sizeof err)) die_user("%s", err);
         free(text);
-        if (s.ranks != pp || s.microbatches != m)
+        if (s->ranks != pp || s->microbatches != m)
             die_user("%s: the schedule has %d ranks and %d microbatches; the config runs %d ranks "
-                     "(pipeline_parallel_degree) and %d microbatches", csv, s.ranks,
-                     s.microbatches, pp, m);
-        printf("schedule %s: %d ranks, %d stages, %d microbatches\n", csv, pp, s.stages, m);
-    } else {
-        if (!pp_schedule_generate(&s, p->pipeline_parallel_schedule, pp, m, err, sizeof err))
-            die_user("parallelism.pipeline_parallel_schedule: %s", err);
-        printf("schedule %s: %d ranks, %d stages, %d microbatches\n",
-               p->pipeline_parallel_schedule, pp, s.stages, m);
+                     "(pipeline_parallel_degree) and %d microbatches", csv, s->ranks,
+                     s->microbatches, pp, m);
+    } else if (!pp_schedule_generate(s, p->pipeline_parallel_schedule, pp, m, err, sizeof err)) {
+        die_user("parallelism.pipeline_parallel_schedule: %s", err);
     }
-    if (!pp_schedule_check(&s, &r, err, sizeof err)) die_user("%s: %s", csv && *csv ? csv :
-                                                              p->pipeline_parallel_schedule, err);
+    if (!pp_schedule_check(s, r, err, sizeof err))
+        die_user("%s: %s", csv && *csv ? csv : p->pipeline_parallel_schedule, err);
+}
+
+int trainer_schedule_microbatches(const Config *c) { return schedule_microbatches(c, 0); }
+
+// `titan --print-schedule`: the checked schedule as a table.
+void trainer_print_schedule(const Config *c, int microbatches_flag) {
+    const ParallelismSection *p = &c->parallelism;
+    int m = schedule_microbatches(c, microbatches_flag);
+    const char *csv = p->pipeline_parallel_schedule_csv;
+    PpSchedule s;
+    PpReport r;
+    trainer_load_schedule(c, m, &s, &r);
+    printf("schedule %s: %d ranks, %d stages, %d microbatches\n",
+           csv && *csv ? csv : p->pipeline_parallel_schedule, s.ranks, s.stages, m);
     pp_schedule_print(&s, &r, stdout);
     pp_report_free(&r);
     pp_schedule_free(&s);

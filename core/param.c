@@ -71,6 +71,9 @@ int64_t placement_slice(const Placement *pl, int64_t n, int rank, int64_t *start
         *start = rank * per < n ? rank * per : n;
         return (*start + per < n ? *start + per : n) - *start;
     }
+    case PLACE_OWNED:
+        *start = 0;
+        return rank == pl->owner ? n : 0;
     }
     return 0;
 }
@@ -114,7 +117,9 @@ void params_place(ParamTable *t, Param *p, Placement pl) {
     CHECK(p->n_placements < PARAM_MAX_PLACEMENTS && param_placement_on(p, pl.group) == NULL);
     if (pl.kind != PLACE_REPLICATE) CHECK(pl.dim >= 0 && pl.dim < p->ndim);
     if (pl.kind == PLACE_SHARD) CHECK(p->shape[pl.dim] % pl.size == 0);
-    for (int i = 0; i < p->n_placements && pl.kind == PLACE_SHARD; i++)
+    if (pl.kind == PLACE_OWNED) CHECK(pl.dim == 0 && pl.owner >= 0 && pl.owner < pl.size);
+    bool cuts_compute = pl.kind == PLACE_SHARD || pl.kind == PLACE_OWNED;
+    for (int i = 0; i < p->n_placements && cuts_compute; i++)
         CHECK(p->placements[i].kind != PLACE_SHARD_PADDED);
     p->placements[p->n_placements++] = pl;
     ParamBox b = param_box(p, false);

@@ -35,13 +35,17 @@ typedef enum {
     // none), padded to the same length in storage and gathered before compute. Padding is
     // never part of the box (nor of a checkpoint).
     PLACE_SHARD_PADDED,
+    // The whole box on one rank of the group (`owner`), nothing (an empty box) on the others:
+    // a pipeline stage's parameters, held by the pp rank that runs the stage.
+    PLACE_OWNED,
 } PlacementKind;
 
 typedef struct {
     PlacementKind kind;
-    int dim;         // the tensor dim a shard cuts
+    int dim;         // the tensor dim a shard cuts (PLACE_OWNED: 0, emptied off the owner)
     int group;       // which mesh group (parallel/mesh.h's MeshGroup; opaque here)
     int size, rank;  // the group's size and this rank's index in it
+    int owner;       // PLACE_OWNED: the rank that holds the tensor
 } Placement;
 
 // Elements [start[d], start[d] + count[d]) of the global tensor along each dim.

@@ -18,7 +18,7 @@ static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 
 // FSDP's placement of a parameter for rank `rank` of the fsdp group.
 static Placement fsdp_placement(const Fsdp *f, int rank) {
-    return (Placement){PLACE_SHARD_PADDED, 0, MESH_GROUP_FSDP, f->config.size, rank};
+    return (Placement){PLACE_SHARD_PADDED, 0, MESH_GROUP_FSDP, f->config.size, rank, 0};
 }
 
 // The rows [*first, *first + count) of p's compute tensor that rank k holds (the last ranks
@@ -28,7 +28,12 @@ static int64_t rank_rows(const Fsdp *f, const Param *p, int k, int64_t *first) {
     return placement_slice(&pl, p->shape[0], k, first);
 }
 
-static size_t row_numel(const Param *p) { return p->numel / (size_t)p->shape[0]; }
+// Floats per dim-0 row of p's compute tensor (which may have no rows: another stage's).
+static size_t row_numel(const Param *p) {
+    size_t n = 1;
+    for (int d = 1; d < p->ndim; d++) n *= (size_t)p->shape[d];
+    return n;
+}
 
 static void plan_unit(Fsdp *f, FsdpUnit *u) {
     ParamTable *t = f->params;
@@ -38,7 +43,7 @@ static void plan_unit(Fsdp *f, FsdpUnit *u) {
         CHECK(p->offset == u->table_offset + u->full_numel);  // a block's params are contiguous
         params_place(t, p, fsdp_placement(f, f->config.rank));
         params_place(t, p, (Placement){PLACE_REPLICATE, 0, MESH_DP_REPLICATE,
-                                       f->config.replicate_size, f->config.replicate_rank});
+                                       f->config.replicate_size, f->config.replicate_rank, 0});
         u->full_numel += p->numel;
     }
 }

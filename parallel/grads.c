@@ -23,7 +23,8 @@ void grads_reduce_replicated(const ParamTable *t, CommGroup *tp) {
     }
 }
 
-double grads_sum_squares(const KernelOps *k, const ParamTable *t, CommGroup *fsdp, CommGroup *tp) {
+double grads_sum_squares(const KernelOps *k, const ParamTable *t, CommGroup *fsdp, CommGroup *tp,
+                         CommGroup *pp) {
     double local = 0;
     for (int i = 0; i < t->count; i++) {
         const Param *p = &t->items[i];
@@ -32,5 +33,6 @@ double grads_sum_squares(const KernelOps *k, const ParamTable *t, CommGroup *fsd
     }
     if (fsdp) local = comm_all_reduce_double(fsdp, local, COMM_SUM);
     if (tp) local = comm_all_reduce_double(tp, local, COMM_SUM);
+    if (pp) local = comm_all_reduce_double(pp, local, COMM_SUM);
     return local;
 }

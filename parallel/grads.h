@@ -17,6 +17,8 @@ size_t grads_replicated_floats(const ParamTable *t);
 void grads_reduce_replicated(const ParamTable *t, CommGroup *tp);
 // Sum over every element of the whole model's gradient of its square: this rank's shards,
 // summed over the fsdp and tp groups, each parameter divided by its replica count over them
-// (a tp-replicated norm weight, once in total); data-parallel replicas (HSDP, DDP) hold
+// (a tp-replicated norm weight, once in total), and over pp (each stage's parameters are on
+// one pp rank, empty on the others); data-parallel replicas (HSDP, DDP) hold
 // identical grads and are not summed.
-double grads_sum_squares(const KernelOps *k, const ParamTable *t, CommGroup *fsdp, CommGroup *tp);
+double grads_sum_squares(const KernelOps *k, const ParamTable *t, CommGroup *fsdp, CommGroup *tp,
+                         CommGroup *pp);

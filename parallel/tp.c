@@ -49,6 +49,6 @@ void tp_plan(Tp *tp, int rank, int size, bool loss_parallel) {
 
 void tp_shard(const Tp *tp, ParamTable *t, Param *p, int dim) {
     PlacementKind kind = dim == TP_REPLICATE ? PLACE_REPLICATE : PLACE_SHARD;
-    params_place(t, p, (Placement){kind, dim, MESH_TP, tp->size, tp->rank});
+    params_place(t, p, (Placement){kind, dim, MESH_TP, tp->size, tp->rank, 0});
 }
 

@@ -37,6 +37,12 @@ static void push(PpSchedule *s, int r, PpActionKind kind, int stage, int mb, int
 
 static bool is_comm(PpActionKind k) { return k >= PP_SEND_ACT; }
 
+bool pp_rank_splits_backward(const PpSchedule *s, int rank) {
+    for (int i = 0; i < s->count[rank]; i++)
+        if (s->actions[rank][i].kind == PP_BACKWARD_INPUT) return true;
+    return false;
+}
+
 // Recv before, send after: each compute action's data from and to other ranks.
 static void pp_add_comms(PpSchedule *s) {
     for (int r = 0; r < s->ranks; r++) {

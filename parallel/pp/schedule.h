@@ -60,6 +60,9 @@ bool pp_schedule_load_csv(PpSchedule *s, const char *text, const char *path, cha
                           size_t n);
 void pp_schedule_free(PpSchedule *s);
 
+// Whether rank's list runs backward in two parts (I, then W) rather than B.
+bool pp_rank_splits_backward(const PpSchedule *s, int rank);
+
 // The cost model's time of one action: 2 for B, 1 for F, I and W, 0 for sends and recvs.
 int pp_action_cost(PpActionKind k);
 

@@ -29,5 +29,17 @@ expect_user_error() {
   echo "ok: $err"
 }
 
+# expect_job_error PATTERN CMD...: expect_user_error for an mpirun job, whose stderr also
+# holds mpirun's banner about the ranks' exit: one titan line, from rank 0.
+expect_job_error() {
+  local pattern=$1 rc=0; shift
+  "$@" >/dev/null 2>"$SCRATCH/job.err" || rc=$?
+  local err; err=$(grep '^titan' "$SCRATCH/job.err" || true)
+  [ "$rc" -eq 2 ] || fail "expected exit 2, got $rc from: $* ($(cat "$SCRATCH/job.err"))"
+  [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] || fail "expected one line from: $*, got: $err"
+  printf '%s\n' "$err" | grep -Eq -- "$pattern" || fail "'$err' does not match '$pattern'"
+  echo "ok: $err"
+}
+
 # losses FILE: the loss column of a metrics.jsonl, exactly as written.
 losses() { grep -o '"loss": [^,]*' "$1"; }

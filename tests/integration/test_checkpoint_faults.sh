@@ -81,18 +81,6 @@ damaged() {
   echo "$SCRATCH/$1/checkpoint/step-2.h5"
 }
 
-# expect_job_error PATTERN CMD...: expect_user_error for an mpirun job, whose stderr also
-# holds mpirun's banner about the ranks' exit: one titan line, from rank 0.
-expect_job_error() {
-  local pattern=$1 rc=0; shift
-  "$@" >/dev/null 2>"$SCRATCH/job.err" || rc=$?
-  local err; err=$(grep '^titan' "$SCRATCH/job.err" || true)
-  [ "$rc" -eq 2 ] || fail "expected exit 2, got $rc from: $* ($(cat "$SCRATCH/job.err"))"
-  [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] || fail "expected one line from: $*, got: $err"
-  printf '%s\n' "$err" | grep -Eq -- "$pattern" || fail "'$err' does not match '$pattern'"
-  echo "ok: $err"
-}
-
 # refused NAME PATTERN [LAUNCHER...] -- ARGS...: resuming the folder of case NAME exits 2 with
 # one line matching PATTERN, and changes nothing in the folder.
 refused() {

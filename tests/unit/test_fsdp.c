@@ -247,11 +247,11 @@ static void check_case(const Reference *r, const Reference *rounded, const Mesh 
            want->loss);
     check_grads(&sh.f, want, c->name, tolerance);
     const KernelOps *k = kernels_backend("cpu");
-    double norm = sqrt(grads_sum_squares(k, &sh.net.m.params, mesh->fsdp, NULL));
+    double norm = sqrt(grads_sum_squares(k, &sh.net.m.params, mesh->fsdp, NULL, NULL));
     EXPECT(close_to(norm, want->grad_norm, tolerance), "%s: grad norm %.9g, 1-rank %.9g",
            c->name, norm, want->grad_norm);
     grad_clip_to_norm(k, sh.f.grad, sh.f.numel, norm, norm / 2);
-    double clipped = sqrt(grads_sum_squares(k, &sh.net.m.params, mesh->fsdp, NULL));
+    double clipped = sqrt(grads_sum_squares(k, &sh.net.m.params, mesh->fsdp, NULL, NULL));
     EXPECT(close_to(clipped, norm / 2, TOLERANCE), "%s: clipped norm %.9g, want %.9g", c->name,
            clipped, norm / 2);
     FsdpEstimate e = fsdp_estimate(&sh.f);

@@ -23,9 +23,9 @@ static void place(ParamTable *table, const int64_t shape[3], int tp_dim, int tp,
     params_init(table, 1);
     params_add(table, INIT_NORMAL, 0.02, 3, shape, "experts.w1");
     Param *p = &table->items[0];
-    params_place(table, p, (Placement){PLACE_SHARD, tp_dim, TP_GROUP, tp, t});
-    params_place(table, p, (Placement){PLACE_SHARD_PADDED, 0, FSDP_GROUP, fsdp, f});
-    params_place(table, p, (Placement){PLACE_REPLICATE, 0, REPLICATE_GROUP, replicas, r});
+    params_place(table, p, (Placement){PLACE_SHARD, tp_dim, TP_GROUP, tp, t, 0});
+    params_place(table, p, (Placement){PLACE_SHARD_PADDED, 0, FSDP_GROUP, fsdp, f, 0});
+    params_place(table, p, (Placement){PLACE_REPLICATE, 0, REPLICATE_GROUP, replicas, r, 0});
 }
 
 static void test_boxes_tile_the_tensor(void **state) {

@@ -191,7 +191,7 @@ static void test_init_shapes_and_norm(void **state) {
                 norm->numel == (size_t)norm->global_shape[0]);
     const KernelOps *k = kernels_backend("cpu");
     double want = k->sum_squares(ref.m.params.grad, ref.m.params.numel);
-    double got = grads_sum_squares(k, &tp.m.params, NULL, tp.tp.group);
+    double got = grads_sum_squares(k, &tp.m.params, NULL, tp.tp.group, NULL);
     assert_true(fabs(got - want) / want <= 1e-5);
     unrun(&ref);
     unrun(&tp);
