@@ -256,7 +256,7 @@ static void gen_dualpipev(PpSchedule *s) {
     for (int r = 0; r < pp; r++) {
         DualRank d = {.s = s, .rank = r,
                       .deferred = xcalloc(2 * (size_t)s->microbatches, sizeof(int))};
-        for (int st = s->stages - 1; st >= 0; st--)  // the placement's two stages of rank r
+        for (int st = 0; st < s->stages; st++)  // the two stages place() gave rank r
             if (s->stage_rank[st] == r) d.stage[st < pp ? DV_DOWN : DV_UP] = st;
         dv_warmup(&d, pp);
         dv_steady(&d, pp);
