@@ -182,26 +182,120 @@ static void gen_zero_bubble(PpSchedule *s) {
     free(z.f_end), free(z.i_end), free(z.w_end);
 }
 
+// DualPipeV: DeepSeek-V3's DualPipe (arXiv 2412.19437) cut in half onto the V placement, in
+// the per-rank order torch.distributed.pipelining's ScheduleDualPipeV gives. Each rank runs its
+// own fixed list (no list scheduling): the steady state pairs a forward of one leg of the V
+// with a full backward of the other, so that on a GPU one's communication hides behind the
+// other's compute; warmup and cooldown split backwards into I and W so the deferred Ws fill
+// the bubbles at both ends.
+enum { DV_DOWN, DV_UP };  // a rank's two stages: r on the V's way down, 2pp-1-r on its way up
+
+typedef struct {
+    PpSchedule *s;
+    int rank;
+    int stage[2];             // (DV_DOWN, DV_UP) the rank's stages
+    int next_f[2], next_b[2]; // the microbatch each stage forwards, backwards next
+    int *deferred;            // (2m) Ws still to run, oldest first, as leg * m + microbatch
+    int head, tail;
+} DualRank;
+
+static void dv_forward(DualRank *d, int leg) {
+    push(d->s, d->rank, PP_FORWARD, d->stage[leg], d->next_f[leg]++, -1);
+}
+
+// split: only I now, its W queued for later (zero-bubble style); else a full B.
+static void dv_backward(DualRank *d, int leg, bool split) {
+    int mb = d->next_b[leg]++;
+    push(d->s, d->rank, split ? PP_BACKWARD_INPUT : PP_BACKWARD, d->stage[leg], mb, -1);
+    if (split) d->deferred[d->tail++] = leg * d->s->microbatches + mb;
+}
+
+// The oldest deferred W, if any.
+static void dv_weight(DualRank *d) {
+    if (d->head == d->tail) return;
+    int k = d->deferred[d->head++], m = d->s->microbatches;
+    push(d->s, d->rank, PP_BACKWARD_WEIGHT, d->stage[k / m], k % m, -1);
+}
+
+// PyTorch's OVERLAP_F_B: one leg's forward overlapped with the other leg's full backward.
+// titan has no fused action; the executor runs the two back to back, forward first, the
+// order PyTorch's runtime performs the pair's sub-actions in.
+static void dv_overlapped(DualRank *d, int forward_leg) {
+    dv_forward(d, forward_leg);
+    dv_backward(d, !forward_leg, false);
+}
+
+// Rank r first fills the V: 2(pp-1-r) forwards down, then r+1 down-up pairs (the up leg's
+// first microbatches come back from rank r+1 in time), then pp-1-r rounds of I, W, F up.
+static void dv_warmup(DualRank *d, int pp) {
+    int r = d->rank;
+    for (int i = 0; i < 2 * (pp - 1 - r); i++) dv_forward(d, DV_DOWN);
+    for (int i = 0; i <= r; i++) dv_forward(d, DV_DOWN), dv_forward(d, DV_UP);
+    for (int i = 0; i < pp - 1 - r; i++) {
+        dv_backward(d, DV_UP, true);
+        dv_weight(d);
+        dv_forward(d, DV_UP);
+    }
+}
+
+// Steady state: F down + B up, F up + B down, m - 2pp + r + 1 times (PyTorch leaves the last
+// rank's first F down, B up pair unoverlapped; the order is the same); then pp-1-r rounds of
+// B up, F up + B down while the up leg's last forwards drain.
+static void dv_steady(DualRank *d, int pp) {
+    int r = d->rank, m = d->s->microbatches;
+    for (int i = 0; i < m - 2 * pp + r + 1; i++)
+        dv_overlapped(d, DV_DOWN), dv_overlapped(d, DV_UP);
+    for (int i = 0; i < pp - 1 - r; i++) dv_backward(d, DV_UP, false), dv_overlapped(d, DV_UP);
+}
+
+// Cooldown: r+1 backward pairs (up, then down), of whose 2(r+1) backwards the second half are
+// split; then pp-1-r rounds of a deferred W and an I down; then the remaining Ws.
+static void dv_cooldown(DualRank *d, int pp) {
+    int r = d->rank;
+    for (int j = 0; j < 2 * (r + 1); j++) dv_backward(d, j % 2 ? DV_DOWN : DV_UP, j > r);
+    for (int i = 0; i < pp - 1 - r; i++) dv_weight(d), dv_backward(d, DV_DOWN, true);
+    while (d->head < d->tail) dv_weight(d);
+}
+
+static void gen_dualpipev(PpSchedule *s) {
+    int pp = s->ranks;
+    for (int r = 0; r < pp; r++) {
+        DualRank d = {.s = s, .rank = r,
+                      .deferred = xcalloc(2 * (size_t)s->microbatches, sizeof(int))};
+        for (int st = 0; st < s->stages; st++)  // the two stages place() gave rank r
+            if (s->stage_rank[st] == r) d.stage[st < pp ? DV_DOWN : DV_UP] = st;
+        dv_warmup(&d, pp);
+        dv_steady(&d, pp);
+        dv_cooldown(&d, pp);
+        free(d.deferred);
+    }
+}
+
 bool pp_schedule_generate(PpSchedule *s, const char *name, int pp, int m, char *err, size_t n) {
     if (pp < 1 || m < 1)
         return error_set(err, n, "a pipeline needs at least 1 rank and 1 microbatch (got pp=%d, "
                          "%d microbatches)", pp, m);
     bool gpipe = !strcmp(name, "GPipe"), one = !strcmp(name, "1F1B"),
          interleaved = !strcmp(name, "Interleaved1F1B"), bfs = !strcmp(name, "LoopedBFS"),
-         zb = !strcmp(name, "InterleavedZeroBubble"), zbv = !strcmp(name, "ZBVZeroBubble");
-    if (!strcmp(name, "DualPipeV"))
-        return error_set(err, n, "pipeline schedule DualPipeV is not implemented yet");
-    if (!(gpipe || one || interleaved || bfs || zb || zbv))
+         zb = !strcmp(name, "InterleavedZeroBubble"), zbv = !strcmp(name, "ZBVZeroBubble"),
+         dual = !strcmp(name, "DualPipeV");
+    if (!(gpipe || one || interleaved || bfs || zb || zbv || dual))
         return error_set(err, n, "unknown pipeline schedule '%s'", name);
+    // Rank 0 forwards 2pp-1 microbatches down the V before its first backward and runs its
+    // steady state m-2pp+1 times; PyTorch refuses fewer microbatches than stages.
+    if (dual && m < 2 * pp)
+        return error_set(err, n, "DualPipeV needs at least as many microbatches (%d) as stages "
+                         "(2 x pipeline_parallel_degree = %d)", m, 2 * pp);
     // Megatron's interleaving sends microbatches through each local stage in groups of pp.
     if (interleaved && m % pp != 0)
         return error_set(err, n, "Interleaved1F1B needs the microbatch count (%d) to be a "
                          "multiple of pipeline_parallel_degree (%d)", m, pp);
     int v = gpipe || one ? 1 : 2;  // virtual stages per rank
     sched_init(s, pp, v * pp, m);
-    place(s, zbv);
+    place(s, zbv || dual);
     if (gpipe || bfs) gen_looped_bfs(s, v);
     else if (one || interleaved) gen_1f1b(s, v);
+    else if (dual) gen_dualpipev(s);
     else gen_zero_bubble(s);
     pp_add_comms(s);
     return true;

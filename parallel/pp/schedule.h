@@ -1,7 +1,7 @@
 // Pipeline schedules as data: each rank's ordered list of actions, produced by a generator
-// (GPipe, 1F1B, LoopedBFS, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble) or read
-// from torchtitan's CSV format, and a checker that runs every rank's list as a communicating
-// process before any rank trains. Pure host code: no collectives, no model.
+// (GPipe, 1F1B, LoopedBFS, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV)
+// or read from torchtitan's CSV format, and a checker that runs every rank's list as a
+// communicating process before any rank trains. Pure host code: no collectives, no model.
 #pragma once
 
 #include <stdbool.h>

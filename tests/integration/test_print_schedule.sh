@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # titan --print-schedule: the pipeline schedule the config names, checked and printed as a
 # table with its bubble and live activations, without MPI; the microbatch count from the batch
-# config or --microbatches; a broken CSV schedule exits 2 with one line naming rank and action.
+# config or --microbatches; DualPipeV runs (2pp+1 live on every rank) and refuses fewer
+# microbatches than stages; a broken CSV schedule exits 2 with one line naming rank and action.
 source "$(dirname "$0")/lib.sh"
 PP=(--config configs/debug_model.yaml --parallelism.pipeline_parallel_degree 4)
 
@@ -17,7 +18,17 @@ $TITAN "${PP[@]}" --training.local_batch_size 8 --parallelism.pipeline_parallel_
   --parallelism.pipeline_parallel_schedule ZBVZeroBubble --print-schedule |
   grep -q "^schedule ZBVZeroBubble: 4 ranks, 8 stages, 4 microbatches$" ||
   fail "microbatches not taken from the batch config"
-echo "ok: tables, verdict, bubble, microbatches from the config"
+$TITAN "${PP[@]}" --parallelism.pipeline_parallel_schedule DualPipeV --print-schedule \
+  --microbatches 8 >"$SCRATCH/dualpipev.txt" || fail "--print-schedule DualPipeV did not exit 0"
+grep -q "^schedule DualPipeV: 4 ranks, 8 stages, 8 microbatches$" "$SCRATCH/dualpipev.txt" ||
+  fail "no DualPipeV title"
+# rank 3 holds stages 3 and 4: the V turns there with no communication
+grep -Eq "^   4  F0.4 +F1.3 +F2.2 +F4.0$" "$SCRATCH/dualpipev.txt" ||
+  fail "DualPipeV's step 4 is not F0.4 F1.3 F2.2 F4.0 (the V's turn on rank 3)"
+grep -q "^ok: deadlock-free" "$SCRATCH/dualpipev.txt" || fail "no DualPipeV verdict"
+grep -q "^peak live activations per rank: 9 9 9 9$" "$SCRATCH/dualpipev.txt" ||
+  fail "DualPipeV pp=4 does not keep 2pp+1 = 9 live on every rank"
+echo "ok: tables, verdict, bubble, microbatches from the config, DualPipeV"
 
 printf '0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n' >"$SCRATCH/ok.csv"
 CSV=(--config configs/debug_model.yaml --parallelism.pipeline_parallel_degree 2 --microbatches 1)
@@ -34,8 +45,9 @@ expect_user_error "deadlock: rank 0 is stuck at action 0 \(RECV_B0.0\)" \
 expect_user_error "Interleaved1F1B needs the microbatch count \(6\) to be a multiple" \
   $TITAN "${PP[@]}" --parallelism.pipeline_parallel_schedule Interleaved1F1B --print-schedule \
   --microbatches 6
-expect_user_error "DualPipeV is not implemented" \
-  $TITAN "${PP[@]}" --parallelism.pipeline_parallel_schedule DualPipeV --print-schedule
+expect_user_error "DualPipeV needs at least as many microbatches \(6\) as stages \(2 x" \
+  $TITAN "${PP[@]}" --parallelism.pipeline_parallel_schedule DualPipeV --print-schedule \
+  --microbatches 6
 expect_user_error "^titan: error: --microbatches is only for --print-schedule" \
   $TITAN "${PP[@]}" --microbatches 4
 echo "ok: broken schedules refused with one line"

@@ -1,7 +1,9 @@
 // Pipeline schedules and their checker: every generated schedule for pp in {2, 4, 8} and
 // microbatches in {pp, 2pp, 4pp} passes; GPipe and 1F1B idle exactly (pp-1)/(m+pp-1) of the
 // time under F=1, B=2; the zero-bubble schedules idle less than 1F1B; 1F1B's stage 0 keeps pp
-// activations live whatever m, GPipe's m; hand-broken CSVs are refused naming rank and action.
+// activations live whatever m, GPipe's m; DualPipeV checks for every m from 2pp to 4pp, idles
+// less than 1F1B, keeps 2pp+1 live and runs PyTorch's per-rank order (pp=2, m=4 written out);
+// hand-broken CSVs are refused naming rank and action.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -98,14 +100,69 @@ static void test_peak_live(void **state) {
         }
 }
 
+// DualPipeV accepts any m >= 2pp. Every rank forwards 2pp microbatches to fill the V (rank r:
+// 2(pp-1-r) down, then r+1 down-up pairs; an I, W, F round keeps the count) and the steady
+// state's forward runs before its paired backward: 2pp+1 live on every rank, whatever m.
+static void test_dualpipev(void **state) {
+    (void)state;
+    for (int pp = 2; pp <= 8; pp *= 2)
+        for (int m = 2 * pp; m <= 4 * pp; m++) {
+            PpReport dual, base;
+            check_ok("DualPipeV", pp, m, &dual);
+            check_ok("1F1B", pp, m, &base);
+            assert_int_equal(dual.busy, 3 * 2 * pp * m);
+            assert_true(dual.bubble < base.bubble);
+            for (int r = 0; r < pp; r++) assert_int_equal(dual.peak_live[r], 2 * pp + 1);
+            pp_report_free(&dual), pp_report_free(&base);
+        }
+}
+
+// Rank r's compute actions, space-separated, sends and recvs left out.
+static void compute_order(const PpSchedule *s, int r, char *out, size_t n) {
+    size_t len = 0;
+    out[0] = 0;
+    for (int i = 0; i < s->count[r]; i++) {
+        char name[48];
+        if (s->actions[r][i].kind >= PP_SEND_ACT) continue;
+        len += (size_t)snprintf(out + len, n - len, "%s%s", len ? " " : "",
+                                pp_action_name(&s->actions[r][i], name, sizeof name));
+    }
+}
+
+// pp=2, m=4 by hand from ScheduleDualPipeV's steps. Rank 0 holds stages 0 (down) and 3 (up):
+// 2 forwards down; 1 down-up pair; 1 round I3 W3 F3; 1 steady round F0.3+B3.1, F3.2+B0.0 (an
+// overlapped pair is its forward then its backward); 1 round B3.2, F3.3+B0.1; the cooldown's
+// 2 backwards B3.3, then split I0.2; 1 round W0.2 I0.3; the last W. Rank 1 holds 1 and 2:
+// 2 down-up pairs; 2 steady rounds; cooldown B2.2 B1.2, then split I2.3 I1.3; the Ws.
+static void test_dualpipev_order(void **state) {
+    (void)state;
+    static const char *const want[2] = {
+        "F0.0 F0.1 F0.2 F3.0 I3.0 W3.0 F3.1 F0.3 B3.1 F3.2 B0.0 B3.2 F3.3 B0.1 B3.3 I0.2 W0.2 "
+        "I0.3 W0.3",
+        "F1.0 F2.0 F1.1 F2.1 F1.2 B2.0 F2.2 B1.0 F1.3 B2.1 F2.3 B1.1 B2.2 B1.2 I2.3 I1.3 W2.3 "
+        "W1.3",
+    };
+    PpSchedule s;
+    char err[512] = "", got[1024];
+    assert_true(pp_schedule_generate(&s, "DualPipeV", 2, 4, err, sizeof err));
+    int stage_rank[4] = {0, 1, 1, 0};
+    assert_memory_equal(s.stage_rank, stage_rank, sizeof stage_rank);
+    for (int r = 0; r < 2; r++) {
+        compute_order(&s, r, got, sizeof got);
+        assert_string_equal(got, want[r]);
+    }
+    pp_schedule_free(&s);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     PpSchedule s;
     char err[512];
     assert_false(pp_schedule_generate(&s, "Interleaved1F1B", 4, 6, err, sizeof err));
     assert_non_null(strstr(err, "multiple of pipeline_parallel_degree (4)"));
-    assert_false(pp_schedule_generate(&s, "DualPipeV", 2, 4, err, sizeof err));
-    assert_non_null(strstr(err, "DualPipeV is not implemented"));
+    assert_false(pp_schedule_generate(&s, "DualPipeV", 4, 7, err, sizeof err));
+    assert_non_null(strstr(err, "DualPipeV needs at least as many microbatches (7) as stages "
+                                "(2 x pipeline_parallel_degree = 8)"));
     assert_false(pp_schedule_generate(&s, "Nope", 2, 4, err, sizeof err));
     // fewer microbatches than ranks still runs (torchtitan#775 hangs there)
     PpReport r;
@@ -160,6 +217,7 @@ int main(void) {
         cmocka_unit_test(test_every_schedule_checks), cmocka_unit_test(test_analytic_bubble),
         cmocka_unit_test(test_zero_bubble_beats_1f1b),
         cmocka_unit_test(test_zero_bubble_memory_bounded), cmocka_unit_test(test_peak_live),
+        cmocka_unit_test(test_dualpipev),             cmocka_unit_test(test_dualpipev_order),
         cmocka_unit_test(test_refusals),              cmocka_unit_test(test_csv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
