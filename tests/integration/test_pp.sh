@@ -32,7 +32,7 @@ PY
 }
 
 PP2=($P.pipeline_parallel_degree 2 $P.pipeline_parallel_microbatch_size 2)
-for schedule in GPipe 1F1B Interleaved1F1B LoopedBFS InterleavedZeroBubble ZBVZeroBubble; do
+for schedule in GPipe 1F1B Interleaved1F1B LoopedBFS InterleavedZeroBubble ZBVZeroBubble DualPipeV; do
   same_as_one_rank "pp=2 $schedule" 2 "${PP2[@]}" $P.pipeline_parallel_schedule $schedule
 done
 same_as_one_rank "pp=4 Interleaved1F1B (8 stages)" 4 $P.pipeline_parallel_degree 4 \
