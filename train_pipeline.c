@@ -84,11 +84,6 @@ void trainer_pipeline_plan(Trainer *t) {
                  t->mesh.layout.size[MESH_PP]);
     trainer_load_schedule(c, p->m, &p->schedule, &p->report);
     const PpSchedule *s = &p->schedule;
-    for (int r = 0; r < s->ranks && t->fsdp_on; r++)
-        if (pp_rank_splits_backward(s, r))
-            die_user("parallelism.pipeline_parallel_schedule %s splits the backward (I and W): "
-                     "not implemented with FSDP yet (data_parallel_shard_degree %d)",
-                     ps->pipeline_parallel_schedule, t->mesh.layout.size[MESH_DP_SHARD]);
     char err[512];
     int stages = pp_stage_count(t->args.n_layers, s->ranks, s->stages / s->ranks,
                                 ps->pipeline_parallel_layers_per_stage,

@@ -81,7 +81,10 @@ void fsdp_plan(Fsdp *f, ParamTable *params, const Block *blocks, int n_blocks,
                          u->shard_offset;
         f->max_shard_numel = max_size(f->max_shard_numel, u->shard_numel);
         f->max_full_numel = max_size(f->max_full_numel, u->full_numel);
+        u->grad_offset = f->grad_numel;
+        if (config->reduce_once_per_step) f->grad_numel += u->full_numel;
     }
+    if (!config->reduce_once_per_step) f->grad_numel = f->max_full_numel;
     f->numel = f->params->shard_numel;
 }
 
@@ -117,7 +120,7 @@ static void point_params(Fsdp *f) {
         for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
             Param *p = &f->params->items[j];
             p->data = u->full + (p->offset - u->table_offset);
-            p->grad = f->full_grad + (p->offset - u->table_offset);
+            p->grad = f->full_grad + u->grad_offset + (p->offset - u->table_offset);
         }
     }
 }
@@ -127,7 +130,7 @@ void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
     f->data = arena_floats(params, f->numel);
     f->full_params = arena_floats(params, slot_offset(f, f->n_units));
     f->grad = arena_floats(grads, f->numel);
-    f->full_grad = arena_floats(grads, f->max_full_numel);
+    f->full_grad = arena_floats(grads, f->grad_numel);
     f->gather_buf = arena_floats(comm, rank_major);
     f->scatter_send = arena_floats(comm, rank_major);
     f->scatter_recv = arena_floats(comm, f->max_shard_numel);
@@ -236,6 +239,7 @@ static void unit_gather(Fsdp *f, FsdpUnit *u) {
 // Starts unit i's all-gather so that it overlaps the current block's compute.
 static void gather_prefetch(Fsdp *f, int i) {
     if (i < 0 || i >= f->n_units || f->units[i].gathered || f->gathering >= 0) return;
+    if (f->units[i].full_numel == 0) return;  // another pipeline stage's: nothing here
     gather_start(f, &f->units[i]);
 }
 
@@ -265,7 +269,7 @@ static void scatter_finish(Fsdp *f) {
 
 static void scatter_start(Fsdp *f, FsdpUnit *u) {
     scatter_finish(f);  // it overlapped this unit's backward; its buffers are needed now
-    unit_copy(f, u, f->full_grad, f->scatter_send, false);
+    unit_copy(f, u, f->full_grad + u->grad_offset, f->scatter_send, false);
     if (f->config.bf16_reduce) {
         size_t n = (size_t)f->config.size * u->shard_numel;
         f->config.k->to_bf16(f->scatter_send16, f->scatter_send, n);
@@ -281,21 +285,25 @@ static void scatter_start(Fsdp *f, FsdpUnit *u) {
 // ---- the hooks around each block call ---------------------------------------------------
 
 // Forward runs the units in order; a recompute belongs to backward, which runs them in reverse.
+// The weight part of a split backward needs no parameters (a weight's gradient is dy^T x).
 static void unit_before(const BlockHooks *h, int block, BlockPhase phase) {
     Fsdp *f = (Fsdp *)h;
     FsdpUnit *u = &f->units[block];
-    CHECK(phase == BLOCK_FORWARD || phase == BLOCK_RECOMPUTE || phase == BLOCK_BACKWARD);
+    bool once = f->config.reduce_once_per_step;
+    CHECK(once || phase == BLOCK_FORWARD || phase == BLOCK_RECOMPUTE || phase == BLOCK_BACKWARD);
+    if (phase == BLOCK_BACKWARD_WEIGHT) return;
     unit_gather(f, u);
     gather_prefetch(f, phase == BLOCK_FORWARD ? block + 1 : block - 1);
-    if (phase == BLOCK_BACKWARD) f->config.k->zero(f->full_grad, u->full_numel * sizeof(float));
+    if (phase == BLOCK_BACKWARD && !once)
+        f->config.k->zero(f->full_grad, u->full_numel * sizeof(float));
 }
 
 static void unit_after(const BlockHooks *h, int block, BlockPhase phase) {
     Fsdp *f = (Fsdp *)h;
     FsdpUnit *u = &f->units[block];
     if (phase == BLOCK_FORWARD && !keeps_after_forward(f, block)) u->gathered = false;
-    if (phase != BLOCK_BACKWARD) return;
-    scatter_start(f, u);
+    if (phase != BLOCK_BACKWARD && phase != BLOCK_BACKWARD_INPUT) return;
+    if (!f->config.reduce_once_per_step) scatter_start(f, u);
     u->gathered = false;
 }
 
@@ -320,6 +328,12 @@ void fsdp_gather_full(Fsdp *f, float *full) {
 }
 
 void fsdp_finish_step(Fsdp *f) {
+    for (int i = 0; i < f->n_units && f->config.reduce_once_per_step; i++) {
+        FsdpUnit *u = &f->units[i];
+        if (u->full_numel == 0) continue;  // another pipeline stage's
+        scatter_start(f, u);
+        f->config.k->zero(f->full_grad + u->grad_offset, u->full_numel * sizeof(float));
+    }
     scatter_finish(f);
     if (f->config.replicate_size > 1) comm_all_reduce(f->replicate, f->grad, f->numel, COMM_AVG);
     reshard_all(f);

@@ -52,6 +52,12 @@ typedef struct {
     // bf16 (the model then computes with bf16-rounded weights; the masters stay fp32), and
     // reduce-scatter the grads in bf16 instead of fp32. The HSDP all-reduce stays fp32.
     bool bf16_params, bf16_reduce;
+    // Pipeline parallel: a stage's microbatches interleave with the other stages' and their
+    // backward may come in two parts (input, then weight), so every unit keeps its own full
+    // gradient, summed over the step's microbatches, and reduce-scatters it once, in
+    // fsdp_finish_step. Otherwise one buffer serves the unit in backward, reduce-scattered
+    // after each microbatch's backward (overlapping the next unit's).
+    bool reduce_once_per_step;
     const KernelOps *k;
 } FsdpConfig;
 
@@ -65,6 +71,7 @@ typedef struct {
     size_t shard_numel;        // this rank's floats of the unit (the same on every rank)
     size_t full_numel;         // floats of the unit's (unpadded) parameters
     size_t table_offset;       // in floats: where they start in ParamTable's layout
+    size_t grad_offset;        // in floats, into Fsdp.full_grad (reduce_once_per_step; else 0)
     float *full;               // (full_numel) where the unit's Param.data point
     bool gathered;             // full holds the current parameters
 } FsdpUnit;
@@ -78,9 +85,11 @@ struct Fsdp {
     FsdpUnit *units;                // (n_units) one per block
     size_t numel;                   // this rank's shard floats: params->shard_numel
     size_t max_shard_numel, max_full_numel;
+    size_t grad_numel;              // floats of full_grad
     float *data, *grad;             // (numel) the params' shard_data and shard_grad
     float *full_params;             // one slot shared by the resharded units, or one per unit
-    float *full_grad;               // (max_full_numel) the grads of the unit in backward
+    float *full_grad;               // (max_full_numel) the grads of the unit in backward; or
+                                    // every unit's (reduce_once_per_step)
     float *gather_buf;              // (size * max_shard_numel) all-gather output, rank-major
     float *scatter_send;            // (size * max_shard_numel) reduce-scatter input, rank-major
     float *scatter_recv;            // (max_shard_numel) reduce-scatter output
@@ -120,6 +129,7 @@ void fsdp_free(Fsdp *f);
 // from the shards (collective over the fsdp group: every rank gets them).
 void fsdp_gather_full(Fsdp *f, float *full);
 
-// After the last microbatch's backward: waits for every reduce-scatter, then averages the
-// shard grads over dp_replicate.
+// After the last microbatch's backward: reduce-scatters every unit's gradient if that waited
+// for the step's end, waits for every reduce-scatter, then averages the shard grads over
+// dp_replicate.
 void fsdp_finish_step(Fsdp *f);

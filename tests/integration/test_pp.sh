@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline parallel (issue 11): every schedule, a CSV schedule, and pp composed with FSDP and
 # TP train the same model as one rank: loss and grad norm within 1e-5 relative at each of 10
-# steps. The activation memory of stage 0 is flat in the microbatch count under 1F1B and grows
+# steps; FSDP's gradients are reduce-scattered once per step, not per microbatch. The activation memory of stage 0 is flat in the microbatch count under 1F1B and grows
 # under GPipe. A schedule that needs what the model cannot give is refused in one line.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
@@ -46,13 +46,30 @@ CSV
 same_as_one_rank "pp=2 CSV schedule" 2 "${PP2[@]}" \
   $P.pipeline_parallel_schedule_csv "$SCRATCH/split.csv"
 # Composed: dp_shard halves the local batch (global 8 rows as on one rank).
-same_as_one_rank "pp=2 x dp_shard=2" 4 $P.pipeline_parallel_degree 2 \
-  $P.data_parallel_shard_degree 2 $P.pipeline_parallel_microbatch_size 1 --training.local_batch_size 4
+for schedule in 1F1B ZBVZeroBubble; do  # ZBV: FSDP with the backward split into I and W
+  same_as_one_rank "pp=2 x dp_shard=2 $schedule" 4 $P.pipeline_parallel_degree 2 \
+    $P.data_parallel_shard_degree 2 $P.pipeline_parallel_microbatch_size 1 \
+    --training.local_batch_size 4 $P.pipeline_parallel_schedule $schedule
+done
 same_as_one_rank "pp=2 x tp=2" 4 "${PP2[@]}" $P.tensor_parallel_degree 2 \
   $P.data_parallel_shard_degree 1
 same_as_one_rank "pp=2 x dp_shard=2 x tp=2" 8 $P.pipeline_parallel_degree 2 \
   $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2 \
   $P.pipeline_parallel_microbatch_size 1 --training.local_batch_size 4
+
+# FSDP under pp reduce-scatters once per step: from 2 to 4 microbatches, rank 0 (stage 0: the
+# embedding and 3 layers, 4 FSDP units) adds 2 x 4 all-gathers per extra microbatch (forward,
+# and backward after resharding) and no reduce-scatter.
+fsdp_ops() {  # microbatches
+  mpirun --oversubscribe -np 4 $TITAN "${run[@]}" --training.steps 1 $P.pipeline_parallel_degree 2 \
+    $P.data_parallel_shard_degree 2 $P.pipeline_parallel_microbatch_size 1 \
+    --training.local_batch_size "$1" --job.dump_folder "$SCRATCH/ops-$1" 2>&1 |
+    sed -n 's/^comm: group fsdp *\([0-9]*\) ops.*/\1/p'
+}
+o2=$(fsdp_ops 2) o4=$(fsdp_ops 4)
+[ -n "$o2" ] && [ $((o4 - o2)) -eq 16 ] ||
+  fail "fsdp ops at 2 and 4 microbatches: $o2, $o4 (a reduce-scatter per microbatch adds 8 more)"
+echo "ok: fsdp operations at 2 -> 4 microbatches: $o2 -> $o4 (gathers only: reduce-scatter once per step)"
 
 # Activation memory of stage 0 (rank 0's memory line) at 2pp and 8pp microbatches of one row.
 activations() {  # schedule, microbatches
