@@ -2,9 +2,10 @@
 # Distributed checkpoints across layouts (issue 10): a run saves its step-5 checkpoint under
 # layout A (every rank writing its shards into one HDF5 file) and goes on to step 10; a second
 # run resumes that file under layout B (every rank reading only its own boxes). Steps 6-10 of
-# B must equal A's bit for bit when A == B, and within 1e-5 relative otherwise. A seed
-# checkpoint written by 4 ranks (dp_shard 2 x tp 2) holds the same tensors, bit for bit, as
-# one written by 1 rank, and neither has FSDP padding.
+# B must equal A's bit for bit when A == B, and within 1e-5 relative otherwise; pipeline
+# stages (each pp rank writing only its stages' parameters) resume on 1 rank and back. A seed
+# checkpoint written by 4 ranks (dp_shard 2 x tp 2, or pp 2 x dp_shard 2) holds the same
+# tensors, bit for bit, as one written by 1 rank, and neither has FSDP padding.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -23,6 +24,8 @@ layout_args() {  # name -> ranks, then the overrides (local batch: global 8 = lo
       $P.tensor_parallel_degree 4 ;;
     dp_replicate=2xdp_shard=2) echo 4 --training.local_batch_size 2 \
       $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2 ;;
+    pp=2xdp_shard=2) echo 4 --training.local_batch_size 4 $P.pipeline_parallel_degree 2 \
+      $P.data_parallel_shard_degree 2 $P.pipeline_parallel_microbatch_size 1 ;;
   esac
 }
 
@@ -59,6 +62,8 @@ reshard dp_shard=2xtp=2 dp_shard=2xtp=2 0
 reshard 1 dp_shard=4 1e-5
 reshard dp_shard=2xtp=2 tp=4 1e-5
 reshard dp_replicate=2xdp_shard=2 1 1e-5
+reshard pp=2xdp_shard=2 1 1e-5
+reshard 1 pp=2xdp_shard=2 1e-5
 
 # Seed checkpoints: the same global tensors whoever writes them.
 seed() {  # layout, folder
@@ -69,7 +74,9 @@ seed() {  # layout, folder
 }
 seed 1 "$SCRATCH/seed-1"
 seed dp_shard=2xtp=2 "$SCRATCH/seed-4"
-$PY - "$SCRATCH/seed-1/checkpoint/step-0.h5" "$SCRATCH/seed-4/checkpoint/step-0.h5" <<'PY'
+seed pp=2xdp_shard=2 "$SCRATCH/seed-pp"
+for four in seed-4 seed-pp; do
+$PY - "$SCRATCH/seed-1/checkpoint/step-0.h5" "$SCRATCH/$four/checkpoint/step-0.h5" "$four" <<'PY'
 import sys, h5py, numpy as np
 one, four = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
 names = []
@@ -81,5 +88,7 @@ for n in names:
     a, b = one[n][()], four[n][()]
     assert a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32)), n
     assert four[n].fletcher32, f"{n} has no Fletcher32 checksum"
-print(f"ok: seed checkpoint by 4 ranks (dp_shard 2 x tp 2) == by 1 rank, {len(names)} tensors, bit for bit")
+layout = {"seed-4": "dp_shard 2 x tp 2", "seed-pp": "pp 2 x dp_shard 2"}[sys.argv[3]]
+print(f"ok: seed checkpoint by 4 ranks ({layout}) == by 1 rank, {len(names)} tensors, bit for bit")
 PY
+done
