@@ -37,6 +37,9 @@ for schedule in GPipe 1F1B Interleaved1F1B LoopedBFS InterleavedZeroBubble ZBVZe
 done
 same_as_one_rank "pp=4 Interleaved1F1B (8 stages)" 4 $P.pipeline_parallel_degree 4 \
   $P.pipeline_parallel_microbatch_size 2 $P.pipeline_parallel_schedule Interleaved1F1B
+# Gradient accumulation: two batches of 4 rows per step, each through the pipeline.
+same_as_one_rank "pp=2, 2 accumulation steps" 2 "${PP2[@]}" --training.local_batch_size 4 \
+  --training.global_batch_size 8
 # A hand-written CSV (compute only; the sends and receives are added): rank 1 splits its
 # backward into I and W and defers the weight parts, which no generator does in this order.
 cat >"$SCRATCH/split.csv" <<'CSV'
