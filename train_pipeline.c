@@ -85,19 +85,23 @@ void trainer_pipeline_plan(Trainer *t) {
     trainer_load_schedule(c, p->m, &p->schedule, &p->report);
     const PpSchedule *s = &p->schedule;
     char err[512];
+    int first_less = (int)ps->pipeline_parallel_first_stage_less_layers;
+    int last_less = (int)ps->pipeline_parallel_last_stage_less_layers;
+    int64_t per_stage = ps->pipeline_parallel_layers_per_stage;  // null: split evenly
     int stages = pp_stage_count(t->args.n_layers, s->ranks, s->stages / s->ranks,
-                                ps->pipeline_parallel_layers_per_stage,
-                                (int)ps->pipeline_parallel_first_stage_less_layers,
-                                (int)ps->pipeline_parallel_last_stage_less_layers, err, sizeof err);
+                                per_stage == CONFIG_INT_UNSET ? 0 : (int)per_stage, first_less,
+                                last_less, err, sizeof err);
     if (stages < 0) die_user("%s", err);
     p->first = xcalloc((size_t)stages + 1, sizeof(int));
-    if (!pp_split_blocks(t->args.n_layers, stages, (int)ps->pipeline_parallel_first_stage_less_layers,
-                         (int)ps->pipeline_parallel_last_stage_less_layers, p->first, err,
+    if (!pp_split_blocks(t->args.n_layers, stages, first_less, last_less, p->first, err,
                          sizeof err))
         die_user("%s", err);
     place_stages(p, &t->model, &t->mesh.layout);
     p->loss = xcalloc((size_t)p->m, sizeof(double));
-    p->n_regions = pp_region_count(&p->report, p->rank);
+    int *regions = xcalloc((size_t)s->ranks, sizeof(int));
+    pp_region_counts(s, &p->report, regions);
+    p->n_regions = regions[p->rank];
+    free(regions);
 }
 
 size_t trainer_pipeline_activation_bytes(Trainer *t) {

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel/pp/executor.h"
 #include "parallel/pp/schedule.h"
 #include "train.h"
 
@@ -68,6 +69,12 @@ void trainer_print_schedule(const Config *c, int microbatches_flag) {
     printf("schedule %s: %d ranks, %d stages, %d microbatches\n",
            csv && *csv ? csv : p->pipeline_parallel_schedule, s.ranks, s.stages, m);
     pp_schedule_print(&s, &r, stdout);
+    int *regions = xcalloc((size_t)s.ranks, sizeof(int));
+    pp_region_counts(&s, &r, regions);
+    printf("activation regions per rank (training):");
+    for (int q = 0; q < s.ranks; q++) printf(" %d", regions[q]);
+    printf("\n");
+    free(regions);
     pp_report_free(&r);
     pp_schedule_free(&s);
 }

@@ -3,6 +3,13 @@
 // was made. Ranks run round-robin until each is done or blocked; when none can move, the
 // blocked ones are deadlocked. Times follow the cost model in schedule.h with free
 // communication: a recv finishes at max(its rank's clock, the send's time).
+//
+// With a region count per rank it also plays the executor's memory (executor.h): a (stage,
+// microbatch) takes an activation region at its RECV_F (or its F when it receives nothing)
+// and gives it back after its B (or W); a rank reuses the oldest region given back, once the
+// sends made from it have been received (the worst case of MPI, whose large sends complete
+// only when received). The executor blocks on exactly these events, so a schedule that runs
+// to the end here cannot deadlock or run out of regions on the ranks.
 #include <stdlib.h>
 
 #include "core/errors.h"
@@ -15,6 +22,13 @@ typedef struct {
     int64_t *act_time, *grad_time;  // when the send was made (-1: not yet, or taken)
     int *live;                      // (ranks) current live activations
     int64_t *clock;                 // (ranks)
+    // The region pool (regions NULL: not played): per rank a FIFO of given-back regions, each
+    // the (stage * m + microbatch) that last held it (-1: never used); held per (stage, mb).
+    const int *regions;             // (ranks) regions of each rank
+    int **pool, *pool_len;          // (ranks)(regions[r]), (ranks)
+    bool *held;                     // (stages*m)
+    int *waits_for;                 // (ranks) the holder whose sends a blocked rank waits for
+                                    // before reusing its region; -1: none
 } Sim;
 
 typedef enum { STEP_DONE, STEP_BLOCKED, STEP_ERROR } Step;
@@ -33,6 +47,37 @@ static bool input_ready(const Sim *z, int r, int st, int mb, bool backward) {
     return backward ? z->i[nb * m + mb] || z->b[nb * m + mb] : z->f[nb * m + mb];
 }
 
+// Whether what (stage, mb) = k sent from its region has been received.
+static bool sends_received(const Sim *z, int k) {
+    int m = z->s->microbatches;
+    if (z->act_sent[k] && !z->act_in[k + m]) return false;
+    if (z->grad_sent[k] && !z->grad_in[k - m]) return false;
+    return true;
+}
+
+// k takes rank r's oldest given-back region, when its sends have left.
+static Step region_take(Sim *z, int r, int k, const char *at, char *err, size_t n) {
+    if (!z->regions || z->held[k]) return STEP_DONE;
+    if (z->pool_len[r] == 0)
+        return FAIL("%s: rank %d needs more than %d activation regions", at, r, z->regions[r]);
+    int last = z->pool[r][0];
+    if (last >= 0 && !sends_received(z, last)) {
+        z->waits_for[r] = last;
+        return STEP_BLOCKED;
+    }
+    z->waits_for[r] = -1;
+    for (int j = 1; j < z->pool_len[r]; j++) z->pool[r][j - 1] = z->pool[r][j];
+    z->pool_len[r]--;
+    z->held[k] = true;
+    return STEP_DONE;
+}
+
+static void region_give_back(Sim *z, int r, int k) {
+    if (!z->regions) return;
+    z->held[k] = false;
+    z->pool[r][z->pool_len[r]++] = k;
+}
+
 static Step run_compute(Sim *z, int r, const PpAction *a, const char *at, char *err, size_t n) {
     int k = a->stage * z->s->microbatches + a->microbatch;
     bool backward = a->kind != PP_FORWARD;
@@ -48,9 +93,14 @@ static Step run_compute(Sim *z, int r, const PpAction *a, const char *at, char *
                     backward ? "output gradient" : "input activation",
                     backward ? "RECV_B or backward of the next stage"
                              : "RECV_F or forward of the previous stage");
+    if (a->kind == PP_FORWARD) {
+        Step taken = region_take(z, r, k, at, err, n);
+        if (taken != STEP_DONE) return taken;
+    }
     bool *flag = a->kind == PP_FORWARD ? z->f : a->kind == PP_BACKWARD_INPUT ? z->i
                  : a->kind == PP_BACKWARD_WEIGHT ? z->w : z->b;
     flag[k] = true;
+    if (a->kind == PP_BACKWARD || a->kind == PP_BACKWARD_WEIGHT) region_give_back(z, r, k);
     z->live[r] += a->kind == PP_FORWARD ? 1 : a->kind == PP_BACKWARD_INPUT ? 0 : -1;
     z->clock[r] += pp_action_cost(a->kind);
     return STEP_DONE;
@@ -81,6 +131,10 @@ static Step run_comm(Sim *z, int r, const PpAction *a, const char *at, char *err
     int64_t *t = act ? z->act_time : z->grad_time;
     bool *in = act ? z->act_in : z->grad_in;
     if (in[k]) return FAIL("%s: receives a second time", at);
+    if (act) {  // the executor receives a stage's input into the region it runs in
+        Step taken = region_take(z, r, k, at, err, n);
+        if (taken != STEP_DONE) return taken;
+    }
     if (t[k] < 0) return STEP_BLOCKED;
     if (t[k] > z->clock[r]) z->clock[r] = t[k];
     t[k] = -1;
@@ -148,6 +202,13 @@ static bool simulate(Sim *z, PpReport *rep, int *pc, char *err, size_t n) {
             char name[48];
             int stuck = 0;
             for (int q = 0; q < s->ranks; q++) stuck += pc[q] < s->count[q];
+            int last = z->waits_for[r], m = s->microbatches;
+            if (last >= 0)
+                return error_set(err, n, "deadlock: rank %d is stuck at action %d (%s), waiting "
+                                 "for its oldest free activation region of %d, whose sends of "
+                                 "%d.%d are never received (%d of %d ranks blocked)", r, pc[r],
+                                 pp_action_name(&s->actions[r][pc[r]], name, sizeof name),
+                                 z->regions[r], last / m, last % m, stuck, s->ranks);
             return error_set(err, n, "deadlock: rank %d is stuck at action %d (%s), waiting for "
                              "a send that never comes (%d of %d ranks blocked)", r, pc[r],
                              pp_action_name(&s->actions[r][pc[r]], name, sizeof name), stuck,
@@ -156,16 +217,26 @@ static bool simulate(Sim *z, PpReport *rep, int *pc, char *err, size_t n) {
     return check_complete(z, err, n);
 }
 
-bool pp_schedule_check(const PpSchedule *s, PpReport *rep, char *err, size_t n) {
+static bool check_run(const PpSchedule *s, const int *regions, PpReport *rep, char *err,
+                      size_t n) {
     size_t cells = (size_t)s->stages * (size_t)s->microbatches;
-    Sim z = {.s = s};
-    bool **flags[] = {&z.f, &z.i, &z.w, &z.b, &z.act_in, &z.grad_in, &z.act_sent, &z.grad_sent};
+    Sim z = {.s = s, .regions = regions};
+    bool **flags[] = {&z.f, &z.i, &z.w, &z.b, &z.act_in, &z.grad_in, &z.act_sent, &z.grad_sent,
+                      &z.held};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         if (!(*flags[i] = calloc(cells, 1))) die_internal(__FILE__, __LINE__, "out of memory");
     z.act_time = malloc(cells * sizeof(int64_t));
     z.grad_time = malloc(cells * sizeof(int64_t));
     z.live = calloc((size_t)s->ranks, sizeof(int));
     z.clock = calloc((size_t)s->ranks, sizeof(int64_t));
+    z.pool = xcalloc((size_t)s->ranks, sizeof(int *));
+    z.pool_len = xcalloc((size_t)s->ranks, sizeof(int));
+    z.waits_for = xcalloc((size_t)s->ranks, sizeof(int));
+    for (int r = 0; r < s->ranks; r++) z.waits_for[r] = -1;
+    for (int r = 0; r < s->ranks && regions; r++) {
+        z.pool[r] = xcalloc((size_t)regions[r] + 1, sizeof(int));
+        for (int j = 0; j < regions[r]; j++) z.pool[r][z.pool_len[r]++] = -1;
+    }
     int *pc = calloc((size_t)s->ranks, sizeof(int));
     *rep = (PpReport){.ranks = s->ranks,
                       .peak_live = calloc((size_t)s->ranks, sizeof(int)),
@@ -188,10 +259,25 @@ bool pp_schedule_check(const PpSchedule *s, PpReport *rep, char *err, size_t n) 
     rep->idle = (int64_t)s->ranks * rep->makespan - rep->busy;
     rep->bubble = rep->makespan ? (double)rep->idle / ((double)s->ranks * rep->makespan) : 0;
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) free(*flags[i]);
+    for (int r = 0; r < s->ranks; r++) free(z.pool[r]);
+    free(z.pool), free(z.pool_len), free(z.waits_for);
     free(z.act_time), free(z.grad_time), free(z.live), free(z.clock), free(pc);
     if (!ok) pp_report_free(rep);
     return ok;
 }
+
+bool pp_schedule_check(const PpSchedule *s, PpReport *rep, char *err, size_t n) {
+    return check_run(s, NULL, rep, err, n);
+}
+
+bool pp_schedule_check_regions(const PpSchedule *s, const int *regions, char *err, size_t n) {
+    PpReport rep;
+    bool ok = check_run(s, regions, &rep, err, n);
+    if (ok) pp_report_free(&rep);
+    return ok;
+}
+
+
 
 void pp_report_free(PpReport *r) {
     for (int i = 0; r->start && i < r->ranks; i++) free(r->start[i]);

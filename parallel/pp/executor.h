@@ -5,10 +5,11 @@
 // compute that needs them starts, so communication overlaps compute.
 //
 // Memory: every (stage, microbatch) in flight has its own activation arena, a region, from
-// its input's arrival (or its forward) until its backward (B, or W after I) is done and its
-// sends have left: the peak number of regions is the checker's peak live activations (plus
-// one, as a region's last send may still be in flight when the next forward starts), so the
-// activation memory of 1F1B stays flat in the microbatch count while GPipe's grows. A stage's
+// its input's arrival (or its forward) until its backward (B, or W after I) is done; a region
+// given back is reused, oldest first, once the sends made from it have been received. The
+// region count per rank starts at the checker's peak live activations and grows until the
+// checker, playing this very policy, proves the run cannot deadlock (pp_region_counts), so
+// the activation memory of 1F1B stays flat in the microbatch count while GPipe's grows. A stage's
 // input and its output gradient always live in its own region (copied when the neighbouring
 // stage is on this rank), so no region is read after it is released.
 #pragma once
@@ -43,12 +44,14 @@ typedef struct PpExecutor PpExecutor;
 // and gradient buffers included, counted by running each once on a sizing arena (no MPI, no
 // compute: also what --estimate reports).
 size_t pp_region_bytes(const PpSchedule *s, int rank, size_t width, const PpStageFns *fns);
-// Regions rank `rank` needs: its peak live activations in the checker's report, plus one.
-int pp_region_count(const PpReport *r, int rank);
+// regions (s->ranks): the fewest regions per rank, from the peak live activations up, with
+// which the checker proves the executor neither deadlocks nor runs out (each rank reuses the
+// oldest region given back, once its sends were received: pp_schedule_check_regions).
+void pp_region_counts(const PpSchedule *s, const PpReport *r, int *regions);
 
 // An executor for rank `rank` of schedule s (checked; r its report) over the pp group (rank
 // `rank` in it), moving activations of `width` floats of backend k, its regions carved from
-// acts (committed, with room for pp_region_count regions of pp_region_bytes).
+// acts (committed, with room for pp_region_counts' regions of pp_region_bytes).
 PpExecutor *pp_executor_create(const PpSchedule *s, const PpReport *r, int rank, CommGroup *group,
                                size_t width, const KernelOps *k, const PpStageFns *fns,
                                Arena *acts);

@@ -73,6 +73,9 @@ int pp_action_cost(PpActionKind k);
 // r->start are allocated (pp_report_free) when the check passes.
 bool pp_schedule_check(const PpSchedule *s, PpReport *r, char *err, size_t n);
 void pp_report_free(PpReport *r);
+// The same run with the executor's activation regions played too (regions[r] on rank r; see
+// check.c): false with one line when a rank would wait forever or run out of regions.
+bool pp_schedule_check_regions(const PpSchedule *s, const int *regions, char *err, size_t n);
 
 // "F3.1", "I0.2", "SEND_F1.0": the short name of an action (stage.microbatch).
 const char *pp_action_name(const PpAction *a, char *buf, size_t n);

@@ -12,6 +12,7 @@
 
 #include <string.h>
 
+#include "parallel/pp/executor.h"
 #include "parallel/pp/schedule.h"
 
 static const char *const ALL[] = {"GPipe", "1F1B", "LoopedBFS", "Interleaved1F1B",
@@ -154,6 +155,41 @@ static void test_dualpipev_order(void **state) {
     pp_schedule_free(&s);
 }
 
+// The executor's regions (pp_region_counts): proven by the checker playing the executor's
+// reuse rule, never fewer than the peak live count, at most one more; 1F1B needs exactly its
+// peak. Interleaved1F1B at pp 2, m 4 runs out at its peak (5 and 3): its next microbatch's
+// input arrives before the oldest region's gradient send is received.
+static void test_regions(void **state) {
+    (void)state;
+    for (size_t k = 0; k < N_ALL; k++)
+        for (int pp = 2; pp <= 8; pp *= 2)
+            for (int f = 1; f <= 4; f *= 2) {
+                PpSchedule s;
+                PpReport r;
+                char err[512];
+                assert_true(pp_schedule_generate(&s, ALL[k], pp, f * pp, err, sizeof err));
+                assert_true(pp_schedule_check(&s, &r, err, sizeof err));
+                int regions[8];
+                pp_region_counts(&s, &r, regions);
+                if (!pp_schedule_check_regions(&s, regions, err, sizeof err))
+                    fail_msg("%s pp=%d m=%d: %s", ALL[k], pp, f * pp, err);
+                for (int q = 0; q < pp; q++) {
+                    assert_true(regions[q] >= r.peak_live[q] && regions[q] <= r.peak_live[q] + 1);
+                    if (!strcmp(ALL[k], "1F1B")) assert_int_equal(regions[q], r.peak_live[q]);
+                }
+                pp_report_free(&r);
+                pp_schedule_free(&s);
+            }
+    PpSchedule s;
+    char err[512];
+    assert_true(pp_schedule_generate(&s, "Interleaved1F1B", 2, 4, err, sizeof err));
+    assert_false(pp_schedule_check_regions(&s, (int[]){5, 3}, err, sizeof err));
+    assert_non_null(strstr(err, "rank 0 is stuck at action 15 (F0.3), waiting for its oldest "
+                                "free activation region of 5"));
+    assert_true(pp_schedule_check_regions(&s, (int[]){6, 4}, err, sizeof err));
+    pp_schedule_free(&s);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     PpSchedule s;
@@ -218,6 +254,7 @@ int main(void) {
         cmocka_unit_test(test_zero_bubble_beats_1f1b),
         cmocka_unit_test(test_zero_bubble_memory_bounded), cmocka_unit_test(test_peak_live),
         cmocka_unit_test(test_dualpipev),             cmocka_unit_test(test_dualpipev_order),
+        cmocka_unit_test(test_regions),
         cmocka_unit_test(test_refusals),              cmocka_unit_test(test_csv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
