@@ -87,11 +87,7 @@ void trainer_pipeline_plan(Trainer *t) {
     char err[512];
     int first_less = (int)ps->pipeline_parallel_first_stage_less_layers;
     int last_less = (int)ps->pipeline_parallel_last_stage_less_layers;
-    int64_t per_stage = ps->pipeline_parallel_layers_per_stage;  // null: split evenly
-    int stages = pp_stage_count(t->args.n_layers, s->ranks, s->stages / s->ranks,
-                                per_stage == CONFIG_INT_UNSET ? 0 : (int)per_stage, first_less,
-                                last_less, err, sizeof err);
-    if (stages < 0) die_user("%s", err);
+    int stages = s->stages;
     p->first = xcalloc((size_t)stages + 1, sizeof(int));
     if (!pp_split_blocks(t->args.n_layers, stages, first_less, last_less, p->first, err,
                          sizeof err))

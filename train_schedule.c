@@ -5,6 +5,7 @@
 
 #include "parallel/pp/executor.h"
 #include "parallel/pp/schedule.h"
+#include "parallel/pp/stage.h"
 #include "train.h"
 
 // The microbatch count a pipeline step runs: training.local_batch_size rows in microbatches of
@@ -34,11 +35,29 @@ static char *read_text(const char *path) {
     return text;
 }
 
+// The stages per rank pipeline_parallel_layers_per_stage asks for, with the flavor's layers;
+// 0 when it is null (the schedule's own count).
+static int stages_per_rank(const Config *c) {
+    const ParallelismSection *p = &c->parallelism;
+    if (p->pipeline_parallel_layers_per_stage == CONFIG_INT_UNSET) return 0;
+    LlamaArgs args;
+    if (!llama3_flavor(c->model.flavor, &args))
+        die_user("model.flavor '%s' is not a llama3 flavor (known: %s)", c->model.flavor,
+                 llama3_flavor_names());
+    char err[512];
+    int v = pp_stages_per_rank(args.n_layers, (int)p->pipeline_parallel_degree,
+                               (int)p->pipeline_parallel_layers_per_stage,
+                               (int)p->pipeline_parallel_first_stage_less_layers,
+                               (int)p->pipeline_parallel_last_stage_less_layers, err, sizeof err);
+    if (v < 0) die_user("%s", err);
+    return v;
+}
+
 // The schedule the config names (or its CSV) for m microbatches, proved by the checker: exits
 // 2 with one line naming the rank and action when it is not sound.
 void trainer_load_schedule(const Config *c, int m, PpSchedule *s, PpReport *r) {
     const ParallelismSection *p = &c->parallelism;
-    int pp = (int)p->pipeline_parallel_degree;
+    int pp = (int)p->pipeline_parallel_degree, v = stages_per_rank(c);
     const char *csv = p->pipeline_parallel_schedule_csv;
     char err[1200];
     if (csv && *csv) {
@@ -49,7 +68,15 @@ void trainer_load_schedule(const Config *c, int m, PpSchedule *s, PpReport *r) {
             die_user("%s: the schedule has %d ranks and %d microbatches; the config runs %d ranks "
                      "(pipeline_parallel_degree) and %d microbatches", csv, s->ranks,
                      s->microbatches, pp, m);
-    } else if (!pp_schedule_generate(s, p->pipeline_parallel_schedule, pp, m, err, sizeof err)) {
+        if (v && s->stages != v * pp)
+            die_user("%s: the schedule has %d stages; pipeline_parallel_layers_per_stage %lld "
+                     "makes %d", csv, s->stages, (long long)p->pipeline_parallel_layers_per_stage,
+                     v * pp);
+    } else if (!pp_schedule_generate(s, p->pipeline_parallel_schedule, pp, m, v, err,
+                                     sizeof err)) {
+        if (v)
+            die_user("parallelism.pipeline_parallel_layers_per_stage %lld makes %d stages per "
+                     "rank: %s", (long long)p->pipeline_parallel_layers_per_stage, v, err);
         die_user("parallelism.pipeline_parallel_schedule: %s", err);
     }
     if (!pp_schedule_check(s, r, err, sizeof err))

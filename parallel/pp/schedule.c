@@ -271,7 +271,8 @@ static void gen_dualpipev(PpSchedule *s) {
     }
 }
 
-bool pp_schedule_generate(PpSchedule *s, const char *name, int pp, int m, char *err, size_t n) {
+bool pp_schedule_generate(PpSchedule *s, const char *name, int pp, int m, int v, char *err,
+                          size_t n) {
     if (pp < 1 || m < 1)
         return error_set(err, n, "a pipeline needs at least 1 rank and 1 microbatch (got pp=%d, "
                          "%d microbatches)", pp, m);
@@ -290,7 +291,12 @@ bool pp_schedule_generate(PpSchedule *s, const char *name, int pp, int m, char *
     if (interleaved && m % pp != 0)
         return error_set(err, n, "Interleaved1F1B needs the microbatch count (%d) to be a "
                          "multiple of pipeline_parallel_degree (%d)", m, pp);
-    int v = gpipe || one ? 1 : 2;  // virtual stages per rank
+    bool single = gpipe || one, v_shape = zbv || dual;
+    int want = single ? 1 : 2;
+    if (v == 0) v = want;
+    if ((single || v_shape) ? v != want : v < 2)
+        return error_set(err, n, "pipeline schedule %s runs %s%d stages per rank, not %d", name,
+                         single || v_shape ? "" : "at least ", want, v);
     sched_init(s, pp, v * pp, m);
     place(s, zbv || dual);
     if (gpipe || bfs) gen_looped_bfs(s, v);

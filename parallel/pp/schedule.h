@@ -50,9 +50,12 @@ typedef struct {
 } PpReport;
 
 // Generates the named schedule (parallelism.pipeline_parallel_schedule's spelling) for pp
-// ranks and m microbatches into s; false with one line in err for an unknown or unimplemented
-// name or a microbatch count the schedule cannot run (never a schedule that hangs).
-bool pp_schedule_generate(PpSchedule *s, const char *name, int pp, int m, char *err, size_t n);
+// ranks, m microbatches and v stages per rank (0: the schedule's own, 1 for GPipe and 1F1B,
+// 2 for the others; GPipe and 1F1B run 1, the V-shaped ZBVZeroBubble and DualPipeV 2, the
+// looped ones any v >= 2) into s; false with one line in err for an unknown name or a
+// microbatch or stage count the schedule cannot run (never a schedule that hangs).
+bool pp_schedule_generate(PpSchedule *s, const char *name, int pp, int m, int v, char *err,
+                          size_t n);
 // Reads torchtitan's CSV schedule (one row per rank, cells like 0F1, 1I0, 1W0, 2B3, 1SEND_F0,
 // 2RECV_B1; empty cells are idle steps). A file with only compute actions gets its sends and
 // recvs added, as torchtitan does; one with any send/recv is taken as written.

@@ -29,17 +29,15 @@ bool pp_split_blocks(int n_layers, int stages, int first_less, int last_less, in
     return true;
 }
 
-int pp_stage_count(int n_layers, int pp, int stages_per_rank, int layers_per_stage,
-                   int first_less, int last_less, char *err, size_t n) {
-    int stages = pp * stages_per_rank;
-    if (layers_per_stage <= 0) return stages;
+int pp_stages_per_rank(int n_layers, int pp, int layers_per_stage, int first_less,
+                       int last_less, char *err, size_t n) {
     int effective = n_layers + first_less + last_less;
-    int given = (effective + layers_per_stage - 1) / layers_per_stage;
-    if (given != stages) {
+    int stages = (effective + layers_per_stage - 1) / layers_per_stage;
+    if (stages % pp != 0) {
         error_set(err, n, "parallelism.pipeline_parallel_layers_per_stage %d makes %d stages of "
-                  "%d effective layers, but the schedule runs %d stages on %d ranks (%d per "
-                  "rank)", layers_per_stage, given, effective, stages, pp, stages_per_rank);
+                  "%d effective layers, which pipeline_parallel_degree %d does not divide",
+                  layers_per_stage, stages, effective, pp);
         return -1;
     }
-    return stages;
+    return stages / pp;
 }

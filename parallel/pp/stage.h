@@ -14,8 +14,8 @@
 bool pp_split_blocks(int n_layers, int stages, int first_less, int last_less, int *first,
                      char *err, size_t n);
 
-// The virtual stages a schedule runs on pp ranks: pp for one stage per rank (GPipe, 1F1B), or
-// stages_per_rank * pp; with layers_per_stage (> 0) it is ceil(effective layers /
-// layers_per_stage), which must then be what the schedule runs. -1 with one line in err.
-int pp_stage_count(int n_layers, int pp, int stages_per_rank, int layers_per_stage,
-                   int first_less, int last_less, char *err, size_t n);
+// The stages per rank that pipeline_parallel_layers_per_stage asks for (torchtitan's rule):
+// ceil(effective layers / layers_per_stage) virtual stages, which pp must divide. -1 with
+// one line in err otherwise.
+int pp_stages_per_rank(int n_layers, int pp, int layers_per_stage, int first_less,
+                       int last_less, char *err, size_t n);

@@ -27,7 +27,7 @@ for x, y in zip(a, b):
         err = abs(x[key] - y[key]) / abs(x[key])
         worst = max(worst, err)
         assert err <= 1e-5, f"{name}: step {x['step']} {key} {y[key]!r} vs 1 rank {x[key]!r}"
-print(f"ok: {name:34s} 10 steps, worst relative difference {worst:.1e}")
+print(f"ok: {name:42s} 10 steps, worst relative difference {worst:.1e}")
 PY
 }
 
@@ -37,6 +37,9 @@ for schedule in GPipe 1F1B Interleaved1F1B LoopedBFS InterleavedZeroBubble ZBVZe
 done
 same_as_one_rank "pp=4 Interleaved1F1B (8 stages)" 4 $P.pipeline_parallel_degree 4 \
   $P.pipeline_parallel_microbatch_size 2 $P.pipeline_parallel_schedule Interleaved1F1B
+# One layer per stage: 8 stages, 4 per rank (the embedding and the head alone on theirs).
+same_as_one_rank "pp=2 Interleaved1F1B, 4 stages per rank" 2 "${PP2[@]}" \
+  $P.pipeline_parallel_schedule Interleaved1F1B $P.pipeline_parallel_layers_per_stage 1
 # Gradient accumulation: two batches of 4 rows per step, each through the pipeline.
 same_as_one_rank "pp=2, 2 accumulation steps" 2 "${PP2[@]}" --training.local_batch_size 4 \
   --training.global_batch_size 8
@@ -90,5 +93,5 @@ echo "ok: stage 0 activations, 4 -> 16 microbatches: 1F1B $f4 -> $f16 MiB, GPipe
 
 expect_job_error "model.tie_word_embeddings cannot be trained with pipeline parallel" \
   mpirun --oversubscribe -np 2 $TITAN "${run[@]}" "${PP2[@]}" --model.tie_word_embeddings
-expect_job_error "pipeline_parallel_layers_per_stage 1 makes 8 stages of 8 effective layers, but the schedule runs 2 stages" \
+expect_job_error "pipeline_parallel_layers_per_stage 1 makes 4 stages per rank: pipeline schedule 1F1B runs 1 stages per rank, not 4" \
   mpirun --oversubscribe -np 2 $TITAN "${run[@]}" "${PP2[@]}" $P.pipeline_parallel_layers_per_stage 1

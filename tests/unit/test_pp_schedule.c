@@ -22,7 +22,7 @@ static const char *const ALL[] = {"GPipe", "1F1B", "LoopedBFS", "Interleaved1F1B
 static void check_ok(const char *name, int pp, int m, PpReport *r) {
     PpSchedule s;
     char err[512] = "";
-    assert_true(pp_schedule_generate(&s, name, pp, m, err, sizeof err));
+    assert_true(pp_schedule_generate(&s, name, pp, m, 0, err, sizeof err));
     if (!pp_schedule_check(&s, r, err, sizeof err)) fail_msg("%s pp=%d m=%d: %s", name, pp, m, err);
     pp_schedule_free(&s);
 }
@@ -145,7 +145,7 @@ static void test_dualpipev_order(void **state) {
     };
     PpSchedule s;
     char err[512] = "", got[1024];
-    assert_true(pp_schedule_generate(&s, "DualPipeV", 2, 4, err, sizeof err));
+    assert_true(pp_schedule_generate(&s, "DualPipeV", 2, 4, 0, err, sizeof err));
     int stage_rank[4] = {0, 1, 1, 0};
     assert_memory_equal(s.stage_rank, stage_rank, sizeof stage_rank);
     for (int r = 0; r < 2; r++) {
@@ -167,7 +167,7 @@ static void test_regions(void **state) {
                 PpSchedule s;
                 PpReport r;
                 char err[512];
-                assert_true(pp_schedule_generate(&s, ALL[k], pp, f * pp, err, sizeof err));
+                assert_true(pp_schedule_generate(&s, ALL[k], pp, f * pp, 0, err, sizeof err));
                 assert_true(pp_schedule_check(&s, &r, err, sizeof err));
                 int regions[8];
                 pp_region_counts(&s, &r, regions);
@@ -182,7 +182,7 @@ static void test_regions(void **state) {
             }
     PpSchedule s;
     char err[512];
-    assert_true(pp_schedule_generate(&s, "Interleaved1F1B", 2, 4, err, sizeof err));
+    assert_true(pp_schedule_generate(&s, "Interleaved1F1B", 2, 4, 0, err, sizeof err));
     assert_false(pp_schedule_check_regions(&s, (int[]){5, 3}, err, sizeof err));
     assert_non_null(strstr(err, "rank 0 is stuck at action 15 (F0.3), waiting for its oldest "
                                 "free activation region of 5"));
@@ -190,16 +190,51 @@ static void test_regions(void **state) {
     pp_schedule_free(&s);
 }
 
+// More stages per rank (pipeline_parallel_layers_per_stage): the looped schedules run any v
+// >= 2, and the bubble of Interleaved1F1B shrinks as v grows (Narayanan et al. 2021: by v).
+static void test_stages_per_rank(void **state) {
+    (void)state;
+    const char *looped[] = {"LoopedBFS", "Interleaved1F1B", "InterleavedZeroBubble"};
+    for (size_t k = 0; k < 3; k++)
+        for (int pp = 2; pp <= 4; pp *= 2) {
+            double last = 1;
+            for (int v = 2; v <= 4; v++) {
+                PpSchedule s;
+                PpReport r;
+                char err[512];
+                assert_true(pp_schedule_generate(&s, looped[k], pp, 2 * pp, v, err, sizeof err));
+                assert_int_equal(s.stages, v * pp);
+                if (!pp_schedule_check(&s, &r, err, sizeof err))
+                    fail_msg("%s pp=%d v=%d: %s", looped[k], pp, v, err);
+                if (!strcmp(looped[k], "Interleaved1F1B")) {
+                    assert_true(r.bubble < last);
+                    last = r.bubble;
+                }
+                pp_report_free(&r);
+                pp_schedule_free(&s);
+            }
+        }
+    PpSchedule s;
+    char err[512];
+    assert_false(pp_schedule_generate(&s, "1F1B", 2, 4, 2, err, sizeof err));
+    assert_string_equal(err, "pipeline schedule 1F1B runs 1 stages per rank, not 2");
+    assert_false(pp_schedule_generate(&s, "ZBVZeroBubble", 2, 4, 3, err, sizeof err));
+    assert_string_equal(err, "pipeline schedule ZBVZeroBubble runs 2 stages per rank, not 3");
+    assert_false(pp_schedule_generate(&s, "Interleaved1F1B", 2, 4, 1, err, sizeof err));
+    assert_string_equal(err, "pipeline schedule Interleaved1F1B runs at least 2 stages per rank, "
+                             "not 1");
+}
+
 static void test_refusals(void **state) {
     (void)state;
     PpSchedule s;
     char err[512];
-    assert_false(pp_schedule_generate(&s, "Interleaved1F1B", 4, 6, err, sizeof err));
+    assert_false(pp_schedule_generate(&s, "Interleaved1F1B", 4, 6, 0, err, sizeof err));
     assert_non_null(strstr(err, "multiple of pipeline_parallel_degree (4)"));
-    assert_false(pp_schedule_generate(&s, "DualPipeV", 4, 7, err, sizeof err));
+    assert_false(pp_schedule_generate(&s, "DualPipeV", 4, 7, 0, err, sizeof err));
     assert_non_null(strstr(err, "DualPipeV needs at least as many microbatches (7) as stages "
                                 "(2 x pipeline_parallel_degree = 8)"));
-    assert_false(pp_schedule_generate(&s, "Nope", 2, 4, err, sizeof err));
+    assert_false(pp_schedule_generate(&s, "Nope", 2, 4, 0, err, sizeof err));
     // fewer microbatches than ranks still runs (torchtitan#775 hangs there)
     PpReport r;
     check_ok("1F1B", 4, 2, &r);
@@ -254,7 +289,7 @@ int main(void) {
         cmocka_unit_test(test_zero_bubble_beats_1f1b),
         cmocka_unit_test(test_zero_bubble_memory_bounded), cmocka_unit_test(test_peak_live),
         cmocka_unit_test(test_dualpipev),             cmocka_unit_test(test_dualpipev_order),
-        cmocka_unit_test(test_regions),
+        cmocka_unit_test(test_regions),               cmocka_unit_test(test_stages_per_rank),
         cmocka_unit_test(test_refusals),              cmocka_unit_test(test_csv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -37,10 +37,14 @@ static void test_refusals(void **state) {
     assert_non_null(strstr(err, "4 pipeline stages for 1 layers"));
     assert_false(pp_split_blocks(2, 2, 5, 1, first, err, sizeof err));
     assert_non_null(strstr(err, "pipeline stage 0 of 2 would get -1 transformer layers"));
-    assert_int_equal(pp_stage_count(6, 2, 2, 2, 1, 1, err, sizeof err), 4);
-    assert_int_equal(pp_stage_count(6, 2, 1, 0, 1, 1, err, sizeof err), 2);
-    assert_int_equal(pp_stage_count(6, 2, 2, 3, 1, 1, err, sizeof err), -1);
-    assert_non_null(strstr(err, "layers_per_stage 3 makes 3 stages of 8 effective layers"));
+    // torchtitan: ceil((layers + first_less + last_less) / layers_per_stage) virtual stages.
+    assert_int_equal(pp_stages_per_rank(6, 2, 2, 1, 1, err, sizeof err), 2);
+    assert_int_equal(pp_stages_per_rank(6, 2, 1, 1, 1, err, sizeof err), 4);
+    assert_int_equal(pp_stages_per_rank(32, 4, 3, 1, 1, err, sizeof err), 3);  // 12 stages
+    assert_int_equal(pp_stages_per_rank(6, 2, 3, 1, 1, err, sizeof err), -1);
+    assert_string_equal(err, "parallelism.pipeline_parallel_layers_per_stage 3 makes 3 stages "
+                             "of 8 effective layers, which pipeline_parallel_degree 2 does not "
+                             "divide");
 }
 
 int main(void) {
