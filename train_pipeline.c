@@ -117,8 +117,9 @@ void trainer_pipeline_start(Trainer *t) {
     Pipeline *p = t->pipeline;
     size_t width = (size_t)p->rows * t->train.T / t->mesh.layout.size[MESH_TP] * t->args.dim;
     arena_release(&t->act_arena, 0);
-    p->exec = pp_executor_create(&p->schedule, &p->report, p->rank, t->mesh.group[MESH_PP], width,
-                                 t->k, &p->fns, &t->act_arena);
+    const Mesh *mesh = &t->mesh;
+    p->exec = pp_executor_create(&p->schedule, &p->report, p->rank, mesh->pp_prev, mesh->pp_next,
+                                 mesh->group[MESH_PP], width, t->k, &p->fns, &t->act_arena);
 }
 
 double trainer_pipeline_step(Trainer *t) {

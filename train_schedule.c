@@ -81,6 +81,16 @@ void trainer_load_schedule(const Config *c, int m, PpSchedule *s, PpReport *r) {
     }
     if (!pp_schedule_check(s, r, err, sizeof err))
         die_user("%s: %s", csv && *csv ? csv : p->pipeline_parallel_schedule, err);
+    // Ranks exchange activations with their mesh neighbours only (Mesh.pp_prev, pp_next): what
+    // the loop and V placements give, and what a CSV must keep to.
+    for (int q = 0; q < s->ranks; q++)
+        for (int i = 0; i < s->count[q]; i++) {
+            const PpAction *a = &s->actions[q][i];
+            if (a->peer < 0 || a->peer == (q + 1) % pp || a->peer == (q + pp - 1) % pp) continue;
+            char name[48];
+            die_user("%s: rank %d, action %d (%s): rank %d is not a pipeline neighbour of rank %d",
+                     csv, q, i, pp_action_name(a, name, sizeof name), a->peer, q);
+        }
 }
 
 int trainer_schedule_microbatches(const Config *c) { return schedule_microbatches(c, 0); }

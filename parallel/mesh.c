@@ -65,6 +65,10 @@ void mesh_build(Mesh *m, const MeshLayout *layout) {
     m->dp = group_along(m, dp, "dp");
     m->fsdp = group_along(m, 1u << MESH_DP_SHARD | 1u << MESH_CP, "fsdp");
     m->loss = group_along(m, dp | 1u << MESH_CP, "loss");
+    int pp = layout->size[MESH_PP], r = m->coord[MESH_PP];
+    CHECK(comm_rank(m->group[MESH_PP]) == r);
+    m->pp_prev = (r + pp - 1) % pp;
+    m->pp_next = (r + 1) % pp;
 }
 
 int mesh_dp_rank(const Mesh *m) {

@@ -27,6 +27,10 @@ typedef struct {
     int world_rank;
     CommGroup *group[MESH_NDIMS];
     CommGroup *dp, *fsdp, *loss, *world;
+    // This rank's pipeline neighbours, ranks of group[MESH_PP] (whose rank is the pp
+    // coordinate): the stage after this rank's on pp_next, before on pp_prev, wrapping around
+    // (loop placement sends the last rank's stage on to rank 0's next one).
+    int pp_prev, pp_next;
 } Mesh;
 
 extern const char *const MESH_DIM_NAMES[MESH_NDIMS];

@@ -76,9 +76,14 @@ void pp_region_counts(const PpSchedule *s, const PpReport *r, int *regions) {
     } while (!pp_schedule_check_regions(s, regions, err, sizeof err));
 }
 
-PpExecutor *pp_executor_create(const PpSchedule *s, const PpReport *r, int rank, CommGroup *group,
-                               size_t width, const KernelOps *k, const PpStageFns *fns,
-                               Arena *acts) {
+PpExecutor *pp_executor_create(const PpSchedule *s, const PpReport *r, int rank, int prev,
+                               int next, CommGroup *group, size_t width, const KernelOps *k,
+                               const PpStageFns *fns, Arena *acts) {
+    // The schedule's placements put neighbouring stages on neighbouring ranks.
+    for (int i = 0; i < s->count[rank]; i++) {
+        int peer = s->actions[rank][i].peer;
+        CHECK(peer < 0 || peer == prev || peer == next);
+    }
     PpExecutor *e = xcalloc(1, sizeof *e);
     int *regions = xcalloc((size_t)s->ranks, sizeof(int));
     pp_region_counts(s, r, regions);

@@ -50,11 +50,12 @@ size_t pp_region_bytes(const PpSchedule *s, int rank, size_t width, const PpStag
 void pp_region_counts(const PpSchedule *s, const PpReport *r, int *regions);
 
 // An executor for rank `rank` of schedule s (checked; r its report) over the pp group (rank
-// `rank` in it), moving activations of `width` floats of backend k, its regions carved from
-// acts (committed, with room for pp_region_counts' regions of pp_region_bytes).
-PpExecutor *pp_executor_create(const PpSchedule *s, const PpReport *r, int rank, CommGroup *group,
-                               size_t width, const KernelOps *k, const PpStageFns *fns,
-                               Arena *acts);
+// `rank` in it, its neighbours prev and next: every send and recv of its list must be with one
+// of them), moving activations of `width` floats of backend k, its regions carved from acts
+// (committed, with room for pp_region_counts' regions of pp_region_bytes).
+PpExecutor *pp_executor_create(const PpSchedule *s, const PpReport *r, int rank, int prev,
+                               int next, CommGroup *group, size_t width, const KernelOps *k,
+                               const PpStageFns *fns, Arena *acts);
 // Runs this rank's actions once: every microbatch forward and backward through its stages.
 void pp_executor_step(PpExecutor *e);
 void pp_executor_free(PpExecutor *e);

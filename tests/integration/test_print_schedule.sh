@@ -42,6 +42,12 @@ printf '0RECV_B0,0F0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n' >"$SCRATCH/swapp
 expect_user_error "deadlock: rank 0 is stuck at action 0 \(RECV_B0.0\)" \
   $TITAN "${CSV[@]}" --parallelism.pipeline_parallel_schedule_csv "$SCRATCH/swapped.csv" \
   --print-schedule
+# Stage 2 on rank 3: rank 1 would send to a rank that is not its mesh neighbour.
+printf '0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1SEND_F0,1RECV_B0,1B0,1SEND_B0\n\n2RECV_F0,2F0,2B0,2SEND_B0\n' \
+  >"$SCRATCH/far.csv"
+expect_user_error "far.csv: rank 1, action 2 \(SEND_F1.0\): rank 3 is not a pipeline neighbour of rank 1" \
+  $TITAN "${PP[@]}" --parallelism.pipeline_parallel_schedule_csv "$SCRATCH/far.csv" \
+  --print-schedule --microbatches 1
 expect_user_error "Interleaved1F1B needs the microbatch count \(6\) to be a multiple" \
   $TITAN "${PP[@]}" --parallelism.pipeline_parallel_schedule Interleaved1F1B --print-schedule \
   --microbatches 6
