@@ -85,6 +85,8 @@ void trainer_pipeline_plan(Trainer *t) {
     trainer_load_schedule(c, p->m, &p->schedule, &p->report);
     const PpSchedule *s = &p->schedule;
     char err[512];
+    if (!t->k->host_memory && !pp_schedule_channels_in_order(s, err, sizeof err))
+        die_user("%s: %s", ps->pipeline_parallel_schedule_csv, err);  // only a CSV can be
     int first_less = (int)ps->pipeline_parallel_first_stage_less_layers;
     int last_less = (int)ps->pipeline_parallel_last_stage_less_layers;
     int stages = s->stages;

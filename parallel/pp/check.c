@@ -285,3 +285,30 @@ void pp_report_free(PpReport *r) {
     free(r->start);
     *r = (PpReport){0};
 }
+
+bool pp_schedule_channels_in_order(const PpSchedule *s, char *err, size_t n) {
+    for (int b = 0; b < s->ranks; b++)
+        for (int a = 0; a < s->ranks; a++) {
+            if (a == b) continue;
+            int j = 0;  // the next of a's sends to b
+            for (int i = 0; i < s->count[b]; i++) {
+                const PpAction *recv = &s->actions[b][i];
+                if (recv->peer != a || (recv->kind != PP_RECV_ACT && recv->kind != PP_RECV_GRAD))
+                    continue;
+                while (j < s->count[a] && !((s->actions[a][j].kind == PP_SEND_ACT ||
+                                             s->actions[a][j].kind == PP_SEND_GRAD) &&
+                                            s->actions[a][j].peer == b))
+                    j++;
+                if (j == s->count[a]) break;  // unmatched: pp_schedule_check names it
+                if (!pp_sends_message(&s->actions[a][j], recv)) {
+                    char got[48], sent[48];
+                    return error_set(err, n, "rank %d, action %d (%s): rank %d sends %s first, "
+                                     "and NCCL matches a pair's messages in order", b, i,
+                                     pp_action_name(recv, got, sizeof got), a,
+                                     pp_action_name(&s->actions[a][j], sent, sizeof sent));
+                }
+                j++;
+            }
+        }
+    return true;
+}

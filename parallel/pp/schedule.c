@@ -36,6 +36,15 @@ static void push(PpSchedule *s, int r, PpActionKind kind, int stage, int mb, int
 }
 
 static bool is_comm(PpActionKind k) { return k >= PP_SEND_ACT; }
+static bool is_send(PpActionKind k) { return k == PP_SEND_ACT || k == PP_SEND_GRAD; }
+
+bool pp_sends_message(const PpAction *send, const PpAction *recv) {
+    if (send->kind == PP_SEND_ACT)
+        return recv->kind == PP_RECV_ACT && recv->stage == send->stage + 1 &&
+               recv->microbatch == send->microbatch;
+    return send->kind == PP_SEND_GRAD && recv->kind == PP_RECV_GRAD &&
+           recv->stage == send->stage - 1 && recv->microbatch == send->microbatch;
+}
 
 bool pp_rank_splits_backward(const PpSchedule *s, int rank) {
     for (int i = 0; i < s->count[rank]; i++)
@@ -43,7 +52,46 @@ bool pp_rank_splits_backward(const PpSchedule *s, int rank) {
     return false;
 }
 
-// Recv before, send after: each compute action's data from and to other ranks.
+// NCCL has no tags: a pair's sends and receives match in the order they are issued. So each
+// rank receives from a peer in the order the peer sends: a receive needed later is posted
+// early, right before the one it was sent ahead of. Never later than before, so no rank waits
+// longer; the checker then proves the result again.
+static void order_receives(PpSchedule *s) {
+    for (int r = 0; r < s->ranks; r++) {
+        PpAction *old = s->actions[r];
+        int n = s->count[r];
+        bool *posted = xcalloc((size_t)n + 1, 1);
+        s->actions[r] = NULL;
+        s->count[r] = s->capacity[r] = 0;
+        for (int i = 0; i < n; i++) {
+            if (posted[i]) continue;
+            if (!is_comm(old[i].kind) || is_send(old[i].kind)) {
+                push(s, r, old[i].kind, old[i].stage, old[i].microbatch, old[i].peer);
+                continue;
+            }
+            // The peer's sends to r in its order (only receives move, so its list is final):
+            // each one's receive, up to this one.
+            int from = old[i].peer;
+            const PpAction *sends = s->actions[from];
+            for (int j = 0; j < s->count[from] && !posted[i]; j++) {
+                if (!is_send(sends[j].kind) || sends[j].peer != r) continue;
+                for (int k = i; k < n; k++)
+                    if (!posted[k] && old[k].peer == from && pp_sends_message(&sends[j], &old[k])) {
+                        push(s, r, old[k].kind, old[k].stage, old[k].microbatch, from);
+                        posted[k] = true;
+                        break;
+                    }
+            }
+            if (!posted[i])  // nobody sends it: left where it was, for the checker to name
+                push(s, r, old[i].kind, old[i].stage, old[i].microbatch, from);
+        }
+        free(posted);
+        free(old);
+    }
+}
+
+// Recv before, send after: each compute action's data from and to other ranks, each rank
+// receiving from a peer in the order the peer sends (order_receives).
 static void pp_add_comms(PpSchedule *s) {
     for (int r = 0; r < s->ranks; r++) {
         PpAction *compute = s->actions[r];
@@ -64,6 +112,7 @@ static void pp_add_comms(PpSchedule *s) {
         }
         free(compute);
     }
+    order_receives(s);
 }
 
 // Loop placement: stage j*pp + r on rank r. V placement: rank r holds r and 2pp-1-r, so the

@@ -66,6 +66,13 @@ void pp_schedule_free(PpSchedule *s);
 // Whether rank's list runs backward in two parts (I, then W) rather than B.
 bool pp_rank_splits_backward(const PpSchedule *s, int rank);
 
+// Whether send (SEND_F or SEND_B) carries the message recv (RECV_F or RECV_B) takes.
+bool pp_sends_message(const PpAction *send, const PpAction *recv);
+// Whether every rank receives from each peer in the order that peer sends (what NCCL, which
+// matches a pair's point-to-point operations in issue order, needs): generated schedules do;
+// false with one line naming the rank and action of the first receive out of order.
+bool pp_schedule_channels_in_order(const PpSchedule *s, char *err, size_t n);
+
 // The cost model's time of one action: 2 for B, 1 for F, I and W, 0 for sends and recvs.
 int pp_action_cost(PpActionKind k);
 
