@@ -85,8 +85,13 @@ void trainer_pipeline_plan(Trainer *t) {
     trainer_load_schedule(c, p->m, &p->schedule, &p->report);
     const PpSchedule *s = &p->schedule;
     char err[512];
-    if (!t->k->host_memory && !pp_schedule_channels_in_order(s, err, sizeof err))
-        die_user("%s: %s", ps->pipeline_parallel_schedule_csv, err);  // only a CSV can be
+    // NCCL runs every point-to-point operation of a rank on one stream, so a send waiting for
+    // its receiver blocks the receive queued behind it, which 1F1B's crossing activations and
+    // gradients need: the executor waits for per-direction channels there (not yet built).
+    if (!t->k->host_memory)
+        die_user("parallelism.pipeline_parallel_degree %d on training.device %s is not "
+                 "implemented yet (its NCCL point-to-point channels are the missing part)",
+                 s->ranks, c->training.device);
     int first_less = (int)ps->pipeline_parallel_first_stage_less_layers;
     int last_less = (int)ps->pipeline_parallel_last_stage_less_layers;
     int stages = s->stages;

@@ -112,6 +112,9 @@ void trainer_print_schedule(const Config *c, int microbatches_flag) {
     for (int q = 0; q < s.ranks; q++) printf(" %d", regions[q]);
     printf("\n");
     free(regions);
+    char order[512];
+    bool in_order = pp_schedule_channels_in_order(&s, order, sizeof order);
+    printf("receives in send order (what NCCL needs): %s\n", in_order ? "yes" : order);
     pp_report_free(&r);
     pp_schedule_free(&s);
 }

@@ -13,6 +13,8 @@ grep -Eq "^   0  F0.0 " "$SCRATCH/1f1b.txt" || fail "rank 0 does not start with 
 grep -q "^ok: deadlock-free" "$SCRATCH/1f1b.txt" || fail "no verdict"
 grep -q "^bubble: 0.2727 " "$SCRATCH/1f1b.txt" || fail "1F1B pp=4 m=8 bubble is not 3/11"
 grep -q "^peak live activations per rank: 4 3 2 1$" "$SCRATCH/1f1b.txt" || fail "peak live"
+grep -q "^activation regions per rank (training): 4 3 2 1$" "$SCRATCH/1f1b.txt" || fail "regions"
+grep -q "^receives in send order (what NCCL needs): yes$" "$SCRATCH/1f1b.txt" || fail "order"
 # local_batch_size 8 in microbatches of 2: 4 microbatches
 $TITAN "${PP[@]}" --training.local_batch_size 8 --parallelism.pipeline_parallel_microbatch_size 2 \
   --parallelism.pipeline_parallel_schedule ZBVZeroBubble --print-schedule |
