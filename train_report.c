@@ -40,10 +40,12 @@ static int comm_per_step(Trainer *t, GroupBytes out[5]) {
     int n = 0;
     const int *size = t->mesh.layout.size;
     bool ac = t->model.blocks[1].checkpointed;
+    // FSDP gathers and reduces each block once per microbatch: a pipeline's too.
+    int passes = t->accum * (t->pipeline ? trainer_schedule_microbatches(&t->cfg) : 1);
     if (t->fsdp_on) {
         FsdpEstimate e = fsdp_estimate(&t->fsdp);
         uint64_t micro = e.all_gather_forward + e.all_gather_backward + e.reduce_scatter;
-        out[n++] = (GroupBytes){"fsdp", t->accum * micro + sizeof(double)};  // + the grad norm
+        out[n++] = (GroupBytes){"fsdp", passes * micro + sizeof(double)};  // + the grad norm
         if (size[MESH_DP_REPLICATE] > 1) out[n++] = (GroupBytes){"dp_replicate", e.replicate_all_reduce};
     }
     if (t->ddp_on) out[n++] = (GroupBytes){"dp_replicate", ddp_bytes_per_step(&t->model.params)};
