@@ -231,7 +231,7 @@ static void setup_mesh(Trainer *t) {
     int world = t->estimate_world_size ? t->estimate_world_size : comm_size(comm_world());
     if (!mesh_plan(&layout, degrees, world, err, sizeof err)) die_user("%s", err);
     if (t->estimate_world_size) {
-        t->mesh = (Mesh){.layout = layout};  // rank 0's view; no groups
+        t->mesh = (Mesh){.layout = layout, .coord[MESH_PP] = t->estimate_pp_rank};  // no groups
     } else {
         mesh_build(&t->mesh, &layout);
     }
@@ -556,8 +556,16 @@ int main(int argc, char **argv) {
     }
     if (t->estimate_world_size) {  // planning only: no MPI, no files, no allocation
         config_load(&t->cfg, argc, argv);
-        setup(t);
-        trainer_print_estimate(t);
+        // One plan per pp rank, each holding only its stages' blocks; the other coordinates
+        // are 0 (their ranks hold the same amounts).
+        int pp = (int)t->cfg.parallelism.pipeline_parallel_degree;
+        Trainer *ranks = xcalloc((size_t)pp, sizeof(Trainer));
+        for (int r = 0; r < pp; r++) {
+            ranks[r] = (Trainer){.cfg = t->cfg, .estimate_world_size = t->estimate_world_size,
+                                 .estimate_pp_rank = r};
+            setup(&ranks[r]);
+        }
+        trainer_print_estimate(ranks, pp);
         return 0;
     }
     comm_init(&argc, &argv);

@@ -48,6 +48,7 @@ typedef struct {
     bool ddp_on;                  // dp_replicate > 1 on an fsdp group of one: plain DDP
     Pipeline *pipeline;           // pipeline_parallel_degree > 1; NULL: off
     int estimate_world_size;      // > 0: `--estimate`: plan and size for that many ranks only
+    int estimate_pp_rank;         // the pp coordinate it plans (every other coordinate is 0)
     bool print_schedule;          // `--print-schedule`: check and print the pipeline schedule only
     int schedule_microbatches;    // `--microbatches N` for it (0: from the batch config)
     Arena param_arena, grad_arena, optim_arena, act_arena, comm_arena;
@@ -79,7 +80,8 @@ size_t trainer_checkpoint_staging_bytes(const Trainer *t);
 void trainer_create_seed_checkpoint(Trainer *t);
 // train_report.c: `titan --estimate`, the memory check before the arenas are allocated, and
 // <dump_folder>/run_summary.json after a run.
-void trainer_print_estimate(Trainer *t);
+// print_estimate: the plans of pp ranks 0 .. n - 1 (n = pipeline_parallel_degree).
+void trainer_print_estimate(Trainer *ranks, int n);
 void trainer_check_memory(Trainer *t);
 void trainer_write_run_summary(Trainer *t);
 // train_schedule.c: `titan --print-schedule [--microbatches N]`, and the schedule training runs.
@@ -93,6 +95,20 @@ int trainer_schedule_microbatches(const Config *c);
 // batch's microbatches through this rank's stages, returning the mean loss on the last
 // stage's rank and 0 on the others.
 void trainer_pipeline_plan(Trainer *t);
+// This rank's part of the pipeline, as --estimate reports it.
+typedef struct {
+    const char *schedule;       // parallelism.pipeline_parallel_schedule, or its CSV file
+    int microbatches, stages, rank;
+    const int *stage_rank;      // (stages) the pp rank that runs each virtual stage
+    const int *first;           // (stages + 1) stage s runs blocks [first[s], first[s + 1])
+    double bubble;              // the checker's idle fraction of all pp ranks' time
+    int peak_live;              // this rank's most microbatches in flight (the checker's)
+    int regions;                // its activation regions: peak_live + 1
+    size_t region_bytes;        // each one's bytes, aligned
+    uint64_t act_bytes_sent, grad_bytes_sent;  // per pipeline step, to other pp ranks:
+                                               // activations forward, gradients backward
+} PipelineRankPlan;
+PipelineRankPlan trainer_pipeline_rank_plan(Trainer *t);
 size_t trainer_pipeline_activation_bytes(Trainer *t);
 void trainer_pipeline_start(Trainer *t);
 double trainer_pipeline_step(Trainer *t);

@@ -107,26 +107,54 @@ void trainer_pipeline_plan(Trainer *t) {
     free(regions);
 }
 
-size_t trainer_pipeline_activation_bytes(Trainer *t) {
+// Floats of one activation (or its gradient) between stages: a microbatch's rows x seq_len / tp
+// tokens (sequence parallel cuts the sequence over tp) of dim each.
+static size_t activation_width(const Trainer *t) {
+    const Pipeline *p = t->pipeline;
+    return (size_t)p->rows * t->train.T / t->mesh.layout.size[MESH_TP] * t->args.dim;
+}
+
+// Each region carved from the activation arena is rounded up to its alignment.
+static size_t region_bytes(Trainer *t) {
     Pipeline *p = t->pipeline;
     if (!p->slots) {
         p->slots = xcalloc((size_t)p->n_regions, sizeof(ModelSlots));
         p->ctx = xcalloc((size_t)p->n_regions, sizeof(StepCtx));
         for (int i = 0; i < p->n_regions; i++) model_slots_init(&p->slots[i], &t->model);
     }
-    size_t width = (size_t)p->rows * t->train.T / t->mesh.layout.size[MESH_TP] * t->args.dim;
-    // Each region carved from the activation arena is rounded up to its alignment.
-    size_t bytes = pp_region_bytes(&p->schedule, p->rank, width, &p->fns);
-    return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN * (size_t)p->n_regions;
+    size_t bytes = pp_region_bytes(&p->schedule, p->rank, activation_width(t), &p->fns);
+    return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+}
+
+size_t trainer_pipeline_activation_bytes(Trainer *t) {
+    return region_bytes(t) * (size_t)t->pipeline->n_regions;
+}
+
+PipelineRankPlan trainer_pipeline_rank_plan(Trainer *t) {
+    Pipeline *p = t->pipeline;
+    const PpSchedule *s = &p->schedule;
+    const char *csv = t->cfg.parallelism.pipeline_parallel_schedule_csv;
+    PipelineRankPlan plan = {
+        .schedule = csv && *csv ? csv : t->cfg.parallelism.pipeline_parallel_schedule,
+        .microbatches = p->m, .stages = s->stages, .rank = p->rank, .stage_rank = s->stage_rank,
+        .first = p->first, .bubble = p->report.bubble, .peak_live = p->report.peak_live[p->rank],
+        .regions = p->n_regions, .region_bytes = region_bytes(t)};
+    uint64_t bytes = activation_width(t) * sizeof(float);
+    for (int i = 0; i < s->count[p->rank]; i++) {
+        PpActionKind kind = s->actions[p->rank][i].kind;
+        if (kind == PP_SEND_ACT) plan.act_bytes_sent += bytes;
+        if (kind == PP_SEND_GRAD) plan.grad_bytes_sent += bytes;
+    }
+    return plan;
 }
 
 void trainer_pipeline_start(Trainer *t) {
     Pipeline *p = t->pipeline;
-    size_t width = (size_t)p->rows * t->train.T / t->mesh.layout.size[MESH_TP] * t->args.dim;
     arena_release(&t->act_arena, 0);
     const Mesh *mesh = &t->mesh;
     p->exec = pp_executor_create(&p->schedule, &p->report, p->rank, mesh->pp_prev, mesh->pp_next,
-                                 mesh->group[MESH_PP], width, t->k, &p->fns, &t->act_arena);
+                                 mesh->group[MESH_PP], activation_width(t), t->k, &p->fns,
+                                 &t->act_arena);
 }
 
 double trainer_pipeline_step(Trainer *t) {

@@ -20,9 +20,9 @@ void trainer_write_run_summary(Trainer *t) {
             t->mesh.layout.world_size, (long long)t->progress.step);
     for (int i = 0; i < 5; i++) fprintf(f, "%s\"%s\": %zu", i ? ", " : "", names[i], arenas[i]->size);
     CommGroup *groups[] = {t->mesh.fsdp, t->mesh.group[MESH_DP_REPLICATE], t->mesh.group[MESH_TP],
-                           t->mesh.loss};
+                           t->mesh.group[MESH_PP], t->mesh.loss};
     fprintf(f, "}, \"comm_bytes\": {");
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         fprintf(f, "%s\"%s\": %llu", i ? ", " : "", comm_name(groups[i]),
                 (unsigned long long)comm_bytes(groups[i]));
     fprintf(f, "}}\n");
@@ -36,14 +36,16 @@ typedef struct {
     uint64_t bytes;
 } GroupBytes;
 
-static int comm_per_step(Trainer *t, GroupBytes out[4]) {
+static int comm_per_step(Trainer *t, GroupBytes out[5]) {
     int n = 0;
     const int *size = t->mesh.layout.size;
     bool ac = t->model.blocks[1].checkpointed;
+    // FSDP gathers and reduces each block once per microbatch: a pipeline's too.
+    int passes = t->accum * (t->pipeline ? trainer_schedule_microbatches(&t->cfg) : 1);
     if (t->fsdp_on) {
         FsdpEstimate e = fsdp_estimate(&t->fsdp);
         uint64_t micro = e.all_gather_forward + e.all_gather_backward + e.reduce_scatter;
-        out[n++] = (GroupBytes){"fsdp", t->accum * micro + sizeof(double)};  // + the grad norm
+        out[n++] = (GroupBytes){"fsdp", passes * micro + sizeof(double)};  // + the grad norm
         if (size[MESH_DP_REPLICATE] > 1) out[n++] = (GroupBytes){"dp_replicate", e.replicate_all_reduce};
     }
     if (t->ddp_on) out[n++] = (GroupBytes){"dp_replicate", ddp_bytes_per_step(&t->model.params)};
@@ -53,20 +55,29 @@ static int comm_per_step(Trainer *t, GroupBytes out[4]) {
         size_t replicated = grads_replicated_floats(&t->model.params);
         out[n++] = (GroupBytes){"tp", t->accum * micro + 4 * replicated + sizeof(double)};
     }
+    if (t->pipeline) {  // the sends, then the step's loss and grad norm summed over the stages
+        PipelineRankPlan pl = trainer_pipeline_rank_plan(t);
+        uint64_t sent = pl.act_bytes_sent + pl.grad_bytes_sent;
+        out[n++] = (GroupBytes){"pp", t->accum * sent + 2 * sizeof(double)};
+    }
     out[n++] = (GroupBytes){"loss", sizeof(double)};  // the step's mean loss
     return n;
 }
 
-// `titan --estimate`: every arena per rank, FLOPs and communication per step, for any flavor
-// and layout, from the sizing passes of the real allocation (nothing is allocated).
-void trainer_print_estimate(Trainer *t) {
+// The FLOPs per token of the blocks this rank runs: the whole model's, or its stages' share.
+static double rank_flops_per_token(Trainer *t) {
+    if (!t->pipeline) return t->model.flops_per_token;
+    PipelineRankPlan pl = trainer_pipeline_rank_plan(t);
+    double flops = 0;
+    for (int s = 0; s < pl.stages; s++)
+        for (int b = pl.first[s]; b < pl.first[s + 1] && pl.stage_rank[s] == pl.rank; b++)
+            flops += t->model.block_flops_per_token[b];
+    return flops;
+}
+
+// One rank's arenas, FLOPs and per-group bytes per step.
+static void print_rank_plan(Trainer *t) {
     const double GiB = 1024.0 * 1024.0 * 1024.0;
-    const int *size = t->mesh.layout.size;
-    printf("estimate: llama3 %s on %d ranks (pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d), "
-           "batch %d x %d x %d microbatches per rank, activation_checkpoint %s\n",
-           t->cfg.model.flavor, t->mesh.layout.world_size, size[MESH_PP],
-           size[MESH_DP_REPLICATE], size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP],
-           t->train.B, t->train.T, t->accum, t->cfg.activation_checkpoint.mode);
     const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
                              &t->comm_arena};
     size_t total = 0;
@@ -77,15 +88,69 @@ void trainer_print_estimate(Trainer *t) {
         total += arenas[i]->peak;
     }
     printf("  %-12s %16zu %12.3f\n", "total", total, total / GiB);
-    double tokens = (double)t->accum * t->train.B * t->train.T / size[MESH_TP];
-    printf("  FLOPs per step per rank: %.4g (%.4g per token, torchtitan's 6N + 12 L H Q T)\n",
-           tokens * t->model.flops_per_token, t->model.flops_per_token);
-    GroupBytes groups[4];
+    double tokens = (double)t->accum * t->train.B * t->train.T / t->mesh.layout.size[MESH_TP];
+    double per_token = rank_flops_per_token(t);
+    printf("  FLOPs per step per rank: %.12g (%.6g per token, %storchtitan's 6N + 12 L H Q T)\n",
+           tokens * per_token, per_token, t->pipeline ? "its blocks' share of " : "");
+    GroupBytes groups[5];
     int n = comm_per_step(t, groups);
     printf("  %-12s %16s %12s\n", "group", "bytes per step", "GiB");
     for (int i = 0; i < n; i++)
         printf("  %-12s %16llu %12.3f\n", groups[i].group, (unsigned long long)groups[i].bytes,
                groups[i].bytes / GiB);
+}
+
+// "0 (blocks 0-3: embed, layers.0-2)": a stage and its blocks, named as DESIGN.md's block list
+// (embed, layers.0 .. layers.{L-1}, head).
+static void print_stage(int stage, int first, int last, int n_blocks) {
+    printf("%d (blocks %d-%d:", stage, first, last - 1);
+    const char *sep = " ";
+    if (first == 0) printf("%sembed", sep), sep = ", ";
+    int lo = first > 1 ? first - 1 : 0, hi = (last < n_blocks - 1 ? last : n_blocks - 1) - 2;
+    if (lo < hi) printf("%slayers.%d-%d", sep, lo, hi), sep = ", ";
+    if (lo == hi) printf("%slayers.%d", sep, lo), sep = ", ";
+    if (last == n_blocks) printf("%shead", sep);
+    printf(")");
+}
+
+// The pipeline's line (its schedule and the checker's bubble), then one rank's heading: its
+// stages, the checker's peak live microbatches that size its activations, and its sends.
+static void print_pipeline_rank(Trainer *t) {
+    PipelineRankPlan pl = trainer_pipeline_rank_plan(t);
+    if (pl.rank == 0)
+        printf("  pipeline %s: %d stages, %d microbatches, bubble %.4f (the checker's cost "
+               "model, as --print-schedule)\n", pl.schedule, pl.stages, pl.microbatches,
+               pl.bubble);
+    printf("pp rank %d: stage%s", pl.rank, pl.stages > t->mesh.layout.size[MESH_PP] ? "s" : "");
+    const char *sep = " ";
+    for (int s = 0; s < pl.stages; s++)
+        if (pl.stage_rank[s] == pl.rank) {
+            printf("%s", sep);
+            print_stage(s, pl.first[s], pl.first[s + 1], t->model.n_blocks);
+            sep = ", ";
+        }
+    printf("\n  peak live %d microbatches: activations in %d regions x %zu bytes\n", pl.peak_live,
+           pl.regions, pl.region_bytes);
+    printf("  p2p per pipeline step: %llu bytes of activations sent forward, %llu of gradients "
+           "backward\n", (unsigned long long)pl.act_bytes_sent,
+           (unsigned long long)pl.grad_bytes_sent);
+}
+
+// `titan --estimate`: every arena per rank, FLOPs and communication per step, for any flavor
+// and layout, from the sizing passes of the real allocation (nothing is allocated); under
+// pipeline parallel, for each pp rank (ranks[r] plans pp rank r), whose stages differ.
+void trainer_print_estimate(Trainer *ranks, int n) {
+    const Trainer *t = &ranks[0];
+    const int *size = t->mesh.layout.size;
+    printf("estimate: llama3 %s on %d ranks (pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d), "
+           "batch %d x %d x %d microbatches per rank, activation_checkpoint %s\n",
+           t->cfg.model.flavor, t->mesh.layout.world_size, size[MESH_PP],
+           size[MESH_DP_REPLICATE], size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP],
+           t->train.B, t->train.T, t->accum, t->cfg.activation_checkpoint.mode);
+    for (int r = 0; r < n; r++) {
+        if (ranks[r].pipeline) print_pipeline_rank(&ranks[r]);
+        print_rank_plan(&ranks[r]);
+    }
 }
 
 // The closest change that makes the run fit in `room` bytes per rank: activation checkpointing

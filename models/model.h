@@ -30,6 +30,7 @@ struct Model {
     ModelSlots slots;    // what model_forward_backward and model_forward run in
     double flops_per_token;  // training FLOPs (forward + backward) per token, for MFU (of the
                              // whole model, whatever tensor parallelism shards it)
+    double *block_flops_per_token;  // (n_blocks) each block's share of flops_per_token
     const TpHooks *tp;   // set by the model's parallelize plan; NULL: one device
     const BlockHooks *hooks;  // called around every block call (FSDP); NULL: none
     void *self;          // the architecture's own state (e.g. rope tables)

@@ -78,12 +78,23 @@ static void add_layer(Llama *l, ParamTable *t, int i) {
     L->w3 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, H, a->dim, "layers.%d.feed_forward.w3.weight", i);
 }
 
-// torchtitan's get_num_flop_per_token: 6 FLOPs per weight per token (2 forward, 4 backward)
-// over all but the embedding table, plus 12 * layers * heads * head_dim * seq_len for the
-// attention scores and values (counted as if not causal, as torchtitan and PaLM do).
-static double flops_per_token(const Model *m, const LlamaArgs *a, int seq_len, size_t embed) {
-    double weights = (double)(m->params.numel - embed);
-    return 6 * weights + 12.0 * a->n_layers * a->n_heads * llama3_head_dim(a) * seq_len;
+// torchtitan's get_num_flop_per_token, block by block: 6 FLOPs per weight per token (2 forward,
+// 4 backward) over all but the embedding table, plus in each layer 12 * heads * head_dim *
+// seq_len for the attention scores and values (counted as if not causal, as torchtitan and
+// PaLM do). The blocks' shares sum to the whole model's 6N + 12 L H Q T (exactly: integers
+// far below 2^53), so a pipeline stage's FLOPs are the sum over its blocks.
+static void count_flops(Model *m, const LlamaArgs *a, int seq_len, const Param *embed) {
+    double attention = 12.0 * a->n_heads * llama3_head_dim(a) * seq_len;
+    m->block_flops_per_token = xcalloc((size_t)m->n_blocks, sizeof(double));
+    int param = 0;
+    for (int b = 0; b < m->n_blocks; b++) {
+        double weights = 0;
+        for (int j = 0; j < m->blocks[b].n_params; j++, param++)
+            if (&m->params.items[param] != embed) weights += (double)m->params.items[param].numel;
+        bool layer = b > 0 && b + 1 < m->n_blocks;
+        m->block_flops_per_token[b] = 6 * weights + (layer ? attention : 0);
+        m->flops_per_token += m->block_flops_per_token[b];
+    }
 }
 
 // The RoPE tables are read by every layer's kernels, so they move to the backend's memory.
@@ -137,7 +148,7 @@ void llama3_build(Model *m, const LlamaArgs *args, bool activation_checkpoint) {
         m->blocks[i + 1] = (Block){&LLAMA_LAYER_OPS, &l->layers[i], activation_checkpoint, 9};
     m->blocks[m->n_blocks - 1] =
         (Block){&LLAMA_HEAD_OPS, &l->head, false, a->tie_word_embeddings ? 1 : 2};
-    m->flops_per_token = flops_per_token(m, a, a->max_seq_len, l->embed.tok_embeddings->numel);
+    count_flops(m, a, a->max_seq_len, l->embed.tok_embeddings);
     model_slots_init(&m->slots, m);
 }
 
@@ -150,6 +161,7 @@ void llama3_free(Model *m) {
     free(l->layers);
     free(l);
     free(m->blocks);
+    free(m->block_flops_per_token);
     model_slots_free(&m->slots);
     params_free(&m->params);
 }

@@ -4,7 +4,11 @@
 # parameter, gradient, optimizer and FSDP buffer sizes and FLOPs; and for the debug model its
 # numbers equal what a real run allocates and sends (run_summary.json: every arena's bytes, and
 # each group's bytes = steps x the estimate's per-step bytes), for a 2D layout, for HSDP with
-# activation checkpointing and gradient accumulation, and for plain DDP.
+# activation checkpointing and gradient accumulation, for plain DDP and for pipeline parallel
+# (rank 0's plan; the pp group's bytes are its sends, FSDP's are per microbatch). Under pipeline parallel every pp rank has
+# its plan: its stages' FLOPs sum to the whole model's, its p2p bytes are the analytic ones, its
+# activations follow the checker's peak live count (flat under 1F1B, growing under GPipe), and
+# the bubble is --print-schedule's.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -32,6 +36,7 @@ check() {  # name, ranks, overrides...: estimate vs a 3-step real run
   $PY - "$name" "$SCRATCH/$name.estimate" "$SCRATCH/$name/run_summary.json" <<'PY'
 import json, sys
 name, estimate, summary = sys.argv[1], open(sys.argv[2]).read().splitlines(), json.load(open(sys.argv[3]))
+estimate = estimate[:next((i for i, l in enumerate(estimate) if l.startswith("pp rank 1:")), None)]  # rank 0's
 rows = {l.split()[0]: int(l.split()[1]) for l in estimate if l.startswith("  ") and l.split()[1].isdigit()}
 for arena, got in summary["arena_bytes"].items():
     assert rows[arena] == got, f"{name}: {arena} estimated {rows[arena]}, allocated {got}"
@@ -57,3 +62,74 @@ $TITAN --estimate --world-size 1 "${SMALL[@]}" >"$SCRATCH/one.estimate"
 [ "$(grep '^  params' "$SCRATCH/one.estimate")" = "$(grep '^  params' "$SCRATCH/ddp+accum.estimate")" ] ||
   fail "DDP params arena differs from one rank's: $(grep '^  params' "$SCRATCH/ddp+accum.estimate")"
 echo "ok: DDP holds the 1-rank params arena and runs no FSDP collective"
+
+# Pipeline parallel, checked against a real run (rank 0's plan: stage 0's arenas; the pp group's
+# bytes: its activation sends plus the loss and grad norm summed over the stages).
+check pp=2+accum 2 --training.local_batch_size 8 --training.global_batch_size 16 \
+  $P.pipeline_parallel_degree 2
+# FSDP under a pipeline gathers and reduces its stages' blocks once per microbatch.
+check pp=2xdp_shard=2 4 --training.local_batch_size 8 $P.pipeline_parallel_degree 2 \
+  $P.data_parallel_shard_degree 2
+
+# Each pp rank's plan, for local batches of 4 and 8 rows in microbatches of one row.
+# tp 1: an activation crossing a stage boundary is 1 row x 64 tokens x dim 256 floats.
+pp_estimate() {  # name, world size, overrides...
+  local name=$1 np=$2; shift 2
+  $TITAN --estimate --world-size "$np" "${SMALL[@]}" "$@" >"$SCRATCH/$name.estimate"
+}
+for b in 4 8; do
+  pp_estimate one-$b 1 --training.local_batch_size $b
+  for schedule in 1F1B GPipe; do
+    pp_estimate pp-$schedule-$b 2 --training.local_batch_size $b $P.pipeline_parallel_degree 2 \
+      $P.pipeline_parallel_schedule $schedule
+    $TITAN --print-schedule "${SMALL[@]}" --training.local_batch_size $b \
+      $P.pipeline_parallel_degree 2 $P.pipeline_parallel_schedule $schedule \
+      >"$SCRATCH/pp-$schedule-$b.schedule"
+  done
+  pp_estimate pp-fsdp-$b 4 --training.local_batch_size $b $P.pipeline_parallel_degree 2 \
+    $P.data_parallel_shard_degree 2
+  cp "$SCRATCH/pp-1F1B-$b.schedule" "$SCRATCH/pp-fsdp-$b.schedule"
+done
+$PY - "$SCRATCH" <<'PY'
+import re, sys
+scratch, width = sys.argv[1], 1 * 64 * 256 * 4  # bytes of one microbatch's activation
+def ranks(name):  # each pp rank's lines, by rank
+    out, rank = {}, None
+    for l in open(f"{scratch}/{name}.estimate").read().splitlines():
+        m = re.match(r"pp rank (\d+): stages? (.*)", l)
+        if m: rank = int(m.group(1)); out[rank] = [l]
+        elif rank is not None: out[rank].append(l)
+    return out
+def flops(lines): return float(re.search(r"FLOPs per step per rank: (\S+)", "\n".join(lines)).group(1))
+def row(lines, key): return int(next(l.split()[1] for l in lines if l.startswith("  ") and l.split()[0] == key))
+for b in (4, 8):
+    whole = flops(open(f"{scratch}/one-{b}.estimate").read().splitlines())
+    for name in (f"pp-1F1B-{b}", f"pp-GPipe-{b}", f"pp-fsdp-{b}"):
+        r = ranks(name)
+        assert sorted(r) == [0, 1], f"{name}: pp ranks {sorted(r)}"
+        assert "stage 0 (blocks 0-3: embed, layers.0-2)" in r[0][0], r[0][0]
+        assert "stage 1 (blocks 4-7: layers.3-5, head)" in r[1][0], r[1][0]
+        total = flops(r[0]) + flops(r[1])
+        assert total == whole, f"{name}: stages' FLOPs {total} != the whole model's {whole}"
+        for rank, kind in ((0, "activations sent forward"), (1, "gradients backward")):
+            text = "\n".join(r[rank])
+            sent = [int(x) for x in re.search(r"p2p per pipeline step: (\d+) bytes of activations "
+                                              r"sent forward, (\d+) of gradients", text).groups()]
+            want = [b * width, 0] if rank == 0 else [0, b * width]
+            assert sent == want, f"{name} rank {rank}: p2p {sent}, analytic {want}"
+            assert row(r[rank], "pp") == b * width + 16, f"{name} rank {rank}: pp group bytes"
+        live = [int(re.search(r"peak live (\d+) microbatches: activations in (\d+) regions x "
+                              r"(\d+)", "\n".join(r[k])).group(1)) for k in (0, 1)]
+        printed = re.search(r"pipeline \S+: 2 stages, %d microbatches, bubble (\S+)" % b,
+                            open(f"{scratch}/{name}.estimate").read()).group(1)
+        checker = open(f"{scratch}/{name}.schedule").read()
+        assert f"bubble: {printed} " in checker, f"{name}: bubble {printed} is not --print-schedule's"
+        assert f"peak live activations per rank: {live[0]} {live[1]}" in checker, f"{name}: {live}"
+def acts(name): return row(ranks(name)[0], "activations")
+assert acts("pp-1F1B-8") == acts("pp-1F1B-4"), "1F1B stage 0's activations grow with microbatches"
+assert acts("pp-fsdp-8") == acts("pp-fsdp-4"), "pp x FSDP stage 0's activations grow"
+assert acts("pp-GPipe-8") > acts("pp-GPipe-4"), "GPipe stage 0's activations do not grow"
+print(f"ok: pp=2 (and x dp_shard=2): per-stage plans; FLOPs sum to the whole model's; p2p bytes "
+      f"analytic; 1F1B stage 0 activations {acts('pp-1F1B-4')} at 4 and 8 microbatches, GPipe "
+      f"{acts('pp-GPipe-4')} -> {acts('pp-GPipe-8')}; bubbles and peak live are --print-schedule's")
+PY
