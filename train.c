@@ -405,8 +405,11 @@ static void train(Trainer *t) {
     MetricsLog log = {.color = !c->metrics.disable_color_printing && isatty(STDOUT_FILENO)};
     if (rank == 0 || c->metrics.save_for_all_ranks)
         metrics_open(&log, c->job.dump_folder, rank, t->progress.step);
-    // Tokens per device, as torchtitan: the ranks of a tp group share their tokens.
-    double tokens_per_step = (double)t->accum * t->train.B * t->train.T / t->mesh.layout.size[MESH_TP];
+    // Tokens per device, as torchtitan: the ranks of a tp group, and of a pipeline, share
+    // their tokens.
+    const int *size = t->mesh.layout.size;
+    double tokens_per_step =
+        (double)t->accum * t->train.B * t->train.T / (size[MESH_TP] * size[MESH_PP]);
     double interval_start = now_seconds();
     int interval_steps = 0;
     double peak_flops = c->metrics.peak_flops > 0 ? c->metrics.peak_flops : t->k->peak_flops();

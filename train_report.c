@@ -40,23 +40,32 @@ static int comm_per_step(Trainer *t, GroupBytes out[5]) {
     int n = 0;
     const int *size = t->mesh.layout.size;
     bool ac = t->model.blocks[1].checkpointed;
-    // FSDP gathers and reduces each block once per microbatch: a pipeline's too.
+    PipelineRankPlan pl = t->pipeline ? trainer_pipeline_rank_plan(t) : (PipelineRankPlan){0};
+    // FSDP gathers each block once per microbatch, a pipeline's too, and reduce-scatters its
+    // gradient as often, or once per step under a pipeline (reduce_once_per_step).
     int passes = t->accum * (t->pipeline ? trainer_schedule_microbatches(&t->cfg) : 1);
     if (t->fsdp_on) {
         FsdpEstimate e = fsdp_estimate(&t->fsdp);
-        uint64_t micro = e.all_gather_forward + e.all_gather_backward + e.reduce_scatter;
-        out[n++] = (GroupBytes){"fsdp", passes * micro + sizeof(double)};  // + the grad norm
+        uint64_t gathers = passes * (e.all_gather_forward + e.all_gather_backward);
+        uint64_t reduces = (t->pipeline ? 1 : passes) * e.reduce_scatter;
+        out[n++] = (GroupBytes){"fsdp", gathers + reduces + sizeof(double)};  // + the grad norm
         if (size[MESH_DP_REPLICATE] > 1) out[n++] = (GroupBytes){"dp_replicate", e.replicate_all_reduce};
     }
     if (t->ddp_on) out[n++] = (GroupBytes){"dp_replicate", ddp_bytes_per_step(&t->model.params)};
     if (t->tp_on) {
-        uint64_t micro = llama3_tp_bytes_per_microbatch(&t->args, size[MESH_TP], t->train.B,
-                                                        t->train.T, ac, t->tp.hooks.loss_parallel);
+        uint64_t micro = 0;  // this rank's blocks: all, or its pipeline stages'
+        for (int s = 0; s < (t->pipeline ? pl.stages : 1); s++) {
+            if (t->pipeline && pl.stage_rank[s] != pl.rank) continue;
+            int first = t->pipeline ? pl.first[s] : 0;
+            int last = t->pipeline ? pl.first[s + 1] : t->model.n_blocks;
+            micro += llama3_tp_bytes_per_microbatch(&t->args, size[MESH_TP], t->train.B,
+                                                    t->train.T, ac, t->tp.hooks.loss_parallel,
+                                                    first, last);
+        }
         size_t replicated = grads_replicated_floats(&t->model.params);
         out[n++] = (GroupBytes){"tp", t->accum * micro + 4 * replicated + sizeof(double)};
     }
     if (t->pipeline) {  // the sends, then the step's loss and grad norm summed over the stages
-        PipelineRankPlan pl = trainer_pipeline_rank_plan(t);
         uint64_t sent = pl.act_bytes_sent + pl.grad_bytes_sent;
         out[n++] = (GroupBytes){"pp", t->accum * sent + 2 * sizeof(double)};
     }

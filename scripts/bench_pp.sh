@@ -5,12 +5,11 @@
 # batch) and against one rank. Prints the step time, tokens/s in total and per device, and the
 # bubble of each schedule: predicted and measured.
 #   scripts/bench_pp.sh [STEPS]   (default 40; the first 2 are warmup and not counted)
-# Step time: the fastest counted step, from (tokens rank 0 trains per step / its metrics.jsonl
-# tokens_per_s at log_freq 1): the machine is shared, and other jobs only ever slow a step
-# (the load averages before and after are printed; on a loaded machine no number is clean).
-# Tokens/s:
-# the global batch over the step time; per device: that over the ranks (titan's own metric
-# counts a pipeline's tokens once per pp rank).
+# Step time: the fastest counted step, from (tokens per device per step / its metrics.jsonl
+# tokens_per_s at log_freq 1, which divides a step's tokens over the ranks of a pipeline as
+# torchtitan does): the machine is shared, and other jobs only ever slow a step (the load
+# averages before and after are printed; on a loaded machine no number is clean).
+# Tokens/s: the global batch over the step time; per device: that over the ranks.
 # Predicted bubble: `titan --print-schedule --microbatches 8` for the same pp and schedule, the
 # idle share of ranks x time under the unit cost model (F=I=W=1, B=2).
 # Measured bubble: 1 - ideal / step time, where ideal is the step time of one rank (1 thread)
@@ -80,7 +79,7 @@ for np in 2 4; do
     # titan's plan check on one process, as mpirun may lose rank 0's line when it aborts.
     if refused=$(./titan "${model[@]}" "${pp[@]}" --estimate --world-size "$np" 2>&1 >/dev/null); then
       run "$name" "$np" "${pp[@]}"
-      ms=$(step_ms "$out/$name" $((batch * seq)))
+      ms=$(step_ms "$out/$name" $((batch * seq / np)))
       measured=$(awk -v one="$one_ms" -v ms="$ms" -v n=$((np < cores ? np : cores)) \
                  'BEGIN { printf "%.4f", 1 - one / n / ms }')
       row "$np" "pp=$np $schedule" "$ms" "$predicted" "$measured" "$(waits "$out/$name.log")"

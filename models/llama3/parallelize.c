@@ -46,9 +46,14 @@ void llama3_parallelize_tp(Model *m, const Tp *tp) {
 }
 
 uint64_t llama3_tp_bytes_per_microbatch(const LlamaArgs *args, int tp, int B, int T,
-                                        bool activation_checkpoint, bool loss_parallel) {
-    uint64_t bt = (uint64_t)B * T, L = (uint64_t)args->n_layers;
-    uint64_t seams = 2 + 4 * L + (activation_checkpoint ? 2 * L : 0);
-    uint64_t loss = loss_parallel ? 3 * bt : bt * (uint64_t)args->vocab_size / (uint64_t)tp;
+                                        bool activation_checkpoint, bool loss_parallel,
+                                        int first_block, int last_block) {
+    bool embed = first_block == 0, head = last_block == args->n_layers + 2;
+    uint64_t L = (uint64_t)(last_block - first_block - embed - head);
+    uint64_t bt = (uint64_t)B * T;
+    uint64_t seams = embed + head + 4 * L + (activation_checkpoint ? 2 * L : 0);
+    uint64_t loss = !head            ? 0
+                    : loss_parallel ? 3 * bt
+                                    : bt * (uint64_t)args->vocab_size / (uint64_t)tp;
     return 4 * (seams * (bt + bt / (uint64_t)tp) * (uint64_t)args->dim + loss);
 }
