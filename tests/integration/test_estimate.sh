@@ -67,9 +67,12 @@ echo "ok: DDP holds the 1-rank params arena and runs no FSDP collective"
 # bytes: its activation sends plus the loss and grad norm summed over the stages).
 check pp=2+accum 2 --training.local_batch_size 8 --training.global_batch_size 16 \
   $P.pipeline_parallel_degree 2
-# FSDP under a pipeline gathers and reduces its stages' blocks once per microbatch.
+# FSDP under a pipeline gathers its stages' blocks once per microbatch and reduce-scatters
+# once per step; TP moves the seams of its stages' blocks only.
 check pp=2xdp_shard=2 4 --training.local_batch_size 8 $P.pipeline_parallel_degree 2 \
   $P.data_parallel_shard_degree 2
+check pp=2xtp=2 4 --training.local_batch_size 8 $P.pipeline_parallel_degree 2 \
+  $P.tensor_parallel_degree 2 $P.data_parallel_shard_degree 1
 
 # Each pp rank's plan, for local batches of 4 and 8 rows in microbatches of one row.
 # tp 1: an activation crossing a stage boundary is 1 row x 64 tokens x dim 256 floats.
