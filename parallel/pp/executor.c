@@ -16,8 +16,7 @@ typedef struct {
 
 typedef struct {
     Arena arena;
-    int holder;                // the (stage * m + mb) it holds, -1: free
-    CommHandle *sends[2];      // its holder's sends, waited for before the region is reused
+    CommHandle *sends[2];      // its last holder's sends, waited for before it is reused
 } Region;
 
 struct PpExecutor {
@@ -97,8 +96,7 @@ PpExecutor *pp_executor_create(const PpSchedule *s, const PpReport *r, int rank,
         char *base = arena_alloc(acts, bytes);
         CHECK(base != NULL);  // acts is committed with pp_region_counts' regions
         e->regions[i] = (Region){.arena = {.name = "pipeline region", .memory = acts->memory,
-                                           .base = base, .size = bytes},
-                                 .holder = -1};
+                                           .base = base, .size = bytes}};
         e->released[e->n_released++] = i;
     }
     e->mbs = xcalloc((size_t)s->stages * s->microbatches, sizeof(InFlight));
@@ -115,6 +113,13 @@ void pp_executor_free(PpExecutor *e) {
 
 // ---- regions -------------------------------------------------------------------------------
 
+// Waits until the sends made from the region have left.
+static void region_drain(Region *g) {
+    for (int j = 0; j < 2; j++)
+        if (g->sends[j]) comm_wait(g->sends[j]);
+    g->sends[0] = g->sends[1] = NULL;
+}
+
 // The oldest released region, once its last holder's sends have left, for (stage, mb).
 static void region_acquire(PpExecutor *e, int key) {
     InFlight *f = &e->mbs[key];
@@ -125,11 +130,8 @@ static void region_acquire(PpExecutor *e, int key) {
     for (int j = 1; j < e->n_released; j++) e->released[j - 1] = e->released[j];
     e->n_released--;
     Region *g = &e->regions[i];
-    for (int j = 0; j < 2; j++)
-        if (g->sends[j]) comm_wait(g->sends[j]);
-    g->sends[0] = g->sends[1] = NULL;
+    region_drain(g);
     arena_release(&g->arena, 0);
-    g->holder = key;
     f->region = i;
 }
 
@@ -139,7 +141,6 @@ static void region_release(PpExecutor *e, int key) {
     Region *g = &e->regions[f->region];
     g->sends[0] = &f->send_y;
     g->sends[1] = &f->send_dx;
-    g->holder = -1;
     e->released[e->n_released++] = f->region;
     f->region = -1;
 }
@@ -237,10 +238,5 @@ void pp_executor_step(PpExecutor *e) {
         }
     }
     // The step ends with every send gone: the next one reuses the regions from scratch.
-    for (int i = 0; i < e->n_regions; i++) {
-        Region *g = &e->regions[i];
-        for (int j = 0; j < 2; j++)
-            if (g->sends[j]) comm_wait(g->sends[j]);
-        g->sends[0] = g->sends[1] = NULL;
-    }
+    for (int i = 0; i < e->n_regions; i++) region_drain(&e->regions[i]);
 }
