@@ -131,7 +131,7 @@ static void allocate_arenas(Trainer *t, bool commit) {
     t->act_bytes_other_mode = train_activation_bytes(t);
     set_checkpointing(m, full_ac);
     size_t act_bytes = train_activation_bytes(t);
-    if (t->val.B > 0) {
+    if (t->val.B > 0 && !t->pipeline) {  // a pipeline's counts its validation runs
         size_t val_bytes = model_activation_bytes(m, t->k, t->val.B, t->val.T);
         if (val_bytes > act_bytes) act_bytes = val_bytes;
     }
@@ -341,9 +341,14 @@ static double validate(Trainer *t) {
     double loss = 0;
     for (int64_t i = 0; i < batches; i++) {
         split_next(t->k, v, t->args.vocab_size);
+        if (t->pipeline) {
+            loss += trainer_pipeline_eval(t) / batches;
+            continue;
+        }
         StepCtx s = step_ctx(t, v);
         loss += model_forward(&t->model, &s) / batches;
     }
+    if (t->pipeline) loss = comm_all_reduce_double(t->mesh.group[MESH_PP], loss, COMM_SUM);
     return comm_all_reduce_double(t->mesh.loss, loss, COMM_AVG);
 }
 

@@ -112,3 +112,6 @@ PipelineRankPlan trainer_pipeline_rank_plan(Trainer *t);
 size_t trainer_pipeline_activation_bytes(Trainer *t);
 void trainer_pipeline_start(Trainer *t);
 double trainer_pipeline_step(Trainer *t);
+// One validation batch through this rank's stages, forward only: its mean loss on the last
+// stage's rank, 0 on the others.
+double trainer_pipeline_eval(Trainer *t);

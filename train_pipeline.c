@@ -7,33 +7,41 @@
 #include "parallel/pp/stage.h"
 #include "train.h"
 
+// One schedule the pipeline runs: training's, or evaluation's (forward only, validation).
+typedef struct {
+    PpSchedule schedule;
+    PpReport report;
+    const Split *split;      // the batches it runs
+    int m;                   // microbatches per batch; 0: no such run
+    int n_regions;           // this rank's activation regions (pp_region_counts)
+    PpExecutor *exec;
+} PipelineRun;
+
 struct Pipeline {
     PpStageFns fns;          // first: the callbacks find the Pipeline from their pointer
     Trainer *t;
-    PpSchedule schedule;
-    PpReport report;
+    PipelineRun train, eval;
+    PipelineRun *running;    // the run whose callbacks are being called
     int rank;                // this rank's pp coordinate
     int *first;              // (stages + 1) stage s runs blocks [first[s], first[s + 1])
-    int m, rows;             // microbatches per step and rows (batch entries) of each
-    float loss_scale;        // 1 / (m x gradient accumulation steps)
-    int n_regions;
-    ModelSlots *slots;       // (n_regions) one microbatch's blocks' slots per region
-    StepCtx *ctx;            // (n_regions) its step context
-    double *loss;            // (m) the last stage's loss per microbatch
-    const int *tokens, *targets;  // the step's batch (B*T each), the backend's copies
-    PpExecutor *exec;
+    int rows;                // rows (batch entries) of a microbatch
+    float loss_scale;        // 1 / (training microbatches x gradient accumulation steps)
+    int n_slots;             // regions of the larger run
+    ModelSlots *slots;       // (n_slots) one microbatch's blocks' slots per region
+    StepCtx *ctx;            // (n_slots) its step context
+    double *loss;            // (the larger m) the last stage's loss per microbatch
 };
 
 static float *stage_forward(const PpStageFns *f, int stage, int mb, int region, Arena *act,
                             const float *x) {
     Pipeline *p = (Pipeline *)f;
     Trainer *t = p->t;
-    int T = t->train.T;
-    size_t first_row = (size_t)mb * p->rows * T;
+    const Split *sp = p->running->split;
+    size_t first_row = (size_t)mb * p->rows * sp->T;
     StepCtx *s = &p->ctx[region];
-    *s = (StepCtx){.k = t->k, .act = act, .B = p->rows, .T = T, .pos = t->step_pos,
-                   .tokens = p->tokens ? p->tokens + first_row : NULL,
-                   .targets = p->targets ? p->targets + first_row : NULL,
+    *s = (StepCtx){.k = t->k, .act = act, .B = p->rows, .T = sp->T, .pos = t->step_pos,
+                   .tokens = sp->step_tokens ? sp->step_tokens + first_row : NULL,
+                   .targets = sp->step_targets ? sp->step_targets + first_row : NULL,
                    .loss_scale = p->loss_scale};
     int last = p->first[stage + 1];
     float *y = model_forward_blocks(&t->model, s, &p->slots[region], p->first[stage], last, x);
@@ -53,7 +61,7 @@ static float *stage_backward(const PpStageFns *f, int stage, int mb, int region,
 
 // Each block's parameters live on the pp rank of the stage that runs it.
 static void place_stages(Pipeline *p, Model *m, const MeshLayout *layout) {
-    const PpSchedule *s = &p->schedule;
+    const PpSchedule *s = &p->train.schedule;
     int param = 0;
     for (int st = 0; st < s->stages; st++)
         for (int b = p->first[st]; b < p->first[st + 1]; b++)
@@ -65,6 +73,30 @@ static void place_stages(Pipeline *p, Model *m, const MeshLayout *layout) {
     CHECK(param == m->params.count);
 }
 
+// The regions of run u on this rank.
+static void plan_regions(Pipeline *p, PipelineRun *u) {
+    int *regions = xcalloc((size_t)u->schedule.ranks, sizeof(int));
+    pp_region_counts(&u->schedule, &u->report, regions);
+    u->n_regions = regions[p->rank];
+    free(regions);
+}
+
+// Validation runs the training schedule's placement forward only, on the validation split's
+// batches in microbatches of the same rows.
+static void plan_eval(Pipeline *p, Trainer *t) {
+    PipelineRun *u = &p->eval;
+    if (t->val.B % p->rows != 0)
+        die_user("validation.local_batch_size %d is not a multiple of "
+                 "parallelism.pipeline_parallel_microbatch_size %d", t->val.B, p->rows);
+    u->split = &t->val;
+    u->m = t->val.B / p->rows;
+    pp_schedule_forward_only(&u->schedule, &p->train.schedule, u->m);
+    char err[512];
+    if (!pp_schedule_check(&u->schedule, &u->report, err, sizeof err))
+        die_internal(__FILE__, __LINE__, "the evaluation schedule fails its check: %s", err);
+    plan_regions(p, u);
+}
+
 void trainer_pipeline_plan(Trainer *t) {
     const Config *c = &t->cfg;
     const ParallelismSection *ps = &c->parallelism;
@@ -73,17 +105,16 @@ void trainer_pipeline_plan(Trainer *t) {
     p->t = t;
     p->fns = (PpStageFns){stage_forward, stage_backward};
     p->rank = t->mesh.coord[MESH_PP];
-    p->m = trainer_schedule_microbatches(c);
     p->rows = (int)ps->pipeline_parallel_microbatch_size;
-    p->loss_scale = 1.0f / ((float)p->m * (float)t->accum);
+    PipelineRun *u = &p->train;
+    u->split = &t->train;
+    u->m = trainer_schedule_microbatches(c);
+    p->loss_scale = 1.0f / ((float)u->m * (float)t->accum);
     if (t->args.tie_word_embeddings)
         die_user("model.tie_word_embeddings cannot be trained with pipeline parallel: the tied "
                  "weight would belong to the first and the last stage");
-    if (c->validation.enable)
-        die_user("validation.enable is not implemented with pipeline_parallel_degree %d yet",
-                 t->mesh.layout.size[MESH_PP]);
-    trainer_load_schedule(c, p->m, &p->schedule, &p->report);
-    const PpSchedule *s = &p->schedule;
+    trainer_load_schedule(c, u->m, &u->schedule, &u->report);
+    const PpSchedule *s = &u->schedule;
     char err[512];
     // NCCL runs every point-to-point operation of a rank on one stream, so a send waiting for
     // its receiver blocks the receive queued behind it, which 1F1B's crossing activations and
@@ -94,52 +125,54 @@ void trainer_pipeline_plan(Trainer *t) {
                  s->ranks, c->training.device);
     int first_less = (int)ps->pipeline_parallel_first_stage_less_layers;
     int last_less = (int)ps->pipeline_parallel_last_stage_less_layers;
-    int stages = s->stages;
-    p->first = xcalloc((size_t)stages + 1, sizeof(int));
-    if (!pp_split_blocks(t->args.n_layers, stages, first_less, last_less, p->first, err,
+    p->first = xcalloc((size_t)s->stages + 1, sizeof(int));
+    if (!pp_split_blocks(t->args.n_layers, s->stages, first_less, last_less, p->first, err,
                          sizeof err))
         die_user("%s", err);
     place_stages(p, &t->model, &t->mesh.layout);
-    p->loss = xcalloc((size_t)p->m, sizeof(double));
-    int *regions = xcalloc((size_t)s->ranks, sizeof(int));
-    pp_region_counts(s, &p->report, regions);
-    p->n_regions = regions[p->rank];
-    free(regions);
+    plan_regions(p, u);
+    if (c->validation.enable) plan_eval(p, t);
+    p->n_slots = u->n_regions > p->eval.n_regions ? u->n_regions : p->eval.n_regions;
+    p->slots = xcalloc((size_t)p->n_slots, sizeof(ModelSlots));
+    p->ctx = xcalloc((size_t)p->n_slots, sizeof(StepCtx));
+    for (int i = 0; i < p->n_slots; i++) model_slots_init(&p->slots[i], &t->model);
+    p->loss = xcalloc((size_t)(u->m > p->eval.m ? u->m : p->eval.m), sizeof(double));
 }
 
-// Floats of one activation (or its gradient) between stages: a microbatch's rows x seq_len / tp
-// tokens (sequence parallel cuts the sequence over tp) of dim each.
-static size_t activation_width(const Trainer *t) {
+// Floats of one activation (or its gradient) between stages of run u: a microbatch's rows x
+// seq_len / tp tokens (sequence parallel cuts the sequence over tp) of dim each.
+static size_t activation_width(const Trainer *t, const PipelineRun *u) {
     const Pipeline *p = t->pipeline;
-    return (size_t)p->rows * t->train.T / t->mesh.layout.size[MESH_TP] * t->args.dim;
+    return (size_t)p->rows * u->split->T / t->mesh.layout.size[MESH_TP] * t->args.dim;
 }
 
-// Each region carved from the activation arena is rounded up to its alignment.
-static size_t region_bytes(Trainer *t) {
+// One region of run u, rounded up to the arena's alignment (regions are carved one by one).
+static size_t region_bytes(Trainer *t, PipelineRun *u) {
     Pipeline *p = t->pipeline;
-    if (!p->slots) {
-        p->slots = xcalloc((size_t)p->n_regions, sizeof(ModelSlots));
-        p->ctx = xcalloc((size_t)p->n_regions, sizeof(StepCtx));
-        for (int i = 0; i < p->n_regions; i++) model_slots_init(&p->slots[i], &t->model);
-    }
-    size_t bytes = pp_region_bytes(&p->schedule, p->rank, activation_width(t), &p->fns);
+    p->running = u;
+    size_t bytes = pp_region_bytes(&u->schedule, p->rank, activation_width(t, u), &p->fns);
     return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
 }
 
+// Training and validation take turns in the activation arena: it holds the larger.
 size_t trainer_pipeline_activation_bytes(Trainer *t) {
-    return region_bytes(t) * (size_t)t->pipeline->n_regions;
+    Pipeline *p = t->pipeline;
+    size_t train = region_bytes(t, &p->train) * (size_t)p->train.n_regions;
+    size_t eval = p->eval.m ? region_bytes(t, &p->eval) * (size_t)p->eval.n_regions : 0;
+    return train > eval ? train : eval;
 }
 
 PipelineRankPlan trainer_pipeline_rank_plan(Trainer *t) {
     Pipeline *p = t->pipeline;
-    const PpSchedule *s = &p->schedule;
+    PipelineRun *u = &p->train;
+    const PpSchedule *s = &u->schedule;
     const char *csv = t->cfg.parallelism.pipeline_parallel_schedule_csv;
     PipelineRankPlan plan = {
         .schedule = csv && *csv ? csv : t->cfg.parallelism.pipeline_parallel_schedule,
-        .microbatches = p->m, .stages = s->stages, .rank = p->rank, .stage_rank = s->stage_rank,
-        .first = p->first, .bubble = p->report.bubble, .peak_live = p->report.peak_live[p->rank],
-        .regions = p->n_regions, .region_bytes = region_bytes(t)};
-    uint64_t bytes = activation_width(t) * sizeof(float);
+        .microbatches = u->m, .stages = s->stages, .rank = p->rank, .stage_rank = s->stage_rank,
+        .first = p->first, .bubble = u->report.bubble, .peak_live = u->report.peak_live[p->rank],
+        .regions = u->n_regions, .region_bytes = region_bytes(t, u)};
+    uint64_t bytes = activation_width(t, u) * sizeof(float);
     for (int i = 0; i < s->count[p->rank]; i++) {
         PpActionKind kind = s->actions[p->rank][i].kind;
         if (kind == PP_SEND_ACT) plan.act_bytes_sent += bytes;
@@ -148,22 +181,32 @@ PipelineRankPlan trainer_pipeline_rank_plan(Trainer *t) {
     return plan;
 }
 
-void trainer_pipeline_start(Trainer *t) {
-    Pipeline *p = t->pipeline;
-    arena_release(&t->act_arena, 0);
+static void start_run(Trainer *t, PipelineRun *u) {
     const Mesh *mesh = &t->mesh;
-    p->exec = pp_executor_create(&p->schedule, &p->report, p->rank, mesh->pp_prev, mesh->pp_next,
-                                 mesh->group[MESH_PP], activation_width(t), t->k, &p->fns,
-                                 &t->act_arena);
+    Pipeline *p = t->pipeline;
+    p->running = u;  // the executor sizes its regions through the callbacks
+    u->exec = pp_executor_create(&u->schedule, &u->report, p->rank, mesh->pp_prev, mesh->pp_next,
+                                 mesh->group[MESH_PP], activation_width(t, u), t->k, &p->fns);
 }
 
-double trainer_pipeline_step(Trainer *t) {
+void trainer_pipeline_start(Trainer *t) {
     Pipeline *p = t->pipeline;
-    p->tokens = t->train.step_tokens;
-    p->targets = t->train.step_targets;
-    for (int mb = 0; mb < p->m; mb++) p->loss[mb] = 0;
-    pp_executor_step(p->exec);
-    double loss = 0;  // the mean over microbatches, on the last stage's rank; 0 elsewhere
-    for (int mb = 0; mb < p->m; mb++) loss += p->loss[mb] / p->m;
+    start_run(t, &p->train);
+    if (p->eval.m) start_run(t, &p->eval);
+}
+
+// One batch of run u's split through this rank's stages: the mean loss over its microbatches
+// on the last stage's rank, 0 on the others.
+static double run_batch(Trainer *t, PipelineRun *u) {
+    Pipeline *p = t->pipeline;
+    p->running = u;
+    for (int mb = 0; mb < u->m; mb++) p->loss[mb] = 0;
+    pp_executor_step(u->exec, &t->act_arena);
+    double loss = 0;
+    for (int mb = 0; mb < u->m; mb++) loss += p->loss[mb] / u->m;
     return loss;
 }
+
+double trainer_pipeline_step(Trainer *t) { return run_batch(t, &t->pipeline->train); }
+
+double trainer_pipeline_eval(Trainer *t) { return run_batch(t, &t->pipeline->eval); }

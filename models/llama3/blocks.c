@@ -309,6 +309,9 @@ static int head_chunk_rows(const LlamaHead *h, int BT) {
 
 // Under tp without loss parallel every rank's vocab columns are gathered before the loss.
 static bool logits_gathered(const StepCtx *s) { return s->tp && !s->tp->loss_parallel; }
+// With it, the loss reads this rank's vocab slice (the slot's lse is set): a flag that holds
+// while sizing too, when every carved pointer is NULL.
+static bool vocab_parallel_loss(const StepCtx *s) { return s->tp && s->tp->loss_parallel; }
 
 // A chunk of `rows` rows. The gather's scratch, needed only while logits are computed, is
 // carved separately (head_chunk_scratch), after the mark of what forward keeps.
@@ -368,7 +371,7 @@ static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, floa
     sv->xn = arena_floats(s->act, (size_t)BT * a->dim);
     sv->rstd = arena_floats(s->act, rows);
     sv->losses = arena_floats(s->act, BT);
-    sv->lse = s->tp && s->tp->loss_parallel ? arena_floats(s->act, BT) : NULL;
+    sv->lse = vocab_parallel_loss(s) ? arena_floats(s->act, BT) : NULL;
     // One chunk: its logits stay for backward (and for s->logits); several: scratch.
     sv->kept = chunk == BT ? head_chunk_carve(h, s, BT) : (HeadChunk){0};
     s->logits = chunk == BT ? (sv->lse ? sv->kept.logits : sv->kept.full) : NULL;
@@ -376,7 +379,7 @@ static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, floa
     float *normed = s->tp ? arena_floats(s->act, (size_t)rows * a->dim) : NULL;
     HeadChunk c = chunk == BT ? sv->kept : head_chunk_carve(h, s, chunk);
     head_chunk_scratch(h, s, &c, chunk);
-    float *stats = sv->lse ? arena_floats(s->act, 3 * (size_t)chunk) : NULL;
+    float *stats = vocab_parallel_loss(s) ? arena_floats(s->act, 3 * (size_t)chunk) : NULL;
     if (!step_sizing(s)) {
         norm_gathered(s, sv->xn, sv->rstd, normed, x, h->norm->data, rows, a->dim, a->norm_eps);
         for (int r0 = 0; r0 < BT; r0 += chunk) {

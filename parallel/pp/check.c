@@ -21,6 +21,7 @@ typedef struct {
     bool *f, *i, *w, *b, *act_in, *grad_in, *act_sent, *grad_sent;
     int64_t *act_time, *grad_time;  // when the send was made (-1: not yet, or taken)
     int *live;                      // (ranks) current live activations
+    int *peak_live;                 // (ranks) the most, the report's
     int64_t *clock;                 // (ranks)
     // The region pool (regions NULL: not played): per rank a FIFO of given-back regions, each
     // the (stage * m + microbatch) that last held it (-1: never used); held per (stage, mb).
@@ -78,6 +79,22 @@ static void region_give_back(Sim *z, int r, int k) {
     z->pool[r][z->pool_len[r]++] = k;
 }
 
+// Evaluation keeps nothing for backward: a forward's region is given back once its output has
+// left it, sent (the next stage on another rank, or none) or copied into the next stage's
+// region by that stage's forward here.
+static void forward_done(Sim *z, int r, int st, int mb) {
+    const PpSchedule *s = z->s;
+    int m = s->microbatches;
+    if (st > 0 && s->stage_rank[st - 1] == r) {
+        region_give_back(z, r, (st - 1) * m + mb);
+        z->live[r]--;
+    }
+    if (st + 1 == s->stages || s->stage_rank[st + 1] != r) {
+        region_give_back(z, r, st * m + mb);
+        z->live[r]--;
+    }
+}
+
 static Step run_compute(Sim *z, int r, const PpAction *a, const char *at, char *err, size_t n) {
     int k = a->stage * z->s->microbatches + a->microbatch;
     bool backward = a->kind != PP_FORWARD;
@@ -85,6 +102,7 @@ static Step run_compute(Sim *z, int r, const PpAction *a, const char *at, char *
                : a->kind == PP_BACKWARD_WEIGHT ? z->w[k] || z->b[k]
                                                : z->i[k] || z->b[k];
     if (dup) return FAIL("%s: runs a second time", at);
+    if (backward && z->s->forward_only) return FAIL("%s: a backward in evaluation", at);
     if (backward && !z->f[k]) return FAIL("%s: runs before its forward", at);
     if (a->kind == PP_BACKWARD_WEIGHT && !z->i[k])
         return FAIL("%s: runs before its backward-input (I)", at);
@@ -102,6 +120,8 @@ static Step run_compute(Sim *z, int r, const PpAction *a, const char *at, char *
     flag[k] = true;
     if (a->kind == PP_BACKWARD || a->kind == PP_BACKWARD_WEIGHT) region_give_back(z, r, k);
     z->live[r] += a->kind == PP_FORWARD ? 1 : a->kind == PP_BACKWARD_INPUT ? 0 : -1;
+    if (z->live[r] > z->peak_live[r]) z->peak_live[r] = z->live[r];
+    if (a->kind == PP_FORWARD && z->s->forward_only) forward_done(z, r, a->stage, a->microbatch);
     z->clock[r] += pp_action_cost(a->kind);
     return STEP_DONE;
 }
@@ -172,7 +192,7 @@ static bool check_complete(const Sim *z, char *err, size_t n) {
             if (z->grad_sent[k] && !z->grad_in[k - m])
                 return error_set(err, n, "rank %d's SEND_B%d.%d is never received by rank %d", r,
                                  st, mb, s->stage_rank[st - 1]);
-            if (!z->b[k] && !z->i[k])
+            if (!z->b[k] && !z->i[k] && !s->forward_only)
                 return error_set(err, n, "rank %d never runs the backward (B or I) of %d.%d", r,
                                  st, mb);
             if (z->i[k] && !z->w[k])
@@ -193,7 +213,6 @@ static bool simulate(Sim *z, PpReport *rep, int *pc, char *err, size_t n) {
                 if (st == STEP_ERROR) return false;
                 if (st == STEP_BLOCKED) break;
                 rep->start[r][pc[r]++] = a->kind >= PP_SEND_ACT ? z->clock[r] : before;
-                if (z->live[r] > rep->peak_live[r]) rep->peak_live[r] = z->live[r];
                 moved = true;
             }
     }
@@ -244,6 +263,7 @@ static bool check_run(const PpSchedule *s, const int *regions, PpReport *rep, ch
     if (!z.act_time || !z.grad_time || !z.live || !z.clock || !pc || !rep->peak_live ||
         !rep->start)
         die_internal(__FILE__, __LINE__, "out of memory");
+    z.peak_live = rep->peak_live;
     for (size_t i = 0; i < cells; i++) z.act_time[i] = z.grad_time[i] = -1;
     for (int r = 0; r < s->ranks; r++) {
         rep->start[r] = calloc((size_t)s->count[r] + 1, sizeof(int64_t));

@@ -27,6 +27,7 @@ struct PpExecutor {
     const KernelOps *k;        // copies between stages on this rank
     const PpStageFns *fns;
     int n_regions;
+    size_t region_bytes;
     Region *regions;
     int *released;             // (n_regions) FIFO of released regions, oldest first
     int n_released;
@@ -46,6 +47,10 @@ size_t pp_region_bytes(const PpSchedule *s, int rank, size_t width, const PpStag
         arena_init_sizing(&a, "pipeline region");
         const float *x = st > 0 ? arena_floats(&a, width) : NULL;
         fns->forward(fns, st, 0, 0, &a, x);
+        if (s->forward_only) {
+            most = a.peak > most ? a.peak : most;
+            continue;
+        }
         const float *dy = st + 1 < s->stages ? arena_floats(&a, width) : NULL;
         if (split) {
             fns->backward(fns, st, 0, 0, &a, BLOCK_BACKWARD_INPUT, dy);
@@ -77,7 +82,7 @@ void pp_region_counts(const PpSchedule *s, const PpReport *r, int *regions) {
 
 PpExecutor *pp_executor_create(const PpSchedule *s, const PpReport *r, int rank, int prev,
                                int next, CommGroup *group, size_t width, const KernelOps *k,
-                               const PpStageFns *fns, Arena *acts) {
+                               const PpStageFns *fns) {
     // The schedule's placements put neighbouring stages on neighbouring ranks.
     for (int i = 0; i < s->count[rank]; i++) {
         int peer = s->actions[rank][i].peer;
@@ -89,16 +94,9 @@ PpExecutor *pp_executor_create(const PpSchedule *s, const PpReport *r, int rank,
     *e = (PpExecutor){.s = s, .rank = rank, .group = group, .width = width, .k = k, .fns = fns,
                       .n_regions = regions[rank]};
     free(regions);
-    size_t bytes = pp_region_bytes(s, rank, width, fns);
+    e->region_bytes = pp_region_bytes(s, rank, width, fns);
     e->regions = xcalloc((size_t)e->n_regions, sizeof(Region));
     e->released = xcalloc((size_t)e->n_regions, sizeof(int));
-    for (int i = 0; i < e->n_regions; i++) {
-        char *base = arena_alloc(acts, bytes);
-        CHECK(base != NULL);  // acts is committed with pp_region_counts' regions
-        e->regions[i] = (Region){.arena = {.name = "pipeline region", .memory = acts->memory,
-                                           .base = base, .size = bytes}};
-        e->released[e->n_released++] = i;
-    }
     e->mbs = xcalloc((size_t)s->stages * s->microbatches, sizeof(InFlight));
     return e;
 }
@@ -171,6 +169,11 @@ static void run_forward(PpExecutor *e, int st, int mb) {
     }
     comm_wait(&f->recv_x);
     f->y = e->fns->forward(e->fns, st, mb, f->region, a, f->x);
+    if (!e->s->forward_only) return;
+    // Evaluation keeps nothing for backward (check.c plays the same rule): the previous
+    // stage's region once its output is copied in, this one's once its output is on its way.
+    if (stage_is_local(e, st - 1)) region_release(e, key_of(e, st - 1, mb));
+    if (!stage_is_local(e, st + 1)) region_release(e, key);
 }
 
 static void run_backward(PpExecutor *e, int st, int mb, PpActionKind kind) {
@@ -223,10 +226,19 @@ static void run_comm(PpExecutor *e, const PpAction *act) {
     }
 }
 
-void pp_executor_step(PpExecutor *e) {
+void pp_executor_step(PpExecutor *e, Arena *acts) {
     const PpSchedule *s = e->s;
     for (int k = 0; k < s->stages * s->microbatches; k++)
         e->mbs[k] = (InFlight){.region = -1};
+    arena_release(acts, 0);
+    e->n_released = 0;
+    for (int i = 0; i < e->n_regions; i++) {
+        char *base = arena_alloc(acts, e->region_bytes);
+        CHECK(base != NULL);  // acts is committed with pp_region_counts' regions
+        e->regions[i] = (Region){.arena = {.name = "pipeline region", .memory = acts->memory,
+                                           .base = base, .size = e->region_bytes}};
+        e->released[e->n_released++] = i;
+    }
     for (int i = 0; i < s->count[e->rank]; i++) {
         const PpAction *a = &s->actions[e->rank][i];
         switch (a->kind) {

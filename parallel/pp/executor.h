@@ -51,11 +51,13 @@ void pp_region_counts(const PpSchedule *s, const PpReport *r, int *regions);
 
 // An executor for rank `rank` of schedule s (checked; r its report) over the pp group (rank
 // `rank` in it, its neighbours prev and next: every send and recv of its list must be with one
-// of them), moving activations of `width` floats of backend k, its regions carved from acts
-// (committed, with room for pp_region_counts' regions of pp_region_bytes).
+// of them), moving activations of `width` floats of backend k; its regions are
+// pp_region_counts' of pp_region_bytes each.
 PpExecutor *pp_executor_create(const PpSchedule *s, const PpReport *r, int rank, int prev,
                                int next, CommGroup *group, size_t width, const KernelOps *k,
-                               const PpStageFns *fns, Arena *acts);
-// Runs this rank's actions once: every microbatch forward and backward through its stages.
-void pp_executor_step(PpExecutor *e);
+                               const PpStageFns *fns);
+// Runs this rank's actions once: every microbatch forward (and backward) through its stages,
+// the regions carved anew from acts (committed with room for them; executors of several
+// schedules, training's and evaluation's, take turns in it).
+void pp_executor_step(PpExecutor *e, Arena *acts);
 void pp_executor_free(PpExecutor *e);

@@ -320,6 +320,34 @@ static void gen_dualpipev(PpSchedule *s) {
     }
 }
 
+// Evaluation's order, a list schedule in unit time as the zero-bubble one: whenever a rank is
+// free it runs a ready forward, the latest stage first (its output then leaves the rank, and
+// its region with it), the oldest microbatch first. Microbatches overlap across the stages of
+// interleaved and V placements instead of each crossing the whole pipeline alone.
+void pp_schedule_forward_only(PpSchedule *s, const PpSchedule *train, int m) {
+    sched_init(s, train->ranks, train->stages, m);
+    s->forward_only = true;
+    int S = s->stages, left = S * m;
+    for (int st = 0; st < S; st++) s->stage_rank[st] = train->stage_rank[st];
+    int64_t *end = xcalloc((size_t)S * m, sizeof(int64_t));  // finish time; -1: not yet run
+    for (int i = 0; i < S * m; i++) end[i] = -1;
+    for (int64_t t = 0; left > 0; t++)
+        for (int r = 0; r < s->ranks; r++) {
+            int pick = -1;
+            for (int st = S - 1; st >= 0 && pick < 0; st--)
+                for (int mb = 0; mb < m && pick < 0 && s->stage_rank[st] == r; mb++)
+                    if (end[st * m + mb] < 0 &&
+                        (st == 0 || zb_ready(end[(st - 1) * m + mb], t)))
+                        pick = st * m + mb;
+            if (pick < 0) continue;
+            end[pick] = t + 1;
+            push(s, r, PP_FORWARD, pick / m, pick % m, -1);
+            left--;
+        }
+    free(end);
+    pp_add_comms(s);
+}
+
 bool pp_schedule_generate(PpSchedule *s, const char *name, int pp, int m, int v, char *err,
                           size_t n) {
     if (pp < 1 || m < 1)

@@ -29,6 +29,7 @@ typedef struct {
 
 typedef struct {
     int ranks, stages, microbatches;
+    bool forward_only;  // evaluation: forwards (and their sends and recvs) only
     int *stage_rank;    // (stages) the rank that holds each virtual stage
     int *count;         // (ranks) actions per rank
     int *capacity;      // (ranks) allocated actions per rank
@@ -56,6 +57,10 @@ typedef struct {
 // microbatch or stage count the schedule cannot run (never a schedule that hangs).
 bool pp_schedule_generate(PpSchedule *s, const char *name, int pp, int m, int v, char *err,
                           size_t n);
+// Evaluation's schedule on train's placement (its ranks, stages and stage_rank) for m
+// microbatches: every rank runs each microbatch through its stages in stage order, forward
+// only (torchtitan's eval step, GPipe's forward half).
+void pp_schedule_forward_only(PpSchedule *s, const PpSchedule *train, int m);
 // Reads torchtitan's CSV schedule (one row per rank, cells like 0F1, 1I0, 1W0, 2B3, 1SEND_F0,
 // 2RECV_B1; empty cells are idle steps). A file with only compute actions gets its sends and
 // recvs added, as torchtitan does; one with any send/recv is taken as written.

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Pipeline parallel (issue 11): every schedule, a CSV schedule, and pp composed with FSDP and
 # TP train the same model as one rank: loss and grad norm within 1e-5 relative at each of 10
-# steps; FSDP's gradients are reduce-scattered once per step, not per microbatch. The activation memory of stage 0 is flat in the microbatch count under 1F1B and grows
+# steps, and the validation loss (forward only through the stages) at steps 5 and 10; FSDP's
+# gradients are reduce-scattered once per step, not per microbatch. The activation memory of stage 0 is flat in the microbatch count under 1F1B and grows
 # under GPipe. A schedule that needs what the model cannot give is refused in one line.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 P=--parallelism
 # local batch 8 rows: on one rank in one microbatch, on pp ranks in microbatches of 2 (or 1).
+# Validation every 5 steps, forward only through the stages: 4 rows (2 per dp rank under
+# dp_shard 2).
 run=(${SMALL[@]} --training.local_batch_size 8 --training.global_batch_size -1
-     --training.steps 10 --lr_scheduler.warmup_steps 2)
+     --training.steps 10 --lr_scheduler.warmup_steps 2 --validation.enable
+     --validation.dataset_path "$DATA" --validation.freq 5 --validation.steps 2
+     --validation.seq_len 64 --validation.local_batch_size 4)
 $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/one" >"$SCRATCH/one.log" 2>&1 ||
   fail "the 1-rank run failed"
 
@@ -19,15 +24,19 @@ same_as_one_rank() {  # name, ranks, overrides...
   $PY - "$name" "$SCRATCH/one/metrics.jsonl" "$SCRATCH/$name/metrics.jsonl" <<'PY'
 import json, sys
 name = sys.argv[1]
-a, b = [[json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[2:4]]
-assert [r["step"] for r in b] == list(range(1, 11)), f"{name}: steps {[r['step'] for r in b]}"
+a, b = [[json.loads(l) for l in open(p)] for p in sys.argv[2:4]]
+steps = [r["step"] for r in b if "loss" in r]
+assert steps == list(range(1, 11)), f"{name}: steps {steps}"
+assert [r["step"] for r in b if "validation_loss" in r] == [5, 10], f"{name}: validations"
 worst = 0.0
 for x, y in zip(a, b):
-    for key in ("loss", "grad_norm"):
+    for key in ("loss", "grad_norm", "validation_loss"):
+        if key not in x:
+            continue
         err = abs(x[key] - y[key]) / abs(x[key])
         worst = max(worst, err)
         assert err <= 1e-5, f"{name}: step {x['step']} {key} {y[key]!r} vs 1 rank {x[key]!r}"
-print(f"ok: {name:42s} 10 steps, worst relative difference {worst:.1e}")
+print(f"ok: {name:42s} 10 steps and 2 validations, worst relative difference {worst:.1e}")
 PY
 }
 
@@ -55,13 +64,15 @@ same_as_one_rank "pp=2 CSV schedule" 2 "${PP2[@]}" \
 for schedule in 1F1B ZBVZeroBubble; do  # ZBV: FSDP with the backward split into I and W
   same_as_one_rank "pp=2 x dp_shard=2 $schedule" 4 $P.pipeline_parallel_degree 2 \
     $P.data_parallel_shard_degree 2 $P.pipeline_parallel_microbatch_size 1 \
-    --training.local_batch_size 4 $P.pipeline_parallel_schedule $schedule
+    --training.local_batch_size 4 --validation.local_batch_size 2 \
+    $P.pipeline_parallel_schedule $schedule
 done
 same_as_one_rank "pp=2 x tp=2" 4 "${PP2[@]}" $P.tensor_parallel_degree 2 \
   $P.data_parallel_shard_degree 1
 same_as_one_rank "pp=2 x dp_shard=2 x tp=2" 8 $P.pipeline_parallel_degree 2 \
   $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2 \
-  $P.pipeline_parallel_microbatch_size 1 --training.local_batch_size 4
+  $P.pipeline_parallel_microbatch_size 1 --training.local_batch_size 4 \
+  --validation.local_batch_size 2
 
 # FSDP under pp reduce-scatters once per step: from 2 to 4 microbatches, rank 0 (stage 0: the
 # embedding and 3 layers, 4 FSDP units) adds 2 x 4 all-gathers per extra microbatch (forward,

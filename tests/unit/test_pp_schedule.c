@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <string.h>
 
 #include "parallel/pp/executor.h"
@@ -256,6 +257,35 @@ static void test_channels_in_order(void **state) {
     pp_schedule_free(&s);
 }
 
+// Validation's forward-only schedule on each training placement: it checks, keeps at most one
+// microbatch per local stage in flight (plus one crossing the V's turn), its regions are
+// proven, and on one stage per rank it idles exactly GPipe's forward half: (pp-1)/(m+pp-1).
+static void test_forward_only(void **state) {
+    (void)state;
+    const char *all[] = {"GPipe", "1F1B", "LoopedBFS", "Interleaved1F1B",
+                         "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"};
+    for (size_t k = 0; k < 7; k++)
+        for (int pp = 2; pp <= 8; pp *= 2) {
+            PpSchedule train, eval;
+            PpReport r;
+            char err[512];
+            int m = 4 * pp, regions[8];
+            assert_true(pp_schedule_generate(&train, all[k], pp, 2 * pp, 0, err, sizeof err));
+            pp_schedule_forward_only(&eval, &train, m);
+            if (!pp_schedule_check(&eval, &r, err, sizeof err))
+                fail_msg("%s pp=%d: %s", all[k], pp, err);
+            assert_true(pp_schedule_channels_in_order(&eval, err, sizeof err));
+            pp_region_counts(&eval, &r, regions);
+            assert_true(pp_schedule_check_regions(&eval, regions, err, sizeof err));
+            for (int q = 0; q < pp; q++) assert_true(r.peak_live[q] <= train.stages / pp + 1);
+            if (train.stages == pp)
+                assert_true(fabs(r.bubble - (double)(pp - 1) / (m + pp - 1)) < 1e-12);
+            pp_report_free(&r);
+            pp_schedule_free(&eval);
+            pp_schedule_free(&train);
+        }
+}
+
 static void test_refusals(void **state) {
     (void)state;
     PpSchedule s;
@@ -321,7 +351,7 @@ int main(void) {
         cmocka_unit_test(test_zero_bubble_memory_bounded), cmocka_unit_test(test_peak_live),
         cmocka_unit_test(test_dualpipev),             cmocka_unit_test(test_dualpipev_order),
         cmocka_unit_test(test_regions),               cmocka_unit_test(test_stages_per_rank),
-        cmocka_unit_test(test_channels_in_order),
+        cmocka_unit_test(test_channels_in_order),     cmocka_unit_test(test_forward_only),
         cmocka_unit_test(test_refusals),              cmocka_unit_test(test_csv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
