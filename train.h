@@ -103,8 +103,10 @@ typedef struct {
     const int *first;           // (stages + 1) stage s runs blocks [first[s], first[s + 1])
     double bubble;              // the checker's idle fraction of all pp ranks' time
     int peak_live;              // this rank's most microbatches in flight (the checker's)
-    int regions;                // its activation regions: peak_live + 1
+    int regions;                // its activation regions (pp_region_counts)
     size_t region_bytes;        // each one's bytes, aligned
+    int eval_regions;           // validation's, taking turns in the same arena (0: none)
+    size_t eval_region_bytes;
     uint64_t act_bytes_sent, grad_bytes_sent;  // per pipeline step, to other pp ranks:
                                                // activations forward, gradients backward
 } PipelineRankPlan;

@@ -171,7 +171,9 @@ PipelineRankPlan trainer_pipeline_rank_plan(Trainer *t) {
         .schedule = csv && *csv ? csv : t->cfg.parallelism.pipeline_parallel_schedule,
         .microbatches = u->m, .stages = s->stages, .rank = p->rank, .stage_rank = s->stage_rank,
         .first = p->first, .bubble = u->report.bubble, .peak_live = u->report.peak_live[p->rank],
-        .regions = u->n_regions, .region_bytes = region_bytes(t, u)};
+        .regions = u->n_regions, .region_bytes = region_bytes(t, u),
+        .eval_regions = p->eval.m ? p->eval.n_regions : 0,
+        .eval_region_bytes = p->eval.m ? region_bytes(t, &p->eval) : 0};
     uint64_t bytes = activation_width(t, u) * sizeof(float);
     for (int i = 0; i < s->count[p->rank]; i++) {
         PpActionKind kind = s->actions[p->rank][i].kind;

@@ -138,8 +138,11 @@ static void print_pipeline_rank(Trainer *t) {
             print_stage(s, pl.first[s], pl.first[s + 1], t->model.n_blocks);
             sep = ", ";
         }
-    printf("\n  peak live %d microbatches: activations in %d regions x %zu bytes\n", pl.peak_live,
+    printf("\n  peak live %d microbatches: activations in %d regions x %zu bytes", pl.peak_live,
            pl.regions, pl.region_bytes);
+    if (pl.eval_regions)  // validation's take turns with training's in the same arena
+        printf("; validation: %d x %zu", pl.eval_regions, pl.eval_region_bytes);
+    printf("\n");
     printf("  p2p per pipeline step: %llu bytes of activations sent forward, %llu of gradients "
            "backward\n", (unsigned long long)pl.act_bytes_sent,
            (unsigned long long)pl.grad_bytes_sent);
