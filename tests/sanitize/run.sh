@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make sanitize`: the unit tests and short trainings (tokenize the Austen text, then 3 steps of
-# the debug model on 1 rank and on 2 ranks with FSDP, and the bad-input test's refusals) under
+# the debug model on 1 rank, on 2 ranks with FSDP and on 2 pipeline stages, and the bad-input
+# test's refusals) under
 # AddressSanitizer and UndefinedBehaviorSanitizer, as built by `make SANITIZE=1` in
 # build/sanitize. Any sanitizer report fails the run (env.sh); each step prints one line with
 # its time.
@@ -46,5 +47,13 @@ step train_1_rank env OMP_NUM_THREADS=2 "$TITAN" "${TRAIN[@]}"
 step train_2_ranks mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x ASAN_OPTIONS \
   -x UBSAN_OPTIONS -x LSAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose \
   "$TITAN" "${TRAIN[@]}"
+# The pipeline executor's regions and messages: a zero-bubble schedule (split backward, a V's
+# local hand-offs) with validation (forward only), on 2 ranks.
+step train_pipeline mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x ASAN_OPTIONS \
+  -x UBSAN_OPTIONS -x LSAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose \
+  "$TITAN" "${TRAIN[@]}" --training.local_batch_size 4 --parallelism.pipeline_parallel_degree 2 \
+  --parallelism.pipeline_parallel_schedule ZBVZeroBubble --validation.enable \
+  --validation.dataset_path "$DATA" --validation.freq 2 --validation.steps 1 \
+  --validation.seq_len 64 --validation.local_batch_size 4
 step bad_input env TITAN="$TITAN" bash tests/integration/test_bad_input.sh
 exit "$failed"
