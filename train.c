@@ -314,6 +314,13 @@ static void setup(Trainer *t) {
              c->model.flavor, t->args.n_layers, t->args.dim, t->args.vocab_size, t->train.B,
              t->train.T, t->accum, size[MESH_PP], size[MESH_DP_REPLICATE], size[MESH_DP_SHARD],
              size[MESH_CP], size[MESH_TP]);
+    if (t->pipeline) {
+        const char *csv = c->parallelism.pipeline_parallel_schedule_csv;
+        log_info("pipeline: %s, %d microbatches of %lld rows per batch",
+                 csv && *csv ? csv : c->parallelism.pipeline_parallel_schedule,
+                 trainer_schedule_microbatches(c),
+                 (long long)c->parallelism.pipeline_parallel_microbatch_size);
+    }
     if (t->tokenizer)
         log_info("tokenizer: %s (%s, %d ids)", c->model.tokenizer_path,
                  tokenizer_format(t->tokenizer), tokenizer_vocab_size(t->tokenizer));
