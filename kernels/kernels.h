@@ -4,7 +4,8 @@
 // Conventions shared by every op:
 // - Row-major fp32 tensors in the backend's memory (host memory on cpu, device memory on
 //   cuda), allocated through the memory section below. Shapes are given in the comments as
-//   (rows, cols). Index arrays (tokens, targets, positions) live in the same memory.
+//   (rows, cols). Index arrays (tokens, targets, positions, document ids) live in the same
+//   memory.
 // - Ops run in issue order on the backend's one queue (a CUDA stream on cuda) and may return
 //   before they finish; download, sum and sum_squares wait for everything queued.
 // - Numerics: fp32 storage and reductions on both backends. The cpu backend computes in fp32;
@@ -32,6 +33,22 @@ typedef struct {
     int local_rank;     // this process's index among the ranks of its node: picks the device
     bool bf16_compute;  // GEMMs and attention in bf16 (fp32 accumulation) where supported
 } KernelInit;
+
+// Which keys a query sees, by global sequence position (query row i is at q_start + i, key
+// row j at kv_start + j): ATTN_CAUSAL, keys at or before the query; ATTN_NONE, every key;
+// ATTN_DOCUMENT, causal and of the same document (block-causal attention over packed
+// documents, as torchtitan's document masking).
+typedef enum { ATTN_CAUSAL, ATTN_NONE, ATTN_DOCUMENT } AttnMask;
+
+// One attention call: B sequences of Tq query rows against Tk key/value rows. A single
+// sequence is Tq = Tk = T, q_start = kv_start = 0; context parallel pairs a query chunk with
+// another rank's key/value chunk through the offsets.
+typedef struct AttnShape {
+    int B, Tq, Tk, n_heads, n_kv_heads, head_dim;
+    int q_start, kv_start;  // global positions of the first query row and first key row
+    AttnMask mask;
+    const int *q_doc, *kv_doc;  // ATTN_DOCUMENT only: document ids (B, Tq), (B, Tk)
+} AttnShape;
 
 typedef struct KernelOps {
     const char *name;
@@ -98,21 +115,32 @@ typedef struct KernelOps {
     void (*rope_backward)(float *dx, const float *dout, const float *cos, const float *sin,
                           const int *pos, int n_rows, int T, int n_heads, int head_dim);
 
-    // Causal grouped-query attention, softmax scale 1/sqrt(head_dim). q, out: (B, T, n_heads,
-    // head_dim); k, v: (B, T, n_kv_heads, head_dim); query head h reads kv head
-    // h / (n_heads / n_kv_heads). lse (B, n_heads, T) is the natural-log log-sum-exp of each
-    // row of scaled scores, saved for backward (and for context parallel's merge).
-    // workspace: attention_workspace_bytes(B, T, n_heads, n_kv_heads, head_dim) of scratch for
-    // the call's duration (the same for forward and backward), carved by the caller from its
-    // arena so that no op allocates inside the step.
-    size_t (*attention_workspace_bytes)(int B, int T, int n_heads, int n_kv_heads, int head_dim);
+    // Grouped-query attention of a block of queries against a block of keys and values,
+    // softmax scale 1/sqrt(head_dim), as AttnShape describes (see there for the mask). q, out:
+    // (B, Tq, n_heads, head_dim); k, v: (B, Tk, n_kv_heads, head_dim); query head h reads kv
+    // head h / (n_heads / n_kv_heads). lse (B, n_heads, Tq) is the natural-log log-sum-exp of
+    // each row of visible scaled scores, saved for backward and for attention_merge; a row
+    // that sees no key gets lse = -inf and out = 0, so a chunk pair whose keys all lie in the
+    // queries' future is legal.
+    // workspace: attention_workspace_bytes(shape) of scratch for the call's duration (the same
+    // for forward and backward), carved by the caller from its arena so that no op allocates
+    // inside the step.
+    size_t (*attention_workspace_bytes)(const AttnShape *shape);
     void (*attention_forward)(float *out, float *lse, const float *q, const float *k,
-                              const float *v, int B, int T, int n_heads, int n_kv_heads,
-                              int head_dim, void *workspace);
+                              const float *v, const AttnShape *shape, void *workspace);
+    // out and lse are the final ones, over every key the queries see (FlashAttention's
+    // backward): when the keys came in chunks merged by attention_merge, backward runs once
+    // per chunk with the merged out and lse, its dq contributions adding up over the chunks. A
+    // row with lse = -inf takes and gives no gradient.
     void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
-                               const float *lse, int B, int T, int n_heads, int n_kv_heads,
-                               int head_dim, void *workspace);
+                               const float *lse, const AttnShape *shape, void *workspace);
+    // In place, the softmax-weighted merge of two partial attentions of the same queries over
+    // disjoint key sets: lse = logaddexp(lse, lse2); out = e^(lse_old - lse) out +
+    // e^(lse2 - lse) out2 (a side with lse = -inf weighs 0; both -inf give out = 0, lse =
+    // -inf). out, out2: (B, T, n_heads, head_dim); lse, lse2: (B, n_heads, T).
+    void (*attention_merge)(float *out, float *lse, const float *out2, const float *lse2, int B,
+                            int T, int n_heads, int head_dim);
     // One decoding step over a KV cache: q (n_heads, head_dim), the newest position's queries,
     // attends to cache rows [0, n_ctx) of k_cache, v_cache (rows n_kv_heads*head_dim wide; query
     // head h reads kv head h / (n_heads / n_kv_heads) as above), scale 1/sqrt(head_dim); out

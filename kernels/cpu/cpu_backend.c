@@ -44,6 +44,7 @@ const KernelOps kernels_cpu = {
     .attention_workspace_bytes = cpu_attention_workspace_bytes,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
+    .attention_merge = cpu_attention_merge,
     .attention_decode = cpu_attention_decode,
     .swiglu_forward = cpu_swiglu_forward,
     .swiglu_backward = cpu_swiglu_backward,

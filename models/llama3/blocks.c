@@ -113,8 +113,15 @@ static LayerDims layer_dims(const LlamaLayer *L, const StepCtx *s) {
                        nq / hd, nkv / hd, nq, nkv, (int)L->w1->shape[0]};
 }
 
+// Causal attention over each whole sequence of the step.
+static AttnShape attention_shape(const StepCtx *s, LayerDims d) {
+    return (AttnShape){.B = s->B, .Tq = s->T, .Tk = s->T, .n_heads = d.nh, .n_kv_heads = d.nkvh,
+                       .head_dim = d.hd, .mask = ATTN_CAUSAL};
+}
+
 static size_t attention_workspace(const StepCtx *s, LayerDims d) {
-    return s->k->attention_workspace_bytes(s->B, s->T, d.nh, d.nkvh, d.hd);
+    AttnShape shape = attention_shape(s, d);
+    return s->k->attention_workspace_bytes(&shape);
 }
 
 // The forward math, on buffers layer_forward carved; comm: (rows + BT) * D of scratch under TP.
@@ -130,8 +137,8 @@ static void layer_forward_compute(LlamaLayer *L, StepCtx *s, LayerSaved *sv, Lay
     K->matmul(sv->v, sv->xn, L->wv->data, d.BT, d.nkv, d.D, false, true, 0);
     K->rope_forward(sv->q, sv->q, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nh, d.hd);
     K->rope_forward(sv->k, sv->k, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nkvh, d.hd);
-    K->attention_forward(sv->attn, sv->lse, sv->q, sv->k, sv->v, s->B, s->T, d.nh, d.nkvh, d.hd,
-                         workspace);
+    AttnShape shape = attention_shape(s, d);
+    K->attention_forward(sv->attn, sv->lse, sv->q, sv->k, sv->v, &shape, workspace);
     residual_row_parallel(s, sv->h, x, sv->attn, L->wo->data, d.BT, d.rows, d.D, d.nq, partial);
 
     norm_gathered(s, sv->hn, sv->rstd2, normed, sv->h, L->ffn_norm->data, d.rows, d.D,
@@ -222,8 +229,9 @@ static float *attention_grads(LlamaLayer *L, StepCtx *s, LayerSaved *sv, LayerDi
     g->dv = dv;
     K->matmul(dattn, g->dh_all, L->wo->data, d.BT, d.nq, d.D, false, false, 0);
     zero(s, dq, nq + 2 * nkv);
-    K->attention_backward(dq, dk, dv, dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse, s->B, s->T,
-                          d.nh, d.nkvh, d.hd, workspace);
+    AttnShape shape = attention_shape(s, d);
+    K->attention_backward(dq, dk, dv, dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse, &shape,
+                          workspace);
     zero(s, dq0, nq + nkv);
     K->rope_backward(dq0, dq, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nh, d.hd);
     K->rope_backward(dk0, dk, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nkvh, d.hd);

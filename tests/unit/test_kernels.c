@@ -115,6 +115,7 @@ static void test_backend_registry(void **state) {
     assert_string_equal(cpu->name, "cpu");
     assert_non_null(cpu->matmul);
     assert_non_null(cpu->attention_backward);
+    assert_non_null(cpu->attention_merge);
     assert_non_null(cpu->adamw_update);
     assert_null(kernels_backend("cuda"));
     assert_null(kernels_backend("tpu"));
@@ -315,48 +316,108 @@ static void test_rope(void **state) {
 
 // ---- attention -----------------------------------------------------------------------------
 
+// One attention call: B sequences of Tq queries from global position q_start against Tk keys
+// from kv_start. ATTN_DOCUMENT: in sequence b, document d + 1 begins at global position
+// bounds[d] + 3b (0: no such document), so the batch rows differ.
+typedef struct AttnSpec {
+    int B, Tq, Tk, H, KV, hd, q_start, kv_start;
+    AttnMask mask;
+    int bounds[3];
+} AttnSpec;
+
+// A spec's inputs, the references' double copies and its mask spelled out.
 typedef struct AttnCase {
-    int B, T, H, KV, hd;
-    double *q, *k, *v; // (B, T, H, hd), (B, T, KV, hd) x2
-    const float *dout; // (B, T, H, hd)
+    AttnSpec p;
+    int *q_doc, *kv_doc; // (B, Tq), (B, Tk) document ids
+    bool *sees;          // (B, Tq, Tk): whether query i sees key j
+    double *q, *k, *v;   // (B, Tq, H, hd), (B, Tk, KV, hd) x2
+    const float *dout;   // (B, Tq, H, hd)
 } AttnCase;
 
-static size_t attn_q_size(const AttnCase *c) { return (size_t)c->B * c->T * c->H * c->hd; }
-static size_t attn_kv_size(const AttnCase *c) { return (size_t)c->B * c->T * c->KV * c->hd; }
+static size_t attn_q_size(const AttnCase *c) {
+    return (size_t)c->p.B * c->p.Tq * c->p.H * c->p.hd;
+}
+static size_t attn_kv_size(const AttnCase *c) {
+    return (size_t)c->p.B * c->p.Tk * c->p.KV * c->p.hd;
+}
+static size_t attn_lse_size(const AttnCase *c) { return (size_t)c->p.B * c->p.H * c->p.Tq; }
 static size_t attn_q_at(const AttnCase *c, int b, int t, int h) {
-    return (((size_t)b * c->T + t) * c->H + h) * c->hd;
+    return (((size_t)b * c->p.Tq + t) * c->p.H + h) * c->p.hd;
 }
 static size_t attn_kv_at(const AttnCase *c, int b, int t, int h) {
-    return (((size_t)b * c->T + t) * c->KV + h) * c->hd;
+    return (((size_t)b * c->p.Tk + t) * c->p.KV + h) * c->p.hd;
 }
 
-// Softmax probabilities p[0..i] of query (b, i, h) over keys 0..i; returns the lse.
+static int attn_document(const AttnSpec *p, int b, int pos) {
+    int d = 0;
+    for (int i = 0; i < 3; i++) d += p->bounds[i] > 0 && pos >= p->bounds[i] + 3 * b;
+    return d;
+}
+
+static AttnCase attn_case_make(AttnSpec p) {
+    AttnCase c = {.p = p};
+    c.q_doc = malloc((size_t)p.B * p.Tq * sizeof *c.q_doc);
+    c.kv_doc = malloc((size_t)p.B * p.Tk * sizeof *c.kv_doc);
+    c.sees = malloc((size_t)p.B * p.Tq * p.Tk * sizeof *c.sees);
+    assert_true(c.q_doc && c.kv_doc && c.sees);
+    for (int b = 0; b < p.B; b++) {
+        for (int i = 0; i < p.Tq; i++) c.q_doc[b * p.Tq + i] = attn_document(&p, b, p.q_start + i);
+        for (int j = 0; j < p.Tk; j++)
+            c.kv_doc[b * p.Tk + j] = attn_document(&p, b, p.kv_start + j);
+        for (int i = 0; i < p.Tq; i++)
+            for (int j = 0; j < p.Tk; j++) {
+                bool past = p.kv_start + j <= p.q_start + i;
+                bool same = c.q_doc[b * p.Tq + i] == c.kv_doc[b * p.Tk + j];
+                c.sees[((size_t)b * p.Tq + i) * p.Tk + j] =
+                    p.mask == ATTN_NONE || (past && (p.mask == ATTN_CAUSAL || same));
+            }
+    }
+    return c;
+}
+
+static void attn_case_free(AttnCase *c) {
+    free(c->q_doc), free(c->kv_doc), free(c->sees), free(c->q), free(c->k), free(c->v);
+}
+
+static AttnShape attn_shape(const AttnCase *c) {
+    const AttnSpec *p = &c->p;
+    return (AttnShape){p->B,       p->Tq,       p->Tk,     p->H,     p->KV,     p->hd,
+                       p->q_start, p->kv_start, p->mask,   c->q_doc, c->kv_doc};
+}
+
+// Softmax probabilities p[0..Tk) of query (b, i, h) over the keys it sees (0 elsewhere);
+// returns the lse, -inf (and p = 0) when it sees none.
 static double attn_ref_probs(double *p, const AttnCase *c, int b, int i, int h) {
-    int kvh = h / (c->H / c->KV);
+    int kvh = h / (c->p.H / c->p.KV), Tk = c->p.Tk;
+    const bool *sees = c->sees + ((size_t)b * c->p.Tq + i) * Tk;
     double mx = -INFINITY, sum = 0.0;
-    for (int j = 0; j <= i; j++) {
+    for (int j = 0; j < Tk; j++) {
+        p[j] = 0.0;
+        if (!sees[j]) continue;
         double s = 0.0;
-        for (int d = 0; d < c->hd; d++)
+        for (int d = 0; d < c->p.hd; d++)
             s += c->q[attn_q_at(c, b, i, h) + d] * c->k[attn_kv_at(c, b, j, kvh) + d];
-        p[j] = s / sqrt((double)c->hd);
+        p[j] = s / sqrt((double)c->p.hd);
         mx = p[j] > mx ? p[j] : mx;
     }
-    for (int j = 0; j <= i; j++) sum += exp(p[j] - mx);
-    for (int j = 0; j <= i; j++) p[j] = exp(p[j] - mx) / sum;
+    if (mx == -INFINITY) return mx;
+    for (int j = 0; j < Tk; j++) sum += sees[j] ? exp(p[j] - mx) : 0.0;
+    for (int j = 0; j < Tk; j++) p[j] = sees[j] ? exp(p[j] - mx) / sum : 0.0;
     return mx + log(sum);
 }
 
 static void attn_ref(double *out, double *lse, const AttnCase *c) {
-    double *p = doubles_zero(c->T);
-    for (int b = 0; b < c->B; b++)
-        for (int h = 0; h < c->H; h++)
-            for (int i = 0; i < c->T; i++) {
+    const AttnSpec *s = &c->p;
+    double *p = doubles_zero(s->Tk);
+    for (int b = 0; b < s->B; b++)
+        for (int h = 0; h < s->H; h++)
+            for (int i = 0; i < s->Tq; i++) {
                 double l = attn_ref_probs(p, c, b, i, h);
-                if (lse) lse[((size_t)b * c->H + h) * c->T + i] = l;
-                for (int d = 0; d < c->hd; d++) {
+                if (lse) lse[((size_t)b * s->H + h) * s->Tq + i] = l;
+                for (int d = 0; d < s->hd; d++) {
                     double o = 0.0;
-                    for (int j = 0; j <= i; j++)
-                        o += p[j] * c->v[attn_kv_at(c, b, j, h / (c->H / c->KV)) + d];
+                    for (int j = 0; j < s->Tk; j++)
+                        o += p[j] * c->v[attn_kv_at(c, b, j, h / (s->H / s->KV)) + d];
                     out[attn_q_at(c, b, i, h) + d] = o;
                 }
             }
@@ -374,24 +435,25 @@ static double attn_loss(const void *ctx) {
 
 // Softmax Jacobian row by row: ds_j = p_j (dp_j - sum_l p_l dp_l), dp_j = dout_i . v_j.
 static void attn_ref_backward(double *dq, double *dk, double *dv, const AttnCase *c) {
-    double *p = doubles_zero(c->T), *dp = doubles_zero(c->T), scale = 1.0 / sqrt((double)c->hd);
-    for (int b = 0; b < c->B; b++)
-        for (int h = 0; h < c->H; h++)
-            for (int i = 0; i < c->T; i++) {
-                int kvh = h / (c->H / c->KV);
+    const AttnSpec *s = &c->p;
+    double *p = doubles_zero(s->Tk), *dp = doubles_zero(s->Tk), scale = 1.0 / sqrt((double)s->hd);
+    for (int b = 0; b < s->B; b++)
+        for (int h = 0; h < s->H; h++)
+            for (int i = 0; i < s->Tq; i++) {
+                int kvh = h / (s->H / s->KV);
                 size_t qi = attn_q_at(c, b, i, h);
                 attn_ref_probs(p, c, b, i, h);
                 double pdp = 0.0;
-                for (int j = 0; j <= i; j++) {
+                for (int j = 0; j < s->Tk; j++) {
                     dp[j] = 0.0;
-                    for (int d = 0; d < c->hd; d++)
+                    for (int d = 0; d < s->hd; d++)
                         dp[j] += c->dout[qi + d] * c->v[attn_kv_at(c, b, j, kvh) + d];
                     pdp += p[j] * dp[j];
                 }
-                for (int j = 0; j <= i; j++) {
+                for (int j = 0; j < s->Tk; j++) {
                     double ds = p[j] * (dp[j] - pdp);
                     size_t kj = attn_kv_at(c, b, j, kvh);
-                    for (int d = 0; d < c->hd; d++) {
+                    for (int d = 0; d < s->hd; d++) {
                         dq[qi + d] += scale * ds * c->k[kj + d];
                         dk[kj + d] += scale * ds * c->q[qi + d];
                         dv[kj + d] += p[j] * c->dout[qi + d];
@@ -409,7 +471,7 @@ static AttnRun attn_run_make(const AttnCase *c) {
     size_t nq = attn_q_size(c), nkv = attn_kv_size(c);
     return (AttnRun){floats_random(nq, 1.0),  floats_random(nkv, 1.0),
                      floats_random(nkv, 1.0), floats_random(nq, 1.0),
-                     floats_random(nq, 1.0),  floats_random((size_t)c->B * c->H * c->T, 1.0),
+                     floats_random(nq, 1.0),  floats_random(attn_lse_size(c), 1.0),
                      floats_random(nq, 1.0),  floats_random(nkv, 1.0),
                      floats_random(nkv, 1.0)};
 }
@@ -420,12 +482,28 @@ static void attn_run_free(AttnRun *r) {
 }
 
 static void attn_run_ops(AttnRun *r, const AttnCase *c) {
-    void *workspace = malloc(ops->attention_workspace_bytes(c->B, c->T, c->H, c->KV, c->hd));
-    ops->attention_forward(r->out, r->lse, r->q, r->k, r->v, c->B, c->T, c->H, c->KV, c->hd,
-                           workspace);
-    ops->attention_backward(r->dq, r->dk, r->dv, r->dout, r->q, r->k, r->v, r->out, r->lse, c->B,
-                            c->T, c->H, c->KV, c->hd, workspace);
+    AttnShape s = attn_shape(c);
+    void *workspace = malloc(ops->attention_workspace_bytes(&s));
+    ops->attention_forward(r->out, r->lse, r->q, r->k, r->v, &s, workspace);
+    ops->attention_backward(r->dq, r->dk, r->dv, r->dout, r->q, r->k, r->v, r->out, r->lse, &s,
+                            workspace);
     free(workspace);
+}
+
+// lse holds -inf for rows that see no key: those must match exactly, the rest within FWD_TOL.
+static void assert_lse_close(const char *what, const float *got, const double *want, size_t n) {
+    float *finite_got = floats_copy(got, n);
+    double *finite_want = doubles_zero(n);
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(got[i]) || isinf(want[i])) {
+            if (!(got[i] == want[i])) fail_msg("%s[%zu]: %g, want %g", what, i, got[i], want[i]);
+            finite_got[i] = 0.0f;
+        } else {
+            finite_want[i] = want[i];
+        }
+    }
+    assert_close(what, finite_got, finite_want, n, FWD_TOL);
+    free(finite_got), free(finite_want);
 }
 
 // Compares one gradient, prefilled with prefill, against reference gradients ref and fd
@@ -441,9 +519,9 @@ static void attn_check_grad(const char *what, const float *got, const float *pre
     free(want);
 }
 
-static void attn_check(int B, int T, int H, int KV, int hd, bool with_fd) {
-    AttnCase c = {B, T, H, KV, hd, NULL, NULL, NULL, NULL};
-    size_t nq = attn_q_size(&c), nkv = attn_kv_size(&c), nl = (size_t)B * H * T;
+static void attn_check(AttnSpec spec, bool with_fd) {
+    AttnCase c = attn_case_make(spec);
+    size_t nq = attn_q_size(&c), nkv = attn_kv_size(&c), nl = attn_lse_size(&c);
     AttnRun r = attn_run_make(&c);
     float *dq0 = floats_copy(r.dq, nq), *dk0 = floats_copy(r.dk, nkv),
           *dv0 = floats_copy(r.dv, nkv);
@@ -453,7 +531,7 @@ static void attn_check(int B, int T, int H, int KV, int hd, bool with_fd) {
     double *out = doubles_zero(nq), *lse = doubles_zero(nl);
     attn_ref(out, lse, &c);
     assert_close("attention out", r.out, out, nq, FWD_TOL);
-    assert_close("attention lse", r.lse, lse, nl, FWD_TOL);
+    assert_lse_close("attention lse", r.lse, lse, nl);
     double *dq = doubles_zero(nq), *dk = doubles_zero(nkv), *dv = doubles_zero(nkv);
     attn_ref_backward(dq, dk, dv, &c);
     double *fq = with_fd ? fd_gradient(c.q, nq, attn_loss, &c) : NULL;
@@ -463,29 +541,129 @@ static void attn_check(int B, int T, int H, int KV, int hd, bool with_fd) {
     attn_check_grad("attention dk", r.dk, dk0, dk, fk, nkv);
     attn_check_grad("attention dv", r.dv, dv0, dv, fv, nkv);
     attn_run_free(&r);
-    free(dq0), free(dk0), free(dv0), free(c.q), free(c.k), free(c.v), free(out), free(lse);
+    attn_case_free(&c);
+    free(dq0), free(dk0), free(dv0), free(out), free(lse);
     free(dq), free(dk), free(dv), free(fq), free(fk), free(fv);
+}
+
+// A plain causal call: one (B, T) block against itself.
+static AttnSpec attn_causal(int B, int T, int H, int KV, int hd) {
+    return (AttnSpec){.B = B, .Tq = T, .Tk = T, .H = H, .KV = KV, .hd = hd};
 }
 
 // T = 70, 67 and 130 leave a partial last query tile (tiles are 64 rows); 64 fills exactly one.
 static void test_attention_gqa2(void **state) {
     (void)state;
     rng_seed(4);
-    attn_check(2, 70, 4, 2, 8, false);
-    attn_check(1, 67, 2, 1, 4, true);
+    attn_check(attn_causal(2, 70, 4, 2, 8), false);
+    attn_check(attn_causal(1, 67, 2, 1, 4), true);
 }
 
 static void test_attention_mha(void **state) {
     (void)state;
     rng_seed(5);
-    attn_check(1, 130, 3, 3, 16, false);
-    attn_check(2, 9, 2, 2, 4, true);
+    attn_check(attn_causal(1, 130, 3, 3, 16), false);
+    attn_check(attn_causal(2, 9, 2, 2, 4), true);
 }
 
 static void test_attention_gqa4(void **state) {
     (void)state;
     rng_seed(6);
-    attn_check(2, 64, 4, 1, 8, false);
+    attn_check(attn_causal(2, 64, 4, 1, 8), false);
+}
+
+// A query chunk against a key/value chunk elsewhere in the sequence, as context parallel pairs
+// them: keys all before the queries; overlapping (the first queries see no key); all after
+// (every row sees none: out 0, lse -inf, no gradient); a query chunk spanning several tiles
+// against a short one. Tq != Tk throughout.
+static void test_attention_offsets(void **state) {
+    (void)state;
+    rng_seed(14);
+    attn_check((AttnSpec){2, 40, 50, 4, 2, 8, 64, 0, ATTN_CAUSAL, {0}}, false);
+    attn_check((AttnSpec){1, 12, 9, 2, 1, 4, 20, 5, ATTN_CAUSAL, {0}}, true);
+    attn_check((AttnSpec){2, 70, 60, 4, 2, 8, 10, 30, ATTN_CAUSAL, {0}}, false);
+    attn_check((AttnSpec){1, 11, 13, 2, 1, 4, 3, 6, ATTN_CAUSAL, {0}}, true);
+    attn_check((AttnSpec){2, 20, 30, 2, 2, 8, 0, 40, ATTN_CAUSAL, {0}}, false);
+    attn_check((AttnSpec){1, 150, 20, 2, 1, 8, 0, 100, ATTN_CAUSAL, {0}}, false);
+}
+
+// No mask: every query sees every key, whatever the offsets.
+static void test_attention_unmasked(void **state) {
+    (void)state;
+    rng_seed(15);
+    attn_check((AttnSpec){2, 30, 70, 4, 2, 8, 0, 50, ATTN_NONE, {0}}, false);
+    attn_check((AttnSpec){1, 9, 6, 2, 1, 4, 0, 0, ATTN_NONE, {0}}, true);
+}
+
+// Block-causal by document: two and three documents in one window (shifted per batch row), as
+// one block and as chunk pairs, under GQA; tiles wholly inside one document skip the keys of
+// the others.
+static void test_attention_documents(void **state) {
+    (void)state;
+    rng_seed(16);
+    attn_check((AttnSpec){2, 130, 130, 4, 2, 8, 0, 0, ATTN_DOCUMENT, {70}}, false);
+    attn_check((AttnSpec){2, 130, 130, 4, 1, 8, 0, 0, ATTN_DOCUMENT, {20, 66, 100}}, false);
+    attn_check((AttnSpec){1, 14, 14, 2, 1, 4, 0, 0, ATTN_DOCUMENT, {5, 9}}, true);
+    attn_check((AttnSpec){2, 40, 60, 4, 2, 8, 80, 30, ATTN_DOCUMENT, {50, 90}}, false);
+    attn_check((AttnSpec){1, 10, 12, 2, 1, 4, 12, 4, ATTN_DOCUMENT, {9, 15}}, true);
+}
+
+// ---- attention_merge -----------------------------------------------------------------------
+
+// One sequence's keys split at `split` into two chunks, each attended to on its own with its
+// offset and merged by log-sum-exp, equal the one call (out and lse); backward per chunk with
+// the merged out and lse, dq summed over the chunks and each chunk's dk, dv in its rows, equals
+// the one call's gradients.
+static void attn_merge_check(AttnSpec spec, int split) {
+    assert_int_equal(spec.B, 1);
+    AttnCase c = attn_case_make(spec);
+    size_t nq = attn_q_size(&c), nkv = attn_kv_size(&c), nl = attn_lse_size(&c);
+    size_t kv_split = (size_t)split * spec.KV * spec.hd;
+    AttnRun whole = attn_run_make(&c);
+    memset(whole.dq, 0, nq * sizeof(float)), memset(whole.dk, 0, nkv * sizeof(float));
+    memset(whole.dv, 0, nkv * sizeof(float));
+    attn_run_ops(&whole, &c);
+
+    AttnShape full = attn_shape(&c), first = full, second = full;
+    first.Tk = split;
+    second.Tk = spec.Tk - split, second.kv_start += split, second.kv_doc += split;
+    void *workspace = malloc(ops->attention_workspace_bytes(&full));
+    float *out = floats_random(nq, 1.0), *lse = floats_random(nl, 1.0);
+    float *out2 = floats_random(nq, 1.0), *lse2 = floats_random(nl, 1.0);
+    ops->attention_forward(out, lse, whole.q, whole.k, whole.v, &first, workspace);
+    ops->attention_forward(out2, lse2, whole.q, whole.k + kv_split, whole.v + kv_split, &second,
+                           workspace);
+    ops->attention_merge(out, lse, out2, lse2, spec.B, spec.Tq, spec.H, spec.hd);
+    double *want_out = doubles_from(whole.out, nq), *want_lse = doubles_from(whole.lse, nl);
+    assert_close("attention_merge out", out, want_out, nq, FWD_TOL);
+    assert_lse_close("attention_merge lse", lse, want_lse, nl);
+
+    float *dq = calloc(nq, sizeof *dq), *dk = calloc(nkv, sizeof *dk), *dv = calloc(nkv, sizeof *dv);
+    assert_true(dq && dk && dv);
+    ops->attention_backward(dq, dk, dv, whole.dout, whole.q, whole.k, whole.v, out, lse, &first,
+                            workspace);
+    ops->attention_backward(dq, dk + kv_split, dv + kv_split, whole.dout, whole.q,
+                            whole.k + kv_split, whole.v + kv_split, out, lse, &second, workspace);
+    double *want_dq = doubles_from(whole.dq, nq), *want_dk = doubles_from(whole.dk, nkv),
+           *want_dv = doubles_from(whole.dv, nkv);
+    assert_close("attention chunks dq", dq, want_dq, nq, FWD_TOL);
+    assert_close("attention chunks dk", dk, want_dk, nkv, FWD_TOL);
+    assert_close("attention chunks dv", dv, want_dv, nkv, FWD_TOL);
+    attn_run_free(&whole);
+    attn_case_free(&c);
+    free(workspace), free(out), free(lse), free(out2), free(lse2), free(want_out), free(want_lse);
+    free(dq), free(dk), free(dv), free(want_dq), free(want_dk), free(want_dv);
+}
+
+// Halves of a causal sequence (the second's early queries see none of its keys), a query chunk
+// of a later position against keys in uneven chunks, documents, and no mask.
+static void test_attention_merge(void **state) {
+    (void)state;
+    rng_seed(17);
+    attn_merge_check(attn_causal(1, 100, 4, 2, 8), 50);
+    attn_merge_check((AttnSpec){1, 40, 104, 4, 1, 8, 64, 0, ATTN_CAUSAL, {0}}, 30);
+    attn_merge_check((AttnSpec){1, 130, 130, 2, 2, 8, 0, 0, ATTN_DOCUMENT, {40, 90}}, 65);
+    attn_merge_check((AttnSpec){1, 30, 50, 4, 2, 8, 0, 0, ATTN_NONE, {0}}, 7);
 }
 
 // ---- attention_decode ----------------------------------------------------------------------
@@ -494,11 +672,12 @@ static void test_attention_gqa4(void **state) {
 // sequence's first n_ctx k, v rows and NaN after them (which must not be read): equal to
 // attention_forward's row n_ctx - 1 and to the naive loop's.
 static void attn_decode_check(int T, int n_ctx, int H, int KV, int hd) {
-    AttnCase c = {1, T, H, KV, hd, NULL, NULL, NULL, NULL};
+    AttnCase c = attn_case_make(attn_causal(1, T, H, KV, hd));
+    AttnShape s = attn_shape(&c);
     size_t nq = attn_q_size(&c), nkv = attn_kv_size(&c), width = (size_t)H * hd;
     AttnRun r = attn_run_make(&c);
-    void *workspace = malloc(ops->attention_workspace_bytes(1, T, H, KV, hd));
-    ops->attention_forward(r.out, r.lse, r.q, r.k, r.v, 1, T, H, KV, hd, workspace);
+    void *workspace = malloc(ops->attention_workspace_bytes(&s));
+    ops->attention_forward(r.out, r.lse, r.q, r.k, r.v, &s, workspace);
     c.q = doubles_from(r.q, nq), c.k = doubles_from(r.k, nkv), c.v = doubles_from(r.v, nkv);
     double *naive = doubles_zero(nq);
     attn_ref(naive, NULL, &c);
@@ -516,8 +695,8 @@ static void attn_decode_check(int T, int n_ctx, int H, int KV, int hd) {
              T, n_ctx, H, KV);
     assert_close(what, got, forward, width, FWD_TOL);
     attn_run_free(&r);
-    free(workspace), free(c.q), free(c.k), free(c.v), free(naive), free(k_cache), free(v_cache);
-    free(got), free(forward);
+    attn_case_free(&c);
+    free(workspace), free(naive), free(k_cache), free(v_cache), free(got), free(forward);
 }
 
 // The cpu kernel takes keys in chunks of 128: one key, exactly one chunk, and partial last
@@ -889,7 +1068,7 @@ static void test_adamw(void **state) {
 // Two identical calls must give identical bits: no atomics, reductions in a fixed order.
 static void test_determinism(void **state) {
     (void)state;
-    AttnCase c = {2, 200, 4, 2, 16, NULL, NULL, NULL, NULL};
+    AttnCase c = attn_case_make(attn_causal(2, 200, 4, 2, 16));
     size_t nq = attn_q_size(&c), nkv = attn_kv_size(&c);
     AttnRun r[2];
     for (int i = 0; i < 2; i++) {
@@ -921,6 +1100,7 @@ static void test_determinism(void **state) {
            s1 = ops->sum_squares(dout, (size_t)n * dim);
     assert_memory_equal(&s0, &s1, sizeof s0);
     attn_run_free(&r[0]), attn_run_free(&r[1]);
+    attn_case_free(&c);
     free(dout), free(x), free(y), free(w), free(dx[0]), free(dx[1]);
 }
 
@@ -939,6 +1119,10 @@ int main(void) {
         cmocka_unit_test(test_attention_gqa2),
         cmocka_unit_test(test_attention_mha),
         cmocka_unit_test(test_attention_gqa4),
+        cmocka_unit_test(test_attention_offsets),
+        cmocka_unit_test(test_attention_unmasked),
+        cmocka_unit_test(test_attention_documents),
+        cmocka_unit_test(test_attention_merge),
         cmocka_unit_test(test_attention_decode),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_embedding),
