@@ -1,8 +1,9 @@
-// Causal grouped-query attention. With bf16 compute (KernelInit.bf16_compute) it runs cuDNN's
-// fused flash attention through the backend graph API: q, k, v (and out, dout) are cast to bf16
-// copies in the workspace, one execution plan per shape and direction runs, built the first
-// time the shape is seen and cached, and the results are cast back (backward adding them into
-// dq, dk, dv). fp32 compute, and shapes cuDNN declines, run the kernels of attention_fallback.cu.
+// Grouped-query attention. Plain causal attention of a block against itself, with bf16 compute
+// (KernelInit.bf16_compute), runs cuDNN's fused flash attention through the backend graph API:
+// q, k, v (and out, dout) are cast to bf16 copies in the workspace, one execution plan per
+// shape and direction runs, built the first time the shape is seen and cached, and the results
+// are cast back (backward adding them into dq, dk, dv). fp32 compute, offsets, Tq != Tk, the
+// other masks and shapes cuDNN declines run the kernels of attention_fallback.cu.
 //
 // The graphs are the composite ones cudnn-frontend (CompositeSDPANode, CompositeSDPABackward-
 // Node) lowers SDPA to for this cuDNN: matmul, pointwise, reduction and reshape operations that
@@ -202,10 +203,10 @@ typedef struct {
 
 static AttnLayouts attn_layouts(AttnShape s) {
     AttnLayouts l;
-    l.q = layout_bshd(s.B, s.T, s.n_heads, s.head_dim);
-    l.kv = layout_bshd(s.B, s.T, s.n_kv_heads, s.head_dim);
-    l.scores = layout_packed(s.B, s.n_heads, s.T, s.T);
-    l.rows = layout_packed(s.B, s.n_heads, s.T, 1);
+    l.q = layout_bshd(s.B, s.Tq, s.n_heads, s.head_dim);
+    l.kv = layout_bshd(s.B, s.Tq, s.n_kv_heads, s.head_dim);
+    l.scores = layout_packed(s.B, s.n_heads, s.Tq, s.Tq);
+    l.rows = layout_packed(s.B, s.n_heads, s.Tq, 1);
     return l;
 }
 
@@ -267,7 +268,7 @@ static void graph_group_matmul(AttnGraph *g, Desc a, Desc b, Desc c, AttnShape s
         graph_matmul(g, a, b, c);
         return;
     }
-    Layout full = layout_packed(s.B, s.n_heads, s.T, s.head_dim);
+    Layout full = layout_packed(s.B, s.n_heads, s.Tq, s.head_dim);
     Desc per_head = graph_virtual(g, CUDNN_DATA_BFLOAT16, full);
     graph_matmul(g, a, b, per_head);
     graph_reduce(g, CUDNN_REDUCE_TENSOR_ADD, per_head, c);
@@ -292,7 +293,7 @@ static Desc graph_probs(AttnGraph *g, Desc q, Desc kt, Desc stats, Desc scale, D
 // graph multiplies by the dropout scale (the pattern cuDNN's backward engines recognise).
 static void graph_softmax_sum(AttnGraph *g, Desc dout, Desc o, Desc one, Desc softmax_sum,
                               AttnShape s, AttnLayouts l) {
-    int64_t H = s.n_heads, T = s.T, D = s.head_dim;
+    int64_t H = s.n_heads, T = s.Tq, D = s.head_dim;
     // cudnn-frontend's layout for this virtual product; only its dims matter.
     Desc prod = graph_virtual(g, CUDNN_DATA_FLOAT,
                               layout_make(s.B, H, T, D, H * T * D, T * D, H * D, 1));
@@ -334,7 +335,7 @@ static void graph_backward(AttnGraph *g, AttnShape s) {
     Desc one = graph_scalar(g, UID_ONE);
     Desc softmax_sum = graph_input(g, UID_SOFTMAX_SUM, CUDNN_DATA_FLOAT, l.rows);
     Desc dq_accum = graph_input(g, UID_DQ_ACCUM, CUDNN_DATA_FLOAT,
-                                layout_packed(s.B, s.n_heads, s.T, s.head_dim));
+                                layout_packed(s.B, s.n_heads, s.Tq, s.head_dim));
     graph_softmax_sum(g, dout, o, one, softmax_sum, s, l);
     Desc p = graph_probs(g, q, kt, stats, scale, neg_inf, l);
     Desc pt = graph_virtual(g, CUDNN_DATA_BFLOAT16, scores_t);
@@ -439,7 +440,7 @@ static bool attn_plan_build(AttnPlan *p) {
     cudnnGetLastErrorString(why, sizeof why);
     log_warn("attention: cuDNN has no fused %s plan for B=%d T=%d heads=%d kv_heads=%d "
              "head_dim=%d (%s: %s); the fp32 kernels run it",
-             p->backward ? "backward" : "forward", s.B, s.T, s.n_heads, s.n_kv_heads, s.head_dim,
+             p->backward ? "backward" : "forward", s.B, s.Tq, s.n_heads, s.n_kv_heads, s.head_dim,
              cudnnGetErrorString(g->status), why);
     graph_destroy(g);
     return false;
@@ -449,16 +450,19 @@ static bool attn_plan_build(AttnPlan *p) {
 // runtimes need its workarounds (and 9.10.0/9.10.1 are broken), so they run the fallback.
 #define ATTN_CUDNN_MIN_VERSION 91600
 
-// cuDNN's documented limits for bf16 flash attention; shapes outside go to the fallback
-// without asking. A head_dim of 8k also keeps every row of our layout 16-byte aligned. The
-// backward of a single token (s_q = s_kv = 1) is one cudnn-frontend refuses to run.
+// The graphs are plain causal attention of a block against itself (top-left aligned); offsets,
+// Tq != Tk and the other masks run the fallback. Within that, cuDNN's documented limits for
+// bf16 flash attention; shapes outside go to the fallback without asking. A head_dim of 8k also
+// keeps every row of our layout 16-byte aligned. The backward of a single token (s_q = s_kv =
+// 1) is one cudnn-frontend refuses to run.
 static bool attn_cudnn_may_run(AttnShape s, bool backward) {
-    return cudnnGetVersion() >= ATTN_CUDNN_MIN_VERSION && s.head_dim % 8 == 0 &&
-           s.head_dim <= 256 && s.n_heads % s.n_kv_heads == 0 && (!backward || s.T > 1);
+    return s.mask == ATTN_CAUSAL && s.q_start == s.kv_start && s.Tq == s.Tk &&
+           cudnnGetVersion() >= ATTN_CUDNN_MIN_VERSION && s.head_dim % 8 == 0 &&
+           s.head_dim <= 256 && s.n_heads % s.n_kv_heads == 0 && (!backward || s.Tq > 1);
 }
 
 static bool attn_shape_equal(AttnShape a, AttnShape b) {
-    return a.B == b.B && a.T == b.T && a.n_heads == b.n_heads && a.n_kv_heads == b.n_kv_heads &&
+    return a.B == b.B && a.Tq == b.Tq && a.n_heads == b.n_heads && a.n_kv_heads == b.n_kv_heads &&
            a.head_dim == b.head_dim;
 }
 
@@ -507,8 +511,8 @@ static void *attn_take(char *base, size_t *at, size_t bytes) {
 // counts, so that sizing and use share this one layout.
 static size_t attn_buffers(AttnBuffers *w, void *workspace, const AttnPlan *p) {
     AttnShape s = p->shape;
-    size_t nq = (size_t)s.B * s.T * s.n_heads * s.head_dim;
-    size_t nkv = (size_t)s.B * s.T * s.n_kv_heads * s.head_dim, at = 0;
+    size_t nq = (size_t)s.B * s.Tq * s.n_heads * s.head_dim;
+    size_t nkv = (size_t)s.B * s.Tq * s.n_kv_heads * s.head_dim, at = 0;
     // The caller's arena aligns to less than the 256 bytes cuDNN's kernels prefer: start at the
     // next boundary, the slack counted in the size.
     uintptr_t start = ((uintptr_t)workspace + ATTN_ALIGN - 1) & ~(uintptr_t)(ATTN_ALIGN - 1);
@@ -523,7 +527,7 @@ static size_t attn_buffers(AttnBuffers *w, void *workspace, const AttnPlan *p) {
         w->dq = (uint16_t *)attn_take(base, &at, nq * sizeof(uint16_t));
         w->dk = (uint16_t *)attn_take(base, &at, nkv * sizeof(uint16_t));
         w->dv = (uint16_t *)attn_take(base, &at, nkv * sizeof(uint16_t));
-        w->softmax_sum = (float *)attn_take(base, &at, (size_t)s.B * s.n_heads * s.T * 4);
+        w->softmax_sum = (float *)attn_take(base, &at, (size_t)s.B * s.n_heads * s.Tq * 4);
         w->dq_accum = (float *)attn_take(base, &at, nq * sizeof(float));
     }
     w->plan = attn_take(base, &at, (size_t)p->graph.plan_workspace);
@@ -559,12 +563,11 @@ static void attn_accumulate(float *dst, const uint16_t *src, size_t n) {
 
 // ---- the ops ---------------------------------------------------------------------------------
 
-size_t cuda_attention_workspace_bytes(int B, int T, int n_heads, int n_kv_heads, int head_dim) {
-    AttnShape s = {B, T, n_heads, n_kv_heads, head_dim};
-    size_t bytes = attn_fallback_workspace_bytes(s);
+size_t cuda_attention_workspace_bytes(const AttnShape *shape) {
+    size_t bytes = attn_fallback_workspace_bytes(*shape);
     AttnBuffers w;
     for (int backward = 0; backward < 2; backward++) {
-        AttnPlan *p = attn_plan(s, backward);
+        AttnPlan *p = attn_plan(*shape, backward);
         size_t need = p ? attn_buffers(&w, NULL, p) : 0;
         bytes = need > bytes ? need : bytes;
     }
@@ -572,9 +575,8 @@ size_t cuda_attention_workspace_bytes(int B, int T, int n_heads, int n_kv_heads,
 }
 
 void cuda_attention_forward(float *out, float *lse, const float *q, const float *k,
-                            const float *v, int B, int T, int n_heads, int n_kv_heads,
-                            int head_dim, void *workspace) {
-    AttnShape s = {B, T, n_heads, n_kv_heads, head_dim};
+                            const float *v, const AttnShape *shape, void *workspace) {
+    AttnShape s = *shape;
     AttnPlan *p = attn_plan(s, false);
     if (!p) {
         attn_fallback_forward(out, lse, q, k, v, s);
@@ -582,7 +584,8 @@ void cuda_attention_forward(float *out, float *lse, const float *q, const float 
     }
     AttnBuffers w;
     attn_buffers(&w, workspace, p);
-    size_t nq = (size_t)B * T * n_heads * head_dim, nkv = (size_t)B * T * n_kv_heads * head_dim;
+    size_t nq = (size_t)s.B * s.Tq * s.n_heads * s.head_dim;
+    size_t nkv = (size_t)s.B * s.Tk * s.n_kv_heads * s.head_dim;
     cuda_to_bf16(w.q, q, nq);
     cuda_to_bf16(w.k, k, nkv);
     cuda_to_bf16(w.v, v, nkv);
@@ -594,9 +597,8 @@ void cuda_attention_forward(float *out, float *lse, const float *q, const float 
 
 void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                              const float *k, const float *v, const float *out, const float *lse,
-                             int B, int T, int n_heads, int n_kv_heads, int head_dim,
-                             void *workspace) {
-    AttnShape s = {B, T, n_heads, n_kv_heads, head_dim};
+                             const AttnShape *shape, void *workspace) {
+    AttnShape s = *shape;
     AttnPlan *p = attn_plan(s, true);
     if (!p) {
         attn_fallback_backward(dq, dk, dv, dout, q, k, v, out, lse, s, workspace);
@@ -604,7 +606,8 @@ void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
     }
     AttnBuffers w;
     attn_buffers(&w, workspace, p);
-    size_t nq = (size_t)B * T * n_heads * head_dim, nkv = (size_t)B * T * n_kv_heads * head_dim;
+    size_t nq = (size_t)s.B * s.Tq * s.n_heads * s.head_dim;
+    size_t nkv = (size_t)s.B * s.Tk * s.n_kv_heads * s.head_dim;
     cuda_to_bf16(w.q, q, nq);
     cuda_to_bf16(w.k, k, nkv);
     cuda_to_bf16(w.v, v, nkv);

@@ -46,14 +46,14 @@ void cuda_rope_forward(float *out, const float *x, const float *cos, const float
 void cuda_rope_backward(float *dx, const float *dout, const float *cos, const float *sin,
                         const int *pos, int n_rows, int T, int n_heads, int head_dim);
 
-size_t cuda_attention_workspace_bytes(int B, int T, int n_heads, int n_kv_heads, int head_dim);
+size_t cuda_attention_workspace_bytes(const AttnShape *s);
 void cuda_attention_forward(float *out, float *lse, const float *q, const float *k,
-                            const float *v, int B, int T, int n_heads, int n_kv_heads,
-                            int head_dim, void *workspace);
+                            const float *v, const AttnShape *s, void *workspace);
 void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                              const float *k, const float *v, const float *out, const float *lse,
-                             int B, int T, int n_heads, int n_kv_heads, int head_dim,
-                             void *workspace);
+                             const AttnShape *s, void *workspace);
+void cuda_attention_merge(float *out, float *lse, const float *out2, const float *lse2, int B,
+                          int T, int n_heads, int head_dim);
 void cuda_attention_decode(float *out, const float *q, const float *k_cache,
                            const float *v_cache, int n_ctx, int n_heads, int n_kv_heads,
                            int head_dim);

@@ -173,6 +173,7 @@ extern "C" const KernelOps kernels_cuda = {
     .attention_workspace_bytes = cuda_attention_workspace_bytes,
     .attention_forward = cuda_attention_forward,
     .attention_backward = cuda_attention_backward,
+    .attention_merge = cuda_attention_merge,
     .attention_decode = cuda_attention_decode,
     .swiglu_forward = cuda_swiglu_forward,
     .swiglu_backward = cuda_swiglu_backward,

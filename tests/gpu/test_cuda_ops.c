@@ -170,11 +170,16 @@ typedef struct {
     double bound;
 } Output;
 
-// A NaN on either side makes the error NaN, which no bound passes.
+// A NaN on either side makes the error NaN, which no bound passes; so does an infinity (the
+// lse of a row that sees no key) that the other side does not match exactly.
 static double error_normalised(const float *cpu, const float *gpu, const float *base, size_t n) {
     double err = 0.0, scale = 0.0;
     for (size_t i = 0; i < n; i++) {
         if (isnan(cpu[i]) || isnan(gpu[i])) return NAN;
+        if (isinf(cpu[i]) || isinf(gpu[i])) {
+            if (cpu[i] != gpu[i]) return NAN;
+            continue;
+        }
         err = fmax(err, fabs((double)gpu[i] - cpu[i]));
         scale = fmax(scale, fabs((double)cpu[i] - (base ? base[i] : 0.0f)));
     }
@@ -458,36 +463,65 @@ static void check_rope(int B, int T, int H, int hd) {
 // ---- attention -------------------------------------------------------------------------------
 
 typedef struct {
-    Pair q, k, v, out, lse, dout, dq, dk, dv;
+    Pair q, k, v, out, lse, dout, dq, dk, dv, q_doc, kv_doc;
     void *workspace[N_SIDES];  // each backend's own attention_workspace_bytes
-    int B, T, H, KV, hd;
+    AttnShape shape;           // its q_doc, kv_doc are each side's pairs above
 } AttnArgs;
+
+static AttnShape attention_shape(const AttnArgs *a, int s) {
+    AttnShape shape = a->shape;
+    shape.q_doc = I(a->q_doc, s), shape.kv_doc = I(a->kv_doc, s);
+    return shape;
+}
 
 static void attention_forward_run(int s, void *ctx) {
     AttnArgs *a = ctx;
+    AttnShape shape = attention_shape(a, s);
     side[s]->attention_forward(F(a->out, s), F(a->lse, s), F(a->q, s), F(a->k, s), F(a->v, s),
-                               a->B, a->T, a->H, a->KV, a->hd, a->workspace[s]);
+                               &shape, a->workspace[s]);
 }
 
 static void attention_backward_run(int s, void *ctx) {
     AttnArgs *a = ctx;
+    AttnShape shape = attention_shape(a, s);
     side[s]->attention_backward(F(a->dq, s), F(a->dk, s), F(a->dv, s), F(a->dout, s), F(a->q, s),
-                                F(a->k, s), F(a->v, s), F(a->out, s), F(a->lse, s), a->B, a->T,
-                                a->H, a->KV, a->hd, a->workspace[s]);
+                                F(a->k, s), F(a->v, s), F(a->out, s), F(a->lse, s), &shape,
+                                a->workspace[s]);
+}
+
+// Document ids (B, T) of the rows from global position start: sequence b's position p is in
+// document (p + 5b) / doc_len (all in one document when doc_len is 0).
+static Pair attention_documents(int B, int T, int start, int doc_len) {
+    int *doc = host_alloc((size_t)B * T * sizeof *doc);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) doc[b * T + t] = doc_len ? (start + t + 5 * b) / doc_len : 0;
+    Pair p = pair_ints(doc, (size_t)B * T);
+    free(doc);
+    return p;
 }
 
 // q and k in [-2, 2) give scores of standard deviation ~1.3: softmaxes far from uniform, as in
 // a trained model. The backward reads the cpu forward's out and lse on both sides.
-static void check_attention(int B, int T, int H, int KV, int hd) {
-    size_t nq = (size_t)B * T * H * hd, nkv = (size_t)B * T * KV * hd;
-    AttnArgs a = {pair_random(nq, -2, 2),  pair_random(nkv, -2, 2), pair_random(nkv, -1, 1),
-                  pair_nan(nq),            pair_nan((size_t)B * H * T), pair_random(nq, -1, 1),
-                  pair_random(nq, -1, 1),  pair_random(nkv, -1, 1), pair_random(nkv, -1, 1),
-                  {NULL, NULL}, B, T, H, KV, hd};
-    for (int s = 0; s < N_SIDES; s++)
-        a.workspace[s] = side_alloc(s, side[s]->attention_workspace_bytes(B, T, H, KV, hd));
-    char shape[64];
-    snprintf(shape, sizeof shape, "B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
+static void check_attention(AttnShape sh, int doc_len) {
+    size_t nq = (size_t)sh.B * sh.Tq * sh.n_heads * sh.head_dim;
+    size_t nkv = (size_t)sh.B * sh.Tk * sh.n_kv_heads * sh.head_dim;
+    AttnArgs a = {pair_random(nq, -2, 2),  pair_random(nkv, -2, 2),
+                  pair_random(nkv, -1, 1), pair_nan(nq),
+                  pair_nan((size_t)sh.B * sh.n_heads * sh.Tq), pair_random(nq, -1, 1),
+                  pair_random(nq, -1, 1),  pair_random(nkv, -1, 1),
+                  pair_random(nkv, -1, 1), attention_documents(sh.B, sh.Tq, sh.q_start, doc_len),
+                  attention_documents(sh.B, sh.Tk, sh.kv_start, doc_len), {NULL, NULL}, sh};
+    for (int s = 0; s < N_SIDES; s++) {
+        AttnShape shape = attention_shape(&a, s);
+        a.workspace[s] = side_alloc(s, side[s]->attention_workspace_bytes(&shape));
+    }
+    static const char *masks[] = {"causal", "none", "document"};
+    char shape[96];
+    snprintf(shape, sizeof shape, "B=%d Tq=%d Tk=%d H=%d KV=%d hd=%d", sh.B, sh.Tq, sh.Tk,
+             sh.n_heads, sh.n_kv_heads, sh.head_dim);
+    if (sh.q_start || sh.kv_start || sh.mask != ATTN_CAUSAL)
+        snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " q@%d kv@%d %s",
+                 sh.q_start, sh.kv_start, masks[sh.mask]);
     Output fwd[] = {{"out", &a.out, NULL, CMP_NORMALISED, bound_compute},
                     {"lse", &a.lse, NULL, CMP_NORMALISED, bound_compute}};
     op_check("attention_fwd", shape, attention_forward_run, &a, fwd, 2);
@@ -497,8 +531,52 @@ static void check_attention(int B, int T, int H, int KV, int hd) {
                     {"dv", &a.dv, NULL, CMP_INCREMENT, bound_compute}};
     op_check("attention_bwd", shape, attention_backward_run, &a, bwd, 3);
     for (int s = 0; s < N_SIDES; s++) side[s]->free(a.workspace[s]);
-    Pair *all[] = {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.dout, &a.dq, &a.dk, &a.dv};
+    Pair *all[] = {&a.q,  &a.k,  &a.v,  &a.out,  &a.lse,  &a.dout,
+                   &a.dq, &a.dk, &a.dv, &a.q_doc, &a.kv_doc};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
+// One (B, T) block causally against itself.
+static AttnShape attention_plain(int B, int T, int H, int KV, int hd) {
+    return (AttnShape){.B = B, .Tq = T, .Tk = T, .n_heads = H, .n_kv_heads = KV, .head_dim = hd};
+}
+
+// A query chunk (Tq rows from q_start) against a key/value chunk (Tk rows from kv_start).
+static AttnShape attention_chunks(int B, int Tq, int Tk, int H, int KV, int hd, int q_start,
+                                  int kv_start, AttnMask mask) {
+    AttnShape s = attention_plain(B, Tq, H, KV, hd);
+    s.Tk = Tk, s.q_start = q_start, s.kv_start = kv_start, s.mask = mask;
+    return s;
+}
+
+typedef struct {
+    Pair out, lse, out2, lse2;
+    int B, T, H, hd;
+} AttnMergeArgs;
+
+static void attention_merge_run(int s, void *ctx) {
+    AttnMergeArgs *a = ctx;
+    side[s]->attention_merge(F(a->out, s), F(a->lse, s), F(a->out2, s), F(a->lse2, s), a->B,
+                             a->T, a->H, a->hd);
+}
+
+// Partial results whose rows saw no key on one side (every 7th on the first, every 5th on the
+// second) or on both (every 35th): lse -inf there.
+static void check_attention_merge(int B, int T, int H, int hd) {
+    size_t n = (size_t)B * T * H * hd, nl = (size_t)B * H * T;
+    float *lse = host_random(nl, -3, 3), *lse2 = host_random(nl, -3, 3);
+    for (size_t i = 0; i < nl; i++) {
+        if (i % 7 == 0) lse[i] = -INFINITY;
+        if (i % 5 == 0) lse2[i] = -INFINITY;
+    }
+    AttnMergeArgs a = {pair_random(n, -1, 1), pair_adopt(lse, nl), pair_random(n, -1, 1),
+                   pair_adopt(lse2, nl), B, T, H, hd};
+    char shape[64];
+    snprintf(shape, sizeof shape, "B=%d T=%d H=%d hd=%d", B, T, H, hd);
+    Output out[] = {{"out", &a.out, NULL, CMP_NORMALISED, BOUND_FP32},
+                    {"lse", &a.lse, NULL, CMP_NORMALISED, BOUND_FP32}};
+    op_check("attention_merge", shape, attention_merge_run, &a, out, 2);
+    pair_free(&a.out), pair_free(&a.lse), pair_free(&a.out2), pair_free(&a.lse2);
 }
 
 typedef struct {
@@ -531,13 +609,26 @@ static void check_attention_decode(int n_ctx, int H, int KV, int hd) {
 }
 
 // GQA groups of 1 and 4, head_dim 64 and 128, T off the 64-row tiles; then the 1B flavor's
-// heads and a larger-head shape at T = 2048.
+// heads and a larger-head shape at T = 2048. Then context parallel's chunk pairs: keys before
+// the queries, overlapping (the first rows see none), all after (no row sees any), equal
+// offsets (cuDNN's case), a short query chunk against a long one; no mask; documents, as one
+// block and as a chunk pair; and the merge.
 static void check_attentions(void) {
-    check_attention(2, 200, 8, 2, 64);
-    check_attention(2, 200, 8, 8, 128);
-    check_attention(1, 77, 4, 1, 128);
-    check_attention(1, 2048, 32, 8, 64);
-    check_attention(1, 2048, 16, 4, 128);
+    check_attention(attention_plain(2, 200, 8, 2, 64), 0);
+    check_attention(attention_plain(2, 200, 8, 8, 128), 0);
+    check_attention(attention_plain(1, 77, 4, 1, 128), 0);
+    check_attention(attention_plain(1, 2048, 32, 8, 64), 0);
+    check_attention(attention_plain(1, 2048, 16, 4, 128), 0);
+    check_attention(attention_chunks(2, 200, 300, 8, 2, 64, 300, 0, ATTN_CAUSAL), 0);
+    check_attention(attention_chunks(2, 256, 256, 8, 2, 64, 0, 128, ATTN_CAUSAL), 0);
+    check_attention(attention_chunks(1, 100, 120, 4, 1, 128, 0, 500, ATTN_CAUSAL), 0);
+    check_attention(attention_chunks(2, 200, 200, 8, 2, 64, 512, 512, ATTN_CAUSAL), 0);
+    check_attention(attention_chunks(1, 77, 333, 4, 4, 128, 256, 0, ATTN_CAUSAL), 0);
+    check_attention(attention_chunks(2, 150, 250, 8, 2, 64, 0, 0, ATTN_NONE), 0);
+    check_attention(attention_chunks(2, 300, 300, 8, 2, 64, 0, 0, ATTN_DOCUMENT), 70);
+    check_attention(attention_chunks(2, 128, 256, 8, 8, 128, 256, 64, ATTN_DOCUMENT), 100);
+    check_attention_merge(2, 200, 8, 64);
+    check_attention_merge(1, 77, 4, 128);
     check_attention_decode(1, 8, 2, 64);
     check_attention_decode(129, 32, 8, 64);
     check_attention_decode(300, 8, 8, 128);
@@ -904,6 +995,7 @@ static int table_holes(const KernelOps *k) {
     NEED(download), NEED(copy), NEED(copy_rows), NEED(zero), NEED(matmul);
     NEED(rmsnorm_forward), NEED(rmsnorm_backward), NEED(rope_forward), NEED(rope_backward);
     NEED(attention_workspace_bytes), NEED(attention_forward), NEED(attention_backward);
+    NEED(attention_merge);
     NEED(attention_decode), NEED(swiglu_forward), NEED(swiglu_backward);
     NEED(embedding_forward), NEED(embedding_backward), NEED(cross_entropy_forward);
     NEED(cross_entropy_backward), NEED(cross_entropy_slice_forward);
