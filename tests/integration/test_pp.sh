@@ -104,5 +104,7 @@ echo "ok: stage 0 activations, 4 -> 16 microbatches: 1F1B $f4 -> $f16 MiB, GPipe
 
 expect_job_error "model.tie_word_embeddings cannot be trained with pipeline parallel" \
   mpirun --oversubscribe -np 2 $TITAN "${run[@]}" "${PP2[@]}" --model.tie_word_embeddings
+expect_job_error "validation.local_batch_size 3 is not a multiple of parallelism.pipeline_parallel_microbatch_size 2" \
+  mpirun --oversubscribe -np 2 $TITAN "${run[@]}" "${PP2[@]}" --validation.local_batch_size 3
 expect_job_error "pipeline_parallel_layers_per_stage 1 makes 4 stages per rank: pipeline schedule 1F1B runs 1 stages per rank, not 4" \
   mpirun --oversubscribe -np 2 $TITAN "${run[@]}" "${PP2[@]}" $P.pipeline_parallel_layers_per_stage 1
