@@ -15,6 +15,7 @@
 #include "data/bpe_train.h"
 #include "data/tokenize.h"
 #include "infer/generate.h"
+#include "parallel/cp/layout.h"
 #include "train.h"
 
 static double now_seconds(void) {
@@ -33,6 +34,30 @@ static void set_checkpointing(Model *m, bool on) {
     for (int i = 1; i + 1 < m->n_blocks; i++) m->blocks[i].checkpointed = on;
 }
 
+// Context parallel: each sequence split over the cp ranks, attention through parallel/cp.
+static void setup_context_parallel(Trainer *t) {
+    const ParallelismSection *p = &t->cfg.parallelism;
+    int cp = t->mesh.layout.size[MESH_CP];
+    char why[256];
+    if (cp_layout_check(t->train.T, cp, why, sizeof why) ||
+        (t->val.B > 0 && cp_layout_check(t->val.T, cp, why, sizeof why)))
+        die_user("%s", why);
+    CpRotate rotate;
+    if (!cp_rotate_parse(p->context_parallel_rotate_method, &rotate))
+        die_internal(__FILE__, __LINE__, "config let rotate method '%s' through",
+                     p->context_parallel_rotate_method);
+    // The ring's sends and receives to two peers would meet on NCCL's one stream in an order
+    // that deadlocks (each rank's send waits for its next's receive, queued after that rank's
+    // own send), as the pipeline's would.
+    if (rotate == CP_ALLTOALL && !t->k->host_memory)
+        die_user("parallelism.context_parallel_rotate_method alltoall is not implemented on "
+                 "training.device %s yet (NCCL point-to-point on one stream); use allgather",
+                 t->cfg.training.device);
+    if (t->estimate_world_size) cp_plan(&t->cp, 0, cp, rotate);
+    else cp_init(&t->cp, t->mesh.group[MESH_CP], rotate);
+    t->model.attn = &t->cp.hooks;
+}
+
 static void setup_model(Trainer *t) {
     const Config *c = &t->cfg;
     if (!llama3_flavor(c->model.flavor, &t->args))
@@ -46,8 +71,8 @@ static void setup_model(Trainer *t) {
     t->args.rope_scaling = c->model.rope_scaling;
     char why[256];
     int tp = t->mesh.layout.size[MESH_TP];
-    if (llama3_tp_check(&t->args, tp, t->train.B, t->train.T, why, sizeof why) ||
-        (t->val.B > 0 && llama3_tp_check(&t->args, tp, t->val.B, t->val.T, why, sizeof why)))
+    if (llama3_tp_check(&t->args, tp, t->train.B, t->train.step_T, why, sizeof why) ||
+        (t->val.B > 0 && llama3_tp_check(&t->args, tp, t->val.B, t->val.step_T, why, sizeof why)))
         die_user("%s", why);
     // torchtitan's parallelize order: TP, then activation checkpointing, then FSDP.
     bool full_ac = strcmp(c->activation_checkpoint.mode, "full") == 0;
@@ -59,6 +84,7 @@ static void setup_model(Trainer *t) {
         else tp_init(&t->tp, t->mesh.group[MESH_TP], t->k, loss_parallel);
         llama3_parallelize_tp(&t->model, &t->tp);
     }
+    if (t->cp_on) setup_context_parallel(t);
     set_checkpointing(&t->model, full_ac);
     if (t->fsdp_on && t->args.tie_word_embeddings)
         die_user("model.tie_word_embeddings cannot be trained with FSDP (fsdp group of %d ranks): "
@@ -107,7 +133,7 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
 // stages' regions.
 static size_t train_activation_bytes(Trainer *t) {
     if (t->pipeline) return trainer_pipeline_activation_bytes(t);
-    return model_activation_bytes(&t->model, t->k, t->train.B, t->train.T);
+    return model_activation_bytes(&t->model, t->k, t->train.B, t->train.step_T);
 }
 
 // Sizes every arena with the same calls that then carve it (core/arena.h; commit false: all
@@ -132,7 +158,7 @@ static void allocate_arenas(Trainer *t, bool commit) {
     set_checkpointing(m, full_ac);
     size_t act_bytes = train_activation_bytes(t);
     if (t->val.B > 0 && !t->pipeline) {  // a pipeline's counts its validation runs
-        size_t val_bytes = model_activation_bytes(m, t->k, t->val.B, t->val.T);
+        size_t val_bytes = model_activation_bytes(m, t->k, t->val.B, t->val.step_T);
         if (val_bytes > act_bytes) act_bytes = val_bytes;
     }
     if (t->fsdp_on) {
@@ -169,6 +195,12 @@ static void split_open(Split *sp, const char *key, const char *path, const Token
                 sp->B);
     sp->tokens = xmalloc((size_t)sp->B * sp->T * sizeof(int));
     sp->targets = xmalloc((size_t)sp->B * sp->T * sizeof(int));
+    sp->local = xmalloc((size_t)sp->B * sp->step_T * sizeof(int));
+    // Positions 0, 1, ..., or under context parallel this rank's chunks' (head-tail).
+    sp->pos = xmalloc((size_t)sp->T * sizeof(int));
+    for (int i = 0; i < sp->T; i++) sp->pos[i] = i;
+    int cp = mesh->layout.size[MESH_CP];
+    if (cp > 1) cp_positions(sp->T, cp, mesh->coord[MESH_CP], sp->pos);
 }
 
 static void setup_data(Trainer *t) {
@@ -178,31 +210,40 @@ static void setup_data(Trainer *t) {
     if (c->validation.enable)
         split_open(&t->val, "validation.dataset_path", c->validation.dataset_path, t->tokenizer,
                    &t->mesh);
-    t->pos = xmalloc((size_t)t->args.max_seq_len * sizeof(int));
-    for (int i = 0; i < t->args.max_seq_len; i++) t->pos[i] = i;
 }
 
-// The step's inputs in the backend's memory: each split's token ids and targets, and the
+// The step's inputs in the backend's memory: each split's token ids and targets, and their
 // positions (uploaded once).
 static void allocate_inputs(Trainer *t) {
     Arena *a = &t->input_arena;
-    size_t pos_bytes = (size_t)t->args.max_seq_len * sizeof(int);
     Split *splits[] = {&t->train, &t->val};
     arena_init_sizing(a, "inputs");
     for (int pass = 0; pass < 2; pass++) {  // sizing, then carving the committed arena
         if (pass == 1) arena_commit(a, &t->memory);
-        t->step_pos = arena_alloc(a, pos_bytes);
         for (int i = 0; i < 2; i++) {
-            size_t bytes = (size_t)splits[i]->B * splits[i]->T * sizeof(int);
+            size_t bytes = (size_t)splits[i]->B * splits[i]->step_T * sizeof(int);
             splits[i]->step_tokens = arena_alloc(a, bytes);
             splits[i]->step_targets = arena_alloc(a, bytes);
+            splits[i]->step_pos = arena_alloc(a, (size_t)splits[i]->step_T * sizeof(int));
         }
     }
-    t->k->upload(t->step_pos, t->pos, pos_bytes);
+    for (int i = 0; i < 2; i++)
+        if (splits[i]->B > 0)
+            t->k->upload(splits[i]->step_pos, splits[i]->pos, splits[i]->step_T * sizeof(int));
+}
+
+// This rank's columns of a batch (B, T) of the split, handed to the backend at dst.
+static void upload_columns(const KernelOps *k, Split *sp, int *dst, const int *full) {
+    const int *src = full;
+    if (sp->step_T != sp->T) {
+        cp_select(full, sp->B, sp->T, sp->pos, sp->step_T, sp->local);
+        src = sp->local;
+    }
+    k->upload(dst, src, (size_t)sp->B * sp->step_T * sizeof(int));
 }
 
 // The split's next batch, checked against the vocabulary (a shard may come from another one),
-// then handed to the backend.
+// then this rank's columns handed to the backend.
 static void split_next(const KernelOps *k, Split *sp, int vocab_size) {
     loader_next(&sp->loader, sp->tokens, sp->targets);
     size_t n = (size_t)sp->B * sp->T;
@@ -214,8 +255,8 @@ static void split_next(const KernelOps *k, Split *sp, int vocab_size) {
             die_user("%s: token id %d is outside the model's vocabulary of %d", sp->path, bad,
                      vocab_size);
     }
-    k->upload(sp->step_tokens, sp->tokens, n * sizeof(int));
-    k->upload(sp->step_targets, sp->targets, n * sizeof(int));
+    upload_columns(k, sp, sp->step_tokens, sp->tokens);
+    upload_columns(k, sp, sp->step_targets, sp->targets);
 }
 
 // The mesh from the parallelism degrees, checked before anything is allocated.
@@ -236,6 +277,7 @@ static void setup_mesh(Trainer *t) {
         mesh_build(&t->mesh, &layout);
     }
     t->tp_on = layout.size[MESH_TP] > 1;
+    t->cp_on = layout.size[MESH_CP] > 1;
     t->fsdp_on = layout.size[MESH_DP_SHARD] * layout.size[MESH_CP] > 1;
     t->ddp_on = !t->fsdp_on && layout.size[MESH_DP_REPLICATE] > 1;
 }
@@ -278,9 +320,11 @@ static void setup(Trainer *t) {
     setup_mesh(t);
     t->train.B = (int)c->training.local_batch_size;
     t->train.T = (int)c->training.seq_len;
+    t->train.step_T = t->train.T / t->mesh.layout.size[MESH_CP];
     if (c->validation.enable) {
         t->val.B = (int)c->validation.local_batch_size;
         t->val.T = (int)c->validation.seq_len;
+        t->val.step_T = t->val.T / t->mesh.layout.size[MESH_CP];
     }
     t->accum = accumulation_steps(&c->training, mesh_dp_size(&t->mesh.layout));
     // --estimate plans with the flavor's vocabulary: it reads no files.
@@ -333,8 +377,8 @@ static void setup(Trainer *t) {
 // A fresh step context for one batch of the split (the activation arena starts empty).
 static StepCtx step_ctx(Trainer *t, const Split *sp) {
     arena_release(&t->act_arena, 0);
-    return (StepCtx){.k = t->k, .act = &t->act_arena, .B = sp->B, .T = sp->T,
-                     .tokens = sp->step_tokens, .targets = sp->step_targets, .pos = t->step_pos};
+    return (StepCtx){.k = t->k, .act = &t->act_arena, .B = sp->B, .T = sp->step_T,
+                     .tokens = sp->step_tokens, .targets = sp->step_targets, .pos = sp->step_pos};
 }
 
 // torchtitan's validator: the mean loss over validation.steps batches (-1: one pass over the
@@ -418,10 +462,10 @@ static void train(Trainer *t) {
     if (rank == 0 || c->metrics.save_for_all_ranks)
         metrics_open(&log, c->job.dump_folder, rank, t->progress.step);
     // Tokens per device, as torchtitan: the ranks of a tp group, and of a pipeline, share
-    // their tokens.
+    // their tokens; a cp rank holds 1/cp of each sequence.
     const int *size = t->mesh.layout.size;
     double tokens_per_step =
-        (double)t->accum * t->train.B * t->train.T / (size[MESH_TP] * size[MESH_PP]);
+        (double)t->accum * t->train.B * t->train.step_T / (size[MESH_TP] * size[MESH_PP]);
     double interval_start = now_seconds();
     int interval_steps = 0;
     double peak_flops = c->metrics.peak_flops > 0 ? c->metrics.peak_flops : t->k->peak_flops();

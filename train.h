@@ -15,6 +15,7 @@
 #include "models/llama3/llama3.h"
 #include "optim/optim.h"
 #include "parallel/comm.h"
+#include "parallel/cp/cp.h"
 #include "parallel/ddp.h"
 #include "parallel/fsdp.h"
 #include "parallel/grads.h"
@@ -28,8 +29,12 @@ typedef struct {
     TokenStream stream;
     DataLoader loader;
     int B, T;                // rows and sequence length of its batches
+    int step_T;              // the tokens of each sequence this rank holds: T / cp
     int *tokens, *targets;   // (B*T) each, host memory: what the loader writes
-    int *step_tokens, *step_targets;  // (B*T) each, the backend's copies the step reads
+    int *local;              // (B*step_T) host scratch: this rank's columns of either
+    int *pos;                // (step_T) the global position of each of them, host memory
+    int *step_tokens, *step_targets;  // (B*step_T) each, the backend's copies the step reads
+    int *step_pos;           // (step_T) RoPE positions of those tokens, the backend's memory
 } Split;
 
 typedef struct AsyncSave AsyncSave;  // train_checkpoint.c's
@@ -43,8 +48,9 @@ typedef struct {
     Model model;
     Mesh mesh;
     Tp tp;                        // used when tp_on
+    Cp cp;                        // used when cp_on (context_parallel_degree > 1)
     Fsdp fsdp;                    // used when fsdp_on (dp_shard x cp > 1; HSDP with dp_replicate)
-    bool tp_on, fsdp_on;
+    bool tp_on, cp_on, fsdp_on;
     bool ddp_on;                  // dp_replicate > 1 on an fsdp group of one: plain DDP
     Pipeline *pipeline;           // pipeline_parallel_degree > 1; NULL: off
     int estimate_world_size;      // > 0: `--estimate`: plan and size for that many ranks only
@@ -60,8 +66,6 @@ typedef struct {
     Tokenizer *tokenizer;         // NULL when the data is pre-tokenized and none is named
     Split train, val;             // val is used when validation.enable
     int accum;                    // microbatches per step
-    int *pos;                     // (max_seq_len) RoPE positions 0, 1, ..., host memory
-    int *step_pos;                // the backend's copy
     TrainProgress progress;
     char ckpt_folder[4096];
     double step_seconds;          // the last step's time: what a checkpoint's stall is set against

@@ -37,9 +37,9 @@ static float *stage_forward(const PpStageFns *f, int stage, int mb, int region, 
     Pipeline *p = (Pipeline *)f;
     Trainer *t = p->t;
     const Split *sp = p->running->split;
-    size_t first_row = (size_t)mb * p->rows * sp->T;
+    size_t first_row = (size_t)mb * p->rows * sp->step_T;
     StepCtx *s = &p->ctx[region];
-    *s = (StepCtx){.k = t->k, .act = act, .B = p->rows, .T = sp->T, .pos = t->step_pos,
+    *s = (StepCtx){.k = t->k, .act = act, .B = p->rows, .T = sp->step_T, .pos = sp->step_pos,
                    .tokens = sp->step_tokens ? sp->step_tokens + first_row : NULL,
                    .targets = sp->step_targets ? sp->step_targets + first_row : NULL,
                    .loss_scale = p->loss_scale};
@@ -143,7 +143,7 @@ void trainer_pipeline_plan(Trainer *t) {
 // seq_len / tp tokens (sequence parallel cuts the sequence over tp) of dim each.
 static size_t activation_width(const Trainer *t, const PipelineRun *u) {
     const Pipeline *p = t->pipeline;
-    return (size_t)p->rows * u->split->T / t->mesh.layout.size[MESH_TP] * t->args.dim;
+    return (size_t)p->rows * u->split->step_T / t->mesh.layout.size[MESH_TP] * t->args.dim;
 }
 
 // One region of run u, rounded up to the arena's alignment (regions are carved one by one).

@@ -59,7 +59,7 @@ static int comm_per_step(Trainer *t, GroupBytes out[5]) {
             int first = t->pipeline ? pl.first[s] : 0;
             int last = t->pipeline ? pl.first[s + 1] : t->model.n_blocks;
             micro += llama3_tp_bytes_per_microbatch(&t->args, size[MESH_TP], t->train.B,
-                                                    t->train.T, ac, t->tp.hooks.loss_parallel,
+                                                    t->train.step_T, ac, t->tp.hooks.loss_parallel,
                                                     first, last);
         }
         size_t replicated = grads_replicated_floats(&t->model.params);
@@ -97,7 +97,7 @@ static void print_rank_plan(Trainer *t) {
         total += arenas[i]->peak;
     }
     printf("  %-12s %16zu %12.3f\n", "total", total, total / GiB);
-    double tokens = (double)t->accum * t->train.B * t->train.T / t->mesh.layout.size[MESH_TP];
+    double tokens = (double)t->accum * t->train.B * t->train.step_T / t->mesh.layout.size[MESH_TP];
     double per_token = rank_flops_per_token(t);
     printf("  FLOPs per step per rank: %.12g (%.6g per token, %storchtitan's 6N + 12 L H Q T)\n",
            tokens * per_token, per_token, t->pipeline ? "its blocks' share of " : "");

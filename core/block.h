@@ -10,7 +10,8 @@
 // the microbatch's activation arena, and computes only when the arena is committed: so the
 // same code that runs a step also sizes the activation arena (and `--estimate`), without a
 // hand-written mirror of the step.
-// Model code never calls a collective: it calls StepCtx.tp's hooks, which parallel/ implements.
+// Model code never calls a collective: it calls StepCtx.tp's and StepCtx.attn's hooks, which
+// parallel/ implements.
 #pragma once
 
 #include <stdbool.h>
@@ -41,19 +42,48 @@ struct TpHooks {
     void (*all_reduce_sum)(const TpHooks *h, float *buf, size_t n);
 };
 
-typedef struct {
+typedef struct StepCtx StepCtx;
+
+// Attention as the model sees it (DESIGN.md "Parallelisms"): the model computes this rank's
+// queries, keys and values and calls attention through these hooks when the sequence is split
+// over ranks (context parallel, parallel/cp); StepCtx.attn NULL: the whole sequence is local
+// and the model calls the kernel itself. `local` is the shape of this rank's share (its Tq =
+// Tk = StepCtx.T tokens, the mask the step asks for); q, k, v, out, lse are laid out as
+// kernels.h's attention_forward says, on those tokens.
+typedef struct AttnHooks AttnHooks;
+struct AttnHooks {
+    int size;  // ranks sharing each sequence (the whole is size * StepCtx.T tokens)
+    // Bytes of scratch forward and backward need (the caller carves them from its arena).
+    size_t (*workspace_bytes)(const AttnHooks *h, const StepCtx *s, const AttnShape *local);
+    // out, lse = attention of the local queries over every key of the whole sequence they see.
+    void (*forward)(const AttnHooks *h, const StepCtx *s, float *out, float *lse, const float *q,
+                    const float *k, const float *v, const AttnShape *local, void *workspace);
+    // dq, dk, dv (written, not accumulated): the local tokens' gradients, over every rank's
+    // queries that see them; out and lse are forward's.
+    void (*backward)(const AttnHooks *h, const StepCtx *s, float *dq, float *dk, float *dv,
+                     const float *dout, const float *q, const float *k, const float *v,
+                     const float *out, const float *lse, const AttnShape *local,
+                     void *workspace);
+};
+
+struct StepCtx {
     const KernelOps *k;
     const TpHooks *tp;   // NULL: one device; the generic loop sets it from Model.tp
+    const AttnHooks *attn;  // NULL: whole sequences; the generic loop sets it from Model.attn
     Arena *act;          // this microbatch's activations (a stack: see core/arena.h)
     int B, T;            // microbatch rows and sequence length
     const int *tokens;   // (B, T) inputs
     const int *targets;  // (B, T) next tokens
     const int *pos;      // (T) RoPE position of each sequence index
+    // (B, T * attn->size) the document id of every token of the whole sequences, in sequence
+    // order (training.document_masking: attention stays within a document); NULL: causal
+    // attention over each whole sequence.
+    const int *doc;
     float loss_scale;    // d(objective)/d(mean loss of this microbatch): 1 / microbatches
     double loss;         // out: mean cross-entropy of the microbatch (every tp rank: the whole)
     float *logits;       // out: (B*T, vocab), valid after forward until backward overwrites it;
                          // (B*T, vocab / tp) this rank's vocab slice under loss parallel
-} StepCtx;
+};
 
 static inline bool step_sizing(const StepCtx *s) { return s->act->base == NULL; }
 // Rows of the residual stream this rank holds between blocks (sequence parallel).

@@ -113,15 +113,42 @@ static LayerDims layer_dims(const LlamaLayer *L, const StepCtx *s) {
                        nq / hd, nkv / hd, nq, nkv, (int)L->w1->shape[0]};
 }
 
-// Causal attention over each whole sequence of the step.
+// Causal attention over this rank's tokens of each sequence, within documents when the step
+// has them (StepCtx.doc; the whole sequences are local without attention hooks).
 static AttnShape attention_shape(const StepCtx *s, LayerDims d) {
     return (AttnShape){.B = s->B, .Tq = s->T, .Tk = s->T, .n_heads = d.nh, .n_kv_heads = d.nkvh,
-                       .head_dim = d.hd, .mask = ATTN_CAUSAL};
+                       .head_dim = d.hd, .mask = s->doc ? ATTN_DOCUMENT : ATTN_CAUSAL,
+                       .q_doc = s->doc, .kv_doc = s->doc};
 }
+
+// ---- the attention seam: the kernel on whole sequences, or the hooks (context parallel) ----
 
 static size_t attention_workspace(const StepCtx *s, LayerDims d) {
     AttnShape shape = attention_shape(s, d);
+    if (s->attn) return s->attn->workspace_bytes(s->attn, s, &shape);
     return s->k->attention_workspace_bytes(&shape);
+}
+
+static void attention_forward(const StepCtx *s, LayerSaved *sv, LayerDims d, void *workspace) {
+    AttnShape shape = attention_shape(s, d);
+    if (s->attn)
+        s->attn->forward(s->attn, s, sv->attn, sv->lse, sv->q, sv->k, sv->v, &shape, workspace);
+    else
+        s->k->attention_forward(sv->attn, sv->lse, sv->q, sv->k, sv->v, &shape, workspace);
+}
+
+// dq (BT, nq), dk, dv (BT, nkv) = the gradients of q, k, v (before RoPE's backward).
+static void attention_backward(const StepCtx *s, const LayerSaved *sv, LayerDims d, float *dq,
+                               float *dk, float *dv, const float *dattn, void *workspace) {
+    AttnShape shape = attention_shape(s, d);
+    if (s->attn) {
+        s->attn->backward(s->attn, s, dq, dk, dv, dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse,
+                          &shape, workspace);
+        return;
+    }
+    zero(s, dq, (size_t)d.BT * (d.nq + 2 * (size_t)d.nkv));  // the kernel accumulates
+    s->k->attention_backward(dq, dk, dv, dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse, &shape,
+                             workspace);
 }
 
 // The forward math, on buffers layer_forward carved; comm: (rows + BT) * D of scratch under TP.
@@ -137,8 +164,7 @@ static void layer_forward_compute(LlamaLayer *L, StepCtx *s, LayerSaved *sv, Lay
     K->matmul(sv->v, sv->xn, L->wv->data, d.BT, d.nkv, d.D, false, true, 0);
     K->rope_forward(sv->q, sv->q, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nh, d.hd);
     K->rope_forward(sv->k, sv->k, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nkvh, d.hd);
-    AttnShape shape = attention_shape(s, d);
-    K->attention_forward(sv->attn, sv->lse, sv->q, sv->k, sv->v, &shape, workspace);
+    attention_forward(s, sv, d, workspace);
     residual_row_parallel(s, sv->h, x, sv->attn, L->wo->data, d.BT, d.rows, d.D, d.nq, partial);
 
     norm_gathered(s, sv->hn, sv->rstd2, normed, sv->h, L->ffn_norm->data, d.rows, d.D,
@@ -228,10 +254,7 @@ static float *attention_grads(LlamaLayer *L, StepCtx *s, LayerSaved *sv, LayerDi
     g->dk0 = dk0;
     g->dv = dv;
     K->matmul(dattn, g->dh_all, L->wo->data, d.BT, d.nq, d.D, false, false, 0);
-    zero(s, dq, nq + 2 * nkv);
-    AttnShape shape = attention_shape(s, d);
-    K->attention_backward(dq, dk, dv, dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse, &shape,
-                          workspace);
+    attention_backward(s, sv, d, dq, dk, dv, dattn, workspace);
     zero(s, dq0, nq + nkv);
     K->rope_backward(dq0, dq, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nh, d.hd);
     K->rope_backward(dk0, dk, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nkvh, d.hd);
