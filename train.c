@@ -13,6 +13,7 @@
 
 #include "convert/convert.h"
 #include "data/bpe_train.h"
+#include "data/documents.h"
 #include "data/tokenize.h"
 #include "infer/generate.h"
 #include "parallel/cp/layout.h"
@@ -196,6 +197,7 @@ static void split_open(Split *sp, const char *key, const char *path, const Token
     sp->tokens = xmalloc((size_t)sp->B * sp->T * sizeof(int));
     sp->targets = xmalloc((size_t)sp->B * sp->T * sizeof(int));
     sp->local = xmalloc((size_t)sp->B * sp->step_T * sizeof(int));
+    sp->doc = xmalloc((size_t)sp->B * sp->T * sizeof(int));
     // Positions 0, 1, ..., or under context parallel this rank's chunks' (head-tail).
     sp->pos = xmalloc((size_t)sp->T * sizeof(int));
     for (int i = 0; i < sp->T; i++) sp->pos[i] = i;
@@ -221,10 +223,12 @@ static void allocate_inputs(Trainer *t) {
     for (int pass = 0; pass < 2; pass++) {  // sizing, then carving the committed arena
         if (pass == 1) arena_commit(a, &t->memory);
         for (int i = 0; i < 2; i++) {
-            size_t bytes = (size_t)splits[i]->B * splits[i]->step_T * sizeof(int);
-            splits[i]->step_tokens = arena_alloc(a, bytes);
-            splits[i]->step_targets = arena_alloc(a, bytes);
-            splits[i]->step_pos = arena_alloc(a, (size_t)splits[i]->step_T * sizeof(int));
+            Split *sp = splits[i];
+            size_t bytes = (size_t)sp->B * sp->step_T * sizeof(int);
+            sp->step_tokens = arena_alloc(a, bytes);
+            sp->step_targets = arena_alloc(a, bytes);
+            sp->step_pos = arena_alloc(a, (size_t)sp->step_T * sizeof(int));
+            if (t->doc_eos >= 0) sp->step_doc = arena_alloc(a, (size_t)sp->B * sp->T * sizeof(int));
         }
     }
     for (int i = 0; i < 2; i++)
@@ -243,8 +247,9 @@ static void upload_columns(const KernelOps *k, Split *sp, int *dst, const int *f
 }
 
 // The split's next batch, checked against the vocabulary (a shard may come from another one),
-// then this rank's columns handed to the backend.
-static void split_next(const KernelOps *k, Split *sp, int vocab_size) {
+// then this rank's columns handed to the backend, and the documents of the whole sequences
+// when attention is masked by document (doc_eos >= 0).
+static void split_next(const KernelOps *k, Split *sp, int vocab_size, int doc_eos) {
     loader_next(&sp->loader, sp->tokens, sp->targets);
     size_t n = (size_t)sp->B * sp->T;
     for (size_t i = 0; i < n; i++) {
@@ -257,6 +262,9 @@ static void split_next(const KernelOps *k, Split *sp, int vocab_size) {
     }
     upload_columns(k, sp, sp->step_tokens, sp->tokens);
     upload_columns(k, sp, sp->step_targets, sp->targets);
+    if (doc_eos < 0) return;
+    document_ids(sp->tokens, sp->B, sp->T, doc_eos, sp->doc);
+    k->upload(sp->step_doc, sp->doc, n * sizeof(int));
 }
 
 // The mesh from the parallelism degrees, checked before anything is allocated.
@@ -330,6 +338,14 @@ static void setup(Trainer *t) {
     // --estimate plans with the flavor's vocabulary: it reads no files.
     if (c->model.tokenizer_path && !t->estimate_world_size)
         t->tokenizer = tokenizer_load(c->model.tokenizer_path);
+    t->doc_eos = -1;
+    if (c->training.document_masking && !t->estimate_world_size) {
+        t->doc_eos = t->tokenizer ? tokenizer_eos_id(t->tokenizer) : -1;
+        if (t->doc_eos < 0)
+            die_user("training.document_masking: documents end at the tokenizer's end-of-text "
+                     "token, and %s", t->tokenizer ? "model.tokenizer_path's vocabulary has none"
+                                                   : "model.tokenizer_path is not set");
+    }
     setup_model(t);
     t->opt = (AdamW){.lr = c->optimizer.lr, .beta1 = c->optimizer.beta1,
                      .beta2 = c->optimizer.beta2, .eps = c->optimizer.eps,
@@ -378,7 +394,8 @@ static void setup(Trainer *t) {
 static StepCtx step_ctx(Trainer *t, const Split *sp) {
     arena_release(&t->act_arena, 0);
     return (StepCtx){.k = t->k, .act = &t->act_arena, .B = sp->B, .T = sp->step_T,
-                     .tokens = sp->step_tokens, .targets = sp->step_targets, .pos = sp->step_pos};
+                     .tokens = sp->step_tokens, .targets = sp->step_targets, .pos = sp->step_pos,
+                     .doc = sp->step_doc};
 }
 
 // torchtitan's validator: the mean loss over validation.steps batches (-1: one pass over the
@@ -391,7 +408,7 @@ static double validate(Trainer *t) {
     loader_set_position(&v->loader, 0);
     double loss = 0;
     for (int64_t i = 0; i < batches; i++) {
-        split_next(t->k, v, t->args.vocab_size);
+        split_next(t->k, v, t->args.vocab_size, t->doc_eos);
         if (t->pipeline) {
             loss += trainer_pipeline_eval(t) / batches;
             continue;
@@ -409,7 +426,7 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
     t->k->zero(params->shard_grad, params->shard_numel * sizeof(float));
     double loss = 0;
     for (int m = 0; m < t->accum; m++) {
-        split_next(t->k, &t->train, t->args.vocab_size);
+        split_next(t->k, &t->train, t->args.vocab_size, t->doc_eos);
         if (t->pipeline) {
             loss += trainer_pipeline_step(t) / t->accum;
             continue;

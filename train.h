@@ -35,6 +35,8 @@ typedef struct {
     int *pos;                // (step_T) the global position of each of them, host memory
     int *step_tokens, *step_targets;  // (B*step_T) each, the backend's copies the step reads
     int *step_pos;           // (step_T) RoPE positions of those tokens, the backend's memory
+    int *doc;                // (B*T) document ids of the whole batch (document masking), host
+    int *step_doc;           // the backend's copy; NULL: no document masking
 } Split;
 
 typedef struct AsyncSave AsyncSave;  // train_checkpoint.c's
@@ -66,6 +68,8 @@ typedef struct {
     Tokenizer *tokenizer;         // NULL when the data is pre-tokenized and none is named
     Split train, val;             // val is used when validation.enable
     int accum;                    // microbatches per step
+    int doc_eos;                  // training.document_masking: the token that ends a document;
+                                  // -1: off
     TrainProgress progress;
     char ckpt_folder[4096];
     double step_seconds;          // the last step's time: what a checkpoint's stall is set against

@@ -42,6 +42,7 @@ static float *stage_forward(const PpStageFns *f, int stage, int mb, int region, 
     *s = (StepCtx){.k = t->k, .act = act, .B = p->rows, .T = sp->step_T, .pos = sp->step_pos,
                    .tokens = sp->step_tokens ? sp->step_tokens + first_row : NULL,
                    .targets = sp->step_targets ? sp->step_targets + first_row : NULL,
+                   .doc = sp->step_doc ? sp->step_doc + (size_t)mb * p->rows * sp->T : NULL,
                    .loss_scale = p->loss_scale};
     int last = p->first[stage + 1];
     float *y = model_forward_blocks(&t->model, s, &p->slots[region], p->first[stage], last, x);

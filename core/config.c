@@ -173,6 +173,9 @@ static const KeySpec KEYS[] = {
      .help = "Base RNG seed (torchtitan: None; titan: 0, so runs repeat by default)"},
     {K_BOOL(training, deterministic), .def = "false",
      .help = "Use deterministic algorithms wherever possible"},
+    {K_BOOL(training, document_masking), .def = "false",
+     .help = "Attention stays within each document of a packed window (a document ends at the "
+             "tokenizer's end-of-text token; torchtitan's block_causal mask)"},
 
     {K_INT(parallelism, data_parallel_replicate_degree, 1, INT32_MAX), .def = "1",
      .help = "Data-parallel degree with replicated weights (DDP/HSDP); 1 = off"},

@@ -103,6 +103,7 @@ typedef struct {
     int64_t gc_freq;
     int64_t seed;  // torchtitan: None; titan seeds 0 so that runs are reproducible by default
     bool deterministic;
+    bool document_masking;
 } TrainingSection;
 
 typedef struct {

@@ -124,7 +124,8 @@ typedef struct KernelOps {
     // queries' future is legal.
     // workspace: attention_workspace_bytes(shape) of scratch for the call's duration (the same
     // for forward and backward), carved by the caller from its arena so that no op allocates
-    // inside the step.
+    // inside the step. It depends on the sizes only, not on the mask, offsets or document ids:
+    // the pass that sizes the arena runs before any batch's documents are known.
     size_t (*attention_workspace_bytes)(const AttnShape *shape);
     void (*attention_forward)(float *out, float *lse, const float *q, const float *k,
                               const float *v, const AttnShape *shape, void *workspace);

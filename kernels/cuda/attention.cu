@@ -565,9 +565,13 @@ static void attn_accumulate(float *dst, const uint16_t *src, size_t n) {
 
 size_t cuda_attention_workspace_bytes(const AttnShape *shape) {
     size_t bytes = attn_fallback_workspace_bytes(*shape);
+    // Sized for cuDNN whenever the sizes allow it, whatever the mask (kernels.h).
+    AttnShape sizes = *shape;
+    sizes.mask = ATTN_CAUSAL, sizes.q_start = sizes.kv_start = 0;
+    sizes.q_doc = sizes.kv_doc = NULL;
     AttnBuffers w;
     for (int backward = 0; backward < 2; backward++) {
-        AttnPlan *p = attn_plan(*shape, backward);
+        AttnPlan *p = attn_plan(sizes, backward);
         size_t need = p ? attn_buffers(&w, NULL, p) : 0;
         bytes = need > bytes ? need : bytes;
     }

@@ -1,7 +1,8 @@
 // Model-level tests: torchtitan's initialisation statistics, seed determinism, the activation
 // arena sized by the sizing pass equals what a real step uses, activation checkpointing
 // shrinks it, the chunked head (logits recomputed in backward) gives the one-chunk step's
-// loss and grads in less memory, and the LR schedule's values on a hand-computed case.
+// loss and grads in less memory, document masking keeps a packed window's documents apart,
+// and the LR schedule's values on a hand-computed case.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/documents.h"
 #include "models/llama3/llama3.h"
 #include "optim/optim.h"
 
@@ -172,6 +174,56 @@ static void test_chunked_head_matches_one_chunk(void **state) {
     unbuild(&chunked);
 }
 
+// Document masking: a window packing document A (ended by its end-of-text token) and document
+// B gives B's tokens the logits of a run on B alone (to float rounding: B's positions are
+// shifted by A's length, and RoPE's scores depend on relative positions only), and without
+// the mask they differ (B's tokens see A's).
+static float *forward_logits(Built *b, const int *tokens, const int *doc, int T) {
+    int pos[64];
+    for (int i = 0; i < T; i++) pos[i] = i;
+    StepCtx s = {.k = kernels_backend("cpu"), .act = &b->acts, .B = 1, .T = T, .tokens = tokens,
+                 .targets = tokens, .pos = pos, .doc = doc, .loss_scale = 1};
+    arena_release(&b->acts, 0);
+    model_forward(&b->m, &s);
+    size_t n = (size_t)T * b->args.vocab_size;
+    float *logits = malloc(n * sizeof(float));
+    memcpy(logits, s.logits, n * sizeof(float));
+    return logits;
+}
+
+static void test_document_masking_isolates_documents(void **state) {
+    (void)state;
+    enum { T = 32, A = 12, EOS = 1 };
+    Built window, alone;
+    build(&window, "small", false, 1, T);
+    build(&alone, "small", false, 1, T - A);
+    params_initialize(&window.m.params, 5);
+    params_initialize(&alone.m.params, 5);
+    int tokens[T], doc[T];
+    for (int i = 0; i < T; i++) tokens[i] = 2 + (i * 37 + 11) % (window.args.vocab_size - 2);
+    tokens[A - 1] = EOS;
+    document_ids(tokens, 1, T, EOS, doc);
+    assert_int_equal(doc[A - 1], 0);  // the end-of-text token ends document 0
+    assert_int_equal(doc[A], 1);
+    float *masked = forward_logits(&window, tokens, doc, T);
+    float *unmasked = forward_logits(&window, tokens, NULL, T);
+    float *solo = forward_logits(&alone, tokens + A, NULL, T - A);
+    size_t V = window.args.vocab_size, n = (size_t)(T - A) * V;
+    double err = 0, leak = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        err = fmax(err, fabs((double)masked[A * V + i] - solo[i]));
+        leak = fmax(leak, fabs((double)unmasked[A * V + i] - solo[i]));
+        scale = fmax(scale, fabs((double)solo[i]));
+    }
+    assert_true(err <= 1e-5 * scale);
+    assert_true(leak > 1e-3 * scale);
+    free(masked);
+    free(unmasked);
+    free(solo);
+    unbuild(&window);
+    unbuild(&alone);
+}
+
 // warmup 2, 10 steps, decay_ratio 0.8: decay over 8 steps, one stable (virtual) step.
 static void test_lr_schedule_values(void **state) {
     (void)state;
@@ -196,6 +248,7 @@ int main(void) {
         cmocka_unit_test(test_activation_sizing_is_exact),
         cmocka_unit_test(test_checkpointing_saves_memory),
         cmocka_unit_test(test_chunked_head_matches_one_chunk),
+        cmocka_unit_test(test_document_masking_isolates_documents),
         cmocka_unit_test(test_lr_schedule_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
