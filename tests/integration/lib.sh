@@ -17,6 +17,17 @@ SMALL=(--config configs/debug_model.yaml --training.dataset_path "$DATA" --model
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# unit_test_on_ranks NAME NP: the cmocka test build/tests/NAME (which also runs on one rank as
+# a plain unit test) on NP MPI ranks, one thread each: every rank must pass.
+unit_test_on_ranks() {
+  local name=$1 np=$2 out
+  out=$(timeout 300 mpirun --oversubscribe -np "$np" -x OMP_NUM_THREADS=1 "build/tests/$name" 2>&1) ||
+    fail "$name on $np ranks: $(printf '%s\n' "$out" | tail -n 20)"
+  [ "$(printf '%s\n' "$out" | grep -c '\[  PASSED  \]')" -eq "$np" ] ||
+    fail "$name on $np ranks: not every rank passed: $out"
+  echo "ok: $name on $np ranks"
+}
+
 # expect_user_error PATTERN CMD...: CMD must exit 2 printing exactly one stderr line that
 # matches the extended regex PATTERN.
 expect_user_error() {
