@@ -39,10 +39,6 @@ static void set_checkpointing(Model *m, bool on) {
 static void setup_context_parallel(Trainer *t) {
     const ParallelismSection *p = &t->cfg.parallelism;
     int cp = t->mesh.layout.size[MESH_CP];
-    char why[256];
-    if (cp_layout_check(t->train.T, cp, why, sizeof why) ||
-        (t->val.B > 0 && cp_layout_check(t->val.T, cp, why, sizeof why)))
-        die_user("%s", why);
     CpRotate rotate;
     if (!cp_rotate_parse(p->context_parallel_rotate_method, &rotate))
         die_internal(__FILE__, __LINE__, "config let rotate method '%s' through",
@@ -55,7 +51,7 @@ static void setup_context_parallel(Trainer *t) {
                  "training.device %s yet (NCCL point-to-point on one stream); use allgather",
                  t->cfg.training.device);
     if (t->estimate_world_size) cp_plan(&t->cp, 0, cp, rotate);
-    else cp_init(&t->cp, t->mesh.group[MESH_CP], rotate);
+    else cp_init(&t->cp, t->mesh.group[MESH_CP], t->mesh.cp_prev, t->mesh.cp_next, rotate);
     t->model.attn = &t->cp.hooks;
 }
 
@@ -184,7 +180,7 @@ static void log_memory(const Trainer *t) {
 
 // A text dataset needs a tokenizer; a pre-tokenized one (token shards) is read as it is.
 static void split_open(Split *sp, const char *key, const char *path, const Tokenizer *tok,
-                       const Mesh *mesh) {
+                       const Mesh *mesh, int doc_eos) {
     if (!path) die_user("%s is not set (a text, JSONL or R data file or folder, or token shards)",
                         key);
     if (!tok && !dataset_is_tokenized(path))
@@ -196,22 +192,22 @@ static void split_open(Split *sp, const char *key, const char *path, const Token
                 sp->B);
     sp->tokens = xmalloc((size_t)sp->B * sp->T * sizeof(int));
     sp->targets = xmalloc((size_t)sp->B * sp->T * sizeof(int));
-    sp->local = xmalloc((size_t)sp->B * sp->step_T * sizeof(int));
-    sp->doc = xmalloc((size_t)sp->B * sp->T * sizeof(int));
+    if (sp->step_T != sp->T) sp->local = xmalloc((size_t)sp->B * sp->step_T * sizeof(int));
+    if (doc_eos >= 0) sp->doc = xmalloc((size_t)sp->B * sp->T * sizeof(int));
     // Positions 0, 1, ..., or under context parallel this rank's chunks' (head-tail).
-    sp->pos = xmalloc((size_t)sp->T * sizeof(int));
-    for (int i = 0; i < sp->T; i++) sp->pos[i] = i;
+    sp->pos = xmalloc((size_t)sp->step_T * sizeof(int));
     int cp = mesh->layout.size[MESH_CP];
+    for (int i = 0; i < sp->step_T; i++) sp->pos[i] = i;
     if (cp > 1) cp_positions(sp->T, cp, mesh->coord[MESH_CP], sp->pos);
 }
 
 static void setup_data(Trainer *t) {
     const Config *c = &t->cfg;
     split_open(&t->train, "training.dataset_path", c->training.dataset_path, t->tokenizer,
-               &t->mesh);
+               &t->mesh, t->doc_eos);
     if (c->validation.enable)
         split_open(&t->val, "validation.dataset_path", c->validation.dataset_path, t->tokenizer,
-                   &t->mesh);
+                   &t->mesh, t->doc_eos);
 }
 
 // The step's inputs in the backend's memory: each split's token ids and targets, and their
@@ -328,12 +324,19 @@ static void setup(Trainer *t) {
     setup_mesh(t);
     t->train.B = (int)c->training.local_batch_size;
     t->train.T = (int)c->training.seq_len;
-    t->train.step_T = t->train.T / t->mesh.layout.size[MESH_CP];
     if (c->validation.enable) {
         t->val.B = (int)c->validation.local_batch_size;
         t->val.T = (int)c->validation.seq_len;
-        t->val.step_T = t->val.T / t->mesh.layout.size[MESH_CP];
     }
+    // Each cp rank holds 1/cp of every sequence, in chunks (parallel/cp/layout.h).
+    int cp = t->mesh.layout.size[MESH_CP];
+    char why[256];
+    if (cp > 1 && (cp_layout_check("training.seq_len", t->train.T, cp, why, sizeof why) ||
+                   (t->val.B > 0 &&
+                    cp_layout_check("validation.seq_len", t->val.T, cp, why, sizeof why))))
+        die_user("%s", why);
+    t->train.step_T = t->train.T / cp;
+    t->val.step_T = t->val.T / cp;
     t->accum = accumulation_steps(&c->training, mesh_dp_size(&t->mesh.layout));
     // --estimate plans with the flavor's vocabulary: it reads no files.
     if (c->model.tokenizer_path && !t->estimate_world_size)

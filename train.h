@@ -31,11 +31,12 @@ typedef struct {
     int B, T;                // rows and sequence length of its batches
     int step_T;              // the tokens of each sequence this rank holds: T / cp
     int *tokens, *targets;   // (B*T) each, host memory: what the loader writes
-    int *local;              // (B*step_T) host scratch: this rank's columns of either
+    int *local;              // (B*step_T) host scratch: this rank's columns of either (cp > 1)
     int *pos;                // (step_T) the global position of each of them, host memory
     int *step_tokens, *step_targets;  // (B*step_T) each, the backend's copies the step reads
     int *step_pos;           // (step_T) RoPE positions of those tokens, the backend's memory
     int *doc;                // (B*T) document ids of the whole batch (document masking), host
+                             // memory; NULL without
     int *step_doc;           // the backend's copy; NULL: no document masking
 } Split;
 

@@ -141,7 +141,8 @@ void trainer_pipeline_plan(Trainer *t) {
 }
 
 // Floats of one activation (or its gradient) between stages of run u: a microbatch's rows x
-// seq_len / tp tokens (sequence parallel cuts the sequence over tp) of dim each.
+// seq_len / cp / tp tokens (context parallel cuts the sequence over cp, sequence parallel this
+// rank's share over tp) of dim each.
 static size_t activation_width(const Trainer *t, const PipelineRun *u) {
     const Pipeline *p = t->pipeline;
     return (size_t)p->rows * u->split->step_T / t->mesh.layout.size[MESH_TP] * t->args.dim;

@@ -52,7 +52,6 @@ typedef struct StepCtx StepCtx;
 // kernels.h's attention_forward says, on those tokens.
 typedef struct AttnHooks AttnHooks;
 struct AttnHooks {
-    int size;  // ranks sharing each sequence (the whole is size * StepCtx.T tokens)
     // Bytes of scratch forward and backward need (the caller carves them from its arena).
     size_t (*workspace_bytes)(const AttnHooks *h, const StepCtx *s, const AttnShape *local);
     // out, lse = attention of the local queries over every key of the whole sequence they see.
@@ -75,9 +74,9 @@ struct StepCtx {
     const int *tokens;   // (B, T) inputs
     const int *targets;  // (B, T) next tokens
     const int *pos;      // (T) RoPE position of each sequence index
-    // (B, T * attn->size) the document id of every token of the whole sequences, in sequence
-    // order (training.document_masking: attention stays within a document); NULL: causal
-    // attention over each whole sequence.
+    // (B, whole sequence length) the document id of every token of the whole sequences, in
+    // sequence order, also under context parallel (where T is this rank's share):
+    // training.document_masking, attention stays within a document. NULL: causal attention.
     const int *doc;
     float loss_scale;    // d(objective)/d(mean loss of this microbatch): 1 / microbatches
     double loss;         // out: mean cross-entropy of the microbatch (every tp rank: the whole)

@@ -55,6 +55,15 @@ static CommGroup *group_along(Mesh *m, unsigned along, const char *name) {
     return comm_split(m->world, color, key, name);
 }
 
+// The ranks before and after this one in dim d's group, which is ordered by the coordinate,
+// wrapping around.
+static void ring_neighbours(const Mesh *m, MeshDim d, int *prev, int *next) {
+    int n = m->layout.size[d], r = m->coord[d];
+    CHECK(comm_rank(m->group[d]) == r);
+    *prev = (r + n - 1) % n;
+    *next = (r + 1) % n;
+}
+
 void mesh_build(Mesh *m, const MeshLayout *layout) {
     *m = (Mesh){.layout = *layout, .world = comm_world()};
     m->world_rank = comm_rank(m->world);
@@ -65,10 +74,8 @@ void mesh_build(Mesh *m, const MeshLayout *layout) {
     m->dp = group_along(m, dp, "dp");
     m->fsdp = group_along(m, 1u << MESH_DP_SHARD | 1u << MESH_CP, "fsdp");
     m->loss = group_along(m, dp | 1u << MESH_CP, "loss");
-    int pp = layout->size[MESH_PP], r = m->coord[MESH_PP];
-    CHECK(comm_rank(m->group[MESH_PP]) == r);
-    m->pp_prev = (r + pp - 1) % pp;
-    m->pp_next = (r + 1) % pp;
+    ring_neighbours(m, MESH_PP, &m->pp_prev, &m->pp_next);
+    ring_neighbours(m, MESH_CP, &m->cp_prev, &m->cp_next);
 }
 
 int mesh_dp_rank(const Mesh *m) {

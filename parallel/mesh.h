@@ -31,6 +31,9 @@ typedef struct {
     // coordinate): the stage after this rank's on pp_next, before on pp_prev, wrapping around
     // (loop placement sends the last rank's stage on to rank 0's next one).
     int pp_prev, pp_next;
+    // This rank's context-parallel ring neighbours, ranks of group[MESH_CP] (whose rank is the
+    // cp coordinate): K/V goes to cp_next and comes from cp_prev.
+    int cp_prev, cp_next;
 } Mesh;
 
 extern const char *const MESH_DIM_NAMES[MESH_NDIMS];

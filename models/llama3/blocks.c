@@ -114,11 +114,13 @@ static LayerDims layer_dims(const LlamaLayer *L, const StepCtx *s) {
 }
 
 // Causal attention over this rank's tokens of each sequence, within documents when the step
-// has them (StepCtx.doc; the whole sequences are local without attention hooks).
+// has them. Without attention hooks the whole sequences are local and StepCtx.doc gives the
+// kernel its ids; the hooks cut each chunk's ids from it themselves.
 static AttnShape attention_shape(const StepCtx *s, LayerDims d) {
+    const int *doc = s->attn ? NULL : s->doc;
     return (AttnShape){.B = s->B, .Tq = s->T, .Tk = s->T, .n_heads = d.nh, .n_kv_heads = d.nkvh,
                        .head_dim = d.hd, .mask = s->doc ? ATTN_DOCUMENT : ATTN_CAUSAL,
-                       .q_doc = s->doc, .kv_doc = s->doc};
+                       .q_doc = doc, .kv_doc = doc};
 }
 
 // ---- the attention seam: the kernel on whole sequences, or the hooks (context parallel) ----

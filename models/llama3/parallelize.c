@@ -13,7 +13,8 @@ const char *llama3_tp_check(const LlamaArgs *a, int tp, int B, int T, char *err,
         {"model n_kv_heads", a->n_kv_heads},
         {"the FFN hidden dim", llama3_hidden_dim(a)},
         {"model vocab_size", a->vocab_size},
-        {"the rows of a microbatch (local_batch_size x seq_len, sequence parallel)",
+        {"the rows of a microbatch on a cp rank (local_batch_size x seq_len / "
+         "context_parallel_degree, sequence parallel)",
          (long long)B * T},
     };
     for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++)

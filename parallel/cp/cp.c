@@ -136,6 +136,8 @@ static bool pair_shape(const Cp *cp, const Work *w, int q_slot, int j, int kv_sl
     out->q_start = chunk_start(cp, w, cp->rank, q_slot);
     out->kv_start = chunk_start(cp, w, j, kv_slot);
     if (w->mask != ATTN_NONE && out->kv_start >= out->q_start + w->c) return false;
+    // Every key in the queries' past: no mask to apply (the kernels' cheaper path).
+    if (w->mask == ATTN_CAUSAL && out->kv_start + w->c <= out->q_start) out->mask = ATTN_NONE;
     if (w->mask == ATTN_DOCUMENT) {
         out->q_doc = w->doc + (size_t)(2 * cp->rank + q_slot) * w->B * w->c;
         out->kv_doc = w->doc + (size_t)(2 * j + kv_slot) * w->B * w->c;
@@ -187,8 +189,6 @@ static void traffic_wait(Cp *cp, CommHandle *h) {
     cp->wait_seconds += now_seconds() - t0;
 }
 
-static int ring_next(const Cp *cp) { return (cp->rank + 1) % cp->size; }
-static int ring_prev(const Cp *cp) { return (cp->rank + cp->size - 1) % cp->size; }
 // The rank whose unit this rank holds at ring step i: its own first, then the previous one's.
 static int ring_owner(const Cp *cp, int i) { return (cp->rank - i + cp->size) % cp->size; }
 
@@ -197,8 +197,8 @@ static void forward_ring(Cp *cp, const KernelOps *k, const Work *w, bool filled[
     for (int i = 0; i < cp->size; i++) {
         CommHandle send = {0}, recv = {0};
         if (i + 1 < cp->size) {  // the next unit travels while this one is computed
-            send = comm_send_start(cp->group, cur, w->unit, ring_next(cp), TAG_KV);
-            recv = comm_recv_start(cp->group, next, w->unit, ring_prev(cp), TAG_KV);
+            send = comm_send_start(cp->group, cur, w->unit, cp->next, TAG_KV);
+            recv = comm_recv_start(cp->group, next, w->unit, cp->prev, TAG_KV);
             cp->transfers++;
             cp->bytes_sent += w->unit * sizeof(float);
         }
@@ -213,8 +213,7 @@ static void forward_ring(Cp *cp, const KernelOps *k, const Work *w, bool filled[
 
 // Each step's dK/dV of the unit in hand (this rank's queries' share) is added to what the
 // ranks before it on the ring accumulated, and sent on; after size steps each unit's sum
-// arrives at its owner. Messages on the ring go in one order on every rank (dK/dV of the last
-// step, then the next K/V), so that they pair up in issue order.
+// arrives at its owner.
 static void backward_ring(Cp *cp, const KernelOps *k, const Work *w, float *dunit_home) {
     float *cur = w->kv, *next = w->kv + w->unit;
     float *mine[2] = {w->dkv, w->dkv + w->unit}, *received = w->dkv + 2 * w->unit;
@@ -222,10 +221,10 @@ static void backward_ring(Cp *cp, const KernelOps *k, const Work *w, float *duni
     for (int i = 0; i < cp->size; i++) {
         CommHandle drecv = {0}, send = {0}, recv = {0};
         if (i > 0)
-            drecv = comm_recv_start(cp->group, received, w->unit, ring_prev(cp), TAG_DKV);
+            drecv = comm_recv_start(cp->group, received, w->unit, cp->prev, TAG_DKV);
         if (i + 1 < cp->size) {
-            send = comm_send_start(cp->group, cur, w->unit, ring_next(cp), TAG_KV);
-            recv = comm_recv_start(cp->group, next, w->unit, ring_prev(cp), TAG_KV);
+            send = comm_send_start(cp->group, cur, w->unit, cp->next, TAG_KV);
+            recv = comm_recv_start(cp->group, next, w->unit, cp->prev, TAG_KV);
             cp->transfers++;
             cp->bytes_sent += w->unit * sizeof(float);
         }
@@ -235,7 +234,7 @@ static void backward_ring(Cp *cp, const KernelOps *k, const Work *w, float *duni
         backward_unit(cp, k, w, ring_owner(cp, i), cur, d);
         traffic_wait(cp, &drecv);
         if (i > 0) k->add(d, received, w->unit);
-        dsend[i % 2] = comm_send_start(cp->group, d, w->unit, ring_next(cp), TAG_DKV);
+        dsend[i % 2] = comm_send_start(cp->group, d, w->unit, cp->next, TAG_DKV);
         cp->transfers++;
         cp->bytes_sent += w->unit * sizeof(float);
         traffic_wait(cp, &send);
@@ -244,7 +243,7 @@ static void backward_ring(Cp *cp, const KernelOps *k, const Work *w, float *duni
         cur = next;
         next = t;
     }
-    CommHandle home = comm_recv_start(cp->group, dunit_home, w->unit, ring_prev(cp), TAG_DKV);
+    CommHandle home = comm_recv_start(cp->group, dunit_home, w->unit, cp->prev, TAG_DKV);
     traffic_wait(cp, &home);
     traffic_wait(cp, &dsend[0]);
     traffic_wait(cp, &dsend[1]);
@@ -332,14 +331,16 @@ bool cp_rotate_parse(const char *name, CpRotate *out) {
 }
 
 void cp_plan(Cp *cp, int rank, int size, CpRotate rotate) {
-    *cp = (Cp){.hooks = {.size = size, .workspace_bytes = cp_workspace_bytes,
+    *cp = (Cp){.hooks = {.workspace_bytes = cp_workspace_bytes,
                          .forward = cp_forward, .backward = cp_backward},
                .rank = rank, .size = size, .rotate = rotate};
 }
 
-void cp_init(Cp *cp, CommGroup *group, CpRotate rotate) {
+void cp_init(Cp *cp, CommGroup *group, int prev, int next, CpRotate rotate) {
     cp_plan(cp, comm_rank(group), comm_size(group), rotate);
     cp->group = group;
+    cp->prev = prev;
+    cp->next = next;
 }
 
 uint64_t cp_forward_bytes_sent(const Cp *cp, uint64_t kv_bytes) {

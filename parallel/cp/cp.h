@@ -26,6 +26,7 @@ typedef struct {
     AttnHooks hooks;  // first: the hooks' implementations find the Cp from the pointer
     CommGroup *group;
     int rank, size;
+    int prev, next;  // the ring's neighbours, ranks of group (the mesh's cp_prev / cp_next)
     CpRotate rotate;
     // What the K/V traffic cost, summed over calls since cp_init: the time spent blocked on it
     // (what compute did not hide), and the calls' transfers (ring steps, or gathers and
@@ -37,8 +38,8 @@ typedef struct {
 
 // parallelism.context_parallel_rotate_method's value, or false when it names neither.
 bool cp_rotate_parse(const char *name, CpRotate *out);
-// Hooks over group (the mesh's cp group).
-void cp_init(Cp *cp, CommGroup *group, CpRotate rotate);
+// Hooks over group (the mesh's cp group), whose ring runs from prev to this rank to next.
+void cp_init(Cp *cp, CommGroup *group, int prev, int next, CpRotate rotate);
 // The same for rank of size ranks without a group (MPI-free planning: --estimate); only
 // workspace_bytes may be called.
 void cp_plan(Cp *cp, int rank, int size, CpRotate rotate);

@@ -26,7 +26,7 @@ run=(--config configs/debug_model.yaml --training.dataset_path "$SCRATCH/docs.bi
 
 train() {  # name, ranks, overrides...
   local name=$1 np=$2; shift 2
-  mpirun --oversubscribe -np "$np" $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/$name" "$@" \
+  timeout 300 mpirun --oversubscribe -np "$np" $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/$name" "$@" \
     >"$SCRATCH/$name.log" 2>&1 || { tail -5 "$SCRATCH/$name.log"; fail "$name: run failed"; }
 }
 compare() {  # name, reference, mode (same | differs)

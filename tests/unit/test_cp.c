@@ -97,7 +97,7 @@ static void check(CpRotate rotate, AttnMask mask) {
     select_rows(local.v, whole.v, T, pos, Tl, KV * HD);
     select_rows(local.dout, whole.dout, T, pos, Tl, H * HD);
     Cp c;
-    cp_init(&c, world, rotate);
+    cp_init(&c, world, (rank + cp - 1) % cp, (rank + 1) % cp, rotate);
     StepCtx s = {.k = k, .B = B, .T = Tl, .doc = mask == ATTN_DOCUMENT ? doc : NULL};
     AttnShape shape = {.B = B, .Tq = Tl, .Tk = Tl, .n_heads = H, .n_kv_heads = KV,
                        .head_dim = HD, .mask = mask};
