@@ -287,13 +287,22 @@ static void pause_between_polls(double waited_s, long *pause_ns) {
         die_internal(__FILE__, __LINE__, "nanosleep: %s", strerror(errno));
 }
 
-// Polls rather than blocking in MPI_Wait even without a timeout, so that a SIGUSR1 dump can
-// happen while a rank hangs here.
 // Time this rank has spent blocked in waits: communication that compute did not hide.
 static double waited_total;
 
 double comm_wait_seconds(void) { return waited_total; }
 
+// What completing h does, once its backend request has reported done.
+static void handle_complete(CommHandle *h) {
+    h->request = NULL;
+    flight_complete(h->trace_id);
+    for (size_t i = 0; i < h->avg_n; i++) h->avg_buf[i] /= (float)h->group->size;
+    h->avg_buf = NULL;
+    h->avg_n = 0;
+}
+
+// Polls rather than blocking in MPI_Wait even without a timeout, so that a SIGUSR1 dump can
+// happen while a rank hangs here.
 static void wait_until(CommHandle *h, bool (*done)(void *request)) {
     double start = flight_now();
     long pause_ns = 0;
@@ -303,12 +312,15 @@ static void wait_until(CommHandle *h, bool (*done)(void *request)) {
         if (timeout_seconds > 0 && waited >= timeout_seconds) abort_on_timeout(h);
         pause_between_polls(waited, &pause_ns);
     }
-    h->request = NULL;
     waited_total += flight_now() - start;
-    flight_complete(h->trace_id);
-    for (size_t i = 0; i < h->avg_n; i++) h->avg_buf[i] /= (float)h->group->size;
-    h->avg_buf = NULL;
-    h->avg_n = 0;
+    handle_complete(h);
+}
+
+bool comm_test(CommHandle *h) {
+    if (!h->request) return true;
+    if (!backend->test(h->request)) return false;
+    handle_complete(h);
+    return true;
 }
 
 void comm_wait(CommHandle *h) {

@@ -106,6 +106,10 @@ CommHandle comm_recv_start(CommGroup *g, float *buf, size_t n, int peer, int tag
 // bytes, dumps the recorder and aborts the job (exit 3). NCCL ignores tags: send/recv pairs
 // match in issue order.
 void comm_wait(CommHandle *h);
+// Whether h is complete, without waiting (completing it, as comm_wait would, if so). MPI
+// moves a large message only inside its calls: a rank computing between a start and its wait
+// calls this now and then so that the transfer overlaps the compute.
+bool comm_test(CommHandle *h);
 
 // Blocking forms.
 void comm_all_reduce(CommGroup *g, float *buf, size_t n, CommOp op);
