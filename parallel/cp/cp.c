@@ -145,10 +145,33 @@ static bool pair_shape(const Cp *cp, const Work *w, int q_slot, int j, int kv_sl
     return true;
 }
 
+// Waits for h, counting the time blocked as exposed K/V traffic.
+static void traffic_wait(Cp *cp, CommHandle *h) {
+    double t0 = now_seconds();
+    comm_wait(h);
+    cp->wait_seconds += now_seconds() - t0;
+}
+
+// The rank whose unit this rank holds at ring step i: its own first, then the previous one's.
+// The ring's transfers in flight while a unit is computed (none for allgather): tested between
+// chunk pairs, so that MPI, which moves a large message only inside its calls, moves them
+// meanwhile. The tests' time counts as blocked: it is the copy.
+typedef struct {
+    CommHandle *h[4];
+    int n;
+} InFlight;
+
+static void in_flight_progress(Cp *cp, const InFlight *f) {
+    if (!f) return;
+    double t0 = now_seconds();
+    for (int i = 0; i < f->n; i++) comm_test(f->h[i]);
+    cp->wait_seconds += now_seconds() - t0;
+}
+
 // Merges the attention of both query chunks against rank j's unit into w->out and w->lse; the
 // first pair a query chunk sees writes them (filled), later ones are merged in.
-static void forward_unit(const Cp *cp, const KernelOps *k, const Work *w, int j,
-                         const float *unit, bool filled[2]) {
+static void forward_unit(Cp *cp, const KernelOps *k, const Work *w, int j, const float *unit,
+                         bool filled[2], const InFlight *in_flight) {
     for (int kv_slot = 0; kv_slot < 2; kv_slot++)
         for (int q_slot = 0; q_slot < 2; q_slot++) {
             AttnShape pair;
@@ -159,17 +182,18 @@ static void forward_unit(const Cp *cp, const KernelOps *k, const Work *w, int j,
             if (!filled[q_slot]) {
                 k->attention_forward(out, lse, q, kc, vc, &pair, w->kernel_workspace);
                 filled[q_slot] = true;
-                continue;
+            } else {
+                k->attention_forward(w->part_out, w->part_lse, q, kc, vc, &pair,
+                                     w->kernel_workspace);
+                k->attention_merge(out, lse, w->part_out, w->part_lse, w->B, w->c, w->nh, w->hd);
             }
-            k->attention_forward(w->part_out, w->part_lse, q, kc, vc, &pair,
-                                 w->kernel_workspace);
-            k->attention_merge(out, lse, w->part_out, w->part_lse, w->B, w->c, w->nh, w->hd);
+            in_flight_progress(cp, in_flight);
         }
 }
 
 // dq (w->dq) and dunit += both query chunks' gradients through rank j's unit.
-static void backward_unit(const Cp *cp, const KernelOps *k, const Work *w, int j,
-                          const float *unit, float *dunit) {
+static void backward_unit(Cp *cp, const KernelOps *k, const Work *w, int j, const float *unit,
+                          float *dunit, const InFlight *in_flight) {
     for (int kv_slot = 0; kv_slot < 2; kv_slot++)
         for (int q_slot = 0; q_slot < 2; q_slot++) {
             AttnShape pair;
@@ -179,17 +203,10 @@ static void backward_unit(const Cp *cp, const KernelOps *k, const Work *w, int j
                                   dunit + (2 + kv_slot) * w->kvn, w->dout + qo, w->q + qo,
                                   unit + kv_slot * w->kvn, unit + (2 + kv_slot) * w->kvn,
                                   w->out + qo, w->lse + lo, &pair, w->kernel_workspace);
+            in_flight_progress(cp, in_flight);
         }
 }
 
-// Waits for h, counting the time blocked as exposed K/V traffic.
-static void traffic_wait(Cp *cp, CommHandle *h) {
-    double t0 = now_seconds();
-    comm_wait(h);
-    cp->wait_seconds += now_seconds() - t0;
-}
-
-// The rank whose unit this rank holds at ring step i: its own first, then the previous one's.
 static int ring_owner(const Cp *cp, int i) { return (cp->rank - i + cp->size) % cp->size; }
 
 static void forward_ring(Cp *cp, const KernelOps *k, const Work *w, bool filled[2]) {
@@ -202,7 +219,8 @@ static void forward_ring(Cp *cp, const KernelOps *k, const Work *w, bool filled[
             cp->transfers++;
             cp->bytes_sent += w->unit * sizeof(float);
         }
-        forward_unit(cp, k, w, ring_owner(cp, i), cur, filled);
+        InFlight in_flight = {{&send, &recv}, 2};
+        forward_unit(cp, k, w, ring_owner(cp, i), cur, filled, &in_flight);
         traffic_wait(cp, &send);
         traffic_wait(cp, &recv);
         float *t = cur;
@@ -231,7 +249,8 @@ static void backward_ring(Cp *cp, const KernelOps *k, const Work *w, float *duni
         float *d = mine[i % 2];
         traffic_wait(cp, &dsend[i % 2]);  // its send two steps ago is done
         k->zero(d, w->unit * sizeof(float));
-        backward_unit(cp, k, w, ring_owner(cp, i), cur, d);
+        InFlight in_flight = {{&drecv, &send, &recv, &dsend[(i + 1) % 2]}, 4};
+        backward_unit(cp, k, w, ring_owner(cp, i), cur, d, &in_flight);
         traffic_wait(cp, &drecv);
         if (i > 0) k->add(d, received, w->unit);
         dsend[i % 2] = comm_send_start(cp->group, d, w->unit, cp->next, TAG_DKV);
@@ -276,7 +295,7 @@ static void cp_forward(const AttnHooks *h, const StepCtx *s, float *out, float *
         gather_units(cp, k, &w, kk, v);
         for (int i = 0; i < cp->size; i++) {
             int j = ring_owner(cp, i);  // the same order as the ring: the same sums
-            forward_unit(cp, k, &w, j, w.kv + (size_t)j * w.unit, filled);
+            forward_unit(cp, k, &w, j, w.kv + (size_t)j * w.unit, filled, NULL);
         }
     }
     // Every query chunk sees at least its own positions: both were written.
@@ -308,7 +327,8 @@ static void cp_backward(const AttnHooks *h, const StepCtx *s, float *dq, float *
         k->zero(w.dkv, (size_t)cp->size * w.unit * sizeof(float));
         for (int i = 0; i < cp->size; i++) {
             int j = ring_owner(cp, i);
-            backward_unit(cp, k, &w, j, w.kv + (size_t)j * w.unit, w.dkv + (size_t)j * w.unit);
+            backward_unit(cp, k, &w, j, w.kv + (size_t)j * w.unit, w.dkv + (size_t)j * w.unit,
+                          NULL);
         }
         CommHandle rs = comm_reduce_scatter_start(cp->group, w.dkv, dunit, w.unit, COMM_SUM);
         traffic_wait(cp, &rs);
