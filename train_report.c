@@ -97,6 +97,16 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
     return n;
 }
 
+// What context parallel's K/V traffic cost this rank over a run of `elapsed` seconds
+// (parallel/cp/cp.h's counts): the time blocked on it is what compute did not hide.
+void trainer_log_cp_traffic(const Trainer *t, double elapsed) {
+    const Cp *cp = &t->cp;
+    log_info("cp: %lld K/V transfers (%s), %.2f MiB sent, %.2f s blocked on them (%.1f%% of "
+             "training)", (long long)cp->transfers,
+             cp->rotate == CP_ALLTOALL ? "alltoall ring" : "allgather", cp->bytes_sent / 1048576.0,
+             cp->wait_seconds, elapsed > 0 ? 100 * cp->wait_seconds / elapsed : 0.0);
+}
+
 // The FLOPs per token of the blocks this rank runs: the whole model's, or its stages' share.
 static double rank_flops_per_token(Trainer *t) {
     if (!t->pipeline) return t->model.flops_per_token;
