@@ -523,6 +523,7 @@ static void train(Trainer *t) {
     double elapsed = now_seconds() - started, waited = comm_wait_seconds() - waited_before;
     log_info("comm: %.2f s of %.2f s of training waiting on collectives (%.1f%%)", waited, elapsed,
              elapsed > 0 ? 100 * waited / elapsed : 0.0);
+    if (t->cp_on) trainer_log_cp_traffic(t, elapsed);
     comm_report();
     if (t->mesh.world_rank == 0) trainer_write_run_summary(t);
 }

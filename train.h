@@ -88,11 +88,13 @@ void trainer_close_checkpoint(Trainer *t);
 size_t trainer_checkpoint_staging_bytes(const Trainer *t);
 void trainer_create_seed_checkpoint(Trainer *t);
 // train_report.c: `titan --estimate`, the memory check before the arenas are allocated, and
-// <dump_folder>/run_summary.json after a run.
+// after a run <dump_folder>/run_summary.json and, under context parallel, the K/V traffic line.
 // print_estimate: the plans of pp ranks 0 .. n - 1 (n = pipeline_parallel_degree).
 void trainer_print_estimate(Trainer *ranks, int n);
 void trainer_check_memory(Trainer *t);
 void trainer_write_run_summary(Trainer *t);
+// One log line at the end of a cp run: K/V transfers, bytes, and the time blocked on them.
+void trainer_log_cp_traffic(const Trainer *t, double elapsed);
 // train_schedule.c: `titan --print-schedule [--microbatches N]`, and the schedule training runs.
 void trainer_print_schedule(const Config *c, int microbatches_flag);
 void trainer_load_schedule(const Config *c, int microbatches, PpSchedule *s, PpReport *r);

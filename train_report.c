@@ -20,9 +20,9 @@ void trainer_write_run_summary(Trainer *t) {
             t->mesh.layout.world_size, (long long)t->progress.step);
     for (int i = 0; i < 5; i++) fprintf(f, "%s\"%s\": %zu", i ? ", " : "", names[i], arenas[i]->size);
     CommGroup *groups[] = {t->mesh.fsdp, t->mesh.group[MESH_DP_REPLICATE], t->mesh.group[MESH_TP],
-                           t->mesh.group[MESH_PP], t->mesh.loss};
+                           t->mesh.group[MESH_CP], t->mesh.group[MESH_PP], t->mesh.loss};
     fprintf(f, "}, \"comm_bytes\": {");
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         fprintf(f, "%s\"%s\": %llu", i ? ", " : "", comm_name(groups[i]),
                 (unsigned long long)comm_bytes(groups[i]));
     fprintf(f, "}}\n");
@@ -30,13 +30,36 @@ void trainer_write_run_summary(Trainer *t) {
 }
 
 // What one rank hands to each group's collectives per step (comm.h's accounting), from the
-// plans of FSDP and TP: the analytic volume that a real run's comm report must equal.
+// plans of FSDP, TP and CP: the analytic volume that a real run's comm report must equal.
 typedef struct {
     const char *group;
     uint64_t bytes;
 } GroupBytes;
+enum { MAX_GROUPS = 6 };  // fsdp, dp_replicate, tp, cp, pp, loss
 
-static int comm_per_step(Trainer *t, GroupBytes out[5]) {
+// The transformer layers this rank runs (blocks 1 .. n_blocks - 2): all, or its stages'.
+static int rank_layers(Trainer *t) {
+    if (!t->pipeline) return t->model.n_blocks - 2;
+    PipelineRankPlan pl = trainer_pipeline_rank_plan(t);
+    int layers = 0;
+    for (int s = 0; s < pl.stages; s++)
+        for (int b = pl.first[s]; b < pl.first[s + 1] && pl.stage_rank[s] == pl.rank; b++)
+            layers += b > 0 && b < t->model.n_blocks - 1;
+    return layers;
+}
+
+// Every layer's attention, per step: forward, recompute under activation checkpointing, and
+// backward, on this rank's K and V of all its microbatches' rows (the bytes are linear in them).
+static uint64_t cp_bytes_per_step(Trainer *t, bool ac) {
+    const int *size = t->mesh.layout.size;
+    uint64_t kv_floats = (uint64_t)t->train.B * t->train.step_T *
+                         (t->args.n_kv_heads / size[MESH_TP]) * llama3_head_dim(&t->args);
+    uint64_t forward = cp_attention_bytes(&t->cp, kv_floats, false);
+    uint64_t backward = cp_attention_bytes(&t->cp, kv_floats, true);
+    return t->accum * rank_layers(t) * ((ac ? 2 : 1) * forward + backward);
+}
+
+static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
     int n = 0;
     const int *size = t->mesh.layout.size;
     bool ac = t->model.blocks[1].checkpointed;
@@ -65,12 +88,23 @@ static int comm_per_step(Trainer *t, GroupBytes out[5]) {
         size_t replicated = grads_replicated_floats(&t->model.params);
         out[n++] = (GroupBytes){"tp", t->accum * micro + 4 * replicated + sizeof(double)};
     }
+    if (t->cp_on) out[n++] = (GroupBytes){"cp", cp_bytes_per_step(t, ac)};
     if (t->pipeline) {  // the sends, then the step's loss and grad norm summed over the stages
         uint64_t sent = pl.act_bytes_sent + pl.grad_bytes_sent;
         out[n++] = (GroupBytes){"pp", t->accum * sent + 2 * sizeof(double)};
     }
     out[n++] = (GroupBytes){"loss", sizeof(double)};  // the step's mean loss
     return n;
+}
+
+// What context parallel's K/V traffic cost this rank over a run of `elapsed` seconds
+// (parallel/cp/cp.h's counts): the time blocked on it is what compute did not hide.
+void trainer_log_cp_traffic(const Trainer *t, double elapsed) {
+    const Cp *cp = &t->cp;
+    log_info("cp: %lld K/V transfers (%s), %.2f MiB sent, %.2f s blocked on them (%.1f%% of "
+             "training)", (long long)cp->transfers,
+             cp->rotate == CP_ALLTOALL ? "alltoall ring" : "allgather", cp->bytes_sent / 1048576.0,
+             cp->wait_seconds, elapsed > 0 ? 100 * cp->wait_seconds / elapsed : 0.0);
 }
 
 // The FLOPs per token of the blocks this rank runs: the whole model's, or its stages' share.
@@ -101,7 +135,7 @@ static void print_rank_plan(Trainer *t) {
     double per_token = rank_flops_per_token(t);
     printf("  FLOPs per step per rank: %.12g (%.6g per token, %storchtitan's 6N + 12 L H Q T)\n",
            tokens * per_token, per_token, t->pipeline ? "its blocks' share of " : "");
-    GroupBytes groups[5];
+    GroupBytes groups[MAX_GROUPS];
     int n = comm_per_step(t, groups);
     printf("  %-12s %16s %12s\n", "group", "bytes per step", "GiB");
     for (int i = 0; i < n; i++)

@@ -363,7 +363,12 @@ void cp_init(Cp *cp, CommGroup *group, int prev, int next, CpRotate rotate) {
     cp->next = next;
 }
 
-uint64_t cp_forward_bytes_sent(const Cp *cp, uint64_t kv_bytes) {
-    uint64_t unit = 2 * kv_bytes;  // this rank's K and V
-    return cp->rotate == CP_ALLTOALL ? (uint64_t)(cp->size - 1) * unit : unit;
+// A unit is this rank's K and V. allgather: one all-gather of it (comm.h counts the local input:
+// one unit); backward gathers again and reduce-scatters every rank's dK/dV (size units).
+// alltoall: size - 1 ring steps send a unit; backward's size steps each also send the dK/dV
+// accumulated so far.
+uint64_t cp_attention_bytes(const Cp *cp, uint64_t kv_floats, bool backward) {
+    uint64_t unit = 2 * kv_floats * sizeof(float), size = (uint64_t)cp->size;
+    if (cp->rotate == CP_ALLGATHER) return backward ? (1 + size) * unit : unit;
+    return backward ? (2 * size - 1) * unit : (size - 1) * unit;
 }

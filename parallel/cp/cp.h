@@ -43,6 +43,8 @@ void cp_init(Cp *cp, CommGroup *group, int prev, int next, CpRotate rotate);
 // The same for rank of size ranks without a group (MPI-free planning: --estimate); only
 // workspace_bytes may be called.
 void cp_plan(Cp *cp, int rank, int size, CpRotate rotate);
-// Bytes one rank sends for one attention forward (and as many again for the backward's K/V;
-// the backward's dK/dV add the same again) of a layer whose local K and V are kv_bytes each.
-uint64_t cp_forward_bytes_sent(const Cp *cp, uint64_t kv_bytes);
+// Bytes this rank hands to the cp group (comm.h's accounting) in one attention call of a layer
+// whose local K and V are kv_floats floats each: a forward (also what activation checkpointing's
+// recompute sends), or a backward, which brings K/V again and sends dK/dV home. `titan
+// --estimate` sizes the cp group's traffic with it.
+uint64_t cp_attention_bytes(const Cp *cp, uint64_t kv_floats, bool backward);

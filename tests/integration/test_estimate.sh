@@ -8,7 +8,9 @@
 # (rank 0's plan; the pp group's bytes are its sends, FSDP's are per microbatch). Under pipeline parallel every pp rank has
 # its plan: its stages' FLOPs sum to the whole model's, its p2p bytes are the analytic ones, its
 # activations follow the checker's peak live count (flat under 1F1B, growing under GPipe), and
-# the bubble is --print-schedule's.
+# the bubble is --print-schedule's. Under context parallel the cp group's bytes are every layer's
+# K/V traffic (forward, recompute, backward) for both rotate methods, and the end-of-run log's
+# K/V line reports the bytes the comm report counts for the cp group.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -73,6 +75,24 @@ check pp=2xdp_shard=2 4 --training.local_batch_size 8 $P.pipeline_parallel_degre
   $P.data_parallel_shard_degree 2
 check pp=2xtp=2 4 --training.local_batch_size 8 $P.pipeline_parallel_degree 2 \
   $P.tensor_parallel_degree 2 $P.data_parallel_shard_degree 1
+
+# Context parallel: the activations hold the attention workspace of T / cp tokens; the cp
+# group carries the K/V of every layer's attention (all-gather and reduce-scatter, or the ring's
+# sends), again for the recompute under activation checkpointing, per microbatch and stage.
+check cp=2-allgather 2 $P.context_parallel_degree 2 $P.context_parallel_rotate_method allgather
+check cp=4-alltoall+ac+accum 4 --training.global_batch_size 8 --activation_checkpoint.mode full \
+  $P.context_parallel_degree 4 $P.context_parallel_rotate_method alltoall
+check cp=2xtp=2-alltoall 4 $P.context_parallel_degree 2 $P.tensor_parallel_degree 2 \
+  $P.context_parallel_rotate_method alltoall
+check pp=2xcp=2-allgather+ac 4 --training.local_batch_size 8 --activation_checkpoint.mode full \
+  $P.pipeline_parallel_degree 2 $P.context_parallel_degree 2
+for name in cp=2-allgather cp=4-alltoall+ac+accum; do
+  sent=$(grep -o 'cp: [0-9]* K/V transfers ([a-z ]*), [0-9.]* MiB sent' "$SCRATCH/$name.log" |
+    grep -o '[0-9.]* MiB' || fail "$name: no K/V traffic line in the log")
+  counted=$(awk '$2 == "group" && $3 == "cp" {printf "%.2f MiB", $6 / 1048576}' "$SCRATCH/$name.log")
+  [ "$sent" = "$counted" ] || fail "$name: the K/V line says $sent, the comm report $counted"
+  echo "ok: $name: the log's K/V line reports the cp group's $counted"
+done
 
 # Each pp rank's plan, for local batches of 4 and 8 rows in microbatches of one row.
 # tp 1: an activation crossing a stage boundary is 1 row x 64 tokens x dim 256 floats.
