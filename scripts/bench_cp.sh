@@ -31,8 +31,9 @@
 # hidden on the cpu backend even on a quiet one: Open MPI's shared-memory transport moves a
 # large message as one copy (CMA) that the receiver makes inside an MPI call, so nothing moves
 # while a rank computes (a 2-rank isend/irecv of 4 MiB with 20 ms of compute between post and
-# wait spent no less time in MPI calls than with none). The ring's overlap needs a transport
-# that progresses on its own, as NCCL's does.
+# wait spent no less time in MPI calls than with none). The ring tests its transfers between
+# chunk pairs, so that copy happens early instead of at the wait, but it is still the rank's
+# own time: the overlap needs a transport that progresses on its own, as NCCL's does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-8} seq=${2:-2048}
