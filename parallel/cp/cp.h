@@ -7,8 +7,8 @@
 //   alltoall:  K/V passed around the ring with non-blocking send/recv while the chunk in hand
 //              is computed (torchtitan's name for the ring rotation); backward passes the
 //              dK/dV accumulated so far along with them, so each arrives home summed.
-// The partial attentions of one query chunk are merged by their log-sum-exp
-// (KernelOps.attention_merge); backward runs each chunk pair with the merged out and lse.
+// This file moves the K/V; the chunk pairs' math (merged by log-sum-exp) is
+// parallel/cp/attention.h's.
 // Every other layer is per token: the model needs only this rank's tokens, their global
 // RoPE positions (cp_positions) and the loss averaged over the loss group (dp x cp); FSDP's
 // group spans dp_shard x cp (parallel/mesh.h), so the gradients average over cp too.
