@@ -40,8 +40,8 @@ static void setup_context_parallel(Trainer *t) {
     const ParallelismSection *p = &t->cfg.parallelism;
     int cp = t->mesh.layout.size[MESH_CP];
     char why[256];
-    if (cp_layout_check(t->train.T, cp, why, sizeof why) ||
-        (t->val.B > 0 && cp_layout_check(t->val.T, cp, why, sizeof why)))
+    if (cp_layout_check("training.seq_len", t->train.T, cp, why, sizeof why) ||
+        (t->val.B > 0 && cp_layout_check("validation.seq_len", t->val.T, cp, why, sizeof why)))
         die_user("%s", why);
     CpRotate rotate;
     if (!cp_rotate_parse(p->context_parallel_rotate_method, &rotate))

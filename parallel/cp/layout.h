@@ -7,9 +7,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-// Why T cannot be split over cp ranks (one line into err), or NULL when it can: 2 * cp must
-// divide T.
-const char *cp_layout_check(int T, int cp, char *err, size_t n);
+// Why T, the value of config key `key`, cannot be split over cp ranks (one line into err), or
+// NULL when it can: 2 * cp must divide T.
+const char *cp_layout_check(const char *key, int T, int cp, char *err, size_t n);
 // pos (T / cp): the global sequence positions of rank `rank`'s tokens, in its local order
 // (its head chunk, then its tail chunk).
 void cp_positions(int T, int cp, int rank, int *pos);
