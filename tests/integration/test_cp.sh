@@ -2,7 +2,8 @@
 # Context parallel (issue 12): cp 2 and cp 4 under both rotate methods, cp composed with FSDP,
 # TP and pp, and the 4D layout pp 2 x dp_shard 2 x cp 2 x tp 2 on 16 ranks train the same
 # model as one rank: loss and grad norm within 1e-5 relative at each of 10 steps, and the
-# validation loss at steps 5 and 10. Long context: cp 4 trains at 4x the seq_len of a 1-rank
+# validation loss at steps 5 and 10; the cp group carries the operations of the rotate method
+# asked for, counted. Long context: cp 4 trains at 4x the seq_len of a 1-rank
 # run with about that run's activation memory per rank (the memory lines are printed). A
 # seq_len that 2 x cp does not divide is refused in one line. (The 4D checkpoint resumed under
 # dp_shard 2 is test_reshard's.)
@@ -23,15 +24,26 @@ train() {  # name, ranks, overrides...
   mpirun --oversubscribe -np "$np" $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/$name" "$@" \
     >"$SCRATCH/$name.log" 2>&1 || { tail -5 "$SCRATCH/$name.log"; fail "$name: run failed"; }
 }
+cp_ops() { sed -n 's/^comm: group cp *\([0-9]*\) ops.*/\1/p' "$SCRATCH/$1.log"; }
 same_as_one_rank() {  # name, ranks, overrides...
   train "$@"
+  [ "$(cp_ops "$1")" -gt 0 ] || fail "$1: no traffic over the cp group"
   same_metrics "$1" "$SCRATCH/one/metrics.jsonl" "$SCRATCH/$1/metrics.jsonl" 1 1e-5
 }
 
+# Each method's operations on rank 0's cp group: 60 attention forwards and backwards (10 steps
+# of 6 layers) and 24 forwards (2 validations of 2 batches). allgather: a gather forward, a
+# gather and a reduce-scatter backward. alltoall: cp - 1 K/V sends and as many receives
+# forward, again backward, and cp sends and receives of the dK/dV that travel with them.
 for rotate in allgather alltoall; do
   for cp in 2 4; do
     same_as_one_rank "cp=$cp $rotate" $cp $P.context_parallel_degree $cp \
       $P.context_parallel_rotate_method $rotate
+    ops=$(cp_ops "cp=$cp $rotate")
+    want=$((60 * 3 + 24))
+    [ $rotate = alltoall ] && want=$((60 * (6 * cp - 4) + 24 * 2 * (cp - 1)))
+    [ "$ops" -eq "$want" ] || fail "cp=$cp $rotate: $ops operations on the cp group, not $want"
+    echo "    ($ops operations on the cp group, as $rotate makes them)"
   done
 done
 CP2=($P.context_parallel_degree 2 $P.context_parallel_rotate_method alltoall)
