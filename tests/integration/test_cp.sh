@@ -3,10 +3,10 @@
 # TP and pp, and the 4D layout pp 2 x dp_shard 2 x cp 2 x tp 2 on 16 ranks train the same
 # model as one rank: loss and grad norm within 1e-5 relative at each of 10 steps, and the
 # validation loss at steps 5 and 10; the cp group carries the operations of the rotate method
-# asked for, counted. Long context: cp 4 trains at 4x the seq_len of a 1-rank
-# run with about that run's activation memory per rank (the memory lines are printed). A
-# seq_len that 2 x cp does not divide is refused in one line. (The 4D checkpoint resumed under
-# dp_shard 2 is test_reshard's.)
+# asked for, counted. Long context: cp 4 trains at 4x the seq_len of a 1-rank run with about
+# that run's activation memory per rank (the memory lines are printed). A seq_len that 2 x cp
+# does not divide is refused in one line. (The 4D checkpoint resumed under dp_shard 2 is
+# test_reshard's.)
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 P=--parallelism
