@@ -4,8 +4,8 @@
 
 const char *cp_layout_check(const char *key, int T, int cp, char *err, size_t n) {
     if (T % (2 * cp) == 0) return NULL;
-    error_set(err, n, "%s %d is not a multiple of 2 x parallelism.context_parallel_degree (%d): "
-              "context parallel cuts each sequence into 2 x cp chunks", key, T, 2 * cp);
+    error_set(err, n, "%s %d is not a multiple of 2 x parallelism.context_parallel_degree %d = "
+              "%d: context parallel cuts each sequence into 2 x cp chunks", key, T, cp, 2 * cp);
     return err;
 }
 

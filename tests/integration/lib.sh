@@ -54,3 +54,35 @@ expect_job_error() {
 
 # losses FILE: the loss column of a metrics.jsonl, exactly as written.
 losses() { grep -o '"loss": [^,]*' "$1"; }
+
+# same_metrics NAME REFERENCE RUN FIRST TOLERANCE: two metrics.jsonl, step by step. RUN logged
+# the steps (and validations) REFERENCE did from step FIRST on (a resumed run starts later),
+# and its loss, grad norm and validation loss are within TOLERANCE relative of REFERENCE's at
+# each (0: bit-identical).
+same_metrics() {
+  $PY - "$@" <<'PY'
+import json, sys
+name, first, tolerance = sys.argv[1], int(sys.argv[4]), float(sys.argv[5])
+ref, run = [[json.loads(l) for l in open(p)] for p in sys.argv[2:4]]
+def steps(records, key, since=0):
+    return [r["step"] for r in records if key in r and r["step"] >= since]
+for key in ("loss", "validation_loss"):
+    assert steps(run, key) == steps(ref, key, first), \
+        f"{name}: {key} at steps {steps(run, key)}, the reference from {first} at {steps(ref, key, first)}"
+trained = steps(run, "loss")
+assert trained, f"{name}: no training step logged"
+expected = {(r["step"], k): v for r in ref for k, v in r.items()}
+worst = 0.0
+for r in run:
+    for key in ("loss", "grad_norm", "validation_loss"):
+        if key not in r:
+            continue
+        want = expected[r["step"], key]
+        err = abs(r[key] - want) / abs(want)
+        worst = max(worst, err)
+        assert err <= tolerance, f"{name}: step {r['step']} {key} {r[key]!r} vs {want!r}"
+validations = steps(run, "validation_loss")
+also = f" and validations at {validations}" if validations else ""
+print(f"ok: {name:45s} steps {trained[0]}-{trained[-1]}{also}, worst relative difference {worst:.1e}")
+PY
+}

@@ -41,9 +41,9 @@ static void test_select_and_check(void **state) {
     assert_memory_equal(local, ((int[]){100, 101, 106, 107, 108, 109, 114, 115}), sizeof local);
     char err[256];
     assert_null(cp_layout_check("training.seq_len", 8, 2, err, sizeof err));
-    assert_non_null(cp_layout_check("training.seq_len", 10, 2, err, sizeof err));
-    assert_string_equal(err, "training.seq_len 10 is not a multiple of 2 x "
-                             "parallelism.context_parallel_degree (4): context parallel cuts "
+    assert_non_null(cp_layout_check("validation.seq_len", 10, 2, err, sizeof err));
+    assert_string_equal(err, "validation.seq_len 10 is not a multiple of 2 x "
+                             "parallelism.context_parallel_degree 2 = 4: context parallel cuts "
                              "each sequence into 2 x cp chunks");
 }
 
