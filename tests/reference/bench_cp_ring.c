@@ -129,7 +129,8 @@ int main(int argc, char **argv) {
     timed.zero = timed_zero;
     timed.add = timed_add;
     Cp cp;
-    cp_init(&cp, world, rotate);
+    int rank = comm_rank(world);  // the world is the ring, in rank order
+    cp_init(&cp, world, (rank + size - 1) % size, (rank + 1) % size, rotate);
     int Tl = T / size;
     StepCtx s = {.k = &timed, .attn = &cp.hooks, .B = B, .T = Tl};
     AttnShape shape = {.B = B, .Tq = Tl, .Tk = Tl, .n_heads = nh, .n_kv_heads = nkv,
@@ -150,7 +151,7 @@ int main(int argc, char **argv) {
     }
     attend = true;
     time_pairs(&cp, &s, &shape, &t, calls, &comm, &wall);
-    if (comm_rank(world) == 0)
+    if (rank == 0)
         printf("alone: %.2f MiB sent in %d pairs; communication per pair: %.3f ms alone, %.3f ms "
                "under compute of %.3f ms\n", sent / 1048576.0, calls, 1e3 * alone, 1e3 * comm,
                1e3 * wall);
