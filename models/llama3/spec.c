@@ -8,17 +8,21 @@
 
 _Static_assert(LLAMA3_N_ATTRS <= MODEL_MAX_ATTRS, "llama3 describes itself in more attributes");
 
-static LlamaArgs *llama(ModelArgs *a) {
+// For a reader that fills the args: from here on they are llama3's.
+static LlamaArgs *llama_fill(ModelArgs *a) {
     a->spec = &LLAMA3_SPEC;
     return &a->as.llama3;
 }
 
+// For everything else: args some llama3 reader filled.
 static const LlamaArgs *llama_of(const ModelArgs *a) {
     CHECK(a->spec == &LLAMA3_SPEC);
     return &a->as.llama3;
 }
 
-static bool flavor(const char *name, ModelArgs *a) { return llama3_flavor(name, llama(a)); }
+static LlamaArgs *llama_mut(ModelArgs *a) { return (LlamaArgs *)llama_of(a); }
+
+static bool flavor(const char *name, ModelArgs *a) { return llama3_flavor(name, llama_fill(a)); }
 
 static ModelShape shape(const ModelArgs *a) {
     const LlamaArgs *l = llama_of(a);
@@ -29,7 +33,7 @@ static ModelShape shape(const ModelArgs *a) {
 
 static void update_from_config(ModelArgs *a, const ModelSection *config, int vocab_size,
                                int max_seq_len) {
-    LlamaArgs *l = llama(a);
+    LlamaArgs *l = llama_mut(a);
     if (vocab_size) l->vocab_size = vocab_size;
     l->max_seq_len = max_seq_len;
     if (!config) return;
@@ -57,11 +61,11 @@ static int describe(const ModelArgs *a, CkptAttr *out) {
 }
 
 static void args_from_checkpoint(const char *path, ModelArgs *a) {
-    llama3_args_from_checkpoint(path, llama(a));
+    llama3_args_from_checkpoint(path, llama_fill(a));
 }
 
 static bool try_args_from_hf(const char *dir, ModelArgs *a, char *err, size_t len) {
-    return llama3_try_args_from_hf(dir, llama(a), err, len);
+    return llama3_try_args_from_hf(dir, llama_fill(a), err, len);
 }
 
 static void load_hf(const char *path, const ModelArgs *a, ParamTable *params) {
@@ -74,7 +78,7 @@ static void save_hf(const char *dir, const ModelArgs *a, const ParamTable *param
 }
 
 static void args_from_llama2c(const char *path, ModelArgs *a) {
-    llama3_args_from_llama2c(path, llama(a));
+    llama3_args_from_llama2c(path, llama_fill(a));
 }
 
 static void *kv_cache_new(const Model *m, int max_ctx) {
