@@ -57,33 +57,31 @@ static void setup_context_parallel(Trainer *t) {
 
 static void setup_model(Trainer *t) {
     const Config *c = &t->cfg;
-    if (!llama3_flavor(c->model.flavor, &t->args))
-        die_user("model.flavor '%s' is not a llama3 flavor (known: %s)", c->model.flavor,
-                 llama3_flavor_names());
+    trainer_model_args(c, &t->args);
+    const ModelSpec *spec = t->args.spec;
     // As torchtitan's update_from_config: the tokenizer sets the vocabulary, the sequence
     // length the RoPE tables.
-    if (t->tokenizer) t->args.vocab_size = tokenizer_vocab_size(t->tokenizer);
-    t->args.max_seq_len = t->train.T > t->val.T ? t->train.T : t->val.T;
-    t->args.tie_word_embeddings = c->model.tie_word_embeddings;
-    t->args.rope_scaling = c->model.rope_scaling;
+    spec->update_from_config(&t->args, &c->model,
+                             t->tokenizer ? tokenizer_vocab_size(t->tokenizer) : 0,
+                             t->train.T > t->val.T ? t->train.T : t->val.T);
     char why[256];
     int tp = t->mesh.layout.size[MESH_TP];
-    if (llama3_tp_check(&t->args, tp, t->train.B, t->train.step_T, why, sizeof why) ||
-        (t->val.B > 0 && llama3_tp_check(&t->args, tp, t->val.B, t->val.step_T, why, sizeof why)))
+    if (spec->tp_check(&t->args, tp, t->train.B, t->train.step_T, why, sizeof why) ||
+        (t->val.B > 0 && spec->tp_check(&t->args, tp, t->val.B, t->val.step_T, why, sizeof why)))
         die_user("%s", why);
     // torchtitan's parallelize order: TP, then activation checkpointing, then FSDP.
     bool full_ac = strcmp(c->activation_checkpoint.mode, "full") == 0;
-    llama3_build(&t->model, &t->args, false);
+    spec->build(&t->model, &t->args, false);
     if (t->mesh.layout.size[MESH_PP] > 1) trainer_pipeline_plan(t);
     if (t->tp_on) {
         bool loss_parallel = !c->parallelism.disable_loss_parallel;
         if (t->estimate_world_size) tp_plan(&t->tp, 0, tp, loss_parallel);
         else tp_init(&t->tp, t->mesh.group[MESH_TP], t->k, loss_parallel);
-        llama3_parallelize_tp(&t->model, &t->tp);
+        spec->parallelize_tp(&t->model, &t->tp);
     }
     if (t->cp_on) setup_context_parallel(t);
     set_checkpointing(&t->model, full_ac);
-    if (t->fsdp_on && t->args.tie_word_embeddings)
+    if (t->fsdp_on && model_shape(&t->args).tie_word_embeddings)
         die_user("model.tie_word_embeddings cannot be trained with FSDP (fsdp group of %d ranks): "
                  "the tied weight would belong to two FSDP units, the embedding and the head",
                  t->mesh.layout.size[MESH_DP_SHARD] * t->mesh.layout.size[MESH_CP]);
@@ -372,11 +370,12 @@ static void setup(Trainer *t) {
     allocate_arenas(t, true);
     trainer_load_or_initialize(t);
     const int *size = t->mesh.layout.size;
-    log_info("model: llama3 %s, %d layers, dim %d, vocab %d; batch %d x %d tokens x %d "
+    ModelShape shape = model_shape(&t->args);
+    log_info("model: %s %s, %d layers, dim %d, vocab %d; batch %d x %d tokens x %d "
              "microbatches per rank; mesh pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d",
-             c->model.flavor, t->args.n_layers, t->args.dim, t->args.vocab_size, t->train.B,
-             t->train.T, t->accum, size[MESH_PP], size[MESH_DP_REPLICATE], size[MESH_DP_SHARD],
-             size[MESH_CP], size[MESH_TP]);
+             t->args.spec->name, c->model.flavor, shape.n_layers, shape.dim, shape.vocab_size,
+             t->train.B, t->train.T, t->accum, size[MESH_PP], size[MESH_DP_REPLICATE],
+             size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP]);
     if (t->pipeline) {
         const char *csv = c->parallelism.pipeline_parallel_schedule_csv;
         log_info("pipeline: %s, %d microbatches of %lld rows per batch",
@@ -411,7 +410,7 @@ static double validate(Trainer *t) {
     loader_set_position(&v->loader, 0);
     double loss = 0;
     for (int64_t i = 0; i < batches; i++) {
-        split_next(t->k, v, t->args.vocab_size, t->doc_eos);
+        split_next(t->k, v, model_shape(&t->args).vocab_size, t->doc_eos);
         if (t->pipeline) {
             loss += trainer_pipeline_eval(t) / batches;
             continue;
@@ -429,7 +428,7 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
     t->k->zero(params->shard_grad, params->shard_numel * sizeof(float));
     double loss = 0;
     for (int m = 0; m < t->accum; m++) {
-        split_next(t->k, &t->train, t->args.vocab_size, t->doc_eos);
+        split_next(t->k, &t->train, model_shape(&t->args).vocab_size, t->doc_eos);
         if (t->pipeline) {
             loss += trainer_pipeline_step(t) / t->accum;
             continue;
@@ -597,16 +596,24 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
     return kept;
 }
 
-// The config, with the choices core/config.c cannot know (the model's flavors) checked as soon
-// as it is read: before --print-config prints it and before anything starts.
+void trainer_model_args(const Config *c, ModelArgs *args) {
+    char origin[1024], quoted[160];
+    config_key_origin(c, "model.name", origin, sizeof origin);
+    const ModelSpec *spec = model_spec_require(c->model.name, origin);
+    if (spec->flavor(c->model.flavor, args)) return;
+    config_key_origin(c, "model.flavor", origin, sizeof origin);
+    die_user("%s: model.flavor %s is not a %s flavor (known: %s)", origin,
+             error_quote(quoted, sizeof quoted, c->model.flavor), spec->name,
+             spec->flavor_names());
+}
+
+// The config, with the choices core/config.c cannot know (the registry's models and their
+// flavors) checked as soon as it is read: before --print-config prints it and before anything
+// starts.
 static void config_load(Config *c, int argc, char **argv) {
     config_load_or_die(c, argc, argv);
-    LlamaArgs args;
-    if (llama3_flavor(c->model.flavor, &args)) return;
-    char origin[1024], quoted[160];
-    config_key_origin(c, "model.flavor", origin, sizeof origin);
-    die_user("%s: model.flavor %s is not a llama3 flavor (known: %s)", origin,
-             error_quote(quoted, sizeof quoted, c->model.flavor), llama3_flavor_names());
+    ModelArgs args;
+    trainer_model_args(c, &args);
 }
 
 int main(int argc, char **argv) {

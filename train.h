@@ -12,7 +12,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
-#include "models/llama3/llama3.h"
+#include "models/registry.h"
 #include "optim/optim.h"
 #include "parallel/comm.h"
 #include "parallel/cp/cp.h"
@@ -47,7 +47,7 @@ typedef struct {
     Config cfg;
     const KernelOps *k;           // the kernels backend (training.device)
     ArenaMemory memory;           // its memory, which every arena below is committed in
-    LlamaArgs args;
+    ModelArgs args;               // model.name's architecture, model.flavor's args
     Model model;
     Mesh mesh;
     Tp tp;                        // used when tp_on
@@ -77,6 +77,9 @@ typedef struct {
     AsyncSave *async_save;        // checkpoint.async_mode async: the background save (NULL: off)
 } Trainer;
 
+// The args of the model the config names (model.name, model.flavor), before the run's
+// settings: die_user naming the key that names none.
+void trainer_model_args(const Config *c, ModelArgs *args);
 // train_checkpoint.c: torchtitan's checkpoint policy over checkpoint/train_state.h.
 void trainer_load_or_initialize(Trainer *t);
 void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted);

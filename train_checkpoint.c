@@ -68,11 +68,17 @@ static double now_ms(void) {
 
 // The attributes a checkpoint records about the run: the architecture (what a resume must
 // match), the sequence length (the unit of the data position) and the mesh (for the reader).
-#define RUN_N_ATTRS (LLAMA3_N_ATTRS + 1 + MESH_NDIMS)
+#define RUN_N_ATTRS (MODEL_MAX_ATTRS + 1 + MESH_NDIMS)
+
+static int model_attrs(const Trainer *t, CkptAttr out[MODEL_MAX_ATTRS]) {
+    int n = t->args.spec->describe(&t->args, out);
+    CHECK(n <= MODEL_MAX_ATTRS);
+    return n;
+}
 
 static int run_attrs(const Trainer *t, CkptAttr out[RUN_N_ATTRS]) {
     static char mesh_names[MESH_NDIMS][32];
-    int n = llama3_describe(&t->args, out);
+    int n = model_attrs(t, out);
     out[n++] = (CkptAttr){.name = "training.seq_len", .type = CKPT_INT, .i = t->train.T};
     for (int d = 0; d < MESH_NDIMS; d++) {
         snprintf(mesh_names[d], sizeof mesh_names[d], "mesh.%s", MESH_DIM_NAMES[d]);
@@ -88,8 +94,7 @@ static int run_attrs(const Trainer *t, CkptAttr out[RUN_N_ATTRS]) {
 // from elsewhere for initial_load_path).
 static void run_attrs_check(const Trainer *t, const char *path, bool require, bool with_data) {
     CkptAttr want[RUN_N_ATTRS];
-    int n = run_attrs(t, want);
-    if (!with_data) n = LLAMA3_N_ATTRS;
+    int n = with_data ? run_attrs(t, want) : model_attrs(t, want);
     for (int i = 0; i < n; i++) {
         const CkptAttr *a = &want[i];
         if (strncmp(a->name, "mesh.", 5) == 0) continue;  // any layout loads
@@ -240,8 +245,8 @@ static void save_hf(Trainer *t, int step, const char *path) {
     ParamTable global;
     params_global_view(&global, &t->model.params);
     train_state_load(path, &global, NULL, NULL);
-    llama3_save_hf(dir, &t->args, &global,
-                   strcmp(dtype, "bfloat16") ? SAFETENSORS_F32 : SAFETENSORS_BF16);
+    t->args.spec->save_hf(dir, &t->args, &global,
+                          strcmp(dtype, "bfloat16") ? SAFETENSORS_F32 : SAFETENSORS_BF16);
     SYS_CHECK(unlink(path));
     free(global.data);
     params_free(&global);
@@ -298,7 +303,7 @@ static void initial_load(Trainer *t, HostState *h) {
     if (ck->initial_load_in_hf) {  // whole tensors: each rank keeps its shards of them
         ParamTable global;
         params_global_view(&global, &t->model.params);
-        llama3_load_hf(path, &t->args, &global);
+        t->args.spec->load_hf(path, &t->args, &global);
         params_shards_from_global(&h->params, &global);
         free(global.data);
         params_free(&global);

@@ -111,7 +111,7 @@ void trainer_pipeline_plan(Trainer *t) {
     u->split = &t->train;
     u->m = trainer_schedule_microbatches(c);
     p->loss_scale = 1.0f / ((float)u->m * (float)t->accum);
-    if (t->args.tie_word_embeddings)
+    if (model_shape(&t->args).tie_word_embeddings)
         die_user("model.tie_word_embeddings cannot be trained with pipeline parallel: the tied "
                  "weight would belong to the first and the last stage");
     trainer_load_schedule(c, u->m, &u->schedule, &u->report);
@@ -127,8 +127,8 @@ void trainer_pipeline_plan(Trainer *t) {
     int first_less = (int)ps->pipeline_parallel_first_stage_less_layers;
     int last_less = (int)ps->pipeline_parallel_last_stage_less_layers;
     p->first = xcalloc((size_t)s->stages + 1, sizeof(int));
-    if (!pp_split_blocks(t->args.n_layers, s->stages, first_less, last_less, p->first, err,
-                         sizeof err))
+    if (!pp_split_blocks(model_shape(&t->args).n_layers, s->stages, first_less, last_less,
+                         p->first, err, sizeof err))
         die_user("%s", err);
     place_stages(p, &t->model, &t->mesh.layout);
     plan_regions(p, u);
@@ -145,7 +145,7 @@ void trainer_pipeline_plan(Trainer *t) {
 // rank's share over tp) of dim each.
 static size_t activation_width(const Trainer *t, const PipelineRun *u) {
     const Pipeline *p = t->pipeline;
-    return (size_t)p->rows * u->split->step_T / t->mesh.layout.size[MESH_TP] * t->args.dim;
+    return (size_t)p->rows * u->split->step_T / t->mesh.layout.size[MESH_TP] * t->model.dim;
 }
 
 // One region of run u, rounded up to the arena's alignment (regions are carved one by one).

@@ -81,9 +81,9 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
             if (t->pipeline && pl.stage_rank[s] != pl.rank) continue;
             int first = t->pipeline ? pl.first[s] : 0;
             int last = t->pipeline ? pl.first[s + 1] : t->model.n_blocks;
-            micro += llama3_tp_bytes_per_microbatch(&t->args, size[MESH_TP], t->train.B,
-                                                    t->train.step_T, ac, t->tp.hooks.loss_parallel,
-                                                    first, last);
+            micro += t->args.spec->tp_bytes_per_microbatch(&t->args, size[MESH_TP], t->train.B,
+                                                           t->train.step_T, ac,
+                                                           t->tp.hooks.loss_parallel, first, last);
         }
         size_t replicated = grads_replicated_floats(&t->model.params);
         out[n++] = (GroupBytes){"tp", t->accum * micro + 4 * replicated + sizeof(double)};
@@ -188,9 +188,9 @@ static void print_pipeline_rank(Trainer *t) {
 void trainer_print_estimate(Trainer *ranks, int n) {
     const Trainer *t = &ranks[0];
     const int *size = t->mesh.layout.size;
-    printf("estimate: llama3 %s on %d ranks (pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d), "
+    printf("estimate: %s %s on %d ranks (pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d), "
            "batch %d x %d x %d microbatches per rank, activation_checkpoint %s\n",
-           t->cfg.model.flavor, t->mesh.layout.world_size, size[MESH_PP],
+           t->args.spec->name, t->cfg.model.flavor, t->mesh.layout.world_size, size[MESH_PP],
            size[MESH_DP_REPLICATE], size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP],
            t->train.B, t->train.T, t->accum, t->cfg.activation_checkpoint.mode);
     for (int r = 0; r < n; r++) {

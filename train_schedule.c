@@ -40,12 +40,10 @@ static char *read_text(const char *path) {
 static int stages_per_rank(const Config *c) {
     const ParallelismSection *p = &c->parallelism;
     if (p->pipeline_parallel_layers_per_stage == CONFIG_INT_UNSET) return 0;
-    LlamaArgs args;
-    if (!llama3_flavor(c->model.flavor, &args))
-        die_user("model.flavor '%s' is not a llama3 flavor (known: %s)", c->model.flavor,
-                 llama3_flavor_names());
+    ModelArgs args;
+    trainer_model_args(c, &args);
     char err[512];
-    int v = pp_stages_per_rank(args.n_layers, (int)p->pipeline_parallel_degree,
+    int v = pp_stages_per_rank(model_shape(&args).n_layers, (int)p->pipeline_parallel_degree,
                                (int)p->pipeline_parallel_layers_per_stage,
                                (int)p->pipeline_parallel_first_stage_less_layers,
                                (int)p->pipeline_parallel_last_stage_less_layers, err, sizeof err);

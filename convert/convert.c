@@ -1,5 +1,5 @@
-// titan convert: a titan checkpoint as a Hugging Face LlamaForCausalLM and back
-// (models/llama3/hf.c has the mapping).
+// titan convert: a titan checkpoint as a Hugging Face model and back, through the model
+// registry (for llama3, LlamaForCausalLM: models/llama3/hf.c has the mapping).
 //
 //   titan convert --to hf [--dtype float32|bfloat16] CHECKPOINT.h5 OUT_DIR
 //   titan convert --to titan HF_PATH OUT.h5
@@ -9,7 +9,8 @@
 // To titan: HF_PATH is a folder with config.json and model.safetensors or a sharded index;
 // OUT.h5 is a model-only checkpoint as create_seed_checkpoint writes (step 0, no optimizer),
 // for checkpoint.initial_load_path, generate and the reference tools, its stored config only
-// the training.seq_len HF's max_position_embeddings gives. The weights go through fp32 both
+// the model.name of the architecture whose reader takes the folder and the training.seq_len
+// HF's max_position_embeddings gives. The weights go through fp32 both
 // ways, so titan -> HF (float32) -> titan gives back every tensor bit for bit.
 #include "convert/convert.h"
 
@@ -20,7 +21,7 @@
 #include "checkpoint/train_state.h"
 #include "core/config.h"
 #include "core/errors.h"
-#include "models/llama3/llama3.h"
+#include "models/registry.h"
 
 #define USAGE                                                                                  \
     "usage: titan convert --to hf [--dtype float32|bfloat16] CHECKPOINT.h5 OUT_DIR\n"          \
@@ -53,62 +54,52 @@ static void parse_options(ConvertOptions *o, int argc, char **argv) {
 }
 
 // The parameter table of args over zeroed host memory (*data, to free with the table).
-static void table_build(Model *m, const LlamaArgs *args, ParamTable *params, float **data) {
-    llama3_build(m, args, false);
+static void table_build(Model *m, const ModelArgs *args, ParamTable *params, float **data) {
+    args->spec->build(m, args, false);
     *data = xcalloc(m->params.numel, sizeof(float));
     params_view(params, &m->params, *data);
 }
 
-// training.seq_len of the config stored in a titan checkpoint (torchtitan's 2048 when that
-// config does not parse, e.g. written by another version).
-static int trained_seq_len(const char *path) {
-    char *yaml = ckpt_read_string(path, "config"), err[1024];
-    Config c;
-    config_defaults(&c);
-    int len = config_parse_text(&c, path, yaml, strlen(yaml), err, sizeof err)
-                  ? (int)c.training.seq_len : 2048;
-    config_free(&c);
-    free(yaml);
-    return len;
-}
-
 static void to_hf(const ConvertOptions *o) {
-    LlamaArgs args;
-    llama3_args_from_checkpoint(o->from, &args);
-    args.max_seq_len = trained_seq_len(o->from);
+    Config trained;
+    const ModelSpec *spec = model_spec_of_checkpoint(o->from, &trained);
+    ModelArgs args;
+    spec->args_from_checkpoint(o->from, &args);
+    spec->update_from_config(&args, NULL, 0, (int)trained.training.seq_len);
+    config_free(&trained);
     Model m;
     ParamTable params;
     float *data;
     table_build(&m, &args, &params, &data);
     train_state_load(o->from, &params, NULL, NULL);
     bool bf16 = !strcmp(o->dtype, "bfloat16");
-    llama3_save_hf(o->out, &args, &params, bf16 ? SAFETENSORS_BF16 : SAFETENSORS_F32);
+    spec->save_hf(o->out, &args, &params, bf16 ? SAFETENSORS_BF16 : SAFETENSORS_F32);
     printf("convert: %s -> %s/model.safetensors (%s) and config.json\n", o->from, o->out,
            o->dtype);
     params_free(&params);
     free(data);
-    llama3_free(&m);
+    spec->free(&m);
 }
 
 static void to_titan(const ConvertOptions *o) {
-    LlamaArgs args;
-    llama3_args_from_hf(o->from, &args);
+    ModelArgs args;
+    const ModelSpec *spec = model_spec_of_hf(o->from, &args);
     Model m;
     ParamTable params;
     float *data;
     table_build(&m, &args, &params, &data);
-    llama3_load_hf(o->from, &args, &params);
-    CkptAttr attrs[LLAMA3_N_ATTRS];
-    int n = llama3_describe(&args, attrs);
+    spec->load_hf(o->from, &args, &params);
+    CkptAttr attrs[MODEL_MAX_ATTRS];
+    int n = spec->describe(&args, attrs);
     char yaml[256];
-    snprintf(yaml, sizeof yaml, "# converted from Hugging Face\ntraining:\n  seq_len: %d\n",
-             args.max_seq_len);
+    snprintf(yaml, sizeof yaml, "# converted from Hugging Face\nmodel:\n  name: %s\ntraining:\n"
+             "  seq_len: %d\n", spec->name, model_shape(&args).max_seq_len);
     train_state_save(o->out, &params, NULL, (TrainProgress){0, 0}, 0, yaml, attrs, n,
                      MPI_COMM_NULL);
     printf("convert: %s -> %s\n", o->from, o->out);
     params_free(&params);
     free(data);
-    llama3_free(&m);
+    spec->free(&m);
 }
 
 int convert_main(int argc, char **argv) {

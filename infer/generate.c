@@ -1,19 +1,20 @@
-// titan generate: continue a prompt one token at a time through the KV cache
-// (models/llama3/decode.c).
+// titan generate: continue a prompt one token at a time through the KV cache of the
+// checkpoint's architecture (the model registry's decoding; llama3's: models/llama3/decode.c).
 //
 //   titan generate --checkpoint C [--tokenizer T] (--prompt TEXT | --prompt-ids 1,2,3)
 //                  [--max-new-tokens 100] [--temperature 0.8] [--top-p 0.9] [--seed 0]
 //                  [--max-context N] [--ids]
 //
-// C is a titan HDF5 checkpoint (the model from its attributes) or a llama2.c .bin, told apart
-// by the HDF5 signature. With a tokenizer, a text prompt is encoded after its BOS (if it has
-// one), the continuation is streamed to stdout as text, and EOS ends it; without one (or with
-// --ids) the continuation is printed as space-separated ids. Temperature 0 is greedy (argmax,
-// the lowest id on ties); otherwise softmax(logits / t) sampled by nucleus (top-p) with the
-// counter-based RNG of --seed, so a seed fixes the output. Prompt plus continuation stay within
-// --max-context positions: by default the llama2.c header's seq_len, or 2048 (torchtitan's
-// default training.seq_len) for a titan checkpoint, whose model attributes do not record the
-// length it was trained at. Timing goes to stderr.
+// C is a titan HDF5 checkpoint (the architecture its stored config names, the model from its
+// attributes) or a llama2.c .bin, told apart by the HDF5 signature. With a tokenizer, a text
+// prompt is encoded after its BOS (if it has one), the continuation is streamed to stdout as
+// text, and EOS ends it; without one (or with --ids) the continuation is printed as
+// space-separated ids. Temperature 0 is greedy (argmax, the lowest id on ties); otherwise
+// softmax(logits / t) sampled by nucleus (top-p) with the counter-based RNG of --seed, so a
+// seed fixes the output. Prompt plus continuation stay within --max-context positions: by
+// default the llama2.c header's seq_len, or 2048 (torchtitan's default training.seq_len) for a
+// titan checkpoint, whose model attributes do not record the length it was trained at. Timing
+// goes to stderr.
 #include "infer/generate.h"
 
 #include <limits.h>
@@ -26,7 +27,7 @@
 #include "core/errors.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
-#include "models/llama3/llama3.h"
+#include "models/registry.h"
 
 #define USAGE                                                                                  \
     "usage: titan generate --checkpoint C [--tokenizer T] (--prompt TEXT | --prompt-ids 1,2,3) " \
@@ -156,7 +157,7 @@ static Ids read_prompt(const GenOptions *o, const Tokenizer *tok) {
 
 typedef struct {
     bool hdf5;           // a titan checkpoint, else a llama2.c .bin
-    LlamaArgs args;
+    ModelArgs args;
     Model model;
     Arena weights, no_grads;  // generation needs no gradients: no_grads is never committed
 } Loaded;
@@ -174,17 +175,19 @@ static bool is_hdf5(const char *path) {
 static void read_args(Loaded *l, const char *path) {
     l->hdf5 = is_hdf5(path);
     if (l->hdf5) {
-        llama3_args_from_checkpoint(path, &l->args);
-        l->args.max_seq_len = TITAN_DEFAULT_CONTEXT;
+        const ModelSpec *spec = model_spec_of_checkpoint(path, NULL);
+        spec->args_from_checkpoint(path, &l->args);
+        spec->update_from_config(&l->args, NULL, 0, TITAN_DEFAULT_CONTEXT);
     } else {
-        llama3_args_from_llama2c(path, &l->args);
+        model_spec_llama2c()->args_from_llama2c(path, &l->args);
     }
 }
 
 // Builds the model for n_ctx positions and loads its weights (no gradient buffers).
 static void load_model(Loaded *l, const char *path, int n_ctx) {
-    l->args.max_seq_len = n_ctx;
-    llama3_build(&l->model, &l->args, false);
+    const ModelSpec *spec = l->args.spec;
+    spec->update_from_config(&l->args, NULL, 0, n_ctx);
+    spec->build(&l->model, &l->args, false);
     ParamTable *t = &l->model.params;
     arena_init_sizing(&l->weights, "params");
     arena_init_sizing(&l->no_grads, "grads");
@@ -194,7 +197,7 @@ static void load_model(Loaded *l, const char *path, int n_ctx) {
     if (l->hdf5)
         train_state_load(path, t, NULL, NULL);
     else
-        llama3_load_llama2c(path, &l->model);
+        spec->load_llama2c(path, &l->model);
 }
 
 // ---- sampling ------------------------------------------------------------------------------
@@ -291,30 +294,31 @@ typedef struct {
 
 // Feeds the prompt, then samples up to max_new tokens, feeding each but the last back; stops
 // early at eos (not printed).
-static GenCount generate(Loaded *l, LlamaKVCache *cache, Sampler *s, const Ids *prompt,
+static GenCount generate(Loaded *l, void *cache, Sampler *s, const Ids *prompt,
                          int max_new, const Tokenizer *text, int eos) {
     const KernelOps *k = kernels_backend("cpu");
+    const ModelSpec *spec = l->args.spec;
     const float *logits = NULL;
     GenCount n = {0, 0};
     for (; n.steps < (int)prompt->n; n.steps++)
-        logits = llama3_decode_step(&l->model, cache, k, prompt->ids[n.steps], n.steps);
+        logits = spec->decode_step(&l->model, cache, k, prompt->ids[n.steps], n.steps);
     for (; n.new_tokens < max_new; n.new_tokens++) {
         int next = sampler_next(s, logits, (uint64_t)n.new_tokens);
         if (next == eos) break;
         emit(text, next, n.new_tokens);
         if (n.new_tokens + 1 < max_new)
-            logits = llama3_decode_step(&l->model, cache, k, next, n.steps++);
+            logits = spec->decode_step(&l->model, cache, k, next, n.steps++);
     }
     putchar('\n');
     fflush(stdout);  // before the summary on stderr, which may go to the same file
     return n;
 }
 
-static void check_prompt(const Ids *p, const Loaded *l, const char *path, long max_context) {
+static void check_prompt(const Ids *p, int vocab_size, const char *path, long max_context) {
     for (size_t i = 0; i < p->n; i++)
-        if (p->ids[i] >= l->args.vocab_size)
+        if (p->ids[i] >= vocab_size)
             die_user("prompt token %d is outside the vocabulary of %s (%d ids)", p->ids[i], path,
-                     l->args.vocab_size);
+                     vocab_size);
     if ((long)p->n >= max_context)
         die_user("the prompt's %zu tokens leave no room in a context of %ld positions "
                  "(--max-context)", p->n, max_context);
@@ -327,33 +331,34 @@ int generate_main(int argc, char **argv) {
     Ids prompt = read_prompt(&o, tok);
     Loaded l = {0};
     read_args(&l, o.checkpoint);
-    if (tok && tokenizer_vocab_size(tok) > l.args.vocab_size)
+    const ModelSpec *spec = l.args.spec;
+    ModelShape shape = model_shape(&l.args);
+    if (tok && tokenizer_vocab_size(tok) > shape.vocab_size)
         die_user("tokenizer %s has %d ids, more than the %d of %s", o.tokenizer,
-                 tokenizer_vocab_size(tok), l.args.vocab_size, o.checkpoint);
-    long max_context = o.max_context ? o.max_context : l.args.max_seq_len;
-    check_prompt(&prompt, &l, o.checkpoint, max_context);
+                 tokenizer_vocab_size(tok), shape.vocab_size, o.checkpoint);
+    long max_context = o.max_context ? o.max_context : shape.max_seq_len;
+    check_prompt(&prompt, shape.vocab_size, o.checkpoint, max_context);
     long total = (long)prompt.n + o.max_new_tokens;
     int n_ctx = (int)(total < max_context ? total : max_context);
     load_model(&l, o.checkpoint, n_ctx);
 
-    LlamaKVCache cache;
-    llama3_kv_cache_init(&cache, &l.model, n_ctx);
-    int n_choices = tok ? tokenizer_vocab_size(tok) : l.args.vocab_size;
+    void *cache = spec->kv_cache_new(&l.model, n_ctx);
+    int n_choices = tok ? tokenizer_vocab_size(tok) : shape.vocab_size;
     Sampler s = {.temperature = o.temperature, .top_p = o.top_p,
                  .key = rng_key((uint64_t)o.seed, "generate"), .n_choices = n_choices,
                  .probs = xmalloc(sizeof(float) * n_choices),
                  .candidates = xmalloc(sizeof(Candidate) * n_choices)};
     const Tokenizer *text = o.print_ids ? NULL : tok;
     double start = now_seconds();
-    GenCount n = generate(&l, &cache, &s, &prompt, n_ctx - (int)prompt.n, text,
+    GenCount n = generate(&l, cache, &s, &prompt, n_ctx - (int)prompt.n, text,
                           tok ? tokenizer_eos_id(tok) : -1);
     double seconds = now_seconds() - start;
     fprintf(stderr, "generate: %zu prompt + %d new tokens, %d decode steps in %.3f s (%.1f "
             "tokens/s)\n", prompt.n, n.new_tokens, n.steps, seconds, n.steps / seconds);
-    llama3_kv_cache_free(&cache);
+    spec->kv_cache_free(cache);
     free(s.probs), free(s.candidates), free(prompt.ids);
     arena_free(&l.weights);
-    llama3_free(&l.model);
+    spec->free(&l.model);
     if (tok) tokenizer_free(tok);
     return 0;
 }

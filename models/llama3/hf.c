@@ -254,11 +254,6 @@ bool llama3_try_args_from_hf(const char *dir, LlamaArgs *a, char *err, size_t er
     return ok;
 }
 
-void llama3_args_from_hf(const char *dir, LlamaArgs *a) {
-    char err[1024];
-    if (!llama3_try_args_from_hf(dir, a, err, sizeof err)) die_user("%s", err);
-}
-
 // ---- weights -------------------------------------------------------------------------------
 
 // Every tensor of the file is one of the model's: a file with more is another architecture.

@@ -108,11 +108,10 @@ bool llama3_try_load_llama2c(const char *path, Model *m, char *err, size_t errle
 // whole tensors (no tensor-parallel slices), so a caller gathers shards first.
 
 // The architecture in dir/config.json (max_seq_len: its max_position_embeddings; what HF does
-// not record, e.g. init, torchtitan's defaults). die_user naming the file and key on anything
-// titan's Llama cannot be: another model_type or activation, biases, uneven heads, a
-// rope_scaling other than Llama 3.1's.
+// not record, e.g. init, torchtitan's defaults). False and one line naming the file and key
+// in err on anything titan's Llama cannot be: another model_type or activation, biases,
+// uneven heads, a rope_scaling other than Llama 3.1's.
 bool llama3_try_args_from_hf(const char *dir, LlamaArgs *args, char *err, size_t errlen);
-void llama3_args_from_hf(const char *dir, LlamaArgs *args);
 // Fills params (built from args, allocated) from the safetensors at path (a file, or a folder
 // with model.safetensors or a sharded model.safetensors.index.json); every parameter must be
 // there with its shape, and no tensor that is not one.

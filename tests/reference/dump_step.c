@@ -10,18 +10,20 @@
 #include "checkpoint/train_state.h"
 #include "core/errors.h"
 #include "data/shard.h"
-#include "models/llama3/llama3.h"
+#include "models/registry.h"
 
 int main(int argc, char **argv) {
     if (argc != 6) die_user("usage: dump_step CKPT.h5 DATA B T OUT.h5");
     const char *ckpt = argv[1], *data = argv[2], *out = argv[5];
     int B = atoi(argv[3]), T = atoi(argv[4]);
     const KernelOps *k = kernels_backend("cpu");
-    LlamaArgs args;
-    llama3_args_from_checkpoint(ckpt, &args);
-    args.max_seq_len = T;
+    const ModelSpec *spec = model_spec_of_checkpoint(ckpt, NULL);
+    ModelArgs args;
+    spec->args_from_checkpoint(ckpt, &args);
+    spec->update_from_config(&args, NULL, 0, T);
+    int vocab_size = model_shape(&args).vocab_size;
     Model m;
-    llama3_build(&m, &args, false);
+    spec->build(&m, &args, false);
     Arena params, grads, acts;
     model_allocate(&m, model_activation_bytes(&m, k, B, T), &params, &grads, &acts, NULL);
     train_state_load(ckpt, &m.params, NULL, NULL);
@@ -42,7 +44,7 @@ int main(int argc, char **argv) {
 
     StepCtx s = {.k = k, .act = &acts, .B = B, .T = T, .tokens = inputs, .targets = targets,
                  .pos = pos, .loss_scale = 1.0f};
-    size_t n_logits = (size_t)B * T * args.vocab_size;
+    size_t n_logits = (size_t)B * T * vocab_size;
     float *logits = xmalloc(sizeof(float) * n_logits);
     model_forward(&m, &s);
     memcpy(logits, s.logits, sizeof(float) * n_logits);
@@ -52,7 +54,7 @@ int main(int argc, char **argv) {
     int n = m.params.count + 3;
     CkptTensor *list = xcalloc(n, sizeof(CkptTensor));
     char (*names)[PARAM_NAME_MAX + 8] = xcalloc(m.params.count, sizeof *names);
-    int64_t tok_shape[2] = {B, T + 1}, one = 1, logit_shape[2] = {(int64_t)B * T, args.vocab_size};
+    int64_t tok_shape[2] = {B, T + 1}, one = 1, logit_shape[2] = {(int64_t)B * T, vocab_size};
     list[0] = (CkptTensor){.path = "/tokens", .ndim = 2, .shape = tok_shape, .data = tokens};
     list[1] = (CkptTensor){.path = "/loss", .ndim = 1, .shape = &one, .data = &loss};
     list[2] = (CkptTensor){.path = "/logits", .ndim = 2, .shape = logit_shape, .data = logits};

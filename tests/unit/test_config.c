@@ -327,8 +327,6 @@ static void test_check_supported(void **state) {
                        "yet");
     supported_error_is("--model.converters=float8",
                        "--model.converters: model.converters = [float8] is not implemented yet");
-    supported_error_is("--model.name=deepseek_v3",
-                       "--model.name: model.name = 'deepseek_v3' is not implemented yet");
     supported_error_is("--training.global_batch_size=12",
                        "training.global_batch_size = 12 (--training.global_batch_size) must be -1 "
                        "or a multiple of training.local_batch_size = 8 (default)");

@@ -1,0 +1,61 @@
+// The registry's table: one line per architecture (its ModelSpec is defined in its folder).
+#include "models/registry.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/errors.h"
+
+static const ModelSpec *const SPECS[] = {&LLAMA3_SPEC};
+#define N_SPECS (int)(sizeof SPECS / sizeof SPECS[0])
+
+const ModelSpec *model_spec_find(const char *name) {
+    for (int i = 0; i < N_SPECS; i++)
+        if (strcmp(SPECS[i]->name, name) == 0) return SPECS[i];
+    return NULL;
+}
+
+const ModelSpec *model_spec_require(const char *name, const char *where) {
+    const ModelSpec *s = model_spec_find(name);
+    if (s) return s;
+    char names[256] = "", quoted[160];
+    for (int i = 0; i < N_SPECS; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+                 SPECS[i]->name);
+    die_user("%s: model.name = %s is not implemented yet (models: %s)", where,
+             error_quote(quoted, sizeof quoted, name), names);
+}
+
+const ModelSpec *model_spec_of_checkpoint(const char *path, Config *trained) {
+    char *yaml = ckpt_read_string(path, "config"), err[1024];
+    Config c;
+    config_defaults(&c);
+    if (!config_parse_text(&c, path, yaml, strlen(yaml), err, sizeof err)) {
+        config_free(&c);
+        config_defaults(&c);
+    }
+    free(yaml);
+    char where[4096 + 16];
+    snprintf(where, sizeof where, "checkpoint %s", path);
+    const ModelSpec *spec = model_spec_require(c.model.name, where);
+    if (trained) *trained = c;
+    else config_free(&c);
+    return spec;
+}
+
+const ModelSpec *model_spec_of_hf(const char *dir, ModelArgs *a) {
+    char why[N_SPECS][1024];
+    for (int i = 0; i < N_SPECS; i++)
+        if (SPECS[i]->try_args_from_hf(dir, a, why[i], sizeof why[i])) return SPECS[i];
+    char all[N_SPECS * 1040] = "";
+    for (int i = 0; i < N_SPECS; i++)
+        snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s", i ? "; " : "", why[i]);
+    die_user("%s", all);
+}
+
+const ModelSpec *model_spec_llama2c(void) {
+    for (int i = 0; i < N_SPECS; i++)
+        if (SPECS[i]->args_from_llama2c) return SPECS[i];
+    die_internal(__FILE__, __LINE__, "no architecture reads llama2.c files");
+}

@@ -1,0 +1,120 @@
+// The model registry: torchtitan's TrainSpec in C. `model.name` picks a ModelSpec, a table of
+// what the architecture knows of itself (flavors, build, tensor-parallel plan and checks, the
+// checkpoint attributes that describe it, Hugging Face import/export, incremental decoding),
+// so that the trainer, checkpoints, `--estimate`, `generate` and `convert` call through it and
+// name no architecture.
+//
+// An architecture's args (torchtitan's per-flavor model_args) are its own struct; ModelArgs
+// holds any of them by value, as a union tagged with the spec that filled it, so callers keep,
+// copy and pass them without allocating or knowing the type. Only that spec reads the union.
+// The few numbers outside models/ needs (layers, width, vocabulary, RoPE length, tied
+// embeddings) come out through spec->shape, and the run's settings go in through
+// spec->update_from_config: one getter and one setter instead of fields mirrored in two
+// structs. Adding an architecture is its member in the union, its spec's declaration below and
+// its line in the registry's table (registry.c). core/config.c accepts any model.name; the
+// trainer looks it up here as soon as the config is read. Not yet the model's: StepCtx's
+// inputs and the loss (core/block.h), which are still a language model's tokens and targets.
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "core/config.h"
+#include "models/llama3/llama3.h"
+#include "models/model.h"
+
+typedef struct ModelSpec ModelSpec;
+typedef struct Tp Tp;  // parallel/tp.h
+
+typedef struct {
+    const ModelSpec *spec;  // the architecture that filled `as`
+    union {
+        LlamaArgs llama3;
+    } as;
+} ModelArgs;
+
+// What code outside models/ reads of any architecture's args.
+typedef struct {
+    int n_layers;              // transformer blocks: the model is embed, n_layers blocks, head
+    int dim;                   // width of the hidden states between blocks
+    int vocab_size;
+    int max_seq_len;           // positions the model is built for (its RoPE tables)
+    bool tie_word_embeddings;  // the head's output weight is the embedding's
+} ModelShape;
+
+// The most attributes an architecture describes itself with in a checkpoint.
+#define MODEL_MAX_ATTRS 32
+
+struct ModelSpec {
+    const char *name;  // model.name
+    // Fills a with the named flavor; false if the architecture has none of that name.
+    bool (*flavor)(const char *flavor, ModelArgs *a);
+    const char *(*flavor_names)(void);  // "debugmodel, small, ..." for error messages
+    ModelShape (*shape)(const ModelArgs *a);
+    // torchtitan's update_from_config: the run's settings over the flavor's: vocab_size (the
+    // tokenizer's; 0 keeps the args'), max_seq_len (the longest sequence the run feeds), and
+    // the model.* keys the architecture reads (NULL: keep the args' own, e.g. a checkpoint's).
+    void (*update_from_config)(ModelArgs *a, const ModelSection *config, int vocab_size,
+                               int max_seq_len);
+
+    // The parameter table and block list, as the architecture's build (e.g. llama3_build).
+    void (*build)(Model *m, const ModelArgs *a, bool activation_checkpoint);
+    void (*free)(Model *m);  // what build allocated (not the arenas)
+
+    // Tensor parallel: why the model cannot run on tp ranks with microbatches of B x T (one
+    // line in err, returned), or NULL; the plan applied to a built, unallocated model; and the
+    // bytes one rank hands its tp group per microbatch in blocks [first_block, last_block).
+    const char *(*tp_check)(const ModelArgs *a, int tp, int B, int T, char *err, size_t len);
+    void (*parallelize_tp)(Model *m, const Tp *tp);
+    uint64_t (*tp_bytes_per_microbatch)(const ModelArgs *a, int tp, int B, int T,
+                                        bool activation_checkpoint, bool loss_parallel,
+                                        int first_block, int last_block);
+
+    // Checkpoints: the architecture as "model.*" attributes (at most MODEL_MAX_ATTRS; returns
+    // the count), and back (max_seq_len left to update_from_config).
+    int (*describe)(const ModelArgs *a, CkptAttr *out);
+    void (*args_from_checkpoint)(const char *path, ModelArgs *a);
+
+    // Hugging Face: the args in dir/config.json (false and the one-line reason in err when
+    // the file is not this architecture's or not readable), the safetensors weights into
+    // whole-tensor host tables (built from a) and out again (weights and config.json in dir).
+    bool (*try_args_from_hf)(const char *dir, ModelArgs *a, char *err, size_t len);
+    void (*load_hf)(const char *path, const ModelArgs *a, ParamTable *params);
+    void (*save_hf)(const char *dir, const ModelArgs *a, const ParamTable *params,
+                    SafetensorsDtype dtype);
+
+    // llama2.c's legacy .bin, which names no architecture (NULL: this one cannot be one): the
+    // args in its header, and its weights into a model built from them and allocated.
+    void (*args_from_llama2c)(const char *path, ModelArgs *a);
+    void (*load_llama2c)(const char *path, Model *m);
+
+    // Incremental decoding (generate): a cache of up to max_ctx positions of the built model
+    // m, the next-token logits (vocab, valid until the next call) of token at position pos
+    // with positions [0, pos) cached, and the cache's end.
+    void *(*kv_cache_new)(const Model *m, int max_ctx);
+    const float *(*decode_step)(const Model *m, void *cache, const KernelOps *k, int token,
+                                int pos);
+    void (*kv_cache_free)(void *cache);
+};
+
+// Each architecture's spec, defined in its folder (models/llama3/spec.c).
+extern const ModelSpec LLAMA3_SPEC;
+
+// The architecture named name (model.name), or NULL.
+const ModelSpec *model_spec_find(const char *name);
+// The same, or die_user (exit 2): "<where>: model.name = '<name>' is not implemented yet".
+const ModelSpec *model_spec_require(const char *name, const char *where);
+// The architecture of a titan checkpoint: the model.name of the config it stores (the
+// defaults' where that does not parse: a file from another version); die_user naming the file
+// when none is registered under it. trained (NULL: not wanted) gets that config, to
+// config_free.
+const ModelSpec *model_spec_of_checkpoint(const char *path, Config *trained);
+// The architecture whose reader takes the Hugging Face folder dir (its args in *a); die_user
+// with each one's reason when none does.
+const ModelSpec *model_spec_of_hf(const char *dir, ModelArgs *a);
+// The architecture that reads llama2.c files (its args_from_llama2c is set).
+const ModelSpec *model_spec_llama2c(void);
+
+static inline ModelShape model_shape(const ModelArgs *a) { return a->spec->shape(a); }
