@@ -53,7 +53,7 @@ static int rank_layers(Trainer *t) {
 static uint64_t cp_bytes_per_step(Trainer *t, bool ac) {
     const int *size = t->mesh.layout.size;
     uint64_t kv_floats = (uint64_t)t->train.B * t->train.step_T *
-                         (t->args.n_kv_heads / size[MESH_TP]) * llama3_head_dim(&t->args);
+                         (model_shape(&t->args).kv_dim / size[MESH_TP]);
     uint64_t forward = cp_attention_bytes(&t->cp, kv_floats, false);
     uint64_t backward = cp_attention_bytes(&t->cp, kv_floats, true);
     return t->accum * rank_layers(t) * ((ac ? 2 : 1) * forward + backward);

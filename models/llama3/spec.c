@@ -26,7 +26,8 @@ static bool flavor(const char *name, ModelArgs *a) { return llama3_flavor(name, 
 
 static ModelShape shape(const ModelArgs *a) {
     const LlamaArgs *l = llama_of(a);
-    return (ModelShape){.n_layers = l->n_layers, .dim = l->dim, .vocab_size = l->vocab_size,
+    return (ModelShape){.n_layers = l->n_layers, .dim = l->dim,
+                        .kv_dim = l->n_kv_heads * llama3_head_dim(l), .vocab_size = l->vocab_size,
                         .max_seq_len = l->max_seq_len,
                         .tie_word_embeddings = l->tie_word_embeddings};
 }
