@@ -31,9 +31,10 @@ step() {  # name, command...: its output in $LOGS/name.log, shown when it fails
   fi
 }
 
+# The unit tests that start MPI unwind fully, so that lsan.supp recognises OpenMPI's leaks.
 for t in "$BUILD"/tests/test_*; do
   case $t in
-    */test_comm|*/test_fsdp|*/test_tp) step "$(basename "$t")" env "$MPI_UNWIND" "$t" ;;
+    */test_comm|*/test_cp|*/test_fsdp|*/test_tp) step "$(basename "$t")" env "$MPI_UNWIND" "$t" ;;
     *) step "$(basename "$t")" "$t" ;;
   esac
 done
@@ -55,5 +56,11 @@ step train_pipeline mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x ASAN_OP
   --parallelism.pipeline_parallel_schedule ZBVZeroBubble --validation.enable \
   --validation.dataset_path "$DATA" --validation.freq 2 --validation.steps 1 \
   --validation.seq_len 64 --validation.local_batch_size 4
+# Context parallel's chunk copies and ring buffers: cp 2 (the ring) on 2 ranks, the same
+# hooks test_cp runs on one.
+step train_context_parallel mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x ASAN_OPTIONS \
+  -x UBSAN_OPTIONS -x LSAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose \
+  "$TITAN" "${TRAIN[@]}" --parallelism.context_parallel_degree 2 \
+  --parallelism.context_parallel_rotate_method alltoall
 step bad_input env TITAN="$TITAN" bash tests/integration/test_bad_input.sh
 exit "$failed"
