@@ -17,6 +17,22 @@ SMALL=(--config configs/debug_model.yaml --training.dataset_path "$DATA" --model
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# The layout tests' run (test_pp, test_cp): 10 steps of 8 rows of seq_len 64 on one rank,
+# validation at steps 5 and 10 on 2 batches of 4 rows.
+LAYOUT_RUN=(${SMALL[@]} --training.local_batch_size 8 --training.global_batch_size -1
+            --training.steps 10 --lr_scheduler.warmup_steps 2 --validation.enable
+            --validation.dataset_path "$DATA" --validation.freq 5 --validation.steps 2
+            --validation.seq_len 64 --validation.local_batch_size 4)
+
+# train_ranks NAME NP ARGS...: $TITAN on NP ranks with ARGS, its dump folder $SCRATCH/NAME and
+# its output $SCRATCH/NAME.log; a run that fails (or outlives 10 minutes) fails the test with
+# the end of its log.
+train_ranks() {
+  local name=$1 np=$2; shift 2
+  timeout 600 mpirun --oversubscribe -np "$np" $TITAN "$@" --job.dump_folder "$SCRATCH/$name" \
+    >"$SCRATCH/$name.log" 2>&1 || { tail -5 "$SCRATCH/$name.log"; fail "$name: run failed"; }
+}
+
 # unit_test_on_ranks NAME NP: the cmocka test build/tests/NAME (which also runs on one rank as
 # a plain unit test) on NP MPI ranks, one thread each: every rank must pass.
 unit_test_on_ranks() {

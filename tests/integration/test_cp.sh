@@ -15,21 +15,12 @@ for np in 2 4; do unit_test_on_ranks test_cp "$np"; done
 P=--parallelism
 # seq_len 64: 2 x cp divides it up to cp 32. Local batch 8 rows on one rank; cp ranks share
 # their dp rank's rows, so only dp_shard halves it.
-run=(${SMALL[@]} --training.local_batch_size 8 --training.global_batch_size -1
-     --training.steps 10 --lr_scheduler.warmup_steps 2 --validation.enable
-     --validation.dataset_path "$DATA" --validation.freq 5 --validation.steps 2
-     --validation.seq_len 64 --validation.local_batch_size 4)
-$TITAN "${run[@]}" --job.dump_folder "$SCRATCH/one" >"$SCRATCH/one.log" 2>&1 ||
-  fail "the 1-rank run failed"
+run=("${LAYOUT_RUN[@]}")
+train_ranks one 1 "${run[@]}"
 
-train() {  # name, ranks, overrides...
-  local name=$1 np=$2; shift 2
-  mpirun --oversubscribe -np "$np" $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/$name" "$@" \
-    >"$SCRATCH/$name.log" 2>&1 || { tail -5 "$SCRATCH/$name.log"; fail "$name: run failed"; }
-}
 cp_ops() { sed -n 's/^comm: group cp *\([0-9]*\) ops.*/\1/p' "$SCRATCH/$1.log"; }
 same_as_one_rank() {  # name, ranks, overrides...
-  train "$@"
+  train_ranks "$1" "$2" "${run[@]}" "${@:3}"
   [ "$(cp_ops "$1")" -gt 0 ] || fail "$1: no traffic over the cp group"
   same_metrics "$1" "$SCRATCH/one/metrics.jsonl" "$SCRATCH/$1/metrics.jsonl" 1 1e-5
 }

@@ -24,11 +24,6 @@ run=(--config configs/debug_model.yaml --training.dataset_path "$SCRATCH/docs.bi
      --training.local_batch_size 2 --training.steps 10 --lr_scheduler.warmup_steps 2
      --metrics.log_freq 1)
 
-train() {  # name, ranks, overrides...
-  local name=$1 np=$2; shift 2
-  timeout 300 mpirun --oversubscribe -np "$np" $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/$name" "$@" \
-    >"$SCRATCH/$name.log" 2>&1 || { tail -5 "$SCRATCH/$name.log"; fail "$name: run failed"; }
-}
 compare() {  # name, reference, mode (same | differs)
   $PY - "$1" "$SCRATCH/$2/metrics.jsonl" "$SCRATCH/$1/metrics.jsonl" "$3" <<'PY'
 import json, sys
@@ -45,15 +40,15 @@ else:
 PY
 }
 
-train causal 1
-train masked 1 --training.document_masking
+train_ranks causal 1 "${run[@]}"
+train_ranks masked 1 "${run[@]}" --training.document_masking
 compare masked causal differs
-train cp2-allgather 2 --training.document_masking $P.context_parallel_degree 2
+train_ranks cp2-allgather 2 "${run[@]}" --training.document_masking $P.context_parallel_degree 2
 compare cp2-allgather masked same
-train cp2-alltoall 2 --training.document_masking $P.context_parallel_degree 2 \
+train_ranks cp2-alltoall 2 "${run[@]}" --training.document_masking $P.context_parallel_degree 2 \
   $P.context_parallel_rotate_method alltoall
 compare cp2-alltoall masked same
-train cp4-alltoall 4 --training.document_masking $P.context_parallel_degree 4 \
+train_ranks cp4-alltoall 4 "${run[@]}" --training.document_masking $P.context_parallel_degree 4 \
   $P.context_parallel_rotate_method alltoall
 compare cp4-alltoall masked same
 

@@ -10,18 +10,12 @@ P=--parallelism
 # local batch 8 rows: on one rank in one microbatch, on pp ranks in microbatches of 2 (or 1).
 # Validation every 5 steps, forward only through the stages: 4 rows (2 per dp rank under
 # dp_shard 2).
-run=(${SMALL[@]} --training.local_batch_size 8 --training.global_batch_size -1
-     --training.steps 10 --lr_scheduler.warmup_steps 2 --validation.enable
-     --validation.dataset_path "$DATA" --validation.freq 5 --validation.steps 2
-     --validation.seq_len 64 --validation.local_batch_size 4)
-$TITAN "${run[@]}" --job.dump_folder "$SCRATCH/one" >"$SCRATCH/one.log" 2>&1 ||
-  fail "the 1-rank run failed"
+run=("${LAYOUT_RUN[@]}")
+train_ranks one 1 "${run[@]}"
 
 same_as_one_rank() {  # name, ranks, overrides...
-  local name=$1 np=$2; shift 2
-  mpirun --oversubscribe -np "$np" $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/$name" "$@" \
-    >"$SCRATCH/$name.log" 2>&1 || { tail -5 "$SCRATCH/$name.log"; fail "$name: run failed"; }
-  same_metrics "$name" "$SCRATCH/one/metrics.jsonl" "$SCRATCH/$name/metrics.jsonl" 1 1e-5
+  train_ranks "$1" "$2" "${run[@]}" "${@:3}"
+  same_metrics "$1" "$SCRATCH/one/metrics.jsonl" "$SCRATCH/$1/metrics.jsonl" 1 1e-5
 }
 
 PP2=($P.pipeline_parallel_degree 2 $P.pipeline_parallel_microbatch_size 2)
