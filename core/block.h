@@ -10,8 +10,8 @@
 // the microbatch's activation arena, and computes only when the arena is committed: so the
 // same code that runs a step also sizes the activation arena (and `--estimate`), without a
 // hand-written mirror of the step.
-// Model code never calls a collective: it calls StepCtx.tp's and StepCtx.attn's hooks, which
-// parallel/ implements.
+// Model code never calls a collective: it calls StepCtx.tp's, StepCtx.attn's and StepCtx.ep's
+// hooks, which parallel/ implements.
 #pragma once
 
 #include <stdbool.h>
@@ -65,10 +65,33 @@ struct AttnHooks {
                      void *workspace);
 };
 
+// Expert parallelism as the model sees it (parallel/ep, torchtitan's all-to-all token
+// dispatcher): a MoE layer's E experts are split over the `size` ranks of the ep group, E /
+// size consecutive experts to a rank (its slice of the expert weights). The layer sorts its
+// tokens' slots by expert as it does on one device; these calls then move the rows to the
+// ranks that hold their experts and back. Counts are host memory. StepCtx.ep NULL: every
+// expert is local.
+typedef struct ExpertHooks ExpertHooks;
+struct ExpertHooks {
+    int size;  // ranks the experts are split over
+    // recv_counts (size, E / size) = the rows each rank has for each of this rank's experts,
+    // from send_counts (E), the rows this rank has for each expert: the counts exchange before
+    // the rows move.
+    void (*exchange_counts)(const ExpertHooks *h, const int *send_counts, int *recv_counts,
+                            int n_experts);
+    // All-to-all-v of rows dim floats wide: the first send_rows[0] rows of src go to rank 0,
+    // the next send_rows[1] to rank 1, ...; dst receives recv_rows[r] rows from each rank r,
+    // in rank order. send_rows, recv_rows: (size). The dispatch sends by the exchanged counts;
+    // the combine, and the dispatch's backward, send the other way with the two swapped.
+    void (*all_to_all)(const ExpertHooks *h, float *dst, const int *recv_rows, const float *src,
+                       const int *send_rows, int dim);
+};
+
 struct StepCtx {
     const KernelOps *k;
     const TpHooks *tp;   // NULL: one device; the generic loop sets it from Model.tp
     const AttnHooks *attn;  // NULL: whole sequences; the generic loop sets it from Model.attn
+    const ExpertHooks *ep;  // NULL: all experts local; the generic loop sets it from Model.ep
     Arena *act;          // this microbatch's activations (a stack: see core/arena.h)
     int B, T;            // microbatch rows and sequence length
     const int *tokens;   // (B, T) inputs

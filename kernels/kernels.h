@@ -4,8 +4,8 @@
 // Conventions shared by every op:
 // - Row-major fp32 tensors in the backend's memory (host memory on cpu, device memory on
 //   cuda), allocated through the memory section below. Shapes are given in the comments as
-//   (rows, cols). Index arrays (tokens, targets, positions, document ids) live in the same
-//   memory.
+//   (rows, cols). Index arrays (tokens, targets, positions, document ids, expert ids and
+//   counts) live in the same memory, unless an op says otherwise.
 // - Ops run in issue order on the backend's one queue (a CUDA stream on cuda) and may return
 //   before they finish; download, sum and sum_squares wait for everything queued.
 // - Numerics: fp32 storage and reductions on both backends. The cpu backend computes in fp32;
@@ -49,6 +49,20 @@ typedef struct AttnShape {
     AttnMask mask;
     const int *q_doc, *kv_doc;  // ATTN_DOCUMENT only: document ids (B, Tq), (B, Tk)
 } AttnShape;
+
+// A token-choice router's settings (torchtitan's TokenChoiceTopKRouter, models/moe): each of n
+// tokens picks top_k of n_experts experts.
+typedef enum { MOE_SCORE_SOFTMAX, MOE_SCORE_SIGMOID } MoeScoreFunc;
+typedef struct {
+    int n_experts, top_k;
+    MoeScoreFunc score_func;
+    // Group-limited routing (DeepSeek V3): the experts form n_groups groups of equal size and a
+    // token chooses only within the limited_groups groups whose top-2 selection scores sum
+    // highest. n_groups 0 or 1: off.
+    int n_groups, limited_groups;
+    bool route_norm;    // the chosen scores are divided by their sum (+ 1e-20)
+    float route_scale;  // and then multiplied by this
+} MoeRouter;
 
 typedef struct KernelOps {
     const char *name;
@@ -189,6 +203,53 @@ typedef struct KernelOps {
     void (*cross_entropy_merge_exp)(float *sums, const float *lse, const float *max, int n);
     void (*cross_entropy_merge_finish)(float *losses, float *lse, const float *max,
                                        const float *sums, const float *target_logit, int n);
+
+    // ---- mixture of experts (models/moe) -----------------------------------------------------
+    // A MoE layer routes each of n tokens to k experts: its n*k "slots" (slot s: token s / k,
+    // its s % k-th choice) run through the experts sorted by expert, rows [offsets[e],
+    // offsets[e+1]) of the expert-sorted tensors being expert e's. row_of_slot (n*k) maps each
+    // slot to its sorted row, -1 for a slot dropped by a capacity (which every op skips).
+
+    // The router in fp32: scores (n, E) = softmax or sigmoid of logits (n, E); each token's
+    // experts (n, k) = the top k of scores + bias (bias (E) or NULL: it steers the selection
+    // only), within its limited groups when r->n_groups > 1, in descending order of that
+    // selection score, ties to the lower expert id; weight (n, k) = their scores, normed and
+    // scaled as r says.
+    void (*moe_router_forward)(float *weight, int *experts, float *scores, const float *logits,
+                               const float *bias, const MoeRouter *r, int n);
+    // dlogits (n, E) += the gradient of logits from dweight (n, k), the gradient of weight,
+    // through the scores (scores and experts: forward's; the selection itself has none).
+    void (*moe_router_backward)(float *dlogits, const float *dweight, const float *scores,
+                                const int *experts, const MoeRouter *r, int n);
+    // The expert-sorted order of n_slots slots with experts (n_slots) as the router chose them
+    // (a stable sort: an expert's rows are its slots in slot order, on every backend): counts
+    // (E) = slots routed to each expert; when capacity > 0 an expert keeps only its first
+    // capacity slots, the rest getting row -1; offsets (E + 1) the kept rows' prefix sums
+    // (offsets[0] = 0, offsets[E] = rows kept); row_of_slot (n_slots).
+    void (*moe_sort)(int *counts, int *offsets, int *row_of_slot, const int *experts,
+                     int n_slots, int n_experts, int capacity);
+    // out (rows, dim): row row_of_slot[s] = x[s / k] * weight[s] (weight (n*k), or NULL for 1):
+    // the dispatch of tokens x (n, dim) to the sorted rows; with weight, combine's backward.
+    // Writes every kept row (each is exactly one slot's).
+    void (*moe_permute)(float *out, const float *x, const float *weight, const int *row_of_slot,
+                        int n, int k, int dim);
+    // y (n, dim) += for each token, the sum over its slots s in slot order of weight[s] *
+    // rows[row_of_slot[s]] (weight NULL: 1): the weighted combine of the experts' outputs;
+    // without weight, the dispatch's backward.
+    void (*moe_unpermute)(float *y, const float *rows, const float *weight,
+                          const int *row_of_slot, int n, int k, int dim);
+    // dweight (n*k) += dot(dy[s / k], rows[row_of_slot[s]]): the combine's weight gradient.
+    void (*moe_weight_grad)(float *dweight, const float *dy, const float *rows,
+                            const int *row_of_slot, int n, int k, int dim);
+    // Grouped GEMM over experts (torch._grouped_mm): offsets (groups + 1, HOST memory: the
+    // layer reads its counts back once, expert parallel exchanges them anyway) split the rows
+    // of a (rows, k) into groups, group g's rows R_g = [offsets[g], offsets[g+1]), possibly
+    // none. trans_a false: c[R_g] (|R_g|, n) = a[R_g] op(b_g) + beta c[R_g], b (groups, n, k)
+    // when trans_b (c = a W^T, the forward) else (groups, k, n) (the input gradient). trans_a
+    // true (trans_b false): c_g (k, n) = a[R_g]^T b[R_g] + beta c_g, b (rows, n) split the
+    // same way, c (groups, k, n): the weight gradient; a group with no rows gives beta c_g.
+    void (*grouped_matmul)(float *c, const float *a, const float *b, const int *offsets,
+                           int groups, int n, int k, bool trans_a, bool trans_b, float beta);
 
     // y (n) += x
     void (*add)(float *y, const float *x, size_t n);

@@ -45,6 +45,7 @@ float *model_forward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int 
     CHECK(0 <= first && first < last && last <= m->n_blocks);
     s->tp = m->tp;
     s->attn = m->attn;
+    s->ep = m->ep;
     size_t width = (size_t)step_rows(s) * m->dim;
     a->hidden[first] = (float *)x;
     for (int i = first; i < last; i++) {
@@ -112,7 +113,8 @@ double model_forward_backward(Model *m, StepCtx *s) {
 size_t model_activation_bytes(Model *m, const KernelOps *k, int B, int T) {
     Arena sizing;
     arena_init_sizing(&sizing, "activations");
-    StepCtx s = {.k = k, .act = &sizing, .B = B, .T = T, .tp = m->tp, .attn = m->attn};
+    StepCtx s = {.k = k, .act = &sizing, .B = B, .T = T, .tp = m->tp, .attn = m->attn,
+                 .ep = m->ep};
     model_forward_backward(m, &s);
     return sizing.peak;
 }

@@ -33,6 +33,7 @@ struct Model {
     double *block_flops_per_token;  // (n_blocks) each block's share of flops_per_token
     const TpHooks *tp;   // set by the model's parallelize plan; NULL: one device
     const AttnHooks *attn;  // context parallel's attention (parallel/cp); NULL: whole sequences
+    const ExpertHooks *ep;  // expert parallel's dispatch (parallel/ep); NULL: all experts local
     const BlockHooks *hooks;  // called around every block call (FSDP); NULL: none
     void *self;          // the architecture's own state (e.g. rope tables)
     // Moves the architecture's constant tables (torchtitan's non-persistent buffers, e.g. the
