@@ -66,6 +66,9 @@ typedef struct {
     size_t shard_numel;   // floats this rank stores, padding included
     size_t shard_offset;  // in floats, into ParamTable.shard_data / shard_grad and the
                           // optimizer's moments
+    // A routed expert's weight, (E, out, in) stacked over the E experts: expert parallel
+    // shards dim 0 over the ep group and FSDP the rest over efsdp (parallel/ep).
+    bool expert;
     ParamInit init;
     double init_std;      // for the normal inits
     double init_cutoff;   // truncation bound |x| <= cutoff (absolute, as torch's a/b)
