@@ -449,6 +449,15 @@ double comm_all_reduce_double(CommGroup *g, double value, CommOp op) {
     return op == COMM_AVG ? value / g->size : value;
 }
 
+// Host counts, so MPI on both backends (the rows they size then move over the group's backend).
+void comm_all_to_all_ints(CommGroup *g, const int *send, int *recv, int n) {
+    CommHandle h = handle_begin(g, "all_to_all_ints", sizeof(int) * (uint64_t)n * g->size, -1);
+    MPI_Request r;
+    MPI_CHECK(MPI_Ialltoall(send, n, MPI_INT, recv, n, MPI_INT, g->mpi, &r));
+    h.request = request_pack(r);
+    wait_until(&h, mpi_test);
+}
+
 // ---- reports --------------------------------------------------------------------------------
 
 // The mesh names every group once, so a line per group is a line per name.

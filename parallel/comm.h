@@ -119,10 +119,14 @@ void comm_broadcast(CommGroup *g, void *buf, size_t bytes, int root);
 void comm_barrier(CommGroup *g);
 // A double all-reduced in double precision (loss, grad norm).
 double comm_all_reduce_double(CommGroup *g, double value, CommOp op);
+// recv (size * n) = block `rank` (n ints) of every rank's send (size * n), in rank order:
+// MPI_Alltoall of host ints (expert parallel's token counts), on both backends.
+void comm_all_to_all_ints(CommGroup *g, const int *send, int *recv, int n);
 
 // Bytes this rank has handed to g's operations so far: the size of each operation's local
 // input (all-reduce of n floats: 4n; all-gather of n per rank: 4n; reduce-scatter to n per
-// rank: 4n * size; broadcast: its bytes on every rank; send: its bytes; recv: 0). Independent
+// rank: 4n * size; all-to-all: its whole send buffer; broadcast: its bytes on every rank;
+// send: its bytes; recv: 0). Independent
 // of the algorithm the library picks, so tests can compare it with the analytic volume.
 uint64_t comm_bytes(const CommGroup *g);
 uint64_t comm_ops(const CommGroup *g);

@@ -155,6 +155,20 @@ static void test_all_to_allv(CommGroup *g) {
     free(sc), free(sd), free(rc), free(rd), free(send), free(recv), free(want);
 }
 
+// Host ints, two per pair: rank a sends b the values 100a + 10b + k.
+static void test_all_to_all_ints(CommGroup *g) {
+    int r = comm_rank(g), p = comm_size(g), n = 2;
+    int *send = malloc(sizeof(int) * p * n), *recv = malloc(sizeof(int) * p * n);
+    for (int q = 0; q < p; q++)
+        for (int k = 0; k < n; k++) send[q * n + k] = 100 * r + 10 * q + k;
+    Counts before = counts_of(g);
+    comm_all_to_all_ints(g, send, recv, n);
+    for (int q = 0; q < p; q++)
+        for (int k = 0; k < n; k++) EXPECT(recv[q * n + k] == 100 * q + 10 * r + k);
+    expect_counted(g, before, sizeof(int) * (uint64_t)(p * n), 1, "all_to_all_ints");
+    free(send), free(recv);
+}
+
 static void test_broadcast(CommGroup *g) {
     const char message[13] = "from the root";  // 13 bytes: not a whole number of floats
     int root = comm_size(g) - 1;
@@ -241,6 +255,7 @@ static void test_group(CommGroup *g) {
     test_all_gather(g);
     test_reduce_scatter(g);
     test_all_to_allv(g);
+    test_all_to_all_ints(g);
     test_broadcast(g);
     test_send_recv_ring(g);
     test_completion_by_test(g);
