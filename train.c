@@ -272,7 +272,9 @@ static void setup_mesh(Trainer *t) {
     MeshLayout layout;
     char err[512];
     int world = t->estimate_world_size ? t->estimate_world_size : comm_size(comm_world());
-    if (!mesh_plan(&layout, degrees, world, err, sizeof err)) die_user("%s", err);
+    if (!mesh_plan(&layout, degrees, world, err, sizeof err) ||
+        !mesh_plan_experts(&layout, (int)p->expert_parallel_degree, err, sizeof err))
+        die_user("%s", err);
     if (t->estimate_world_size) {
         t->mesh = (Mesh){.layout = layout, .coord[MESH_PP] = t->estimate_pp_rank};  // no groups
     } else {

@@ -975,7 +975,6 @@ static const Implemented IMPLEMENTED[] = {
     {"training.compile", {"false"}},
     {"parallelism.enable_compiled_autograd", {"false"}},
     {"parallelism.enable_async_tensor_parallel", {"false"}},
-    {"parallelism.expert_parallel_degree", {"1"}},
     {"parallelism.expert_tensor_parallel_degree", {"1"}},
     {"checkpoint.async_mode", {"disabled", "async"}},
     {"checkpoint.load_only", {"false"}},

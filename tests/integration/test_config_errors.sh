@@ -46,8 +46,8 @@ expect_user_error "block.yaml:2:10: training.steps expects an integer, got '1\\\
 expect_user_error "unknown option '--training.st\\\\neps'" $TITAN "${R[@]}" $'--training.st\neps' 3
 
 # Checks made after reading name where the value came from: file:line:col or the flag.
-printf 'parallelism:\n  expert_parallel_degree: 2\n' >"$SCRATCH/ep.yaml"
-expect_user_error "^titan: error: $SCRATCH/ep.yaml:2:27: parallelism.expert_parallel_degree = 2 is not implemented yet$" \
+printf 'parallelism:\n  expert_tensor_parallel_degree: 2\n' >"$SCRATCH/ep.yaml"
+expect_user_error "^titan: error: $SCRATCH/ep.yaml:2:34: parallelism.expert_tensor_parallel_degree = 2 is not implemented yet$" \
   $TITAN --config "$SCRATCH/ep.yaml"
 expect_user_error "^titan: error: --checkpoint.keep_latest_k: checkpoint.keep_latest_k = 1 must be 0" \
   $TITAN "${R[@]}" --checkpoint.keep_latest_k 1

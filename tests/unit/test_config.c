@@ -316,9 +316,9 @@ static void test_check_supported(void **state) {
     assert_true(config_check_supported(&c, err, sizeof err));
     config_free(&c);
 
-    supported_error_is("--parallelism.expert_parallel_degree=2",
-                       "--parallelism.expert_parallel_degree: "
-                       "parallelism.expert_parallel_degree = 2 is not implemented yet");
+    supported_error_is("--parallelism.expert_tensor_parallel_degree=2",
+                       "--parallelism.expert_tensor_parallel_degree: "
+                       "parallelism.expert_tensor_parallel_degree = 2 is not implemented yet");
     supported_error_is("--activation_checkpoint.mode=selective",
                        "--activation_checkpoint.mode: activation_checkpoint.mode = 'selective' is "
                        "not implemented yet");
@@ -576,7 +576,7 @@ static void test_messages_are_one_line(void **state) {
 static void test_origins_are_named(void **state) {
     (void)state;
     const char *path = yaml_write("training:\n  steps: 3\nparallelism:\n"
-                                  "  expert_parallel_degree: 2\n");
+                                  "  expert_tensor_parallel_degree: 2\n");
     char *argv[] = {"titan", "--config", (char *)path, "--training.seq_len", "7"};
     Config c;
     char err[512] = "", origin[256], expected[512];
@@ -592,7 +592,8 @@ static void test_origins_are_named(void **state) {
     assert_false(config_key_origin(&c, "training.nope", origin, sizeof origin));
     assert_false(config_check_supported(&c, err, sizeof err));
     snprintf(expected, sizeof expected,
-             "%s:4:27: parallelism.expert_parallel_degree = 2 is not implemented yet", path);
+             "%s:4:34: parallelism.expert_tensor_parallel_degree = 2 is not implemented yet",
+             path);
     assert_string_equal(err, expected);
     config_free(&c);
 }
