@@ -49,7 +49,7 @@ LDFLAGS  += $(EXTRA_LDFLAGS)
 
 LIB_SRCS := $(wildcard core/*.c kernels/*.c kernels/cpu/*.c models/*.c models/*/*.c \
                        optim/*.c data/*.c checkpoint/*.c infer/*.c convert/*.c parallel/*.c \
-                       parallel/pp/*.c parallel/cp/*.c)
+                       parallel/pp/*.c parallel/cp/*.c parallel/ep/*.c)
 LIB_SRCS := $(filter-out parallel/comm_nccl.c,$(LIB_SRCS))
 TITAN    ?= titan
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)

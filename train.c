@@ -55,6 +55,18 @@ static void setup_context_parallel(Trainer *t) {
     t->model.attn = &t->cp.hooks;
 }
 
+// Expert parallel: the routed experts Shard(0) over ep (before FSDP shards the rest of them
+// over efsdp), and the MoE layers' dispatch through the ep group.
+static void setup_expert_parallel(Trainer *t) {
+    const MeshLayout *l = &t->mesh.layout;
+    char why[512];
+    if (!ep_check(&t->model.params, l->ep, why, sizeof why)) die_user("%s", why);
+    if (t->estimate_world_size) ep_plan(&t->ep, mesh_sparse_index(l, t->mesh.coord) % l->ep, l->ep);
+    else ep_init(&t->ep, t->mesh.ep);
+    ep_place(&t->model.params, t->ep.size, t->ep.rank);
+    t->model.ep = &t->ep.hooks;
+}
+
 static void setup_model(Trainer *t) {
     const Config *c = &t->cfg;
     trainer_model_args(c, &t->args);
@@ -80,6 +92,7 @@ static void setup_model(Trainer *t) {
         spec->parallelize_tp(&t->model, &t->tp);
     }
     if (t->cp_on) setup_context_parallel(t);
+    if (t->mesh.layout.ep > 1) setup_expert_parallel(t);
     set_checkpointing(&t->model, full_ac);
     if (t->fsdp_on && model_shape(&t->args).tie_word_embeddings)
         die_user("model.tie_word_embeddings cannot be trained with FSDP (fsdp group of %d ranks): "

@@ -17,6 +17,7 @@
 #include "parallel/comm.h"
 #include "parallel/cp/cp.h"
 #include "parallel/ddp.h"
+#include "parallel/ep/ep.h"
 #include "parallel/fsdp.h"
 #include "parallel/grads.h"
 #include "parallel/mesh.h"
@@ -52,6 +53,7 @@ typedef struct {
     Mesh mesh;
     Tp tp;                        // used when tp_on
     Cp cp;                        // used when cp_on (context_parallel_degree > 1)
+    Ep ep;                        // used when mesh.layout.ep > 1
     Fsdp fsdp;                    // used when fsdp_on (dp_shard x cp > 1; HSDP with dp_replicate)
     bool tp_on, cp_on, fsdp_on;
     bool ddp_on;                  // dp_replicate > 1 on an fsdp group of one: plain DDP

@@ -1,0 +1,237 @@
+// Expert parallel (MPI; also a plain unit test on 1 rank): the sparse mesh's ep and efsdp
+// groups against hand-written membership tables for every layout the world size allows, the
+// ExpertHooks' dispatch and combine of tagged rows over the ep group, and the checks,
+// placements and memory bound of parallel/ep.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel/ep/ep.h"
+#include "parallel/mesh.h"
+
+static CommGroup *world;
+
+typedef struct {
+    int world_size;
+    int degrees[MESH_NDIMS];  // pp, dp_replicate, dp_shard, cp, tp
+    int ep;
+    // The groups as world ranks in group-rank order, '|' between groups ("" : no group).
+    const char *ep_groups, *efsdp_groups;
+} LayoutCase;
+
+// The members of rank's group in groups ("01|23"), as world ranks in group-rank order.
+static int expected_members(const char *groups, int rank, int *members) {
+    for (const char *g = groups; *g;) {
+        int n = 0;
+        bool mine = false;
+        for (; *g && *g != '|'; g++) {
+            members[n] = *g - '0';
+            mine = mine || members[n] == rank;
+            n++;
+        }
+        if (mine) return n;
+        if (*g == '|') g++;
+    }
+    return 0;
+}
+
+static void check_group(CommGroup *g, const char *groups, const char *what) {
+    int want[8], n = expected_members(groups, comm_rank(world), want);
+    if (n == 0) {
+        assert_null(g);
+        return;
+    }
+    assert_non_null(g);
+    assert_int_equal(comm_size(g), n);
+    float me = (float)comm_rank(world), got[8];
+    comm_all_gather(g, &me, got, 1);
+    for (int i = 0; i < n; i++) {
+        if ((int)got[i] != want[i])
+            fail_msg("%s group of rank %d: member %d is rank %d, expected %d", what,
+                     comm_rank(world), i, (int)got[i], want[i]);
+    }
+}
+
+// ep is the sparse region (dp_shard, cp, tp flattened, tp fastest) unflattened as (efsdp, ep)
+// with ep fastest: it takes tp's ranks first, as torchtitan's. (Each layout builds ten groups
+// of the 64 a process may have.)
+static const LayoutCase LAYOUTS[] = {
+    {1, {1, 1, 1, 1, 1}, 1, "", ""},
+    {2, {1, 1, 2, 1, 1}, 2, "01", "0|1"},
+    {2, {1, 1, 1, 1, 2}, 2, "01", "0|1"},
+    {2, {1, 2, 1, 1, 1}, 1, "", ""},
+    {4, {1, 1, 4, 1, 1}, 2, "01|23", "02|13"},
+    {4, {1, 1, 2, 1, 2}, 2, "01|23", "02|13"},
+    {4, {1, 1, 2, 1, 2}, 4, "0123", "0|1|2|3"},
+    {4, {1, 1, 1, 2, 2}, 2, "01|23", "02|13"},
+    {4, {1, 2, 2, 1, 1}, 2, "01|23", "0|1|2|3"},
+    {4, {2, 1, 2, 1, 1}, 2, "01|23", "0|1|2|3"},
+};
+
+static void test_mesh_groups(void **state) {
+    (void)state;
+    int checked = 0;
+    for (size_t i = 0; i < sizeof LAYOUTS / sizeof LAYOUTS[0]; i++) {
+        const LayoutCase *c = &LAYOUTS[i];
+        if (c->world_size != comm_size(world)) continue;
+        MeshLayout layout;
+        char err[256];
+        assert_true(mesh_plan(&layout, c->degrees, c->world_size, err, sizeof err));
+        assert_true(mesh_plan_experts(&layout, c->ep, err, sizeof err));
+        Mesh m;
+        mesh_build(&m, &layout);
+        check_group(m.ep, c->ep_groups, "ep");
+        check_group(m.efsdp, c->efsdp_groups, "efsdp");
+        checked++;
+    }
+    assert_true(checked > 0 || comm_size(world) > 4);
+}
+
+static void test_plan_refuses_non_divisors(void **state) {
+    (void)state;
+    MeshLayout layout;
+    char err[256];
+    int degrees[MESH_NDIMS] = {1, 1, 3, 1, 2};
+    assert_true(mesh_plan(&layout, degrees, 6, err, sizeof err));
+    assert_true(mesh_plan_experts(&layout, 3, err, sizeof err));
+    assert_int_equal(layout.ep, 3);
+    assert_false(mesh_plan_experts(&layout, 4, err, sizeof err));
+    assert_string_equal(err, "parallelism.expert_parallel_degree = 4 must divide dp_shard 3 x "
+                             "cp 1 x tp 2 = 6: the experts are sharded over ep and FSDP-sharded "
+                             "over the rest");
+}
+
+enum { E = 8, DIM = 3 };
+
+// How many rows rank r routes to expert e: uneven, none for some pairs.
+static int routed(int r, int e) { return (3 * r + 5 * e) % 4; }
+
+// Row j of rank r's slots for expert e, tagged so that wherever it lands it says where it
+// came from.
+static void tag_row(float *row, int r, int e, int j) {
+    row[0] = (float)r, row[1] = (float)e, row[2] = (float)j;
+}
+
+// Every rank sorts its rows by global expert, dispatches them through the hooks and checks
+// that it holds, from each rank in rank order, that rank's rows of its own experts in expert
+// order; then the combine sends them back and each rank must get its own rows in place.
+static void test_dispatch_and_combine(void **state) {
+    (void)state;
+    CommGroup *group = comm_split(world, 0, comm_rank(world), "ep");
+    Ep ep;
+    ep_init(&ep, group);
+    int size = ep.size, me = ep.rank, local = E / size;
+    int counts[E], recv_counts[E], send_rows[8] = {0}, recv_rows[8] = {0}, n_send = 0;
+    for (int e = 0; e < E; e++) {
+        counts[e] = routed(me, e);
+        send_rows[e / local] += counts[e];
+        n_send += counts[e];
+    }
+    ep.hooks.exchange_counts(&ep.hooks, counts, recv_counts, E);
+    int n_recv = 0;
+    for (int src = 0; src < size; src++) {
+        for (int i = 0; i < local; i++) {
+            assert_int_equal(recv_counts[src * local + i], routed(src, me * local + i));
+            recv_rows[src] += recv_counts[src * local + i];
+        }
+        n_recv += recv_rows[src];
+    }
+    float *src = calloc((size_t)(n_send + 1) * DIM, sizeof(float));
+    float *dst = calloc((size_t)(n_recv + 1) * DIM, sizeof(float));
+    float *back = calloc((size_t)(n_send + 1) * DIM, sizeof(float));
+    int at = 0;
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < counts[e]; j++) tag_row(src + (size_t)at++ * DIM, me, e, j);
+    ep.hooks.all_to_all(&ep.hooks, dst, recv_rows, src, send_rows, DIM);
+    at = 0;
+    for (int r = 0; r < size; r++)
+        for (int i = 0; i < local; i++)
+            for (int j = 0; j < routed(r, me * local + i); j++, at++) {
+                float want[DIM];
+                tag_row(want, r, me * local + i, j);
+                assert_memory_equal(dst + (size_t)at * DIM, want, sizeof want);
+            }
+    ep.hooks.all_to_all(&ep.hooks, back, send_rows, dst, recv_rows, DIM);
+    assert_memory_equal(back, src, (size_t)n_send * DIM * sizeof(float));
+    free(src), free(dst), free(back);
+    ep_free(&ep);
+}
+
+static int add_expert(ParamTable *t, int64_t n_experts, const char *name) {
+    int64_t shape[3] = {n_experts, 4, 2};
+    int i = params_add(t, INIT_NORMAL, 0.02, 3, shape, "%s", name);
+    t->items[i].expert = true;
+    return i;
+}
+
+static void test_check_and_place(void **state) {
+    (void)state;
+    ParamTable t;
+    char err[256];
+    params_init(&t, 4);
+    int64_t dense[2] = {8, 4};
+    params_add(&t, INIT_NORMAL, 0.02, 2, dense, "layers.0.moe.router.gate.weight");
+    assert_true(ep_check(&t, 1, err, sizeof err));
+    assert_false(ep_check(&t, 2, err, sizeof err));
+    assert_string_equal(err, "parallelism.expert_parallel_degree = 2: the model has no routed "
+                             "experts to shard");
+    int w1 = add_expert(&t, 8, "layers.0.moe.experts.w1");
+    assert_true(ep_check(&t, 4, err, sizeof err));
+    assert_false(ep_check(&t, 3, err, sizeof err));
+    assert_string_equal(err, "parallelism.expert_parallel_degree = 3 must divide the model's 8 "
+                             "experts (layers.0.moe.experts.w1)");
+    ep_place(&t, 4, 3);
+    const Param *p = &t.items[w1];
+    ParamBox box = param_box(p, false);
+    assert_int_equal(box.start[0], 6);
+    assert_int_equal(box.count[0], 2);
+    assert_int_equal(box.count[1], 4);
+    assert_int_equal(p->numel, 2 * 4 * 2);
+    assert_null(param_placement_on(&t.items[0], MESH_GROUP_EP));
+    assert_int_equal(t.items[0].numel, 8 * 4);
+    params_free(&t);
+}
+
+// The worst routing for rank 0, counted expert by expert: each source sends it all its tokens
+// for min(k, E / ep) of its experts, at most `capacity` slots to each (0: no cap).
+static int64_t worst_recv(int ep, int rows, int k, int n_experts, int capacity) {
+    int local = n_experts / ep;
+    int64_t per_expert = rows;
+    if (capacity > 0 && capacity < per_expert) per_expert = capacity;
+    int64_t per_source = 0;
+    for (int e = 0; e < local; e++) per_source += per_expert;
+    int64_t by_tokens = (int64_t)rows * (k < local ? k : local);
+    return (int64_t)ep * (per_source < by_tokens ? per_source : by_tokens);
+}
+
+static void test_recv_bound(void **state) {
+    (void)state;
+    assert_int_equal(ep_recv_rows_bound(4, 16, 2, 8, 0), 4 * 16 * 2);
+    assert_int_equal(ep_recv_rows_bound(8, 16, 2, 8, 0), 8 * 16 * 1);
+    assert_int_equal(ep_recv_rows_bound(1, 16, 2, 8, 0), 16 * 2);
+    // capacity ceil(1.0 * 16 * 2 / 8) = 4 slots per expert and source: 4 * 2 local experts
+    assert_int_equal(ep_recv_rows_bound(4, 16, 2, 8, 1.0), 4 * 8);
+    assert_int_equal(ep_recv_rows_bound(4, 16, 2, 8, 1.0), worst_recv(4, 16, 2, 8, 4));
+    assert_int_equal(ep_recv_rows_bound(2, 16, 6, 8, 0), worst_recv(2, 16, 6, 8, 0));
+    assert_int_equal(ep_recv_rows_bound(2, 16, 6, 8, 8.0), worst_recv(2, 16, 6, 8, 96));
+}
+
+int main(int argc, char **argv) {
+    comm_init(&argc, &argv);
+    world = comm_world();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mesh_groups),
+        cmocka_unit_test(test_plan_refuses_non_divisors),
+        cmocka_unit_test(test_dispatch_and_combine),
+        cmocka_unit_test(test_check_and_place),
+        cmocka_unit_test(test_recv_bound),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    comm_finalize();
+    return failed;
+}
