@@ -118,6 +118,11 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
                              .replicate_rank = t->mesh.coord[MESH_DP_REPLICATE],
                              .reshard = fsdp_reshard_parse(p->fsdp_reshard_after_forward),
                              .k = t->k};
+        const MeshLayout *l = &t->mesh.layout;
+        if (l->ep > 1) {
+            config.expert_size = mesh_sparse_size(l) / l->ep;
+            config.expert_rank = mesh_sparse_index(l, t->mesh.coord) / l->ep;
+        }
         const TrainingSection *tr = &t->cfg.training;
         bool mixed = t->k->mixed_precision;  // torchtitan's MixedPrecisionPolicy, on cuda
         config.bf16_params = mixed && strcmp(tr->mixed_precision_param, "bfloat16") == 0;
@@ -134,7 +139,7 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
     fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
     CommGroup *replicate =
         f->config.replicate_size > 1 ? t->mesh.group[MESH_DP_REPLICATE] : NULL;
-    t->model.hooks = fsdp_attach(f, t->mesh.fsdp, replicate);
+    t->model.hooks = fsdp_attach(f, t->mesh.fsdp, t->mesh.efsdp, replicate);
 }
 
 // The activation arena one step needs: a microbatch through the whole model, or the pipeline
@@ -295,7 +300,10 @@ static void setup_mesh(Trainer *t) {
     }
     t->tp_on = layout.size[MESH_TP] > 1;
     t->cp_on = layout.size[MESH_CP] > 1;
-    t->fsdp_on = layout.size[MESH_DP_SHARD] * layout.size[MESH_CP] > 1;
+    // Experts replicated over efsdp ranks (ep short of dp_shard x cp x tp) are FSDP's to shard
+    // and reduce, even on an fsdp group of one.
+    t->fsdp_on = layout.size[MESH_DP_SHARD] * layout.size[MESH_CP] > 1 ||
+                 mesh_sparse_size(&layout) / layout.ep > 1;
     t->ddp_on = !t->fsdp_on && layout.size[MESH_DP_REPLICATE] > 1;
 }
 

@@ -16,16 +16,58 @@ FsdpReshard fsdp_reshard_parse(const char *mode) {
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 
-// FSDP's placement of a parameter for rank `rank` of the fsdp group.
-static Placement fsdp_placement(const Fsdp *f, int rank) {
-    return (Placement){PLACE_SHARD_PADDED, 0, MESH_GROUP_FSDP, f->config.size, rank, 0};
+// A unit's two parts: its dense parameters, sharded over the fsdp group, and its routed
+// experts, over efsdp (config.expert_size > 0).
+enum { PART_DENSE, PART_EXPERTS, N_PARTS };
+
+static int part_of(const Fsdp *f, const Param *p) {
+    return f->config.expert_size > 0 && p->expert ? PART_EXPERTS : PART_DENSE;
 }
 
-// The rows [*first, *first + count) of p's compute tensor that rank k holds (the last ranks
-// hold fewer, possibly none: the rest of their shard is padding).
+static int part_size(const Fsdp *f, int part) {
+    return part == PART_EXPERTS ? f->config.expert_size : f->config.size;
+}
+
+static CommGroup *part_group(const Fsdp *f, int part) {
+    return part == PART_EXPERTS ? f->expert_group : f->group;
+}
+
+// FSDP's placement of a parameter of `part` for rank `rank` of the part's group.
+static Placement fsdp_placement(const Fsdp *f, int part, int rank) {
+    int group = part == PART_EXPERTS ? MESH_GROUP_EFSDP : MESH_GROUP_FSDP;
+    return (Placement){PLACE_SHARD_PADDED, 0, group, part_size(f, part), rank, 0};
+}
+
+// The rows [*first, *first + count) of p's compute tensor that rank k of its part's group
+// holds (the last ranks hold fewer, possibly none: the rest of their shard is padding).
 static int64_t rank_rows(const Fsdp *f, const Param *p, int k, int64_t *first) {
-    Placement pl = fsdp_placement(f, k);
+    Placement pl = fsdp_placement(f, part_of(f, p), k);
     return placement_slice(&pl, p->shape[0], k, first);
+}
+
+// Where part starts in u's packed shard (the dense parameters' shards, then the experts') and
+// in its rank-major buffers (every rank's dense part, then every rank's experts' part).
+static size_t packed_start(const FsdpUnit *u, int part) {
+    return part == PART_EXPERTS ? u->part_numel[PART_DENSE] : 0;
+}
+
+static size_t rank_major_start(const Fsdp *f, const FsdpUnit *u, int part) {
+    return part == PART_EXPERTS ? (size_t)f->config.size * u->part_numel[PART_DENSE] : 0;
+}
+
+static size_t rank_major_numel(const Fsdp *f, const FsdpUnit *u) {
+    return rank_major_start(f, u, PART_EXPERTS) +
+           (size_t)f->config.expert_size * u->part_numel[PART_EXPERTS];
+}
+
+// Where parameter j of unit u starts in the unit's packed shard.
+static size_t packed_offset(const Fsdp *f, const FsdpUnit *u, int j) {
+    const Param *items = f->params->items;
+    int part = part_of(f, &items[j]);
+    size_t at = packed_start(u, part);
+    for (int i = u->first_param; i < j; i++)
+        if (part_of(f, &items[i]) == part) at += items[i].shard_numel;
+    return at;
 }
 
 // Floats per dim-0 row of p's compute tensor (which may have no rows: another stage's).
@@ -41,16 +83,13 @@ static void plan_unit(Fsdp *f, FsdpUnit *u) {
     for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
         Param *p = &t->items[j];
         CHECK(p->offset == u->table_offset + u->full_numel);  // a block's params are contiguous
-        params_place(t, p, fsdp_placement(f, f->config.rank));
+        int part = part_of(f, p);
+        int rank = part == PART_EXPERTS ? f->config.expert_rank : f->config.rank;
+        params_place(t, p, fsdp_placement(f, part, rank));
         params_place(t, p, (Placement){PLACE_REPLICATE, 0, MESH_DP_REPLICATE,
                                        f->config.replicate_size, f->config.replicate_rank, 0});
         u->full_numel += p->numel;
     }
-}
-
-// A unit's shard is its parameters' shards, one after another (the table's shard layout).
-static size_t unit_offset(const FsdpUnit *u, const Param *p) {
-    return p->shard_offset - u->shard_offset;
 }
 
 void fsdp_plan(Fsdp *f, ParamTable *params, const Block *blocks, int n_blocks,
@@ -58,6 +97,8 @@ void fsdp_plan(Fsdp *f, ParamTable *params, const Block *blocks, int n_blocks,
     CHECK(config->size >= 1 && config->rank >= 0 && config->rank < config->size);
     CHECK(config->replicate_size >= 1 && config->replicate_rank >= 0 &&
           config->replicate_rank < config->replicate_size);
+    CHECK(config->expert_size == 0 ||
+          (config->expert_rank >= 0 && config->expert_rank < config->expert_size));
     *f = (Fsdp){.config = *config, .params = params, .n_units = n_blocks, .gathering = -1,
                 .scattering = -1};
     f->units = xcalloc((size_t)f->n_units, sizeof(FsdpUnit));
@@ -79,6 +120,12 @@ void fsdp_plan(Fsdp *f, ParamTable *params, const Block *blocks, int n_blocks,
                                                     : t->shard_numel;
         u->shard_numel = (end < t->count ? t->items[end].shard_offset : t->shard_numel) -
                          u->shard_offset;
+        for (int j = u->first_param; j < end; j++)
+            u->part_numel[part_of(f, &t->items[j])] += t->items[j].shard_numel;
+        CHECK(u->part_numel[PART_DENSE] + u->part_numel[PART_EXPERTS] == u->shard_numel);
+        f->experts_apart |= u->part_numel[PART_EXPERTS] > 0;
+        f->max_rank_major = max_size(f->max_rank_major, rank_major_numel(f, u));
+        f->rank_major_total += rank_major_numel(f, u);
         f->max_shard_numel = max_size(f->max_shard_numel, u->shard_numel);
         f->max_full_numel = max_size(f->max_full_numel, u->full_numel);
         u->grad_offset = f->grad_numel;
@@ -126,7 +173,7 @@ static void point_params(Fsdp *f) {
 }
 
 void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
-    size_t rank_major = (size_t)f->config.size * f->max_shard_numel;
+    size_t rank_major = f->max_rank_major;
     f->data = arena_floats(params, f->numel);
     f->full_params = arena_floats(params, slot_offset(f, f->n_units));
     f->grad = arena_floats(grads, f->numel);
@@ -134,6 +181,7 @@ void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
     f->gather_buf = arena_floats(comm, rank_major);
     f->scatter_send = arena_floats(comm, rank_major);
     f->scatter_recv = arena_floats(comm, f->max_shard_numel);
+    if (f->experts_apart) f->packed = arena_floats(comm, f->max_shard_numel);
     size_t half = sizeof(uint16_t);
     if (f->config.bf16_params) {
         f->gather_send16 = arena_alloc(comm, f->max_shard_numel * half);
@@ -165,7 +213,7 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
     return (FsdpEstimate){
         .param_bytes = params.peak, .grad_bytes = grads.peak, .comm_bytes = comm.peak,
         .all_gather_forward = f->numel * gathered, .all_gather_backward = regathered,
-        .reduce_scatter = f->numel * reduced * (uint64_t)f->config.size,
+        .reduce_scatter = f->rank_major_total * reduced,
         .replicate_all_reduce = f->config.replicate_size > 1 ? f->numel * sizeof(float) : 0};
 }
 
@@ -180,11 +228,14 @@ void fsdp_free(Fsdp *f) {
 static void unit_copy(const Fsdp *f, const FsdpUnit *u, float *full, float *rank_major,
                       bool to_full) {
     const KernelOps *k_ = f->config.k;
-    for (int k = 0; k < f->config.size; k++) {
-        for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
-            const Param *p = &f->params->items[j];
+    for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
+        const Param *p = &f->params->items[j];
+        int q = part_of(f, p);
+        float *block = rank_major + rank_major_start(f, u, q) +
+                       (packed_offset(f, u, j) - packed_start(u, q));
+        for (int k = 0; k < part_size(f, q); k++) {
             int64_t first, rows = rank_rows(f, p, k, &first);
-            float *part = rank_major + (size_t)k * u->shard_numel + unit_offset(u, p);
+            float *part = block + (size_t)k * u->part_numel[q];
             float *whole = full + (p->offset - u->table_offset) + (size_t)first * row_numel(p);
             size_t n = (size_t)rows * row_numel(p);
             if (to_full) {
@@ -197,17 +248,50 @@ static void unit_copy(const Fsdp *f, const FsdpUnit *u, float *full, float *rank
     }
 }
 
+// Between u's shard (the table's order) and its packed shard: a copy of the parameters
+// (to_packed), or the packed gradient added into the shard grads.
+static void unit_pack(const Fsdp *f, const FsdpUnit *u, float *shard, float *packed,
+                      bool to_packed) {
+    const KernelOps *k = f->config.k;
+    for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
+        const Param *p = &f->params->items[j];
+        float *mine = shard + (p->shard_offset - u->shard_offset);
+        float *in_packed = packed + packed_offset(f, u, j);
+        if (to_packed) k->copy(in_packed, mine, p->shard_numel * sizeof(float));
+        else k->add(mine, in_packed, p->shard_numel);
+    }
+}
+
 // ---- all-gather: the wrapped block's parameters before it runs --------------------------
 
-static void gather_start(Fsdp *f, FsdpUnit *u) {
+// Starts the all-gather of each part of u's shard (the experts' only when it has some) into
+// gather_buf, or gather_recv16 (bf16).
+static void parts_gather_start(Fsdp *f, FsdpUnit *u, bool bf16) {
     const float *shard = f->data + u->shard_offset;
-    if (f->config.bf16_params) {
-        f->config.k->to_bf16(f->gather_send16, shard, u->shard_numel);
-        f->gather = comm_all_gather_bf16_start(f->group, f->gather_send16, f->gather_recv16,
-                                               u->shard_numel);
-    } else {
-        f->gather = comm_all_gather_start(f->group, shard, f->gather_buf, u->shard_numel);
+    if (u->part_numel[PART_EXPERTS] > 0) {
+        unit_pack(f, u, f->data + u->shard_offset, f->packed, true);
+        shard = f->packed;
     }
+    for (int q = 0; q < N_PARTS; q++) {
+        size_t n = u->part_numel[q], at = packed_start(u, q), out = rank_major_start(f, u, q);
+        if (q == PART_EXPERTS && n == 0) continue;
+        if (bf16) {
+            f->config.k->to_bf16(f->gather_send16 + at, shard + at, n);
+            f->gather[q] = comm_all_gather_bf16_start(part_group(f, q), f->gather_send16 + at,
+                                                      f->gather_recv16 + out, n);
+        } else {
+            f->gather[q] =
+                comm_all_gather_start(part_group(f, q), shard + at, f->gather_buf + out, n);
+        }
+    }
+}
+
+static void parts_wait(CommHandle handles[N_PARTS]) {
+    for (int q = 0; q < N_PARTS; q++) comm_wait(&handles[q]);
+}
+
+static void gather_start(Fsdp *f, FsdpUnit *u) {
+    parts_gather_start(f, u, f->config.bf16_params);
     f->gathering = u->index;
 }
 
@@ -216,13 +300,12 @@ static void gather_start(Fsdp *f, FsdpUnit *u) {
 static void gather_finish(Fsdp *f) {
     if (f->gathering < 0) return;
     FsdpUnit *u = &f->units[f->gathering];
-    comm_wait(&f->gather);
+    parts_wait(f->gather);
     f->gathering = -1;
     for (int j = 0; j < f->n_units; j++)
         if (f->units[j].full == u->full) f->units[j].gathered = false;
     if (f->config.bf16_params)
-        f->config.k->from_bf16(f->gather_buf, f->gather_recv16,
-                               (size_t)f->config.size * u->shard_numel);
+        f->config.k->from_bf16(f->gather_buf, f->gather_recv16, rank_major_numel(f, u));
     unit_copy(f, u, u->full, f->gather_buf, true);
     u->gathered = true;
 }
@@ -252,32 +335,44 @@ static void reshard_all(Fsdp *f) {
 
 // ---- reduce-scatter: the wrapped block's gradients after its backward --------------------
 
-// Completes the outstanding reduce-scatter: its average over the group is this microbatch's
-// contribution to the unit's shard grads.
+// Completes the outstanding reduce-scatter: its average over the group (the experts' sum
+// divided by the fsdp size) is this microbatch's contribution to the unit's shard grads.
 static void scatter_finish(Fsdp *f) {
     if (f->scattering < 0) return;
     FsdpUnit *u = &f->units[f->scattering];
     const KernelOps *k = f->config.k;
-    comm_wait(&f->scatter);
+    parts_wait(f->scatter);
     f->scattering = -1;
+    float divide = 1.0f / (float)f->config.size;
     if (f->config.bf16_reduce) {  // a bf16 sum: the average is taken in fp32
         k->from_bf16(f->scatter_recv, f->scatter_recv16, u->shard_numel);
-        k->scale(f->scatter_recv, u->shard_numel, 1.0f / (float)f->config.size);
+        k->scale(f->scatter_recv, u->shard_numel, divide);
+    } else if (u->part_numel[PART_EXPERTS] > 0) {
+        k->scale(f->scatter_recv + packed_start(u, PART_EXPERTS), u->part_numel[PART_EXPERTS],
+                 divide);
     }
-    k->add(f->grad + u->shard_offset, f->scatter_recv, u->shard_numel);
+    if (u->part_numel[PART_EXPERTS] > 0)
+        unit_pack(f, u, f->grad + u->shard_offset, f->scatter_recv, false);
+    else
+        k->add(f->grad + u->shard_offset, f->scatter_recv, u->shard_numel);
 }
 
 static void scatter_start(Fsdp *f, FsdpUnit *u) {
     scatter_finish(f);  // it overlapped this unit's backward; its buffers are needed now
     unit_copy(f, u, f->full_grad + u->grad_offset, f->scatter_send, false);
-    if (f->config.bf16_reduce) {
-        size_t n = (size_t)f->config.size * u->shard_numel;
-        f->config.k->to_bf16(f->scatter_send16, f->scatter_send, n);
-        f->scatter = comm_reduce_scatter_bf16_start(f->group, f->scatter_send16,
-                                                    f->scatter_recv16, u->shard_numel);
-    } else {
-        f->scatter = comm_reduce_scatter_start(f->group, f->scatter_send, f->scatter_recv,
-                                               u->shard_numel, COMM_AVG);
+    if (f->config.bf16_reduce)
+        f->config.k->to_bf16(f->scatter_send16, f->scatter_send, rank_major_numel(f, u));
+    for (int q = 0; q < N_PARTS; q++) {
+        size_t n = u->part_numel[q], at = packed_start(u, q), in = rank_major_start(f, u, q);
+        if (q == PART_EXPERTS && n == 0) continue;
+        if (f->config.bf16_reduce) {
+            f->scatter[q] = comm_reduce_scatter_bf16_start(
+                part_group(f, q), f->scatter_send16 + in, f->scatter_recv16 + at, n);
+        } else {
+            CommOp op = q == PART_EXPERTS ? COMM_SUM : COMM_AVG;
+            f->scatter[q] = comm_reduce_scatter_start(part_group(f, q), f->scatter_send + in,
+                                                      f->scatter_recv + at, n, op);
+        }
     }
     f->scattering = u->index;
 }
@@ -307,8 +402,12 @@ static void unit_after(const BlockHooks *h, int block, BlockPhase phase) {
     u->gathered = false;
 }
 
-const BlockHooks *fsdp_attach(Fsdp *f, CommGroup *group, CommGroup *replicate) {
+const BlockHooks *fsdp_attach(Fsdp *f, CommGroup *group, CommGroup *experts,
+                              CommGroup *replicate) {
     CHECK(comm_size(group) == f->config.size && comm_rank(group) == f->config.rank);
+    CHECK(f->config.expert_size == 0 || (comm_size(experts) == f->config.expert_size &&
+                                         comm_rank(experts) == f->config.expert_rank));
+    f->expert_group = experts;
     CHECK((replicate ? comm_size(replicate) : 1) == f->config.replicate_size);
     f->group = group;
     f->replicate = replicate;
@@ -322,7 +421,8 @@ void fsdp_gather_full(Fsdp *f, float *full) {
     gather_finish(f);
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        comm_all_gather(f->group, f->data + u->shard_offset, f->gather_buf, u->shard_numel);
+        parts_gather_start(f, u, false);
+        parts_wait(f->gather);
         unit_copy(f, u, full + u->table_offset, f->gather_buf, true);
     }
 }

@@ -20,7 +20,16 @@
 //
 // Gradients are those of the global-batch mean loss: each rank's loss is the mean over its
 // own tokens, so the reduce-scatter averages over the fsdp group and HSDP then averages the
-// shard grads over dp_replicate. Each microbatch's reduce-scatter is added (+=) to the shard
+// shard grads over dp_replicate.
+//
+// Expert parallel (parallel/ep): the routed experts' weights, already Shard(0) over ep, are
+// sharded over the efsdp group instead (torchtitan's sparse mesh). A unit's shard is then two
+// parts, each gathered and reduce-scattered over its own group: its dense parameters' shards
+// and its experts', packed in that order (the table's order within each). An expert's gradient
+// holds every ep rank's tokens already (the all-to-all brought them), so the reduce-scatter
+// sums it over efsdp, which with ep makes the whole dp_shard x cp x tp region, and divides by
+// the fsdp size (torchtitan's gradient_divide_factor): each fsdp rank's tokens counted once,
+// as the dense parameters' average counts them. Each microbatch's reduce-scatter is added (+=) to the shard
 // grads, which the caller zeroes once per step.
 #pragma once
 
@@ -58,6 +67,9 @@ typedef struct {
     // fsdp_finish_step. Otherwise one buffer serves the unit in backward, reduce-scattered
     // after each microbatch's backward (overlapping the next unit's).
     bool reduce_once_per_step;
+    // The efsdp group's size and this rank's index in it; expert_size 0: the experts (if any)
+    // are parameters like the others.
+    int expert_size, expert_rank;
     const KernelOps *k;
 } FsdpConfig;
 
@@ -69,6 +81,7 @@ typedef struct {
     int first_param, n_params;
     size_t shard_offset;       // in floats, into Fsdp.data / Fsdp.grad
     size_t shard_numel;        // this rank's floats of the unit (the same on every rank)
+    size_t part_numel[2];      // of which its dense parameters' and its experts'
     size_t full_numel;         // floats of the unit's (unpadded) parameters
     size_t table_offset;       // in floats: where they start in ParamTable's layout
     size_t grad_offset;        // in floats, into Fsdp.full_grad (reduce_once_per_step; else 0)
@@ -79,29 +92,37 @@ typedef struct {
 struct Fsdp {
     BlockHooks hooks;               // first: the hooks find the Fsdp from their pointer
     FsdpConfig config;
-    CommGroup *group, *replicate;   // NULL until fsdp_wrap (planning needs no MPI)
+    CommGroup *group, *replicate;   // NULL until fsdp_attach (planning needs no MPI)
+    CommGroup *expert_group;        // efsdp (config.expert_size > 0)
     ParamTable *params;
     int n_units;
     FsdpUnit *units;                // (n_units) one per block
     size_t numel;                   // this rank's shard floats: params->shard_numel
     size_t max_shard_numel, max_full_numel;
+    size_t max_rank_major;          // the largest unit's floats gathered: size x its dense part
+                                    // + expert_size x its experts' part
+    size_t rank_major_total;        // the same summed over the units
+    bool experts_apart;             // some unit has experts' shards (packed apart)
     size_t grad_numel;              // floats of full_grad
     float *data, *grad;             // (numel) the params' shard_data and shard_grad
     float *full_params;             // one slot shared by the resharded units, or one per unit
     float *full_grad;               // (max_full_numel) the grads of the unit in backward; or
                                     // every unit's (reduce_once_per_step)
-    float *gather_buf;              // (size * max_shard_numel) all-gather output, rank-major
-    float *scatter_send;            // (size * max_shard_numel) reduce-scatter input, rank-major
-    float *scatter_recv;            // (max_shard_numel) reduce-scatter output
+    float *gather_buf;              // (max_rank_major) all-gather output, rank-major per part
+    float *scatter_send;            // (max_rank_major) reduce-scatter input, rank-major per part
+    float *scatter_recv;            // (max_shard_numel) reduce-scatter output, packed
+    float *packed;                  // (max_shard_numel) a unit's shard packed by part
+                                    // (experts_apart; else NULL)
     // bf16 copies of the shard sent and the rank-major buffer received (bf16_params), and of
     // the reduce-scatter's input and output (bf16_reduce); NULL otherwise.
     uint16_t *gather_send16, *gather_recv16, *scatter_send16, *scatter_recv16;
     int gathering, scattering;      // the unit of the outstanding operation, -1: none
-    CommHandle gather, scatter;
+    CommHandle gather[2], scatter[2];  // per part: dense, experts
 };
 
 // Per-rank bytes fsdp_allocate carves, and the bytes this rank hands to collectives (in
-// comm_bytes' units: an all-gather counts its shard, a reduce-scatter its padded full input).
+// comm_bytes' units: an all-gather counts its shard, a reduce-scatter its padded full input),
+// the fsdp and efsdp groups' together.
 typedef struct {
     size_t param_bytes, grad_bytes, comm_bytes;
     uint64_t all_gather_forward;    // per microbatch, fsdp group
@@ -120,9 +141,11 @@ FsdpEstimate fsdp_estimate(const Fsdp *f);
 // committed arenas also makes them the table's shard buffers and points every Param.data /
 // Param.grad into the full buffers.
 void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm);
-// Starts communicating over group (the fsdp group, of config.size ranks) and replicate
-// (dp_replicate; NULL: no HSDP); returns the hooks the blocks' runner calls (Model.hooks).
-const BlockHooks *fsdp_attach(Fsdp *f, CommGroup *group, CommGroup *replicate);
+// Starts communicating over group (the fsdp group, of config.size ranks), experts (efsdp, of
+// config.expert_size ranks; NULL when 0) and replicate (dp_replicate; NULL: no HSDP); returns
+// the hooks the blocks' runner calls (Model.hooks).
+const BlockHooks *fsdp_attach(Fsdp *f, CommGroup *group, CommGroup *experts,
+                              CommGroup *replicate);
 void fsdp_free(Fsdp *f);
 
 // full (params->numel, laid out by Param.offset) = every parameter's compute tensor, gathered

@@ -12,7 +12,10 @@
 // 1-rank step on bf16-rounded weights (to fp32 rounding) for half the bytes, and a bf16
 // reduce-scatter the same grads within bf16 rounding. An uneven placement (3 ranks: padded
 // rows) is checked on any rank count by planning for virtual ranks: each rank's boxes put
-// together are the 1-rank tensors.
+// together are the 1-rank tensors. With experts, each layer's feed-forward w1 and w3 play
+// routed experts (Param.expert) sharded over another group of the same ranks in reverse order
+// (as efsdp orders ranks its own way), w2 between them staying dense: the unit's two parts are
+// packed, gathered and reduce-scattered apart and must give the same values.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,7 +118,21 @@ typedef struct {
     bool validate_first;  // a forward-only pass before the step (train.c's validation)
     const char *name;
     bool bf16_params, bf16_reduce;  // FsdpConfig's mixed precision
+    bool experts;  // w1, w3 as experts over efsdp (the fsdp ranks reversed)
 } Case;
+
+static CommGroup *efsdp;  // the fsdp group's ranks in reverse order
+
+// The bytes the fsdp and efsdp groups have sent.
+static uint64_t sharded_bytes(const Mesh *mesh) {
+    return comm_bytes(mesh->fsdp) + comm_bytes(efsdp);
+}
+
+static void mark_experts(ParamTable *t) {
+    for (int j = 0; j < t->count; j++)
+        t->items[j].expert = strstr(t->items[j].name, "feed_forward.w1") ||
+                             strstr(t->items[j].name, "feed_forward.w3");
+}
 
 typedef struct {
     Net net;
@@ -126,11 +143,16 @@ typedef struct {
 static void sharded_build(Sharded *sh, const Mesh *mesh, const Case *c, int rows) {
     const KernelOps *k = kernels_backend("cpu");
     net_build(&sh->net, c->activation_checkpoint);
+    if (c->experts) mark_experts(&sh->net.m.params);
     int replicate = mesh->layout.size[MESH_DP_REPLICATE];
     FsdpConfig config = {.size = comm_size(mesh->fsdp), .rank = comm_rank(mesh->fsdp),
                          .replicate_size = replicate,
                          .replicate_rank = mesh->coord[MESH_DP_REPLICATE], .reshard = c->reshard,
                          .bf16_params = c->bf16_params, .bf16_reduce = c->bf16_reduce, .k = k};
+    if (c->experts) {
+        config.expert_size = comm_size(efsdp);
+        config.expert_rank = comm_rank(efsdp);
+    }
     fsdp_plan(&sh->f, &sh->net.m.params, sh->net.m.blocks, sh->net.m.n_blocks, &config);
     arena_init_sizing(&sh->params, "params");
     arena_init_sizing(&sh->grads, "grads");
@@ -140,7 +162,7 @@ static void sharded_build(Sharded *sh, const Mesh *mesh, const Case *c, int rows
     arena_commit(&sh->grads, NULL);
     arena_commit(&sh->comm, NULL);
     fsdp_allocate(&sh->f, &sh->params, &sh->grads, &sh->comm);
-    sh->net.m.hooks = fsdp_attach(&sh->f, mesh->fsdp,
+    sh->net.m.hooks = fsdp_attach(&sh->f, mesh->fsdp, c->experts ? efsdp : NULL,
                                   replicate > 1 ? mesh->group[MESH_DP_REPLICATE] : NULL);
     arena_init_sizing(&sh->acts, "activations");
     sh->acts.peak = model_activation_bytes(&sh->net.m, k, rows / c->microbatches, T);
@@ -188,8 +210,8 @@ static void check_volume(const Fsdp *f, const Mesh *mesh, const Case *c, uint64_
     FsdpEstimate e = fsdp_estimate(f);
     uint64_t want = (uint64_t)c->microbatches *
                     (e.all_gather_forward + e.all_gather_backward + e.reduce_scatter);
-    uint64_t got = comm_bytes(mesh->fsdp) - fsdp_before;
-    EXPECT(got == want, "%s: fsdp group sent %llu bytes, plan %llu", c->name,
+    uint64_t got = sharded_bytes(mesh) - fsdp_before;
+    EXPECT(got == want, "%s: fsdp and efsdp groups sent %llu bytes, plan %llu", c->name,
            (unsigned long long)got, (unsigned long long)want);
     got = comm_bytes(mesh->group[MESH_DP_REPLICATE]) - replicate_before;
     EXPECT(got == e.replicate_all_reduce, "%s: dp_replicate sent %llu bytes, plan %llu", c->name,
@@ -236,7 +258,7 @@ static void check_case(const Reference *r, const Reference *rounded, const Mesh 
            "%s: gathered initial params differ from the 1-rank ones", c->name);
 
     if (c->validate_first) forward_only(&sh, mesh, r, rows);
-    uint64_t fsdp_before = comm_bytes(mesh->fsdp);
+    uint64_t fsdp_before = sharded_bytes(mesh);
     uint64_t replicate_before = comm_bytes(mesh->group[MESH_DP_REPLICATE]);
     double loss = sharded_step(&sh, mesh, r, c, rows);
     // Units a forward-only pass left gathered are not gathered again.
@@ -332,22 +354,29 @@ int main(int argc, char **argv) {
     world_rank = comm_rank(comm_world());
     Mesh mesh;
     mesh_from_args(&mesh, argc, argv);
+    efsdp = comm_split(mesh.fsdp, 0, -comm_rank(mesh.fsdp), "efsdp");
     Reference r, rounded;
     reference_compute(&r, false);
     reference_compute(&rounded, true);
     check_uneven_placement(&r);
     const Case cases[] = {
-        {FSDP_RESHARD_DEFAULT, false, 1, false, "default", false, false},
-        {FSDP_RESHARD_ALWAYS, false, 1, false, "always", false, false},
-        {FSDP_RESHARD_NEVER, false, 1, false, "never", false, false},
-        {FSDP_RESHARD_DEFAULT, true, 1, false, "default+ac", false, false},
-        {FSDP_RESHARD_ALWAYS, true, 1, false, "always+ac", false, false},
-        {FSDP_RESHARD_NEVER, true, 1, false, "never+ac", false, false},
-        {FSDP_RESHARD_ALWAYS, true, 2, false, "always+ac, 2 microbatches", false, false},
-        {FSDP_RESHARD_DEFAULT, true, 1, true, "default+ac after a forward-only pass", false, false},
-        {FSDP_RESHARD_NEVER, false, 1, true, "never after a forward-only pass", false, false},
-        {FSDP_RESHARD_DEFAULT, false, 1, false, "default, bf16 params", true, false},
+        {FSDP_RESHARD_DEFAULT, false, 1, false, "default", false, false, false},
+        {FSDP_RESHARD_ALWAYS, false, 1, false, "always", false, false, false},
+        {FSDP_RESHARD_NEVER, false, 1, false, "never", false, false, false},
+        {FSDP_RESHARD_DEFAULT, true, 1, false, "default+ac", false, false, false},
+        {FSDP_RESHARD_ALWAYS, true, 1, false, "always+ac", false, false, false},
+        {FSDP_RESHARD_NEVER, true, 1, false, "never+ac", false, false, false},
+        {FSDP_RESHARD_ALWAYS, true, 2, false, "always+ac, 2 microbatches", false, false, false},
+        {FSDP_RESHARD_DEFAULT, true, 1, true, "default+ac after a forward-only pass", false, false,
+         false},
+        {FSDP_RESHARD_NEVER, false, 1, true, "never after a forward-only pass", false, false, false},
+        {FSDP_RESHARD_DEFAULT, false, 1, false, "default, bf16 params", true, false, false},
         {FSDP_RESHARD_ALWAYS, true, 2, false, "always+ac, 2 microbatches, bf16 params and reduce",
+         true, true, false},
+        {FSDP_RESHARD_DEFAULT, false, 1, false, "experts apart", false, false, true},
+        {FSDP_RESHARD_ALWAYS, true, 2, false, "experts apart, always+ac, 2 microbatches",
+         false, false, true},
+        {FSDP_RESHARD_ALWAYS, false, 1, false, "experts apart, bf16 params and reduce", true,
          true, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
