@@ -1,15 +1,21 @@
 // Expert parallel (MPI; also a plain unit test on 1 rank): the sparse mesh's ep and efsdp
 // groups against hand-written membership tables for every layout the world size allows, the
-// ExpertHooks' dispatch and combine of tagged rows over the ep group, and the checks,
-// placements and memory bound of parallel/ep.
+// ExpertHooks' dispatch and combine of tagged rows over the ep group, the checks, placements
+// and memory bound of parallel/ep, and checkpoints of expert weights resharded between the
+// world's layout and one rank's.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <mpi.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "checkpoint/train_state.h"
 
 #include "parallel/ep/ep.h"
 #include "parallel/mesh.h"
@@ -221,6 +227,74 @@ static void test_recv_bound(void **state) {
     assert_int_equal(ep_recv_rows_bound(2, 16, 6, 8, 8.0), worst_recv(2, 16, 6, 8, 96));
 }
 
+enum { N_STACK = 6 };  // experts: ep 2 x efsdp 2 pads their 3 per ep rank to 2 + 1
+static const uint64_t SEED = 77;
+
+// A router's dense (5, 4) weight as FSDP places it over a dp_shard group of fsdp ranks, and a
+// (6, 3, 2) expert stack Shard(0) over ep, then FSDP's padded shard over efsdp = fsdp / ep;
+// rank is this rank's index in the sparse region. shard_data filled from SEED when fill.
+static void moe_table(ParamTable *t, int fsdp, int ep, int rank, bool fill) {
+    params_init(t, 2);
+    int64_t dense[2] = {5, 4}, stack[3] = {N_STACK, 3, 2};
+    params_add(t, INIT_NORMAL, 0.02, 2, dense, "layers.0.moe.router.gate.weight");
+    params_add(t, INIT_NORMAL, 0.02, 3, stack, "layers.0.moe.experts.w1");
+    t->items[1].expert = true;
+    ep_place(t, ep, rank % ep);
+    params_place(t, &t->items[0],
+                 (Placement){PLACE_SHARD_PADDED, 0, MESH_GROUP_FSDP, fsdp, rank, 0});
+    params_place(t, &t->items[1],
+                 (Placement){PLACE_SHARD_PADDED, 0, MESH_GROUP_EFSDP, fsdp / ep, rank / ep, 0});
+    t->shard_data = calloc(t->shard_numel + 1, sizeof(float));
+    if (fill) params_initialize(t, SEED);
+}
+
+static void table_free(ParamTable *t) {
+    free(t->shard_data);
+    params_free(t);
+}
+
+// Saved by the world (ep = 2 when it has 2 or 4 ranks), loaded by one rank as whole tensors;
+// saved by one rank, loaded into every rank's shards: the values are the initial ones.
+static void test_checkpoint_reshard(void **state) {
+    (void)state;
+    int n = comm_size(world), rank = comm_rank(world), ep = n % 2 == 0 ? 2 : 1;
+    char dir[64] = "/tmp/titan-test-ep.XXXXXX", sharded_path[96], whole_path[96];
+    if (rank == 0) assert_non_null(mkdtemp(dir));
+    comm_broadcast(world, dir, sizeof dir, 0);
+    snprintf(sharded_path, sizeof sharded_path, "%s/sharded.h5", dir);
+    snprintf(whole_path, sizeof whole_path, "%s/whole.h5", dir);
+    ParamTable sharded, whole, want_whole, loaded;
+    moe_table(&sharded, n, ep, rank, true);
+    if (n == 2 || n == 4) {  // the experts each rank holds: ep rank (rank % 2), then efsdp's
+        static const int64_t start[2][4] = {{0, 3}, {0, 3, 2, 5}};
+        static const int64_t count[2][4] = {{3, 3}, {2, 2, 1, 1}};
+        ParamBox b = param_box(&sharded.items[1], true);
+        assert_int_equal(b.start[0], start[n / 4][rank]);
+        assert_int_equal(b.count[0], count[n / 4][rank]);
+    }
+    train_state_save(sharded_path, &sharded, NULL, (TrainProgress){0}, SEED, "", NULL, 0,
+                     MPI_COMM_WORLD);
+    moe_table(&whole, 1, 1, 0, false);
+    moe_table(&want_whole, 1, 1, 0, true);
+    train_state_load(sharded_path, &whole, NULL, NULL);
+    assert_memory_equal(whole.shard_data, want_whole.shard_data,
+                        whole.shard_numel * sizeof(float));
+    if (rank == 0)
+        train_state_save(whole_path, &want_whole, NULL, (TrainProgress){0}, SEED, "", NULL, 0,
+                         MPI_COMM_SELF);
+    comm_barrier(world);
+    moe_table(&loaded, n, ep, rank, false);
+    train_state_load(whole_path, &loaded, NULL, NULL);
+    assert_memory_equal(loaded.shard_data, sharded.shard_data,
+                        sharded.shard_numel * sizeof(float));
+    comm_barrier(world);
+    if (rank == 0) {
+        unlink(sharded_path), unlink(whole_path);
+        rmdir(dir);
+    }
+    table_free(&sharded), table_free(&whole), table_free(&want_whole), table_free(&loaded);
+}
+
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     world = comm_world();
@@ -230,6 +304,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dispatch_and_combine),
         cmocka_unit_test(test_check_and_place),
         cmocka_unit_test(test_recv_bound),
+        cmocka_unit_test(test_checkpoint_reshard),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     comm_finalize();
