@@ -98,3 +98,17 @@ int64_t ep_recv_rows_bound(int ep, int64_t rows, int k, int n_experts, double ca
     }
     return (int64_t)ep * per_source;
 }
+
+// A forward sends its slots (dispatch) and what it received (combine); the backward sends the
+// same two amounts the other way round.
+EpEstimate ep_estimate(int ep, int64_t rows, int k, int n_experts, int dim,
+                       double capacity_factor, bool recompute) {
+    int64_t bound = ep_recv_rows_bound(ep, rows, k, n_experts, capacity_factor);
+    int64_t sent = rows * k, expected = sent < bound ? sent : bound;
+    uint64_t counts = sizeof(int) * (uint64_t)n_experts, row = sizeof(float) * (uint64_t)dim;
+    uint64_t forwards = recompute ? 2 : 1;
+    return (EpEstimate){
+        .recv_rows_bound = bound,
+        .expected_bytes = forwards * counts + (forwards + 1) * (uint64_t)(sent + expected) * row,
+        .bound_bytes = forwards * counts + (forwards + 1) * (uint64_t)(sent + bound) * row};
+}

@@ -138,6 +138,7 @@ static void test_dispatch_and_combine(void **state) {
         send_rows[e / local] += counts[e];
         n_send += counts[e];
     }
+    uint64_t before = comm_bytes(group);
     ep.hooks.exchange_counts(&ep.hooks, counts, recv_counts, E);
     int n_recv = 0;
     for (int src = 0; src < size; src++) {
@@ -163,6 +164,9 @@ static void test_dispatch_and_combine(void **state) {
                 assert_memory_equal(dst + (size_t)at * DIM, want, sizeof want);
             }
     ep.hooks.all_to_all(&ep.hooks, back, send_rows, dst, recv_rows, DIM);
+    // comm_bytes: the counts (E ints) and each all-to-all's whole send buffer
+    assert_int_equal(comm_bytes(group) - before,
+                     sizeof(int) * E + sizeof(float) * DIM * (uint64_t)(n_send + n_recv));
     assert_memory_equal(back, src, (size_t)n_send * DIM * sizeof(float));
     free(src), free(dst), free(back);
     ep_free(&ep);
@@ -225,6 +229,14 @@ static void test_recv_bound(void **state) {
     assert_int_equal(ep_recv_rows_bound(4, 16, 2, 8, 1.0), worst_recv(4, 16, 2, 8, 4));
     assert_int_equal(ep_recv_rows_bound(2, 16, 6, 8, 0), worst_recv(2, 16, 6, 8, 0));
     assert_int_equal(ep_recv_rows_bound(2, 16, 6, 8, 8.0), worst_recv(2, 16, 6, 8, 96));
+    // 2 ranks, 16 rows, k 2 of 8 experts, dim 4: a forward sends 32 slots and the 8 counts,
+    // then 32 (balanced) or up to 64 rows back; the backward the same rows.
+    EpEstimate e = ep_estimate(2, 16, 2, 8, 4, 0, false);
+    assert_int_equal(e.recv_rows_bound, 64);
+    assert_int_equal(e.expected_bytes, 4 * 8 + 2 * (32 + 32) * 16);
+    assert_int_equal(e.bound_bytes, 4 * 8 + 2 * (32 + 64) * 16);
+    e = ep_estimate(2, 16, 2, 8, 4, 0, true);  // activation checkpointing: two forwards
+    assert_int_equal(e.bound_bytes, 2 * 4 * 8 + 3 * (32 + 64) * 16);
 }
 
 enum { N_STACK = 6 };  // experts: ep 2 x efsdp 2 pads their 3 per ep rank to 2 + 1
