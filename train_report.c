@@ -20,9 +20,10 @@ void trainer_write_run_summary(Trainer *t) {
             t->mesh.layout.world_size, (long long)t->progress.step);
     for (int i = 0; i < 5; i++) fprintf(f, "%s\"%s\": %zu", i ? ", " : "", names[i], arenas[i]->size);
     CommGroup *groups[] = {t->mesh.fsdp, t->mesh.group[MESH_DP_REPLICATE], t->mesh.group[MESH_TP],
-                           t->mesh.group[MESH_CP], t->mesh.group[MESH_PP], t->mesh.loss};
+                           t->mesh.group[MESH_CP], t->mesh.group[MESH_PP], t->mesh.loss,
+                           t->mesh.efsdp, t->mesh.ep};
     fprintf(f, "}, \"comm_bytes\": {");
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < (t->mesh.layout.ep > 1 ? 8 : 6); i++)  // the sparse mesh's with ep
         fprintf(f, "%s\"%s\": %llu", i ? ", " : "", comm_name(groups[i]),
                 (unsigned long long)comm_bytes(groups[i]));
     fprintf(f, "}}\n");
@@ -35,7 +36,7 @@ typedef struct {
     const char *group;
     uint64_t bytes;
 } GroupBytes;
-enum { MAX_GROUPS = 6 };  // fsdp, dp_replicate, tp, cp, pp, loss
+enum { MAX_GROUPS = 7 };  // fsdp, efsdp, dp_replicate, tp, cp, pp, loss
 
 // The transformer layers this rank runs (blocks 1 .. n_blocks - 2): all, or its stages'.
 static int rank_layers(Trainer *t) {
@@ -69,9 +70,14 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
     int passes = t->accum * (t->pipeline ? trainer_schedule_microbatches(&t->cfg) : 1);
     if (t->fsdp_on) {
         FsdpEstimate e = fsdp_estimate(&t->fsdp);
-        uint64_t gathers = passes * (e.all_gather_forward + e.all_gather_backward);
-        uint64_t reduces = (t->pipeline ? 1 : passes) * e.reduce_scatter;
-        out[n++] = (GroupBytes){"fsdp", gathers + reduces + sizeof(double)};  // + the grad norm
+        const FsdpVolume *v[2] = {&e.fsdp, &e.efsdp};
+        const char *names[2] = {"fsdp", "efsdp"};
+        for (int g = 0; g < (t->mesh.layout.ep > 1 ? 2 : 1); g++) {
+            uint64_t gathers = passes * (v[g]->all_gather_forward + v[g]->all_gather_backward);
+            uint64_t reduces = (t->pipeline ? 1 : passes) * v[g]->reduce_scatter;
+            uint64_t norm = g == 0 ? sizeof(double) : 0;  // the grad norm's sum goes over fsdp
+            out[n++] = (GroupBytes){names[g], gathers + reduces + norm};
+        }
         if (size[MESH_DP_REPLICATE] > 1) out[n++] = (GroupBytes){"dp_replicate", e.replicate_all_reduce};
     }
     if (t->ddp_on) out[n++] = (GroupBytes){"dp_replicate", ddp_bytes_per_step(&t->model.params)};

@@ -207,13 +207,18 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
     arena_init_sizing(&comm, "comm");
     fsdp_allocate(&sized, &params, &grads, &comm);
     uint64_t gathered = f->config.bf16_params ? 2 : 4, reduced = f->config.bf16_reduce ? 2 : 4;
-    uint64_t regathered = 0;
-    for (int i = 0; i < f->n_units; i++)
-        if (!keeps_after_forward(f, i)) regathered += f->units[i].shard_numel * gathered;
+    FsdpVolume v[N_PARTS] = {{0}};
+    for (int i = 0; i < f->n_units; i++) {
+        for (int q = 0; q < N_PARTS; q++) {
+            uint64_t n = f->units[i].part_numel[q];
+            v[q].all_gather_forward += n * gathered;
+            if (!keeps_after_forward(f, i)) v[q].all_gather_backward += n * gathered;
+            v[q].reduce_scatter += (uint64_t)part_size(f, q) * n * reduced;
+        }
+    }
     return (FsdpEstimate){
         .param_bytes = params.peak, .grad_bytes = grads.peak, .comm_bytes = comm.peak,
-        .all_gather_forward = f->numel * gathered, .all_gather_backward = regathered,
-        .reduce_scatter = f->rank_major_total * reduced,
+        .fsdp = v[PART_DENSE], .efsdp = v[PART_EXPERTS],
         .replicate_all_reduce = f->config.replicate_size > 1 ? f->numel * sizeof(float) : 0};
 }
 

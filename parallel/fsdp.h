@@ -120,14 +120,19 @@ struct Fsdp {
     CommHandle gather[2], scatter[2];  // per part: dense, experts
 };
 
-// Per-rank bytes fsdp_allocate carves, and the bytes this rank hands to collectives (in
-// comm_bytes' units: an all-gather counts its shard, a reduce-scatter its padded full input),
-// the fsdp and efsdp groups' together.
+// The bytes this rank hands to one group's collectives per microbatch (in comm_bytes' units:
+// an all-gather counts its shard, a reduce-scatter its padded full input).
+typedef struct {
+    uint64_t all_gather_forward;
+    uint64_t all_gather_backward;  // re-gathers of resharded units
+    uint64_t reduce_scatter;
+} FsdpVolume;
+
+// Per-rank bytes fsdp_allocate carves, and what this rank sends.
 typedef struct {
     size_t param_bytes, grad_bytes, comm_bytes;
-    uint64_t all_gather_forward;    // per microbatch, fsdp group
-    uint64_t all_gather_backward;   // per microbatch: re-gathers of resharded units
-    uint64_t reduce_scatter;        // per microbatch, fsdp group
+    FsdpVolume fsdp;                // the fsdp group's: the dense parameters
+    FsdpVolume efsdp;               // the efsdp group's: the experts (zero without)
     uint64_t replicate_all_reduce;  // per step, dp_replicate group (HSDP)
 } FsdpEstimate;
 

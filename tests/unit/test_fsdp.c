@@ -123,10 +123,6 @@ typedef struct {
 
 static CommGroup *efsdp;  // the fsdp group's ranks in reverse order
 
-// The bytes the fsdp and efsdp groups have sent.
-static uint64_t sharded_bytes(const Mesh *mesh) {
-    return comm_bytes(mesh->fsdp) + comm_bytes(efsdp);
-}
 
 static void mark_experts(ParamTable *t) {
     for (int j = 0; j < t->count; j++)
@@ -205,13 +201,20 @@ static void check_grads(const Fsdp *f, const Reference *r, const char *name, dou
     }
 }
 
+static uint64_t volume_bytes(const FsdpVolume *v) {
+    return v->all_gather_forward + v->all_gather_backward + v->reduce_scatter;
+}
+
 static void check_volume(const Fsdp *f, const Mesh *mesh, const Case *c, uint64_t fsdp_before,
-                         uint64_t replicate_before) {
+                         uint64_t efsdp_before, uint64_t replicate_before) {
     FsdpEstimate e = fsdp_estimate(f);
-    uint64_t want = (uint64_t)c->microbatches *
-                    (e.all_gather_forward + e.all_gather_backward + e.reduce_scatter);
-    uint64_t got = sharded_bytes(mesh) - fsdp_before;
-    EXPECT(got == want, "%s: fsdp and efsdp groups sent %llu bytes, plan %llu", c->name,
+    uint64_t want = (uint64_t)c->microbatches * volume_bytes(&e.fsdp);
+    uint64_t got = comm_bytes(mesh->fsdp) - fsdp_before;
+    EXPECT(got == want, "%s: fsdp group sent %llu bytes, plan %llu", c->name,
+           (unsigned long long)got, (unsigned long long)want);
+    want = (uint64_t)c->microbatches * volume_bytes(&e.efsdp);
+    got = comm_bytes(efsdp) - efsdp_before;
+    EXPECT(got == want, "%s: efsdp group sent %llu bytes, plan %llu", c->name,
            (unsigned long long)got, (unsigned long long)want);
     got = comm_bytes(mesh->group[MESH_DP_REPLICATE]) - replicate_before;
     EXPECT(got == e.replicate_all_reduce, "%s: dp_replicate sent %llu bytes, plan %llu", c->name,
@@ -258,11 +261,12 @@ static void check_case(const Reference *r, const Reference *rounded, const Mesh 
            "%s: gathered initial params differ from the 1-rank ones", c->name);
 
     if (c->validate_first) forward_only(&sh, mesh, r, rows);
-    uint64_t fsdp_before = sharded_bytes(mesh);
+    uint64_t fsdp_before = comm_bytes(mesh->fsdp), efsdp_before = comm_bytes(efsdp);
     uint64_t replicate_before = comm_bytes(mesh->group[MESH_DP_REPLICATE]);
     double loss = sharded_step(&sh, mesh, r, c, rows);
     // Units a forward-only pass left gathered are not gathered again.
-    if (!c->validate_first) check_volume(&sh.f, mesh, c, fsdp_before, replicate_before);
+    if (!c->validate_first)
+        check_volume(&sh.f, mesh, c, fsdp_before, efsdp_before, replicate_before);
     const Reference *want = c->bf16_params ? rounded : r;
     double tolerance = c->bf16_reduce ? BF16_TOLERANCE : TOLERANCE;
     EXPECT(close_to(loss, want->loss, TOLERANCE), "%s: loss %.9g, 1-rank %.9g", c->name, loss,
@@ -277,9 +281,11 @@ static void check_case(const Reference *r, const Reference *rounded, const Mesh 
     EXPECT(close_to(clipped, norm / 2, TOLERANCE), "%s: clipped norm %.9g, want %.9g", c->name,
            clipped, norm / 2);
     FsdpEstimate e = fsdp_estimate(&sh.f);
-    EXPECT(e.all_gather_forward == sh.f.numel * (c->bf16_params ? 2 : 4),
-           "%s: an all-gather of %llu bytes for %zu elements", c->name,
-           (unsigned long long)e.all_gather_forward, sh.f.numel);
+    uint64_t gathered = e.fsdp.all_gather_forward + e.efsdp.all_gather_forward;
+    EXPECT(gathered == sh.f.numel * (c->bf16_params ? 2 : 4),
+           "%s: all-gathers of %llu bytes for %zu elements", c->name,
+           (unsigned long long)gathered, sh.f.numel);
+    EXPECT((e.efsdp.reduce_scatter > 0) == c->experts, "%s: efsdp's share", c->name);
     if (world_rank == 0)
         printf("ok %s: loss %.6f, grad norm %.6f; per rank: %zu of %zu params, MiB params %.2f "
                "grads %.2f comm %.2f\n", c->name, loss, norm, sh.f.numel, r->numel,
