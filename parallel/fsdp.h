@@ -20,7 +20,8 @@
 //
 // Gradients are those of the global-batch mean loss: each rank's loss is the mean over its
 // own tokens, so the reduce-scatter averages over the fsdp group and HSDP then averages the
-// shard grads over dp_replicate.
+// shard grads over dp_replicate. Each microbatch's reduce-scatter is added (+=) to the shard
+// grads, which the caller zeroes once per step.
 //
 // Expert parallel (parallel/ep): the routed experts' weights, already Shard(0) over ep, are
 // sharded over the efsdp group instead (torchtitan's sparse mesh). A unit's shard is then two
@@ -29,8 +30,7 @@
 // holds every ep rank's tokens already (the all-to-all brought them), so the reduce-scatter
 // sums it over efsdp, which with ep makes the whole dp_shard x cp x tp region, and divides by
 // the fsdp size (torchtitan's gradient_divide_factor): each fsdp rank's tokens counted once,
-// as the dense parameters' average counts them. Each microbatch's reduce-scatter is added (+=) to the shard
-// grads, which the caller zeroes once per step.
+// as the dense parameters' average counts them.
 #pragma once
 
 #include <stdbool.h>

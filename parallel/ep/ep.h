@@ -54,10 +54,11 @@ int64_t ep_recv_rows_bound(int ep, int64_t rows, int k, int n_experts, double ca
 
 // What one rank hands the ep group (comm_bytes' units: an all-to-all counts its whole send
 // buffer) for one MoE layer of one microbatch: forward (the counts exchange, the dispatch of
-// its rows * k slots (at most: a capacity drops some), the combine of what it received), again when activation checkpointing
-// recomputes it, and backward (the combine's dual sends the slots' gradients back to the
-// experts, the dispatch's dual the experts' input gradients home; the counts are kept).
-// expected: balanced routing (a rank receives rows * k slots); bound: ep_recv_rows_bound's.
+// its rows * k slots (at most: a capacity drops some), the combine of what it received),
+// again when activation checkpointing recomputes it, and backward (the combine's dual sends
+// the slots' gradients back to the experts, the dispatch's dual the experts' input gradients
+// home; the counts are kept). expected: balanced routing (a rank receives rows * k slots);
+// bound: ep_recv_rows_bound's.
 typedef struct {
     int64_t recv_rows_bound;
     uint64_t expected_bytes, bound_bytes;
