@@ -105,6 +105,11 @@ struct StepCtx {
     double loss;         // out: mean cross-entropy of the microbatch (every tp rank: the whole)
     float *logits;       // out: (B*T, vocab), valid after forward until backward overwrites it;
                          // (B*T, vocab / tp) this rank's vocab slice under loss parallel
+    // (MoE layers, experts) host: each MoE layer adds the slots its router sent to each expert
+    // (models/moe), the step's expert load; NULL: not counted (evaluation).
+    float *expert_load;
+    bool recompute;      // set by the code running blocks: this forward is a checkpointed
+                         // block's recompute (what it counts, it counted already)
 };
 
 static inline bool step_sizing(const StepCtx *s) { return s->act->base == NULL; }
