@@ -11,7 +11,9 @@ static Param *add_param(ParamTable *t, ParamInit init, double std, int ndim, int
     return &t->items[params_add(t, init, std, ndim, shape, "%s%s", prefix, name)];
 }
 
-int moe_param_count(const MoeArgs *args) { return args->shared_hidden > 0 ? 7 : 4; }
+int moe_param_count(const MoeArgs *args) {
+    return 4 + (args->shared_hidden > 0 ? 3 : 0) + (args->load_balance_coeff > 0 ? 1 : 0);
+}
 
 void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
                     const char *prefix, ParamInit init, double std, double out_std) {
@@ -29,6 +31,10 @@ void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
         m->shared_w2 =
             add_param(t, init, out_std, 2, D, Fs, 0, prefix, "moe.shared_experts.w2.weight");
         m->shared_w3 = add_param(t, init, std, 2, Fs, D, 0, prefix, "moe.shared_experts.w3.weight");
+    }
+    if (args->load_balance_coeff > 0) {
+        m->expert_bias = add_param(t, INIT_ZEROS, 0, 1, E, 0, 0, prefix, "moe.expert_bias_E");
+        m->expert_bias->buffer = true;
     }
     m->host_counts = xcalloc(2 * (size_t)E + 1, sizeof(int));
 }
@@ -92,7 +98,8 @@ static void route(MoeLayer *m, StepCtx *s, MoeSaved *sv, MoeDims d, const float 
                   float *logits) {
     const KernelOps *K = s->k;
     K->matmul(logits, x, m->gate->data, d.rows, d.E, d.D, false, true, 0);
-    K->moe_router_forward(sv->weight, sv->experts, sv->scores, logits, m->expert_bias,
+    const float *bias = m->expert_bias ? m->expert_bias->data : NULL;
+    K->moe_router_forward(sv->weight, sv->experts, sv->scores, logits, bias,
                           &m->args->router, d.rows);
     K->moe_sort(sv->counts, sv->counts + d.E, sv->row_of_slot, sv->experts, (int)d.R, d.E,
                 moe_capacity(m->args, d.rows));

@@ -29,17 +29,19 @@ typedef struct {
     // When > 0 an expert takes at most ceil(capacity_factor * rows * k / E) of a forward's
     // slots, the later ones dropped (their token gets nothing from that expert); 0: none.
     double capacity_factor;
+    // Auxiliary-loss-free balancing's bias step (balance.h); 0: the layer has no expert bias.
+    double load_balance_coeff;
 } MoeArgs;
 
 typedef struct {
     const MoeArgs *args;
-    int index;                  // which of the model's MoE layers: its row of MoeState
+    int index;                  // which of the model's MoE layers: its row of the expert load
     Param *gate;                // (E, D) the router's Linear, fp32
     Param *w1, *w3;             // (E, F, D) stacked experts (Param.expert)
     Param *w2;                  // (E, D, F)
     Param *shared_w1, *shared_w3;  // (Fs, D); NULL without shared experts
     Param *shared_w2;           // (D, Fs)
-    const float *expert_bias;   // (E) tensor memory (MoeState.bias_dev's row); NULL: no bias
+    Param *expert_bias;         // (E) the routing bias (a Param.buffer); NULL: none
     int *host_counts;           // (2E + 1) host: counts then offsets, read back per call
 } MoeLayer;
 
@@ -59,7 +61,8 @@ typedef struct {
 
 // Adds the layer's parameters to t under prefix ("layers.3."), with torchtitan's names
 // (moe.router.gate.weight, moe.routed_experts.inner_experts.w1_EFD / w2_EDF / w3_EFD,
-// moe.shared_experts.w1/w2/w3.weight), initialised as init says (a normal or truncated
+// moe.shared_experts.w1/w2/w3.weight; with a load_balance_coeff the buffer moe.expert_bias_E,
+// zeros), initialised as init says (a normal or truncated
 // normal): std for the gate and the inputs' projections (w1, w3; shared w1, w3), out_std for
 // the output projections (w2, shared w2). The layer keeps args (not copied). Allocates the
 // host scratch.

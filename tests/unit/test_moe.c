@@ -3,7 +3,8 @@
 // top-k with the bias, route norm and scale, capacity drops in slot order, shared experts),
 // its backward against central finite differences of the layer's own forward (loss =
 // sum(y * r) for a fixed r) for x and every parameter; the expert-load counts (none in a
-// recompute); an expert no token chooses.
+// recompute); an expert no token chooses; the auxiliary-loss-free bias update; AdamW leaving
+// the bias (a Param.buffer) alone.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,7 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/moe/balance.h"
 #include "models/moe/moe.h"
+#include "optim/optim.h"
 
 #define ROWS 7
 #define DIM 6
@@ -28,7 +31,6 @@ typedef struct {
     MoeLayer m;
     ParamTable t;
     Arena params, grads, act;
-    float bias[EXPERTS];
     float load[EXPERTS];
     float x[ROWS * DIM], y[ROWS * DIM], r[ROWS * DIM], dx[ROWS * DIM];
     int counts[EXPERTS];  // of the last forward
@@ -45,7 +47,7 @@ static void layer_make(Layer *L, MoeScoreFunc score, bool route_norm, int shared
                        double capacity_factor) {
     memset(L, 0, sizeof *L);
     L->args = (MoeArgs){.dim = DIM, .hidden = HIDDEN, .shared_hidden = shared,
-                        .capacity_factor = capacity_factor,
+                        .capacity_factor = capacity_factor, .load_balance_coeff = 1e-3,
                         .router = {.n_experts = EXPERTS, .top_k = TOPK, .score_func = score,
                                    .route_norm = route_norm, .route_scale = 1.5f}};
     params_init(&L->t, moe_param_count(&L->args));
@@ -57,7 +59,6 @@ static void layer_make(Layer *L, MoeScoreFunc score, bool route_norm, int shared
     arena_commit(&L->grads, NULL);
     params_allocate(&L->t, &L->params, &L->grads);
     params_initialize(&L->t, 11);
-    L->m.expert_bias = L->bias;
     uint64_t s = 5;
     for (int i = 0; i < ROWS * DIM; i++) L->x[i] = (float)uniform(&s), L->r[i] = (float)uniform(&s);
 }
@@ -107,7 +108,7 @@ static double silu(double g) { return g / (1 + exp(-g)); }
 
 // Token t's chosen experts (descending by score + bias, ties to the lower id) and weights.
 static void ref_route(const Layer *L, int t, int *chosen, double *weight) {
-    const float *x = L->x + t * DIM, *g = L->m.gate->data;
+    const float *x = L->x + t * DIM, *g = L->m.gate->data, *bias = L->m.expert_bias->data;
     double sc[EXPERTS], mx = -INFINITY, sum = 0;
     for (int e = 0; e < EXPERTS; e++) {
         sc[e] = 0;
@@ -129,7 +130,7 @@ static void ref_route(const Layer *L, int t, int *chosen, double *weight) {
     for (int j = 0; j < TOPK; j++) {
         int best = -1;
         for (int e = 0; e < EXPERTS; e++)
-            if (!taken[e] && (best < 0 || sc[e] + L->bias[e] > sc[best] + L->bias[best])) best = e;
+            if (!taken[e] && (best < 0 || sc[e] + bias[e] > sc[best] + bias[best])) best = e;
         taken[best] = true;
         chosen[j] = best;
         weight[j] = sc[best];
@@ -240,6 +241,10 @@ static void check_backward(Layer *L) {
     check_grad(L, L->x, dx, ROWS * DIM, "x");  // the probing runs leave the grads as they are
     for (int i = 0; i < L->t.count; i++) {
         Param *p = &L->t.items[i];
+        if (p->buffer) {  // the expert bias steers the choice only: no gradient
+            for (size_t j = 0; j < p->numel; j++) assert_true(p->grad[j] == 0);
+            continue;
+        }
         check_grad(L, p->data, p->grad, p->numel, p->name);
     }
 }
@@ -284,7 +289,7 @@ static void test_expert_without_tokens(void **state) {
     (void)state;
     Layer *L = malloc(sizeof *L);
     layer_make(L, MOE_SCORE_SOFTMAX, true, 0, 0);
-    L->bias[3] = -10;
+    L->m.expert_bias->data[3] = -10;
     act_commit(L);
     check_forward(L);
     assert_int_equal(L->counts[3], 0);
@@ -314,6 +319,71 @@ static void test_recompute_not_counted(void **state) {
     free(L);
 }
 
+// torchtitan's rule: coeff * sign(mean - load), re-centred.
+static void test_balance_step(void **state) {
+    (void)state;
+    float step[4];
+    moe_balance_step(step, (const float[]){10, 2, 4, 4}, 4, 0.1);  // mean 5: -, +, +, +
+    const float want[4] = {-0.15f, 0.05f, 0.05f, 0.05f};
+    for (int e = 0; e < 4; e++) assert_true(fabsf(step[e] - want[e]) < 1e-7f);
+    moe_balance_step(step, (const float[]){3, 3, 3, 3}, 4, 0.1);
+    for (int e = 0; e < 4; e++) assert_true(step[e] == 0);
+}
+
+// Two layers' biases (buffers) between trained parameters: the update moves each by its
+// layer's step, reports the load, restarts the count; AdamW with weight decay leaves them.
+static void test_balance_update_and_optimizer(void **state) {
+    (void)state;
+    const KernelOps *k = kernels_backend("cpu");
+    ParamTable t;
+    params_init(&t, 4);
+    int64_t n = 4;
+    MoeBalance b;
+    moe_balance_init(&b, 2, 4, 0.1);
+    params_add(&t, INIT_ONES, 0, 1, &n, "w0");
+    for (int l = 0; l < 2; l++) {
+        b.bias[l] = &t.items[params_add(&t, INIT_ZEROS, 0, 1, &n, "layers.%d.moe.expert_bias_E", l)];
+        b.bias[l]->buffer = true;
+    }
+    params_add(&t, INIT_ONES, 0, 1, &n, "w1");
+    Arena data, grads, opt_state;
+    arena_init_sizing(&data, "data");
+    arena_init_sizing(&grads, "grads");
+    params_allocate(&t, &data, &grads);
+    arena_commit(&data, NULL);
+    arena_commit(&grads, NULL);
+    params_allocate(&t, &data, &grads);
+    params_initialize(&t, 1);
+    moe_balance_place(&b, k);
+    const float load[8] = {10, 2, 4, 4, 5, 5, 5, 5};
+    memcpy(b.load, load, sizeof load);
+    moe_balance_load(&b, k);  // one rank: the sum over ranks is the load itself
+    MoeLoadStats st = moe_balance_update(&b, k, &t);
+    assert_true(fabs(st.max - 2.0) < 1e-12 && fabs(st.mean - 1.5) < 1e-12);
+    const float want[4] = {-0.15f, 0.05f, 0.05f, 0.05f};
+    for (int e = 0; e < 4; e++) {
+        assert_true(fabsf(b.bias[0]->data[e] - want[e]) < 1e-7f);
+        assert_true(b.bias[1]->data[e] == 0);
+        assert_true(b.load[e] == 0 && b.load[4 + e] == 0);
+    }
+    for (size_t i = 0; i < t.numel; i++) t.grad[i] = 0.5f;  // as if a gradient reached all
+    AdamW opt = {.lr = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    arena_init_sizing(&opt_state, "opt");
+    adamw_allocate(&opt, t.shard_numel, &opt_state);
+    arena_commit(&opt_state, NULL);
+    adamw_allocate(&opt, t.shard_numel, &opt_state);
+    adamw_step(&opt, k, &t, opt.lr);
+    for (int e = 0; e < 4; e++) {
+        assert_true(fabsf(b.bias[0]->data[e] - want[e]) < 1e-7f);
+        assert_true(t.items[0].data[e] < 0.9f && t.items[3].data[e] < 0.9f);  // trained
+    }
+    moe_balance_free(&b, k);
+    params_free(&t);
+    arena_free(&data);
+    arena_free(&grads);
+    arena_free(&opt_state);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_softmax_route_norm),
@@ -321,6 +391,8 @@ int main(void) {
         cmocka_unit_test(test_capacity_drops),
         cmocka_unit_test(test_expert_without_tokens),
         cmocka_unit_test(test_recompute_not_counted),
+        cmocka_unit_test(test_balance_step),
+        cmocka_unit_test(test_balance_update_and_optimizer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
