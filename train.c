@@ -422,8 +422,21 @@ static double validate(Trainer *t) {
     return comm_all_reduce_double(t->mesh.loss, loss, COMM_AVG);
 }
 
-// One optimizer step over `accum` microbatches; returns the mean loss and sets *grad_norm.
-static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
+// torchtitan's MoE pre-step hook: the step's expert load summed over every rank (each holds
+// other tokens or other layers), then the aux-loss-free bias update; the load's figures go
+// to the metrics.
+static void balance_experts(Trainer *t, StepMetrics *m) {
+    MoeBalance *b = t->model.moe;
+    if (!b) return;
+    float *load = moe_balance_load(b, t->k);
+    comm_all_reduce(comm_world(), load, (size_t)b->n_layers * b->n_experts, COMM_SUM);
+    MoeLoadStats st = moe_balance_update(b, t->k, &t->model.params);
+    m->expert_load_max = st.max;
+    m->expert_load_mean = st.mean;
+}
+
+// One optimizer step over `accum` microbatches: sets m's loss, grad norm, lr and expert load.
+static void train_step(Trainer *t, int step, StepMetrics *m) {
     ParamTable *params = &t->model.params;
     t->k->zero(params->shard_grad, params->shard_numel * sizeof(float));
     double loss = 0;
@@ -435,6 +448,7 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
         }
         StepCtx s = step_ctx(t, &t->train);
         s.loss_scale = 1.0f / t->accum;
+        s.expert_load = t->model.moe ? t->model.moe->load : NULL;
         loss += model_forward_backward(&t->model, &s) / t->accum;
     }
     CommGroup *pp = t->pipeline ? t->mesh.group[MESH_PP] : NULL;
@@ -449,12 +463,13 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
     if (t->ddp_on) ddp_finish_step(params, t->mesh.group[MESH_DP_REPLICATE]);
     CommGroup *tp = t->tp_on ? t->tp.group : NULL, *fsdp = t->fsdp_on ? t->mesh.fsdp : NULL;
     grads_reduce_replicated(params, tp);
-    *grad_norm = sqrt(grads_sum_squares(t->k, params, fsdp, tp, pp));
-    grad_clip_to_norm(t->k, params->shard_grad, params->shard_numel, *grad_norm,
+    m->loss = loss;
+    m->grad_norm = sqrt(grads_sum_squares(t->k, params, fsdp, tp, pp));
+    grad_clip_to_norm(t->k, params->shard_grad, params->shard_numel, m->grad_norm,
                       t->cfg.training.max_norm);
-    *lr = t->opt.lr * lr_schedule_factor(&t->schedule, step - t->lr_origin);
-    adamw_step(&t->opt, t->k, params, *lr);
-    return loss;
+    m->lr = t->opt.lr * lr_schedule_factor(&t->schedule, step - t->lr_origin);
+    balance_experts(t, m);
+    adamw_step(&t->opt, t->k, params, m->lr);
 }
 
 // Whether any rank has had a SIGTERM (core/preempt.h): one all-reduce of one double over the
@@ -493,7 +508,7 @@ static void train(Trainer *t) {
     for (int step = first_step; step <= c->training.steps; step++) {
         StepMetrics m = {.step = step};
         double step_started = now_seconds();
-        m.loss = train_step(t, step, &m.grad_norm, &m.lr);
+        train_step(t, step, &m);
         t->step_seconds = now_seconds() - step_started;
         // torchtitan: comm.init_timeout_seconds covers setup and the first step, whose
         // collectives wait for the slowest rank's setup; then comm.train_timeout_seconds.

@@ -12,6 +12,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
+#include "models/moe/balance.h"
 #include "models/registry.h"
 #include "optim/optim.h"
 #include "parallel/comm.h"

@@ -44,6 +44,7 @@ static float *stage_forward(const PpStageFns *f, int stage, int mb, int region, 
                    .targets = sp->step_targets ? sp->step_targets + first_row : NULL,
                    .doc = sp->step_doc ? sp->step_doc + (size_t)mb * p->rows * sp->T : NULL,
                    .loss_scale = p->loss_scale};
+    if (p->running == &p->train && t->model.moe) s->expert_load = t->model.moe->load;
     int last = p->first[stage + 1];
     float *y = model_forward_blocks(&t->model, s, &p->slots[region], p->first[stage], last, x);
     if (last == t->model.n_blocks && !step_sizing(s)) p->loss[mb] = s->loss;

@@ -342,7 +342,8 @@ static void test_balance_update_and_optimizer(void **state) {
     moe_balance_init(&b, 2, 4, 0.1);
     params_add(&t, INIT_ONES, 0, 1, &n, "w0");
     for (int l = 0; l < 2; l++) {
-        b.bias[l] = &t.items[params_add(&t, INIT_ZEROS, 0, 1, &n, "layers.%d.moe.expert_bias_E", l)];
+        int i = params_add(&t, INIT_ZEROS, 0, 1, &n, "layers.%d.moe.expert_bias_E", l);
+        b.bias[l] = &t.items[i];
         b.bias[l]->buffer = true;
     }
     params_add(&t, INIT_ONES, 0, 1, &n, "w1");
