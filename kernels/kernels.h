@@ -251,6 +251,20 @@ typedef struct KernelOps {
     void (*grouped_matmul)(float *c, const float *a, const float *b, const int *offsets,
                            int groups, int n, int k, bool trans_a, bool trans_b, float beta);
 
+    // DeepSeek V3's sequence-wise balance loss, sum over experts i of frac_i prob_i per
+    // sequence, on rows [first, first + n) of a batch of sequences of T tokens (batch row r in
+    // sequence r / T), scores (n, E) and experts (n, k) as the router gave them: frac (rows'
+    // sequences, E) += E / (k T) * each sequence's slots routed to expert i; prob += 1/T * the
+    // sum over its rows of the scores normalised to sum 1 per row. Partial sums over the
+    // pieces of a split sequence add up; frac and prob are indexed by sequence r / T.
+    void (*moe_aux_stats)(float *frac, float *prob, const float *scores, const int *experts,
+                          const MoeRouter *r, int n, int first, int T);
+    // dlogits (n, E) += the gradient of dloss * sum_b sum_i frac[b][i] prob[b][i] (frac: the
+    // whole sequences', a count of choices, constant) through prob's normalisation and the
+    // score function, for the same rows.
+    void (*moe_aux_backward)(float *dlogits, const float *frac, const float *scores,
+                             const MoeRouter *r, int n, int first, int T, float dloss);
+
     // y (n) += x
     void (*add)(float *y, const float *x, size_t n);
     // x (n) *= s

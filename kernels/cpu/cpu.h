@@ -37,6 +37,11 @@ void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                          const float *up, size_t n);
 
+void cpu_moe_aux_stats(float *frac, float *prob, const float *scores, const int *experts,
+                       const MoeRouter *r, int n, int first, int T);
+void cpu_moe_aux_backward(float *dlogits, const float *frac, const float *scores,
+                          const MoeRouter *r, int n, int first, int T, float dloss);
+
 void cpu_embedding_forward(float *out, const int *tokens, const float *table, int n, int dim,
                            int vocab_start, int rows);
 void cpu_embedding_backward(float *dtable, const float *dout, const int *tokens, int n, int dim,

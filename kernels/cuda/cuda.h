@@ -62,6 +62,11 @@ void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t 
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                           const float *up, size_t n);
 
+void cuda_moe_aux_stats(float *frac, float *prob, const float *scores, const int *experts,
+                        const MoeRouter *r, int n, int first, int T);
+void cuda_moe_aux_backward(float *dlogits, const float *frac, const float *scores,
+                           const MoeRouter *r, int n, int first, int T, float dloss);
+
 void cuda_embedding_forward(float *out, const int *tokens, const float *table, int n, int dim,
                             int vocab_start, int rows);
 void cuda_embedding_backward(float *dtable, const float *dout, const int *tokens, int n, int dim,

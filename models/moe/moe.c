@@ -91,6 +91,36 @@ static void count_load(const MoeLayer *m, const StepCtx *s, int E) {
     for (int e = 0; e < E; e++) load[e] += (float)m->host_counts[e];
 }
 
+// ---- DeepSeek V3's sequence-wise balance loss -------------------------------------------------
+
+// The batch row of this rank's first row (its tp share of B*T).
+static int first_row(const StepCtx *s, int rows) { return s->tp ? s->tp->rank * rows : 0; }
+
+// sv->frac's f and P of the microbatch's B whole sequences (partial sums over the tp ranks'
+// rows, summed); adds alpha * mean over sequences of sum_i f_i P_i to s->aux_loss. dot: one
+// float of scratch.
+static void aux_forward(const MoeLayer *m, StepCtx *s, const MoeSaved *sv, MoeDims d,
+                        float *dot) {
+    const KernelOps *K = s->k;
+    size_t n = (size_t)s->B * d.E;
+    CHECK(!s->attn);  // context parallel splits the sequences over ranks the layer cannot reach
+    K->zero(sv->frac, 2 * n * sizeof(float));
+    K->moe_aux_stats(sv->frac, sv->frac + n, sv->scores, sv->experts, &m->args->router, d.rows,
+                     first_row(s, d.rows), s->T);
+    if (s->tp) s->tp->all_reduce_sum(s->tp, sv->frac, 2 * n);
+    K->matmul(dot, sv->frac, sv->frac + n, 1, 1, (int)n, false, true, 0);
+    float host;
+    K->download(&host, dot, sizeof host);
+    if (!s->recompute) s->aux_loss += m->args->aux_loss_alpha * host / s->B;
+}
+
+static void aux_backward(const MoeLayer *m, const StepCtx *s, const MoeSaved *sv, MoeDims d,
+                         float *dlogits) {
+    float dloss = (float)(s->loss_scale * m->args->aux_loss_alpha / s->B);
+    s->k->moe_aux_backward(dlogits, sv->frac, sv->scores, &m->args->router, d.rows,
+                           first_row(s, d.rows), s->T, dloss);
+}
+
 // ---- forward ---------------------------------------------------------------------------------
 
 // logits: (rows, E) scratch.
@@ -160,8 +190,11 @@ void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y
     sv->sgate = shared ? arena_floats(A, (size_t)rows * d.Fs) : NULL;
     sv->sup = shared ? arena_floats(A, (size_t)rows * d.Fs) : NULL;
     sv->sact = shared ? arena_floats(A, (size_t)rows * d.Fs) : NULL;
+    bool aux = m->args->aux_loss_alpha > 0;
+    sv->frac = aux ? arena_floats(A, 2 * (size_t)s->B * d.E) : NULL;
     size_t saved_end = arena_mark(A);  // scratch from here
     float *logits = arena_floats(A, (size_t)rows * d.E);
+    float *dot = aux ? arena_floats(A, 1) : NULL;
     if (!step_sizing(s)) {
         route(m, s, sv, d, x, logits);
         const int *offs = host_offsets(m, s, sv, d);
@@ -170,6 +203,7 @@ void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y
         experts_forward(m, s, sv, d, offs);
         combine(s, sv, d, y);
         if (shared) shared_forward(m, s, sv, d, x, y);
+        if (aux) aux_forward(m, s, sv, d, dot);
     }
     arena_release(A, saved_end);
 }
@@ -220,7 +254,7 @@ static void experts_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv,
     K->grouped_matmul(m->w3->grad, g->dup, sv->xs, offs, d.E, d.D, d.F, true, false, 1);
 }
 
-// The router's logits from the combine weights' grads, then the
+// The router's logits from the combine weights' grads (and the balance loss's), then the
 // gate's grad and x's share.
 static void route_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, const MoeGrads *g,
                            MoeDims d, const float *x, float *dx) {
@@ -228,6 +262,7 @@ static void route_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, co
     K->zero(g->dlogits, (size_t)d.rows * d.E * sizeof(float));
     K->moe_router_backward(g->dlogits, g->dweight, sv->scores, sv->experts, &m->args->router,
                            d.rows);
+    if (sv->frac) aux_backward(m, s, sv, d, g->dlogits);
     K->matmul(m->gate->grad, g->dlogits, x, d.E, d.D, d.rows, true, false, 1);
     K->matmul(dx, g->dlogits, m->gate->data, d.rows, d.D, d.E, false, false, 1);
 }

@@ -31,6 +31,11 @@ typedef struct {
     double capacity_factor;
     // Auxiliary-loss-free balancing's bias step (balance.h); 0: the layer has no expert bias.
     double load_balance_coeff;
+    // DeepSeek V3's sequence-wise balance loss weight alpha: alpha * sum_i f_i P_i per sequence
+    // (f_i = E / (k T) * the sequence's slots routed to expert i, P_i = the mean over its
+    // tokens of the normalised scores), averaged over the microbatch's sequences and added to
+    // the objective; 0: off. Needs whole sequences on the tp group (not context parallel).
+    double aux_loss_alpha;
 } MoeArgs;
 
 typedef struct {
@@ -57,6 +62,7 @@ typedef struct {
     float *gate, *up, *act;   // (R, F) x3: xs W1^T, xs W3^T, silu(gate) * up
     float *out;               // (R, D) the experts' outputs, before weighting
     float *sgate, *sup, *sact;  // (rows, Fs) x3: the shared experts' (NULL without)
+    float *frac;              // (2, B, E) the balance loss's f then P per sequence (NULL: off)
 } MoeSaved;
 
 // Adds the layer's parameters to t under prefix ("layers.3."), with torchtitan's names
@@ -78,7 +84,9 @@ double moe_params(const MoeArgs *args);
 double moe_active_params(const MoeArgs *args);
 
 // y (rows, D) += MoE(x (rows, D)); fills sv. Counts each expert's routed slots into
-// s->expert_load's row m->index when set (a training forward, not a recompute).
+// s->expert_load's row m->index when set, and adds the balance loss to s->aux_loss (a forward,
+// not a recompute). Under tp the rows are this rank's of B*T (the balance loss sums its
+// sequences' statistics over the tp group).
 void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y, int rows);
 // dx (rows, D) += d MoE / dx^T dy, and every parameter gradient += its part (all in this one
 // call: a split backward takes the layer's gradients in its input part). sv: forward's.

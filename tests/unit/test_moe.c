@@ -2,7 +2,7 @@
 // forward against a naive double-precision loop over each token's chosen experts (router,
 // top-k with the bias, route norm and scale, capacity drops in slot order, shared experts),
 // its backward against central finite differences of the layer's own forward (loss =
-// sum(y * r) for a fixed r) for x and every parameter; the expert-load counts (none in a
+// sum(y * r) + the balance loss, for a fixed r) for x and every parameter; the expert-load counts (none in a
 // recompute); an expert no token chooses; the auxiliary-loss-free bias update; AdamW leaving
 // the bias (a Param.buffer) alone.
 #include <setjmp.h>
@@ -19,7 +19,9 @@
 #include "models/moe/moe.h"
 #include "optim/optim.h"
 
-#define ROWS 7
+#define SEQS 2
+#define SEQ_LEN 4
+#define ROWS (SEQS * SEQ_LEN)
 #define DIM 6
 #define HIDDEN 5
 #define EXPERTS 4
@@ -34,6 +36,7 @@ typedef struct {
     float load[EXPERTS];
     float x[ROWS * DIM], y[ROWS * DIM], r[ROWS * DIM], dx[ROWS * DIM];
     int counts[EXPERTS];  // of the last forward
+    double aux;           // its balance loss
 } Layer;
 
 static double uniform(uint64_t *s) {
@@ -44,10 +47,11 @@ static double uniform(uint64_t *s) {
 // A layer with random weights of std 0.5 (large enough that the routing is far from ties and
 // the experts far from linear), random x and r.
 static void layer_make(Layer *L, MoeScoreFunc score, bool route_norm, int shared,
-                       double capacity_factor) {
+                       double capacity_factor, double aux_alpha) {
     memset(L, 0, sizeof *L);
     L->args = (MoeArgs){.dim = DIM, .hidden = HIDDEN, .shared_hidden = shared,
                         .capacity_factor = capacity_factor, .load_balance_coeff = 1e-3,
+                        .aux_loss_alpha = aux_alpha,
                         .router = {.n_experts = EXPERTS, .top_k = TOPK, .score_func = score,
                                    .route_norm = route_norm, .route_scale = 1.5f}};
     params_init(&L->t, moe_param_count(&L->args));
@@ -72,8 +76,8 @@ static void layer_free(Layer *L) {
 }
 
 static StepCtx step(Layer *L) {
-    return (StepCtx){.k = kernels_backend("cpu"), .act = &L->act, .B = 1, .T = ROWS,
-                     .expert_load = L->load};
+    return (StepCtx){.k = kernels_backend("cpu"), .act = &L->act, .B = SEQS, .T = SEQ_LEN,
+                     .loss_scale = 1, .expert_load = L->load};
 }
 
 // Sizes the activation arena by a forward and backward, then commits it.
@@ -94,6 +98,7 @@ static void layer_run(Layer *L, bool backward, bool recompute) {
     memset(L->y, 0, sizeof L->y);
     moe_forward(&L->m, &s, &sv, L->x, L->y, ROWS);
     memcpy(L->counts, sv.counts, sizeof L->counts);
+    L->aux = s.aux_loss;
     if (backward) {
         memset(L->dx, 0, sizeof L->dx);
         memset(L->t.grad, 0, L->t.numel * sizeof(float));
@@ -106,8 +111,9 @@ static void layer_run(Layer *L, bool backward, bool recompute) {
 
 static double silu(double g) { return g / (1 + exp(-g)); }
 
-// Token t's chosen experts (descending by score + bias, ties to the lower id) and weights.
-static void ref_route(const Layer *L, int t, int *chosen, double *weight) {
+// Token t's chosen experts (descending by score + bias, ties to the lower id), weights and
+// scores normalised to sum 1 (normed).
+static void ref_route(const Layer *L, int t, int *chosen, double *weight, double *normed) {
     const float *x = L->x + t * DIM, *g = L->m.gate->data, *bias = L->m.expert_bias->data;
     double sc[EXPERTS], mx = -INFINITY, sum = 0;
     for (int e = 0; e < EXPERTS; e++) {
@@ -125,6 +131,9 @@ static void ref_route(const Layer *L, int t, int *chosen, double *weight) {
     }
     if (L->args.router.score_func == MOE_SCORE_SOFTMAX)
         for (int e = 0; e < EXPERTS; e++) sc[e] /= sum;
+    double total = 0;
+    for (int e = 0; e < EXPERTS; e++) total += sc[e];
+    for (int e = 0; e < EXPERTS; e++) normed[e] = sc[e] / total;
     bool taken[EXPERTS] = {false};
     double norm = 0;
     for (int j = 0; j < TOPK; j++) {
@@ -159,9 +168,9 @@ static void ref_ffn(double *y, const float *x, const float *w1, const float *w3,
     }
 }
 
-// y (ROWS, DIM) and the counts of the routed slots per expert, slots dropped in slot order
-// past the capacity.
-static void ref_forward(const Layer *L, double *y, int *counts) {
+// y (ROWS, DIM), the counts of the routed slots per expert (slots dropped in slot order past
+// the capacity) and the balance loss: alpha * the mean over sequences of sum_i f_i P_i.
+static void ref_forward(const Layer *L, double *y, int *counts, double *aux) {
     const MoeLayer *m = &L->m;
     int cap = L->args.capacity_factor > 0
                   ? (int)ceil(L->args.capacity_factor * ROWS * TOPK / EXPERTS) : ROWS * TOPK;
@@ -169,10 +178,14 @@ static void ref_forward(const Layer *L, double *y, int *counts) {
     memset(counts, 0, EXPERTS * sizeof(int));
     memset(y, 0, ROWS * DIM * sizeof(double));
     size_t ef = (size_t)HIDDEN * DIM;
+    double f[SEQS][EXPERTS] = {{0}}, P[SEQS][EXPERTS] = {{0}};
     for (int t = 0; t < ROWS; t++) {
         int chosen[TOPK];
-        double weight[TOPK];
-        ref_route(L, t, chosen, weight);
+        double weight[TOPK], normed[EXPERTS];
+        ref_route(L, t, chosen, weight, normed);
+        for (int e = 0; e < EXPERTS; e++) P[t / SEQ_LEN][e] += normed[e] / SEQ_LEN;
+        for (int j = 0; j < TOPK; j++)
+            f[t / SEQ_LEN][chosen[j]] += (double)EXPERTS / (TOPK * SEQ_LEN);
         const float *x = L->x + t * DIM;
         for (int j = 0; j < TOPK; j++) {
             int e = chosen[j];
@@ -185,18 +198,23 @@ static void ref_forward(const Layer *L, double *y, int *counts) {
             ref_ffn(y + t * DIM, x, m->shared_w1->data, m->shared_w3->data, m->shared_w2->data,
                     SHARED, 1);
     }
+    *aux = 0;
+    for (int b = 0; b < SEQS; b++)
+        for (int e = 0; e < EXPERTS; e++) *aux += L->args.aux_loss_alpha * f[b][e] * P[b][e] / SEQS;
 }
 
 static void check_forward(Layer *L) {
     double want[ROWS * DIM];
     int counts[EXPERTS];
-    ref_forward(L, want, counts);
+    double aux;
+    ref_forward(L, want, counts, &aux);
     memset(L->load, 0, sizeof L->load);
     layer_run(L, false, false);
     double scale = 0;
     for (int i = 0; i < ROWS * DIM; i++) scale = fmax(scale, fabs(want[i]));
     assert_true(scale > 0.1);
     for (int i = 0; i < ROWS * DIM; i++) assert_true(fabs(L->y[i] - want[i]) <= 1e-5 * scale);
+    assert_true(fabs(L->aux - aux) <= 1e-6 * fmax(aux, 1e-3));
     for (int e = 0; e < EXPERTS; e++) {
         assert_int_equal(L->counts[e], counts[e]);
         assert_true(L->load[e] == (float)counts[e]);
@@ -207,7 +225,7 @@ static void check_forward(Layer *L) {
 
 static double objective(Layer *L) {
     layer_run(L, false, false);
-    double o = 0;
+    double o = L->aux;
     for (int i = 0; i < ROWS * DIM; i++) o += (double)L->y[i] * L->r[i];
     return o;
 }
@@ -249,9 +267,10 @@ static void check_backward(Layer *L) {
     }
 }
 
-static void run_case(MoeScoreFunc score, bool route_norm, int shared, double capacity) {
+static void run_case(MoeScoreFunc score, bool route_norm, int shared, double capacity,
+                     double aux_alpha) {
     Layer *L = malloc(sizeof *L);
-    layer_make(L, score, route_norm, shared, capacity);
+    layer_make(L, score, route_norm, shared, capacity, aux_alpha);
     act_commit(L);
     check_forward(L);
     check_backward(L);
@@ -261,19 +280,27 @@ static void run_case(MoeScoreFunc score, bool route_norm, int shared, double cap
 
 static void test_softmax_route_norm(void **state) {
     (void)state;
-    run_case(MOE_SCORE_SOFTMAX, true, 0, 0);
+    run_case(MOE_SCORE_SOFTMAX, true, 0, 0, 0);
 }
 
 static void test_sigmoid_shared_experts(void **state) {
     (void)state;
-    run_case(MOE_SCORE_SIGMOID, false, SHARED, 0);
+    run_case(MOE_SCORE_SIGMOID, false, SHARED, 0, 0);
 }
 
-// A capacity of ceil(0.5 * 7 * 2 / 4) = 2 slots per expert: some tokens lose an expert.
+// The balance loss (alpha 0.5, large enough that its gradient shows in every router grad),
+// with softmax and with sigmoid scores.
+static void test_aux_loss(void **state) {
+    (void)state;
+    run_case(MOE_SCORE_SOFTMAX, true, 0, 0, 0.5);
+    run_case(MOE_SCORE_SIGMOID, true, 0, 0, 0.5);
+}
+
+// A capacity of ceil(0.5 * 8 * 2 / 4) = 2 slots per expert: some tokens lose an expert.
 static void test_capacity_drops(void **state) {
     (void)state;
     Layer *L = malloc(sizeof *L);
-    layer_make(L, MOE_SCORE_SOFTMAX, true, 0, 0.5);
+    layer_make(L, MOE_SCORE_SOFTMAX, true, 0, 0.5, 0);
     act_commit(L);
     check_forward(L);
     int most = 0;
@@ -288,7 +315,7 @@ static void test_capacity_drops(void **state) {
 static void test_expert_without_tokens(void **state) {
     (void)state;
     Layer *L = malloc(sizeof *L);
-    layer_make(L, MOE_SCORE_SOFTMAX, true, 0, 0);
+    layer_make(L, MOE_SCORE_SOFTMAX, true, 0, 0, 0);
     L->m.expert_bias->data[3] = -10;
     act_commit(L);
     check_forward(L);
@@ -307,7 +334,7 @@ static void test_expert_without_tokens(void **state) {
 static void test_recompute_not_counted(void **state) {
     (void)state;
     Layer *L = malloc(sizeof *L);
-    layer_make(L, MOE_SCORE_SOFTMAX, true, 0, 0);
+    layer_make(L, MOE_SCORE_SOFTMAX, true, 0, 0, 0);
     act_commit(L);
     memset(L->load, 0, sizeof L->load);
     layer_run(L, false, false);
@@ -390,6 +417,7 @@ int main(void) {
         cmocka_unit_test(test_softmax_route_norm),
         cmocka_unit_test(test_sigmoid_shared_experts),
         cmocka_unit_test(test_capacity_drops),
+        cmocka_unit_test(test_aux_loss),
         cmocka_unit_test(test_expert_without_tokens),
         cmocka_unit_test(test_recompute_not_counted),
         cmocka_unit_test(test_balance_step),
