@@ -439,21 +439,28 @@ static void balance_experts(Trainer *t, StepMetrics *m) {
 static void train_step(Trainer *t, int step, StepMetrics *m) {
     ParamTable *params = &t->model.params;
     t->k->zero(params->shard_grad, params->shard_numel * sizeof(float));
-    double loss = 0;
-    for (int m = 0; m < t->accum; m++) {
+    double loss = 0, aux = 0;
+    for (int mb = 0; mb < t->accum; mb++) {
         split_next(t->k, &t->train, model_shape(&t->args).vocab_size, t->doc_eos);
         if (t->pipeline) {
-            loss += trainer_pipeline_step(t) / t->accum;
+            double stage_aux;
+            loss += trainer_pipeline_step(t, &stage_aux) / t->accum;
+            aux += stage_aux / t->accum;
             continue;
         }
         StepCtx s = step_ctx(t, &t->train);
         s.loss_scale = 1.0f / t->accum;
         s.expert_load = t->model.moe ? t->model.moe->load : NULL;
         loss += model_forward_backward(&t->model, &s) / t->accum;
+        aux += s.aux_loss / t->accum;
     }
     CommGroup *pp = t->pipeline ? t->mesh.group[MESH_PP] : NULL;
     if (pp) loss = comm_all_reduce_double(pp, loss, COMM_SUM);  // the last stage's, everywhere
     loss = comm_all_reduce_double(t->mesh.loss, loss, COMM_AVG);  // the global batch's mean
+    if (t->model.moe && t->model.moe->aux_loss) {  // each stage's layers', then the mean
+        if (pp) aux = comm_all_reduce_double(pp, aux, COMM_SUM);
+        m->aux_loss = comm_all_reduce_double(t->mesh.loss, aux, COMM_AVG);
+    }
     if (!isfinite(loss)) {
         trainer_wait_checkpoint(t);  // a save in flight completes: the message promises it
         die_user("step %d: loss is %s; stopped before updating the weights (checkpoints in %s "
@@ -506,7 +513,7 @@ static void train(Trainer *t) {
     int first_step = (int)t->progress.step + 1;
     bool preempted = false;
     for (int step = first_step; step <= c->training.steps; step++) {
-        StepMetrics m = {.step = step};
+        StepMetrics m = {.step = step, .aux_loss = NAN};
         double step_started = now_seconds();
         train_step(t, step, &m);
         t->step_seconds = now_seconds() - step_started;

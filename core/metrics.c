@@ -60,7 +60,7 @@ static const char *const COLORS[] = {"\033[31m", "\033[32m", "\033[38;2;255;165;
 #define N_COLORS (sizeof COLORS / sizeof COLORS[0])
 
 void metrics_write(MetricsLog *log, const StepMetrics *m) {
-    char mfu[32], mfu_json[32], load[64] = "", load_json[96] = "";
+    char mfu[32], mfu_json[32], load[96] = "", load_json[160] = "";
     bool known = !isnan(m->mfu);
     snprintf(mfu, sizeof mfu, known ? "%5.2f%%" : "  n/a", m->mfu);
     snprintf(mfu_json, sizeof mfu_json, known ? "%.6g" : "null", m->mfu);
@@ -70,6 +70,11 @@ void metrics_write(MetricsLog *log, const StepMetrics *m) {
         snprintf(load_json, sizeof load_json,
                  ", \"expert_load_max\": %.6g, \"expert_load_mean\": %.6g", m->expert_load_max,
                  m->expert_load_mean);
+    }
+    if (!isnan(m->aux_loss)) {
+        size_t n = strlen(load), nj = strlen(load_json);
+        snprintf(load + n, sizeof load - n, "  aux_loss %.4g", m->aux_loss);
+        snprintf(load_json + nj, sizeof load_json - nj, ", \"aux_loss\": %.17g", m->aux_loss);
     }
     const char *c[N_COLORS];
     for (size_t i = 0; i < N_COLORS; i++) c[i] = log->color ? COLORS[i] : "";

@@ -18,6 +18,7 @@ typedef struct {
     // balanced), in the worst MoE layer and averaged over them, from the global counts; 0: the
     // model has no MoE layers (and the fields are left out).
     double expert_load_max, expert_load_mean;
+    double aux_loss;          // MoE: the balance loss (in the objective, not in loss); NAN: none
 } StepMetrics;
 
 typedef struct {

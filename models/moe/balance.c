@@ -5,8 +5,9 @@
 
 #include "core/errors.h"
 
-void moe_balance_init(MoeBalance *b, int n_layers, int n_experts, double coeff) {
-    *b = (MoeBalance){.n_layers = n_layers, .n_experts = n_experts, .coeff = coeff};
+void moe_balance_init(MoeBalance *b, int n_layers, int n_experts, double coeff, bool aux_loss) {
+    *b = (MoeBalance){.n_layers = n_layers, .n_experts = n_experts, .coeff = coeff,
+                      .aux_loss = aux_loss};
     b->load = xcalloc((size_t)n_layers * n_experts, sizeof(float));
     b->bias = xcalloc((size_t)n_layers, sizeof(Param *));
     b->step = xcalloc((size_t)n_experts, sizeof(float));

@@ -17,6 +17,7 @@
 typedef struct MoeBalance {
     int n_layers, n_experts;
     double coeff;        // load_balance_coeff; 0: no biases, the load only measured
+    bool aux_loss;       // the layers add a balance loss to the objective (aux_loss_alpha > 0)
     float *load;         // (n_layers, E) host: slots routed to each expert since the last update
     float *scratch;      // (n_layers, E) tensor memory: the load to sum, then the biases' steps
     Param **bias;        // (n_layers) each layer's expert_bias_E; NULL entries when coeff is 0
@@ -30,7 +31,7 @@ typedef struct {
     double mean;  // the mean over layers of max / mean
 } MoeLoadStats;
 
-void moe_balance_init(MoeBalance *b, int n_layers, int n_experts, double coeff);
+void moe_balance_init(MoeBalance *b, int n_layers, int n_experts, double coeff, bool aux_loss);
 // Its tensor-memory scratch, from backend k (once, at setup).
 void moe_balance_place(MoeBalance *b, const KernelOps *k);
 void moe_balance_free(MoeBalance *b, const KernelOps *k);

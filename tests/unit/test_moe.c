@@ -366,7 +366,7 @@ static void test_balance_update_and_optimizer(void **state) {
     params_init(&t, 4);
     int64_t n = 4;
     MoeBalance b;
-    moe_balance_init(&b, 2, 4, 0.1);
+    moe_balance_init(&b, 2, 4, 0.1, false);
     params_add(&t, INIT_ONES, 0, 1, &n, "w0");
     for (int l = 0; l < 2; l++) {
         int i = params_add(&t, INIT_ZEROS, 0, 1, &n, "layers.%d.moe.expert_bias_E", l);
