@@ -55,6 +55,27 @@ static void setup_context_parallel(Trainer *t) {
     t->model.attn = &t->cp.hooks;
 }
 
+// The model.moe_* keys act on MoE layers (models/moe) only: given to a model without any, or
+// asking for what the layout cannot give (the balance loss sums over whole sequences, which
+// context parallel splits over ranks the layers cannot reach), they are refused by name.
+static void check_moe_keys(const Trainer *t) {
+    static const char *const KEYS[] = {"model.moe_load_balance_coeff", "model.moe_aux_loss_alpha",
+                                       "model.moe_capacity_factor"};
+    const Config *c = &t->cfg;
+    char origin[512];
+    for (size_t i = 0; i < sizeof KEYS / sizeof KEYS[0] && !t->model.moe; i++) {
+        CHECK(config_key_origin(c, KEYS[i], origin, sizeof origin));
+        if (strcmp(origin, "default") != 0)
+            die_user("%s: %s does nothing: model %s %s has no MoE layers", origin, KEYS[i],
+                     c->model.name, c->model.flavor);
+    }
+    if (t->model.moe && t->model.moe->aux_loss && t->mesh.layout.size[MESH_CP] > 1) {
+        CHECK(config_key_origin(c, "model.moe_aux_loss_alpha", origin, sizeof origin));
+        die_user("%s: model.moe_aux_loss_alpha needs whole sequences on each tensor-parallel "
+                 "group, not context_parallel_degree %d", origin, t->mesh.layout.size[MESH_CP]);
+    }
+}
+
 static void setup_model(Trainer *t) {
     const Config *c = &t->cfg;
     trainer_model_args(c, &t->args);
@@ -72,6 +93,7 @@ static void setup_model(Trainer *t) {
     // torchtitan's parallelize order: TP, then activation checkpointing, then FSDP.
     bool full_ac = strcmp(c->activation_checkpoint.mode, "full") == 0;
     spec->build(&t->model, &t->args, false);
+    check_moe_keys(t);
     if (t->mesh.layout.size[MESH_PP] > 1) trainer_pipeline_plan(t);
     if (t->tp_on) {
         bool loss_parallel = !c->parallelism.disable_loss_parallel;

@@ -11,6 +11,12 @@ static Param *add_param(ParamTable *t, ParamInit init, double std, int ndim, int
     return &t->items[params_add(t, init, std, ndim, shape, "%s%s", prefix, name)];
 }
 
+void moe_args_from_config(MoeArgs *a, const ModelSection *c) {
+    a->load_balance_coeff = isnan(c->moe_load_balance_coeff) ? 0 : c->moe_load_balance_coeff;
+    a->aux_loss_alpha = c->moe_aux_loss_alpha;
+    a->capacity_factor = isnan(c->moe_capacity_factor) ? 0 : c->moe_capacity_factor;
+}
+
 int moe_param_count(const MoeArgs *args) {
     return 4 + (args->shared_hidden > 0 ? 3 : 0) + (args->load_balance_coeff > 0 ? 1 : 0);
 }

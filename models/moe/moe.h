@@ -20,6 +20,7 @@
 #include <stdbool.h>
 
 #include "core/block.h"
+#include "core/config.h"
 #include "core/param.h"
 
 typedef struct {
@@ -74,6 +75,11 @@ typedef struct {
 // host scratch.
 void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
                     const char *prefix, ParamInit init, double std, double out_std);
+// The model.moe_* keys over a flavor's MoE settings (an architecture's update_from_config):
+// the balancing coefficient (null: 0, no bias), the balance loss weight, the capacity factor
+// (null: 0, none dropped).
+void moe_args_from_config(MoeArgs *a, const ModelSection *c);
+
 // Parameters moe_layer_init adds (for the table's capacity).
 int moe_param_count(const MoeArgs *args);
 void moe_layer_free(MoeLayer *m);

@@ -78,3 +78,10 @@ ms=$(( ($(date +%s%N) - start) / 1000000 ))
 expect_user_error "^titan: error: $SCRATCH/big.yaml: larger than the 1048576 bytes a config may have$" \
   $TITAN --config "$SCRATCH/big.yaml"
 echo "ok: config errors"
+# The MoE keys act on MoE layers only: on a dense model each is refused by name.
+for key in model.moe_load_balance_coeff model.moe_aux_loss_alpha model.moe_capacity_factor; do
+  expect_user_error "^titan: error: --$key: $key does nothing: model llama3 debugmodel has no MoE layers$" \
+    $TITAN "${R[@]}" "--$key" 0.5
+done
+expect_user_error "^titan: error: --model.moe_capacity_factor: expects a number > 0, got '0'$" \
+  $TITAN "${R[@]}" --model.moe_capacity_factor 0
