@@ -26,17 +26,19 @@ void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
     int64_t E = args->router.n_experts, D = args->dim, F = args->hidden;
     int64_t Fs = args->shared_hidden;
     *m = (MoeLayer){.args = args, .index = index};
-    m->gate = add_param(t, init, std, 2, E, D, 0, prefix, "moe.router.gate.weight");
+    m->gate = add_param(t, init, out_std, 2, E, D, 0, prefix, "moe.router.gate.weight");
     m->w1 = add_param(t, init, std, 3, E, F, D, prefix, "moe.routed_experts.inner_experts.w1_EFD");
     m->w2 = add_param(t, init, out_std, 3, E, D, F, prefix,
                       "moe.routed_experts.inner_experts.w2_EDF");
-    m->w3 = add_param(t, init, std, 3, E, F, D, prefix, "moe.routed_experts.inner_experts.w3_EFD");
+    m->w3 = add_param(t, init, out_std, 3, E, F, D, prefix,
+                      "moe.routed_experts.inner_experts.w3_EFD");
     m->w1->expert = m->w2->expert = m->w3->expert = true;
     if (Fs > 0) {
         m->shared_w1 = add_param(t, init, std, 2, Fs, D, 0, prefix, "moe.shared_experts.w1.weight");
         m->shared_w2 =
             add_param(t, init, out_std, 2, D, Fs, 0, prefix, "moe.shared_experts.w2.weight");
-        m->shared_w3 = add_param(t, init, std, 2, Fs, D, 0, prefix, "moe.shared_experts.w3.weight");
+        m->shared_w3 =
+            add_param(t, init, out_std, 2, Fs, D, 0, prefix, "moe.shared_experts.w3.weight");
     }
     if (args->load_balance_coeff > 0) {
         m->expert_bias = add_param(t, INIT_ZEROS, 0, 1, E, 0, 0, prefix, "moe.expert_bias_E");

@@ -70,9 +70,9 @@ typedef struct {
 // (moe.router.gate.weight, moe.routed_experts.inner_experts.w1_EFD / w2_EDF / w3_EFD,
 // moe.shared_experts.w1/w2/w3.weight; with a load_balance_coeff the buffer moe.expert_bias_E,
 // zeros), initialised as init says (a normal or truncated
-// normal): std for the gate and the inputs' projections (w1, w3; shared w1, w3), out_std for
-// the output projections (w2, shared w2). The layer keeps args (not copied). Allocates the
-// host scratch.
+// normal) as torchtitan's MoE.init_weights(init_std) with a dense FFN's widths: std for w1
+// (and the shared experts' w1), out_std (init_std, which shrinks with depth) for the gate, w2
+// and w3. The layer keeps args (not copied). Allocates the host scratch.
 void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
                     const char *prefix, ParamInit init, double std, double out_std);
 // The model.moe_* keys over a flavor's MoE settings (an architecture's update_from_config):
