@@ -34,6 +34,7 @@ typedef struct {
 void moe_balance_init(MoeBalance *b, int n_layers, int n_experts, double coeff, bool aux_loss);
 // Its tensor-memory scratch, from backend k (once, at setup).
 void moe_balance_place(MoeBalance *b, const KernelOps *k);
+// k: the backend moe_balance_place allocated from (NULL when never placed).
 void moe_balance_free(MoeBalance *b, const KernelOps *k);
 // The step's load in tensor memory (n_layers * E floats) for the trainer to sum over every
 // rank in place.

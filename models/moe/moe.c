@@ -47,6 +47,15 @@ void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
     m->host_counts = xcalloc(2 * (size_t)E + 1, sizeof(int));
 }
 
+int moe_layer_params(const MoeLayer *m, Param *out[MOE_MAX_PARAMS]) {
+    Param *all[] = {m->gate,      m->w1,        m->w2,        m->w3,
+                    m->shared_w1, m->shared_w2, m->shared_w3, m->expert_bias};
+    int n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]) out[n++] = all[i];
+    return n;
+}
+
 void moe_layer_free(MoeLayer *m) {
     free(m->host_counts);
     m->host_counts = NULL;

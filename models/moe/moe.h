@@ -83,6 +83,9 @@ void moe_args_from_config(MoeArgs *a, const ModelSection *c);
 // Parameters moe_layer_init adds (for the table's capacity).
 int moe_param_count(const MoeArgs *args);
 void moe_layer_free(MoeLayer *m);
+// The layer's parameters (moe_param_count of them) into out, for a parallelize plan.
+#define MOE_MAX_PARAMS 8
+int moe_layer_params(const MoeLayer *m, Param *out[MOE_MAX_PARAMS]);
 
 // Floats a MoE layer of args adds to the parameter count, and those a token activates
 // (k routed experts, the router and the shared experts): FLOPs per token count the active.
