@@ -61,17 +61,6 @@ void moe_layer_free(MoeLayer *m) {
     m->host_counts = NULL;
 }
 
-double moe_params(const MoeArgs *a) {
-    double D = a->dim;
-    return a->router.n_experts * D * (1.0 + 3.0 * a->hidden) + 3.0 * a->shared_hidden * D;
-}
-
-double moe_active_params(const MoeArgs *a) {
-    double D = a->dim;
-    return a->router.n_experts * D + 3.0 * a->router.top_k * a->hidden * D +
-           3.0 * a->shared_hidden * D;
-}
-
 typedef struct {
     int rows, D, F, Fs, E, k;
     size_t R;  // rows * k: the bound of the expert-sorted rows

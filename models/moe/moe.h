@@ -87,11 +87,6 @@ void moe_layer_free(MoeLayer *m);
 #define MOE_MAX_PARAMS 8
 int moe_layer_params(const MoeLayer *m, Param *out[MOE_MAX_PARAMS]);
 
-// Floats a MoE layer of args adds to the parameter count, and those a token activates
-// (k routed experts, the router and the shared experts): FLOPs per token count the active.
-double moe_params(const MoeArgs *args);
-double moe_active_params(const MoeArgs *args);
-
 // y (rows, D) += MoE(x (rows, D)); fills sv. Counts each expert's routed slots into
 // s->expert_load's row m->index when set, and adds the balance loss to s->aux_loss (a forward,
 // not a recompute). Under tp the rows are this rank's of B*T (the balance loss sums its
