@@ -83,7 +83,7 @@ static int rows_heads(const LlamaArgs *a, RopeRows rows) {
 
 // A scratch buffer for the largest permuted tensor (wq).
 static float *rope_scratch(const LlamaArgs *a) {
-    return xmalloc(sizeof(float) * (size_t)a->n_heads * llama3_head_dim(a) * a->dim);
+    return xmalloc(sizeof(float) * (size_t)a->n_heads * decoder_head_dim(a) * a->dim);
 }
 
 static void check_full(const Param *p) {
@@ -96,9 +96,9 @@ static void config_write(const char *dir, const LlamaArgs *a, SafetensorsDtype d
     json_t *c = json_pack(
         "{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:i, s:s, s:b, s:b, s:s}",
         "architectures", "LlamaForCausalLM", "model_type", "llama", "hidden_size", a->dim,
-        "intermediate_size", llama3_hidden_dim(a), "num_hidden_layers", a->n_layers,
+        "intermediate_size", decoder_hidden_dim(a), "num_hidden_layers", a->n_layers,
         "num_attention_heads", a->n_heads, "num_key_value_heads", a->n_kv_heads, "head_dim",
-        llama3_head_dim(a), "vocab_size", a->vocab_size, "rms_norm_eps", a->norm_eps,
+        decoder_head_dim(a), "vocab_size", a->vocab_size, "rms_norm_eps", a->norm_eps,
         "rope_theta", a->rope_theta, "tie_word_embeddings", a->tie_word_embeddings,
         "max_position_embeddings", a->max_seq_len, "hidden_act", "silu", "attention_bias", 0,
         "mlp_bias", 0, "torch_dtype", dtype == SAFETENSORS_BF16 ? "bfloat16" : "float32");
@@ -294,7 +294,7 @@ bool llama3_try_load_hf(const char *path, const LlamaArgs *a, ParamTable *params
         float *to = rows == ROWS_AS_THEY_ARE ? p->data : scratch;
         ok = safetensors_try_read(&st, name, p->ndim, p->shape, to, err, errlen);
         if (ok && rows != ROWS_AS_THEY_ARE)
-            rope_rows_permute(p->data, scratch, rows_heads(a, rows), llama3_head_dim(a),
+            rope_rows_permute(p->data, scratch, rows_heads(a, rows), decoder_head_dim(a),
                               p->shape[1], false);
     }
     free(scratch);
@@ -327,7 +327,7 @@ void llama3_save_hf(const char *dir, const LlamaArgs *a, const ParamTable *param
     for (int i = 0; i < params->count; i++) {
         const Param *p = &params->items[i];
         if (rows[i] != ROWS_AS_THEY_ARE)
-            rope_rows_permute(scratch, p->data, rows_heads(a, rows[i]), llama3_head_dim(a),
+            rope_rows_permute(scratch, p->data, rows_heads(a, rows[i]), decoder_head_dim(a),
                               p->shape[1], true);
         safetensors_write_put(&w, rows[i] == ROWS_AS_THEY_ARE ? p->data : scratch);
     }

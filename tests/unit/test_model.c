@@ -41,7 +41,7 @@ static void build_chunked(Built *b, const char *flavor, bool ac, int B, int T,
     assert_true(llama3_flavor(flavor, &b->args));
     b->args.max_seq_len = T;
     b->args.loss_chunk_rows = loss_chunk_rows;
-    llama3_build(&b->m, &b->args, ac);
+    decoder_build(&b->m, &b->args, ac);
     model_allocate(&b->m, model_activation_bytes(&b->m, kernels_backend("cpu"), B, T), &b->params,
                    &b->grads, &b->acts, NULL);
 }
@@ -54,7 +54,7 @@ static void unbuild(Built *b) {
     arena_free(&b->params);
     arena_free(&b->grads);
     arena_free(&b->acts);
-    llama3_free(&b->m);
+    decoder_free(&b->m);
 }
 
 static void test_init_matches_torchtitan(void **state) {
