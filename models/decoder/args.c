@@ -58,10 +58,12 @@ void decoder_args_from_checkpoint(const char *path, DecoderArgs *a) {
     a->norm_eps = ckpt_read_double(path, "model.norm_eps");
     a->rope_theta = ckpt_read_double(path, "model.rope_theta");
     a->rope_scaling = ckpt_read_int_in(path, "model.rope_scaling", 0, 1) != 0;
-    a->rope_scaling_factor = ckpt_read_double(path, "model.rope_scaling_factor");
-    a->rope_low_freq_factor = ckpt_read_double(path, "model.rope_low_freq_factor");
-    a->rope_high_freq_factor = ckpt_read_double(path, "model.rope_high_freq_factor");
-    a->rope_original_max_pos = shape_attr(path, "model.rope_original_max_pos");
+    if (a->rope_scaling) {  // else the factors are unused (Qwen3 records zeros)
+        a->rope_scaling_factor = ckpt_read_double(path, "model.rope_scaling_factor");
+        a->rope_low_freq_factor = ckpt_read_double(path, "model.rope_low_freq_factor");
+        a->rope_high_freq_factor = ckpt_read_double(path, "model.rope_high_freq_factor");
+        a->rope_original_max_pos = shape_attr(path, "model.rope_original_max_pos");
+    }
     a->tie_word_embeddings = ckpt_read_int_in(path, "model.tie_word_embeddings", 0, 1) != 0;
     a->head_dim = ckpt_has_attr(path, "model.head_dim") ? shape_attr(path, "model.head_dim") : 0;
     a->qk_norm = ckpt_has_attr(path, "model.qk_norm") &&

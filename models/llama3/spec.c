@@ -65,6 +65,7 @@ const ModelSpec LLAMA3_SPEC = {
     .describe = decoder_spec_describe,
     .args_from_checkpoint = args_from_checkpoint,
     .try_args_from_hf = try_args_from_hf,
+    .hf_model_type = "llama",
     .load_hf = load_hf,
     .save_hf = save_hf,
     .args_from_llama2c = args_from_llama2c,
