@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "models/llama3/llama3.h"
+#include "models/qwen3/qwen3.h"
 
 #define DECODE_TOL 1e-5  // max |decode - forward| / max |forward| at each position
 
@@ -68,10 +69,19 @@ static void test_decode_tied_scaled_rope(void **state) {
     check_decode_matches_forward(args, 20);
 }
 
+// Qwen3: QK-norm before RoPE, heads of head_dim wider than dim / n_heads, GQA.
+static void test_decode_qwen3(void **state) {
+    (void)state;
+    Qwen3Args args;
+    assert_true(qwen3_flavor("small", &args));
+    check_decode_matches_forward(args.decoder, 24);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_small),
         cmocka_unit_test(test_decode_tied_scaled_rope),
+        cmocka_unit_test(test_decode_qwen3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
