@@ -1,5 +1,6 @@
 // Decoder blocks: each forward is the math of torchtitan's llama3/model.py (qwen3's adds
-// QK-norm), each backward its derivative written out (no autograd, as llm.c). BT = B*T rows; weights are (out, in).
+// QK-norm), each backward its derivative written out (no autograd, as llm.c). BT = B*T rows;
+// weights are (out, in).
 //
 // Under tensor parallelism (StepCtx.tp, Megatron-LM with sequence parallel) each rank holds
 // `rows` = BT / tp of the residual stream and a slice of every sharded weight: the normed rows

@@ -52,7 +52,8 @@ static void project_heads(const DecoderLayer *L, const Param *w, const Param *no
 }
 
 // x += Attention(attention_norm(x)), this position's k and v appended to the layer's cache.
-static void decode_attention(const DecoderLayer *L, DecoderKVCache *c, const KernelOps *K, int pos) {
+static void decode_attention(const DecoderLayer *L, DecoderKVCache *c, const KernelOps *K,
+                             int pos) {
     const DecoderArgs *a = L->args;
     int D = a->dim, hd = decoder_head_dim(a), nq = a->n_heads * hd, nkv = c->kv_width;
     size_t layer = (size_t)L->layer_id * c->max_ctx * nkv;

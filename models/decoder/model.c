@@ -151,7 +151,8 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
     m->blocks = xcalloc((size_t)m->n_blocks, sizeof(Block));
     m->blocks[0] = (Block){&DECODER_EMBED_OPS, &l->embed, false, 1};
     for (int i = 0; i < a->n_layers; i++)
-        m->blocks[i + 1] = (Block){&DECODER_LAYER_OPS, &l->layers[i], activation_checkpoint, layer_params};
+        m->blocks[i + 1] =
+            (Block){&DECODER_LAYER_OPS, &l->layers[i], activation_checkpoint, layer_params};
     m->blocks[m->n_blocks - 1] =
         (Block){&DECODER_HEAD_OPS, &l->head, false, a->tie_word_embeddings ? 1 : 2};
     count_flops(m, a, a->max_seq_len, l->embed.tok_embeddings);
