@@ -80,8 +80,8 @@ static void decode_ffn(const DecoderLayer *L, DecoderKVCache *c, const KernelOps
     K->matmul(c->x, c->act, L->w2->data, 1, D, H, false, true, 1);
 }
 
-const float *decoder_decode_step(const Model *m, DecoderKVCache *c, const KernelOps *k, int token,
-                                int pos) {
+const float *decoder_decode_step(const Model *m, DecoderKVCache *c, const KernelOps *k,
+                                 int token, int pos) {
     const DecoderArgs *a = model_args(m);
     CHECK(pos >= 0 && pos < c->max_ctx && token >= 0 && token < a->vocab_size);
     const DecoderEmbed *e = m->blocks[0].self;

@@ -7,7 +7,8 @@
 #include "models/decoder/blocks.h"
 #include "parallel/tp.h"
 
-const char *decoder_tp_check(const DecoderArgs *a, int tp, int B, int T, char *err, size_t len) {
+const char *decoder_tp_check(const DecoderArgs *a, int tp, int B, int T, char *err,
+                             size_t len) {
     struct { const char *what; long long n; } splits[] = {
         {"model n_heads", a->n_heads},
         {"model n_kv_heads", a->n_kv_heads},
@@ -51,8 +52,8 @@ void decoder_parallelize_tp(Model *m, const Tp *tp) {
 }
 
 uint64_t decoder_tp_bytes_per_microbatch(const DecoderArgs *args, int tp, int B, int T,
-                                        bool activation_checkpoint, bool loss_parallel,
-                                        int first_block, int last_block) {
+                                         bool activation_checkpoint, bool loss_parallel,
+                                         int first_block, int last_block) {
     bool embed = first_block == 0, head = last_block == args->n_layers + 2;
     uint64_t L = (uint64_t)(last_block - first_block - embed - head);
     uint64_t bt = (uint64_t)B * T;
