@@ -6,7 +6,9 @@
 //
 // An architecture's args (torchtitan's per-flavor model_args) are its own struct; ModelArgs
 // holds any of them by value, as a union tagged with the spec that filled it, so callers keep,
-// copy and pass them without allocating or knowing the type. Only that spec reads the union.
+// copy and pass them without allocating or knowing the type. Only that spec reads the union
+// (for the decoder's architectures, llama3 and qwen3, with models/decoder/decoder_spec.h's
+// functions, which read the DecoderArgs their members begin with).
 // The few numbers outside models/ needs (layers, width, vocabulary, RoPE length, tied
 // embeddings) come out through spec->shape, and the run's settings go in through
 // spec->update_from_config: one getter and one setter instead of fields mirrored in two
@@ -62,7 +64,7 @@ struct ModelSpec {
     void (*update_from_config)(ModelArgs *a, const ModelSection *config, int vocab_size,
                                int max_seq_len);
 
-    // The parameter table and block list, as the architecture's build (e.g. llama3_build).
+    // The parameter table and block list, as the architecture's build (e.g. decoder_build).
     void (*build)(Model *m, const ModelArgs *a, bool activation_checkpoint);
     void (*free)(Model *m);  // what build allocated (not the arenas)
 
