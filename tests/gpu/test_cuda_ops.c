@@ -1055,7 +1055,7 @@ static void check_moe_router(MoeArgs *a, const char *shape) {
                     {"scores", &a->scores, NULL, CMP_NORMALISED, BOUND_FP32}};
     op_check("moe_router_fwd", shape, router_forward_run, a, fwd, 3);
     pair_share_cpu(&a->weight), pair_share_cpu(&a->experts), pair_share_cpu(&a->scores);
-    Output bwd[] = {{"dlogits", &a->dlogits, NULL, CMP_INCREMENT, BOUND_FP32}};
+    Output bwd[] = {{"dlogits", &a->dlogits, NULL, CMP_INCREMENT, BOUND_REDUCE}};
     op_check("moe_router_bwd", shape, router_backward_run, a, bwd, 1);
     Output sort[] = {{"counts", &a->counts, NULL, CMP_BITS32, BOUND_EXACT},
                      {"offsets", &a->offsets, NULL, CMP_BITS32, BOUND_EXACT},
