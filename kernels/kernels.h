@@ -213,8 +213,8 @@ typedef struct KernelOps {
     // The router in fp32: scores (n, E) = softmax or sigmoid of logits (n, E); each token's
     // experts (n, k) = the top k of scores + bias (bias (E) or NULL: it steers the selection
     // only), within its limited groups when r->n_groups > 1, in descending order of that
-    // selection score, ties to the lower expert id; weight (n, k) = their scores, normed and
-    // scaled as r says.
+    // selection score, ties to the lower expert id (and group); weight (n, k) = their scores,
+    // normed and scaled as r says.
     void (*moe_router_forward)(float *weight, int *experts, float *scores, const float *logits,
                                const float *bias, const MoeRouter *r, int n);
     // dlogits (n, E) += the gradient of logits from dweight (n, k), the gradient of weight,
@@ -223,9 +223,9 @@ typedef struct KernelOps {
                                 const int *experts, const MoeRouter *r, int n);
     // The expert-sorted order of n_slots slots with experts (n_slots) as the router chose them
     // (a stable sort: an expert's rows are its slots in slot order, on every backend): counts
-    // (E) = slots routed to each expert; when capacity > 0 an expert keeps only its first
-    // capacity slots, the rest getting row -1; offsets (E + 1) the kept rows' prefix sums
-    // (offsets[0] = 0, offsets[E] = rows kept); row_of_slot (n_slots).
+    // (E) = slots routed to each expert, dropped ones included; when capacity > 0 an expert
+    // keeps only its first capacity slots, the rest getting row -1; offsets (E + 1) the kept
+    // rows' prefix sums (offsets[0] = 0, offsets[E] = rows kept); row_of_slot (n_slots).
     void (*moe_sort)(int *counts, int *offsets, int *row_of_slot, const int *experts,
                      int n_slots, int n_experts, int capacity);
     // out (rows, dim): row row_of_slot[s] = x[s / k] * weight[s] (weight (n*k), or NULL for 1):

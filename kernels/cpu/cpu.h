@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/errors.h"
 #include "kernels/kernels.h"
 
 extern const KernelOps kernels_cpu;
@@ -60,6 +61,21 @@ void cpu_cross_entropy_slice_backward(float *dlogits, const float *logits, const
 void cpu_cross_entropy_merge_exp(float *sums, const float *lse, const float *max, int n);
 void cpu_cross_entropy_merge_finish(float *losses, float *lse, const float *max,
                                     const float *sums, const float *target_logit, int n);
+
+void cpu_moe_router_forward(float *weight, int *experts, float *scores, const float *logits,
+                            const float *bias, const MoeRouter *r, int n);
+void cpu_moe_router_backward(float *dlogits, const float *dweight, const float *scores,
+                             const int *experts, const MoeRouter *r, int n);
+void cpu_moe_sort(int *counts, int *offsets, int *row_of_slot, const int *experts, int n_slots,
+                  int n_experts, int capacity);
+void cpu_moe_permute(float *out, const float *x, const float *weight, const int *row_of_slot,
+                     int n, int k, int dim);
+void cpu_moe_unpermute(float *y, const float *rows, const float *weight, const int *row_of_slot,
+                       int n, int k, int dim);
+void cpu_moe_weight_grad(float *dweight, const float *dy, const float *rows,
+                         const int *row_of_slot, int n, int k, int dim);
+void cpu_grouped_matmul(float *c, const float *a, const float *b, const int *offsets, int groups,
+                        int n, int k, bool trans_a, bool trans_b, float beta);
 
 void cpu_add(float *y, const float *x, size_t n);
 // max of x[0..n), n >= 1: the shift that makes softmax and log-sum-exp overflow-free.

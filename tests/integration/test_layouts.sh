@@ -12,8 +12,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 run=(${SMALL[@]} --training.global_batch_size 8 --training.steps 10 --lr_scheduler.warmup_steps 2)
 $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/ref" >/dev/null
 
-compare() {  # name, metrics.jsonl: losses and grad norms against the 1-rank run
-  $PY - "$1" "$SCRATCH/ref/metrics.jsonl" "$2" <<'PY'
+compare() {  # name, metrics.jsonl: losses and grad norms against the 1-rank run ($REF_RUN's)
+  $PY - "$1" "$SCRATCH/${REF_RUN:-ref}/metrics.jsonl" "$2" <<'PY'
 import json, sys
 name, ref, got = sys.argv[1], *[[json.loads(l) for l in open(p)] for p in sys.argv[2:]]
 assert len(got) == len(ref) == 10, f"{name}: {len(got)} steps logged"
@@ -46,6 +46,14 @@ layout tp=2,no-loss-parallel 2 4 $P.tensor_parallel_degree 2 $P.disable_loss_par
 layout ddp=2,accumulation 2 2 $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 1
 layout dp_shard=2,AC,reshard-never 2 2 $P.data_parallel_shard_degree 2 \
   --activation_checkpoint.mode full $P.fsdp_reshard_after_forward never
+
+# Qwen3's small (QK-norm weights replicated over tp, heads wider than dim / n_heads) under tp
+# and FSDP against its own 1-rank run.
+qwen3=(--model.name qwen3 --model.flavor small)
+$TITAN "${run[@]}" "${qwen3[@]}" --job.dump_folder "$SCRATCH/qwen3-ref" >/dev/null
+REF_RUN=qwen3-ref layout qwen3,tp=2 2 4 $P.tensor_parallel_degree 2 $P.data_parallel_shard_degree 1 \
+  "${qwen3[@]}"
+REF_RUN=qwen3-ref layout qwen3,dp_shard=2 2 4 $P.data_parallel_shard_degree 2 "${qwen3[@]}"
 
 # Impossible layouts stop before allocation with one line (from rank 0 only), exit code 2.
 impossible() {  # pattern, ranks, overrides...

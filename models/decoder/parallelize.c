@@ -1,17 +1,18 @@
-// Llama 3's tensor-parallel plan: which weight is column-, row- or vocab-parallel (the model's
-// own knowledge, as torchtitan's models/llama3/infra/parallelize.py); the mechanisms are
-// parallel/tp's.
+// The decoder's tensor-parallel plan: which weight is column-, row- or vocab-parallel (the
+// model's own knowledge, as torchtitan's models/llama3/infra/parallelize.py and qwen3's); the
+// mechanisms are parallel/tp's.
 #include <stdio.h>
 
 #include "core/errors.h"
-#include "models/llama3/blocks.h"
+#include "models/decoder/blocks.h"
 #include "parallel/tp.h"
 
-const char *llama3_tp_check(const LlamaArgs *a, int tp, int B, int T, char *err, size_t len) {
+const char *decoder_tp_check(const DecoderArgs *a, int tp, int B, int T, char *err,
+                             size_t len) {
     struct { const char *what; long long n; } splits[] = {
         {"model n_heads", a->n_heads},
         {"model n_kv_heads", a->n_kv_heads},
-        {"the FFN hidden dim", llama3_hidden_dim(a)},
+        {"the FFN hidden dim", decoder_hidden_dim(a)},
         {"model vocab_size", a->vocab_size},
         {"the rows of a microbatch on a cp rank (local_batch_size x seq_len / "
          "context_parallel_degree, sequence parallel)",
@@ -26,29 +27,33 @@ const char *llama3_tp_check(const LlamaArgs *a, int tp, int B, int T, char *err,
     return NULL;
 }
 
-static void parallelize_layer(LlamaLayer *L, ParamTable *t, const Tp *tp) {
+static void parallelize_layer(DecoderLayer *L, ParamTable *t, const Tp *tp) {
     Param *colwise[] = {L->wq, L->wk, L->wv, L->w1, L->w3};
     for (size_t i = 0; i < sizeof colwise / sizeof colwise[0]; i++) tp_shard(tp, t, colwise[i], 0);
     tp_shard(tp, t, L->wo, 1);
     tp_shard(tp, t, L->w2, 1);
     tp_shard(tp, t, L->attention_norm, TP_REPLICATE);
     tp_shard(tp, t, L->ffn_norm, TP_REPLICATE);
+    if (L->q_norm) {  // each rank's heads are whole: every rank needs all of the weights
+        tp_shard(tp, t, L->q_norm, TP_REPLICATE);
+        tp_shard(tp, t, L->k_norm, TP_REPLICATE);
+    }
 }
 
-void llama3_parallelize_tp(Model *m, const Tp *tp) {
+void decoder_parallelize_tp(Model *m, const Tp *tp) {
     ParamTable *t = &m->params;
     for (int i = 1; i + 1 < m->n_blocks; i++) parallelize_layer(m->blocks[i].self, t, tp);
-    LlamaEmbed *e = m->blocks[0].self;
-    LlamaHead *h = m->blocks[m->n_blocks - 1].self;
+    DecoderEmbed *e = m->blocks[0].self;
+    DecoderHead *h = m->blocks[m->n_blocks - 1].self;
     tp_shard(tp, t, e->tok_embeddings, 0);
     if (h->output != e->tok_embeddings) tp_shard(tp, t, h->output, 0);
     tp_shard(tp, t, h->norm, TP_REPLICATE);
     m->tp = &tp->hooks;
 }
 
-uint64_t llama3_tp_bytes_per_microbatch(const LlamaArgs *args, int tp, int B, int T,
-                                        bool activation_checkpoint, bool loss_parallel,
-                                        int first_block, int last_block) {
+uint64_t decoder_tp_bytes_per_microbatch(const DecoderArgs *args, int tp, int B, int T,
+                                         bool activation_checkpoint, bool loss_parallel,
+                                         int first_block, int last_block) {
     bool embed = first_block == 0, head = last_block == args->n_layers + 2;
     uint64_t L = (uint64_t)(last_block - first_block - embed - head);
     uint64_t bt = (uint64_t)B * T;

@@ -1,23 +1,23 @@
-// Llama 3 model construction: the parameter table (torchtitan's names, shapes and init) and
+// Decoder construction: the parameter table (torchtitan's names, shapes and init) and
 // the block list embed, layers.0 .. layers.{n-1}, head.
 #include <math.h>
 #include <stdlib.h>
 
 #include "core/errors.h"
-#include "models/llama3/blocks.h"
+#include "models/decoder/blocks.h"
 
 typedef struct {
-    LlamaArgs args;
-    LlamaEmbed embed;
-    LlamaLayer *layers;
-    LlamaHead head;
+    DecoderArgs args;
+    DecoderEmbed embed;
+    DecoderLayer *layers;
+    DecoderHead head;
     float *rope_cos, *rope_sin;  // (max_seq_len, head_dim/2), one allocation from rope_cos
     const KernelOps *rope_memory;  // whose memory holds them after placing; NULL: host
-} Llama;
+} Decoder;
 
 // Llama 3.1's frequency scaling (Meta's apply_scaling): long wavelengths are slowed by
 // scale_factor, short ones kept, and the band between interpolated smoothly.
-static double rope_scaled_freq(const LlamaArgs *a, double freq) {
+static double rope_scaled_freq(const DecoderArgs *a, double freq) {
     double low_wavelen = a->rope_original_max_pos / a->rope_low_freq_factor;
     double high_wavelen = a->rope_original_max_pos / a->rope_high_freq_factor;
     double wavelen = 2 * M_PI / freq;
@@ -30,9 +30,9 @@ static double rope_scaled_freq(const LlamaArgs *a, double freq) {
 
 // torchtitan's precompute_freqs_cis, as cos/sin tables; computed in double so the tables are
 // correctly rounded whatever the position.
-static void rope_tables(Llama *l) {
-    const LlamaArgs *a = &l->args;
-    int half = llama3_head_dim(a) / 2;
+static void rope_tables(Decoder *l) {
+    const DecoderArgs *a = &l->args;
+    int half = decoder_head_dim(a) / 2;
     l->rope_cos = xmalloc(2 * (size_t)a->max_seq_len * half * sizeof(float));
     l->rope_sin = l->rope_cos + (size_t)a->max_seq_len * half;
     for (int i = 0; i < half; i++) {
@@ -55,14 +55,15 @@ static Param *add_vector(ParamTable *t, int64_t n, const char *name, int layer) 
     return &t->items[params_add(t, INIT_ONES, 0, 1, &n, name, layer)];
 }
 
-// torchtitan's init_weights: inputs of each sublayer N(0, 0.02) truncated at +-2, the output
-// projections (wo, w2, w3) with std 0.02 / sqrt(2 (layer + 1)) under depth_init.
-static void add_layer(Llama *l, ParamTable *t, int i) {
-    const LlamaArgs *a = &l->args;
-    LlamaLayer *L = &l->layers[i];
-    int hd = llama3_head_dim(a), H = llama3_hidden_dim(a);
+// torchtitan's init_weights (llama3's, and qwen3's before models/common): inputs of each
+// sublayer N(0, 0.02) truncated at +-2, the output projections (wo, w2, w3) with std
+// 0.02 / sqrt(2 (layer + 1)) under depth_init, norms (QK-norm's too) ones.
+static void add_layer(Decoder *l, ParamTable *t, int i) {
+    const DecoderArgs *a = &l->args;
+    DecoderLayer *L = &l->layers[i];
+    int hd = decoder_head_dim(a), H = decoder_hidden_dim(a);
     double out_std = 0.02 / sqrt(2.0 * (a->depth_init ? i + 1 : a->n_layers));
-    *L = (LlamaLayer){.args = a, .layer_id = i, .rope_cos = l->rope_cos, .rope_sin = l->rope_sin};
+    *L = (DecoderLayer){.args = a, .layer_id = i, .rope_cos = l->rope_cos, .rope_sin = l->rope_sin};
     L->attention_norm = add_vector(t, a->dim, "layers.%d.attention_norm.weight", i);
     L->wq = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, (int64_t)a->n_heads * hd, a->dim,
                        "layers.%d.attention.wq.weight", i);
@@ -72,6 +73,10 @@ static void add_layer(Llama *l, ParamTable *t, int i) {
                        "layers.%d.attention.wv.weight", i);
     L->wo = add_matrix(t, INIT_TRUNC_NORMAL, out_std, a->dim, (int64_t)a->n_heads * hd,
                        "layers.%d.attention.wo.weight", i);
+    if (a->qk_norm) {
+        L->q_norm = add_vector(t, hd, "layers.%d.attention.q_norm.weight", i);
+        L->k_norm = add_vector(t, hd, "layers.%d.attention.k_norm.weight", i);
+    }
     L->ffn_norm = add_vector(t, a->dim, "layers.%d.ffn_norm.weight", i);
     L->w1 = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, H, a->dim, "layers.%d.feed_forward.w1.weight", i);
     L->w2 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, a->dim, H, "layers.%d.feed_forward.w2.weight", i);
@@ -83,8 +88,8 @@ static void add_layer(Llama *l, ParamTable *t, int i) {
 // seq_len for the attention scores and values (counted as if not causal, as torchtitan and
 // PaLM do). The blocks' shares sum to the whole model's 6N + 12 L H Q T (exactly: integers
 // far below 2^53), so a pipeline stage's FLOPs are the sum over its blocks.
-static void count_flops(Model *m, const LlamaArgs *a, int seq_len, const Param *embed) {
-    double attention = 12.0 * a->n_heads * llama3_head_dim(a) * seq_len;
+static void count_flops(Model *m, const DecoderArgs *a, int seq_len, const Param *embed) {
+    double attention = 12.0 * a->n_heads * decoder_head_dim(a) * seq_len;
     m->block_flops_per_token = xcalloc((size_t)m->n_blocks, sizeof(double));
     int param = 0;
     for (int b = 0; b < m->n_blocks; b++) {
@@ -99,7 +104,7 @@ static void count_flops(Model *m, const LlamaArgs *a, int seq_len, const Param *
 
 // The RoPE tables are read by every layer's kernels, so they move to the backend's memory.
 static void place_rope_tables(Model *m, const KernelOps *k) {
-    Llama *l = m->self;
+    Decoder *l = m->self;
     if (k->host_memory || l->rope_memory) return;
     size_t n = (size_t)(l->rope_sin - l->rope_cos) * 2, bytes = n * sizeof(float);
     float *placed = k->alloc(bytes);
@@ -115,23 +120,24 @@ static void place_rope_tables(Model *m, const KernelOps *k) {
     }
 }
 
-void llama3_build(Model *m, const LlamaArgs *args, bool activation_checkpoint) {
-    Llama *l = xcalloc(1, sizeof(Llama));
+void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint) {
+    Decoder *l = xcalloc(1, sizeof(Decoder));
     l->args = *args;
-    const LlamaArgs *a = &l->args;
+    const DecoderArgs *a = &l->args;
     rope_tables(l);
-    l->layers = xcalloc((size_t)a->n_layers, sizeof(LlamaLayer));
+    l->layers = xcalloc((size_t)a->n_layers, sizeof(DecoderLayer));
     *m = (Model){.dim = a->dim, .n_blocks = a->n_layers + 2, .self = l,
                  .place_buffers = place_rope_tables};
     ParamTable *t = &m->params;
-    params_init(t, 9 * a->n_layers + 3);
+    int layer_params = a->qk_norm ? 11 : 9;
+    params_init(t, layer_params * a->n_layers + 3);
 
     int64_t emb_shape[2] = {a->vocab_size, a->dim};
-    l->embed = (LlamaEmbed){.args = a};
+    l->embed = (DecoderEmbed){.args = a};
     l->embed.tok_embeddings = &t->items[params_add(t, INIT_NORMAL, 1.0, 2, emb_shape,
                                                    "tok_embeddings.weight")];
     for (int i = 0; i < a->n_layers; i++) add_layer(l, t, i);
-    l->head = (LlamaHead){.args = a};
+    l->head = (DecoderHead){.args = a};
     l->head.norm = add_vector(t, a->dim, "norm.weight", -1);
     if (a->tie_word_embeddings) {
         l->head.output = l->embed.tok_embeddings;
@@ -143,17 +149,18 @@ void llama3_build(Model *m, const LlamaArgs *args, bool activation_checkpoint) {
     }
 
     m->blocks = xcalloc((size_t)m->n_blocks, sizeof(Block));
-    m->blocks[0] = (Block){&LLAMA_EMBED_OPS, &l->embed, false, 1};
+    m->blocks[0] = (Block){&DECODER_EMBED_OPS, &l->embed, false, 1};
     for (int i = 0; i < a->n_layers; i++)
-        m->blocks[i + 1] = (Block){&LLAMA_LAYER_OPS, &l->layers[i], activation_checkpoint, 9};
+        m->blocks[i + 1] =
+            (Block){&DECODER_LAYER_OPS, &l->layers[i], activation_checkpoint, layer_params};
     m->blocks[m->n_blocks - 1] =
-        (Block){&LLAMA_HEAD_OPS, &l->head, false, a->tie_word_embeddings ? 1 : 2};
+        (Block){&DECODER_HEAD_OPS, &l->head, false, a->tie_word_embeddings ? 1 : 2};
     count_flops(m, a, a->max_seq_len, l->embed.tok_embeddings);
     model_slots_init(&m->slots, m);
 }
 
-void llama3_free(Model *m) {
-    Llama *l = m->self;
+void decoder_free(Model *m) {
+    Decoder *l = m->self;
     if (l->rope_memory)
         l->rope_memory->free(l->rope_cos);
     else
