@@ -111,7 +111,7 @@ typedef struct {
 static LayerDims layer_dims(const DecoderLayer *L, const StepCtx *s) {
     int hd = decoder_head_dim(L->args), nq = (int)L->wq->shape[0], nkv = (int)L->wk->shape[0];
     return (LayerDims){s->B * s->T, step_rows(s), L->args->dim, hd,
-                       nq / hd, nkv / hd, nq, nkv, (int)L->w1->shape[0]};
+                       nq / hd, nkv / hd, nq, nkv, L->w1 ? (int)L->w1->shape[0] : 0};
 }
 
 // Causal attention over this rank's tokens of each sequence, within documents when the step
@@ -191,12 +191,38 @@ static void layer_forward_compute(DecoderLayer *L, StepCtx *s, LayerSaved *sv, L
     attention_forward(s, sv, d, workspace);
     residual_row_parallel(s, sv->h, x, sv->attn, L->wo->data, d.BT, d.rows, d.D, d.nq, partial);
 
+    if (L->moe) return;  // moe_ffn_forward's
     norm_gathered(s, sv->hn, sv->rstd2, normed, sv->h, L->ffn_norm->data, d.rows, d.D,
                   a->norm_eps);
     K->matmul(sv->gate, sv->hn, L->w1->data, d.BT, d.H, d.D, false, true, 0);
     K->matmul(sv->up, sv->hn, L->w3->data, d.BT, d.H, d.D, false, true, 0);
     K->swiglu_forward(sv->act, sv->gate, sv->up, (size_t)d.BT * d.H);
     residual_row_parallel(s, y, sv->h, sv->act, L->w2->data, d.BT, d.rows, d.D, d.H, partial);
+}
+
+// y = h + MoE(ffn_norm(h)) on this rank's rows (the router and the experts are replicated over
+// tp, their grads summed over it as the norms'): the layer carves what it keeps and its scratch
+// itself.
+static void moe_ffn_forward(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d, float *y) {
+    if (!step_sizing(s)) {
+        s->k->rmsnorm_forward(sv->hn, sv->rstd2, sv->h, L->ffn_norm->data, d.rows, d.D,
+                              L->args->norm_eps);
+        copy(s, y, sv->h, (size_t)d.rows * d.D);
+    }
+    moe_forward(L->moe, s, &sv->moe, sv->hn, y, d.rows);
+}
+
+// dh (rows, D) = dy + ffn_norm's backward of the MoE's input gradient (on this rank's rows, no
+// reduce-scatter); every MoE gradient is taken here. dhn: (rows, D) scratch.
+static void moe_ffn_backward(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d,
+                             const float *dy, float *dhn, float *dh) {
+    size_t n = (size_t)d.rows * d.D;
+    if (!step_sizing(s)) zero(s, dhn, n);
+    moe_backward(L->moe, s, &sv->moe, sv->hn, dy, dhn, d.rows);
+    if (step_sizing(s)) return;
+    copy(s, dh, dy, n);
+    s->k->rmsnorm_backward(dh, L->ffn_norm->grad, dhn, sv->h, L->ffn_norm->data, sv->rstd2,
+                           d.rows, d.D);
 }
 
 static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
@@ -212,11 +238,13 @@ static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
     sv->attn = arena_floats(A, (size_t)d.BT * d.nq);
     sv->lse = arena_floats(A, (size_t)d.BT * d.nh);
     sv->h = arena_floats(A, (size_t)d.rows * d.D);
-    sv->hn = arena_floats(A, (size_t)d.BT * d.D);
+    sv->hn = arena_floats(A, (size_t)(L->moe ? d.rows : d.BT) * d.D);
     sv->rstd2 = arena_floats(A, d.rows);
-    sv->gate = arena_floats(A, (size_t)d.BT * d.H);
-    sv->up = arena_floats(A, (size_t)d.BT * d.H);
-    sv->act = arena_floats(A, (size_t)d.BT * d.H);
+    if (!L->moe) {
+        sv->gate = arena_floats(A, (size_t)d.BT * d.H);
+        sv->up = arena_floats(A, (size_t)d.BT * d.H);
+        sv->act = arena_floats(A, (size_t)d.BT * d.H);
+    }
     if (L->q_norm) {
         sv->q0 = arena_floats(A, (size_t)d.BT * d.nq);
         sv->k0 = arena_floats(A, (size_t)d.BT * d.nkv);
@@ -228,6 +256,7 @@ static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
     float *comm = s->tp ? arena_floats(A, (size_t)(d.rows + d.BT) * d.D) : NULL;
     if (!step_sizing(s)) layer_forward_compute(L, s, sv, d, x, y, workspace, comm);
     arena_release(A, saved_end);
+    if (L->moe) moe_ffn_forward(L, s, sv, d, y);
 }
 
 // The backward of a transformer block comes in three pieces per sublayer: the gradients of
@@ -329,7 +358,7 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
     LayerDims d = layer_dims(L, s);
     if (phase == BLOCK_BACKWARD_WEIGHT) {
         if (!step_sizing(s)) {
-            ffn_weights(L, s, sv, d);
+            if (!L->moe) ffn_weights(L, s, sv, d);
             attention_weights(L, s, sv, d);
         }
         return;
@@ -346,10 +375,13 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
     float *comm = s->tp ? arena_floats(s->act, all_rows) : NULL;
     float *dy_rows = split && s->tp ? arena_floats(s->act, all_rows) : comm;
     float *dh_rows = split && s->tp ? arena_floats(s->act, all_rows) : comm;
+    if (L->moe) moe_ffn_backward(L, s, sv, d, dy, ffn, dh);
     if (step_sizing(s)) return;
-    const float *dhn = ffn_grads(L, s, sv, d, dy, ffn, dy_rows);
-    if (!split) ffn_weights(L, s, sv, d);
-    ffn_norm_backward(L, s, sv, d, dy, dhn, dh, comm);
+    if (!L->moe) {
+        const float *dhn = ffn_grads(L, s, sv, d, dy, ffn, dy_rows);
+        if (!split) ffn_weights(L, s, sv, d);
+        ffn_norm_backward(L, s, sv, d, dy, dhn, dh, comm);
+    }
     const float *dxn = attention_grads(L, s, sv, d, dh, attn, workspace, dh_rows);
     if (!split) attention_weights(L, s, sv, d);
     attention_norm_backward(L, s, sv, d, x, dh, dxn, dx, comm);

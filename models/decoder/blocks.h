@@ -23,15 +23,18 @@ typedef struct {
     float *q_rstd, *k_rstd; // with QK-norm: (BT*n_heads), (BT*n_kv) 1/rms of each head
     float *attn, *lse;      // (BT, n_heads*hd), (B, n_heads, T)
     float *h;               // (rows, dim): x + attention output (the FFN's residual input)
-    float *hn, *rstd2;      // (BT, dim), (rows): ffn_norm output (all rows) and its 1/rms
-    float *gate, *up, *act; // (BT, hidden) x3: hn W1^T, hn W3^T, silu(gate) * up
+    float *hn, *rstd2;      // (BT, dim), (rows): ffn_norm output (all rows; with MoE this
+                            // rank's rows only) and its 1/rms
+    float *gate, *up, *act; // (BT, hidden) x3: hn W1^T, hn W3^T, silu(gate) * up (dense)
+    MoeSaved moe;           // with MoE: the layer's
     LayerGrads g;           // set by backward's input part
 } LayerSaved;
 
 typedef struct {
     const DecoderArgs *args;
     int layer_id;
-    Param *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
+    Param *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;  // w*: NULL with MoE
+    MoeLayer *moe;           // the FFN when the model has MoE layers, else NULL
     Param *q_norm, *k_norm;  // (head_dim) each with QK-norm, else NULL
     const float *rope_cos, *rope_sin;  // (max_seq_len, head_dim/2)
 } DecoderLayer;

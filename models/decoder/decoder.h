@@ -12,6 +12,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "models/model.h"
+#include "models/moe/moe.h"
 
 typedef struct {
     int dim, n_layers, n_heads, n_kv_heads, vocab_size;
@@ -29,9 +30,17 @@ typedef struct {
     bool depth_init;             // output projections' init std shrinks with layer depth
     bool tie_word_embeddings;    // output.weight is tok_embeddings.weight
     int loss_chunk_rows;         // rows of logits the head holds at once; 0: as its budget allows
+    // moe.router.n_experts > 0: every block's FFN is this mixture of experts (models/moe), on
+    // the block's own rows (under tp its sequence-parallel rows, the layer replicated), in
+    // place of the dense SwiGLU; 0: dense.
+    MoeArgs moe;
 } DecoderArgs;
 
+// The dense FFN's width (0 with MoE layers, which have their own: moe.hidden).
 int decoder_hidden_dim(const DecoderArgs *args);
+static inline bool decoder_has_moe(const DecoderArgs *args) {
+    return args->moe.router.n_experts > 0;
+}
 static inline int decoder_head_dim(const DecoderArgs *args) {
     return args->head_dim ? args->head_dim : args->dim / args->n_heads;
 }
@@ -48,8 +57,8 @@ void decoder_free(Model *m);
 // The architecture as checkpoint attributes ("model.dim", ...), so that any reader (the PyTorch
 // reference, a converter) rebuilds the model from the file alone; returns the count. head_dim
 // and qk_norm are written only when they are not Llama 3's (dim / n_heads, none), so Llama 3's
-// checkpoints keep their attributes.
-#define DECODER_MAX_ATTRS 16
+// checkpoints keep their attributes; MoE layers replace hidden_dim with their moe_* shape.
+#define DECODER_MAX_ATTRS 24
 int decoder_describe(const DecoderArgs *args, CkptAttr out[DECODER_MAX_ATTRS]);
 // The inverse over args holding the architecture's defaults (max_seq_len is left to the
 // caller); die_user naming the file on heads that do not divide evenly.

@@ -5,6 +5,7 @@
 
 #include "core/errors.h"
 #include "models/decoder/blocks.h"
+#include "models/moe/balance.h"
 
 typedef struct {
     DecoderArgs args;
@@ -13,6 +14,9 @@ typedef struct {
     DecoderHead head;
     float *rope_cos, *rope_sin;  // (max_seq_len, head_dim/2), one allocation from rope_cos
     const KernelOps *rope_memory;  // whose memory holds them after placing; NULL: host
+    MoeLayer *moe;               // (n_layers) each block's FFN with MoE layers, else NULL
+    MoeBalance balance;          // their expert load and biases (Model.moe)
+    const KernelOps *moe_memory; // the backend holding balance's scratch; NULL: not placed
 } Decoder;
 
 // Llama 3.1's frequency scaling (Meta's apply_scaling): long wavelengths are slowed by
@@ -78,13 +82,22 @@ static void add_layer(Decoder *l, ParamTable *t, int i) {
         L->k_norm = add_vector(t, hd, "layers.%d.attention.k_norm.weight", i);
     }
     L->ffn_norm = add_vector(t, a->dim, "layers.%d.ffn_norm.weight", i);
+    if (decoder_has_moe(a)) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "layers.%d.", i);
+        L->moe = &l->moe[i];
+        moe_layer_init(L->moe, &a->moe, i, t, prefix, INIT_TRUNC_NORMAL, 0.02, out_std);
+        l->balance.bias[i] = L->moe->expert_bias;
+        return;
+    }
     L->w1 = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, H, a->dim, "layers.%d.feed_forward.w1.weight", i);
     L->w2 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, a->dim, H, "layers.%d.feed_forward.w2.weight", i);
     L->w3 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, H, a->dim, "layers.%d.feed_forward.w3.weight", i);
 }
 
 // torchtitan's get_num_flop_per_token, block by block: 6 FLOPs per weight per token (2 forward,
-// 4 backward) over all but the embedding table, plus in each layer 12 * heads * head_dim *
+// 4 backward) over all but the embedding table (a routed expert's weights count top_k / E of
+// theirs: the active ones), plus in each layer 12 * heads * head_dim *
 // seq_len for the attention scores and values (counted as if not causal, as torchtitan and
 // PaLM do). The blocks' shares sum to the whole model's 6N + 12 L H Q T (exactly: integers
 // far below 2^53), so a pipeline stage's FLOPs are the sum over its blocks.
@@ -94,17 +107,28 @@ static void count_flops(Model *m, const DecoderArgs *a, int seq_len, const Param
     int param = 0;
     for (int b = 0; b < m->n_blocks; b++) {
         double weights = 0;
-        for (int j = 0; j < m->blocks[b].n_params; j++, param++)
-            if (&m->params.items[param] != embed) weights += (double)m->params.items[param].numel;
+        for (int j = 0; j < m->blocks[b].n_params; j++, param++) {
+            const Param *p = &m->params.items[param];
+            double active = p->expert ? (double)a->moe.router.top_k / a->moe.router.n_experts : 1;
+            if (p != embed && !p->buffer) weights += (double)p->numel * active;
+        }
         bool layer = b > 0 && b + 1 < m->n_blocks;
         m->block_flops_per_token[b] = 6 * weights + (layer ? attention : 0);
         m->flops_per_token += m->block_flops_per_token[b];
     }
 }
 
+// The MoE balance's scratch lives in the backend's memory.
+static void place_moe(Decoder *l, const KernelOps *k) {
+    if (!l->moe || l->moe_memory) return;
+    moe_balance_place(&l->balance, k);
+    l->moe_memory = k;
+}
+
 // The RoPE tables are read by every layer's kernels, so they move to the backend's memory.
-static void place_rope_tables(Model *m, const KernelOps *k) {
+static void place_buffers(Model *m, const KernelOps *k) {
     Decoder *l = m->self;
+    place_moe(l, k);
     if (k->host_memory || l->rope_memory) return;
     size_t n = (size_t)(l->rope_sin - l->rope_cos) * 2, bytes = n * sizeof(float);
     float *placed = k->alloc(bytes);
@@ -127,9 +151,16 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
     rope_tables(l);
     l->layers = xcalloc((size_t)a->n_layers, sizeof(DecoderLayer));
     *m = (Model){.dim = a->dim, .n_blocks = a->n_layers + 2, .self = l,
-                 .place_buffers = place_rope_tables};
+                 .place_buffers = place_buffers};
     ParamTable *t = &m->params;
-    int layer_params = a->qk_norm ? 11 : 9;
+    bool moe = decoder_has_moe(a);
+    int layer_params = (a->qk_norm ? 8 : 6) + (moe ? moe_param_count(&a->moe) : 3);
+    if (moe) {
+        l->moe = xcalloc((size_t)a->n_layers, sizeof(MoeLayer));
+        moe_balance_init(&l->balance, a->n_layers, a->moe.router.n_experts,
+                         a->moe.load_balance_coeff, a->moe.aux_loss_alpha > 0);
+        m->moe = &l->balance;
+    }
     params_init(t, layer_params * a->n_layers + 3);
 
     int64_t emb_shape[2] = {a->vocab_size, a->dim};
@@ -165,6 +196,9 @@ void decoder_free(Model *m) {
         l->rope_memory->free(l->rope_cos);
     else
         free(l->rope_cos);
+    for (int i = 0; l->moe && i < l->args.n_layers; i++) moe_layer_free(&l->moe[i]);
+    if (l->moe) moe_balance_free(&l->balance, l->moe_memory);
+    free(l->moe);
     free(l->layers);
     free(l);
     free(m->blocks);

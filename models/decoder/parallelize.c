@@ -12,7 +12,7 @@ const char *decoder_tp_check(const DecoderArgs *a, int tp, int B, int T, char *e
     struct { const char *what; long long n; } splits[] = {
         {"model n_heads", a->n_heads},
         {"model n_kv_heads", a->n_kv_heads},
-        {"the FFN hidden dim", decoder_hidden_dim(a)},
+        {"the FFN hidden dim", decoder_has_moe(a) ? 0 : decoder_hidden_dim(a)},  // MoE: whole
         {"model vocab_size", a->vocab_size},
         {"the rows of a microbatch on a cp rank (local_batch_size x seq_len / "
          "context_parallel_degree, sequence parallel)",
@@ -27,11 +27,24 @@ const char *decoder_tp_check(const DecoderArgs *a, int tp, int B, int T, char *e
     return NULL;
 }
 
+// A MoE layer runs on each rank's sequence-parallel rows with all of its weights: replicated.
+static void parallelize_moe(MoeLayer *moe, ParamTable *t, const Tp *tp) {
+    Param *params[MOE_MAX_PARAMS];
+    int n = moe_layer_params(moe, params);
+    for (int i = 0; i < n; i++) tp_shard(tp, t, params[i], TP_REPLICATE);
+}
+
 static void parallelize_layer(DecoderLayer *L, ParamTable *t, const Tp *tp) {
-    Param *colwise[] = {L->wq, L->wk, L->wv, L->w1, L->w3};
+    Param *colwise[] = {L->wq, L->wk, L->wv};
     for (size_t i = 0; i < sizeof colwise / sizeof colwise[0]; i++) tp_shard(tp, t, colwise[i], 0);
     tp_shard(tp, t, L->wo, 1);
-    tp_shard(tp, t, L->w2, 1);
+    if (L->moe) {
+        parallelize_moe(L->moe, t, tp);
+    } else {
+        tp_shard(tp, t, L->w1, 0);
+        tp_shard(tp, t, L->w3, 0);
+        tp_shard(tp, t, L->w2, 1);
+    }
     tp_shard(tp, t, L->attention_norm, TP_REPLICATE);
     tp_shard(tp, t, L->ffn_norm, TP_REPLICATE);
     if (L->q_norm) {  // each rank's heads are whole: every rank needs all of the weights
@@ -57,9 +70,16 @@ uint64_t decoder_tp_bytes_per_microbatch(const DecoderArgs *args, int tp, int B,
     bool embed = first_block == 0, head = last_block == args->n_layers + 2;
     uint64_t L = (uint64_t)(last_block - first_block - embed - head);
     uint64_t bt = (uint64_t)B * T;
-    uint64_t seams = embed + head + 4 * L + (activation_checkpoint ? 2 * L : 0);
+    // A MoE FFN has no seam (it runs on the rank's rows); its balance loss all-reduces its
+    // sequences' statistics, 2 B E floats, in every forward and recompute.
+    bool moe = decoder_has_moe(args);
+    uint64_t per_layer = moe ? 2 : 4, forwards = activation_checkpoint ? 2 : 1;
+    uint64_t seams = embed + head + per_layer * L + (activation_checkpoint ? per_layer / 2 * L : 0);
     uint64_t loss = !head            ? 0
                     : loss_parallel ? 3 * bt
                                     : bt * (uint64_t)args->vocab_size / (uint64_t)tp;
-    return 4 * (seams * (bt + bt / (uint64_t)tp) * (uint64_t)args->dim + loss);
+    uint64_t aux = moe && args->moe.aux_loss_alpha > 0
+                       ? L * forwards * 2 * (uint64_t)B * (uint64_t)args->moe.router.n_experts
+                       : 0;
+    return 4 * (seams * (bt + bt / (uint64_t)tp) * (uint64_t)args->dim + loss + aux);
 }

@@ -29,6 +29,7 @@ static void update_from_config(ModelArgs *a, const ModelSection *config, int voc
     if (config->rope_scaling)
         die_user("model.rope_scaling: Llama 3.1's RoPE scaling is llama3's; qwen3 has none");
     d->tie_word_embeddings = d->tie_word_embeddings || config->tie_word_embeddings;
+    if (decoder_has_moe(d)) moe_args_from_config(&d->moe, config);
 }
 
 static void args_from_checkpoint(const char *path, ModelArgs *a) {
@@ -39,12 +40,22 @@ static bool try_args_from_hf(const char *dir, ModelArgs *a, char *err, size_t le
     return qwen3_try_args_from_hf(dir, qwen3_fill(a), err, len);
 }
 
+// Qwen3-MoE's Hugging Face format (model_type qwen3_moe, one tensor per expert) is not read
+// or written yet.
+static void refuse_hf_moe(const ModelArgs *a, const char *what) {
+    if (decoder_has_moe(&qwen3_of(a)->decoder))
+        die_user("%s: Hugging Face checkpoints of qwen3's MoE flavors are not implemented yet",
+                 what);
+}
+
 static void load_hf(const char *path, const ModelArgs *a, ParamTable *params) {
+    refuse_hf_moe(a, path);
     qwen3_load_hf(path, qwen3_of(a), params);
 }
 
 static void save_hf(const char *dir, const ModelArgs *a, const ParamTable *params,
                     SafetensorsDtype dtype) {
+    refuse_hf_moe(a, dir);
     qwen3_save_hf(dir, qwen3_of(a), params, dtype);
 }
 

@@ -53,6 +53,11 @@ P=--parallelism
 check dp_shard=2xtp=2 4 $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2
 check qwen3,dp_shard=2xtp=2 4 $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2 \
   --model.name qwen3 --model.flavor small
+# MoE layers (their arenas sized by the same code with the no-drop bound on expert rows; no tp
+# seam in the FFN, the balance loss's statistics all-reduced over tp, again in the recompute).
+check qwen3-moe,dp_shard=2xtp=2,AC 4 $P.data_parallel_shard_degree 2 \
+  $P.tensor_parallel_degree 2 --model.name qwen3 --model.flavor small_moe \
+  --model.moe_aux_loss_alpha 0.01 --activation_checkpoint.mode full
 
 # Qwen3 8B (untied, heads of 128 as wide as dim / n_heads, QK-norm): AdamW's two fp32 moments
 # on 8 FSDP ranks hold the parameter count of its shapes (Qwen's model card: 8.2B).
