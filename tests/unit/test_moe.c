@@ -1,10 +1,10 @@
 // The MoE layer (models/moe) alone, on the cpu backend, against independent references: its
 // forward against a naive double-precision loop over each token's chosen experts (router,
-// top-k with the bias, route norm and scale, capacity drops in slot order, shared experts),
-// its backward against central finite differences of the layer's own forward (loss =
-// sum(y * r) + the balance loss, for a fixed r) for x and every parameter; the expert-load counts (none in a
-// recompute); an expert no token chooses; the auxiliary-loss-free bias update; AdamW leaving
-// the bias (a Param.buffer) alone.
+// top-k with the bias, route norm and scale, capacity drops in slot order, shared experts,
+// the sequence-wise balance loss), its backward against central finite differences of the
+// layer's own forward (loss = sum(y * r) + the balance loss, for a fixed r) for x and every
+// parameter; the expert-load counts (none in a recompute); an expert no token chooses; the
+// auxiliary-loss-free bias update; AdamW leaving the bias (a Param.buffer) alone.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
