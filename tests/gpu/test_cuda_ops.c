@@ -994,6 +994,7 @@ typedef struct {
     Pair counts, offsets, row_of_slot;
     Pair x, sorted, y, dw_slots;          // tokens (n, dim), rows (rows, dim), y (n, dim), (n*k)
     Pair a, w, c, da, dc, dwe;            // grouped GEMM: (rows, dim), (E, hidden, dim), ...
+    Pair stats, daux;                     // balance loss: f then P (2, n / MOE_SEQ, E), (n, E)
     bool trans_a, trans_b;                // the grouped GEMM's form under test
 } MoeArgs;
 
@@ -1047,6 +1048,35 @@ static void grouped_run(int s, void *ctx) {
     else
         side[s]->grouped_matmul(F(a->dwe, s), F(a->dc, s), F(a->a, s), a->offsets_host, E,
                                 a->dim, a->hidden, true, false, 1.0f);
+}
+
+// The balance loss's sequences: n tokens are n / MOE_SEQ of them.
+#define MOE_SEQ 256
+
+static void aux_stats_run(int s, void *ctx) {
+    MoeArgs *a = ctx;
+    size_t half = (size_t)a->n / MOE_SEQ * a->r.n_experts;
+    side[s]->moe_aux_stats(F(a->stats, s), F(a->stats, s) + half, F(a->scores, s),
+                           I(a->experts, s), &a->r, a->n, 0, MOE_SEQ);
+}
+
+static void aux_backward_run(int s, void *ctx) {
+    MoeArgs *a = ctx;
+    side[s]->moe_aux_backward(F(a->daux, s), F(a->stats, s), F(a->scores, s), &a->r, a->n, 0,
+                              MOE_SEQ, 0.37f);
+}
+
+// From the router's shared outputs: the statistics (cuda adds them with atomics, in another
+// order) and the gradient through the normalised scores and the score function.
+static void check_moe_aux(MoeArgs *a, const char *shape) {
+    size_t E = (size_t)a->r.n_experts, seqs = (size_t)a->n / MOE_SEQ;
+    a->stats = pair_random(2 * seqs * E, 0, 1), a->daux = pair_random((size_t)a->n * E, -1, 1);
+    Output stats[] = {{"", &a->stats, NULL, CMP_INCREMENT, BOUND_REDUCE}};
+    op_check("moe_aux_stats", shape, aux_stats_run, a, stats, 1);
+    pair_share_cpu(&a->stats);
+    Output bwd[] = {{"dlogits", &a->daux, NULL, CMP_INCREMENT, BOUND_REDUCE}};
+    op_check("moe_aux_backward", shape, aux_backward_run, a, bwd, 1);
+    pair_free(&a->stats), pair_free(&a->daux);
 }
 
 static void check_moe_router(MoeArgs *a, const char *shape) {
@@ -1119,6 +1149,7 @@ static void check_moe(MoeRouter r, int n, int dim, int hidden, int capacity) {
              r.limited_groups, r.score_func == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax",
              r.route_norm ? " norm" : "", capacity);
     check_moe_router(&a, shape);
+    check_moe_aux(&a, shape);
     snprintf(shape, sizeof shape, "n=%d k=%d dim=%d rows=%d", n, k, dim, a.rows);
     check_moe_dispatch(&a, shape);
     snprintf(shape, sizeof shape, "E=%d rows=%d dim=%d hidden=%d", E, a.rows, dim, hidden);
@@ -1161,7 +1192,8 @@ static int table_holes(const KernelOps *k) {
     NEED(cross_entropy_slice_backward), NEED(cross_entropy_merge_exp);
     NEED(cross_entropy_merge_finish), NEED(add), NEED(scale), NEED(sum_squares), NEED(sum);
     NEED(moe_router_forward), NEED(moe_router_backward), NEED(moe_sort), NEED(moe_permute);
-    NEED(moe_unpermute), NEED(moe_weight_grad), NEED(grouped_matmul);
+    NEED(moe_unpermute), NEED(moe_weight_grad), NEED(grouped_matmul), NEED(moe_aux_stats);
+    NEED(moe_aux_backward);
     NEED(to_bf16), NEED(from_bf16), NEED(adamw_update);
 #undef NEED
     return holes;
