@@ -65,7 +65,7 @@ LIB_SRCS += parallel/comm_nccl.c
 CU_SRCS  := $(wildcard kernels/cuda/*.cu)
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o) $(CU_SRCS:%.cu=$(BUILD)/%.o)
 CFLAGS   += -DTITAN_CUDA -isystem $(CUDA_HOME)/include
-LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudnn -lcublasLt \
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudnn -lcublas -lcublasLt \
             -lcudart -lstdc++
 GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/%,$(wildcard tests/gpu/test_*.c))
 endif

@@ -61,10 +61,44 @@ static void setup_expert_parallel(Trainer *t) {
     const MeshLayout *l = &t->mesh.layout;
     char why[512];
     if (!ep_check(&t->model.params, l->ep, why, sizeof why)) die_user("%s", why);
+    // models/moe's dispatch and combine run on one device until they call StepCtx.ep's hooks.
+    if (t->model.moe)
+        die_user("parallelism.expert_parallel_degree = %d: the MoE layer's expert-parallel "
+                 "dispatch is not implemented yet", l->ep);
     if (t->estimate_world_size) ep_plan(&t->ep, mesh_sparse_index(l, t->mesh.coord) % l->ep, l->ep);
     else ep_init(&t->ep, t->mesh.ep);
     ep_place(&t->model.params, t->ep.size, t->ep.rank);
     t->model.ep = &t->ep.hooks;
+}
+
+// The model.moe_* keys act on MoE layers (models/moe) only: given to a model without any, or
+// asking for what the layout cannot give (the balance loss sums over whole sequences, which
+// context parallel splits over ranks the layers cannot reach), they are refused by name; so
+// are Hugging Face checkpoints for a model with MoE layers.
+static void check_moe_keys(const Trainer *t) {
+    static const char *const KEYS[] = {"model.moe_load_balance_coeff", "model.moe_aux_loss_alpha",
+                                       "model.moe_capacity_factor"};
+    const Config *c = &t->cfg;
+    char origin[512];
+    for (size_t i = 0; i < sizeof KEYS / sizeof KEYS[0] && !t->model.moe; i++) {
+        CHECK(config_key_origin(c, KEYS[i], origin, sizeof origin));
+        if (strcmp(origin, "default") != 0)
+            die_user("%s: %s does nothing: model %s %s has no MoE layers", origin, KEYS[i],
+                     c->model.name, c->model.flavor);
+    }
+    const char *hf = c->checkpoint.last_save_in_hf      ? "checkpoint.last_save_in_hf"
+                     : c->checkpoint.initial_load_in_hf ? "checkpoint.initial_load_in_hf"
+                                                        : NULL;
+    if (t->model.moe && hf) {
+        CHECK(config_key_origin(c, hf, origin, sizeof origin));
+        die_user("%s: %s: Hugging Face checkpoints of MoE layers are not implemented yet", origin,
+                 hf);
+    }
+    if (t->model.moe && t->model.moe->aux_loss && t->mesh.layout.size[MESH_CP] > 1) {
+        CHECK(config_key_origin(c, "model.moe_aux_loss_alpha", origin, sizeof origin));
+        die_user("%s: model.moe_aux_loss_alpha needs whole sequences on each tensor-parallel "
+                 "group, not context_parallel_degree %d", origin, t->mesh.layout.size[MESH_CP]);
+    }
 }
 
 static void setup_model(Trainer *t) {
@@ -84,6 +118,7 @@ static void setup_model(Trainer *t) {
     // torchtitan's parallelize order: TP, then activation checkpointing, then FSDP.
     bool full_ac = strcmp(c->activation_checkpoint.mode, "full") == 0;
     spec->build(&t->model, &t->args, false);
+    check_moe_keys(t);
     if (t->mesh.layout.size[MESH_PP] > 1) trainer_pipeline_plan(t);
     if (t->tp_on) {
         bool loss_parallel = !c->parallelism.disable_loss_parallel;
@@ -445,24 +480,45 @@ static double validate(Trainer *t) {
     return comm_all_reduce_double(t->mesh.loss, loss, COMM_AVG);
 }
 
-// One optimizer step over `accum` microbatches; returns the mean loss and sets *grad_norm.
-static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
+// torchtitan's MoE pre-step hook: the step's expert load summed over every rank (each holds
+// other tokens or other layers), then the aux-loss-free bias update; the load's figures go
+// to the metrics.
+static void balance_experts(Trainer *t, StepMetrics *m) {
+    MoeBalance *b = t->model.moe;
+    if (!b) return;
+    float *load = moe_balance_load(b, t->k);
+    comm_all_reduce(comm_world(), load, (size_t)b->n_layers * b->n_experts, COMM_SUM);
+    MoeLoadStats st = moe_balance_update(b, t->k, &t->model.params);
+    m->expert_load_max = st.max;
+    m->expert_load_mean = st.mean;
+}
+
+// One optimizer step over `accum` microbatches: sets m's loss, grad norm, lr and expert load.
+static void train_step(Trainer *t, int step, StepMetrics *m) {
     ParamTable *params = &t->model.params;
     t->k->zero(params->shard_grad, params->shard_numel * sizeof(float));
-    double loss = 0;
-    for (int m = 0; m < t->accum; m++) {
+    double loss = 0, aux = 0;
+    for (int mb = 0; mb < t->accum; mb++) {
         split_next(t->k, &t->train, model_shape(&t->args).vocab_size, t->doc_eos);
         if (t->pipeline) {
-            loss += trainer_pipeline_step(t) / t->accum;
+            double stage_aux;
+            loss += trainer_pipeline_step(t, &stage_aux) / t->accum;
+            aux += stage_aux / t->accum;
             continue;
         }
         StepCtx s = step_ctx(t, &t->train);
         s.loss_scale = 1.0f / t->accum;
+        s.expert_load = t->model.moe ? t->model.moe->load : NULL;
         loss += model_forward_backward(&t->model, &s) / t->accum;
+        aux += s.aux_loss / t->accum;
     }
     CommGroup *pp = t->pipeline ? t->mesh.group[MESH_PP] : NULL;
     if (pp) loss = comm_all_reduce_double(pp, loss, COMM_SUM);  // the last stage's, everywhere
     loss = comm_all_reduce_double(t->mesh.loss, loss, COMM_AVG);  // the global batch's mean
+    if (t->model.moe && t->model.moe->aux_loss) {  // each stage's layers', then the mean
+        if (pp) aux = comm_all_reduce_double(pp, aux, COMM_SUM);
+        m->aux_loss = comm_all_reduce_double(t->mesh.loss, aux, COMM_AVG);
+    }
     if (!isfinite(loss)) {
         trainer_wait_checkpoint(t);  // a save in flight completes: the message promises it
         die_user("step %d: loss is %s; stopped before updating the weights (checkpoints in %s "
@@ -472,12 +528,13 @@ static double train_step(Trainer *t, int step, double *grad_norm, double *lr) {
     if (t->ddp_on) ddp_finish_step(params, t->mesh.group[MESH_DP_REPLICATE]);
     CommGroup *tp = t->tp_on ? t->tp.group : NULL, *fsdp = t->fsdp_on ? t->mesh.fsdp : NULL;
     grads_reduce_replicated(params, tp);
-    *grad_norm = sqrt(grads_sum_squares(t->k, params, fsdp, tp, pp));
-    grad_clip_to_norm(t->k, params->shard_grad, params->shard_numel, *grad_norm,
+    m->loss = loss;
+    m->grad_norm = sqrt(grads_sum_squares(t->k, params, fsdp, tp, pp));
+    grad_clip_to_norm(t->k, params->shard_grad, params->shard_numel, m->grad_norm,
                       t->cfg.training.max_norm);
-    *lr = t->opt.lr * lr_schedule_factor(&t->schedule, step - t->lr_origin);
-    adamw_step(&t->opt, t->k, params, *lr);
-    return loss;
+    m->lr = t->opt.lr * lr_schedule_factor(&t->schedule, step - t->lr_origin);
+    balance_experts(t, m);
+    adamw_step(&t->opt, t->k, params, m->lr);
 }
 
 // Whether any rank has had a SIGTERM (core/preempt.h): one all-reduce of one double over the
@@ -514,9 +571,9 @@ static void train(Trainer *t) {
     int first_step = (int)t->progress.step + 1;
     bool preempted = false;
     for (int step = first_step; step <= c->training.steps; step++) {
-        StepMetrics m = {.step = step};
+        StepMetrics m = {.step = step, .aux_loss = NAN};
         double step_started = now_seconds();
-        m.loss = train_step(t, step, &m.grad_norm, &m.lr);
+        train_step(t, step, &m);
         t->step_seconds = now_seconds() - step_started;
         // torchtitan: comm.init_timeout_seconds covers setup and the first step, whose
         // collectives wait for the slowest rank's setup; then comm.train_timeout_seconds.

@@ -12,6 +12,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
+#include "models/moe/balance.h"
 #include "models/registry.h"
 #include "optim/optim.h"
 #include "parallel/comm.h"
@@ -129,7 +130,9 @@ typedef struct {
 PipelineRankPlan trainer_pipeline_rank_plan(Trainer *t);
 size_t trainer_pipeline_activation_bytes(Trainer *t);
 void trainer_pipeline_start(Trainer *t);
-double trainer_pipeline_step(Trainer *t);
+// One training batch: as trainer_pipeline_step's loss, and *aux_loss the mean over the
+// microbatches of the MoE balance loss of this rank's stages' layers.
+double trainer_pipeline_step(Trainer *t, double *aux_loss);
 // One validation batch through this rank's stages, forward only: its mean loss on the last
 // stage's rank, 0 on the others.
 double trainer_pipeline_eval(Trainer *t);

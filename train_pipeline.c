@@ -30,6 +30,7 @@ struct Pipeline {
     ModelSlots *slots;       // (n_slots) one microbatch's blocks' slots per region
     StepCtx *ctx;            // (n_slots) its step context
     double *loss;            // (the larger m) the last stage's loss per microbatch
+    double aux_loss;         // the MoE balance loss of this rank's stages, summed over a batch
 };
 
 static float *stage_forward(const PpStageFns *f, int stage, int mb, int region, Arena *act,
@@ -44,9 +45,11 @@ static float *stage_forward(const PpStageFns *f, int stage, int mb, int region, 
                    .targets = sp->step_targets ? sp->step_targets + first_row : NULL,
                    .doc = sp->step_doc ? sp->step_doc + (size_t)mb * p->rows * sp->T : NULL,
                    .loss_scale = p->loss_scale};
+    if (p->running == &p->train && t->model.moe) s->expert_load = t->model.moe->load;
     int last = p->first[stage + 1];
     float *y = model_forward_blocks(&t->model, s, &p->slots[region], p->first[stage], last, x);
     if (last == t->model.n_blocks && !step_sizing(s)) p->loss[mb] = s->loss;
+    if (!step_sizing(s)) p->aux_loss += s->aux_loss;
     return y;
 }
 
@@ -200,17 +203,25 @@ void trainer_pipeline_start(Trainer *t) {
 }
 
 // One batch of run u's split through this rank's stages: the mean loss over its microbatches
-// on the last stage's rank, 0 on the others.
-static double run_batch(Trainer *t, PipelineRun *u) {
+// on the last stage's rank, 0 on the others; *aux_loss the mean over them of its stages' MoE
+// balance loss.
+static double run_batch(Trainer *t, PipelineRun *u, double *aux_loss) {
     Pipeline *p = t->pipeline;
     p->running = u;
+    p->aux_loss = 0;
     for (int mb = 0; mb < u->m; mb++) p->loss[mb] = 0;
     pp_executor_step(u->exec, &t->act_arena);
     double loss = 0;
     for (int mb = 0; mb < u->m; mb++) loss += p->loss[mb] / u->m;
+    *aux_loss = p->aux_loss / u->m;
     return loss;
 }
 
-double trainer_pipeline_step(Trainer *t) { return run_batch(t, &t->pipeline->train); }
+double trainer_pipeline_step(Trainer *t, double *aux_loss) {
+    return run_batch(t, &t->pipeline->train, aux_loss);
+}
 
-double trainer_pipeline_eval(Trainer *t) { return run_batch(t, &t->pipeline->eval); }
+double trainer_pipeline_eval(Trainer *t) {
+    double aux_loss;
+    return run_batch(t, &t->pipeline->eval, &aux_loss);
+}

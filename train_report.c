@@ -64,6 +64,9 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
     int n = 0;
     const int *size = t->mesh.layout.size;
     bool ac = t->model.blocks[1].checkpointed;
+    // A MoE balance loss is averaged as the loss is (one more double for the loss group and
+    // the pipeline); the expert load's sum goes over the world, which is not reported.
+    uint64_t aux = t->model.moe && t->model.moe->aux_loss ? sizeof(double) : 0;
     PipelineRankPlan pl = t->pipeline ? trainer_pipeline_rank_plan(t) : (PipelineRankPlan){0};
     // FSDP gathers each block once per microbatch, a pipeline's too, and reduce-scatters its
     // gradient as often, or once per step under a pipeline (reduce_once_per_step).
@@ -97,9 +100,9 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
     if (t->cp_on) out[n++] = (GroupBytes){"cp", cp_bytes_per_step(t, ac)};
     if (t->pipeline) {  // the sends, then the step's loss and grad norm summed over the stages
         uint64_t sent = pl.act_bytes_sent + pl.grad_bytes_sent;
-        out[n++] = (GroupBytes){"pp", t->accum * sent + 2 * sizeof(double)};
+        out[n++] = (GroupBytes){"pp", t->accum * sent + 2 * sizeof(double) + aux};
     }
-    out[n++] = (GroupBytes){"loss", sizeof(double)};  // the step's mean loss
+    out[n++] = (GroupBytes){"loss", sizeof(double) + aux};  // the step's mean loss
     return n;
 }
 

@@ -1,5 +1,5 @@
 // titan convert: a titan checkpoint as a Hugging Face model and back, through the model
-// registry (for llama3, LlamaForCausalLM: models/llama3/hf.c has the mapping).
+// registry (llama3 and qwen3: models/decoder/hf.c has the mapping).
 //
 //   titan convert --to hf [--dtype float32|bfloat16] CHECKPOINT.h5 OUT_DIR
 //   titan convert --to titan HF_PATH OUT.h5

@@ -28,6 +28,7 @@
 typedef struct TpHooks TpHooks;
 struct TpHooks {
     int size;            // ranks sharing the rows and the weights
+    int rank;            // this rank's index: it holds rows [rank, rank + 1) * rows of B*T
     bool loss_parallel;  // the loss reads vocab-sharded logits (else they are gathered first)
     // full (size * n) = every rank's x (n) in rank order: all-gather of rows.
     void (*gather)(const TpHooks *h, const float *x, float *full, size_t n);
@@ -105,6 +106,13 @@ struct StepCtx {
     double loss;         // out: mean cross-entropy of the microbatch (every tp rank: the whole)
     float *logits;       // out: (B*T, vocab), valid after forward until backward overwrites it;
                          // (B*T, vocab / tp) this rank's vocab slice under loss parallel
+    // (MoE layers, experts) host: each MoE layer adds the slots its router sent to each expert
+    // (models/moe), the step's expert load; NULL: not counted (evaluation).
+    float *expert_load;
+    double aux_loss;     // out: the MoE layers' balance losses, added to the objective (as
+                         // loss is, with loss_scale), reported apart from the cross-entropy
+    bool recompute;      // set by the code running blocks: this forward is a checkpointed
+                         // block's recompute (what it counts, it counted already)
 };
 
 static inline bool step_sizing(const StepCtx *s) { return s->act->base == NULL; }

@@ -121,6 +121,17 @@ static const KeySpec KEYS[] = {
      .help = "titan: share the embedding matrix with the output projection"},
     {K_BOOL(model, rope_scaling), .def = "false",
      .help = "titan: Llama 3.1 RoPE frequency scaling (factor 8, original context 8192)"},
+    {K_FLOAT(model, moe_load_balance_coeff, 0, INFINITY), .lo_open = true, .def = "1e-3",
+     .nullable = true,
+     .help = "MoE: expert-bias step per optimizer step (aux-loss-free load balancing, DeepSeek "
+             "V3); null = off"},
+    {K_FLOAT(model, moe_aux_loss_alpha, 0, INFINITY), .def = "0.0",
+     .help = "MoE: weight of the sequence-wise balance loss (DeepSeek V3) added to the "
+             "objective; 0 = none"},
+    {K_FLOAT(model, moe_capacity_factor, 0, INFINITY), .lo_open = true, .def = NULL,
+     .nullable = true,
+     .help = "MoE: an expert takes at most ceil(factor * tokens * top_k / experts) of a "
+             "microbatch's routed tokens, dropping the rest; null = none dropped"},
 
     {K_ENUM(optimizer, name), .def = "AdamW", .choices = OPTIMIZERS, .help = "Optimizer to use"},
     {K_FLOAT(optimizer, lr, 0, INFINITY), .def = "8e-4", .help = "Learning rate to use"},

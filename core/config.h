@@ -66,6 +66,10 @@ typedef struct {
     bool print_after_conversion;
     bool tie_word_embeddings;
     bool rope_scaling;
+    // The MoE layers' settings a user tunes (models/moe), over the flavor's:
+    double moe_load_balance_coeff;  // nullable: NAN = no aux-loss-free balancing
+    double moe_aux_loss_alpha;      // the sequence-wise balance loss weight; 0 = none
+    double moe_capacity_factor;     // nullable: NAN = no token dropped
 } ModelSection;
 
 typedef struct {

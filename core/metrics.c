@@ -60,22 +60,34 @@ static const char *const COLORS[] = {"\033[31m", "\033[32m", "\033[38;2;255;165;
 #define N_COLORS (sizeof COLORS / sizeof COLORS[0])
 
 void metrics_write(MetricsLog *log, const StepMetrics *m) {
-    char mfu[32], mfu_json[32];
+    char mfu[32], mfu_json[32], load[96] = "", load_json[160] = "";
     bool known = !isnan(m->mfu);
     snprintf(mfu, sizeof mfu, known ? "%5.2f%%" : "  n/a", m->mfu);
     snprintf(mfu_json, sizeof mfu_json, known ? "%.6g" : "null", m->mfu);
+    if (m->expert_load_max > 0) {
+        snprintf(load, sizeof load, "  load max %.2f mean %.2f", m->expert_load_max,
+                 m->expert_load_mean);
+        snprintf(load_json, sizeof load_json,
+                 ", \"expert_load_max\": %.6g, \"expert_load_mean\": %.6g", m->expert_load_max,
+                 m->expert_load_mean);
+    }
+    if (!isnan(m->aux_loss)) {
+        size_t n = strlen(load), nj = strlen(load_json);
+        snprintf(load + n, sizeof load - n, "  aux_loss %.4g", m->aux_loss);
+        snprintf(load_json + nj, sizeof load_json - nj, ", \"aux_loss\": %.17g", m->aux_loss);
+    }
     const char *c[N_COLORS];
     for (size_t i = 0; i < N_COLORS; i++) c[i] = log->color ? COLORS[i] : "";
     log_info("%sstep %5d  %sloss %8.4f  %sgrad_norm %7.4f  %slr %.3e  %stok/s %9.0f  "
-             "%sTFLOP/s %6.3f  %sMFU %s  %smem %.2f GiB%s",
+             "%sTFLOP/s %6.3f  %sMFU %s  %smem %.2f GiB%s%s",
              c[0], m->step, c[1], m->loss, c[2], m->grad_norm, c[3], m->lr, c[4], m->tokens_per_s,
-             c[5], m->tflops, c[6], mfu, c[7], m->peak_memory_gib, c[8]);
+             c[5], m->tflops, c[6], mfu, c[7], m->peak_memory_gib, c[8], load);
     if (!log->jsonl) return;  // not a logging rank
     fprintf(log->jsonl,
             "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
-            "\"tokens_per_s\": %.6g, \"tflops\": %.6g, \"mfu\": %s, \"peak_memory_gib\": %.6g}\n",
+            "\"tokens_per_s\": %.6g, \"tflops\": %.6g, \"mfu\": %s, \"peak_memory_gib\": %.6g%s}\n",
             m->step, m->loss, m->grad_norm, m->lr, m->tokens_per_s, m->tflops, mfu_json,
-            m->peak_memory_gib);
+            m->peak_memory_gib, load_json);
     fflush(log->jsonl);
 }
 

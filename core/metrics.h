@@ -14,6 +14,11 @@ typedef struct {
     double tflops;            // achieved model TFLOP/s per device
     double mfu;               // tflops / peak, in percent; NAN when the peak is unknown
     double peak_memory_gib;   // resident set high-water mark of this process
+    // MoE (models/moe/balance.h): the step's busiest expert's load over its layer's mean (1:
+    // balanced), in the worst MoE layer and averaged over them, from the global counts; 0: the
+    // model has no MoE layers (and the fields are left out).
+    double expert_load_max, expert_load_mean;
+    double aux_loss;          // MoE: the balance loss (in the objective, not in loss); NAN: none
 } StepMetrics;
 
 typedef struct {

@@ -264,6 +264,9 @@ void param_fill(const Param *p, uint64_t seed, size_t first, size_t count, float
     case INIT_ONES:
         for (size_t j = 0; j < count; j++) dst[j] = 1.0f;
         break;
+    case INIT_ZEROS:
+        for (size_t j = 0; j < count; j++) dst[j] = 0.0f;
+        break;
     case INIT_NORMAL:
         rng_fill_trunc_normal(dst, count, key, first, 0.0, p->init_std, -INFINITY, INFINITY);
         break;

@@ -25,8 +25,9 @@
 #define PARAM_MAX_DIMS 3
 #define PARAM_MAX_PLACEMENTS 4
 
-// How a parameter is initialised (torchtitan's init_weights): a (truncated) normal or ones.
-typedef enum { INIT_ONES, INIT_NORMAL, INIT_TRUNC_NORMAL } ParamInit;
+// How a parameter is initialised (torchtitan's init_weights): a (truncated) normal, ones or
+// zeros.
+typedef enum { INIT_ONES, INIT_ZEROS, INIT_NORMAL, INIT_TRUNC_NORMAL } ParamInit;
 
 typedef enum {
     PLACE_REPLICATE,     // Replicate(): every rank of the group holds the whole box
@@ -69,6 +70,10 @@ typedef struct {
     // A routed expert's weight, (E, out, in) stacked over the E experts: expert parallel
     // shards dim 0 over the ep group and FSDP the rest over efsdp (parallel/ep).
     bool expert;
+    // A persistent buffer (torchtitan's register_buffer(persistent=True), e.g. the MoE expert
+    // bias): placed, gathered, checkpointed and resharded as a parameter, but not trained: no
+    // gradient reaches it and the optimizer leaves it (its owner updates it).
+    bool buffer;
     ParamInit init;
     double init_std;      // for the normal inits
     double init_cutoff;   // truncation bound |x| <= cutoff (absolute, as torch's a/b)

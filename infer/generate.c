@@ -1,5 +1,6 @@
 // titan generate: continue a prompt one token at a time through the KV cache of the
-// checkpoint's architecture (the model registry's decoding; llama3's: models/llama3/decode.c).
+// checkpoint's architecture (the model registry's decoding; the decoder's:
+// models/decoder/decode.c).
 //
 //   titan generate --checkpoint C [--tokenizer T] (--prompt TEXT | --prompt-ids 1,2,3)
 //                  [--max-new-tokens 100] [--temperature 0.8] [--top-p 0.9] [--seed 0]

@@ -213,8 +213,8 @@ typedef struct KernelOps {
     // The router in fp32: scores (n, E) = softmax or sigmoid of logits (n, E); each token's
     // experts (n, k) = the top k of scores + bias (bias (E) or NULL: it steers the selection
     // only), within its limited groups when r->n_groups > 1, in descending order of that
-    // selection score, ties to the lower expert id; weight (n, k) = their scores, normed and
-    // scaled as r says.
+    // selection score, ties to the lower expert id (and group); weight (n, k) = their scores,
+    // normed and scaled as r says.
     void (*moe_router_forward)(float *weight, int *experts, float *scores, const float *logits,
                                const float *bias, const MoeRouter *r, int n);
     // dlogits (n, E) += the gradient of logits from dweight (n, k), the gradient of weight,
@@ -223,9 +223,9 @@ typedef struct KernelOps {
                                 const int *experts, const MoeRouter *r, int n);
     // The expert-sorted order of n_slots slots with experts (n_slots) as the router chose them
     // (a stable sort: an expert's rows are its slots in slot order, on every backend): counts
-    // (E) = slots routed to each expert; when capacity > 0 an expert keeps only its first
-    // capacity slots, the rest getting row -1; offsets (E + 1) the kept rows' prefix sums
-    // (offsets[0] = 0, offsets[E] = rows kept); row_of_slot (n_slots).
+    // (E) = slots routed to each expert, dropped ones included; when capacity > 0 an expert
+    // keeps only its first capacity slots, the rest getting row -1; offsets (E + 1) the kept
+    // rows' prefix sums (offsets[0] = 0, offsets[E] = rows kept); row_of_slot (n_slots).
     void (*moe_sort)(int *counts, int *offsets, int *row_of_slot, const int *experts,
                      int n_slots, int n_experts, int capacity);
     // out (rows, dim): row row_of_slot[s] = x[s / k] * weight[s] (weight (n*k), or NULL for 1):
@@ -250,6 +250,20 @@ typedef struct KernelOps {
     // same way, c (groups, k, n): the weight gradient; a group with no rows gives beta c_g.
     void (*grouped_matmul)(float *c, const float *a, const float *b, const int *offsets,
                            int groups, int n, int k, bool trans_a, bool trans_b, float beta);
+
+    // DeepSeek V3's sequence-wise balance loss, sum over experts i of frac_i prob_i per
+    // sequence, on rows [first, first + n) of a batch of sequences of T tokens (batch row r in
+    // sequence r / T), scores (n, E) and experts (n, k) as the router gave them: frac (rows'
+    // sequences, E) += E / (k T) * each sequence's slots routed to expert i; prob += 1/T * the
+    // sum over its rows of the scores normalised to sum 1 per row. Partial sums over the
+    // pieces of a split sequence add up; frac and prob are indexed by sequence r / T.
+    void (*moe_aux_stats)(float *frac, float *prob, const float *scores, const int *experts,
+                          const MoeRouter *r, int n, int first, int T);
+    // dlogits (n, E) += the gradient of dloss * sum_b sum_i frac[b][i] prob[b][i] (frac: the
+    // whole sequences', a count of choices, constant) through prob's normalisation and the
+    // score function, for the same rows.
+    void (*moe_aux_backward)(float *dlogits, const float *frac, const float *scores,
+                             const MoeRouter *r, int n, int first, int T, float dloss);
 
     // y (n) += x
     void (*add)(float *y, const float *x, size_t n);

@@ -33,6 +33,7 @@ static void run_block(Model *m, StepCtx *s, ModelSlots *a, int i, BlockPhase pha
     Block *b = &m->blocks[i];
     bool hooked = m->hooks && !step_sizing(s);
     if (hooked) m->hooks->before(m->hooks, i, phase);
+    s->recompute = phase == BLOCK_RECOMPUTE;
     if (phase == BLOCK_FORWARD || phase == BLOCK_RECOMPUTE)
         b->ops->forward(b, s, a->saved[i], a->hidden[i], out);
     else

@@ -35,6 +35,9 @@ struct Model {
     const AttnHooks *attn;  // context parallel's attention (parallel/cp); NULL: whole sequences
     const ExpertHooks *ep;  // expert parallel's dispatch (parallel/ep); NULL: all experts local
     const BlockHooks *hooks;  // called around every block call (FSDP); NULL: none
+    // The MoE layers' expert load and routing biases (models/moe/balance.h), which the trainer
+    // sums over ranks and updates before each optimizer step; NULL: no MoE layers.
+    struct MoeBalance *moe;
     void *self;          // the architecture's own state (e.g. rope tables)
     // Moves the architecture's constant tables (torchtitan's non-persistent buffers, e.g. the
     // RoPE tables), built in host memory, into backend k's memory: model_place_buffers.

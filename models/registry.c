@@ -1,13 +1,14 @@
 // The registry's table: one line per architecture (its ModelSpec is defined in its folder).
 #include "models/registry.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/errors.h"
 
-static const ModelSpec *const SPECS[] = {&LLAMA3_SPEC};
+static const ModelSpec *const SPECS[] = {&LLAMA3_SPEC, &QWEN3_SPEC};
 #define N_SPECS (int)(sizeof SPECS / sizeof SPECS[0])
 
 const ModelSpec *model_spec_find(const char *name) {
@@ -44,13 +45,36 @@ const ModelSpec *model_spec_of_checkpoint(const char *path, Config *trained) {
     return spec;
 }
 
+// The model_type string of dir/config.json, or NULL (no such key, an unreadable file: the
+// readers then say why).
+static const ModelSpec *spec_of_hf_model_type(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *root = json_load_file(path, 0, NULL);
+    const char *type = json_string_value(json_object_get(root, "model_type"));
+    const ModelSpec *spec = NULL;
+    for (int i = 0; type && i < N_SPECS && !spec; i++)
+        if (SPECS[i]->hf_model_type && !strcmp(SPECS[i]->hf_model_type, type)) spec = SPECS[i];
+    json_decref(root);
+    return spec;
+}
+
 const ModelSpec *model_spec_of_hf(const char *dir, ModelArgs *a) {
     char why[N_SPECS][1024];
+    const ModelSpec *typed = spec_of_hf_model_type(dir);
+    if (typed) {
+        if (!typed->try_args_from_hf(dir, a, why[0], sizeof why[0])) die_user("%s", why[0]);
+        return typed;
+    }
     for (int i = 0; i < N_SPECS; i++)
         if (SPECS[i]->try_args_from_hf(dir, a, why[i], sizeof why[i])) return SPECS[i];
     char all[N_SPECS * 1040] = "";
-    for (int i = 0; i < N_SPECS; i++)
-        snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s", i ? "; " : "", why[i]);
+    for (int i = 0; i < N_SPECS; i++) {
+        bool repeated = false;
+        for (int j = 0; j < i; j++) repeated |= !strcmp(why[i], why[j]);
+        if (!repeated)
+            snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s", i ? "; " : "", why[i]);
+    }
     die_user("%s", all);
 }
 

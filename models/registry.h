@@ -6,7 +6,9 @@
 //
 // An architecture's args (torchtitan's per-flavor model_args) are its own struct; ModelArgs
 // holds any of them by value, as a union tagged with the spec that filled it, so callers keep,
-// copy and pass them without allocating or knowing the type. Only that spec reads the union.
+// copy and pass them without allocating or knowing the type. Only that spec reads the union
+// (for the decoder's architectures, llama3 and qwen3, with models/decoder/decoder_spec.h's
+// functions, which read the DecoderArgs their members begin with).
 // The few numbers outside models/ needs (layers, width, vocabulary, RoPE length, tied
 // embeddings) come out through spec->shape, and the run's settings go in through
 // spec->update_from_config: one getter and one setter instead of fields mirrored in two
@@ -23,6 +25,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/config.h"
 #include "models/llama3/llama3.h"
+#include "models/qwen3/qwen3.h"
 #include "models/model.h"
 
 typedef struct ModelSpec ModelSpec;
@@ -32,6 +35,7 @@ typedef struct {
     const ModelSpec *spec;  // the architecture that filled `as`
     union {
         LlamaArgs llama3;
+        Qwen3Args qwen3;
     } as;
 } ModelArgs;
 
@@ -60,7 +64,7 @@ struct ModelSpec {
     void (*update_from_config)(ModelArgs *a, const ModelSection *config, int vocab_size,
                                int max_seq_len);
 
-    // The parameter table and block list, as the architecture's build (e.g. llama3_build).
+    // The parameter table and block list, as the architecture's build (e.g. decoder_build).
     void (*build)(Model *m, const ModelArgs *a, bool activation_checkpoint);
     void (*free)(Model *m);  // what build allocated (not the arenas)
 
@@ -82,6 +86,7 @@ struct ModelSpec {
     // the file is not this architecture's or not readable), the safetensors weights into
     // whole-tensor host tables (built from a) and out again (weights and config.json in dir).
     bool (*try_args_from_hf)(const char *dir, ModelArgs *a, char *err, size_t len);
+    const char *hf_model_type;  // config.json's model_type for this architecture ("llama")
     void (*load_hf)(const char *path, const ModelArgs *a, ParamTable *params);
     void (*save_hf)(const char *dir, const ModelArgs *a, const ParamTable *params,
                     SafetensorsDtype dtype);
@@ -100,8 +105,8 @@ struct ModelSpec {
     void (*kv_cache_free)(void *cache);
 };
 
-// Each architecture's spec, defined in its folder (models/llama3/spec.c).
-extern const ModelSpec LLAMA3_SPEC;
+// Each architecture's spec, defined in its folder (models/llama3/spec.c, ...).
+extern const ModelSpec LLAMA3_SPEC, QWEN3_SPEC;
 
 // The architecture named name (model.name), or NULL.
 const ModelSpec *model_spec_find(const char *name);
@@ -112,8 +117,10 @@ const ModelSpec *model_spec_require(const char *name, const char *where);
 // when none is registered under it. trained (NULL: not wanted) gets that config, to
 // config_free.
 const ModelSpec *model_spec_of_checkpoint(const char *path, Config *trained);
-// The architecture whose reader takes the Hugging Face folder dir (its args in *a); die_user
-// with each one's reason when none does.
+// The architecture whose reader takes the Hugging Face folder dir (its args in *a): the one
+// of config.json's model_type, die_user with its reason when it refuses the folder; else (no
+// or an unknown model_type, an unreadable file) the first reader that takes it, die_user with
+// each one's (distinct) reason when none does.
 const ModelSpec *model_spec_of_hf(const char *dir, ModelArgs *a);
 // The architecture that reads llama2.c files (its args_from_llama2c is set).
 const ModelSpec *model_spec_llama2c(void);

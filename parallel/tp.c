@@ -40,7 +40,7 @@ void tp_init(Tp *tp, CommGroup *group, const KernelOps *k, bool loss_parallel) {
 
 void tp_plan(Tp *tp, int rank, int size, bool loss_parallel) {
     *tp = (Tp){.rank = rank, .size = size};
-    tp->hooks = (TpHooks){.size = tp->size, .loss_parallel = loss_parallel,
+    tp->hooks = (TpHooks){.size = tp->size, .rank = tp->rank, .loss_parallel = loss_parallel,
                           .gather = tp_gather, .gather_columns = tp_gather_columns,
                           .reduce_scatter = tp_reduce_scatter,
                           .all_reduce_max = tp_all_reduce_max,

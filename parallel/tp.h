@@ -1,6 +1,6 @@
 // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) with sequence parallel (Korthikanti et
 // al. 2022) and loss parallel: the mechanisms over the tp group. Which weight is sharded how
-// is the model's own plan (models/llama3/parallelize.c); this file knows no model.
+// is the model's own plan (models/decoder/parallelize.c); this file knows no model.
 //
 // A Tp provides the TpHooks the model calls (models/model.h): all-gather and reduce-scatter
 // of rows over the group, an all-gather of columns, and all-reduces for the loss statistics.

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# titan's Hugging Face export loaded by transformers itself: trains the `small` model (grouped-
-# query attention) a few steps, exports it (titan convert --to hf), loads the folder with
-# LlamaForCausalLM.from_pretrained and compares its fp32 logits on a batch of the Austen text
-# with titan's (build/tests/dump_step): relative L2 error under 1e-5, max abs error printed.
-# The RoPE-scaled, tied-embedding variant is checked too. Not part of `make test`: it installs
-# transformers from PyPI into build/venv-transformers, on top of Debian's interpreter so that
-# its torch 1.13 is used (transformers 4.44 is the last line of releases that accepts it).
+# titan's Hugging Face exports loaded by transformers itself: trains small models a few steps,
+# exports them (titan convert --to hf), loads each folder with AutoModelForCausalLM (config.json
+# picks LlamaForCausalLM or Qwen3ForCausalLM) and compares its fp32 logits on a batch of the
+# Austen text with titan's (build/tests/dump_step): relative L2 error under 1e-5, max abs error
+# printed. Llama 3: grouped-query attention, and RoPE scaling with tied embeddings; Qwen3:
+# QK-norm and head_dim != dim / n_heads, untied and tied. Not part of `make test`: it installs
+# torch and transformers from PyPI (about 6 GB) into $VENV (default build/venv-transformers),
+# since Qwen3 needs transformers >= 4.51, which needs a newer torch than Debian's.
 #
 #   bash scripts/check_hf_transformers.sh   (after make and make build/tests/dump_step)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=build/venv-transformers
-TRANSFORMERS=${TRANSFORMERS:-transformers==4.44.2}
-if ! $VENV/bin/python -c "import transformers" 2>/dev/null; then
-  /usr/bin/python3 -m venv --system-site-packages "$VENV"
-  $VENV/bin/pip install -q "$TRANSFORMERS"
+VENV=${VENV:-build/venv-transformers}
+if ! "$VENV/bin/python" -c "import transformers, safetensors, h5py" 2>/dev/null; then
+  /usr/bin/python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q torch "transformers>=4.51" safetensors h5py numpy
 fi
 SCRATCH=$(mktemp -d /tmp/titan-hf.XXXXXX)
 trap 'rm -rf "$SCRATCH"' EXIT
@@ -24,17 +24,19 @@ run=(--config configs/debug_model.yaml --training.dataset_path "$SCRATCH/austen.
      --model.flavor small --training.steps 3 --checkpoint.enable --checkpoint.interval 3)
 ./titan "${run[@]}" --job.dump_folder "$SCRATCH/gqa" >/dev/null
 ./titan "${run[@]}" --model.rope_scaling --model.tie_word_embeddings --job.dump_folder "$SCRATCH/tied" >/dev/null
+./titan "${run[@]}" --model.name qwen3 --job.dump_folder "$SCRATCH/qwen3" >/dev/null
+./titan "${run[@]}" --model.name qwen3 --model.tie_word_embeddings --job.dump_folder "$SCRATCH/qwen3-tied" >/dev/null
 
-for name in gqa tied; do
+for name in gqa tied qwen3 qwen3-tied; do
   ckpt=$SCRATCH/$name/checkpoint/step-3.h5
   ./titan convert --to hf "$ckpt" "$SCRATCH/$name-hf" >/dev/null
   ./build/tests/dump_step "$ckpt" "$SCRATCH/austen.bin" 4 64 "$SCRATCH/$name-dump.h5" >/dev/null
   $VENV/bin/python - "$SCRATCH/$name-hf" "$SCRATCH/$name-dump.h5" "$name" <<'PY'
 import sys
 import h5py, numpy as np, torch, transformers
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 hf_dir, dump, name = sys.argv[1:]
-model = LlamaForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
+model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
 with h5py.File(dump, "r") as f:
     tokens = torch.from_numpy(f["tokens"][...].astype(np.int64))[:, :-1]
     titan = f["logits"][...].astype(np.float64)
@@ -43,7 +45,7 @@ with torch.no_grad():
 rel = np.linalg.norm(titan - ref) / np.linalg.norm(ref)
 ok = rel < 1e-5
 print(f"{'PASS' if ok else 'FAIL'} {name}: transformers {transformers.__version__} "
-      f"LlamaForCausalLM vs titan logits ({titan.shape[0]} tokens x {titan.shape[1]}): "
+      f"{type(model).__name__} vs titan logits ({titan.shape[0]} tokens x {titan.shape[1]}): "
       f"relative L2 {rel:.3e}, max abs {np.max(np.abs(titan - ref)):.3e}, "
       f"max |logit| {np.max(np.abs(ref)):.2f}")
 sys.exit(0 if ok else 1)

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/errors.h"
 #include "kernels/kernels.h"
 
 extern const KernelOps kernels_cpu;
@@ -37,6 +38,11 @@ void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                          const float *up, size_t n);
 
+void cpu_moe_aux_stats(float *frac, float *prob, const float *scores, const int *experts,
+                       const MoeRouter *r, int n, int first, int T);
+void cpu_moe_aux_backward(float *dlogits, const float *frac, const float *scores,
+                          const MoeRouter *r, int n, int first, int T, float dloss);
+
 void cpu_embedding_forward(float *out, const int *tokens, const float *table, int n, int dim,
                            int vocab_start, int rows);
 void cpu_embedding_backward(float *dtable, const float *dout, const int *tokens, int n, int dim,
@@ -55,6 +61,21 @@ void cpu_cross_entropy_slice_backward(float *dlogits, const float *logits, const
 void cpu_cross_entropy_merge_exp(float *sums, const float *lse, const float *max, int n);
 void cpu_cross_entropy_merge_finish(float *losses, float *lse, const float *max,
                                     const float *sums, const float *target_logit, int n);
+
+void cpu_moe_router_forward(float *weight, int *experts, float *scores, const float *logits,
+                            const float *bias, const MoeRouter *r, int n);
+void cpu_moe_router_backward(float *dlogits, const float *dweight, const float *scores,
+                             const int *experts, const MoeRouter *r, int n);
+void cpu_moe_sort(int *counts, int *offsets, int *row_of_slot, const int *experts, int n_slots,
+                  int n_experts, int capacity);
+void cpu_moe_permute(float *out, const float *x, const float *weight, const int *row_of_slot,
+                     int n, int k, int dim);
+void cpu_moe_unpermute(float *y, const float *rows, const float *weight, const int *row_of_slot,
+                       int n, int k, int dim);
+void cpu_moe_weight_grad(float *dweight, const float *dy, const float *rows,
+                         const int *row_of_slot, int n, int k, int dim);
+void cpu_grouped_matmul(float *c, const float *a, const float *b, const int *offsets, int groups,
+                        int n, int k, bool trans_a, bool trans_b, float beta);
 
 void cpu_add(float *y, const float *x, size_t n);
 // max of x[0..n), n >= 1: the shift that makes softmax and log-sum-exp overflow-free.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <stdint.h>
@@ -22,6 +23,8 @@ cudaStream_t cuda_stream(void);  // the one compute stream every op is issued on
 bool cuda_bf16_compute(void);    // KernelInit.bf16_compute
 int cuda_sm_count(void);         // multiprocessors of the device: sizes grid-stride launches
 cublasLtHandle_t cuda_cublaslt(void);
+// cuBLAS (the grouped GEMM), bound to cuda_stream(), sharing the GEMM workspace below.
+cublasHandle_t cuda_cublas(void);
 cudnnHandle_t cuda_cudnn(void);  // bound to cuda_stream()
 // Scratch owned by the backend, allocated once at init (no allocation inside a step): the
 // GEMM workspace cuBLASLt's heuristics may use, CUDA_GEMM_WORKSPACE bytes.
@@ -62,6 +65,11 @@ void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t 
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                           const float *up, size_t n);
 
+void cuda_moe_aux_stats(float *frac, float *prob, const float *scores, const int *experts,
+                        const MoeRouter *r, int n, int first, int T);
+void cuda_moe_aux_backward(float *dlogits, const float *frac, const float *scores,
+                           const MoeRouter *r, int n, int first, int T, float dloss);
+
 void cuda_embedding_forward(float *out, const int *tokens, const float *table, int n, int dim,
                             int vocab_start, int rows);
 void cuda_embedding_backward(float *dtable, const float *dout, const int *tokens, int n, int dim,
@@ -79,6 +87,21 @@ void cuda_cross_entropy_slice_backward(float *dlogits, const float *logits, cons
 void cuda_cross_entropy_merge_exp(float *sums, const float *lse, const float *max, int n);
 void cuda_cross_entropy_merge_finish(float *losses, float *lse, const float *max,
                                      const float *sums, const float *target_logit, int n);
+
+void cuda_moe_router_forward(float *weight, int *experts, float *scores, const float *logits,
+                             const float *bias, const MoeRouter *r, int n);
+void cuda_moe_router_backward(float *dlogits, const float *dweight, const float *scores,
+                              const int *experts, const MoeRouter *r, int n);
+void cuda_moe_sort(int *counts, int *offsets, int *row_of_slot, const int *experts, int n_slots,
+                   int n_experts, int capacity);
+void cuda_moe_permute(float *out, const float *x, const float *weight, const int *row_of_slot,
+                      int n, int k, int dim);
+void cuda_moe_unpermute(float *y, const float *rows, const float *weight, const int *row_of_slot,
+                        int n, int k, int dim);
+void cuda_moe_weight_grad(float *dweight, const float *dy, const float *rows,
+                          const int *row_of_slot, int n, int k, int dim);
+void cuda_grouped_matmul(float *c, const float *a, const float *b, const int *offsets,
+                         int groups, int n, int k, bool trans_a, bool trans_b, float beta);
 
 void cuda_add(float *y, const float *x, size_t n);
 void cuda_scale(float *x, size_t n, float s);

@@ -13,6 +13,7 @@ static struct {
     int sm_count;
     cudaStream_t stream;
     cublasLtHandle_t cublaslt;
+    cublasHandle_t cublas;  // bound to stream
     cudnnHandle_t cudnn;   // bound to stream
     void *gemm_workspace;  // CUDA_GEMM_WORKSPACE bytes
     void *scratch;         // CUDA_SCRATCH bytes
@@ -22,6 +23,7 @@ cudaStream_t cuda_stream(void) { return state.stream; }
 bool cuda_bf16_compute(void) { return state.bf16_compute; }
 int cuda_sm_count(void) { return state.sm_count; }
 cublasLtHandle_t cuda_cublaslt(void) { return state.cublaslt; }
+cublasHandle_t cuda_cublas(void) { return state.cublas; }
 cudnnHandle_t cuda_cudnn(void) { return state.cudnn; }
 void *cuda_gemm_workspace(void) { return state.gemm_workspace; }
 void *cuda_scratch(void) { return state.scratch; }
@@ -51,6 +53,9 @@ static bool cuda_init(const KernelInit *init, char *why, size_t len) {
     CUDNN_CHECK(cudnnSetStream(state.cudnn, state.stream));
     CUDA_CHECK(cudaMalloc(&state.gemm_workspace, CUDA_GEMM_WORKSPACE));
     CUDA_CHECK(cudaMalloc(&state.scratch, CUDA_SCRATCH));
+    CUBLAS_CHECK(cublasCreate(&state.cublas));
+    CUBLAS_CHECK(cublasSetStream(state.cublas, state.stream));
+    CUBLAS_CHECK(cublasSetWorkspace(state.cublas, state.gemm_workspace, CUDA_GEMM_WORKSPACE));
     CUDA_CHECK(cudaDeviceGetAttribute(&state.sm_count, cudaDevAttrMultiProcessorCount,
                                       state.device));
     state.bf16_compute = init->bf16_compute;
@@ -185,6 +190,15 @@ extern "C" const KernelOps kernels_cuda = {
     .cross_entropy_slice_backward = cuda_cross_entropy_slice_backward,
     .cross_entropy_merge_exp = cuda_cross_entropy_merge_exp,
     .cross_entropy_merge_finish = cuda_cross_entropy_merge_finish,
+    .moe_router_forward = cuda_moe_router_forward,
+    .moe_router_backward = cuda_moe_router_backward,
+    .moe_sort = cuda_moe_sort,
+    .moe_permute = cuda_moe_permute,
+    .moe_unpermute = cuda_moe_unpermute,
+    .moe_weight_grad = cuda_moe_weight_grad,
+    .grouped_matmul = cuda_grouped_matmul,
+    .moe_aux_stats = cuda_moe_aux_stats,
+    .moe_aux_backward = cuda_moe_aux_backward,
     .add = cuda_add,
     .scale = cuda_scale,
     .sum_squares = cuda_sum_squares,

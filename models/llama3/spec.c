@@ -1,12 +1,8 @@
-// Llama 3's entry in the model registry (models/registry.h): its own functions over the
-// LlamaArgs member of ModelArgs, as torchtitan's models/llama3/__init__.py registers its
-// TrainSpec.
-#include <stdlib.h>
-
+// Llama 3's entry in the model registry (models/registry.h): its flavors, config updates and
+// checkpoint formats over the LlamaArgs member of ModelArgs, the decoder's functions for the
+// rest, as torchtitan's models/llama3/__init__.py registers its TrainSpec.
 #include "core/errors.h"
-#include "models/registry.h"
-
-_Static_assert(LLAMA3_N_ATTRS <= MODEL_MAX_ATTRS, "llama3 describes itself in more attributes");
+#include "models/decoder/decoder_spec.h"
 
 // For a reader that fills the args: from here on they are llama3's.
 static LlamaArgs *llama_fill(ModelArgs *a) {
@@ -24,14 +20,6 @@ static LlamaArgs *llama_mut(ModelArgs *a) { return (LlamaArgs *)llama_of(a); }
 
 static bool flavor(const char *name, ModelArgs *a) { return llama3_flavor(name, llama_fill(a)); }
 
-static ModelShape shape(const ModelArgs *a) {
-    const LlamaArgs *l = llama_of(a);
-    return (ModelShape){.n_layers = l->n_layers, .dim = l->dim,
-                        .kv_dim = l->n_kv_heads * llama3_head_dim(l), .vocab_size = l->vocab_size,
-                        .max_seq_len = l->max_seq_len,
-                        .tie_word_embeddings = l->tie_word_embeddings};
-}
-
 static void update_from_config(ModelArgs *a, const ModelSection *config, int vocab_size,
                                int max_seq_len) {
     LlamaArgs *l = llama_mut(a);
@@ -40,25 +28,6 @@ static void update_from_config(ModelArgs *a, const ModelSection *config, int voc
     if (!config) return;
     l->tie_word_embeddings = config->tie_word_embeddings;
     l->rope_scaling = config->rope_scaling;
-}
-
-static void build(Model *m, const ModelArgs *a, bool activation_checkpoint) {
-    llama3_build(m, llama_of(a), activation_checkpoint);
-}
-
-static const char *tp_check(const ModelArgs *a, int tp, int B, int T, char *err, size_t len) {
-    return llama3_tp_check(llama_of(a), tp, B, T, err, len);
-}
-
-static uint64_t tp_bytes_per_microbatch(const ModelArgs *a, int tp, int B, int T,
-                                        bool activation_checkpoint, bool loss_parallel,
-                                        int first_block, int last_block) {
-    return llama3_tp_bytes_per_microbatch(llama_of(a), tp, B, T, activation_checkpoint,
-                                          loss_parallel, first_block, last_block);
-}
-
-static int describe(const ModelArgs *a, CkptAttr *out) {
-    return llama3_describe(llama_of(a), out);
 }
 
 static void args_from_checkpoint(const char *path, ModelArgs *a) {
@@ -82,41 +51,26 @@ static void args_from_llama2c(const char *path, ModelArgs *a) {
     llama3_args_from_llama2c(path, llama_fill(a));
 }
 
-static void *kv_cache_new(const Model *m, int max_ctx) {
-    LlamaKVCache *c = xmalloc(sizeof *c);
-    llama3_kv_cache_init(c, m, max_ctx);
-    return c;
-}
-
-static const float *decode_step(const Model *m, void *cache, const KernelOps *k, int token,
-                                int pos) {
-    return llama3_decode_step(m, cache, k, token, pos);
-}
-
-static void kv_cache_free(void *cache) {
-    llama3_kv_cache_free(cache);
-    free(cache);
-}
-
 const ModelSpec LLAMA3_SPEC = {
     .name = "llama3",
     .flavor = flavor,
     .flavor_names = llama3_flavor_names,
-    .shape = shape,
+    .shape = decoder_spec_shape,
     .update_from_config = update_from_config,
-    .build = build,
-    .free = llama3_free,
-    .tp_check = tp_check,
-    .parallelize_tp = llama3_parallelize_tp,
-    .tp_bytes_per_microbatch = tp_bytes_per_microbatch,
-    .describe = describe,
+    .build = decoder_spec_build,
+    .free = decoder_free,
+    .tp_check = decoder_spec_tp_check,
+    .parallelize_tp = decoder_parallelize_tp,
+    .tp_bytes_per_microbatch = decoder_spec_tp_bytes_per_microbatch,
+    .describe = decoder_spec_describe,
     .args_from_checkpoint = args_from_checkpoint,
     .try_args_from_hf = try_args_from_hf,
+    .hf_model_type = "llama",
     .load_hf = load_hf,
     .save_hf = save_hf,
     .args_from_llama2c = args_from_llama2c,
     .load_llama2c = llama3_load_llama2c,
-    .kv_cache_new = kv_cache_new,
-    .decode_step = decode_step,
-    .kv_cache_free = kv_cache_free,
+    .kv_cache_new = decoder_spec_kv_cache_new,
+    .decode_step = decoder_spec_decode_step,
+    .kv_cache_free = decoder_spec_kv_cache_free,
 };

@@ -19,14 +19,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     Model m;
     Arena weights, no_grads;  // as titan generate loads a model: no gradient buffers
-    llama3_build(&m, &args, false);
+    decoder_build(&m, &args, false);
     arena_init_sizing(&weights, "params");
     arena_init_sizing(&no_grads, "grads");
     params_allocate(&m.params, &weights, &no_grads);
     arena_commit(&weights, NULL);
     params_allocate(&m.params, &weights, &no_grads);
     if (!llama3_try_load_llama2c(path, &m, err, sizeof err)) abort();
-    llama3_free(&m);
+    decoder_free(&m);
     arena_free(&weights);
     return 0;
 }

@@ -980,6 +980,196 @@ static void check_adamw(size_t n, int step) {
     pair_free(&a.p), pair_free(&a.g), pair_free(&a.m), pair_free(&a.v);
 }
 
+// ---- mixture of experts ----------------------------------------------------------------------
+
+// One MoE layer's ops on n tokens of width dim, E experts of hidden width, k choices each.
+// Every op after the router reads the cpu side's router and sort outputs (shared to the cuda
+// side), so that a near-tie the two sides' scores break differently cannot spread.
+#define MOE_MAX_EXPERTS 256
+typedef struct {
+    MoeRouter r;
+    int n, dim, hidden, capacity, rows;  // rows: kept after the sort
+    int offsets_host[MOE_MAX_EXPERTS + 1];  // the sort's offsets (E + 1), for grouped_matmul
+    Pair logits, bias, scores, weight, experts, dweight, dlogits;
+    Pair counts, offsets, row_of_slot;
+    Pair x, sorted, y, dw_slots;          // tokens (n, dim), rows (rows, dim), y (n, dim), (n*k)
+    Pair a, w, c, da, dc, dwe;            // grouped GEMM: (rows, dim), (E, hidden, dim), ...
+    Pair stats, daux;                     // balance loss: f then P (2, n / MOE_SEQ, E), (n, E)
+    bool trans_a, trans_b;                // the grouped GEMM's form under test
+} MoeArgs;
+
+static void router_forward_run(int s, void *ctx) {
+    MoeArgs *a = ctx;
+    side[s]->moe_router_forward(F(a->weight, s), (int *)a->experts.at[s], F(a->scores, s),
+                                F(a->logits, s), F(a->bias, s), &a->r, a->n);
+}
+
+static void router_backward_run(int s, void *ctx) {
+    MoeArgs *a = ctx;
+    side[s]->moe_router_backward(F(a->dlogits, s), F(a->dweight, s), F(a->scores, s),
+                                 I(a->experts, s), &a->r, a->n);
+}
+
+static void sort_run(int s, void *ctx) {
+    MoeArgs *a = ctx;
+    side[s]->moe_sort((int *)a->counts.at[s], (int *)a->offsets.at[s],
+                      (int *)a->row_of_slot.at[s], I(a->experts, s), a->n * a->r.top_k,
+                      a->r.n_experts, a->capacity);
+}
+
+static void permute_run(int s, void *ctx) {
+    MoeArgs *a = ctx;
+    side[s]->moe_permute(F(a->sorted, s), F(a->x, s), F(a->weight, s), I(a->row_of_slot, s),
+                         a->n, a->r.top_k, a->dim);
+}
+
+static void unpermute_run(int s, void *ctx) {
+    MoeArgs *a = ctx;
+    side[s]->moe_unpermute(F(a->y, s), F(a->sorted, s), F(a->weight, s), I(a->row_of_slot, s),
+                           a->n, a->r.top_k, a->dim);
+}
+
+static void weight_grad_run(int s, void *ctx) {
+    MoeArgs *a = ctx;
+    side[s]->moe_weight_grad(F(a->dw_slots, s), F(a->x, s), F(a->sorted, s),
+                             I(a->row_of_slot, s), a->n, a->r.top_k, a->dim);
+}
+
+// forward c = a w_e^T (beta 0); input gradient da += dc w_e; weight gradient dwe += dc^T a.
+static void grouped_run(int s, void *ctx) {
+    MoeArgs *a = ctx;
+    int E = a->r.n_experts;
+    if (a->trans_b)
+        side[s]->grouped_matmul(F(a->c, s), F(a->a, s), F(a->w, s), a->offsets_host, E,
+                                a->hidden, a->dim, false, true, 0.0f);
+    else if (!a->trans_a)
+        side[s]->grouped_matmul(F(a->da, s), F(a->dc, s), F(a->w, s), a->offsets_host, E, a->dim,
+                                a->hidden, false, false, 1.0f);
+    else
+        side[s]->grouped_matmul(F(a->dwe, s), F(a->dc, s), F(a->a, s), a->offsets_host, E,
+                                a->dim, a->hidden, true, false, 1.0f);
+}
+
+// The balance loss's sequences: n tokens are n / MOE_SEQ of them.
+#define MOE_SEQ 256
+
+static void aux_stats_run(int s, void *ctx) {
+    MoeArgs *a = ctx;
+    size_t half = (size_t)a->n / MOE_SEQ * a->r.n_experts;
+    side[s]->moe_aux_stats(F(a->stats, s), F(a->stats, s) + half, F(a->scores, s),
+                           I(a->experts, s), &a->r, a->n, 0, MOE_SEQ);
+}
+
+static void aux_backward_run(int s, void *ctx) {
+    MoeArgs *a = ctx;
+    side[s]->moe_aux_backward(F(a->daux, s), F(a->stats, s), F(a->scores, s), &a->r, a->n, 0,
+                              MOE_SEQ, 0.37f);
+}
+
+// From the router's shared outputs: the statistics (cuda adds them with atomics, in another
+// order) and the gradient through the normalised scores and the score function.
+static void check_moe_aux(MoeArgs *a, const char *shape) {
+    size_t E = (size_t)a->r.n_experts, seqs = (size_t)a->n / MOE_SEQ;
+    a->stats = pair_random(2 * seqs * E, 0, 1), a->daux = pair_random((size_t)a->n * E, -1, 1);
+    Output stats[] = {{"", &a->stats, NULL, CMP_INCREMENT, BOUND_REDUCE}};
+    op_check("moe_aux_stats", shape, aux_stats_run, a, stats, 1);
+    pair_share_cpu(&a->stats);
+    Output bwd[] = {{"dlogits", &a->daux, NULL, CMP_INCREMENT, BOUND_REDUCE}};
+    op_check("moe_aux_backward", shape, aux_backward_run, a, bwd, 1);
+    pair_free(&a->stats), pair_free(&a->daux);
+}
+
+static void check_moe_router(MoeArgs *a, const char *shape) {
+    Output fwd[] = {{"weight", &a->weight, NULL, CMP_NORMALISED, BOUND_FP32},
+                    {"experts", &a->experts, NULL, CMP_BITS32, BOUND_EXACT},
+                    {"scores", &a->scores, NULL, CMP_NORMALISED, BOUND_FP32}};
+    op_check("moe_router_fwd", shape, router_forward_run, a, fwd, 3);
+    pair_share_cpu(&a->weight), pair_share_cpu(&a->experts), pair_share_cpu(&a->scores);
+    Output bwd[] = {{"dlogits", &a->dlogits, NULL, CMP_INCREMENT, BOUND_REDUCE}};
+    op_check("moe_router_bwd", shape, router_backward_run, a, bwd, 1);
+    Output sort[] = {{"counts", &a->counts, NULL, CMP_BITS32, BOUND_EXACT},
+                     {"offsets", &a->offsets, NULL, CMP_BITS32, BOUND_EXACT},
+                     {"row_of_slot", &a->row_of_slot, NULL, CMP_BITS32, BOUND_EXACT}};
+    op_check("moe_sort", shape, sort_run, a, sort, 3);
+    pair_share_cpu(&a->offsets), pair_share_cpu(&a->row_of_slot);
+    side[CPU]->download(a->offsets_host, a->offsets.at[CPU],
+                        (size_t)(a->r.n_experts + 1) * sizeof(int));
+    a->rows = a->offsets_host[a->r.n_experts];
+}
+
+// The permute writes every kept row and the unpermute adds each token's slots in slot order
+// with the same roundings on both sides: both bit for bit.
+static void check_moe_dispatch(MoeArgs *a, const char *shape) {
+    size_t nd = (size_t)a->n * a->dim, rd = (size_t)a->rows * a->dim;
+    a->x = pair_random(nd, -1, 1), a->sorted = pair_nan(rd), a->y = pair_random(nd, -1, 1);
+    a->dw_slots = pair_random((size_t)a->n * a->r.top_k, -1, 1);
+    Output perm[] = {{"", &a->sorted, NULL, CMP_BITS32, BOUND_EXACT}};
+    op_check("moe_permute", shape, permute_run, a, perm, 1);
+    Output unperm[] = {{"", &a->y, NULL, CMP_BITS32, BOUND_EXACT}};
+    op_check("moe_unpermute", shape, unpermute_run, a, unperm, 1);
+    Output wg[] = {{"dweight", &a->dw_slots, NULL, CMP_INCREMENT, BOUND_REDUCE}};
+    op_check("moe_weight_grad", shape, weight_grad_run, a, wg, 1);
+    pair_free(&a->x), pair_free(&a->sorted), pair_free(&a->y), pair_free(&a->dw_slots);
+}
+
+static void check_grouped_matmul(MoeArgs *a, const char *shape) {
+    size_t E = (size_t)a->r.n_experts, rd = (size_t)a->rows * a->dim;
+    size_t rh = (size_t)a->rows * a->hidden, wsz = E * a->hidden * a->dim;
+    a->a = pair_random(rd, -1, 1), a->w = pair_random(wsz, -1, 1), a->c = pair_nan(rh);
+    a->dc = pair_random(rh, -1, 1), a->da = pair_random(rd, -1, 1), a->dwe = pair_random(wsz, -1, 1);
+    Output fwd[] = {{"", &a->c, NULL, CMP_NORMALISED, bound_compute}};
+    Output dx[] = {{"", &a->da, NULL, CMP_INCREMENT, bound_compute}};
+    Output dw[] = {{"", &a->dwe, NULL, CMP_INCREMENT, bound_compute}};
+    a->trans_a = false, a->trans_b = true;
+    op_check("grouped_matmul a w^T", shape, grouped_run, a, fwd, 1);
+    a->trans_b = false;
+    op_check("grouped_matmul dc w", shape, grouped_run, a, dx, 1);
+    a->trans_a = true;
+    op_check("grouped_matmul dc^T a", shape, grouped_run, a, dw, 1);
+    pair_free(&a->a), pair_free(&a->w), pair_free(&a->c), pair_free(&a->dc), pair_free(&a->da);
+    pair_free(&a->dwe);
+}
+
+// The bias keeps the first and the last expert from ever being chosen (empty groups at both
+// ends), and the capacity (when > 0) drops the busiest experts' later slots.
+static void check_moe(MoeRouter r, int n, int dim, int hidden, int capacity) {
+    int E = r.n_experts, k = r.top_k;
+    if (E > MOE_MAX_EXPERTS) exit(3);
+    float *bias = host_random((size_t)E, -0.1, 0.1);
+    bias[0] = bias[E - 1] = -10.0f;
+    MoeArgs a = {.r = r, .n = n, .dim = dim, .hidden = hidden, .capacity = capacity};
+    size_t nk = (size_t)n * k;
+    a.logits = pair_random((size_t)n * E, -4, 4), a.bias = pair_adopt(bias, (size_t)E);
+    a.scores = pair_nan((size_t)n * E), a.weight = pair_nan(nk), a.experts = pair_nan(nk);
+    a.dweight = pair_random(nk, -1, 1), a.dlogits = pair_random((size_t)n * E, -1, 1);
+    a.counts = pair_nan((size_t)E), a.offsets = pair_nan((size_t)E + 1);
+    a.row_of_slot = pair_nan(nk);
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d E=%d k=%d G=%d/%d %s%s cap=%d", n, E, k, r.n_groups,
+             r.limited_groups, r.score_func == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax",
+             r.route_norm ? " norm" : "", capacity);
+    check_moe_router(&a, shape);
+    check_moe_aux(&a, shape);
+    snprintf(shape, sizeof shape, "n=%d k=%d dim=%d rows=%d", n, k, dim, a.rows);
+    check_moe_dispatch(&a, shape);
+    snprintf(shape, sizeof shape, "E=%d rows=%d dim=%d hidden=%d", E, a.rows, dim, hidden);
+    check_grouped_matmul(&a, shape);
+    pair_free(&a.logits), pair_free(&a.bias), pair_free(&a.scores), pair_free(&a.weight);
+    pair_free(&a.experts), pair_free(&a.dweight), pair_free(&a.dlogits), pair_free(&a.counts);
+    pair_free(&a.offsets), pair_free(&a.row_of_slot);
+}
+
+// debugmodel_moe's shapes, then a DeepSeek-like group-limited router with a capacity.
+static void check_moes(void) {
+    check_moe((MoeRouter){.n_experts = 8, .top_k = 2, .score_func = MOE_SCORE_SOFTMAX,
+                          .route_scale = 1.0f},
+              2048, 256, 768, 0);
+    check_moe((MoeRouter){.n_experts = 64, .top_k = 6, .score_func = MOE_SCORE_SIGMOID,
+                          .n_groups = 8, .limited_groups = 3, .route_norm = true,
+                          .route_scale = 2.5f},
+              4096, 512, 1408, 4096 * 6 / 64);
+}
+
 // ---- setup -----------------------------------------------------------------------------------
 
 static int table_need(const KernelOps *k, const char *member, bool present) {
@@ -1001,6 +1191,9 @@ static int table_holes(const KernelOps *k) {
     NEED(cross_entropy_backward), NEED(cross_entropy_slice_forward);
     NEED(cross_entropy_slice_backward), NEED(cross_entropy_merge_exp);
     NEED(cross_entropy_merge_finish), NEED(add), NEED(scale), NEED(sum_squares), NEED(sum);
+    NEED(moe_router_forward), NEED(moe_router_backward), NEED(moe_sort), NEED(moe_permute);
+    NEED(moe_unpermute), NEED(moe_weight_grad), NEED(grouped_matmul), NEED(moe_aux_stats);
+    NEED(moe_aux_backward);
     NEED(to_bf16), NEED(from_bf16), NEED(adamw_update);
 #undef NEED
     return holes;
@@ -1051,6 +1244,7 @@ static void check_all(void) {
     check_cross_entropy_slice(256, 10000, 12000, 32000);
     check_cross_entropy_slice(4, 64128, 64128, 128256);
     check_cross_entropy_merge(8192);
+    check_moes();
     check_vector_ops(0);
     check_vector_ops(5);
     check_vector_ops(((size_t)1 << 24) + 7);

@@ -54,10 +54,10 @@ expect_user_error "^titan: error: --checkpoint.keep_latest_k: checkpoint.keep_la
 
 # Choices known when the config is read are checked then, before --print-config prints it:
 # the model registry's architectures and their flavors.
-expect_user_error "^titan: error: --model.name: model.name = 'deepseek_v3' is not implemented yet \(models: llama3\)$" \
+expect_user_error "^titan: error: --model.name: model.name = 'deepseek_v3' is not implemented yet \(models: llama3, qwen3\)$" \
   $TITAN "${R[@]}" --model.name deepseek_v3 --print-config
-printf 'model:\n  name: qwen3\n' >"$SCRATCH/name.yaml"
-expect_user_error "^titan: error: $SCRATCH/name.yaml:2:9: model.name = 'qwen3' is not implemented yet" \
+printf 'model:\n  name: deepseek_v3\n' >"$SCRATCH/name.yaml"
+expect_user_error "^titan: error: $SCRATCH/name.yaml:2:9: model.name = 'deepseek_v3' is not implemented yet" \
   $TITAN --config "$SCRATCH/name.yaml" --print-config
 expect_user_error "^titan: error: --model.flavor: model.flavor 'nope' is not a llama3 flavor \(known: debugmodel," \
   $TITAN "${R[@]}" --model.flavor nope --print-config
@@ -78,3 +78,10 @@ ms=$(( ($(date +%s%N) - start) / 1000000 ))
 expect_user_error "^titan: error: $SCRATCH/big.yaml: larger than the 1048576 bytes a config may have$" \
   $TITAN --config "$SCRATCH/big.yaml"
 echo "ok: config errors"
+# The MoE keys act on MoE layers only: on a dense model each is refused by name.
+for key in model.moe_load_balance_coeff model.moe_aux_loss_alpha model.moe_capacity_factor; do
+  expect_user_error "^titan: error: --$key: $key does nothing: model llama3 debugmodel has no MoE layers$" \
+    $TITAN "${R[@]}" "--$key" 0.5
+done
+expect_user_error "^titan: error: --model.moe_capacity_factor: expects a number > 0, got '0'$" \
+  $TITAN "${R[@]}" --model.moe_capacity_factor 0

@@ -51,6 +51,23 @@ PY
 
 P=--parallelism
 check dp_shard=2xtp=2 4 $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2
+check qwen3,dp_shard=2xtp=2 4 $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2 \
+  --model.name qwen3 --model.flavor small
+# MoE layers (their arenas sized by the same code with the no-drop bound on expert rows; no tp
+# seam in the FFN, the balance loss's statistics all-reduced over tp, again in the recompute).
+check qwen3-moe,dp_shard=2xtp=2,AC 4 $P.data_parallel_shard_degree 2 \
+  $P.tensor_parallel_degree 2 --model.name qwen3 --model.flavor small_moe \
+  --model.moe_aux_loss_alpha 0.01 --activation_checkpoint.mode full
+
+# Qwen3 8B (untied, heads of 128 as wide as dim / n_heads, QK-norm): AdamW's two fp32 moments
+# on 8 FSDP ranks hold the parameter count of its shapes (Qwen's model card: 8.2B).
+$TITAN --estimate --config configs/debug_model.yaml --model.name qwen3 --model.flavor 8B \
+  --model.tokenizer_path null --world-size 8 $P.data_parallel_shard_degree 8 >"$SCRATCH/qwen3-8b.txt"
+layer=$((4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 12288 + 2 * 4096 + 2 * 128))
+params=$((2 * 151936 * 4096 + 36 * layer + 4096))
+grep -Eq "^  optimizer +$((2 * 4 * params / 8)) " "$SCRATCH/qwen3-8b.txt" ||
+  fail "qwen3 8B: optimizer row is not AdamW's moments of $params parameters: $(grep optimizer "$SCRATCH/qwen3-8b.txt")"
+echo "ok: qwen3 8B estimate holds $params parameters"
 check hsdp+ac+accum 4 --training.local_batch_size 2 --training.global_batch_size 16 \
   $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2 --activation_checkpoint.mode full
 

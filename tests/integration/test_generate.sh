@@ -85,6 +85,15 @@ $TITAN generate --checkpoint "$CKPT" --prompt-ids 1 --max-new-tokens 20 --temper
 (cd tests/reference && $PY generate_ref.py "$CKPT" "$SCRATCH/titan_ckpt.txt" 20) ||
   fail "greedy generation from a titan checkpoint differs from the PyTorch reference"
 
+# The same for Qwen3 (the KV-cache decode through QK-norm, heads wider than dim / n_heads).
+$TITAN "${SMALL[@]}" --model.name qwen3 --model.flavor small --training.steps 2 --checkpoint.enable \
+  --checkpoint.interval 2 --job.dump_folder "$SCRATCH/qwen3" >/dev/null
+$TITAN generate --checkpoint "$SCRATCH/qwen3/checkpoint/step-2.h5" --prompt-ids 1 \
+  --max-new-tokens 20 --temperature 0 --ids >"$SCRATCH/qwen3_ckpt.txt" 2>/dev/null
+(cd tests/reference && $PY generate_ref.py "$SCRATCH/qwen3/checkpoint/step-2.h5" \
+  "$SCRATCH/qwen3_ckpt.txt" 20) ||
+  fail "greedy generation from a qwen3 checkpoint differs from the PyTorch reference"
+
 # With a tokenizer the text prompt is encoded and the continuation streamed as text: the bytes
 # of the ids --ids prints (the bytes tokenizer's ids are the bytes themselves).
 TEXT=($TITAN generate --checkpoint "$CKPT" --tokenizer bytes --max-new-tokens 30 --temperature 0)

@@ -4,7 +4,9 @@
 # rounded to nearest even; the export read by the `safetensors` package and run the way
 # transformers runs LlamaForCausalLM (rotate_half RoPE) gives titan's logits within 1e-5; and
 # checkpoint.last_save_in_hf (with export_dtype) / initial_load_in_hf write and read the same
-# weights as the HDF5 checkpoints.
+# weights as the HDF5 checkpoints. Qwen3ForCausalLM the same way: a trained qwen3 `small`
+# (QK-norm, its own head_dim) and a tied one round-trip bit for bit, and their exports give
+# titan's logits run the way transformers runs Qwen3 (q_norm / k_norm before rotate_half).
 source "$(dirname "$0")/lib.sh"
 
 run=(${SMALL[@]} --model.flavor small --training.steps 3 --checkpoint.enable
@@ -12,8 +14,13 @@ run=(${SMALL[@]} --model.flavor small --training.steps 3 --checkpoint.enable
 $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/gqa" >/dev/null
 $TITAN "${run[@]}" --model.rope_scaling --model.tie_word_embeddings \
   --checkpoint.create_seed_checkpoint --job.dump_folder "$SCRATCH/tied" >/dev/null
+$TITAN "${run[@]}" --model.name qwen3 --job.dump_folder "$SCRATCH/qwen3" >/dev/null
+$TITAN "${run[@]}" --model.name qwen3 --model.tie_word_embeddings --job.dump_folder \
+  "$SCRATCH/qwen3-tied" >/dev/null
 gqa=$SCRATCH/gqa/checkpoint/step-3.h5
 tied=$SCRATCH/tied/checkpoint/step-0.h5
+qwen3=$SCRATCH/qwen3/checkpoint/step-3.h5
+qwen3_tied=$SCRATCH/qwen3-tied/checkpoint/step-3.h5
 
 # same_model A.h5 B.h5 [bf16]: B's /model tensors and model.* attributes are A's bit for bit
 # (with bf16: A's fp32 values rounded to bfloat16, nearest even).
@@ -39,7 +46,7 @@ print(f"ok: {len(a['model'])} tensors of {sys.argv[2]} {'rounded to bf16 from' i
 PY
 }
 
-for ckpt in "$gqa" "$tied"; do
+for ckpt in "$gqa" "$tied" "$qwen3" "$qwen3_tied"; do
   name=$(basename "$(dirname "$(dirname "$ckpt")")")
   $TITAN convert --to hf "$ckpt" "$SCRATCH/$name-hf" >/dev/null
   $TITAN convert --to titan "$SCRATCH/$name-hf" "$SCRATCH/$name-back.h5" >/dev/null
@@ -48,6 +55,9 @@ done
 $PY -c "import json, sys; c = json.load(open(sys.argv[1])); assert c['num_key_value_heads'] == 4 \
   and c['rope_scaling'] is None and not c['tie_word_embeddings'] and c['max_position_embeddings'] == 64" \
   "$SCRATCH/gqa-hf/config.json" || fail "config.json of the small model"
+$PY -c "import json, sys; c = json.load(open(sys.argv[1])); assert c['model_type'] == 'qwen3' \
+  and c['architectures'] == ['Qwen3ForCausalLM'] and c['head_dim'] == 32 and c['hidden_size'] == 64 \
+  and not c['tie_word_embeddings']" "$SCRATCH/qwen3-hf/config.json" || fail "config.json of qwen3 small"
 [ -z "$($PY -c 'import json, sys; print(json.load(open(sys.argv[1]))["rope_scaling"] or "")' \
   "$SCRATCH/tied-hf/config.json")" ] && fail "config.json lost rope_scaling"
 
@@ -127,7 +137,8 @@ refused() {  # PYTHON-STATEMENT PATTERN: convert --to titan of the edited config
   edit_config "$1"
   expect_user_error "$2" $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
 }
-refused "c['model_type'] = 'mistral'" "config.json: model_type is 'mistral'; titan's Llama has llama$"
+refused "c['model_type'] = 'mistral'" \
+  "config.json: model_type is 'mistral'; titan's Llama has llama; .*config.json: model_type is 'mistral'; titan's Qwen3 has qwen3$"
 refused "c['rope_scaling'] = {'rope_type': 'linear', 'factor': 2.0}" \
   "config.json: rope_scaling of type 'linear'; titan implements rope_type llama3"
 refused "del c['hidden_size']" "config.json has no hidden_size$"
@@ -143,7 +154,7 @@ if ! $VENV/bin/python -c "import safetensors" 2>/dev/null; then
     $VENV/bin/pip install -q safetensors >"$SCRATCH/pip.log" 2>&1 ||
     { echo "SKIP reference check: cannot install safetensors from PyPI: $(tail -n 1 "$SCRATCH/pip.log")"; exit 0; }
 fi
-for ckpt in "$gqa" "$tied"; do
+for ckpt in "$gqa" "$tied" "$qwen3" "$qwen3_tied"; do
   name=$(basename "$(dirname "$(dirname "$ckpt")")")
   ./build/tests/dump_step "$ckpt" "$DATA" 2 64 "$SCRATCH/$name-dump.h5" >/dev/null
   $VENV/bin/python tests/reference/check_hf.py "$SCRATCH/$name-hf" "$SCRATCH/$name-dump.h5"

@@ -12,14 +12,17 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 run=(${SMALL[@]} --training.global_batch_size 8 --training.steps 10 --lr_scheduler.warmup_steps 2)
 $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/ref" >/dev/null
 
-compare() {  # name, metrics.jsonl: losses and grad norms against the 1-rank run
-  $PY - "$1" "$SCRATCH/ref/metrics.jsonl" "$2" <<'PY'
-import json, sys
+compare() {  # name, metrics.jsonl: losses and grad norms (with $MOE_KEYS set, expert loads and
+             # balance losses too) against the 1-rank run ($REF_RUN's)
+  MOE_KEYS=${MOE_KEYS:-} $PY - "$1" "$SCRATCH/${REF_RUN:-ref}/metrics.jsonl" "$2" <<'PY'
+import json, os, sys
 name, ref, got = sys.argv[1], *[[json.loads(l) for l in open(p)] for p in sys.argv[2:]]
 assert len(got) == len(ref) == 10, f"{name}: {len(got)} steps logged"
+keys = ("loss", "grad_norm") + (("expert_load_max", "expert_load_mean", "aux_loss")
+                                 if os.environ["MOE_KEYS"] else ())
 worst = 0.0
 for r, g in zip(ref, got):
-    for key in ("loss", "grad_norm"):
+    for key in keys:
         err = abs(g[key] - r[key]) / abs(r[key])
         worst = max(worst, err)
         assert err < 1e-5, f"{name}: step {r['step']} {key} {g[key]!r} vs {r[key]!r} ({err:.2e})"
@@ -46,6 +49,27 @@ layout tp=2,no-loss-parallel 2 4 $P.tensor_parallel_degree 2 $P.disable_loss_par
 layout ddp=2,accumulation 2 2 $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 1
 layout dp_shard=2,AC,reshard-never 2 2 $P.data_parallel_shard_degree 2 \
   --activation_checkpoint.mode full $P.fsdp_reshard_after_forward never
+
+# Qwen3's small (QK-norm weights replicated over tp, heads wider than dim / n_heads) under tp
+# and FSDP against its own 1-rank run.
+qwen3=(--model.name qwen3 --model.flavor small)
+$TITAN "${run[@]}" "${qwen3[@]}" --job.dump_folder "$SCRATCH/qwen3-ref" >/dev/null
+REF_RUN=qwen3-ref layout qwen3,tp=2 2 4 $P.tensor_parallel_degree 2 $P.data_parallel_shard_degree 1 \
+  "${qwen3[@]}"
+REF_RUN=qwen3-ref layout qwen3,dp_shard=2 2 4 $P.data_parallel_shard_degree 2 "${qwen3[@]}"
+
+# Qwen3's MoE (small_moe: 8 experts, top 2), with the balance loss: the router and experts run on
+# each tp rank's rows, replicated, their grads summed over tp; FSDP shards them; a pipeline
+# splits the layers (the expert load and the balance loss summed over the stages); with
+# activation checkpointing the recompute counts nothing twice. Losses, grad norms, expert loads
+# and balance losses match the 1-rank run.
+moe=(--model.name qwen3 --model.flavor small_moe --model.moe_aux_loss_alpha 0.01)
+$TITAN "${run[@]}" "${moe[@]}" --job.dump_folder "$SCRATCH/moe-ref" >/dev/null
+MOE_KEYS=1 REF_RUN=moe-ref layout moe,tp=2,AC 2 4 $P.tensor_parallel_degree 2 \
+  $P.data_parallel_shard_degree 1 --activation_checkpoint.mode full "${moe[@]}"
+MOE_KEYS=1 REF_RUN=moe-ref layout moe,dp_shard=2 2 4 $P.data_parallel_shard_degree 2 "${moe[@]}"
+MOE_KEYS=1 REF_RUN=moe-ref layout moe,pp=2 2 8 $P.pipeline_parallel_degree 2 \
+  $P.pipeline_parallel_microbatch_size 2 $P.data_parallel_shard_degree 1 "${moe[@]}"
 
 # Impossible layouts stop before allocation with one line (from rank 0 only), exit code 2.
 impossible() {  # pattern, ranks, overrides...

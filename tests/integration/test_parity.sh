@@ -4,7 +4,9 @@
 # AdamW steps with warmup, cosine decay, clipping and gradient accumulation give the losses of
 # torch.optim.AdamW + LambdaLR within 1e-4 relative at every step. The `small` flavor is used
 # for its grouped-query attention (8 heads, 4 kv heads); one more step check covers Llama 3.1
-# RoPE scaling and tied embeddings.
+# RoPE scaling and tied embeddings. Qwen3's `small` (QK-norm, heads of head_dim 32 where
+# dim / n_heads is 16, untied) gets the step and training checks, and a tied one the step check:
+# the reference reads the architecture from each checkpoint.
 source "$(dirname "$0")/lib.sh"
 
 run=(${SMALL[@]} --model.flavor small --job.dump_folder "$SCRATCH/run" --training.steps 20
@@ -24,3 +26,16 @@ $PY tests/reference/check_step.py "$SCRATCH/variant/checkpoint/step-0.h5" "$SCRA
 
 $TITAN "${run[@]}" --checkpoint.initial_load_path "$seed"
 $PY tests/reference/check_train.py "$seed" "$SCRATCH/run/metrics.jsonl"
+
+# Qwen3: the same checks, the reference built from the checkpoint's head_dim and qk_norm.
+qwen=("${run[@]}" --model.name qwen3 --model.flavor small)
+$TITAN "${qwen[@]}" --checkpoint.create_seed_checkpoint --job.dump_folder "$SCRATCH/qwen3"
+qseed=$SCRATCH/qwen3/checkpoint/step-0.h5
+./build/tests/dump_step "$qseed" "$DATA" 4 64 "$SCRATCH/qwen3.h5"
+$PY tests/reference/check_step.py "$qseed" "$SCRATCH/qwen3.h5"
+$TITAN "${qwen[@]}" --model.tie_word_embeddings --checkpoint.create_seed_checkpoint \
+  --job.dump_folder "$SCRATCH/qwen3-tied"
+./build/tests/dump_step "$SCRATCH/qwen3-tied/checkpoint/step-0.h5" "$DATA" 2 64 "$SCRATCH/qwen3-tied.h5"
+$PY tests/reference/check_step.py "$SCRATCH/qwen3-tied/checkpoint/step-0.h5" "$SCRATCH/qwen3-tied.h5"
+$TITAN "${qwen[@]}" --checkpoint.initial_load_path "$qseed" --job.dump_folder "$SCRATCH/qwen3-run"
+$PY tests/reference/check_train.py "$qseed" "$SCRATCH/qwen3-run/metrics.jsonl"

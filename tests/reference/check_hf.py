@@ -5,9 +5,10 @@ usage: python check_hf.py HF_DIR DUMP.h5
 HF_DIR holds config.json and model.safetensors; DUMP.h5 is build/tests/dump_step's output for
 the titan checkpoint the export came from (/tokens, /logits). The weights are read with the
 `safetensors` package's numpy API and run through a float64 forward written the way
-transformers' modeling_llama.py is (HF names, rotate_half RoPE on the two halves of each head,
-its llama3 rope_scaling), not titan's interleaved pairs: so the check proves the names, the
-q/k row permutation and config.json together. Needs an interpreter with torch, h5py and
+transformers' modeling_llama.py and modeling_qwen3.py are (HF names, rotate_half RoPE on the two
+halves of each head, Llama's llama3 rope_scaling, Qwen3's q_norm / k_norm over each head before
+RoPE and its own head_dim), not titan's interleaved pairs: so the check proves the names, the
+q/k row (and QK-norm weight) permutation and config.json together. Needs an interpreter with torch, h5py and
 safetensors (tests/integration/test_hf.sh makes one). Exit 1 when titan's logits differ from
 these by a relative L2 error of 1e-5 or more.
 """
@@ -54,10 +55,11 @@ def rms_norm(x, w, eps):
 
 
 def forward(cfg, w, tokens):
-    """LlamaForCausalLM's logits (B, T, vocab) for tokens (B, T), in float64."""
+    """LlamaForCausalLM's or Qwen3ForCausalLM's logits (B, T, vocab) for tokens (B, T), float64."""
     B, T = tokens.shape
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = cfg["hidden_size"] // nh
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
+    qk_norm = cfg["model_type"] == "qwen3"
     angles = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq(cfg))
     emb = torch.cat((angles, angles), dim=-1)
     cos, sin = emb.cos()[None, None], emb.sin()[None, None]
@@ -65,8 +67,12 @@ def forward(cfg, w, tokens):
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         x = rms_norm(h, w[p + "input_layernorm.weight"], cfg["rms_norm_eps"])
-        q = (x @ w[p + "self_attn.q_proj.weight"].T).view(B, T, nh, hd).transpose(1, 2)
-        k = (x @ w[p + "self_attn.k_proj.weight"].T).view(B, T, nkv, hd).transpose(1, 2)
+        q = (x @ w[p + "self_attn.q_proj.weight"].T).view(B, T, nh, hd)
+        k = (x @ w[p + "self_attn.k_proj.weight"].T).view(B, T, nkv, hd)
+        if qk_norm:
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], cfg["rms_norm_eps"])
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], cfg["rms_norm_eps"])
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = (x @ w[p + "self_attn.v_proj.weight"].T).view(B, T, nkv, hd).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)

@@ -1,8 +1,10 @@
-"""Independent PyTorch reference of torchtitan's Llama 3, used to prove titan correct.
+"""Independent PyTorch reference of torchtitan's Llama 3 and Qwen3 (dense), to prove titan correct.
 
 The math mirrors pytorch/torchtitan torchtitan/models/llama3/model/model.py (precompute_freqs_cis,
-apply_scaling, apply_rotary_emb, repeat_kv, Attention, FeedForward, TransformerBlock, Transformer)
-and torchtitan/components/lr_scheduler.py (build_lr_schedulers, linear_warmup_stable_decay).
+apply_scaling, apply_rotary_emb, repeat_kv, Attention, FeedForward, TransformerBlock, Transformer),
+Qwen3's additions in torchtitan/models/common/attention.py (a head_dim of its own, QK-norm: an
+RMSNorm over each head of q and of k before RoPE) and torchtitan/components/lr_scheduler.py
+(build_lr_schedulers, linear_warmup_stable_decay).
 Written for torch 1.13, which has neither nn.RMSNorm nor F.scaled_dot_product_attention, so both
 are spelled out with the same formulas. The model is built from a titan checkpoint's attributes,
 never from a flavor table, so the reference cannot silently disagree with titan about the shape.
@@ -40,10 +42,11 @@ class ModelArgs:
     rope_high_freq_factor: float = 4.0
     rope_original_max_pos: int = 8192
     tie_word_embeddings: bool = False
+    head_dim: int = 0  # 0: dim // n_heads
+    qk_norm: bool = False
 
-    @property
-    def head_dim(self):
-        return self.dim // self.n_heads
+    def __post_init__(self):
+        self.head_dim = self.head_dim or self.dim // self.n_heads
 
     @classmethod
     def from_attrs(cls, attrs):
@@ -61,6 +64,9 @@ class ModelArgs:
             rope_high_freq_factor=get("rope_high_freq_factor", float),
             rope_original_max_pos=get("rope_original_max_pos", int),
             tie_word_embeddings=bool(get("tie_word_embeddings", int)),
+            # recorded only where they are not Llama 3's (Qwen3's)
+            head_dim=get("head_dim", int) if "model.head_dim" in attrs else 0,
+            qk_norm=bool(get("qk_norm", int)) if "model.qk_norm" in attrs else False,
         )
 
 
@@ -137,12 +143,17 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        # A model without QK-norm has no q_norm / k_norm parameters at all.
+        self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
 
     def forward(self, x, cos, sin):
         bs, seqlen, _ = x.shape
         q = self.wq(x).view(bs, seqlen, self.n_heads, self.head_dim)
         k = self.wk(x).view(bs, seqlen, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(bs, seqlen, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         n_rep = self.n_heads // self.n_kv_heads
         q = q.transpose(1, 2)  # (bs, n_heads, seqlen, head_dim)

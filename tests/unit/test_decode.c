@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "models/llama3/llama3.h"
+#include "models/qwen3/qwen3.h"
 
 #define DECODE_TOL 1e-5  // max |decode - forward| / max |forward| at each position
 
@@ -19,7 +20,7 @@ static void check_decode_matches_forward(LlamaArgs args, int T) {
     args.max_seq_len = T;
     Model m;
     Arena params, grads, acts;
-    llama3_build(&m, &args, false);
+    decoder_build(&m, &args, false);
     model_allocate(&m, model_activation_bytes(&m, k, 1, T), &params, &grads, &acts, NULL);
     params_initialize(&m.params, 3);
     int *tokens = calloc(T, sizeof(int)), *pos = calloc(T, sizeof(int));
@@ -28,10 +29,10 @@ static void check_decode_matches_forward(LlamaArgs args, int T) {
                  .pos = pos, .loss_scale = 1};
     model_forward(&m, &s);
 
-    LlamaKVCache cache;
-    llama3_kv_cache_init(&cache, &m, T);
+    DecoderKVCache cache;
+    decoder_kv_cache_init(&cache, &m, T);
     for (int t = 0; t < T; t++) {
-        const float *got = llama3_decode_step(&m, &cache, k, tokens[t], t);
+        const float *got = decoder_decode_step(&m, &cache, k, tokens[t], t);
         const float *want = s.logits + (size_t)t * args.vocab_size;
         double err = 0, scale = 0;
         for (int j = 0; j < args.vocab_size; j++) {
@@ -43,10 +44,10 @@ static void check_decode_matches_forward(LlamaArgs args, int T) {
             fail_msg("position %d: decode logits differ from the forward's by %.3g (scale %.3g)", t,
                      err, scale);
     }
-    llama3_kv_cache_free(&cache);
+    decoder_kv_cache_free(&cache);
     free(tokens), free(pos);
     arena_free(&params), arena_free(&grads), arena_free(&acts);
-    llama3_free(&m);
+    decoder_free(&m);
 }
 
 // GQA (8 query heads over 4 kv heads), untied output.
@@ -68,10 +69,19 @@ static void test_decode_tied_scaled_rope(void **state) {
     check_decode_matches_forward(args, 20);
 }
 
+// Qwen3: QK-norm before RoPE, heads of head_dim wider than dim / n_heads, GQA.
+static void test_decode_qwen3(void **state) {
+    (void)state;
+    Qwen3Args args;
+    assert_true(qwen3_flavor("small", &args));
+    check_decode_matches_forward(args.decoder, 24);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_small),
         cmocka_unit_test(test_decode_tied_scaled_rope),
+        cmocka_unit_test(test_decode_qwen3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

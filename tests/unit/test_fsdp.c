@@ -53,11 +53,11 @@ typedef struct {
 static void net_build(Net *n, bool activation_checkpoint) {
     CHECK(llama3_flavor("small", &n->args));
     n->args.max_seq_len = T;
-    llama3_build(&n->m, &n->args, activation_checkpoint);
+    decoder_build(&n->m, &n->args, activation_checkpoint);
 }
 
 static void net_free(Net *n) {
-    llama3_free(&n->m);
+    decoder_free(&n->m);
 }
 
 typedef struct {

@@ -2,7 +2,8 @@
 // arena sized by the sizing pass equals what a real step uses, activation checkpointing
 // shrinks it, the chunked head (logits recomputed in backward) gives the one-chunk step's
 // loss and grads in less memory, document masking keeps a packed window's documents apart,
-// and the LR schedule's values on a hand-computed case.
+// the LR schedule's values on a hand-computed case, and Qwen3's QK-norm gradients against
+// finite differences.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +16,7 @@
 
 #include "data/documents.h"
 #include "models/llama3/llama3.h"
+#include "models/qwen3/qwen3.h"
 #include "optim/optim.h"
 
 static void moments(const Param *p, double *mean, double *std, double *max_abs) {
@@ -41,7 +43,7 @@ static void build_chunked(Built *b, const char *flavor, bool ac, int B, int T,
     assert_true(llama3_flavor(flavor, &b->args));
     b->args.max_seq_len = T;
     b->args.loss_chunk_rows = loss_chunk_rows;
-    llama3_build(&b->m, &b->args, ac);
+    decoder_build(&b->m, &b->args, ac);
     model_allocate(&b->m, model_activation_bytes(&b->m, kernels_backend("cpu"), B, T), &b->params,
                    &b->grads, &b->acts, NULL);
 }
@@ -54,7 +56,7 @@ static void unbuild(Built *b) {
     arena_free(&b->params);
     arena_free(&b->grads);
     arena_free(&b->acts);
-    llama3_free(&b->m);
+    decoder_free(&b->m);
 }
 
 static void test_init_matches_torchtitan(void **state) {
@@ -225,6 +227,69 @@ static void test_document_masking_isolates_documents(void **state) {
 }
 
 // warmup 2, 10 steps, decay_ratio 0.8: decay over 8 steps, one stable (virtual) step.
+// QK-norm (Qwen3): the derivative of the loss along each checked tensor's gradient g, by
+// central differences (loss(w + h g/|g|) - loss(w - h g/|g|)) / 2h, equals |g|: the q_norm and
+// k_norm weights (set away from ones, so that every element matters and HF's per-head
+// permutation would show) and the projections whose heads they normalise.
+static double loss_at(Built *b, StepCtx *s) {
+    arena_release(&b->acts, 0);
+    return model_forward(&b->m, s);
+}
+
+static void check_directional_derivative(Built *b, StepCtx *s, const char *name) {
+    Param *p = params_find(&b->m.params, name);
+    assert_non_null(p);
+    double norm = 0, h = 1e-2;
+    for (size_t i = 0; i < p->numel; i++) norm += (double)p->grad[i] * p->grad[i];
+    norm = sqrt(norm);
+    float *w = malloc(p->numel * sizeof(float));
+    memcpy(w, p->data, p->numel * sizeof(float));
+    double loss[2];
+    for (int sign = 0; sign < 2; sign++) {
+        for (size_t i = 0; i < p->numel; i++)
+            p->data[i] = (float)(w[i] + (sign ? -h : h) * p->grad[i] / norm);
+        loss[sign] = loss_at(b, s);
+    }
+    memcpy(p->data, w, p->numel * sizeof(float));
+    free(w);
+    double fd = (loss[0] - loss[1]) / (2 * h);
+    if (!(fabs(fd - norm) <= 2e-2 * norm))
+        fail_msg("%s: finite differences %.6g, gradient norm %.6g", name, fd, norm);
+}
+
+static void test_qk_norm_gradients_match_finite_differences(void **state) {
+    (void)state;
+    enum { B = 2, T = 16 };
+    Qwen3Args q;
+    assert_true(qwen3_flavor("small", &q));
+    Built b = {.args = q.decoder};
+    b.args.max_seq_len = T;
+    decoder_build(&b.m, &b.args, false);
+    model_allocate(&b.m, model_activation_bytes(&b.m, kernels_backend("cpu"), B, T), &b.params,
+                   &b.grads, &b.acts, NULL);
+    params_initialize(&b.m.params, 5);
+    const char *norms[] = {"layers.0.attention.q_norm.weight", "layers.0.attention.k_norm.weight",
+                           "layers.1.attention.q_norm.weight", "layers.1.attention.k_norm.weight"};
+    for (int n = 0; n < 4; n++) {
+        Param *p = params_find(&b.m.params, norms[n]);
+        assert_int_equal(p->numel, b.args.head_dim);
+        for (size_t i = 0; i < p->numel; i++) p->data[i] = (float)(1 + 0.5 * sin(3.0 * i + n));
+    }
+    int tokens[B * T], targets[B * T], pos[T];
+    for (int i = 0; i < B * T; i++) {
+        tokens[i] = (i * 37 + 11) % b.args.vocab_size;
+        targets[i] = (i * 53 + 7) % b.args.vocab_size;
+    }
+    for (int i = 0; i < T; i++) pos[i] = i;
+    StepCtx s = {.k = kernels_backend("cpu"), .act = &b.acts, .B = B, .T = T, .tokens = tokens,
+                 .targets = targets, .pos = pos, .loss_scale = 1};
+    model_forward_backward(&b.m, &s);
+    for (int n = 0; n < 4; n++) check_directional_derivative(&b, &s, norms[n]);
+    check_directional_derivative(&b, &s, "layers.0.attention.wq.weight");
+    check_directional_derivative(&b, &s, "layers.1.attention.wk.weight");
+    unbuild(&b);
+}
+
 static void test_lr_schedule_values(void **state) {
     (void)state;
     LrSchedule s = lr_schedule_make(10, 2, 0.8, DECAY_LINEAR, 0.0);
@@ -250,6 +315,7 @@ int main(void) {
         cmocka_unit_test(test_chunked_head_matches_one_chunk),
         cmocka_unit_test(test_document_masking_isolates_documents),
         cmocka_unit_test(test_lr_schedule_values),
+        cmocka_unit_test(test_qk_norm_gradients_match_finite_differences),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

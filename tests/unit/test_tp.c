@@ -51,10 +51,10 @@ static void run(Run *r, const char *flavor, bool tp, bool loss_parallel, bool ac
     assert_true(llama3_flavor(flavor, &r->args));
     r->args.max_seq_len = SEQ_T;
     r->args.loss_chunk_rows = chunk;
-    llama3_build(&r->m, &r->args, ac);
+    decoder_build(&r->m, &r->args, ac);
     if (tp) {
         tp_init(&r->tp, world, kernels_backend("cpu"), loss_parallel);
-        llama3_parallelize_tp(&r->m, &r->tp);
+        decoder_parallelize_tp(&r->m, &r->tp);
     }
     model_allocate(&r->m, model_activation_bytes(&r->m, k, ROWS_B, SEQ_T), &r->params, &r->grads,
                    &r->acts, NULL);
@@ -75,7 +75,7 @@ static void unrun(Run *r) {
     arena_free(&r->params);
     arena_free(&r->grads);
     arena_free(&r->acts);
-    llama3_free(&r->m);
+    decoder_free(&r->m);
 }
 
 // The largest |local - reference slice| over p, relative to the reference's largest |value|
@@ -202,12 +202,12 @@ static void test_divisibility(void **state) {
     LlamaArgs a;
     char err[256];
     assert_true(llama3_flavor("small", &a));
-    assert_null(llama3_tp_check(&a, 4, 2, 16, err, sizeof err));
+    assert_null(decoder_tp_check(&a, 4, 2, 16, err, sizeof err));
     const char *want = "parallelism.tensor_parallel_degree 8 does not divide model n_kv_heads (4)";
-    assert_string_equal(llama3_tp_check(&a, 8, 2, 16, err, sizeof err), want);
-    assert_non_null(strstr(llama3_tp_check(&a, 4, 1, 6, err, sizeof err), "(6)"));
+    assert_string_equal(decoder_tp_check(&a, 8, 2, 16, err, sizeof err), want);
+    assert_non_null(strstr(decoder_tp_check(&a, 4, 1, 6, err, sizeof err), "(6)"));
     a.vocab_size = 2050;
-    assert_non_null(strstr(llama3_tp_check(&a, 4, 2, 16, err, sizeof err), "vocab_size (2050)"));
+    assert_non_null(strstr(decoder_tp_check(&a, 4, 2, 16, err, sizeof err), "vocab_size (2050)"));
 }
 
 int main(int argc, char **argv) {

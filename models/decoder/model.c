@@ -1,23 +1,27 @@
-// Llama 3 model construction: the parameter table (torchtitan's names, shapes and init) and
+// Decoder construction: the parameter table (torchtitan's names, shapes and init) and
 // the block list embed, layers.0 .. layers.{n-1}, head.
 #include <math.h>
 #include <stdlib.h>
 
 #include "core/errors.h"
-#include "models/llama3/blocks.h"
+#include "models/decoder/blocks.h"
+#include "models/moe/balance.h"
 
 typedef struct {
-    LlamaArgs args;
-    LlamaEmbed embed;
-    LlamaLayer *layers;
-    LlamaHead head;
+    DecoderArgs args;
+    DecoderEmbed embed;
+    DecoderLayer *layers;
+    DecoderHead head;
     float *rope_cos, *rope_sin;  // (max_seq_len, head_dim/2), one allocation from rope_cos
     const KernelOps *rope_memory;  // whose memory holds them after placing; NULL: host
-} Llama;
+    MoeLayer *moe;               // (n_layers) each block's FFN with MoE layers, else NULL
+    MoeBalance balance;          // their expert load and biases (Model.moe)
+    const KernelOps *moe_memory; // the backend holding balance's scratch; NULL: not placed
+} Decoder;
 
 // Llama 3.1's frequency scaling (Meta's apply_scaling): long wavelengths are slowed by
 // scale_factor, short ones kept, and the band between interpolated smoothly.
-static double rope_scaled_freq(const LlamaArgs *a, double freq) {
+static double rope_scaled_freq(const DecoderArgs *a, double freq) {
     double low_wavelen = a->rope_original_max_pos / a->rope_low_freq_factor;
     double high_wavelen = a->rope_original_max_pos / a->rope_high_freq_factor;
     double wavelen = 2 * M_PI / freq;
@@ -30,9 +34,9 @@ static double rope_scaled_freq(const LlamaArgs *a, double freq) {
 
 // torchtitan's precompute_freqs_cis, as cos/sin tables; computed in double so the tables are
 // correctly rounded whatever the position.
-static void rope_tables(Llama *l) {
-    const LlamaArgs *a = &l->args;
-    int half = llama3_head_dim(a) / 2;
+static void rope_tables(Decoder *l) {
+    const DecoderArgs *a = &l->args;
+    int half = decoder_head_dim(a) / 2;
     l->rope_cos = xmalloc(2 * (size_t)a->max_seq_len * half * sizeof(float));
     l->rope_sin = l->rope_cos + (size_t)a->max_seq_len * half;
     for (int i = 0; i < half; i++) {
@@ -55,14 +59,15 @@ static Param *add_vector(ParamTable *t, int64_t n, const char *name, int layer) 
     return &t->items[params_add(t, INIT_ONES, 0, 1, &n, name, layer)];
 }
 
-// torchtitan's init_weights: inputs of each sublayer N(0, 0.02) truncated at +-2, the output
-// projections (wo, w2, w3) with std 0.02 / sqrt(2 (layer + 1)) under depth_init.
-static void add_layer(Llama *l, ParamTable *t, int i) {
-    const LlamaArgs *a = &l->args;
-    LlamaLayer *L = &l->layers[i];
-    int hd = llama3_head_dim(a), H = llama3_hidden_dim(a);
+// torchtitan's init_weights (llama3's, and qwen3's before models/common): inputs of each
+// sublayer N(0, 0.02) truncated at +-2, the output projections (wo, w2, w3) with std
+// 0.02 / sqrt(2 (layer + 1)) under depth_init, norms (QK-norm's too) ones.
+static void add_layer(Decoder *l, ParamTable *t, int i) {
+    const DecoderArgs *a = &l->args;
+    DecoderLayer *L = &l->layers[i];
+    int hd = decoder_head_dim(a), H = decoder_hidden_dim(a);
     double out_std = 0.02 / sqrt(2.0 * (a->depth_init ? i + 1 : a->n_layers));
-    *L = (LlamaLayer){.args = a, .layer_id = i, .rope_cos = l->rope_cos, .rope_sin = l->rope_sin};
+    *L = (DecoderLayer){.args = a, .layer_id = i, .rope_cos = l->rope_cos, .rope_sin = l->rope_sin};
     L->attention_norm = add_vector(t, a->dim, "layers.%d.attention_norm.weight", i);
     L->wq = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, (int64_t)a->n_heads * hd, a->dim,
                        "layers.%d.attention.wq.weight", i);
@@ -72,34 +77,58 @@ static void add_layer(Llama *l, ParamTable *t, int i) {
                        "layers.%d.attention.wv.weight", i);
     L->wo = add_matrix(t, INIT_TRUNC_NORMAL, out_std, a->dim, (int64_t)a->n_heads * hd,
                        "layers.%d.attention.wo.weight", i);
+    if (a->qk_norm) {
+        L->q_norm = add_vector(t, hd, "layers.%d.attention.q_norm.weight", i);
+        L->k_norm = add_vector(t, hd, "layers.%d.attention.k_norm.weight", i);
+    }
     L->ffn_norm = add_vector(t, a->dim, "layers.%d.ffn_norm.weight", i);
+    if (decoder_has_moe(a)) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "layers.%d.", i);
+        L->moe = &l->moe[i];
+        moe_layer_init(L->moe, &a->moe, i, t, prefix, INIT_TRUNC_NORMAL, 0.02, out_std);
+        l->balance.bias[i] = L->moe->expert_bias;
+        return;
+    }
     L->w1 = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, H, a->dim, "layers.%d.feed_forward.w1.weight", i);
     L->w2 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, a->dim, H, "layers.%d.feed_forward.w2.weight", i);
     L->w3 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, H, a->dim, "layers.%d.feed_forward.w3.weight", i);
 }
 
 // torchtitan's get_num_flop_per_token, block by block: 6 FLOPs per weight per token (2 forward,
-// 4 backward) over all but the embedding table, plus in each layer 12 * heads * head_dim *
+// 4 backward) over all but the embedding table (a routed expert's weights count top_k / E of
+// theirs: the active ones), plus in each layer 12 * heads * head_dim *
 // seq_len for the attention scores and values (counted as if not causal, as torchtitan and
 // PaLM do). The blocks' shares sum to the whole model's 6N + 12 L H Q T (exactly: integers
 // far below 2^53), so a pipeline stage's FLOPs are the sum over its blocks.
-static void count_flops(Model *m, const LlamaArgs *a, int seq_len, const Param *embed) {
-    double attention = 12.0 * a->n_heads * llama3_head_dim(a) * seq_len;
+static void count_flops(Model *m, const DecoderArgs *a, int seq_len, const Param *embed) {
+    double attention = 12.0 * a->n_heads * decoder_head_dim(a) * seq_len;
     m->block_flops_per_token = xcalloc((size_t)m->n_blocks, sizeof(double));
     int param = 0;
     for (int b = 0; b < m->n_blocks; b++) {
         double weights = 0;
-        for (int j = 0; j < m->blocks[b].n_params; j++, param++)
-            if (&m->params.items[param] != embed) weights += (double)m->params.items[param].numel;
+        for (int j = 0; j < m->blocks[b].n_params; j++, param++) {
+            const Param *p = &m->params.items[param];
+            double active = p->expert ? (double)a->moe.router.top_k / a->moe.router.n_experts : 1;
+            if (p != embed && !p->buffer) weights += (double)p->numel * active;
+        }
         bool layer = b > 0 && b + 1 < m->n_blocks;
         m->block_flops_per_token[b] = 6 * weights + (layer ? attention : 0);
         m->flops_per_token += m->block_flops_per_token[b];
     }
 }
 
+// The MoE balance's scratch lives in the backend's memory.
+static void place_moe(Decoder *l, const KernelOps *k) {
+    if (!l->moe || l->moe_memory) return;
+    moe_balance_place(&l->balance, k);
+    l->moe_memory = k;
+}
+
 // The RoPE tables are read by every layer's kernels, so they move to the backend's memory.
-static void place_rope_tables(Model *m, const KernelOps *k) {
-    Llama *l = m->self;
+static void place_buffers(Model *m, const KernelOps *k) {
+    Decoder *l = m->self;
+    place_moe(l, k);
     if (k->host_memory || l->rope_memory) return;
     size_t n = (size_t)(l->rope_sin - l->rope_cos) * 2, bytes = n * sizeof(float);
     float *placed = k->alloc(bytes);
@@ -115,23 +144,31 @@ static void place_rope_tables(Model *m, const KernelOps *k) {
     }
 }
 
-void llama3_build(Model *m, const LlamaArgs *args, bool activation_checkpoint) {
-    Llama *l = xcalloc(1, sizeof(Llama));
+void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint) {
+    Decoder *l = xcalloc(1, sizeof(Decoder));
     l->args = *args;
-    const LlamaArgs *a = &l->args;
+    const DecoderArgs *a = &l->args;
     rope_tables(l);
-    l->layers = xcalloc((size_t)a->n_layers, sizeof(LlamaLayer));
+    l->layers = xcalloc((size_t)a->n_layers, sizeof(DecoderLayer));
     *m = (Model){.dim = a->dim, .n_blocks = a->n_layers + 2, .self = l,
-                 .place_buffers = place_rope_tables};
+                 .place_buffers = place_buffers};
     ParamTable *t = &m->params;
-    params_init(t, 9 * a->n_layers + 3);
+    bool moe = decoder_has_moe(a);
+    int layer_params = (a->qk_norm ? 8 : 6) + (moe ? moe_param_count(&a->moe) : 3);
+    if (moe) {
+        l->moe = xcalloc((size_t)a->n_layers, sizeof(MoeLayer));
+        moe_balance_init(&l->balance, a->n_layers, a->moe.router.n_experts,
+                         a->moe.load_balance_coeff, a->moe.aux_loss_alpha > 0);
+        m->moe = &l->balance;
+    }
+    params_init(t, layer_params * a->n_layers + 3);
 
     int64_t emb_shape[2] = {a->vocab_size, a->dim};
-    l->embed = (LlamaEmbed){.args = a};
+    l->embed = (DecoderEmbed){.args = a};
     l->embed.tok_embeddings = &t->items[params_add(t, INIT_NORMAL, 1.0, 2, emb_shape,
                                                    "tok_embeddings.weight")];
     for (int i = 0; i < a->n_layers; i++) add_layer(l, t, i);
-    l->head = (LlamaHead){.args = a};
+    l->head = (DecoderHead){.args = a};
     l->head.norm = add_vector(t, a->dim, "norm.weight", -1);
     if (a->tie_word_embeddings) {
         l->head.output = l->embed.tok_embeddings;
@@ -143,21 +180,25 @@ void llama3_build(Model *m, const LlamaArgs *args, bool activation_checkpoint) {
     }
 
     m->blocks = xcalloc((size_t)m->n_blocks, sizeof(Block));
-    m->blocks[0] = (Block){&LLAMA_EMBED_OPS, &l->embed, false, 1};
+    m->blocks[0] = (Block){&DECODER_EMBED_OPS, &l->embed, false, 1};
     for (int i = 0; i < a->n_layers; i++)
-        m->blocks[i + 1] = (Block){&LLAMA_LAYER_OPS, &l->layers[i], activation_checkpoint, 9};
+        m->blocks[i + 1] =
+            (Block){&DECODER_LAYER_OPS, &l->layers[i], activation_checkpoint, layer_params};
     m->blocks[m->n_blocks - 1] =
-        (Block){&LLAMA_HEAD_OPS, &l->head, false, a->tie_word_embeddings ? 1 : 2};
+        (Block){&DECODER_HEAD_OPS, &l->head, false, a->tie_word_embeddings ? 1 : 2};
     count_flops(m, a, a->max_seq_len, l->embed.tok_embeddings);
     model_slots_init(&m->slots, m);
 }
 
-void llama3_free(Model *m) {
-    Llama *l = m->self;
+void decoder_free(Model *m) {
+    Decoder *l = m->self;
     if (l->rope_memory)
         l->rope_memory->free(l->rope_cos);
     else
         free(l->rope_cos);
+    for (int i = 0; l->moe && i < l->args.n_layers; i++) moe_layer_free(&l->moe[i]);
+    if (l->moe) moe_balance_free(&l->balance, l->moe_memory);
+    free(l->moe);
     free(l->layers);
     free(l);
     free(m->blocks);

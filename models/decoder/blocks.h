@@ -1,7 +1,7 @@
-// The three block kinds of a Llama 3 model (private to models/llama3).
+// The three block kinds of a decoder (private to models/decoder).
 #pragma once
 
-#include "models/llama3/llama3.h"
+#include "models/decoder/decoder.h"
 
 // What the weight part of a transformer block's backward reads besides the forward's saved
 // state: the gradients of the projections' outputs, from the input part. Pointers into the
@@ -10,7 +10,7 @@ typedef struct {
     const float *dy_all;    // (BT, dim): the block output's gradient, all rows
     float *dgate, *dup;     // (BT, hidden) x2: of hn W1^T and hn W3^T
     const float *dh_all;    // (BT, dim): h's gradient, all rows
-    float *dq0, *dk0, *dv;  // (BT, n_heads*hd), (BT, n_kv*hd) x2: of q, k before RoPE, of v
+    float *dq0, *dk0, *dv;  // (BT, n_heads*hd), (BT, n_kv*hd) x2: of the q, k, v projections
 } LayerGrads;
 
 // A transformer block's slot: pointers into the microbatch's activation arena, what forward
@@ -19,24 +19,30 @@ typedef struct {
 typedef struct {
     float *xn, *rstd1;      // (BT, dim), (rows): attention_norm output (all rows), its 1/rms
     float *q, *k, *v;       // (BT, n_heads*hd), (BT, n_kv*hd) x2: after RoPE for q and k
+    float *q0, *k0;         // with QK-norm: (BT, n_heads*hd), (BT, n_kv*hd) before it
+    float *q_rstd, *k_rstd; // with QK-norm: (BT*n_heads), (BT*n_kv) 1/rms of each head
     float *attn, *lse;      // (BT, n_heads*hd), (B, n_heads, T)
     float *h;               // (rows, dim): x + attention output (the FFN's residual input)
-    float *hn, *rstd2;      // (BT, dim), (rows): ffn_norm output (all rows) and its 1/rms
-    float *gate, *up, *act; // (BT, hidden) x3: hn W1^T, hn W3^T, silu(gate) * up
+    float *hn, *rstd2;      // (BT, dim), (rows): ffn_norm output (all rows; with MoE this
+                            // rank's rows only) and its 1/rms
+    float *gate, *up, *act; // (BT, hidden) x3: hn W1^T, hn W3^T, silu(gate) * up (dense)
+    MoeSaved moe;           // with MoE: the layer's
     LayerGrads g;           // set by backward's input part
 } LayerSaved;
 
 typedef struct {
-    const LlamaArgs *args;
+    const DecoderArgs *args;
     int layer_id;
-    Param *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
+    Param *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;  // w*: NULL with MoE
+    MoeLayer *moe;           // the FFN when the model has MoE layers, else NULL
+    Param *q_norm, *k_norm;  // (head_dim) each with QK-norm, else NULL
     const float *rope_cos, *rope_sin;  // (max_seq_len, head_dim/2)
-} LlamaLayer;
+} DecoderLayer;
 
 typedef struct {
-    const LlamaArgs *args;
+    const DecoderArgs *args;
     Param *tok_embeddings;
-} LlamaEmbed;
+} DecoderEmbed;
 
 // One chunk of the head's logits (blocks.c): this rank's vocab columns (rows, vocab slice),
 // and all columns (rows, vocab) with the gather's scratch when tp gathers them (full is logits
@@ -46,9 +52,9 @@ typedef struct {
 } HeadChunk;
 
 typedef struct {
-    const LlamaArgs *args;
+    const DecoderArgs *args;
     Param *norm, *output;   // output is tok_embeddings when the embeddings are tied
-} LlamaHead;
+} DecoderHead;
 
 // The head's slot.
 typedef struct {
@@ -58,4 +64,4 @@ typedef struct {
     float *losses;          // (BT)
 } HeadSaved;
 
-extern const BlockOps LLAMA_EMBED_OPS, LLAMA_LAYER_OPS, LLAMA_HEAD_OPS;
+extern const BlockOps DECODER_EMBED_OPS, DECODER_LAYER_OPS, DECODER_HEAD_OPS;

@@ -2,19 +2,19 @@
 // at a time. Position p's keys and values depend only on tokens 0..p (causal attention), so
 // they are computed once, kept, and each new query attends to all of them.
 #include "core/errors.h"
-#include "models/llama3/blocks.h"
+#include "models/decoder/blocks.h"
 
-static const LlamaArgs *model_args(const Model *m) {
-    CHECK(m->blocks[0].ops == &LLAMA_EMBED_OPS);  // a model llama3_build made
-    const LlamaEmbed *e = m->blocks[0].self;
+static const DecoderArgs *model_args(const Model *m) {
+    CHECK(m->blocks[0].ops == &DECODER_EMBED_OPS);  // a model decoder_build made
+    const DecoderEmbed *e = m->blocks[0].self;
     return e->args;
 }
 
 // The same carving runs on a sizing arena and then on the committed one (core/arena.h).
-static void kv_cache_carve(LlamaKVCache *c, const LlamaArgs *a) {
+static void kv_cache_carve(DecoderKVCache *c, const DecoderArgs *a) {
     Arena *A = &c->arena;
     size_t cache = (size_t)a->n_layers * c->max_ctx * c->kv_width;
-    size_t q_width = (size_t)a->n_heads * llama3_head_dim(a), hidden = llama3_hidden_dim(a);
+    size_t q_width = (size_t)a->n_heads * decoder_head_dim(a), hidden = decoder_hidden_dim(a);
     c->k = arena_floats(A, cache);
     c->v = arena_floats(A, cache);
     c->x = arena_floats(A, a->dim);
@@ -22,34 +22,46 @@ static void kv_cache_carve(LlamaKVCache *c, const LlamaArgs *a) {
     c->rstd = arena_floats(A, 1);
     c->q = arena_floats(A, q_width);
     c->attn = arena_floats(A, q_width);
+    c->qk = arena_floats(A, q_width);
+    c->head_rstd = arena_floats(A, a->n_heads);
     c->gate = arena_floats(A, hidden);
     c->up = arena_floats(A, hidden);
     c->act = arena_floats(A, hidden);
     c->logits = arena_floats(A, a->vocab_size);
 }
 
-void llama3_kv_cache_init(LlamaKVCache *c, const Model *m, int max_ctx) {
-    const LlamaArgs *a = model_args(m);
+void decoder_kv_cache_init(DecoderKVCache *c, const Model *m, int max_ctx) {
+    const DecoderArgs *a = model_args(m);
     CHECK(max_ctx >= 1 && max_ctx <= a->max_seq_len);  // RoPE tables end at max_seq_len
-    *c = (LlamaKVCache){.max_ctx = max_ctx, .kv_width = a->n_kv_heads * llama3_head_dim(a)};
+    *c = (DecoderKVCache){.max_ctx = max_ctx, .kv_width = a->n_kv_heads * decoder_head_dim(a)};
     arena_init_sizing(&c->arena, "kv cache");
     kv_cache_carve(c, a);
     arena_commit(&c->arena, NULL);
     kv_cache_carve(c, a);
 }
 
-void llama3_kv_cache_free(LlamaKVCache *c) { arena_free(&c->arena); }
+void decoder_kv_cache_free(DecoderKVCache *c) { arena_free(&c->arena); }
+
+// out (heads * head_dim) = xn W^T, each head through QK-norm when norm is set.
+static void project_heads(const DecoderLayer *L, const Param *w, const Param *norm,
+                          DecoderKVCache *c, const KernelOps *K, float *out, int heads) {
+    const DecoderArgs *a = L->args;
+    int hd = decoder_head_dim(a);
+    K->matmul(norm ? c->qk : out, c->xn, w->data, 1, heads * hd, a->dim, false, true, 0);
+    if (norm) K->rmsnorm_forward(out, c->head_rstd, c->qk, norm->data, heads, hd, a->norm_eps);
+}
 
 // x += Attention(attention_norm(x)), this position's k and v appended to the layer's cache.
-static void decode_attention(const LlamaLayer *L, LlamaKVCache *c, const KernelOps *K, int pos) {
-    const LlamaArgs *a = L->args;
-    int D = a->dim, hd = llama3_head_dim(a), nq = a->n_heads * hd, nkv = c->kv_width;
+static void decode_attention(const DecoderLayer *L, DecoderKVCache *c, const KernelOps *K,
+                             int pos) {
+    const DecoderArgs *a = L->args;
+    int D = a->dim, hd = decoder_head_dim(a), nq = a->n_heads * hd, nkv = c->kv_width;
     size_t layer = (size_t)L->layer_id * c->max_ctx * nkv;
     float *k_cache = c->k + layer, *v_cache = c->v + layer;
     float *k = k_cache + (size_t)pos * nkv, *v = v_cache + (size_t)pos * nkv;
     K->rmsnorm_forward(c->xn, c->rstd, c->x, L->attention_norm->data, 1, D, a->norm_eps);
-    K->matmul(c->q, c->xn, L->wq->data, 1, nq, D, false, true, 0);
-    K->matmul(k, c->xn, L->wk->data, 1, nkv, D, false, true, 0);
+    project_heads(L, L->wq, L->q_norm, c, K, c->q, a->n_heads);
+    project_heads(L, L->wk, L->k_norm, c, K, k, a->n_kv_heads);
     K->matmul(v, c->xn, L->wv->data, 1, nkv, D, false, true, 0);
     K->rope_forward(c->q, c->q, L->rope_cos, L->rope_sin, &pos, 1, 1, a->n_heads, hd);
     K->rope_forward(k, k, L->rope_cos, L->rope_sin, &pos, 1, 1, a->n_kv_heads, hd);
@@ -58,9 +70,9 @@ static void decode_attention(const LlamaLayer *L, LlamaKVCache *c, const KernelO
 }
 
 // x += W2 (silu(W1 hn) * W3 hn), hn = ffn_norm(x).
-static void decode_ffn(const LlamaLayer *L, LlamaKVCache *c, const KernelOps *K) {
-    const LlamaArgs *a = L->args;
-    int D = a->dim, H = llama3_hidden_dim(a);
+static void decode_ffn(const DecoderLayer *L, DecoderKVCache *c, const KernelOps *K) {
+    const DecoderArgs *a = L->args;
+    int D = a->dim, H = decoder_hidden_dim(a);
     K->rmsnorm_forward(c->xn, c->rstd, c->x, L->ffn_norm->data, 1, D, a->norm_eps);
     K->matmul(c->gate, c->xn, L->w1->data, 1, H, D, false, true, 0);
     K->matmul(c->up, c->xn, L->w3->data, 1, H, D, false, true, 0);
@@ -68,18 +80,18 @@ static void decode_ffn(const LlamaLayer *L, LlamaKVCache *c, const KernelOps *K)
     K->matmul(c->x, c->act, L->w2->data, 1, D, H, false, true, 1);
 }
 
-const float *llama3_decode_step(const Model *m, LlamaKVCache *c, const KernelOps *k, int token,
-                                int pos) {
-    const LlamaArgs *a = model_args(m);
+const float *decoder_decode_step(const Model *m, DecoderKVCache *c, const KernelOps *k,
+                                 int token, int pos) {
+    const DecoderArgs *a = model_args(m);
     CHECK(pos >= 0 && pos < c->max_ctx && token >= 0 && token < a->vocab_size);
-    const LlamaEmbed *e = m->blocks[0].self;
+    const DecoderEmbed *e = m->blocks[0].self;
     k->embedding_forward(c->x, &token, e->tok_embeddings->data, 1, a->dim, 0, a->vocab_size);
     for (int i = 1; i + 1 < m->n_blocks; i++) {
-        const LlamaLayer *L = m->blocks[i].self;
+        const DecoderLayer *L = m->blocks[i].self;
         decode_attention(L, c, k, pos);
         decode_ffn(L, c, k);
     }
-    const LlamaHead *h = m->blocks[m->n_blocks - 1].self;
+    const DecoderHead *h = m->blocks[m->n_blocks - 1].self;
     k->rmsnorm_forward(c->xn, c->rstd, c->x, h->norm->data, 1, a->dim, a->norm_eps);
     k->matmul(c->logits, c->xn, h->output->data, 1, a->vocab_size, a->dim, false, true, 0);
     return c->logits;

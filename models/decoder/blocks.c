@@ -1,12 +1,13 @@
-// Llama 3 blocks: each forward is the math of torchtitan's llama3/model.py, each backward its
-// derivative written out (no autograd, as llm.c). BT = B*T rows; weights are (out, in).
+// Decoder blocks: each forward is the math of torchtitan's llama3/model.py (qwen3's adds
+// QK-norm), each backward its derivative written out (no autograd, as llm.c). BT = B*T rows;
+// weights are (out, in).
 //
 // Under tensor parallelism (StepCtx.tp, Megatron-LM with sequence parallel) each rank holds
 // `rows` = BT / tp of the residual stream and a slice of every sharded weight: the normed rows
 // are gathered before each column-parallel projection (wq/wk/wv, w1/w3, output) and the
 // row-parallel ones (wo, w2) and the vocab-parallel embedding give partial sums over all rows
 // that a reduce-scatter sums back into each rank's rows; backward runs the duals.
-#include "models/llama3/blocks.h"
+#include "models/decoder/blocks.h"
 
 // Tensors are the backend's memory (device memory on cuda): copies and zeroing go through it.
 static void copy(const StepCtx *s, float *dst, const float *src, size_t n) {
@@ -69,7 +70,7 @@ static int vocab_start(const Param *table) { return (int)param_box(table, false)
 // for the others; the reduce-scatter sums the slices' rows.
 static void embed_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
     (void)saved, (void)x;
-    LlamaEmbed *e = b->self;
+    DecoderEmbed *e = b->self;
     const Param *table = e->tok_embeddings;
     int BT = s->B * s->T, D = e->args->dim;
     size_t mark = arena_mark(s->act);  // all scratch: the output y is all backward needs
@@ -88,7 +89,7 @@ static void embed_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
                            const float *dy, float *dx) {
     (void)saved, (void)x, (void)dx;
     if (phase == BLOCK_BACKWARD_INPUT) return;
-    LlamaEmbed *e = b->self;
+    DecoderEmbed *e = b->self;
     const Param *table = e->tok_embeddings;
     int BT = s->B * s->T, D = e->args->dim;
     float *full = s->tp ? arena_floats(s->act, (size_t)BT * D) : NULL;
@@ -107,10 +108,10 @@ typedef struct {
 } LayerDims;
 
 // The local widths are those of this rank's weight slices: the model needs no tp degree.
-static LayerDims layer_dims(const LlamaLayer *L, const StepCtx *s) {
-    int hd = llama3_head_dim(L->args), nq = (int)L->wq->shape[0], nkv = (int)L->wk->shape[0];
+static LayerDims layer_dims(const DecoderLayer *L, const StepCtx *s) {
+    int hd = decoder_head_dim(L->args), nq = (int)L->wq->shape[0], nkv = (int)L->wk->shape[0];
     return (LayerDims){s->B * s->T, step_rows(s), L->args->dim, hd,
-                       nq / hd, nkv / hd, nq, nkv, (int)L->w1->shape[0]};
+                       nq / hd, nkv / hd, nq, nkv, L->w1 ? (int)L->w1->shape[0] : 0};
 }
 
 // Causal attention over this rank's tokens of each sequence, within documents when the step
@@ -153,22 +154,44 @@ static void attention_backward(const StepCtx *s, const LayerSaved *sv, LayerDims
                              workspace);
 }
 
+// Qwen3's QK-norm: q and k, seen as (rows * heads, head_dim), each head RMS-normalised with
+// its own (head_dim) weight before RoPE.
+static void qk_norm_forward(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d) {
+    float eps = L->args->norm_eps;
+    s->k->rmsnorm_forward(sv->q, sv->q_rstd, sv->q0, L->q_norm->data, d.BT * d.nh, d.hd, eps);
+    s->k->rmsnorm_forward(sv->k, sv->k_rstd, sv->k0, L->k_norm->data, d.BT * d.nkvh, d.hd, eps);
+}
+
+// dqk (BT, nq + nkv: dq then dk) = QK-norm's backward of the normed heads' gradients dqk_normed
+// (laid out alike), the norms' weight gradients accumulated.
+static void qk_norm_backward(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d,
+                             float *dqk, const float *dqk_normed) {
+    size_t nq = (size_t)d.BT * d.nq, nkv = (size_t)d.BT * d.nkv;
+    zero(s, dqk, nq + nkv);  // the kernel accumulates
+    s->k->rmsnorm_backward(dqk, L->q_norm->grad, dqk_normed, sv->q0, L->q_norm->data, sv->q_rstd,
+                           d.BT * d.nh, d.hd);
+    s->k->rmsnorm_backward(dqk + nq, L->k_norm->grad, dqk_normed + nq, sv->k0, L->k_norm->data,
+                           sv->k_rstd, d.BT * d.nkvh, d.hd);
+}
+
 // The forward math, on buffers layer_forward carved; comm: (rows + BT) * D of scratch under TP.
-static void layer_forward_compute(LlamaLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
+static void layer_forward_compute(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
                                   const float *x, float *y, void *workspace, float *comm) {
-    const LlamaArgs *a = L->args;
+    const DecoderArgs *a = L->args;
     const KernelOps *K = s->k;
     float *normed = comm, *partial = comm ? comm + (size_t)d.rows * d.D : NULL;
     norm_gathered(s, sv->xn, sv->rstd1, normed, x, L->attention_norm->data, d.rows, d.D,
                   a->norm_eps);
-    K->matmul(sv->q, sv->xn, L->wq->data, d.BT, d.nq, d.D, false, true, 0);
-    K->matmul(sv->k, sv->xn, L->wk->data, d.BT, d.nkv, d.D, false, true, 0);
+    K->matmul(L->q_norm ? sv->q0 : sv->q, sv->xn, L->wq->data, d.BT, d.nq, d.D, false, true, 0);
+    K->matmul(L->k_norm ? sv->k0 : sv->k, sv->xn, L->wk->data, d.BT, d.nkv, d.D, false, true, 0);
     K->matmul(sv->v, sv->xn, L->wv->data, d.BT, d.nkv, d.D, false, true, 0);
+    if (L->q_norm) qk_norm_forward(L, s, sv, d);
     K->rope_forward(sv->q, sv->q, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nh, d.hd);
     K->rope_forward(sv->k, sv->k, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nkvh, d.hd);
     attention_forward(s, sv, d, workspace);
     residual_row_parallel(s, sv->h, x, sv->attn, L->wo->data, d.BT, d.rows, d.D, d.nq, partial);
 
+    if (L->moe) return;  // moe_ffn_forward's
     norm_gathered(s, sv->hn, sv->rstd2, normed, sv->h, L->ffn_norm->data, d.rows, d.D,
                   a->norm_eps);
     K->matmul(sv->gate, sv->hn, L->w1->data, d.BT, d.H, d.D, false, true, 0);
@@ -177,8 +200,33 @@ static void layer_forward_compute(LlamaLayer *L, StepCtx *s, LayerSaved *sv, Lay
     residual_row_parallel(s, y, sv->h, sv->act, L->w2->data, d.BT, d.rows, d.D, d.H, partial);
 }
 
+// y = h + MoE(ffn_norm(h)) on this rank's rows (the router and the experts are replicated over
+// tp, their grads summed over it as the norms'): the layer carves what it keeps and its scratch
+// itself.
+static void moe_ffn_forward(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d, float *y) {
+    if (!step_sizing(s)) {
+        s->k->rmsnorm_forward(sv->hn, sv->rstd2, sv->h, L->ffn_norm->data, d.rows, d.D,
+                              L->args->norm_eps);
+        copy(s, y, sv->h, (size_t)d.rows * d.D);
+    }
+    moe_forward(L->moe, s, &sv->moe, sv->hn, y, d.rows);
+}
+
+// dh (rows, D) = dy + ffn_norm's backward of the MoE's input gradient (on this rank's rows, no
+// reduce-scatter); every MoE gradient is taken here. dhn: (rows, D) scratch.
+static void moe_ffn_backward(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d,
+                             const float *dy, float *dhn, float *dh) {
+    size_t n = (size_t)d.rows * d.D;
+    if (!step_sizing(s)) zero(s, dhn, n);
+    moe_backward(L->moe, s, &sv->moe, sv->hn, dy, dhn, d.rows);
+    if (step_sizing(s)) return;
+    copy(s, dh, dy, n);
+    s->k->rmsnorm_backward(dh, L->ffn_norm->grad, dhn, sv->h, L->ffn_norm->data, sv->rstd2,
+                           d.rows, d.D);
+}
+
 static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
-    LlamaLayer *L = b->self;
+    DecoderLayer *L = b->self;
     LayerDims d = layer_dims(L, s);
     LayerSaved *sv = saved;
     Arena *A = s->act;
@@ -190,16 +238,25 @@ static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
     sv->attn = arena_floats(A, (size_t)d.BT * d.nq);
     sv->lse = arena_floats(A, (size_t)d.BT * d.nh);
     sv->h = arena_floats(A, (size_t)d.rows * d.D);
-    sv->hn = arena_floats(A, (size_t)d.BT * d.D);
+    sv->hn = arena_floats(A, (size_t)(L->moe ? d.rows : d.BT) * d.D);
     sv->rstd2 = arena_floats(A, d.rows);
-    sv->gate = arena_floats(A, (size_t)d.BT * d.H);
-    sv->up = arena_floats(A, (size_t)d.BT * d.H);
-    sv->act = arena_floats(A, (size_t)d.BT * d.H);
+    if (!L->moe) {
+        sv->gate = arena_floats(A, (size_t)d.BT * d.H);
+        sv->up = arena_floats(A, (size_t)d.BT * d.H);
+        sv->act = arena_floats(A, (size_t)d.BT * d.H);
+    }
+    if (L->q_norm) {
+        sv->q0 = arena_floats(A, (size_t)d.BT * d.nq);
+        sv->k0 = arena_floats(A, (size_t)d.BT * d.nkv);
+        sv->q_rstd = arena_floats(A, (size_t)d.BT * d.nh);
+        sv->k_rstd = arena_floats(A, (size_t)d.BT * d.nkvh);
+    }
     size_t saved_end = arena_mark(A);  // the workspace and comm buffers are scratch
     void *workspace = arena_alloc(A, attention_workspace(s, d));
     float *comm = s->tp ? arena_floats(A, (size_t)(d.rows + d.BT) * d.D) : NULL;
     if (!step_sizing(s)) layer_forward_compute(L, s, sv, d, x, y, workspace, comm);
     arena_release(A, saved_end);
+    if (L->moe) moe_ffn_forward(L, s, sv, d, y);
 }
 
 // The backward of a transformer block comes in three pieces per sublayer: the gradients of
@@ -209,7 +266,7 @@ static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
 
 // y = h + act W2^T, act = silu(hn W1^T) * (hn W3^T), hn = ffn_norm(h). Returns dhn (BT, D) in
 // scratch; keeps dy's rows (gathered into `gathered` under TP), dgate and dup in sv->g.
-static float *ffn_grads(LlamaLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d, const float *dy,
+static float *ffn_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d, const float *dy,
                         float *scratch, float *gathered) {
     const KernelOps *K = s->k;
     LayerGrads *g = &sv->g;
@@ -226,7 +283,7 @@ static float *ffn_grads(LlamaLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d, 
     return dhn;
 }
 
-static void ffn_weights(LlamaLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d) {
+static void ffn_weights(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d) {
     const KernelOps *K = s->k;
     const LayerGrads *g = &sv->g;
     K->matmul(L->w2->grad, g->dy_all, sv->act, d.D, d.H, d.BT, true, false, 1);
@@ -235,16 +292,17 @@ static void ffn_weights(LlamaLayer *L, StepCtx *s, const LayerSaved *sv, LayerDi
 }
 
 // dh (rows, D) = dy + ffn_norm's backward of dhn; comm (BT, D) under TP.
-static void ffn_norm_backward(LlamaLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d,
+static void ffn_norm_backward(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d,
                               const float *dy, const float *dhn, float *dh, float *comm) {
     copy(s, dh, dy, (size_t)d.rows * d.D);
     norm_backward_reduced(s, dh, L->ffn_norm->grad, dhn, comm, sv->h, L->ffn_norm->data,
                           sv->rstd2, d.rows, d.D);
 }
 
-// h = x + attn Wo^T, attn = softmax(rope(q) rope(k)^T) v, q/k/v = xn Wq/Wk/Wv^T, xn = norm(x).
-// Returns dxn (BT, D) in scratch; keeps dh's rows, dq0, dk0 and dv in sv->g.
-static float *attention_grads(LlamaLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
+// h = x + attn Wo^T, attn = softmax(rope(q) rope(k)^T) v, q/k/v = xn Wq/Wk/Wv^T (q and k
+// through QK-norm first when the layer has it), xn = norm(x). Returns dxn (BT, D) in scratch;
+// keeps dh's rows and the projections' gradients dq0, dk0 and dv in sv->g.
+static float *attention_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
                               const float *dh, float *scratch, void *workspace, float *gathered) {
     const KernelOps *K = s->k;
     LayerGrads *g = &sv->g;
@@ -252,21 +310,26 @@ static float *attention_grads(LlamaLayer *L, StepCtx *s, LayerSaved *sv, LayerDi
     float *dattn = scratch, *dq = dattn + nq, *dk = dq + nq, *dv = dk + nkv;
     float *dq0 = dv + nkv, *dk0 = dq0 + nq, *dxn = dk0 + nkv;
     g->dh_all = grad_gathered(s, dh, gathered, d.rows, d.D);
-    g->dq0 = dq0;
-    g->dk0 = dk0;
     g->dv = dv;
     K->matmul(dattn, g->dh_all, L->wo->data, d.BT, d.nq, d.D, false, false, 0);
     attention_backward(s, sv, d, dq, dk, dv, dattn, workspace);
     zero(s, dq0, nq + nkv);
     K->rope_backward(dq0, dq, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nh, d.hd);
     K->rope_backward(dk0, dk, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nkvh, d.hd);
+    if (L->q_norm) {  // dq and dk are free again: they take the projections' gradients
+        qk_norm_backward(L, s, sv, d, dq, dq0);
+        dq0 = dq;
+        dk0 = dk;
+    }
+    g->dq0 = dq0;
+    g->dk0 = dk0;
     K->matmul(dxn, dq0, L->wq->data, d.BT, d.D, d.nq, false, false, 0);
     K->matmul(dxn, dk0, L->wk->data, d.BT, d.D, d.nkv, false, false, 1);
     K->matmul(dxn, dv, L->wv->data, d.BT, d.D, d.nkv, false, false, 1);
     return dxn;
 }
 
-static void attention_weights(LlamaLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d) {
+static void attention_weights(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d) {
     const KernelOps *K = s->k;
     const LayerGrads *g = &sv->g;
     K->matmul(L->wo->grad, g->dh_all, sv->attn, d.D, d.nq, d.BT, true, false, 1);
@@ -276,7 +339,7 @@ static void attention_weights(LlamaLayer *L, StepCtx *s, const LayerSaved *sv, L
 }
 
 // dx (rows, D) += dh + attention_norm's backward of dxn; comm (BT, D) under TP.
-static void attention_norm_backward(LlamaLayer *L, StepCtx *s, const LayerSaved *sv,
+static void attention_norm_backward(DecoderLayer *L, StepCtx *s, const LayerSaved *sv,
                                     LayerDims d, const float *x, const float *dh,
                                     const float *dxn, float *dx, float *comm) {
     s->k->add(dx, dh, (size_t)d.rows * d.D);
@@ -290,12 +353,12 @@ static void attention_norm_backward(LlamaLayer *L, StepCtx *s, const LayerSaved 
 // gathered rows apart for the weight part, which runs later.
 static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, const float *x,
                            const float *dy, float *dx) {
-    LlamaLayer *L = b->self;
+    DecoderLayer *L = b->self;
     LayerSaved *sv = saved;
     LayerDims d = layer_dims(L, s);
     if (phase == BLOCK_BACKWARD_WEIGHT) {
         if (!step_sizing(s)) {
-            ffn_weights(L, s, sv, d);
+            if (!L->moe) ffn_weights(L, s, sv, d);
             attention_weights(L, s, sv, d);
         }
         return;
@@ -312,10 +375,13 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
     float *comm = s->tp ? arena_floats(s->act, all_rows) : NULL;
     float *dy_rows = split && s->tp ? arena_floats(s->act, all_rows) : comm;
     float *dh_rows = split && s->tp ? arena_floats(s->act, all_rows) : comm;
+    if (L->moe) moe_ffn_backward(L, s, sv, d, dy, ffn, dh);
     if (step_sizing(s)) return;
-    const float *dhn = ffn_grads(L, s, sv, d, dy, ffn, dy_rows);
-    if (!split) ffn_weights(L, s, sv, d);
-    ffn_norm_backward(L, s, sv, d, dy, dhn, dh, comm);
+    if (!L->moe) {
+        const float *dhn = ffn_grads(L, s, sv, d, dy, ffn, dy_rows);
+        if (!split) ffn_weights(L, s, sv, d);
+        ffn_norm_backward(L, s, sv, d, dy, dhn, dh, comm);
+    }
     const float *dxn = attention_grads(L, s, sv, d, dh, attn, workspace, dh_rows);
     if (!split) attention_weights(L, s, sv, d);
     attention_norm_backward(L, s, sv, d, x, dh, dxn, dx, comm);
@@ -331,7 +397,7 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
 
 #define HEAD_LOGITS_BYTES ((size_t)512 << 20)
 
-static int head_chunk_rows(const LlamaHead *h, int BT) {
+static int head_chunk_rows(const DecoderHead *h, int BT) {
     int rows = h->args->loss_chunk_rows;
     if (rows <= 0) {
         size_t fit = HEAD_LOGITS_BYTES / ((size_t)h->args->vocab_size * sizeof(float));
@@ -348,20 +414,20 @@ static bool vocab_parallel_loss(const StepCtx *s) { return s->tp && s->tp->loss_
 
 // A chunk of `rows` rows. The gather's scratch, needed only while logits are computed, is
 // carved separately (head_chunk_scratch), after the mark of what forward keeps.
-static HeadChunk head_chunk_carve(const LlamaHead *h, StepCtx *s, int rows) {
+static HeadChunk head_chunk_carve(const DecoderHead *h, StepCtx *s, int rows) {
     size_t Vl = (size_t)h->output->shape[0], V = (size_t)h->args->vocab_size;
     HeadChunk c = {.logits = arena_floats(s->act, rows * Vl)};
     c.full = logits_gathered(s) ? arena_floats(s->act, rows * V) : c.logits;
     return c;
 }
 
-static void head_chunk_scratch(const LlamaHead *h, StepCtx *s, HeadChunk *c, int rows) {
+static void head_chunk_scratch(const DecoderHead *h, StepCtx *s, HeadChunk *c, int rows) {
     size_t V = (size_t)h->args->vocab_size;
     c->scratch = logits_gathered(s) ? arena_floats(s->act, (size_t)rows * V) : NULL;
 }
 
 // The chunk's logits of rows [r0, r0 + n).
-static void head_chunk_logits(const LlamaHead *h, StepCtx *s, const HeadSaved *sv,
+static void head_chunk_logits(const DecoderHead *h, StepCtx *s, const HeadSaved *sv,
                               const HeadChunk *c, int r0, int n) {
     int D = h->args->dim, Vl = (int)h->output->shape[0];
     s->k->matmul(c->logits, sv->xn + (size_t)r0 * D, h->output->data, n, Vl, D, false, true, 0);
@@ -372,7 +438,7 @@ static void head_chunk_logits(const LlamaHead *h, StepCtx *s, const HeadSaved *s
 // them (Megatron's vocab-parallel cross-entropy): the slices' log-sum-exps are merged as
 // M + log sum exp(lse - M) over ranks, M their max, and only the target's owner contributes
 // its logit. stats: 3n floats of scratch.
-static void loss_parallel_forward(LlamaHead *h, StepCtx *s, HeadSaved *sv, const float *logits,
+static void loss_parallel_forward(DecoderHead *h, StepCtx *s, HeadSaved *sv, const float *logits,
                                   int r0, int n, float *stats) {
     float *max = stats, *sums = stats + n, *target_logit = sums + n;
     float *lse = sv->lse + r0, *losses = sv->losses + r0;
@@ -386,7 +452,7 @@ static void loss_parallel_forward(LlamaHead *h, StepCtx *s, HeadSaved *sv, const
     s->k->cross_entropy_merge_finish(losses, lse, max, sums, target_logit, n);
 }
 
-static void head_chunk_loss(LlamaHead *h, StepCtx *s, HeadSaved *sv, const HeadChunk *c, int r0,
+static void head_chunk_loss(DecoderHead *h, StepCtx *s, HeadSaved *sv, const HeadChunk *c, int r0,
                             int n, float *stats) {
     if (sv->lse)
         loss_parallel_forward(h, s, sv, c->logits, r0, n, stats);
@@ -397,9 +463,9 @@ static void head_chunk_loss(LlamaHead *h, StepCtx *s, HeadSaved *sv, const HeadC
 
 static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
     (void)y;
-    LlamaHead *h = b->self;
+    DecoderHead *h = b->self;
     HeadSaved *sv = saved;
-    const LlamaArgs *a = h->args;
+    const DecoderArgs *a = h->args;
     int BT = s->B * s->T, rows = step_rows(s), chunk = head_chunk_rows(h, BT);
     sv->xn = arena_floats(s->act, (size_t)BT * a->dim);
     sv->rstd = arena_floats(s->act, rows);
@@ -428,7 +494,7 @@ static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, floa
 // dlogits of rows [r0, r0 + n), in place over the chunk's logits (this rank's vocab columns):
 // from the merged log-sum-exp under loss parallel, else the full-vocab gradient's columns of
 // this rank.
-static void head_chunk_dlogits(LlamaHead *h, StepCtx *s, const HeadSaved *sv, const HeadChunk *c,
+static void head_chunk_dlogits(DecoderHead *h, StepCtx *s, const HeadSaved *sv, const HeadChunk *c,
                                int r0, int n, float dloss) {
     int V = h->args->vocab_size, Vl = (int)h->output->shape[0], first = vocab_start(h->output);
     const int *targets = s->targets + r0;
@@ -449,9 +515,9 @@ static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, c
                           const float *dy, float *dx) {
     (void)dy;
     if (phase == BLOCK_BACKWARD_WEIGHT) return;
-    LlamaHead *h = b->self;
+    DecoderHead *h = b->self;
     HeadSaved *sv = saved;
-    const LlamaArgs *a = h->args;
+    const DecoderArgs *a = h->args;
     int BT = s->B * s->T, rows = step_rows(s), D = a->dim, Vl = (int)h->output->shape[0];
     int chunk = head_chunk_rows(h, BT);
     float *dxn = arena_floats(s->act, (size_t)BT * D);
@@ -474,7 +540,7 @@ static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, c
                           D);
 }
 
-const BlockOps LLAMA_EMBED_OPS = {"embed", 0, embed_forward, embed_backward};
-const BlockOps LLAMA_LAYER_OPS = {"transformer", sizeof(LayerSaved), layer_forward,
+const BlockOps DECODER_EMBED_OPS = {"embed", 0, embed_forward, embed_backward};
+const BlockOps DECODER_LAYER_OPS = {"transformer", sizeof(LayerSaved), layer_forward,
                                   layer_backward};
-const BlockOps LLAMA_HEAD_OPS = {"head", sizeof(HeadSaved), head_forward, head_backward};
+const BlockOps DECODER_HEAD_OPS = {"head", sizeof(HeadSaved), head_forward, head_backward};

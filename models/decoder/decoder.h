@@ -1,0 +1,113 @@
+// The decoder-only transformer that Llama 3 and Qwen3 share (torchtitan's models/common
+// Decoder): token embeddings, n_layers blocks of grouped-query attention and a SwiGLU FFN, each
+// behind an RMSNorm with a residual, and a final norm before the output projection. What one
+// architecture has and the other has not is an argument: the head width (Qwen3's head_dim is
+// not dim / n_heads), QK-norm (Qwen3's RMSNorm over each head of q and k before RoPE), the FFN
+// width (Llama 3 derives it, Qwen3 gives it), Llama 3.1's RoPE scaling, tied embeddings. Each
+// architecture keeps its flavors, defaults and checkpoint formats in its own folder.
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "checkpoint/checkpoint.h"
+#include "models/model.h"
+#include "models/moe/moe.h"
+
+typedef struct {
+    int dim, n_layers, n_heads, n_kv_heads, vocab_size;
+    int head_dim;                // width of one attention head; 0: dim / n_heads
+    int multiple_of;             // FFN width is rounded up to a multiple of this
+    double ffn_dim_multiplier;   // 0: none
+    int hidden_dim;              // FFN width when given explicitly (Qwen3, a loaded model); 0: derived
+    bool qk_norm;                // RMSNorm (head_dim weights) over each head of q and k before RoPE
+    double norm_eps, rope_theta;
+    // Llama 3.1 RoPE frequency scaling (the "rope_scaling" of Meta's params.json).
+    bool rope_scaling;
+    double rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_pos;
+    int max_seq_len;             // RoPE table length
+    bool depth_init;             // output projections' init std shrinks with layer depth
+    bool tie_word_embeddings;    // output.weight is tok_embeddings.weight
+    int loss_chunk_rows;         // rows of logits the head holds at once; 0: as its budget allows
+    // moe.router.n_experts > 0: every block's FFN is this mixture of experts (models/moe), on
+    // the block's own rows (under tp its sequence-parallel rows, the layer replicated), in
+    // place of the dense SwiGLU; 0: dense.
+    MoeArgs moe;
+} DecoderArgs;
+
+// The dense FFN's width (0 with MoE layers, which have their own: moe.hidden).
+int decoder_hidden_dim(const DecoderArgs *args);
+static inline bool decoder_has_moe(const DecoderArgs *args) {
+    return args->moe.router.n_experts > 0;
+}
+static inline int decoder_head_dim(const DecoderArgs *args) {
+    return args->head_dim ? args->head_dim : args->dim / args->n_heads;
+}
+
+// Builds the parameter table (torchtitan's names, shapes, init) and the block list embed,
+// layers.0 .. layers.{n-1}, head for sequences of up to args->max_seq_len tokens.
+// activation_checkpoint: checkpoint every transformer block.
+void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint);
+// Frees what decoder_build allocated (not the arenas).
+void decoder_free(Model *m);
+
+// ---- checkpoint attributes (args.c) ------------------------------------------------------
+
+// The architecture as checkpoint attributes ("model.dim", ...), so that any reader (the PyTorch
+// reference, a converter) rebuilds the model from the file alone; returns the count. head_dim
+// and qk_norm are written only when they are not Llama 3's (dim / n_heads, none), so Llama 3's
+// checkpoints keep their attributes; MoE layers replace hidden_dim with their moe_* shape.
+#define DECODER_MAX_ATTRS 24
+int decoder_describe(const DecoderArgs *args, CkptAttr out[DECODER_MAX_ATTRS]);
+// The inverse over args holding the architecture's defaults (max_seq_len is left to the
+// caller); die_user naming the file on heads that do not divide evenly.
+void decoder_args_from_checkpoint(const char *path, DecoderArgs *args);
+
+// ---- tensor parallelism (parallelize.c) ----------------------------------------------------
+
+typedef struct Tp Tp;  // parallel/tp.h
+// Why the model cannot run on tp ranks with microbatches of B x T (one line, for die_user), or
+// NULL when it can: heads, kv heads, FFN width and vocabulary split over tp, and so do the
+// B*T rows (sequence parallel). Called before anything is allocated.
+const char *decoder_tp_check(const DecoderArgs *args, int tp, int B, int T, char *err,
+                             size_t len);
+// torchtitan's TP plan (llama3/infra/parallelize.py, qwen3's the same) on m, built and not yet
+// allocated: wq/wk/wv and w1/w3 column-parallel (Shard(0) of the (out, in) weight), wo and w2
+// row-parallel (Shard(1)), tok_embeddings and output vocab-parallel (Shard(0)), norms
+// (q_norm, k_norm: whole heads stay on one rank) replicated; the blocks then call tp's hooks.
+void decoder_parallelize_tp(Model *m, const Tp *tp);
+// Bytes one rank hands to the tp group per microbatch of B x T (comm.h's accounting: each
+// operation's local input): every sequence-parallel seam (all-gather of rows before a colwise
+// projection, reduce-scatter after a rowwise one; embedding, 4 per layer over forward and
+// backward, 2 more per layer when checkpointing re-runs forward, head) moves (BT + BT/tp) * dim
+// floats, and the loss 3 * BT floats (loss parallel) or the gathered logits; of blocks
+// [first_block, last_block) only (a pipeline stage's; 0 and n_layers + 2: the whole model).
+uint64_t decoder_tp_bytes_per_microbatch(const DecoderArgs *args, int tp, int B, int T,
+                                         bool activation_checkpoint, bool loss_parallel,
+                                         int first_block, int last_block);
+
+// ---- incremental decoding (decode.c) ------------------------------------------------------
+
+// The keys (after RoPE) and values of every position decoded so far, per layer, so that each
+// new token costs one row of every matmul instead of a forward over the whole sequence; plus
+// that one token's activations. Carved from its own arena, sized by the same code.
+typedef struct {
+    int max_ctx;            // positions the cache holds (<= the model's max_seq_len)
+    int kv_width;           // n_kv_heads * head_dim
+    float *k, *v;           // (n_layers, max_ctx, kv_width) each
+    float *x, *xn, *rstd;   // (dim) residual stream, (dim) normed, (1) its 1/rms
+    float *q, *attn;        // (n_heads * head_dim) x2
+    float *qk, *head_rstd;  // (n_heads * head_dim), (n_heads): q or k before QK-norm, its 1/rms
+    float *gate, *up, *act; // (hidden) x3
+    float *logits;          // (vocab)
+    Arena arena;
+} DecoderKVCache;
+
+// A cache for up to max_ctx positions of the model m (built by decoder_build).
+void decoder_kv_cache_init(DecoderKVCache *c, const Model *m, int max_ctx);
+void decoder_kv_cache_free(DecoderKVCache *c);
+// Runs token at position pos, positions [0, pos) being in the cache already, and returns the
+// next-token logits (vocab), valid until the next call: the forward's row pos, by the math.
+const float *decoder_decode_step(const Model *m, DecoderKVCache *c, const KernelOps *k,
+                                 int token, int pos);

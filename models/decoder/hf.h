@@ -1,0 +1,58 @@
+// Hugging Face checkpoints of the decoder's architectures (transformers' LlamaForCausalLM,
+// Qwen3ForCausalLM): what their config.json and safetensors share. The weights' names are
+// transformers' (model.layers.N.self_attn.q_proj.weight, ...; torchtitan's state-dict
+// adapters map the same). HF applies RoPE to the two halves of each head (rotate_half) where
+// titan, as Meta and torchtitan, rotates interleaved pairs, so the rows of wq and wk, and the
+// QK-norm weights with them, are permuted per head on the way out (transformers'
+// convert_llama_weights_to_hf.py permute) and back on the way in: the same attention scores
+// either way. The tables are host ParamTables of whole tensors (no tensor-parallel slices).
+// Each architecture's hf.c reads and writes the config keys that are its own.
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "checkpoint/safetensors.h"
+#include "models/decoder/decoder.h"
+
+// config.json being read: err gets one line naming the file and the key. model: the
+// architecture's name in messages ("Llama", "Qwen3").
+typedef struct {
+    const char *path, *model;
+    const json_t *root;
+    char *err;
+    size_t errlen;
+} HfConfig;
+
+// dir/config.json parsed into *root (to json_decref), its path in path; false and the reason.
+bool hf_config_load(const char *dir, json_t **root, char *path, size_t pathlen, char *err,
+                    size_t errlen);
+// key of obj as a positive number; absent (or null): def, or an error when def <= 0 (required).
+bool hf_config_real(const HfConfig *r, const json_t *obj, const char *key, double def,
+                    double *out);
+// A string key that, when given, must be what titan implements.
+bool hf_config_expect(const HfConfig *r, const char *key, const char *want);
+// A boolean key that, when given, must be false (a feature titan's model does not have).
+bool hf_config_refuse(const HfConfig *r, const char *key, const char *why);
+// What every decoder's config.json says alike: model_type, silu, no biases, the shape (head_dim
+// free: any width, else dim / num_attention_heads), rms_norm_eps, rope_theta, tied embeddings,
+// max_position_embeddings (default max_pos, transformers' config class's). Missing keys take
+// transformers' defaults.
+bool decoder_hf_config_read(const HfConfig *r, DecoderArgs *a, const char *model_type,
+                            bool head_dim_free, int max_pos);
+// The same keys for a, as transformers writes them (architecture: "LlamaForCausalLM", ...),
+// for the caller to add its own to and hf_config_write.
+json_t *decoder_hf_config_json(const DecoderArgs *a, const char *architecture,
+                               const char *model_type, SafetensorsDtype dtype);
+// Writes c as dir/config.json (atomically) and frees it.
+void hf_config_write(const char *dir, json_t *c);
+
+// Fills params (built from a, allocated) from the safetensors at path (a file, or a folder
+// with model.safetensors or a sharded model.safetensors.index.json); every parameter must be
+// there with its shape, and no tensor that is not one.
+bool decoder_try_load_hf(const char *path, const DecoderArgs *a, const char *model,
+                         ParamTable *params, char *err, size_t errlen);
+// Writes dir/model.safetensors (in dtype), creating dir.
+void decoder_save_hf_weights(const char *dir, const DecoderArgs *a, const ParamTable *params,
+                             SafetensorsDtype dtype);

@@ -1,0 +1,85 @@
+// The decoder's tensor-parallel plan: which weight is column-, row- or vocab-parallel (the
+// model's own knowledge, as torchtitan's models/llama3/infra/parallelize.py and qwen3's); the
+// mechanisms are parallel/tp's.
+#include <stdio.h>
+
+#include "core/errors.h"
+#include "models/decoder/blocks.h"
+#include "parallel/tp.h"
+
+const char *decoder_tp_check(const DecoderArgs *a, int tp, int B, int T, char *err,
+                             size_t len) {
+    struct { const char *what; long long n; } splits[] = {
+        {"model n_heads", a->n_heads},
+        {"model n_kv_heads", a->n_kv_heads},
+        {"the FFN hidden dim", decoder_has_moe(a) ? 0 : decoder_hidden_dim(a)},  // MoE: whole
+        {"model vocab_size", a->vocab_size},
+        {"the rows of a microbatch on a cp rank (local_batch_size x seq_len / "
+         "context_parallel_degree, sequence parallel)",
+         (long long)B * T},
+    };
+    for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++)
+        if (splits[i].n % tp != 0) {
+            snprintf(err, len, "parallelism.tensor_parallel_degree %d does not divide %s (%lld)",
+                     tp, splits[i].what, splits[i].n);
+            return err;
+        }
+    return NULL;
+}
+
+// A MoE layer runs on each rank's sequence-parallel rows with all of its weights: replicated.
+static void parallelize_moe(MoeLayer *moe, ParamTable *t, const Tp *tp) {
+    Param *params[MOE_MAX_PARAMS];
+    int n = moe_layer_params(moe, params);
+    for (int i = 0; i < n; i++) tp_shard(tp, t, params[i], TP_REPLICATE);
+}
+
+static void parallelize_layer(DecoderLayer *L, ParamTable *t, const Tp *tp) {
+    Param *colwise[] = {L->wq, L->wk, L->wv};
+    for (size_t i = 0; i < sizeof colwise / sizeof colwise[0]; i++) tp_shard(tp, t, colwise[i], 0);
+    tp_shard(tp, t, L->wo, 1);
+    if (L->moe) {
+        parallelize_moe(L->moe, t, tp);
+    } else {
+        tp_shard(tp, t, L->w1, 0);
+        tp_shard(tp, t, L->w3, 0);
+        tp_shard(tp, t, L->w2, 1);
+    }
+    tp_shard(tp, t, L->attention_norm, TP_REPLICATE);
+    tp_shard(tp, t, L->ffn_norm, TP_REPLICATE);
+    if (L->q_norm) {  // each rank's heads are whole: every rank needs all of the weights
+        tp_shard(tp, t, L->q_norm, TP_REPLICATE);
+        tp_shard(tp, t, L->k_norm, TP_REPLICATE);
+    }
+}
+
+void decoder_parallelize_tp(Model *m, const Tp *tp) {
+    ParamTable *t = &m->params;
+    for (int i = 1; i + 1 < m->n_blocks; i++) parallelize_layer(m->blocks[i].self, t, tp);
+    DecoderEmbed *e = m->blocks[0].self;
+    DecoderHead *h = m->blocks[m->n_blocks - 1].self;
+    tp_shard(tp, t, e->tok_embeddings, 0);
+    if (h->output != e->tok_embeddings) tp_shard(tp, t, h->output, 0);
+    tp_shard(tp, t, h->norm, TP_REPLICATE);
+    m->tp = &tp->hooks;
+}
+
+uint64_t decoder_tp_bytes_per_microbatch(const DecoderArgs *args, int tp, int B, int T,
+                                         bool activation_checkpoint, bool loss_parallel,
+                                         int first_block, int last_block) {
+    bool embed = first_block == 0, head = last_block == args->n_layers + 2;
+    uint64_t L = (uint64_t)(last_block - first_block - embed - head);
+    uint64_t bt = (uint64_t)B * T;
+    // A MoE FFN has no seam (it runs on the rank's rows); its balance loss all-reduces its
+    // sequences' statistics, 2 B E floats, in every forward and recompute.
+    bool moe = decoder_has_moe(args);
+    uint64_t per_layer = moe ? 2 : 4, forwards = activation_checkpoint ? 2 : 1;
+    uint64_t seams = embed + head + per_layer * L + (activation_checkpoint ? per_layer / 2 * L : 0);
+    uint64_t loss = !head            ? 0
+                    : loss_parallel ? 3 * bt
+                                    : bt * (uint64_t)args->vocab_size / (uint64_t)tp;
+    uint64_t aux = moe && args->moe.aux_loss_alpha > 0
+                       ? L * forwards * 2 * (uint64_t)B * (uint64_t)args->moe.router.n_experts
+                       : 0;
+    return 4 * (seams * (bt + bt / (uint64_t)tp) * (uint64_t)args->dim + loss + aux);
+}

@@ -1,0 +1,59 @@
+// The registry functions shared by the decoder's architectures (decoder_spec.h).
+#include <stdlib.h>
+
+#include "core/errors.h"
+#include "models/decoder/decoder_spec.h"
+
+_Static_assert(DECODER_MAX_ATTRS <= MODEL_MAX_ATTRS, "a decoder describes itself in more attributes");
+
+// A spec is a decoder's when it builds through decoder_spec_build; its args then begin with
+// DecoderArgs (a union member's first member is at the union's address, C11 6.7.2.1).
+const DecoderArgs *decoder_args_of(const ModelArgs *a) {
+    CHECK(a->spec && a->spec->build == decoder_spec_build);
+    return (const DecoderArgs *)&a->as;
+}
+
+ModelShape decoder_spec_shape(const ModelArgs *a) {
+    const DecoderArgs *d = decoder_args_of(a);
+    return (ModelShape){.n_layers = d->n_layers, .dim = d->dim,
+                        .kv_dim = d->n_kv_heads * decoder_head_dim(d), .vocab_size = d->vocab_size,
+                        .max_seq_len = d->max_seq_len,
+                        .tie_word_embeddings = d->tie_word_embeddings};
+}
+
+void decoder_spec_build(Model *m, const ModelArgs *a, bool activation_checkpoint) {
+    decoder_build(m, decoder_args_of(a), activation_checkpoint);
+}
+
+const char *decoder_spec_tp_check(const ModelArgs *a, int tp, int B, int T, char *err,
+                                  size_t len) {
+    return decoder_tp_check(decoder_args_of(a), tp, B, T, err, len);
+}
+
+uint64_t decoder_spec_tp_bytes_per_microbatch(const ModelArgs *a, int tp, int B, int T,
+                                              bool activation_checkpoint, bool loss_parallel,
+                                              int first_block, int last_block) {
+    return decoder_tp_bytes_per_microbatch(decoder_args_of(a), tp, B, T, activation_checkpoint,
+                                           loss_parallel, first_block, last_block);
+}
+
+int decoder_spec_describe(const ModelArgs *a, CkptAttr *out) {
+    return decoder_describe(decoder_args_of(a), out);
+}
+
+void *decoder_spec_kv_cache_new(const Model *m, int max_ctx) {
+    if (m->moe) die_user("generate: KV-cache decoding of MoE layers is not implemented yet");
+    DecoderKVCache *c = xmalloc(sizeof *c);
+    decoder_kv_cache_init(c, m, max_ctx);
+    return c;
+}
+
+const float *decoder_spec_decode_step(const Model *m, void *cache, const KernelOps *k, int token,
+                                      int pos) {
+    return decoder_decode_step(m, cache, k, token, pos);
+}
+
+void decoder_spec_kv_cache_free(void *cache) {
+    decoder_kv_cache_free(cache);
+    free(cache);
+}

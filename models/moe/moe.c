@@ -1,0 +1,305 @@
+#include "models/moe/moe.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/errors.h"
+
+static Param *add_param(ParamTable *t, ParamInit init, double std, int ndim, int64_t d0,
+                        int64_t d1, int64_t d2, const char *prefix, const char *name) {
+    int64_t shape[3] = {d0, d1, d2};
+    return &t->items[params_add(t, init, std, ndim, shape, "%s%s", prefix, name)];
+}
+
+void moe_args_from_config(MoeArgs *a, const ModelSection *c) {
+    a->load_balance_coeff = isnan(c->moe_load_balance_coeff) ? 0 : c->moe_load_balance_coeff;
+    a->aux_loss_alpha = c->moe_aux_loss_alpha;
+    a->capacity_factor = isnan(c->moe_capacity_factor) ? 0 : c->moe_capacity_factor;
+}
+
+int moe_param_count(const MoeArgs *args) {
+    return 4 + (args->shared_hidden > 0 ? 3 : 0) + (args->load_balance_coeff > 0 ? 1 : 0);
+}
+
+void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
+                    const char *prefix, ParamInit init, double std, double out_std) {
+    int64_t E = args->router.n_experts, D = args->dim, F = args->hidden;
+    int64_t Fs = args->shared_hidden;
+    *m = (MoeLayer){.args = args, .index = index};
+    m->gate = add_param(t, init, out_std, 2, E, D, 0, prefix, "moe.router.gate.weight");
+    m->w1 = add_param(t, init, std, 3, E, F, D, prefix, "moe.routed_experts.inner_experts.w1_EFD");
+    m->w2 = add_param(t, init, out_std, 3, E, D, F, prefix,
+                      "moe.routed_experts.inner_experts.w2_EDF");
+    m->w3 = add_param(t, init, out_std, 3, E, F, D, prefix,
+                      "moe.routed_experts.inner_experts.w3_EFD");
+    m->w1->expert = m->w2->expert = m->w3->expert = true;
+    if (Fs > 0) {
+        m->shared_w1 = add_param(t, init, std, 2, Fs, D, 0, prefix, "moe.shared_experts.w1.weight");
+        m->shared_w2 =
+            add_param(t, init, out_std, 2, D, Fs, 0, prefix, "moe.shared_experts.w2.weight");
+        m->shared_w3 =
+            add_param(t, init, out_std, 2, Fs, D, 0, prefix, "moe.shared_experts.w3.weight");
+    }
+    if (args->load_balance_coeff > 0) {
+        m->expert_bias = add_param(t, INIT_ZEROS, 0, 1, E, 0, 0, prefix, "moe.expert_bias_E");
+        m->expert_bias->buffer = true;
+    }
+    m->host_counts = xcalloc(2 * (size_t)E + 1, sizeof(int));
+}
+
+int moe_layer_params(const MoeLayer *m, Param *out[MOE_MAX_PARAMS]) {
+    Param *all[] = {m->gate,      m->w1,        m->w2,        m->w3,
+                    m->shared_w1, m->shared_w2, m->shared_w3, m->expert_bias};
+    int n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]) out[n++] = all[i];
+    return n;
+}
+
+void moe_layer_free(MoeLayer *m) {
+    free(m->host_counts);
+    m->host_counts = NULL;
+}
+
+typedef struct {
+    int rows, D, F, Fs, E, k;
+    size_t R;  // rows * k: the bound of the expert-sorted rows
+} MoeDims;
+
+static MoeDims moe_dims(const MoeLayer *m, int rows) {
+    const MoeArgs *a = m->args;
+    int k = a->router.top_k;
+    return (MoeDims){rows, a->dim, a->hidden, a->shared_hidden, a->router.n_experts, k,
+                     (size_t)rows * k};
+}
+
+// Slots an expert keeps: ceil(factor * rows * k / E) (GShard's capacity); 0: all of them.
+static int moe_capacity(const MoeArgs *a, int rows) {
+    if (a->capacity_factor <= 0) return 0;
+    double c = ceil(a->capacity_factor * rows * a->router.top_k / a->router.n_experts);
+    return c < 1 ? 1 : (int)c;
+}
+
+// The offsets (E + 1, host) of the expert-sorted rows, read back from forward's sort: the
+// grouped GEMMs need them on the host. Read again in backward: the host scratch is shared by
+// every microbatch in flight.
+static const int *host_offsets(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, MoeDims d) {
+    s->k->download(m->host_counts, sv->counts, (2 * (size_t)d.E + 1) * sizeof(int));
+    return m->host_counts + d.E;
+}
+
+// Each expert's routed slots (dropped ones too, as torchtitan counts them) into the step's
+// load, once per training forward: an activation-checkpointing recompute routes the same
+// tokens again and must not count them twice.
+static void count_load(const MoeLayer *m, const StepCtx *s, int E) {
+    if (!s->expert_load || s->recompute) return;
+    float *load = s->expert_load + (size_t)m->index * E;
+    for (int e = 0; e < E; e++) load[e] += (float)m->host_counts[e];
+}
+
+// ---- DeepSeek V3's sequence-wise balance loss -------------------------------------------------
+
+// The batch row of this rank's first row (its tp share of B*T).
+static int first_row(const StepCtx *s, int rows) { return s->tp ? s->tp->rank * rows : 0; }
+
+// sv->frac's f and P of the microbatch's B whole sequences (partial sums over the tp ranks'
+// rows, summed); adds alpha * mean over sequences of sum_i f_i P_i to s->aux_loss. dot: one
+// float of scratch.
+static void aux_forward(const MoeLayer *m, StepCtx *s, const MoeSaved *sv, MoeDims d,
+                        float *dot) {
+    const KernelOps *K = s->k;
+    size_t n = (size_t)s->B * d.E;
+    CHECK(!s->attn);  // context parallel splits the sequences over ranks the layer cannot reach
+    K->zero(sv->frac, 2 * n * sizeof(float));
+    K->moe_aux_stats(sv->frac, sv->frac + n, sv->scores, sv->experts, &m->args->router, d.rows,
+                     first_row(s, d.rows), s->T);
+    if (s->tp) s->tp->all_reduce_sum(s->tp, sv->frac, 2 * n);
+    K->matmul(dot, sv->frac, sv->frac + n, 1, 1, (int)n, false, true, 0);
+    float host;
+    K->download(&host, dot, sizeof host);
+    if (!s->recompute) s->aux_loss += m->args->aux_loss_alpha * host / s->B;
+}
+
+static void aux_backward(const MoeLayer *m, const StepCtx *s, const MoeSaved *sv, MoeDims d,
+                         float *dlogits) {
+    float dloss = (float)(s->loss_scale * m->args->aux_loss_alpha / s->B);
+    s->k->moe_aux_backward(dlogits, sv->frac, sv->scores, &m->args->router, d.rows,
+                           first_row(s, d.rows), s->T, dloss);
+}
+
+// ---- forward ---------------------------------------------------------------------------------
+
+// logits: (rows, E) scratch.
+static void route(MoeLayer *m, StepCtx *s, MoeSaved *sv, MoeDims d, const float *x,
+                  float *logits) {
+    const KernelOps *K = s->k;
+    K->matmul(logits, x, m->gate->data, d.rows, d.E, d.D, false, true, 0);
+    const float *bias = m->expert_bias ? m->expert_bias->data : NULL;
+    K->moe_router_forward(sv->weight, sv->experts, sv->scores, logits, bias,
+                          &m->args->router, d.rows);
+    K->moe_sort(sv->counts, sv->counts + d.E, sv->row_of_slot, sv->experts, (int)d.R, d.E,
+                moe_capacity(m->args, d.rows));
+}
+
+// The dispatch and the combine are where expert parallelism (StepCtx.ep, parallel/ep) moves
+// the sorted rows to the ranks holding their experts and back; on one device they are the
+// permutation of the tokens' slots into expert order and its weighted inverse.
+static void dispatch(const StepCtx *s, const MoeSaved *sv, MoeDims d, const float *x) {
+    CHECK(!s->ep);
+    s->k->moe_permute(sv->xs, x, NULL, sv->row_of_slot, d.rows, d.k, d.D);
+}
+
+static void combine(const StepCtx *s, const MoeSaved *sv, MoeDims d, float *y) {
+    s->k->moe_unpermute(y, sv->out, sv->weight, sv->row_of_slot, d.rows, d.k, d.D);
+}
+
+// dx += the dispatched rows' grads drows (R, D) summed back onto their tokens.
+static void dispatch_backward(const StepCtx *s, const MoeSaved *sv, MoeDims d,
+                              const float *drows, float *dx) {
+    s->k->moe_unpermute(dx, drows, NULL, sv->row_of_slot, d.rows, d.k, d.D);
+}
+
+// out = (silu(xs W1_e^T) * (xs W3_e^T)) W2_e^T on each expert e's rows.
+static void experts_forward(const MoeLayer *m, const StepCtx *s, const MoeSaved *sv, MoeDims d,
+                            const int *offs) {
+    const KernelOps *K = s->k;
+    K->grouped_matmul(sv->gate, sv->xs, m->w1->data, offs, d.E, d.F, d.D, false, true, 0);
+    K->grouped_matmul(sv->up, sv->xs, m->w3->data, offs, d.E, d.F, d.D, false, true, 0);
+    K->swiglu_forward(sv->act, sv->gate, sv->up, (size_t)offs[d.E] * d.F);
+    K->grouped_matmul(sv->out, sv->act, m->w2->data, offs, d.E, d.D, d.F, false, true, 0);
+}
+
+// y += (silu(x Ws1^T) * (x Ws3^T)) Ws2^T.
+static void shared_forward(const MoeLayer *m, const StepCtx *s, const MoeSaved *sv, MoeDims d,
+                           const float *x, float *y) {
+    const KernelOps *K = s->k;
+    K->matmul(sv->sgate, x, m->shared_w1->data, d.rows, d.Fs, d.D, false, true, 0);
+    K->matmul(sv->sup, x, m->shared_w3->data, d.rows, d.Fs, d.D, false, true, 0);
+    K->swiglu_forward(sv->sact, sv->sgate, sv->sup, (size_t)d.rows * d.Fs);
+    K->matmul(y, sv->sact, m->shared_w2->data, d.rows, d.D, d.Fs, false, true, 1);
+}
+
+void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y, int rows) {
+    MoeDims d = moe_dims(m, rows);
+    Arena *A = s->act;
+    sv->scores = arena_floats(A, (size_t)rows * d.E);
+    sv->weight = arena_floats(A, d.R);
+    sv->experts = arena_alloc(A, d.R * sizeof(int));
+    sv->counts = arena_alloc(A, (2 * (size_t)d.E + 1) * sizeof(int));
+    sv->row_of_slot = arena_alloc(A, d.R * sizeof(int));
+    sv->xs = arena_floats(A, d.R * d.D);
+    sv->gate = arena_floats(A, d.R * d.F);
+    sv->up = arena_floats(A, d.R * d.F);
+    sv->act = arena_floats(A, d.R * d.F);
+    sv->out = arena_floats(A, d.R * d.D);
+    bool shared = d.Fs > 0;
+    sv->sgate = shared ? arena_floats(A, (size_t)rows * d.Fs) : NULL;
+    sv->sup = shared ? arena_floats(A, (size_t)rows * d.Fs) : NULL;
+    sv->sact = shared ? arena_floats(A, (size_t)rows * d.Fs) : NULL;
+    bool aux = m->args->aux_loss_alpha > 0;
+    sv->frac = aux ? arena_floats(A, 2 * (size_t)s->B * d.E) : NULL;
+    size_t saved_end = arena_mark(A);  // scratch from here
+    float *logits = arena_floats(A, (size_t)rows * d.E);
+    float *dot = aux ? arena_floats(A, 1) : NULL;
+    if (!step_sizing(s)) {
+        route(m, s, sv, d, x, logits);
+        const int *offs = host_offsets(m, s, sv, d);
+        count_load(m, s, d.E);
+        dispatch(s, sv, d, x);
+        experts_forward(m, s, sv, d, offs);
+        combine(s, sv, d, y);
+        if (shared) shared_forward(m, s, sv, d, x, y);
+        if (aux) aux_forward(m, s, sv, d, dot);
+    }
+    arena_release(A, saved_end);
+}
+
+// ---- backward --------------------------------------------------------------------------------
+
+typedef struct {
+    float *drows;             // (R, D) the experts' output grads, then the dispatched rows'
+    float *dact, *dgate, *dup;  // (R, F) x3
+    float *dweight;           // (rows * k) the combine weights' grads
+    float *dlogits;           // (rows, E)
+    float *dshared;           // (3 rows Fs) the shared experts' dact, dgate, dup (NULL without)
+} MoeGrads;
+
+static MoeGrads grads_carve(Arena *A, MoeDims d) {
+    MoeGrads g = {.drows = arena_floats(A, d.R * d.D)};
+    g.dact = arena_floats(A, d.R * d.F);
+    g.dgate = arena_floats(A, 2 * d.R * d.F);
+    g.dup = g.dgate ? g.dgate + d.R * d.F : NULL;
+    g.dweight = arena_floats(A, d.R);
+    g.dlogits = arena_floats(A, (size_t)d.rows * d.E);
+    g.dshared = d.Fs > 0 ? arena_floats(A, 3 * (size_t)d.rows * d.Fs) : NULL;
+    return g;
+}
+
+// Through the weighted combine: the experts' output rows get dy of their token times their
+// weight, the weights get dot(dy, out).
+static void combine_backward(const StepCtx *s, const MoeSaved *sv, const MoeGrads *g, MoeDims d,
+                             const float *dy) {
+    s->k->moe_permute(g->drows, dy, sv->weight, sv->row_of_slot, d.rows, d.k, d.D);
+    s->k->zero(g->dweight, d.R * sizeof(float));
+    s->k->moe_weight_grad(g->dweight, dy, sv->out, sv->row_of_slot, d.rows, d.k, d.D);
+}
+
+// From g->drows, the experts' output grads, to g->drows, the dispatched rows' grads, with the
+// experts' weight grads.
+static void experts_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv,
+                             const MoeGrads *g, MoeDims d, const int *offs) {
+    const KernelOps *K = s->k;
+    size_t kept = (size_t)offs[d.E] * d.F;
+    K->grouped_matmul(g->dact, g->drows, m->w2->data, offs, d.E, d.F, d.D, false, false, 0);
+    K->grouped_matmul(m->w2->grad, g->drows, sv->act, offs, d.E, d.F, d.D, true, false, 1);
+    K->zero(g->dgate, 2 * d.R * d.F * sizeof(float));
+    K->swiglu_backward(g->dgate, g->dup, g->dact, sv->gate, sv->up, kept);
+    K->grouped_matmul(g->drows, g->dgate, m->w1->data, offs, d.E, d.D, d.F, false, false, 0);
+    K->grouped_matmul(g->drows, g->dup, m->w3->data, offs, d.E, d.D, d.F, false, false, 1);
+    K->grouped_matmul(m->w1->grad, g->dgate, sv->xs, offs, d.E, d.D, d.F, true, false, 1);
+    K->grouped_matmul(m->w3->grad, g->dup, sv->xs, offs, d.E, d.D, d.F, true, false, 1);
+}
+
+// The router's logits from the combine weights' grads (and the balance loss's), then the
+// gate's grad and x's share.
+static void route_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, const MoeGrads *g,
+                           MoeDims d, const float *x, float *dx) {
+    const KernelOps *K = s->k;
+    K->zero(g->dlogits, (size_t)d.rows * d.E * sizeof(float));
+    K->moe_router_backward(g->dlogits, g->dweight, sv->scores, sv->experts, &m->args->router,
+                           d.rows);
+    if (sv->frac) aux_backward(m, s, sv, d, g->dlogits);
+    K->matmul(m->gate->grad, g->dlogits, x, d.E, d.D, d.rows, true, false, 1);
+    K->matmul(dx, g->dlogits, m->gate->data, d.rows, d.D, d.E, false, false, 1);
+}
+
+static void shared_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, const MoeGrads *g,
+                            MoeDims d, const float *x, const float *dy, float *dx) {
+    const KernelOps *K = s->k;
+    size_t n = (size_t)d.rows * d.Fs;
+    float *dact = g->dshared, *dgate = dact + n, *dup = dgate + n;
+    K->matmul(dact, dy, m->shared_w2->data, d.rows, d.Fs, d.D, false, false, 0);
+    K->matmul(m->shared_w2->grad, dy, sv->sact, d.D, d.Fs, d.rows, true, false, 1);
+    K->zero(dgate, 2 * n * sizeof(float));
+    K->swiglu_backward(dgate, dup, dact, sv->sgate, sv->sup, n);
+    K->matmul(dx, dgate, m->shared_w1->data, d.rows, d.D, d.Fs, false, false, 1);
+    K->matmul(dx, dup, m->shared_w3->data, d.rows, d.D, d.Fs, false, false, 1);
+    K->matmul(m->shared_w1->grad, dgate, x, d.Fs, d.D, d.rows, true, false, 1);
+    K->matmul(m->shared_w3->grad, dup, x, d.Fs, d.D, d.rows, true, false, 1);
+}
+
+void moe_backward(MoeLayer *m, StepCtx *s, const MoeSaved *sv, const float *x, const float *dy,
+                  float *dx, int rows) {
+    MoeDims d = moe_dims(m, rows);
+    size_t mark = arena_mark(s->act);
+    MoeGrads g = grads_carve(s->act, d);
+    if (!step_sizing(s)) {
+        const int *offs = host_offsets(m, s, sv, d);
+        combine_backward(s, sv, &g, d, dy);
+        experts_backward(m, s, sv, &g, d, offs);
+        dispatch_backward(s, sv, d, g.drows, dx);
+        route_backward(m, s, sv, &g, d, x, dx);
+        if (d.Fs > 0) shared_backward(m, s, sv, &g, d, x, dy, dx);
+    }
+    arena_release(s->act, mark);
+}

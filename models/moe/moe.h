@@ -1,0 +1,98 @@
+// A token-choice top-k mixture-of-experts layer (torchtitan's models/common/moe.py MoE, as
+// DeepSeek-MoE / Qwen3-MoE use it): the FFN of a transformer block on rows (rows, D) -> (rows,
+// D), usable by any architecture, which calls it from its own block on the rows it holds
+// (under tensor parallel: this rank's sequence-parallel rows, the layer's weights replicated).
+//
+//   router:  scores = softmax|sigmoid(x Wg^T) in fp32; each token's top k experts by scores +
+//            expert_bias (the bias only steers the choice, DeepSeek V3's auxiliary-loss-free
+//            balancing); weights = the chosen scores (normed, scaled)
+//   experts: the tokens' k slots sorted by expert, run as grouped GEMMs with SwiGLU between:
+//            out_e = (silu(x W1_e^T) * (x W3_e^T)) W2_e^T
+//   combine: y += sum over a token's slots of weight * out (LocalTokenDispatcher.combine:
+//            weighted after the experts)
+//   shared:  y += a dense SwiGLU FFN of its own width (optional)
+//
+// Forward and backward are written out (no autograd); every buffer comes from the microbatch's
+// activation arena, sized by the same code with rows * k rows (no token dropped) as the bound
+// of the data-dependent expert rows.
+#pragma once
+
+#include <stdbool.h>
+
+#include "core/block.h"
+#include "core/config.h"
+#include "core/param.h"
+
+typedef struct {
+    int dim, hidden;          // D; F: each routed expert's hidden width
+    MoeRouter router;         // n_experts (E), top_k (k), score function, routing groups
+    int shared_hidden;        // the shared experts' FFN width; 0: none
+    // When > 0 an expert takes at most ceil(capacity_factor * rows * k / E) of a forward's
+    // slots, the later ones dropped (their token gets nothing from that expert); 0: none.
+    double capacity_factor;
+    // Auxiliary-loss-free balancing's bias step (balance.h); 0: the layer has no expert bias.
+    double load_balance_coeff;
+    // DeepSeek V3's sequence-wise balance loss weight alpha: alpha * sum_i f_i P_i per sequence
+    // (f_i = E / (k T) * the sequence's slots routed to expert i, P_i = the mean over its
+    // tokens of the normalised scores), averaged over the microbatch's sequences and added to
+    // the objective; 0: off. Needs whole sequences on the tp group (not context parallel).
+    double aux_loss_alpha;
+} MoeArgs;
+
+typedef struct {
+    const MoeArgs *args;
+    int index;                  // which of the model's MoE layers: its row of the expert load
+    Param *gate;                // (E, D) the router's Linear, fp32
+    Param *w1, *w3;             // (E, F, D) stacked experts (Param.expert)
+    Param *w2;                  // (E, D, F)
+    Param *shared_w1, *shared_w3;  // (Fs, D); NULL without shared experts
+    Param *shared_w2;           // (D, Fs)
+    Param *expert_bias;         // (E) the routing bias (a Param.buffer); NULL: none
+    int *host_counts;           // (2E + 1) host: counts then offsets, read back per call
+} MoeLayer;
+
+// What forward keeps for backward (pointers into the microbatch's activation arena). R = rows
+// * k: the expert-sorted rows, of which offsets[E] <= R are kept.
+typedef struct {
+    float *scores;            // (rows, E) softmax or sigmoid of the router logits
+    float *weight;            // (rows, k) each slot's combine weight
+    int *experts;             // (rows, k) each slot's expert
+    int *counts;              // (2E + 1) slots routed to each expert (E), then offsets (E + 1)
+    int *row_of_slot;         // (rows * k) sorted row of each slot, -1: dropped
+    float *xs;                // (R, D) the dispatched tokens
+    float *gate, *up, *act;   // (R, F) x3: xs W1^T, xs W3^T, silu(gate) * up
+    float *out;               // (R, D) the experts' outputs, before weighting
+    float *sgate, *sup, *sact;  // (rows, Fs) x3: the shared experts' (NULL without)
+    float *frac;              // (2, B, E) the balance loss's f then P per sequence (NULL: off)
+} MoeSaved;
+
+// Adds the layer's parameters to t under prefix ("layers.3."), with torchtitan's names
+// (moe.router.gate.weight, moe.routed_experts.inner_experts.w1_EFD / w2_EDF / w3_EFD,
+// moe.shared_experts.w1/w2/w3.weight; with a load_balance_coeff the buffer moe.expert_bias_E,
+// zeros), initialised as init says (a normal or truncated
+// normal) as torchtitan's MoE.init_weights(init_std) with a dense FFN's widths: std for w1
+// (and the shared experts' w1), out_std (init_std, which shrinks with depth) for the gate, w2
+// and w3. The layer keeps args (not copied). Allocates the host scratch.
+void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
+                    const char *prefix, ParamInit init, double std, double out_std);
+// The model.moe_* keys over a flavor's MoE settings (an architecture's update_from_config):
+// the balancing coefficient (null: 0, no bias), the balance loss weight, the capacity factor
+// (null: 0, none dropped).
+void moe_args_from_config(MoeArgs *a, const ModelSection *c);
+
+// Parameters moe_layer_init adds (for the table's capacity).
+int moe_param_count(const MoeArgs *args);
+void moe_layer_free(MoeLayer *m);
+// The layer's parameters (moe_param_count of them) into out, for a parallelize plan.
+#define MOE_MAX_PARAMS 8
+int moe_layer_params(const MoeLayer *m, Param *out[MOE_MAX_PARAMS]);
+
+// y (rows, D) += MoE(x (rows, D)); fills sv. Counts each expert's routed slots into
+// s->expert_load's row m->index when set, and adds the balance loss to s->aux_loss (a forward,
+// not a recompute). Under tp the rows are this rank's of B*T (the balance loss sums its
+// sequences' statistics over the tp group).
+void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y, int rows);
+// dx (rows, D) += d MoE / dx^T dy, and every parameter gradient += its part (all in this one
+// call: a split backward takes the layer's gradients in its input part). sv: forward's.
+void moe_backward(MoeLayer *m, StepCtx *s, const MoeSaved *sv, const float *x, const float *dy,
+                  float *dx, int rows);
