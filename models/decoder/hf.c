@@ -87,14 +87,16 @@ static int experts_of(const DecoderArgs *a) {
 // The HF tensors of params in the table's order, experts in order: *out (to free); returns
 // how many.
 static int hf_tensors(const ParamTable *params, const DecoderArgs *a, HfTensor **out) {
-    int E = experts_of(a), n = 0;
-    *out = xcalloc((size_t)params->count * E, sizeof **out);
+    int E = experts_of(a), n = 0, total = 0;
+    RopeRows rows;
+    char name[sizeof (*out)->name];
+    for (int i = 0; i < params->count; i++)
+        total += hf_name(params->items[i].name, E, 0, name, sizeof name, &rows);
+    *out = xcalloc((size_t)total, sizeof **out);
     for (int i = 0; i < params->count; i++) {
         const Param *p = &params->items[i];
         CHECK(p->ndim <= 3 && p->numel == param_global_numel(p));  // a host table of whole tensors
         int stacked = p->ndim == 3;  // (E, rows, cols): one (rows, cols) HF tensor per expert
-        RopeRows rows;
-        char name[sizeof (*out)->name];
         int count = hf_name(p->name, E, 0, name, sizeof name, &rows);
         for (int j = 0; j < count; j++) {
             HfTensor *t = &(*out)[n++];
