@@ -73,8 +73,7 @@ static void setup_expert_parallel(Trainer *t) {
 
 // The model.moe_* keys act on MoE layers (models/moe) only: given to a model without any, or
 // asking for what the layout cannot give (the balance loss sums over whole sequences, which
-// context parallel splits over ranks the layers cannot reach), they are refused by name; so
-// are Hugging Face checkpoints for a model with MoE layers.
+// context parallel splits over ranks the layers cannot reach), they are refused by name.
 static void check_moe_keys(const Trainer *t) {
     static const char *const KEYS[] = {"model.moe_load_balance_coeff", "model.moe_aux_loss_alpha",
                                        "model.moe_capacity_factor"};
@@ -85,14 +84,6 @@ static void check_moe_keys(const Trainer *t) {
         if (strcmp(origin, "default") != 0)
             die_user("%s: %s does nothing: model %s %s has no MoE layers", origin, KEYS[i],
                      c->model.name, c->model.flavor);
-    }
-    const char *hf = c->checkpoint.last_save_in_hf      ? "checkpoint.last_save_in_hf"
-                     : c->checkpoint.initial_load_in_hf ? "checkpoint.initial_load_in_hf"
-                                                        : NULL;
-    if (t->model.moe && hf) {
-        CHECK(config_key_origin(c, hf, origin, sizeof origin));
-        die_user("%s: %s: Hugging Face checkpoints of MoE layers are not implemented yet", origin,
-                 hf);
     }
     if (t->model.moe && t->model.moe->aux_loss && t->mesh.layout.size[MESH_CP] > 1) {
         CHECK(config_key_origin(c, "model.moe_aux_loss_alpha", origin, sizeof origin));

@@ -54,7 +54,8 @@ static const ModelSpec *spec_of_hf_model_type(const char *dir) {
     const char *type = json_string_value(json_object_get(root, "model_type"));
     const ModelSpec *spec = NULL;
     for (int i = 0; type && i < N_SPECS && !spec; i++)
-        if (SPECS[i]->hf_model_type && !strcmp(SPECS[i]->hf_model_type, type)) spec = SPECS[i];
+        for (const char *const *t = SPECS[i]->hf_model_types; t && *t && !spec; t++)
+            if (!strcmp(*t, type)) spec = SPECS[i];
     json_decref(root);
     return spec;
 }

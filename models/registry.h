@@ -86,7 +86,8 @@ struct ModelSpec {
     // the file is not this architecture's or not readable), the safetensors weights into
     // whole-tensor host tables (built from a) and out again (weights and config.json in dir).
     bool (*try_args_from_hf)(const char *dir, ModelArgs *a, char *err, size_t len);
-    const char *hf_model_type;  // config.json's model_type for this architecture ("llama")
+    // config.json's model_types for this architecture ({"llama", NULL}), NULL-terminated
+    const char *const *hf_model_types;
     void (*load_hf)(const char *path, const ModelArgs *a, ParamTable *params);
     void (*save_hf)(const char *dir, const ModelArgs *a, const ParamTable *params,
                     SafetensorsDtype dtype);

@@ -4,7 +4,9 @@
 # picks LlamaForCausalLM or Qwen3ForCausalLM) and compares its fp32 logits on a batch of the
 # Austen text with titan's (build/tests/dump_step): relative L2 error under 1e-5, max abs error
 # printed. Llama 3: grouped-query attention, and RoPE scaling with tied embeddings; Qwen3:
-# QK-norm and head_dim != dim / n_heads, untied and tied. Not part of `make test`: it installs
+# QK-norm and head_dim != dim / n_heads, untied and tied; Qwen3-MoE (small_moe, loaded as
+# Qwen3MoeForCausalLM), whose titan logits are those of its checkpoint converted back from the
+# export: HF has no expert biases, so the export leaves the trained ones behind. Not part of `make test`: it installs
 # torch and transformers from PyPI (about 6 GB) into $VENV (default build/venv-transformers),
 # since Qwen3 needs transformers >= 4.51, which needs a newer torch than Debian's.
 #
@@ -26,10 +28,15 @@ run=(--config configs/debug_model.yaml --training.dataset_path "$SCRATCH/austen.
 ./titan "${run[@]}" --model.rope_scaling --model.tie_word_embeddings --job.dump_folder "$SCRATCH/tied" >/dev/null
 ./titan "${run[@]}" --model.name qwen3 --job.dump_folder "$SCRATCH/qwen3" >/dev/null
 ./titan "${run[@]}" --model.name qwen3 --model.tie_word_embeddings --job.dump_folder "$SCRATCH/qwen3-tied" >/dev/null
+./titan "${run[@]}" --model.name qwen3 --model.flavor small_moe --job.dump_folder "$SCRATCH/qwen3-moe" >/dev/null
 
-for name in gqa tied qwen3 qwen3-tied; do
+for name in gqa tied qwen3 qwen3-tied qwen3-moe; do
   ckpt=$SCRATCH/$name/checkpoint/step-3.h5
-  ./titan convert --to hf "$ckpt" "$SCRATCH/$name-hf" >/dev/null
+  ./titan convert --to hf "$ckpt" "$SCRATCH/$name-hf" >/dev/null 2>&1
+  if [ "$name" = qwen3-moe ]; then
+    ./titan convert --to titan "$SCRATCH/$name-hf" "$SCRATCH/$name-back.h5" >/dev/null
+    ckpt=$SCRATCH/$name-back.h5
+  fi
   ./build/tests/dump_step "$ckpt" "$SCRATCH/austen.bin" 4 64 "$SCRATCH/$name-dump.h5" >/dev/null
   $VENV/bin/python - "$SCRATCH/$name-hf" "$SCRATCH/$name-dump.h5" "$name" <<'PY'
 import sys

@@ -1,10 +1,12 @@
 // What the decoder's Hugging Face checkpoints share (hf.h): the weights' names, the per-head
 // RoPE row permutation, and config.json's common keys.
+#include <math.h>
 #include <stdlib.h>
 
 #include "core/errors.h"
 #include "core/files.h"
 #include "models/decoder/hf.h"
+#include "models/moe/moe.h"
 
 #define CONFIG_NAME "config.json"
 #define WEIGHTS_NAME "model.safetensors"
@@ -41,23 +43,71 @@ static const NamePair LAYER_NAMES[] = {
 };
 #define COUNT(a) (int)(sizeof a / sizeof a[0])
 
-// out = HF's name for titan's parameter `name`; returns how its rows are laid out.
-static RopeRows hf_name(const char *name, char *out, size_t n) {
+// One tensor of the HF file: a titan parameter, or one expert's slice of a stacked one.
+typedef struct {
+    char name[PARAM_NAME_MAX + 48];
+    int param;           // its parameter's index in the table
+    size_t offset;       // where it starts in the parameter's data (floats)
+    int ndim;
+    int64_t shape[2];
+    RopeRows rows;
+} HfTensor;
+
+// out = HF's name for titan's parameter `name`, expert j's for a stacked MoE one (the MoE
+// layer's names are models/moe's); *rows how its rows are laid out. Returns how many HF tensors
+// the parameter is: 1, n_experts for stacked experts, 0 for one HF does not have (expert bias).
+static int hf_name(const char *name, int n_experts, int j, char *out, size_t n, RopeRows *rows) {
     int layer, at = 0;
+    *rows = ROWS_AS_THEY_ARE;
     if (sscanf(name, "layers.%d.%n", &layer, &at) == 1 && at > 0) {
         for (int i = 0; i < COUNT(LAYER_NAMES); i++)
             if (!strcmp(name + at, LAYER_NAMES[i].titan)) {
                 snprintf(out, n, "model.layers.%d.%s", layer, LAYER_NAMES[i].hf);
-                return LAYER_NAMES[i].rows;
+                *rows = LAYER_NAMES[i].rows;
+                return 1;
             }
+        char moe[PARAM_NAME_MAX + 32];
+        int count = moe_hf_name(name + at, n_experts, j, moe, sizeof moe);
+        if (count > 0) snprintf(out, n, "model.layers.%d.%s", layer, moe);
+        if (count >= 0) return count;
     } else {
         for (int i = 0; i < COUNT(MODEL_NAMES); i++)
             if (!strcmp(name, MODEL_NAMES[i].titan)) {
                 snprintf(out, n, "%s", MODEL_NAMES[i].hf);
-                return MODEL_NAMES[i].rows;
+                return 1;
             }
     }
     die_internal(__FILE__, __LINE__, "parameter %s has no Hugging Face name", name);
+}
+
+static int experts_of(const DecoderArgs *a) {
+    return decoder_has_moe(a) ? a->moe.router.n_experts : 1;
+}
+
+// The HF tensors of params in the table's order, experts in order: *out (to free); returns
+// how many.
+static int hf_tensors(const ParamTable *params, const DecoderArgs *a, HfTensor **out) {
+    int E = experts_of(a), n = 0, total = 0;
+    RopeRows rows;
+    char name[sizeof (*out)->name];
+    for (int i = 0; i < params->count; i++)
+        total += hf_name(params->items[i].name, E, 0, name, sizeof name, &rows);
+    *out = xcalloc((size_t)total, sizeof **out);
+    for (int i = 0; i < params->count; i++) {
+        const Param *p = &params->items[i];
+        CHECK(p->ndim <= 3 && p->numel == param_global_numel(p));  // a host table of whole tensors
+        int stacked = p->ndim == 3;  // (E, rows, cols): one (rows, cols) HF tensor per expert
+        int count = hf_name(p->name, E, 0, name, sizeof name, &rows);
+        for (int j = 0; j < count; j++) {
+            HfTensor *t = &(*out)[n++];
+            *t = (HfTensor){.param = i, .ndim = p->ndim - stacked, .rows = rows,
+                            .offset = (size_t)j * (p->numel / count)};
+            hf_name(p->name, E, j, t->name, sizeof t->name, &rows);
+            t->shape[0] = p->shape[stacked];
+            t->shape[1] = t->ndim > 1 ? p->shape[stacked + 1] : 0;
+        }
+    }
+    return n;
 }
 
 // Within each head, titan's row 2i + j (pair i, component j) is HF's row j * head_dim/2 + i
@@ -87,10 +137,6 @@ static float *rope_scratch(const DecoderArgs *a) {
     return xmalloc(sizeof(float) * (size_t)a->n_heads * decoder_head_dim(a) * a->dim);
 }
 
-static void check_full(const Param *p) {
-    CHECK(p->ndim <= 2 && p->numel == param_global_numel(p));  // a host table of whole tensors
-}
-
 // ---- config.json ---------------------------------------------------------------------------
 
 bool hf_config_load(const char *dir, json_t **root, char *path, size_t pathlen, char *err,
@@ -108,8 +154,7 @@ bool hf_config_load(const char *dir, json_t **root, char *path, size_t pathlen, 
     return true;
 }
 
-// key as an integer in [lo, hi]; absent (or null): def, or an error when def < lo (required).
-static bool config_int(const HfConfig *r, const char *key, int64_t lo, int64_t hi, int64_t def,
+bool hf_config_int(const HfConfig *r, const char *key, int64_t lo, int64_t hi, int64_t def,
                        int *out) {
     const json_t *v = json_object_get(r->root, key);
     if (!v || json_is_null(v)) {
@@ -133,8 +178,7 @@ bool hf_config_real(const HfConfig *r, const json_t *obj, const char *key, doubl
     return error_set(r->err, r->errlen, "%s: %s must be a positive number", r->path, key);
 }
 
-// key as a boolean; absent (or null): def.
-static bool config_bool(const HfConfig *r, const char *key, bool def, bool *out) {
+bool hf_config_bool(const HfConfig *r, const char *key, bool def, bool *out) {
     const json_t *v = json_object_get(r->root, key);
     *out = !v || json_is_null(v) ? def : json_is_true(v);
     if (!v || json_is_null(v) || json_is_boolean(v)) return true;
@@ -153,19 +197,19 @@ bool hf_config_expect(const HfConfig *r, const char *key, const char *want) {
 
 bool hf_config_refuse(const HfConfig *r, const char *key, const char *why) {
     bool on;
-    if (!config_bool(r, key, false, &on)) return false;
+    if (!hf_config_bool(r, key, false, &on)) return false;
     return !on || error_set(r->err, r->errlen, "%s: %s is true; %s", r->path, key, why);
 }
 
 static bool shape_read(const HfConfig *r, DecoderArgs *a, bool head_dim_free) {
     int head_dim;
-    if (!config_int(r, "hidden_size", 1, INT32_MAX, 0, &a->dim) ||
-        !config_int(r, "intermediate_size", 1, INT32_MAX, 0, &a->hidden_dim) ||
-        !config_int(r, "num_hidden_layers", 1, INT32_MAX, 0, &a->n_layers) ||
-        !config_int(r, "num_attention_heads", 1, INT32_MAX, 0, &a->n_heads) ||
-        !config_int(r, "num_key_value_heads", 1, INT32_MAX, a->n_heads, &a->n_kv_heads) ||
-        !config_int(r, "vocab_size", 1, INT32_MAX, 0, &a->vocab_size) ||
-        !config_int(r, "head_dim", 1, INT32_MAX, a->dim / a->n_heads, &head_dim))
+    if (!hf_config_int(r, "hidden_size", 1, INT32_MAX, 0, &a->dim) ||
+        !hf_config_int(r, "intermediate_size", 1, INT32_MAX, 0, &a->hidden_dim) ||
+        !hf_config_int(r, "num_hidden_layers", 1, INT32_MAX, 0, &a->n_layers) ||
+        !hf_config_int(r, "num_attention_heads", 1, INT32_MAX, 0, &a->n_heads) ||
+        !hf_config_int(r, "num_key_value_heads", 1, INT32_MAX, a->n_heads, &a->n_kv_heads) ||
+        !hf_config_int(r, "vocab_size", 1, INT32_MAX, 0, &a->vocab_size) ||
+        !hf_config_int(r, "head_dim", 1, INT32_MAX, a->dim / a->n_heads, &head_dim))
         return false;
     bool heads_of_dim = a->dim % a->n_heads == 0 && head_dim == a->dim / a->n_heads;
     if (a->n_heads % a->n_kv_heads || head_dim % 2 || (!head_dim_free && !heads_of_dim))
@@ -184,8 +228,8 @@ bool decoder_hf_config_read(const HfConfig *r, DecoderArgs *a, const char *model
         return error_set(r->err, r->errlen, "%s is not a JSON object", r->path);
     if (!hf_config_expect(r, "model_type", model_type) ||
         !hf_config_expect(r, "hidden_act", "silu") ||
-        !config_bool(r, "attention_bias", false, &attention_bias) ||
-        !config_bool(r, "mlp_bias", false, &mlp_bias))
+        !hf_config_bool(r, "attention_bias", false, &attention_bias) ||
+        !hf_config_bool(r, "mlp_bias", false, &mlp_bias))
         return false;
     if (attention_bias || mlp_bias)
         return error_set(r->err, r->errlen, "%s: attention_bias / mlp_bias are true; titan's "
@@ -194,8 +238,8 @@ bool decoder_hf_config_read(const HfConfig *r, DecoderArgs *a, const char *model
     return shape_read(r, a, head_dim_free) &&
            hf_config_real(r, r->root, "rms_norm_eps", 1e-6, &a->norm_eps) &&
            hf_config_real(r, r->root, "rope_theta", 10000, &a->rope_theta) &&
-           config_bool(r, "tie_word_embeddings", false, &a->tie_word_embeddings) &&
-           config_int(r, "max_position_embeddings", 1, INT32_MAX, max_pos, &a->max_seq_len);
+           hf_config_bool(r, "tie_word_embeddings", false, &a->tie_word_embeddings) &&
+           hf_config_int(r, "max_position_embeddings", 1, INT32_MAX, max_pos, &a->max_seq_len);
 }
 
 json_t *decoder_hf_config_json(const DecoderArgs *a, const char *architecture,
@@ -224,75 +268,114 @@ void hf_config_write(const char *dir, json_t *c) {
 
 // ---- weights -------------------------------------------------------------------------------
 
+static int name_order(const void *a, const void *b) {
+    return strcmp(((const HfTensor *)a)->name, ((const HfTensor *)b)->name);
+}
+
 // Every tensor of the file is one of the model's: a file with more is another architecture.
 // HF's tied lm_head copy and old exports' rotary inv_freq buffers are left unread.
 static bool extras_check(const Safetensors *st, const DecoderArgs *a, const char *model,
-                         const ParamTable *params, char *err, size_t errlen) {
-    for (int i = 0; i < st->n_tensors; i++) {
+                         const HfTensor *tensors, int n, char *err, size_t errlen) {
+    HfTensor *sorted = xmalloc(sizeof *sorted * (size_t)n), key;
+    memcpy(sorted, tensors, sizeof *sorted * (size_t)n);
+    qsort(sorted, (size_t)n, sizeof *sorted, name_order);
+    bool ok = true;
+    for (int i = 0; i < st->n_tensors && ok; i++) {
         const char *name = st->tensors[i].name;
         size_t len = strlen(name);
+        snprintf(key.name, sizeof key.name, "%s", name);
         bool known = (a->tie_word_embeddings && !strcmp(name, "lm_head.weight")) ||
-                     (len > 19 && !strcmp(name + len - 19, "rotary_emb.inv_freq"));
-        for (int p = 0; p < params->count && !known; p++) {
-            char hf[PARAM_NAME_MAX + 16];
-            hf_name(params->items[p].name, hf, sizeof hf);
-            known = !strcmp(hf, name);
-        }
+                     (len > 19 && !strcmp(name + len - 19, "rotary_emb.inv_freq")) ||
+                     (len < sizeof key.name && bsearch(&key, sorted, (size_t)n, sizeof key,
+                                                       name_order));
         char q[256];
         if (!known)
-            return error_set(err, errlen, "safetensors %s: tensor %s is not a weight of this "
-                             "%s (%d layers%s)", st->files[st->tensors[i].file].path,
-                             error_quote(q, sizeof q, name), model, a->n_layers,
-                             a->tie_word_embeddings ? ", tied embeddings" : "");
+            ok = error_set(err, errlen, "safetensors %s: tensor %s is not a weight of this "
+                           "%s (%d layers%s)", st->files[st->tensors[i].file].path,
+                           error_quote(q, sizeof q, name), model, a->n_layers,
+                           a->tie_word_embeddings ? ", tied embeddings" : "");
     }
-    return true;
+    free(sorted);
+    return ok;
+}
+
+// Whether HF's file has p at all (the MoE layers' expert biases it has not).
+static bool hf_has(const Param *p, const DecoderArgs *a) {
+    char name[PARAM_NAME_MAX + 48];
+    RopeRows rows;
+    return hf_name(p->name, experts_of(a), 0, name, sizeof name, &rows) > 0;
+}
+
+// A parameter HF has no tensor for (an expert bias) starts at zero, as a new model's: the
+// routing bias is titan's training state, not part of the model HF runs.
+static void zero_missing(ParamTable *params, const DecoderArgs *a) {
+    for (int i = 0; i < params->count; i++) {
+        Param *p = &params->items[i];
+        if (hf_has(p, a)) continue;
+        CHECK(p->buffer);
+        memset(p->data, 0, sizeof(float) * p->numel);
+    }
 }
 
 bool decoder_try_load_hf(const char *path, const DecoderArgs *a, const char *model,
                          ParamTable *params, char *err, size_t errlen) {
     Safetensors st;
     if (!safetensors_try_open(path, &st, err, errlen)) return false;
-    bool ok = extras_check(&st, a, model, params, err, errlen);
+    HfTensor *tensors;
+    int n = hf_tensors(params, a, &tensors);
+    bool ok = extras_check(&st, a, model, tensors, n, err, errlen);
     float *scratch = rope_scratch(a);
-    for (int i = 0; ok && i < params->count; i++) {
-        Param *p = &params->items[i];
-        check_full(p);
-        char name[PARAM_NAME_MAX + 16];
-        RopeRows rows = hf_name(p->name, name, sizeof name);
-        float *to = rows == ROWS_AS_THEY_ARE ? p->data : scratch;
-        ok = safetensors_try_read(&st, name, p->ndim, p->shape, to, err, errlen);
-        if (ok && rows != ROWS_AS_THEY_ARE) param_permute(p->data, scratch, p, a, rows, false);
+    for (int i = 0; ok && i < n; i++) {
+        const HfTensor *t = &tensors[i];
+        Param *p = &params->items[t->param];
+        float *to = t->rows == ROWS_AS_THEY_ARE ? p->data + t->offset : scratch;
+        ok = safetensors_try_read(&st, t->name, t->ndim, t->shape, to, err, errlen);
+        if (ok && t->rows != ROWS_AS_THEY_ARE) param_permute(p->data, scratch, p, a, t->rows, false);
     }
+    if (ok) zero_missing(params, a);
     free(scratch);
+    free(tensors);
     safetensors_close(&st);
     return ok;
+}
+
+// The expert biases HF cannot hold: said when they are not all zero, since HF's model then
+// routes without what titan's steered by (torchtitan's adapter drops them the same way).
+static void warn_dropped(const ParamTable *params, const DecoderArgs *a) {
+    double most = 0;
+    for (int i = 0; i < params->count; i++) {
+        const Param *p = &params->items[i];
+        if (hf_has(p, a)) continue;
+        for (size_t e = 0; e < p->numel; e++) most = fmax(most, fabs(p->data[e]));
+    }
+    if (most > 0)
+        log_warn("Hugging Face export: the MoE expert biases (max |bias| %.3g) are dropped; "
+                 "HF's router chooses by the scores alone", most);
 }
 
 void decoder_save_hf_weights(const char *dir, const DecoderArgs *a, const ParamTable *params,
                              SafetensorsDtype dtype) {
     make_dirs(dir);
-    CkptTensor *list = xcalloc((size_t)params->count, sizeof *list);
-    char(*names)[PARAM_NAME_MAX + 16] = xcalloc((size_t)params->count, sizeof *names);
-    RopeRows *rows = xcalloc((size_t)params->count, sizeof *rows);
-    for (int i = 0; i < params->count; i++) {
-        const Param *p = &params->items[i];
-        check_full(p);
-        rows[i] = hf_name(p->name, names[i], sizeof names[i]);
-        list[i] = (CkptTensor){.path = names[i], .ndim = p->ndim, .shape = p->shape, .data = p->data};
-    }
+    HfTensor *tensors;
+    int n = hf_tensors(params, a, &tensors);
+    warn_dropped(params, a);
+    CkptTensor *list = xcalloc((size_t)n, sizeof *list);
+    for (int i = 0; i < n; i++)
+        list[i] = (CkptTensor){.path = tensors[i].name, .ndim = tensors[i].ndim,
+                               .shape = tensors[i].shape};
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, WEIGHTS_NAME);
     SafetensorsWriter w;
-    safetensors_write_begin(&w, path, list, params->count, dtype);
+    safetensors_write_begin(&w, path, list, n, dtype);
     float *scratch = rope_scratch(a);
-    for (int i = 0; i < params->count; i++) {
-        const Param *p = &params->items[i];
-        if (rows[i] != ROWS_AS_THEY_ARE) param_permute(scratch, p->data, p, a, rows[i], true);
-        safetensors_write_put(&w, rows[i] == ROWS_AS_THEY_ARE ? p->data : scratch);
+    for (int i = 0; i < n; i++) {
+        const HfTensor *t = &tensors[i];
+        const Param *p = &params->items[t->param];
+        if (t->rows != ROWS_AS_THEY_ARE) param_permute(scratch, p->data, p, a, t->rows, true);
+        safetensors_write_put(&w, t->rows == ROWS_AS_THEY_ARE ? p->data + t->offset : scratch);
     }
     safetensors_write_end(&w);
     free(scratch);
-    free(rows);
-    free(names);
+    free(tensors);
     free(list);
 }

@@ -1,11 +1,14 @@
 // Hugging Face checkpoints of the decoder's architectures (transformers' LlamaForCausalLM,
-// Qwen3ForCausalLM): what their config.json and safetensors share. The weights' names are
+// Qwen3ForCausalLM, Qwen3MoeForCausalLM): what their config.json and safetensors share. The weights' names are
 // transformers' (model.layers.N.self_attn.q_proj.weight, ...; torchtitan's state-dict
 // adapters map the same). HF applies RoPE to the two halves of each head (rotate_half) where
 // titan, as Meta and torchtitan, rotates interleaved pairs, so the rows of wq and wk, and the
 // QK-norm weights with them, are permuted per head on the way out (transformers'
 // convert_llama_weights_to_hf.py permute) and back on the way in: the same attention scores
-// either way. The tables are host ParamTables of whole tensors (no tensor-parallel slices).
+// either way. MoE layers' stacked experts are one HF tensor per expert, their routing biases
+// none (models/moe's names: an import starts them at zero, an export drops them, saying so
+// when they are not zero). The tables are host ParamTables of whole tensors (no
+// tensor-parallel slices).
 // Each architecture's hf.c reads and writes the config keys that are its own.
 #pragma once
 
@@ -28,6 +31,11 @@ typedef struct {
 // dir/config.json parsed into *root (to json_decref), its path in path; false and the reason.
 bool hf_config_load(const char *dir, json_t **root, char *path, size_t pathlen, char *err,
                     size_t errlen);
+// key as an integer in [lo, hi]; absent (or null): def, or an error when def < lo (required).
+bool hf_config_int(const HfConfig *r, const char *key, int64_t lo, int64_t hi, int64_t def,
+                   int *out);
+// key as a boolean; absent (or null): def.
+bool hf_config_bool(const HfConfig *r, const char *key, bool def, bool *out);
 // key of obj as a positive number; absent (or null): def, or an error when def <= 0 (required).
 bool hf_config_real(const HfConfig *r, const json_t *obj, const char *key, double def,
                     double *out);

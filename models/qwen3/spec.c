@@ -40,22 +40,12 @@ static bool try_args_from_hf(const char *dir, ModelArgs *a, char *err, size_t le
     return qwen3_try_args_from_hf(dir, qwen3_fill(a), err, len);
 }
 
-// Qwen3-MoE's Hugging Face format (model_type qwen3_moe, one tensor per expert) is not read
-// or written yet.
-static void refuse_hf_moe(const ModelArgs *a, const char *what) {
-    if (decoder_has_moe(&qwen3_of(a)->decoder))
-        die_user("%s: Hugging Face checkpoints of qwen3's MoE flavors are not implemented yet",
-                 what);
-}
-
 static void load_hf(const char *path, const ModelArgs *a, ParamTable *params) {
-    refuse_hf_moe(a, path);
     qwen3_load_hf(path, qwen3_of(a), params);
 }
 
 static void save_hf(const char *dir, const ModelArgs *a, const ParamTable *params,
                     SafetensorsDtype dtype) {
-    refuse_hf_moe(a, dir);
     qwen3_save_hf(dir, qwen3_of(a), params, dtype);
 }
 
@@ -73,7 +63,7 @@ const ModelSpec QWEN3_SPEC = {
     .describe = decoder_spec_describe,
     .args_from_checkpoint = args_from_checkpoint,
     .try_args_from_hf = try_args_from_hf,
-    .hf_model_type = "qwen3",
+    .hf_model_types = (const char *const[]){"qwen3", "qwen3_moe", NULL},
     .load_hf = load_hf,
     .save_hf = save_hf,
     .kv_cache_new = decoder_spec_kv_cache_new,

@@ -7,6 +7,11 @@
 # weights as the HDF5 checkpoints. Qwen3ForCausalLM the same way: a trained qwen3 `small`
 # (QK-norm, its own head_dim) and a tied one round-trip bit for bit, and their exports give
 # titan's logits run the way transformers runs Qwen3 (q_norm / k_norm before rotate_half).
+# Qwen3MoeForCausalLM (small_moe, one tensor per expert): a seed checkpoint round-trips bit for
+# bit; a trained one too but for its expert biases, which HF has no tensor for (the export
+# drops them, warning, and an import starts them at zero); its export gives the logits of the
+# checkpoint without them run the way transformers runs Qwen3-MoE; a run starting from the HF
+# folder trains as one starting from the HDF5 file; layers without experts are refused.
 source "$(dirname "$0")/lib.sh"
 
 run=(${SMALL[@]} --model.flavor small --training.steps 3 --checkpoint.enable
@@ -17,10 +22,16 @@ $TITAN "${run[@]}" --model.rope_scaling --model.tie_word_embeddings \
 $TITAN "${run[@]}" --model.name qwen3 --job.dump_folder "$SCRATCH/qwen3" >/dev/null
 $TITAN "${run[@]}" --model.name qwen3 --model.tie_word_embeddings --job.dump_folder \
   "$SCRATCH/qwen3-tied" >/dev/null
+$TITAN "${run[@]}" --model.name qwen3 --model.flavor small_moe --job.dump_folder "$SCRATCH/moe" \
+  >/dev/null
+$TITAN "${run[@]}" --model.name qwen3 --model.flavor small_moe --checkpoint.create_seed_checkpoint \
+  --job.dump_folder "$SCRATCH/moe-seed" >/dev/null
 gqa=$SCRATCH/gqa/checkpoint/step-3.h5
 tied=$SCRATCH/tied/checkpoint/step-0.h5
 qwen3=$SCRATCH/qwen3/checkpoint/step-3.h5
 qwen3_tied=$SCRATCH/qwen3-tied/checkpoint/step-3.h5
+moe=$SCRATCH/moe/checkpoint/step-3.h5
+moe_seed=$SCRATCH/moe-seed/checkpoint/step-0.h5
 
 # same_model A.h5 B.h5 [bf16]: B's /model tensors and model.* attributes are A's bit for bit
 # (with bf16: A's fp32 values rounded to bfloat16, nearest even).
@@ -46,12 +57,31 @@ print(f"ok: {len(a['model'])} tensors of {sys.argv[2]} {'rounded to bf16 from' i
 PY
 }
 
-for ckpt in "$gqa" "$tied" "$qwen3" "$qwen3_tied"; do
+for ckpt in "$gqa" "$tied" "$qwen3" "$qwen3_tied" "$moe_seed"; do
   name=$(basename "$(dirname "$(dirname "$ckpt")")")
   $TITAN convert --to hf "$ckpt" "$SCRATCH/$name-hf" >/dev/null
   $TITAN convert --to titan "$SCRATCH/$name-hf" "$SCRATCH/$name-back.h5" >/dev/null
   same_model "$ckpt" "$SCRATCH/$name-back.h5"
 done
+$TITAN convert --to hf "$moe" "$SCRATCH/moe-hf" 2>"$SCRATCH/moe-export.log" >/dev/null
+grep -q "warning: Hugging Face export: the MoE expert biases (max |bias| [0-9.e-]*) are dropped" \
+  "$SCRATCH/moe-export.log" || fail "no warning for the dropped expert biases"
+$TITAN convert --to titan "$SCRATCH/moe-hf" "$SCRATCH/moe-back.h5" >/dev/null
+$PY - "$moe" "$SCRATCH/moe-back.h5" "$SCRATCH/moe-hf/config.json" <<'PY'
+import json, sys, h5py, numpy as np
+a, b = (h5py.File(p, "r")["model"] for p in sys.argv[1:3])
+assert sorted(a) == sorted(b), "different tensors"
+biases = [n for n in a if n.endswith("expert_bias_E")]
+assert len(biases) == 2 and all(np.any(a[n][...]) for n in biases), "trained biases are zero"
+assert all(not np.any(b[n][...]) for n in biases), "imported biases are not zero"
+for n in a:
+    assert n in biases or a[n][...].tobytes() == b[n][...].tobytes(), f"{n} differs"
+c = json.load(open(sys.argv[3]))
+assert c["model_type"] == "qwen3_moe" and c["architectures"] == ["Qwen3MoeForCausalLM"], c
+assert (c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]) == (8, 2, 64), c
+assert c["norm_topk_prob"] and c["decoder_sparse_step"] == 1 and c["mlp_only_layers"] == [], c
+print(f"ok: {len(a) - 2} tensors of the trained MoE back bit for bit, its 2 expert biases zero")
+PY
 $PY -c "import json, sys; c = json.load(open(sys.argv[1])); assert c['num_key_value_heads'] == 4 \
   and c['rope_scaling'] is None and not c['tie_word_embeddings'] and c['max_position_embeddings'] == 64" \
   "$SCRATCH/gqa-hf/config.json" || fail "config.json of the small model"
@@ -82,7 +112,14 @@ $TITAN "${start[@]}" --checkpoint.initial_load_path "$SCRATCH/gqa-hf" --checkpoi
   --job.dump_folder "$SCRATCH/from-hf" >/dev/null
 diff <(losses "$SCRATCH/from-h5/metrics.jsonl") <(losses "$SCRATCH/from-hf/metrics.jsonl") ||
   fail "training from the HF export differs from training from the HDF5 checkpoint"
-echo "ok: initial_load_in_hf trains as initial_load_path on the HDF5 file"
+moe_start=(${start[@]} --model.name qwen3 --model.flavor small_moe)
+$TITAN "${moe_start[@]}" --checkpoint.initial_load_path "$moe_seed" \
+  --job.dump_folder "$SCRATCH/moe-from-h5" >/dev/null
+$TITAN "${moe_start[@]}" --checkpoint.initial_load_path "$SCRATCH/moe-seed-hf" \
+  --checkpoint.initial_load_in_hf --job.dump_folder "$SCRATCH/moe-from-hf" >/dev/null
+diff <(losses "$SCRATCH/moe-from-h5/metrics.jsonl") <(losses "$SCRATCH/moe-from-hf/metrics.jsonl") ||
+  fail "training the MoE from its HF export differs from training from the HDF5 checkpoint"
+echo "ok: initial_load_in_hf trains as initial_load_path on the HDF5 file (dense and MoE)"
 
 # On several ranks (dp_shard 2 x tp 2, the same global batch): each rank keeps its shards of
 # the HF tensors, and the last save in HF holds the whole tensors (each rank wrote its shards;
@@ -128,13 +165,14 @@ expect_user_error "^titan: error: Hugging Face config: unable to open .*/x.h5/co
   $TITAN convert --to titan "$SCRATCH/x.h5" "$SCRATCH/y.h5"
 expect_user_error "^titan: error: --to expects hf or titan, got 'gguf'$" $TITAN convert --to gguf a b
 # config.json keys titan's Llama cannot be are refused naming the file and key.
-edit_config() {  # PYTHON-STATEMENT: applied to config dict c, written to $SCRATCH/edit
-  mkdir -p "$SCRATCH/edit" && cp "$SCRATCH/gqa-hf/model.safetensors" "$SCRATCH/edit/"
+edit_config() {  # PYTHON-STATEMENT [HF_DIR]: applied to HF_DIR's (gqa-hf's) config dict c,
+  local from=${2:-$SCRATCH/gqa-hf}  # written to $SCRATCH/edit
+  mkdir -p "$SCRATCH/edit" && cp "$from/model.safetensors" "$SCRATCH/edit/"
   $PY -c "import json, sys; c = json.load(open(sys.argv[1])); $1; json.dump(c, open(sys.argv[2], 'w'))" \
-    "$SCRATCH/gqa-hf/config.json" "$SCRATCH/edit/config.json"
+    "$from/config.json" "$SCRATCH/edit/config.json"
 }
-refused() {  # PYTHON-STATEMENT PATTERN: convert --to titan of the edited config is refused
-  edit_config "$1"
+refused() {  # PYTHON-STATEMENT PATTERN [HF_DIR]: convert --to titan of the edited config is refused
+  edit_config "$1" "${3:-}"
   expect_user_error "$2" $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
 }
 refused "c['model_type'] = 'mistral'" \
@@ -145,6 +183,12 @@ refused "del c['hidden_size']" "config.json has no hidden_size$"
 refused "c['num_key_value_heads'] = 3" "num_key_value_heads 3 and head_dim 32 do not make even heads"
 refused "c['num_hidden_layers'] = 3" \
   "model.safetensors: tensor 'model.layers.3.input_layernorm.weight' is not a weight of this Llama \(3 layers\)$"
+refused "c['decoder_sparse_step'] = 2" \
+  "^titan: error: [^;]*config.json: decoder_sparse_step 2, mlp_only_layers of 0 layers: titan's Qwen3-MoE has experts in every layer$" \
+  "$SCRATCH/moe-hf"
+refused "c['num_experts'] = 4" \
+  "model.safetensors: tensor 'model.layers.0.mlp.experts.4.gate_proj.weight' is not a weight of this Qwen3-MoE \(2 layers\)$" \
+  "$SCRATCH/moe-hf"
 
 # The export as transformers reads it: the `safetensors` package (PyPI) in a venv next to the
 # build, on top of Debian's interpreter for torch and h5py.
@@ -154,8 +198,10 @@ if ! $VENV/bin/python -c "import safetensors" 2>/dev/null; then
     $VENV/bin/pip install -q safetensors >"$SCRATCH/pip.log" 2>&1 ||
     { echo "SKIP reference check: cannot install safetensors from PyPI: $(tail -n 1 "$SCRATCH/pip.log")"; exit 0; }
 fi
-for ckpt in "$gqa" "$tied" "$qwen3" "$qwen3_tied"; do
+# The MoE's: the logits of the checkpoint without its expert biases (converted back).
+for ckpt in "$gqa" "$tied" "$qwen3" "$qwen3_tied" "$SCRATCH/moe-back.h5"; do
   name=$(basename "$(dirname "$(dirname "$ckpt")")")
+  [ "$ckpt" = "$SCRATCH/moe-back.h5" ] && name=moe
   ./build/tests/dump_step "$ckpt" "$DATA" 2 64 "$SCRATCH/$name-dump.h5" >/dev/null
   $VENV/bin/python tests/reference/check_hf.py "$SCRATCH/$name-hf" "$SCRATCH/$name-dump.h5"
 done

@@ -5,10 +5,13 @@ usage: python check_hf.py HF_DIR DUMP.h5
 HF_DIR holds config.json and model.safetensors; DUMP.h5 is build/tests/dump_step's output for
 the titan checkpoint the export came from (/tokens, /logits). The weights are read with the
 `safetensors` package's numpy API and run through a float64 forward written the way
-transformers' modeling_llama.py and modeling_qwen3.py are (HF names, rotate_half RoPE on the two
-halves of each head, Llama's llama3 rope_scaling, Qwen3's q_norm / k_norm over each head before
-RoPE and its own head_dim), not titan's interleaved pairs: so the check proves the names, the
-q/k row (and QK-norm weight) permutation and config.json together. Needs an interpreter with torch, h5py and
+transformers' modeling_llama.py, modeling_qwen3.py and modeling_qwen3_moe.py are (HF names,
+rotate_half RoPE on the two halves of each head, Llama's llama3 rope_scaling, Qwen3's q_norm /
+k_norm over each head before RoPE and its own head_dim, Qwen3-MoE's Qwen3MoeSparseMoeBlock with
+one tensor per expert), not titan's interleaved pairs: so the check proves the names, the
+q/k row (and QK-norm weight) permutation and config.json together. An export of MoE layers
+leaves their expert biases behind: DUMP.h5 must then come from a checkpoint without them (the
+export converted back). Needs an interpreter with torch, h5py and
 safetensors (tests/integration/test_hf.sh makes one). Exit 1 when titan's logits differ from
 these by a relative L2 error of 1e-5 or more.
 """
@@ -54,12 +57,32 @@ def rms_norm(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
+def sparse_moe_block(cfg, w, p, x):
+    """Qwen3MoeSparseMoeBlock: softmax router, top k, renormalised when norm_topk_prob, each
+    expert's SwiGLU weighted by its routing weight. x (B, T, D)."""
+    flat = x.reshape(-1, x.shape[-1])
+    probs = torch.softmax(flat @ w[p + "mlp.gate.weight"].T, dim=-1)
+    weights, chosen = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)
+    if cfg["norm_topk_prob"]:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(flat)
+    for e in range(cfg["num_experts"]):
+        token, slot = (chosen == e).nonzero(as_tuple=True)
+        q = f"{p}mlp.experts.{e}."
+        h = flat[token]
+        y = (F.silu(h @ w[q + "gate_proj.weight"].T) * (h @ w[q + "up_proj.weight"].T)) \
+            @ w[q + "down_proj.weight"].T
+        out = out.index_add(0, token, y * weights[token, slot, None])
+    return out.view(x.shape)
+
+
 def forward(cfg, w, tokens):
-    """LlamaForCausalLM's or Qwen3ForCausalLM's logits (B, T, vocab) for tokens (B, T), float64."""
+    """LlamaForCausalLM's, Qwen3ForCausalLM's or Qwen3MoeForCausalLM's logits (B, T, vocab)
+    for tokens (B, T), float64."""
     B, T = tokens.shape
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
-    qk_norm = cfg["model_type"] == "qwen3"
+    qk_norm = cfg["model_type"] in ("qwen3", "qwen3_moe")
     angles = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq(cfg))
     emb = torch.cat((angles, angles), dim=-1)
     cos, sin = emb.cos()[None, None], emb.sin()[None, None]
@@ -79,6 +102,9 @@ def forward(cfg, w, tokens):
         attn = llama_ref.causal_attention(q, k, v).transpose(1, 2).reshape(B, T, nh * hd)
         h = h + attn @ w[p + "self_attn.o_proj.weight"].T
         x = rms_norm(h, w[p + "post_attention_layernorm.weight"], cfg["rms_norm_eps"])
+        if cfg["model_type"] == "qwen3_moe":
+            h = h + sparse_moe_block(cfg, w, p, x)
+            continue
         gate, up = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
         h = h + (F.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
     h = rms_norm(h, w["model.norm.weight"], cfg["rms_norm_eps"])

@@ -7,8 +7,11 @@ The config (titan's resolved YAML) and model args come from the checkpoint's att
 data from training.dataset_path (relative paths resolve against the current directory, titan's
 repository root) unless --data is given. The reference trains in fp32, titan's own precision,
 with torch.optim.AdamW, torch.nn.utils.clip_grad_norm_ and torchtitan's LR lambda through
-LambdaLR, as torchtitan's train loop does. Every step titan logged is compared: loss and
-grad_norm within 1e-4 relative, lr within 1e-6 relative. Exit 1 on failure.
+LambdaLR, as torchtitan's train loop does. A MoE model adds its layers' balance loss to the
+objective (model.moe_aux_loss_alpha; logged apart as aux_loss) and moves its expert biases
+after clipping, before the optimizer step, by the step's expert load summed over the
+microbatches (model.moe_load_balance_coeff). Every step titan logged is compared: loss,
+grad_norm and aux_loss within 1e-4 relative, lr within 1e-6 relative. Exit 1 on failure.
 """
 import argparse
 import json
@@ -73,40 +76,50 @@ def clip_grad_norm(params, max_norm):
     return torch.tensor(norm)
 
 
-def train_step(model, optimizer, scheduler, stream, step, training):
-    """One update; returns (mean microbatch loss, pre-clip grad norm, lr used)."""
+def train_step(model, optimizer, scheduler, stream, step, training, bias_coeff):
+    """One update; returns (mean microbatch loss, pre-clip grad norm, lr used, mean microbatch
+    balance loss or None)."""
     accum = accumulation_steps(training)
     batch, seqlen = int(training["local_batch_size"]), int(training["seq_len"])
     optimizer.zero_grad(set_to_none=True)
-    losses = []
+    losses, aux_losses = [], []
     for micro in range(accum):
         tokens = llama_ref.microbatch(stream, step, micro, accum, batch, seqlen)
         loss = llama_ref.cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
-        (loss / accum).backward()
+        aux = model.aux_loss()
+        ((loss + aux) / accum).backward()
         losses.append(loss.item())
+        aux_losses.append(float(aux))
     grad_norm = clip_grad_norm(model.parameters(), float(training["max_norm"]))
     lr = optimizer.param_groups[0]["lr"]
+    for moe in model.moe_layers():
+        if moe.expert_bias_E is not None:
+            moe.update_expert_bias(bias_coeff)
     optimizer.step()
     scheduler.step()
-    return sum(losses) / accum, grad_norm.item(), lr
+    aux = sum(aux_losses) / accum if any(m.aux_loss_alpha for m in model.moe_layers()) else None
+    return sum(losses) / accum, grad_norm.item(), lr, aux
 
 
 def train(ckpt_path, steps, data_path):
-    """Reference metrics {step: (loss, grad_norm, lr)} for `steps` updates after the checkpoint."""
+    """Reference metrics {step: (loss, grad_norm, lr, aux_loss)} for `steps` updates after the
+    checkpoint."""
     model, _, config = llama_ref.load_checkpoint(ckpt_path)
+    bias_coeff = model.configure_moe(config["model"])
     training = config["training"]
     stream = llama_ref.read_tokens(data_path or training["dataset_path"])
     start = llama_ref.checkpoint_step(ckpt_path)
     optimizer, scheduler = build_optimizer(model, config, ckpt_path, start)
     steps = int(training["steps"]) if steps is None else steps
-    return {s: train_step(model, optimizer, scheduler, stream, s, training)
+    return {s: train_step(model, optimizer, scheduler, stream, s, training, bias_coeff)
             for s in range(start + 1, start + steps + 1)}
 
 
 def read_metrics(path):
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return {int(r["step"]): (float(r["loss"]), float(r["grad_norm"]), float(r["lr"])) for r in rows}
+    return {int(r["step"]): (float(r["loss"]), float(r["grad_norm"]), float(r["lr"]),
+                             float(r["aux_loss"]) if "aux_loss" in r else None) for r in rows}
 
 
 def rel(a, b):
@@ -115,26 +128,35 @@ def rel(a, b):
 
 def compare(titan, torch_metrics):
     """Prints the table; returns whether every step titan logged is within the bounds."""
+    with_aux = any(m[3] is not None for m in torch_metrics.values())
     print(f"{'step':>5} | {'titan loss':>12} | {'torch loss':>12} | {'rel err':>9} | "
-          f"{'gnorm rel':>9} | {'lr rel':>9}")
+          f"{'gnorm rel':>9} | {'lr rel':>9}" + (f" | {'aux rel':>9}" if with_aux else ""))
     ok, compared = True, 0
-    for step, (t_loss, t_gnorm, t_lr) in sorted(torch_metrics.items()):
+    for step, (t_loss, t_gnorm, t_lr, t_aux) in sorted(torch_metrics.items()):
         if step not in titan:
             print(f"{step:5d} | {'-':>12} | {t_loss:12.7f} | (not logged by titan)")
             continue
-        loss, gnorm, lr = titan[step]
+        loss, gnorm, lr, aux = titan[step]
         errs = rel(loss, t_loss), rel(gnorm, t_gnorm), rel(lr, t_lr)
         good = (errs[0] < LOSS_TOLERANCE and errs[1] < GRAD_NORM_TOLERANCE
                 and errs[2] < LR_TOLERANCE)
-        print(f"{step:5d} | {loss:12.7f} | {t_loss:12.7f} | {errs[0]:9.2e} | {errs[1]:9.2e} | "
-              f"{errs[2]:9.2e}{'' if good else '  FAIL'}")
+        row = f"{step:5d} | {loss:12.7f} | {t_loss:12.7f} | {errs[0]:9.2e} | {errs[1]:9.2e} | " \
+              f"{errs[2]:9.2e}"
+        if with_aux:  # titan must log it exactly when the reference has one
+            aux_err = rel(aux, t_aux) if aux is not None else math.inf
+            good &= aux_err < LOSS_TOLERANCE
+            row += f" | {aux_err:9.2e}"
+        elif aux is not None:
+            good = False
+            row += " | aux_loss logged without a balance loss"
+        print(row + ('' if good else '  FAIL'))
         ok &= good
         compared += 1
     if compared == 0:
         print("FAIL: titan logged none of the steps the reference trained")
         return False
-    print("PASS" if ok else "FAIL", f"({compared} steps; bounds: loss {LOSS_TOLERANCE:g}, "
-          f"grad_norm {GRAD_NORM_TOLERANCE:g}, lr {LR_TOLERANCE:g} relative)")
+    print("PASS" if ok else "FAIL", f"({compared} steps; bounds: loss{', aux_loss' * with_aux} "
+          f"{LOSS_TOLERANCE:g}, grad_norm {GRAD_NORM_TOLERANCE:g}, lr {LR_TOLERANCE:g} relative)")
     return ok
 
 

@@ -1,10 +1,14 @@
-"""Independent PyTorch reference of torchtitan's Llama 3 and Qwen3 (dense), to prove titan correct.
+"""Independent PyTorch reference of torchtitan's Llama 3 and Qwen3 (dense and MoE), to prove titan
+correct.
 
 The math mirrors pytorch/torchtitan torchtitan/models/llama3/model/model.py (precompute_freqs_cis,
 apply_scaling, apply_rotary_emb, repeat_kv, Attention, FeedForward, TransformerBlock, Transformer),
 Qwen3's additions in torchtitan/models/common/attention.py (a head_dim of its own, QK-norm: an
 RMSNorm over each head of q and of k before RoPE) and torchtitan/components/lr_scheduler.py
-(build_lr_schedulers, linear_warmup_stable_decay).
+(build_lr_schedulers, linear_warmup_stable_decay); the MoE FFN of Qwen3-MoE from
+torchtitan/models/common/moe.py (TokenChoiceTopKRouter, GroupedExperts, MoE with its
+expert_bias and the optimizer pre-step hook _update_expert_bias) and DeepSeek V3's
+sequence-wise balance loss.
 Written for torch 1.13, which has neither nn.RMSNorm nor F.scaled_dot_product_attention, so both
 are spelled out with the same formulas. The model is built from a titan checkpoint's attributes,
 never from a flavor table, so the reference cannot silently disagree with titan about the shape.
@@ -44,6 +48,15 @@ class ModelArgs:
     tie_word_embeddings: bool = False
     head_dim: int = 0  # 0: dim // n_heads
     qk_norm: bool = False
+    # MoE: every block's FFN is moe_experts routed experts of width moe_hidden_dim (0: dense)
+    moe_experts: int = 0
+    moe_top_k: int = 0
+    moe_hidden_dim: int = 0
+    moe_shared_hidden_dim: int = 0
+    moe_score_sigmoid: bool = False
+    moe_route_norm: bool = False
+    moe_route_scale: float = 1.0
+    moe_expert_bias: bool = False
 
     def __post_init__(self):
         self.head_dim = self.head_dim or self.dim // self.n_heads
@@ -54,10 +67,20 @@ class ModelArgs:
         def get(name, kind):
             return kind(attrs["model." + name])
 
+        moe = {}
+        if "model.moe_experts" in attrs:  # recorded by MoE models only
+            moe = dict(
+                moe_experts=get("moe_experts", int), moe_top_k=get("moe_top_k", int),
+                moe_hidden_dim=get("moe_hidden_dim", int),
+                moe_shared_hidden_dim=get("moe_shared_hidden_dim", int),
+                moe_score_sigmoid=bool(get("moe_score_sigmoid", int)),
+                moe_route_norm=bool(get("moe_route_norm", int)),
+                moe_route_scale=get("moe_route_scale", float),
+                moe_expert_bias=bool(get("moe_expert_bias", int)))
         return cls(
             dim=get("dim", int), n_layers=get("n_layers", int), n_heads=get("n_heads", int),
             n_kv_heads=get("n_kv_heads", int), vocab_size=get("vocab_size", int),
-            hidden_dim=get("hidden_dim", int), norm_eps=get("norm_eps", float),
+            hidden_dim=get("hidden_dim", int) if "model.hidden_dim" in attrs else 0, norm_eps=get("norm_eps", float),
             rope_theta=get("rope_theta", float), rope_scaling=bool(get("rope_scaling", int)),
             rope_scaling_factor=get("rope_scaling_factor", float),
             rope_low_freq_factor=get("rope_low_freq_factor", float),
@@ -67,6 +90,7 @@ class ModelArgs:
             # recorded only where they are not Llama 3's (Qwen3's)
             head_dim=get("head_dim", int) if "model.head_dim" in attrs else 0,
             qk_norm=bool(get("qk_norm", int)) if "model.qk_norm" in attrs else False,
+            **moe,
         )
 
 
@@ -183,17 +207,126 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class Router(nn.Module):
+    """TokenChoiceTopKRouter's gate; the routing itself is MoE.route."""
+    def __init__(self, dim, n_experts):
+        super().__init__()
+        self.gate = nn.Linear(dim, n_experts, bias=False)
+
+
+class GroupedExperts(nn.Module):
+    """Experts stacked as torchtitan's GroupedExperts: w1, w3 (E, F, D), w2 (E, D, F)."""
+    def __init__(self, n_experts, dim, hidden):
+        super().__init__()
+        self.w1_EFD = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        self.w2_EDF = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w3_EFD = nn.Parameter(torch.empty(n_experts, hidden, dim))
+
+    def expert(self, e, x):
+        """Expert e's SwiGLU FFN on its tokens x (n, D)."""
+        return (F.silu(x @ self.w1_EFD[e].T) * (x @ self.w3_EFD[e].T)) @ self.w2_EDF[e].T
+
+
+class RoutedExperts(nn.Module):
+    def __init__(self, n_experts, dim, hidden):
+        super().__init__()
+        self.inner_experts = GroupedExperts(n_experts, dim, hidden)
+
+
+class MoE(nn.Module):
+    """torchtitan's MoE as Qwen3-MoE uses it: scores = softmax|sigmoid(x Wg^T); each token's
+    top k experts by scores + expert_bias (the bias steers the choice only); the chosen scores
+    normalised (route_norm: / (sum + 1e-20)) and scaled are the combine weights, applied after
+    the experts; plus the shared experts' dense FFN when there are any. The routing runs in
+    the reference's dtype (float64 in the step check) where torchtitan runs it in fp32.
+
+    Training state, set by the caller: aux_loss_alpha (DeepSeek V3's sequence-wise balance
+    loss, 0: off), whose value the last forward leaves in aux_loss; load (E) accumulates every
+    forward's slots per expert until the bias update (update_expert_bias) clears it.
+    """
+    def __init__(self, args):
+        super().__init__()
+        self.n_experts, self.top_k = args.moe_experts, args.moe_top_k
+        self.sigmoid, self.route_norm = args.moe_score_sigmoid, args.moe_route_norm
+        self.route_scale = args.moe_route_scale
+        self.router = Router(args.dim, args.moe_experts)
+        self.routed_experts = RoutedExperts(args.moe_experts, args.dim, args.moe_hidden_dim)
+        self.shared_experts = FeedForward(args.dim, args.moe_shared_hidden_dim) \
+            if args.moe_shared_hidden_dim else None
+        # A model without balancing has no bias at all, so no checkpoint name for it.
+        if args.moe_expert_bias:
+            self.register_buffer("expert_bias_E", torch.zeros(args.moe_experts))
+        else:
+            self.expert_bias_E = None
+        self.aux_loss_alpha, self.aux_loss = 0.0, None
+        self.load = torch.zeros(args.moe_experts, dtype=torch.float64)
+
+    def route(self, x):
+        """x (N, D) -> scores (N, E), experts (N, k), weights (N, k)."""
+        logits = self.router.gate(x)
+        scores = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
+        select = scores.detach()
+        if self.expert_bias_E is not None:
+            select = select + self.expert_bias_E.to(select.dtype)
+        experts = torch.topk(select, self.top_k, dim=-1).indices
+        weights = scores.gather(1, experts)
+        if self.route_norm:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return scores, experts, weights * self.route_scale
+
+    def balance_loss(self, scores, experts, batch, seqlen):
+        """alpha * mean over sequences of sum_i f_i P_i: f_i = E / (k T) * the sequence's slots
+        on expert i (no gradient), P_i = the mean over its tokens of s_i / sum_j s_j."""
+        E, k = self.n_experts, self.top_k
+        probs = (scores / scores.sum(dim=-1, keepdim=True)).view(batch, seqlen, E).mean(dim=1)
+        slots = torch.zeros(batch, E, dtype=scores.dtype).scatter_add_(
+            1, experts.view(batch, seqlen * k), torch.ones(batch, seqlen * k, dtype=scores.dtype))
+        frac = slots * E / (k * seqlen)
+        return self.aux_loss_alpha * (frac * probs).sum(dim=-1).mean()
+
+    def forward(self, x):
+        bs, seqlen, dim = x.shape
+        flat = x.reshape(-1, dim)
+        scores, experts, weights = self.route(flat)
+        self.load += torch.bincount(experts.flatten(), minlength=self.n_experts).double()
+        out = torch.zeros_like(flat)
+        for e in range(self.n_experts):
+            token, slot = (experts == e).nonzero(as_tuple=True)
+            if len(token):  # an expert no token chose contributes nothing
+                y = self.routed_experts.inner_experts.expert(e, flat[token])
+                out = out.index_add(0, token, y * weights[token, slot, None])
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        if self.aux_loss_alpha > 0:
+            self.aux_loss = self.balance_loss(scores, experts, bs, seqlen)
+        return out.view(bs, seqlen, dim)
+
+    @torch.no_grad()
+    def update_expert_bias(self, coeff):
+        """torchtitan's _update_expert_bias as titan computes it (models/moe/balance.c), in
+        fp32 like the bias: step = coeff * sign(mean load - load) minus its mean."""
+        load = self.load.numpy()
+        step = (coeff * np.sign(load.mean() - load)).astype(np.float32)
+        step = (step - step.astype(np.float64).mean()).astype(np.float32)
+        bias = self.expert_bias_E.numpy().astype(np.float32) + step
+        self.expert_bias_E.copy_(torch.from_numpy(bias))
+        self.load.zero_()
+
+
 class TransformerBlock(nn.Module):
     def __init__(self, args):
         super().__init__()
         self.attention = Attention(args)
-        self.feed_forward = FeedForward(args.dim, args.hidden_dim)
+        # The FFN is one or the other: the block has no parameters of the one it lacks.
+        self.moe = MoE(args) if args.moe_experts else None
+        self.feed_forward = None if args.moe_experts else FeedForward(args.dim, args.hidden_dim)
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
     def forward(self, x, cos, sin):
         h = x + self.attention(self.attention_norm(x), cos, sin)
-        return h + self.feed_forward(self.ffn_norm(h))
+        ffn = self.moe if self.moe is not None else self.feed_forward
+        return h + ffn(self.ffn_norm(h))
 
 
 class Transformer(nn.Module):
@@ -218,8 +351,26 @@ class Transformer(nn.Module):
         out_weight = self.tok_embeddings.weight if self.output is None else self.output.weight
         return F.linear(h, out_weight)
 
+    def moe_layers(self):
+        return [layer.moe for layer in self.layers if layer.moe is not None]
+
+    def aux_loss(self):
+        """The balance losses of the last forward's MoE layers (0 when off)."""
+        return sum(m.aux_loss for m in self.moe_layers() if m.aux_loss is not None)
+
+    def configure_moe(self, model_cfg):
+        """The run's model.moe_* settings on the MoE layers; returns the bias coefficient."""
+        if model_cfg.get("moe_capacity_factor") is not None:
+            raise SystemExit("reference: model.moe_capacity_factor (dropped tokens) is not modelled")
+        for m in self.moe_layers():
+            m.aux_loss_alpha = float(model_cfg.get("moe_aux_loss_alpha") or 0.0)
+        coeff = model_cfg.get("moe_load_balance_coeff")
+        return float(coeff) if coeff is not None else 0.0
+
     def init_weights(self, seed):
         """torchtitan's init_weights (depth_init=True), for runs that start without a checkpoint."""
+        if self.moe_layers():
+            raise SystemExit("reference: init_weights of MoE layers is not modelled")
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             self.tok_embeddings.weight.normal_(generator=gen)
@@ -260,7 +411,8 @@ def load_checkpoint(path, dtype=torch.float32):
         config = yaml.safe_load(attr_text(f.attrs["config"]))
         model = Transformer(args)
         state = {}
-        for name, param in model.named_parameters():
+        # the parameters, then the MoE layers' expert biases (buffers, never trained)
+        for name, param in (*model.named_parameters(), *model.named_buffers()):
             key = "model/" + name
             if key not in f:
                 raise SystemExit(f"{path}: missing /{key}")
