@@ -99,7 +99,7 @@ static void test_decode_qwen3_moe(void **state) {
 }
 
 // The MoE layer's other options through decode: DeepSeek's sigmoid scores scaled, shared
-// experts beside the routed ones, top 3.
+// experts beside the routed ones, top 3, and a balance loss (computed on the one row, unused).
 static void test_decode_moe_shared_sigmoid(void **state) {
     (void)state;
     Qwen3Args args;
@@ -109,6 +109,7 @@ static void test_decode_moe_shared_sigmoid(void **state) {
     moe->router.route_scale = 2.5f;
     moe->router.top_k = 3;
     moe->shared_hidden = 48;
+    moe->aux_loss_alpha = 1e-2;
     check_decode_matches_forward(args.decoder, 16);
 }
 
