@@ -33,7 +33,9 @@ static void kv_cache_carve(DecoderKVCache *c, const DecoderArgs *a) {
 
 // x += MoE(ffn_norm(x)) on the token's row: moe_forward carves what it keeps and its scratch
 // from the cache's arena, given back after it; on a sizing arena the same call only counts
-// them. No expert load is counted (StepCtx.expert_load NULL): decoding trains nothing.
+// them. No expert load is counted (StepCtx.expert_load NULL): decoding trains nothing. A
+// capacity factor drops no slot here (the token's k slots go to k experts, each keeping at
+// least one), where a forward over whole sequences may drop some.
 static void decode_moe_ffn(const DecoderLayer *L, DecoderKVCache *c, const KernelOps *K) {
     StepCtx s = {.k = K, .act = &c->arena, .B = 1, .T = 1};
     size_t mark = arena_mark(&c->arena);
