@@ -1,6 +1,7 @@
 // Incremental decoding with a KV cache: the training forward's math (blocks.c) on one token
 // at a time. Position p's keys and values depend only on tokens 0..p (causal attention), so
-// they are computed once, kept, and each new query attends to all of them.
+// they are computed once, kept, and each new query attends to all of them. A MoE layer's FFN
+// is the layer's own forward (models/moe) on the one row, as training's on its rows.
 #include "core/errors.h"
 #include "models/decoder/blocks.h"
 
@@ -30,12 +31,30 @@ static void kv_cache_carve(DecoderKVCache *c, const DecoderArgs *a) {
     c->logits = arena_floats(A, a->vocab_size);
 }
 
+// x += MoE(ffn_norm(x)) on the token's row: moe_forward carves what it keeps and its scratch
+// from the cache's arena, given back after it; on a sizing arena the same call only counts
+// them. No expert load is counted (StepCtx.expert_load NULL): decoding trains nothing. A
+// capacity factor drops no slot here (the token's k slots go to k experts, each keeping at
+// least one), where a forward over whole sequences may drop some.
+static void decode_moe_ffn(const DecoderLayer *L, DecoderKVCache *c, const KernelOps *K) {
+    StepCtx s = {.k = K, .act = &c->arena, .B = 1, .T = 1};
+    size_t mark = arena_mark(&c->arena);
+    MoeSaved sv;
+    if (!step_sizing(&s))
+        K->rmsnorm_forward(c->xn, c->rstd, c->x, L->ffn_norm->data, 1, L->args->dim,
+                           L->args->norm_eps);
+    moe_forward(L->moe, &s, &sv, c->xn, c->x, 1);
+    arena_release(&c->arena, mark);
+}
+
 void decoder_kv_cache_init(DecoderKVCache *c, const Model *m, int max_ctx) {
     const DecoderArgs *a = model_args(m);
     CHECK(max_ctx >= 1 && max_ctx <= a->max_seq_len);  // RoPE tables end at max_seq_len
     *c = (DecoderKVCache){.max_ctx = max_ctx, .kv_width = a->n_kv_heads * decoder_head_dim(a)};
     arena_init_sizing(&c->arena, "kv cache");
     kv_cache_carve(c, a);
+    const DecoderLayer *first = m->blocks[1].self;  // every layer's MoE has the same shape
+    if (first->moe) decode_moe_ffn(first, c, NULL);  // sizing: no kernel runs
     arena_commit(&c->arena, NULL);
     kv_cache_carve(c, a);
 }
@@ -89,7 +108,10 @@ const float *decoder_decode_step(const Model *m, DecoderKVCache *c, const Kernel
     for (int i = 1; i + 1 < m->n_blocks; i++) {
         const DecoderLayer *L = m->blocks[i].self;
         decode_attention(L, c, k, pos);
-        decode_ffn(L, c, k);
+        if (L->moe)
+            decode_moe_ffn(L, c, k);
+        else
+            decode_ffn(L, c, k);
     }
     const DecoderHead *h = m->blocks[m->n_blocks - 1].self;
     k->rmsnorm_forward(c->xn, c->rstd, c->x, h->norm->data, 1, a->dim, a->norm_eps);

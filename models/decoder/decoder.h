@@ -99,12 +99,13 @@ typedef struct {
     float *x, *xn, *rstd;   // (dim) residual stream, (dim) normed, (1) its 1/rms
     float *q, *attn;        // (n_heads * head_dim) x2
     float *qk, *head_rstd;  // (n_heads * head_dim), (n_heads): q or k before QK-norm, its 1/rms
-    float *gate, *up, *act; // (hidden) x3
+    float *gate, *up, *act; // (hidden) x3: the dense FFN's (MoE layers carve their own on
+                            // top of the arena for the step, counted in its size)
     float *logits;          // (vocab)
     Arena arena;
 } DecoderKVCache;
 
-// A cache for up to max_ctx positions of the model m (built by decoder_build).
+// A cache for up to max_ctx positions of the model m (built by decoder_build), dense or MoE.
 void decoder_kv_cache_init(DecoderKVCache *c, const Model *m, int max_ctx);
 void decoder_kv_cache_free(DecoderKVCache *c);
 // Runs token at position pos, positions [0, pos) being in the cache already, and returns the

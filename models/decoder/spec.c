@@ -42,7 +42,6 @@ int decoder_spec_describe(const ModelArgs *a, CkptAttr *out) {
 }
 
 void *decoder_spec_kv_cache_new(const Model *m, int max_ctx) {
-    if (m->moe) die_user("generate: KV-cache decoding of MoE layers is not implemented yet");
     DecoderKVCache *c = xmalloc(sizeof *c);
     decoder_kv_cache_init(c, m, max_ctx);
     return c;

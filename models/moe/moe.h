@@ -96,7 +96,8 @@ int moe_layer_params(const MoeLayer *m, Param *out[MOE_MAX_PARAMS]);
 // y (rows, D) += MoE(x (rows, D)); fills sv. Counts each expert's routed slots into
 // s->expert_load's row m->index when set, and adds the balance loss to s->aux_loss (a forward,
 // not a recompute). Under tp the rows are this rank's of B*T (the balance loss sums its
-// sequences' statistics over the tp group).
+// sequences' statistics over the tp group). Training's blocks call it on their rows, KV-cache
+// decoding (models/decoder/decode.c) on one token's row with B = T = 1.
 void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y, int rows);
 // dx (rows, D) += d MoE / dx^T dy, and every parameter gradient += its part (all in this one
 // call: a split backward takes the layer's gradients in its input part). sv: forward's.

@@ -22,7 +22,9 @@ typedef struct {
 } Flavor;
 
 // torchtitan's qwen3_configs; "small" and "small_moe" are titan's test shapes: heads wider
-// than dim / n_heads as every Qwen3's, untied as the larger ones.
+// than dim / n_heads as every Qwen3's, untied as the larger ones; "debugmodel_moe_dense" is
+// titan's too: debugmodel_moe with its top 8 experts' width as one dense FFN (8 x 768), the
+// same active parameters per token (scripts/bench_moe.sh compares their throughput).
 static const Flavor FLAVORS[] = {
     {"debugmodel", 256, 8, 16, 8, 128, 3072, 2048, true, 0, 0, 0, 0},
     {"small", 64, 2, 4, 2, 32, 192, 2048, false, 0, 0, 0, 0},
@@ -34,6 +36,7 @@ static const Flavor FLAVORS[] = {
     {"32B", 5120, 64, 64, 8, 128, 25600, 151936, false, 0, 0, 0, 0},
     {"small_moe", 64, 2, 4, 2, 32, 0, 2048, false, 64, 8, 2, 0},
     {"debugmodel_moe", 256, 8, 16, 8, 128, 0, 2048, false, 768, 64, 8, 0},
+    {"debugmodel_moe_dense", 256, 8, 16, 8, 128, 6144, 2048, false, 0, 0, 0, 0},
     {"30B-A3B", 2048, 48, 32, 4, 128, 0, 151936, false, 768, 128, 8, 0},
     {"235B-A22B", 4096, 94, 64, 4, 128, 0, 151936, false, 1536, 128, 8, 5e6},
 };
