@@ -61,10 +61,6 @@ static void setup_expert_parallel(Trainer *t) {
     const MeshLayout *l = &t->mesh.layout;
     char why[512];
     if (!ep_check(&t->model.params, l->ep, why, sizeof why)) die_user("%s", why);
-    // models/moe's dispatch and combine run on one device until they call StepCtx.ep's hooks.
-    if (t->model.moe)
-        die_user("parallelism.expert_parallel_degree = %d: the MoE layer's expert-parallel "
-                 "dispatch is not implemented yet", l->ep);
     if (t->estimate_world_size) ep_plan(&t->ep, mesh_sparse_index(l, t->mesh.coord) % l->ep, l->ep);
     else ep_init(&t->ep, t->mesh.ep);
     ep_place(&t->model.params, t->ep.size, t->ep.rank);

@@ -36,7 +36,7 @@ typedef struct {
     const char *group;
     uint64_t bytes;
 } GroupBytes;
-enum { MAX_GROUPS = 7 };  // fsdp, efsdp, dp_replicate, tp, cp, pp, loss
+enum { MAX_GROUPS = 8 };  // fsdp, efsdp, dp_replicate, tp, cp, pp, ep, loss
 
 // The transformer layers this rank runs (blocks 1 .. n_blocks - 2): all, or its stages'.
 static int rank_layers(Trainer *t) {
@@ -59,6 +59,25 @@ static uint64_t cp_bytes_per_step(Trainer *t, bool ac) {
     uint64_t backward = cp_attention_bytes(&t->cp, kv_floats, true);
     return t->accum * rank_layers(t) * ((ac ? 2 : 1) * forward + backward);
 }
+
+// Expert parallel's all-to-alls (ep_estimate's, per MoE layer and microbatch) over every MoE
+// layer this rank runs and every microbatch of a step: expected_bytes with balanced routing
+// (what a step sends is data-dependent), bound_bytes at the receive bound.
+static EpEstimate ep_per_step(Trainer *t, bool ac) {
+    const MoeArgs *a = model_shape(&t->args).moe;
+    int64_t micro_rows = t->pipeline ? t->cfg.parallelism.pipeline_parallel_microbatch_size
+                                     : t->train.B;
+    int64_t rows = micro_rows * t->train.step_T / t->mesh.layout.size[MESH_TP];
+    uint64_t passes = (uint64_t)t->accum * rank_layers(t) *
+                      (t->pipeline ? trainer_schedule_microbatches(&t->cfg) : 1);
+    EpEstimate e = ep_estimate(t->mesh.layout.ep, rows, a->router.top_k, a->router.n_experts,
+                               a->dim, a->capacity_factor, ac);
+    e.expected_bytes *= passes;
+    e.bound_bytes *= passes;
+    return e;
+}
+
+static bool ep_on(Trainer *t) { return t->mesh.layout.ep > 1 && model_shape(&t->args).moe; }
 
 static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
     int n = 0;
@@ -102,6 +121,7 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
         uint64_t sent = pl.act_bytes_sent + pl.grad_bytes_sent;
         out[n++] = (GroupBytes){"pp", t->accum * sent + 2 * sizeof(double) + aux};
     }
+    if (ep_on(t)) out[n++] = (GroupBytes){"ep", ep_per_step(t, ac).expected_bytes};
     out[n++] = (GroupBytes){"loss", sizeof(double) + aux};  // the step's mean loss
     return n;
 }
@@ -150,6 +170,12 @@ static void print_rank_plan(Trainer *t) {
     for (int i = 0; i < n; i++)
         printf("  %-12s %16llu %12.3f\n", groups[i].group, (unsigned long long)groups[i].bytes,
                groups[i].bytes / GiB);
+    if (ep_on(t)) {
+        EpEstimate e = ep_per_step(t, t->model.blocks[1].checkpointed);
+        printf("  ep all-to-all: the ep row routes evenly; at most %llu bytes per step, a MoE "
+               "layer receiving at most %lld rows per microbatch\n",
+               (unsigned long long)e.bound_bytes, (long long)e.recv_rows_bound);
+    }
 }
 
 // "0 (blocks 0-3: embed, layers.0-2)": a stage and its blocks, named as DESIGN.md's block list

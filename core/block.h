@@ -16,6 +16,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/arena.h"
 #include "kernels/kernels.h"
@@ -86,6 +87,10 @@ struct ExpertHooks {
     // the combine, and the dispatch's backward, send the other way with the two swapped.
     void (*all_to_all)(const ExpertHooks *h, float *dst, const int *recv_rows, const float *src,
                        const int *send_rows, int dim);
+    // The most rows one rank receives when every rank routes rows tokens to k of n_experts
+    // experts (capacity_factor as MoeArgs'): the size of the layer's received-row buffers.
+    int64_t (*recv_rows_bound)(const ExpertHooks *h, int64_t rows, int k, int n_experts,
+                               double capacity_factor);
 };
 
 struct StepCtx {

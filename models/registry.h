@@ -47,6 +47,7 @@ typedef struct {
     int vocab_size;
     int max_seq_len;           // positions the model is built for (its RoPE tables)
     bool tie_word_embeddings;  // the head's output weight is the embedding's
+    const MoeArgs *moe;        // every block's FFN is this MoE layer (into the args); NULL: dense
 } ModelShape;
 
 // The most attributes an architecture describes itself with in a checkpoint.

@@ -201,8 +201,8 @@ static void layer_forward_compute(DecoderLayer *L, StepCtx *s, LayerSaved *sv, L
 }
 
 // y = h + MoE(ffn_norm(h)) on this rank's rows (the router and the experts are replicated over
-// tp, their grads summed over it as the norms'): the layer carves what it keeps and its scratch
-// itself.
+// tp, their grads summed over it as the norms'; under expert parallel the experts are sharded
+// over ep instead): the layer carves what it keeps and its scratch itself.
 static void moe_ffn_forward(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d, float *y) {
     if (!step_sizing(s)) {
         s->k->rmsnorm_forward(sv->hn, sv->rstd2, sv->h, L->ffn_norm->data, d.rows, d.D,

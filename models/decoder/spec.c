@@ -18,7 +18,8 @@ ModelShape decoder_spec_shape(const ModelArgs *a) {
     return (ModelShape){.n_layers = d->n_layers, .dim = d->dim,
                         .kv_dim = d->n_kv_heads * decoder_head_dim(d), .vocab_size = d->vocab_size,
                         .max_seq_len = d->max_seq_len,
-                        .tie_word_embeddings = d->tie_word_embeddings};
+                        .tie_word_embeddings = d->tie_word_embeddings,
+                        .moe = decoder_has_moe(d) ? &d->moe : NULL};
 }
 
 void decoder_spec_build(Model *m, const ModelArgs *a, bool activation_checkpoint) {

@@ -5,6 +5,10 @@
 
 #include "core/errors.h"
 
+// The host scratch (moe_layer_init's): counts (E), offsets (E + 1), the exchanged counts (E),
+// the rows kept per expert (E), send and receive rows (2 ep <= 2E), local offsets (E + 1).
+#define HOST_INTS(E) (7 * (size_t)(E) + 2)
+
 static Param *add_param(ParamTable *t, ParamInit init, double std, int ndim, int64_t d0,
                         int64_t d1, int64_t d2, const char *prefix, const char *name) {
     int64_t shape[3] = {d0, d1, d2};
@@ -44,7 +48,7 @@ void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
         m->expert_bias = add_param(t, INIT_ZEROS, 0, 1, E, 0, 0, prefix, "moe.expert_bias_E");
         m->expert_bias->buffer = true;
     }
-    m->host_counts = xcalloc(2 * (size_t)E + 1, sizeof(int));
+    m->host_counts = xcalloc(HOST_INTS(E), sizeof(int));
 }
 
 int moe_layer_params(const MoeLayer *m, Param *out[MOE_MAX_PARAMS]) {
@@ -64,13 +68,24 @@ void moe_layer_free(MoeLayer *m) {
 typedef struct {
     int rows, D, F, Fs, E, k;
     size_t R;  // rows * k: the bound of the expert-sorted rows
+    // The experts this rank runs (E, or E / ep under expert parallel) and the bound of the rows
+    // they run on (R, or what ExpertHooks.recv_rows_bound says this rank can receive).
+    int El;
+    size_t Rl;
+    int n_counts;  // ints of MoeSaved.counts: 2E + 1, and E more under expert parallel
 } MoeDims;
 
-static MoeDims moe_dims(const MoeLayer *m, int rows) {
+static MoeDims moe_dims(const MoeLayer *m, const StepCtx *s, int rows) {
     const MoeArgs *a = m->args;
-    int k = a->router.top_k;
-    return (MoeDims){rows, a->dim, a->hidden, a->shared_hidden, a->router.n_experts, k,
-                     (size_t)rows * k};
+    int k = a->router.top_k, E = a->router.n_experts;
+    MoeDims d = {rows, a->dim, a->hidden, a->shared_hidden, E, k, (size_t)rows * k, E,
+                 (size_t)rows * k, 2 * E + 1};
+    if (s->ep) {
+        d.El = E / s->ep->size;
+        d.Rl = (size_t)s->ep->recv_rows_bound(s->ep, rows, k, E, a->capacity_factor);
+        d.n_counts += E;
+    }
+    return d;
 }
 
 // Slots an expert keeps: ceil(factor * rows * k / E) (GShard's capacity); 0: all of them.
@@ -80,11 +95,12 @@ static int moe_capacity(const MoeArgs *a, int rows) {
     return c < 1 ? 1 : (int)c;
 }
 
-// The offsets (E + 1, host) of the expert-sorted rows, read back from forward's sort: the
-// grouped GEMMs need them on the host. Read again in backward: the host scratch is shared by
+// The offsets (E + 1, host) of the expert-sorted rows, read back from forward's sort (with,
+// under expert parallel, the exchanged counts forward kept beside them): the grouped GEMMs and
+// the all-to-alls need them on the host. Read again in backward: the host scratch is shared by
 // every microbatch in flight.
 static const int *host_offsets(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, MoeDims d) {
-    s->k->download(m->host_counts, sv->counts, (2 * (size_t)d.E + 1) * sizeof(int));
+    s->k->download(m->host_counts, sv->counts, (size_t)d.n_counts * sizeof(int));
     return m->host_counts + d.E;
 }
 
@@ -141,32 +157,119 @@ static void route(MoeLayer *m, StepCtx *s, MoeSaved *sv, MoeDims d, const float 
                 moe_capacity(m->args, d.rows));
 }
 
-// The dispatch and the combine are where expert parallelism (StepCtx.ep, parallel/ep) moves
-// the sorted rows to the ranks holding their experts and back; on one device they are the
-// permutation of the tokens' slots into expert order and its weighted inverse.
-static void dispatch(const StepCtx *s, const MoeSaved *sv, MoeDims d, const float *x) {
-    CHECK(!s->ep);
-    s->k->moe_permute(sv->xs, x, NULL, sv->row_of_slot, d.rows, d.k, d.D);
+// Where the experts run: on one device on the expert-sorted slots themselves; under expert
+// parallel (StepCtx.ep, parallel/ep) on the rows each rank sent for this rank's E / ep experts
+// (its Shard(0) slices of the weights), regrouped by local expert. Host memory, from the
+// offsets of the sort and the exchanged counts.
+typedef struct {
+    int n_experts;              // E or E / ep
+    const int *offs;            // (n_experts + 1) the experts' rows
+    // expert parallel only:
+    int size;                   // ep
+    const int *recv;            // (size, E / size) rows from each rank for each local expert
+    int *send_rows, *recv_rows;  // (size) x2: rows to and from each rank
+} ExpertRows;
+
+// ExpertRows from the host offsets (and, under expert parallel, the exchanged counts).
+static ExpertRows expert_rows(MoeLayer *m, const StepCtx *s, MoeDims d, const int *offs) {
+    if (!s->ep) return (ExpertRows){.n_experts = d.E, .offs = offs};
+    int *h = m->host_counts, size = s->ep->size, local = d.El;
+    ExpertRows r = {.n_experts = local, .size = size, .recv = h + 2 * d.E + 1};
+    r.send_rows = h + 4 * d.E + 1;
+    r.recv_rows = r.send_rows + size;
+    int *loffs = r.recv_rows + size;
+    for (int q = 0; q < size; q++) {
+        r.send_rows[q] = offs[(q + 1) * local] - offs[q * local];
+        r.recv_rows[q] = 0;
+        for (int e = 0; e < local; e++) r.recv_rows[q] += r.recv[q * local + e];
+    }
+    loffs[0] = 0;
+    for (int e = 0; e < local; e++) {
+        loffs[e + 1] = loffs[e];
+        for (int q = 0; q < size; q++) loffs[e + 1] += r.recv[q * local + e];
+    }
+    CHECK((size_t)loffs[local] <= d.Rl);  // ExpertHooks.recv_rows_bound holds
+    r.offs = loffs;
+    return r;
 }
 
-static void combine(const StepCtx *s, const MoeSaved *sv, MoeDims d, float *y) {
+// The counts exchange of a forward: each rank learns the rows every rank has for its experts
+// (the kept ones: a capacity drops the rest before they travel); kept in sv->counts for the
+// backward, which moves the same rows.
+static void exchange_counts(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, MoeDims d) {
+    int *offs = m->host_counts + d.E, *recv = offs + d.E + 1, *kept = recv + d.E;
+    for (int e = 0; e < d.E; e++) kept[e] = offs[e + 1] - offs[e];
+    s->ep->exchange_counts(s->ep, kept, recv, d.E);
+    s->k->upload(sv->counts + 2 * d.E + 1, recv, (size_t)d.E * sizeof(int));
+}
+
+// Copies the received rows (D floats each) between the order they arrive in, (source rank,
+// local expert), and the order the grouped GEMMs take, (local expert, source rank).
+static void regroup(const StepCtx *s, const ExpertRows *r, MoeDims d, float *arrived,
+                    float *grouped, bool to_grouped) {
+    size_t at = 0, row = (size_t)d.D;
+    for (int e = 0; e < r->n_experts; e++)
+        for (int q = 0; q < r->size; q++) {
+            size_t from = 0, n = (size_t)r->recv[q * r->n_experts + e];
+            for (int p = 0; p < q; p++) from += (size_t)r->recv_rows[p];
+            for (int f = 0; f < e; f++) from += (size_t)r->recv[q * r->n_experts + f];
+            float *a = arrived + from * row, *g = grouped + at * row;
+            s->k->copy(to_grouped ? g : a, to_grouped ? a : g, n * row * sizeof(float));
+            at += n;
+        }
+}
+
+// The sorted rows (R, D) of this rank's slots to the experts' rows (Rl, D) of the ranks that
+// hold them (back = false), or the experts' rows back to their slots' ranks (back = true, the
+// combine's exchange, and the dispatch's in backward). arrived: (Rl, D) scratch. Under no
+// expert parallel the two are the same rows.
+static void exchange_rows(const StepCtx *s, const ExpertRows *r, MoeDims d, float *sorted,
+                          float *arrived, float *grouped, bool back) {
+    if (!s->ep) return;
+    if (back) {
+        regroup(s, r, d, arrived, grouped, false);
+        s->ep->all_to_all(s->ep, sorted, r->send_rows, arrived, r->recv_rows, d.D);
+    } else {
+        s->ep->all_to_all(s->ep, arrived, r->recv_rows, sorted, r->send_rows, d.D);
+        regroup(s, r, d, arrived, grouped, true);
+    }
+}
+
+// The dispatch and the combine: the permutation of the tokens' slots into expert order and its
+// weighted inverse (torchtitan's token dispatcher), the rows' exchange between.
+static void dispatch(const StepCtx *s, const MoeSaved *sv, MoeDims d, const ExpertRows *r,
+                     const float *x, float *sorted, float *arrived) {
+    s->k->moe_permute(s->ep ? sorted : sv->xs, x, NULL, sv->row_of_slot, d.rows, d.k, d.D);
+    exchange_rows(s, r, d, sorted, arrived, sv->xs, false);
+}
+
+// expert_out: (Rl, D) the experts' outputs in their order (sv->out itself on one device).
+static void combine(const StepCtx *s, const MoeSaved *sv, MoeDims d, const ExpertRows *r,
+                    float *expert_out, float *arrived, float *y) {
+    exchange_rows(s, r, d, sv->out, arrived, expert_out, true);
     s->k->moe_unpermute(y, sv->out, sv->weight, sv->row_of_slot, d.rows, d.k, d.D);
 }
 
-// dx += the dispatched rows' grads drows (R, D) summed back onto their tokens.
+// dx += the dispatched rows' grads summed back onto their tokens: dgrouped (Rl, D) in the
+// experts' order, sent home into dsorted (R, D) under expert parallel (dsorted == dgrouped on
+// one device).
 static void dispatch_backward(const StepCtx *s, const MoeSaved *sv, MoeDims d,
-                              const float *drows, float *dx) {
-    s->k->moe_unpermute(dx, drows, NULL, sv->row_of_slot, d.rows, d.k, d.D);
+                              const ExpertRows *r, float *dsorted, float *arrived,
+                              float *dgrouped, float *dx) {
+    exchange_rows(s, r, d, dsorted, arrived, dgrouped, true);
+    s->k->moe_unpermute(dx, dsorted, NULL, sv->row_of_slot, d.rows, d.k, d.D);
 }
 
-// out = (silu(xs W1_e^T) * (xs W3_e^T)) W2_e^T on each expert e's rows.
+// out (Rl, D) = (silu(xs W1_e^T) * (xs W3_e^T)) W2_e^T on each expert e's rows (this rank's).
 static void experts_forward(const MoeLayer *m, const StepCtx *s, const MoeSaved *sv, MoeDims d,
-                            const int *offs) {
+                            const ExpertRows *r, float *out) {
     const KernelOps *K = s->k;
-    K->grouped_matmul(sv->gate, sv->xs, m->w1->data, offs, d.E, d.F, d.D, false, true, 0);
-    K->grouped_matmul(sv->up, sv->xs, m->w3->data, offs, d.E, d.F, d.D, false, true, 0);
-    K->swiglu_forward(sv->act, sv->gate, sv->up, (size_t)offs[d.E] * d.F);
-    K->grouped_matmul(sv->out, sv->act, m->w2->data, offs, d.E, d.D, d.F, false, true, 0);
+    const int *offs = r->offs;
+    int n = r->n_experts;
+    K->grouped_matmul(sv->gate, sv->xs, m->w1->data, offs, n, d.F, d.D, false, true, 0);
+    K->grouped_matmul(sv->up, sv->xs, m->w3->data, offs, n, d.F, d.D, false, true, 0);
+    K->swiglu_forward(sv->act, sv->gate, sv->up, (size_t)offs[n] * d.F);
+    K->grouped_matmul(out, sv->act, m->w2->data, offs, n, d.D, d.F, false, true, 0);
 }
 
 // y += (silu(x Ws1^T) * (x Ws3^T)) Ws2^T.
@@ -180,17 +283,17 @@ static void shared_forward(const MoeLayer *m, const StepCtx *s, const MoeSaved *
 }
 
 void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y, int rows) {
-    MoeDims d = moe_dims(m, rows);
+    MoeDims d = moe_dims(m, s, rows);
     Arena *A = s->act;
     sv->scores = arena_floats(A, (size_t)rows * d.E);
     sv->weight = arena_floats(A, d.R);
     sv->experts = arena_alloc(A, d.R * sizeof(int));
-    sv->counts = arena_alloc(A, (2 * (size_t)d.E + 1) * sizeof(int));
+    sv->counts = arena_alloc(A, (size_t)d.n_counts * sizeof(int));
     sv->row_of_slot = arena_alloc(A, d.R * sizeof(int));
-    sv->xs = arena_floats(A, d.R * d.D);
-    sv->gate = arena_floats(A, d.R * d.F);
-    sv->up = arena_floats(A, d.R * d.F);
-    sv->act = arena_floats(A, d.R * d.F);
+    sv->xs = arena_floats(A, d.Rl * d.D);
+    sv->gate = arena_floats(A, d.Rl * d.F);
+    sv->up = arena_floats(A, d.Rl * d.F);
+    sv->act = arena_floats(A, d.Rl * d.F);
     sv->out = arena_floats(A, d.R * d.D);
     bool shared = d.Fs > 0;
     sv->sgate = shared ? arena_floats(A, (size_t)rows * d.Fs) : NULL;
@@ -201,13 +304,20 @@ void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y
     size_t saved_end = arena_mark(A);  // scratch from here
     float *logits = arena_floats(A, (size_t)rows * d.E);
     float *dot = aux ? arena_floats(A, 1) : NULL;
+    // Under expert parallel: the sorted rows before they travel, what arrives, and the experts'
+    // outputs in their order.
+    float *sorted = s->ep ? arena_floats(A, d.R * d.D) : NULL;
+    float *arrived = s->ep ? arena_floats(A, d.Rl * d.D) : NULL;
+    float *expert_out = s->ep ? arena_floats(A, d.Rl * d.D) : sv->out;
     if (!step_sizing(s)) {
         route(m, s, sv, d, x, logits);
         const int *offs = host_offsets(m, s, sv, d);
         count_load(m, s, d.E);
-        dispatch(s, sv, d, x);
-        experts_forward(m, s, sv, d, offs);
-        combine(s, sv, d, y);
+        if (s->ep) exchange_counts(m, s, sv, d);
+        ExpertRows r = expert_rows(m, s, d, offs);
+        dispatch(s, sv, d, &r, x, sorted, arrived);
+        experts_forward(m, s, sv, d, &r, expert_out);
+        combine(s, sv, d, &r, expert_out, arrived, y);
         if (shared) shared_forward(m, s, sv, d, x, y);
         if (aux) aux_forward(m, s, sv, d, dot);
     }
@@ -217,18 +327,23 @@ void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y
 // ---- backward --------------------------------------------------------------------------------
 
 typedef struct {
-    float *drows;             // (R, D) the experts' output grads, then the dispatched rows'
-    float *dact, *dgate, *dup;  // (R, F) x3
+    float *drows;             // (R, D) the slots' output grads, then the dispatched rows'
+    // (Rl, D) x2 under expert parallel (else drows and NULL): the experts' output grads, then
+    // their input rows' grads, in the experts' order; the rows as they arrive
+    float *dgrouped, *arrived;
+    float *dact, *dgate, *dup;  // (Rl, F) x3
     float *dweight;           // (rows * k) the combine weights' grads
     float *dlogits;           // (rows, E)
     float *dshared;           // (3 rows Fs) the shared experts' dact, dgate, dup (NULL without)
 } MoeGrads;
 
-static MoeGrads grads_carve(Arena *A, MoeDims d) {
+static MoeGrads grads_carve(Arena *A, MoeDims d, bool ep) {
     MoeGrads g = {.drows = arena_floats(A, d.R * d.D)};
-    g.dact = arena_floats(A, d.R * d.F);
-    g.dgate = arena_floats(A, 2 * d.R * d.F);
-    g.dup = g.dgate ? g.dgate + d.R * d.F : NULL;
+    g.dgrouped = ep ? arena_floats(A, d.Rl * d.D) : g.drows;
+    g.arrived = ep ? arena_floats(A, d.Rl * d.D) : NULL;
+    g.dact = arena_floats(A, d.Rl * d.F);
+    g.dgate = arena_floats(A, 2 * d.Rl * d.F);
+    g.dup = g.dgate ? g.dgate + d.Rl * d.F : NULL;
     g.dweight = arena_floats(A, d.R);
     g.dlogits = arena_floats(A, (size_t)d.rows * d.E);
     g.dshared = d.Fs > 0 ? arena_floats(A, 3 * (size_t)d.rows * d.Fs) : NULL;
@@ -244,20 +359,23 @@ static void combine_backward(const StepCtx *s, const MoeSaved *sv, const MoeGrad
     s->k->moe_weight_grad(g->dweight, dy, sv->out, sv->row_of_slot, d.rows, d.k, d.D);
 }
 
-// From g->drows, the experts' output grads, to g->drows, the dispatched rows' grads, with the
-// experts' weight grads.
+// From g->dgrouped, the experts' output grads, to g->dgrouped, their input rows' grads, with
+// the experts' weight grads (this rank's experts).
 static void experts_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv,
-                             const MoeGrads *g, MoeDims d, const int *offs) {
+                             const MoeGrads *g, MoeDims d, const ExpertRows *r) {
     const KernelOps *K = s->k;
-    size_t kept = (size_t)offs[d.E] * d.F;
-    K->grouped_matmul(g->dact, g->drows, m->w2->data, offs, d.E, d.F, d.D, false, false, 0);
-    K->grouped_matmul(m->w2->grad, g->drows, sv->act, offs, d.E, d.F, d.D, true, false, 1);
-    K->zero(g->dgate, 2 * d.R * d.F * sizeof(float));
+    const int *offs = r->offs;
+    int n = r->n_experts;
+    float *dr = g->dgrouped;
+    size_t kept = (size_t)offs[n] * d.F;
+    K->grouped_matmul(g->dact, dr, m->w2->data, offs, n, d.F, d.D, false, false, 0);
+    K->grouped_matmul(m->w2->grad, dr, sv->act, offs, n, d.F, d.D, true, false, 1);
+    K->zero(g->dgate, 2 * d.Rl * d.F * sizeof(float));
     K->swiglu_backward(g->dgate, g->dup, g->dact, sv->gate, sv->up, kept);
-    K->grouped_matmul(g->drows, g->dgate, m->w1->data, offs, d.E, d.D, d.F, false, false, 0);
-    K->grouped_matmul(g->drows, g->dup, m->w3->data, offs, d.E, d.D, d.F, false, false, 1);
-    K->grouped_matmul(m->w1->grad, g->dgate, sv->xs, offs, d.E, d.D, d.F, true, false, 1);
-    K->grouped_matmul(m->w3->grad, g->dup, sv->xs, offs, d.E, d.D, d.F, true, false, 1);
+    K->grouped_matmul(dr, g->dgate, m->w1->data, offs, n, d.D, d.F, false, false, 0);
+    K->grouped_matmul(dr, g->dup, m->w3->data, offs, n, d.D, d.F, false, false, 1);
+    K->grouped_matmul(m->w1->grad, g->dgate, sv->xs, offs, n, d.D, d.F, true, false, 1);
+    K->grouped_matmul(m->w3->grad, g->dup, sv->xs, offs, n, d.D, d.F, true, false, 1);
 }
 
 // The router's logits from the combine weights' grads (and the balance loss's), then the
@@ -290,14 +408,15 @@ static void shared_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, c
 
 void moe_backward(MoeLayer *m, StepCtx *s, const MoeSaved *sv, const float *x, const float *dy,
                   float *dx, int rows) {
-    MoeDims d = moe_dims(m, rows);
+    MoeDims d = moe_dims(m, s, rows);
     size_t mark = arena_mark(s->act);
-    MoeGrads g = grads_carve(s->act, d);
+    MoeGrads g = grads_carve(s->act, d, s->ep != NULL);
     if (!step_sizing(s)) {
-        const int *offs = host_offsets(m, s, sv, d);
+        ExpertRows r = expert_rows(m, s, d, host_offsets(m, s, sv, d));
         combine_backward(s, sv, &g, d, dy);
-        experts_backward(m, s, sv, &g, d, offs);
-        dispatch_backward(s, sv, d, g.drows, dx);
+        exchange_rows(s, &r, d, g.drows, g.arrived, g.dgrouped, false);
+        experts_backward(m, s, sv, &g, d, &r);
+        dispatch_backward(s, sv, d, &r, g.drows, g.arrived, g.dgrouped, dx);
         route_backward(m, s, sv, &g, d, x, dx);
         if (d.Fs > 0) shared_backward(m, s, sv, &g, d, x, dy, dx);
     }

@@ -1,7 +1,9 @@
 // A token-choice top-k mixture-of-experts layer (torchtitan's models/common/moe.py MoE, as
 // DeepSeek-MoE / Qwen3-MoE use it): the FFN of a transformer block on rows (rows, D) -> (rows,
 // D), usable by any architecture, which calls it from its own block on the rows it holds
-// (under tensor parallel: this rank's sequence-parallel rows, the layer's weights replicated).
+// (under tensor parallel: this rank's sequence-parallel rows, the layer's weights replicated;
+// under expert parallel, StepCtx.ep, the routed experts are this rank's E / ep and the sorted
+// rows travel to the ranks holding theirs and back, parallel/ep/ep.h).
 //
 //   router:  scores = softmax|sigmoid(x Wg^T) in fp32; each token's top k experts by scores +
 //            expert_bias (the bias only steers the choice, DeepSeek V3's auxiliary-loss-free
@@ -48,20 +50,23 @@ typedef struct {
     Param *shared_w1, *shared_w3;  // (Fs, D); NULL without shared experts
     Param *shared_w2;           // (D, Fs)
     Param *expert_bias;         // (E) the routing bias (a Param.buffer); NULL: none
-    int *host_counts;           // (2E + 1) host: counts then offsets, read back per call
+    int *host_counts;           // host: counts, offsets (and expert parallel's plan), per call
 } MoeLayer;
 
 // What forward keeps for backward (pointers into the microbatch's activation arena). R = rows
-// * k: the expert-sorted rows, of which offsets[E] <= R are kept.
+// * k: the expert-sorted rows, of which offsets[E] <= R are kept. Rl: the rows this rank's
+// experts run on: R, or under expert parallel ExpertHooks.recv_rows_bound's bound (the rows
+// every rank sent for this rank's E / ep experts, grouped by local expert).
 typedef struct {
     float *scores;            // (rows, E) softmax or sigmoid of the router logits
     float *weight;            // (rows, k) each slot's combine weight
     int *experts;             // (rows, k) each slot's expert
-    int *counts;              // (2E + 1) slots routed to each expert (E), then offsets (E + 1)
+    int *counts;              // (2E + 1) slots routed to each expert (E), then offsets (E + 1);
+                              // under expert parallel E more: the exchanged counts (ep, E / ep)
     int *row_of_slot;         // (rows * k) sorted row of each slot, -1: dropped
-    float *xs;                // (R, D) the dispatched tokens
-    float *gate, *up, *act;   // (R, F) x3: xs W1^T, xs W3^T, silu(gate) * up
-    float *out;               // (R, D) the experts' outputs, before weighting
+    float *xs;                // (Rl, D) the dispatched tokens, in this rank's experts' order
+    float *gate, *up, *act;   // (Rl, F) x3: xs W1^T, xs W3^T, silu(gate) * up
+    float *out;               // (R, D) the experts' outputs for this rank's slots, unweighted
     float *sgate, *sup, *sact;  // (rows, Fs) x3: the shared experts' (NULL without)
     float *frac;              // (2, B, E) the balance loss's f then P per sequence (NULL: off)
 } MoeSaved;

@@ -41,10 +41,16 @@ static void ep_all_to_all(const ExpertHooks *h, float *dst, const int *recv_rows
     comm_wait(&c);
 }
 
+static int64_t ep_hooks_recv_rows_bound(const ExpertHooks *h, int64_t rows, int k,
+                                        int n_experts, double capacity_factor) {
+    return ep_recv_rows_bound(h->size, rows, k, n_experts, capacity_factor);
+}
+
 void ep_plan(Ep *ep, int rank, int size) {
     *ep = (Ep){.rank = rank, .size = size};
     ep->hooks = (ExpertHooks){.size = size, .exchange_counts = ep_exchange_counts,
-                              .all_to_all = ep_all_to_all};
+                              .all_to_all = ep_all_to_all,
+                              .recv_rows_bound = ep_hooks_recv_rows_bound};
 }
 
 void ep_init(Ep *ep, CommGroup *group) {

@@ -38,7 +38,7 @@ typedef struct Ep {
 // Hooks over group (the mesh's ep group). Allocates its host scratch (setup, not the step).
 void ep_init(Ep *ep, CommGroup *group);
 // The same for rank of size ranks without a group (MPI-free planning: --estimate, where the
-// step only sizes its buffers); its hooks must not be called.
+// step only sizes its buffers); of its hooks only recv_rows_bound may be called.
 void ep_plan(Ep *ep, int rank, int size);
 void ep_free(Ep *ep);
 // Whether the model of parameters t can split its routed experts over ep ranks: it must have

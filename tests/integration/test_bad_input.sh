@@ -29,8 +29,6 @@ expect_user_error "parallelism.expert_parallel_degree = 2: the model has no rout
 MOE=(--model.name qwen3 --model.flavor small_moe --estimate)
 expect_user_error "parallelism.expert_parallel_degree = 3 must divide the model's 8 experts" \
   $TITAN "${SMALL[@]}" "${MOE[@]}" --world-size 6 --parallelism.expert_parallel_degree 3
-expect_user_error "parallelism.expert_parallel_degree = 2: the MoE layer's expert-parallel dispatch is not implemented yet" \
-  $TITAN "${SMALL[@]}" "${MOE[@]}" --world-size 2 --parallelism.expert_parallel_degree 2
 expect_user_error "parallelism: pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 = 2 ranks, but the job has 1" \
   $TITAN "${SMALL[@]}" --parallelism.data_parallel_shard_degree 2
 expect_user_error "model.flavor 'tiny' is not a llama3 flavor" $TITAN "${SMALL[@]}" --model.flavor tiny

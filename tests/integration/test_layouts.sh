@@ -70,6 +70,22 @@ MOE_KEYS=1 REF_RUN=moe-ref layout moe,tp=2,AC 2 4 $P.tensor_parallel_degree 2 \
 MOE_KEYS=1 REF_RUN=moe-ref layout moe,dp_shard=2 2 4 $P.data_parallel_shard_degree 2 "${moe[@]}"
 MOE_KEYS=1 REF_RUN=moe-ref layout moe,pp=2 2 8 $P.pipeline_parallel_degree 2 \
   $P.pipeline_parallel_microbatch_size 2 $P.data_parallel_shard_degree 1 "${moe[@]}"
+# Expert parallel: each rank runs E / ep experts on the rows every rank routes to them (the
+# all-to-all dispatch and combine), alone, with FSDP over efsdp, on tp's sequence-parallel rows,
+# in a pipeline stage, and recomputed under activation checkpointing.
+E=$P.expert_parallel_degree
+MOE_KEYS=1 REF_RUN=moe-ref layout moe,ep=2 2 4 $P.data_parallel_shard_degree 2 $E 2 "${moe[@]}"
+MOE_KEYS=1 REF_RUN=moe-ref layout moe,ep=4 4 2 $P.data_parallel_shard_degree 4 $E 4 "${moe[@]}"
+MOE_KEYS=1 REF_RUN=moe-ref layout moe,ep=2xefsdp=2 4 2 $P.data_parallel_shard_degree 4 $E 2 \
+  "${moe[@]}"
+MOE_KEYS=1 REF_RUN=moe-ref layout moe,ep=2xtp=2 2 4 $P.tensor_parallel_degree 2 \
+  $P.data_parallel_shard_degree 1 $E 2 "${moe[@]}"
+MOE_KEYS=1 REF_RUN=moe-ref layout moe,dp_shard=2xtp=2xep=2 4 4 $P.tensor_parallel_degree 2 \
+  $P.data_parallel_shard_degree 2 $E 2 "${moe[@]}"
+MOE_KEYS=1 REF_RUN=moe-ref layout moe,ep=2,AC 2 4 $P.data_parallel_shard_degree 2 $E 2 \
+  --activation_checkpoint.mode full "${moe[@]}"
+MOE_KEYS=1 REF_RUN=moe-ref layout moe,pp=2xep=2 4 4 $P.pipeline_parallel_degree 2 \
+  $P.pipeline_parallel_microbatch_size 2 $P.data_parallel_shard_degree 2 $E 2 "${moe[@]}"
 
 # Impossible layouts stop before allocation with one line (from rank 0 only), exit code 2.
 impossible() {  # pattern, ranks, overrides...
