@@ -421,6 +421,9 @@ static void setup(Trainer *t) {
              t->args.spec->name, c->model.flavor, shape.n_layers, shape.dim, shape.vocab_size,
              t->train.B, t->train.T, t->accum, size[MESH_PP], size[MESH_DP_REPLICATE],
              size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP]);
+    if (t->mesh.layout.ep > 1)
+        log_info("experts: ep %d x efsdp %d over dp_shard x cp x tp", t->mesh.layout.ep,
+                 size[MESH_DP_SHARD] * size[MESH_CP] * size[MESH_TP] / t->mesh.layout.ep);
     if (t->pipeline) {
         const char *csv = c->parallelism.pipeline_parallel_schedule_csv;
         log_info("pipeline: %s, %d microbatches of %lld rows per batch",

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # `make sanitize`: the unit tests and short trainings (tokenize the Austen text, then 3 steps of
-# the debug model on 1 rank, on 2 ranks with FSDP and on 2 pipeline stages, and the bad-input
-# test's refusals) under
-# AddressSanitizer and UndefinedBehaviorSanitizer, as built by `make SANITIZE=1` in
-# build/sanitize. Any sanitizer report fails the run (env.sh); each step prints one line with
-# its time.
+# the debug model on 1 rank, on 2 ranks with FSDP and on 2 pipeline stages, context and expert
+# parallel on 2 ranks, and the bad-input test's refusals) under AddressSanitizer and
+# UndefinedBehaviorSanitizer, as built by `make SANITIZE=1` in build/sanitize. Any sanitizer
+# report fails the run (env.sh); each step prints one line with its time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/sanitize/env.sh
@@ -34,7 +33,7 @@ step() {  # name, command...: its output in $LOGS/name.log, shown when it fails
 # The unit tests that start MPI unwind fully, so that lsan.supp recognises OpenMPI's leaks.
 for t in "$BUILD"/tests/test_*; do
   case $t in
-    */test_comm|*/test_cp|*/test_fsdp|*/test_tp) step "$(basename "$t")" env "$MPI_UNWIND" "$t" ;;
+    */test_comm|*/test_cp|*/test_ep|*/test_fsdp|*/test_tp) step "$(basename "$t")" env "$MPI_UNWIND" "$t" ;;
     *) step "$(basename "$t")" "$t" ;;
   esac
 done
@@ -62,5 +61,11 @@ step train_context_parallel mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x
   -x UBSAN_OPTIONS -x LSAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose \
   "$TITAN" "${TRAIN[@]}" --parallelism.context_parallel_degree 2 \
   --parallelism.context_parallel_rotate_method alltoall
+# Expert parallel's sort, counts exchange, all-to-all of rows and regroup buffers (carved at
+# the receive bound): Qwen3's small MoE with ep 2 on 2 ranks.
+step train_expert_parallel mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x ASAN_OPTIONS \
+  -x UBSAN_OPTIONS -x LSAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose \
+  "$TITAN" "${TRAIN[@]}" --model.name qwen3 --model.flavor small_moe \
+  --parallelism.expert_parallel_degree 2
 step bad_input env TITAN="$TITAN" bash tests/integration/test_bad_input.sh
 exit "$failed"
