@@ -265,9 +265,12 @@ static void allocate_inputs(Trainer *t) {
             if (t->doc_eos >= 0) sp->step_doc = arena_alloc(a, (size_t)sp->B * sp->T * sizeof(int));
         }
     }
-    for (int i = 0; i < 2; i++)
-        if (splits[i]->B > 0)
-            t->k->upload(splits[i]->step_pos, splits[i]->pos, splits[i]->step_T * sizeof(int));
+    for (int i = 0; i < 2; i++) {
+        Split *sp = splits[i];
+        sp->batch = (TokenBatch){.tokens = sp->step_tokens, .targets = sp->step_targets,
+                                 .pos = sp->step_pos, .doc = sp->step_doc};
+        if (sp->B > 0) t->k->upload(sp->step_pos, sp->pos, sp->step_T * sizeof(int));
+    }
 }
 
 // This rank's columns of a batch (B, T) of the split, handed to the backend at dst.
@@ -444,8 +447,7 @@ static void setup(Trainer *t) {
 static StepCtx step_ctx(Trainer *t, const Split *sp) {
     arena_release(&t->act_arena, 0);
     return (StepCtx){.k = t->k, .act = &t->act_arena, .B = sp->B, .T = sp->step_T,
-                     .tokens = sp->step_tokens, .targets = sp->step_targets, .pos = sp->step_pos,
-                     .doc = sp->step_doc};
+                     .input = &sp->batch};
 }
 
 // torchtitan's validator: the mean loss over validation.steps batches (-1: one pass over the

@@ -11,6 +11,7 @@
 #include "core/preempt.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "data/token_batch.h"
 #include "data/tokenizer.h"
 #include "models/moe/balance.h"
 #include "models/registry.h"
@@ -40,6 +41,7 @@ typedef struct {
     int *doc;                // (B*T) document ids of the whole batch (document masking), host
                              // memory; NULL without
     int *step_doc;           // the backend's copy; NULL: no document masking
+    TokenBatch batch;        // the step's inputs: the step_* tensors, as the model reads them
 } Split;
 
 typedef struct AsyncSave AsyncSave;  // train_checkpoint.c's

@@ -29,6 +29,7 @@ struct Pipeline {
     int n_slots;             // regions of the larger run
     ModelSlots *slots;       // (n_slots) one microbatch's blocks' slots per region
     StepCtx *ctx;            // (n_slots) its step context
+    TokenBatch *inputs;      // (n_slots) its microbatch's rows of the batch
     double *loss;            // (the larger m) the last stage's loss per microbatch
     double aux_loss;         // the MoE balance loss of this rank's stages, summed over a batch
 };
@@ -38,13 +39,10 @@ static float *stage_forward(const PpStageFns *f, int stage, int mb, int region, 
     Pipeline *p = (Pipeline *)f;
     Trainer *t = p->t;
     const Split *sp = p->running->split;
-    size_t first_row = (size_t)mb * p->rows * sp->step_T;
     StepCtx *s = &p->ctx[region];
-    *s = (StepCtx){.k = t->k, .act = act, .B = p->rows, .T = sp->step_T, .pos = sp->step_pos,
-                   .tokens = sp->step_tokens ? sp->step_tokens + first_row : NULL,
-                   .targets = sp->step_targets ? sp->step_targets + first_row : NULL,
-                   .doc = sp->step_doc ? sp->step_doc + (size_t)mb * p->rows * sp->T : NULL,
-                   .loss_scale = p->loss_scale};
+    p->inputs[region] = token_batch_rows(&sp->batch, mb * p->rows, sp->step_T, sp->T);
+    *s = (StepCtx){.k = t->k, .act = act, .B = p->rows, .T = sp->step_T,
+                   .input = &p->inputs[region], .loss_scale = p->loss_scale};
     if (p->running == &p->train && t->model.moe) s->expert_load = t->model.moe->load;
     int last = p->first[stage + 1];
     float *y = model_forward_blocks(&t->model, s, &p->slots[region], p->first[stage], last, x);
@@ -139,6 +137,7 @@ void trainer_pipeline_plan(Trainer *t) {
     p->n_slots = u->n_regions > p->eval.n_regions ? u->n_regions : p->eval.n_regions;
     p->slots = xcalloc((size_t)p->n_slots, sizeof(ModelSlots));
     p->ctx = xcalloc((size_t)p->n_slots, sizeof(StepCtx));
+    p->inputs = xcalloc((size_t)p->n_slots, sizeof(TokenBatch));
     for (int i = 0; i < p->n_slots; i++) model_slots_init(&p->slots[i], &t->model);
     p->loss = xcalloc((size_t)(u->m > p->eval.m ? u->m : p->eval.m), sizeof(double));
 }

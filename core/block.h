@@ -50,7 +50,9 @@ typedef struct StepCtx StepCtx;
 // queries, keys and values and calls attention through these hooks when the sequence is split
 // over ranks (context parallel, parallel/cp); StepCtx.attn NULL: the whole sequence is local
 // and the model calls the kernel itself. `local` is the shape of this rank's share (its Tq =
-// Tk = StepCtx.T tokens, the mask the step asks for); q, k, v, out, lse are laid out as
+// Tk = StepCtx.T tokens, the mask the step asks for; under ATTN_DOCUMENT its q_doc is NULL
+// and its kv_doc the document ids (B, whole sequence length) of the whole sequences, in
+// sequence order: those of every key the queries may see); q, k, v, out, lse are laid out as
 // kernels.h's attention_forward says, on those tokens.
 typedef struct AttnHooks AttnHooks;
 struct AttnHooks {
@@ -100,17 +102,16 @@ struct StepCtx {
     const ExpertHooks *ep;  // NULL: all experts local; the generic loop sets it from Model.ep
     Arena *act;          // this microbatch's activations (a stack: see core/arena.h)
     int B, T;            // microbatch rows and sequence length
-    const int *tokens;   // (B, T) inputs
-    const int *targets;  // (B, T) next tokens
-    const int *pos;      // (T) RoPE position of each sequence index
-    // (B, whole sequence length) the document id of every token of the whole sequences, in
-    // sequence order, also under context parallel (where T is this rank's share):
-    // training.document_masking, attention stays within a document. NULL: causal attention.
-    const int *doc;
+    // The microbatch's inputs, of the architecture's own type and read only by its blocks:
+    // the decoder's (llama3, qwen3) is data/token_batch.h's TokenBatch.
+    const void *input;
     float loss_scale;    // d(objective)/d(mean loss of this microbatch): 1 / microbatches
-    double loss;         // out: mean cross-entropy of the microbatch (every tp rank: the whole)
-    float *logits;       // out: (B*T, vocab), valid after forward until backward overwrites it;
-                         // (B*T, vocab / tp) this rank's vocab slice under loss parallel
+    double loss;         // out: the model's objective, its mean over the microbatch (the
+                         // decoder's: cross-entropy; every tp rank has the whole)
+    // out: the model's output, valid after forward until backward overwrites it; the
+    // decoder's: logits (B*T, vocab), or (B*T, vocab / tp) this rank's vocab slice under loss
+    // parallel
+    float *output;
     // (MoE layers, experts) host: each MoE layer adds the slots its router sent to each expert
     // (models/moe), the step's expert load; NULL: not counted (evaluation).
     float *expert_load;

@@ -63,7 +63,7 @@ void model_slots_init(ModelSlots *a, const Model *m);
 void model_slots_free(ModelSlots *a);
 
 // Forward over blocks [first, last) for the microbatch of s in slots a: x (rows, dim) is the
-// input of block first (NULL when first is 0: the embedding reads s->tokens). Returns the
+// input of block first (NULL when first is 0: the first block reads s->input). Returns the
 // output of block last - 1, carved from s->act (NULL when last is n_blocks: the head leaves
 // s->loss). Checkpointed blocks keep only their input, as the whole model's forward does.
 float *model_forward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int last,
@@ -81,5 +81,5 @@ float *model_backward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int
 // One microbatch: forward through every block, then backward in reverse, accumulating into
 // the parameter gradients. Returns s->loss. With a sizing arena it only counts bytes.
 double model_forward_backward(Model *m, StepCtx *s);
-// Forward only (evaluation, the parity dump): leaves logits in s->logits.
+// Forward only (evaluation, the parity dump): leaves the model's output in s->output.
 double model_forward(Model *m, StepCtx *s);

@@ -14,8 +14,9 @@
 // spec->update_from_config: one getter and one setter instead of fields mirrored in two
 // structs. Adding an architecture is its member in the union, its spec's declaration below and
 // its line in the registry's table (registry.c). core/config.c accepts any model.name; the
-// trainer looks it up here as soon as the config is read. Not yet the model's: StepCtx's
-// inputs and the loss (core/block.h), which are still a language model's tokens and targets.
+// trainer looks it up here as soon as the config is read. A step's inputs and its loss are the
+// architecture's too: StepCtx.input has the type its blocks read (the decoder's, a TokenBatch),
+// and its head computes its objective into StepCtx.loss (core/block.h).
 #pragma once
 
 #include <stdbool.h>

@@ -9,6 +9,15 @@
 // that a reduce-scatter sums back into each rank's rows; backward runs the duals.
 #include "models/decoder/blocks.h"
 
+#include "data/token_batch.h"
+
+// The microbatch's inputs: a language model's tokens. A sizing pass has none (NULL tensors:
+// causal attention, nothing read).
+static const TokenBatch *token_batch(const StepCtx *s) {
+    static const TokenBatch none = {0};
+    return s->input ? s->input : &none;
+}
+
 // Tensors are the backend's memory (device memory on cuda): copies and zeroing go through it.
 static void copy(const StepCtx *s, float *dst, const float *src, size_t n) {
     s->k->copy(dst, src, n * sizeof(float));
@@ -76,8 +85,8 @@ static void embed_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
     size_t mark = arena_mark(s->act);  // all scratch: the output y is all backward needs
     float *partial = s->tp ? arena_floats(s->act, (size_t)BT * D) : y;
     if (!step_sizing(s)) {
-        s->k->embedding_forward(partial, s->tokens, table->data, BT, D, vocab_start(table),
-                                (int)table->shape[0]);
+        s->k->embedding_forward(partial, token_batch(s)->tokens, table->data, BT, D,
+                                vocab_start(table), (int)table->shape[0]);
         if (s->tp) s->tp->reduce_scatter(s->tp, partial, y, (size_t)step_rows(s) * D);
     }
     arena_release(s->act, mark);
@@ -95,8 +104,8 @@ static void embed_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
     float *full = s->tp ? arena_floats(s->act, (size_t)BT * D) : NULL;
     if (step_sizing(s)) return;
     const float *dy_all = grad_gathered(s, dy, full, step_rows(s), D);
-    s->k->embedding_backward(table->grad, dy_all, s->tokens, BT, D, vocab_start(table),
-                             (int)table->shape[0]);
+    s->k->embedding_backward(table->grad, dy_all, token_batch(s)->tokens, BT, D,
+                             vocab_start(table), (int)table->shape[0]);
 }
 
 // ---- transformer block: h = x + Attention(attention_norm(x)); y = h + FFN(ffn_norm(h)) ------
@@ -114,14 +123,15 @@ static LayerDims layer_dims(const DecoderLayer *L, const StepCtx *s) {
                        nq / hd, nkv / hd, nq, nkv, L->w1 ? (int)L->w1->shape[0] : 0};
 }
 
-// Causal attention over this rank's tokens of each sequence, within documents when the step
-// has them. Without attention hooks the whole sequences are local and StepCtx.doc gives the
-// kernel its ids; the hooks cut each chunk's ids from it themselves.
+// Causal attention over this rank's tokens of each sequence, within documents when the batch
+// has them. Without attention hooks the whole sequences are local and the batch's ids are the
+// queries' and the keys'; the hooks take the whole sequences' ids as the keys' and cut each
+// chunk's from them themselves.
 static AttnShape attention_shape(const StepCtx *s, LayerDims d) {
-    const int *doc = s->attn ? NULL : s->doc;
+    const int *doc = token_batch(s)->doc;
     return (AttnShape){.B = s->B, .Tq = s->T, .Tk = s->T, .n_heads = d.nh, .n_kv_heads = d.nkvh,
-                       .head_dim = d.hd, .mask = s->doc ? ATTN_DOCUMENT : ATTN_CAUSAL,
-                       .q_doc = doc, .kv_doc = doc};
+                       .head_dim = d.hd, .mask = doc ? ATTN_DOCUMENT : ATTN_CAUSAL,
+                       .q_doc = s->attn ? NULL : doc, .kv_doc = doc};
 }
 
 // ---- the attention seam: the kernel on whole sequences, or the hooks (context parallel) ----
@@ -186,8 +196,9 @@ static void layer_forward_compute(DecoderLayer *L, StepCtx *s, LayerSaved *sv, L
     K->matmul(L->k_norm ? sv->k0 : sv->k, sv->xn, L->wk->data, d.BT, d.nkv, d.D, false, true, 0);
     K->matmul(sv->v, sv->xn, L->wv->data, d.BT, d.nkv, d.D, false, true, 0);
     if (L->q_norm) qk_norm_forward(L, s, sv, d);
-    K->rope_forward(sv->q, sv->q, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nh, d.hd);
-    K->rope_forward(sv->k, sv->k, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nkvh, d.hd);
+    const int *pos = token_batch(s)->pos;
+    K->rope_forward(sv->q, sv->q, L->rope_cos, L->rope_sin, pos, d.BT, s->T, d.nh, d.hd);
+    K->rope_forward(sv->k, sv->k, L->rope_cos, L->rope_sin, pos, d.BT, s->T, d.nkvh, d.hd);
     attention_forward(s, sv, d, workspace);
     residual_row_parallel(s, sv->h, x, sv->attn, L->wo->data, d.BT, d.rows, d.D, d.nq, partial);
 
@@ -314,8 +325,9 @@ static float *attention_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, Layer
     K->matmul(dattn, g->dh_all, L->wo->data, d.BT, d.nq, d.D, false, false, 0);
     attention_backward(s, sv, d, dq, dk, dv, dattn, workspace);
     zero(s, dq0, nq + nkv);
-    K->rope_backward(dq0, dq, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nh, d.hd);
-    K->rope_backward(dk0, dk, L->rope_cos, L->rope_sin, s->pos, d.BT, s->T, d.nkvh, d.hd);
+    const int *pos = token_batch(s)->pos;
+    K->rope_backward(dq0, dq, L->rope_cos, L->rope_sin, pos, d.BT, s->T, d.nh, d.hd);
+    K->rope_backward(dk0, dk, L->rope_cos, L->rope_sin, pos, d.BT, s->T, d.nkvh, d.hd);
     if (L->q_norm) {  // dq and dk are free again: they take the projections' gradients
         qk_norm_backward(L, s, sv, d, dq, dq0);
         dq0 = dq;
@@ -442,7 +454,7 @@ static void loss_parallel_forward(DecoderHead *h, StepCtx *s, HeadSaved *sv, con
                                   int r0, int n, float *stats) {
     float *max = stats, *sums = stats + n, *target_logit = sums + n;
     float *lse = sv->lse + r0, *losses = sv->losses + r0;
-    const int *targets = s->targets + r0;
+    const int *targets = token_batch(s)->targets + r0;
     s->k->cross_entropy_slice_forward(lse, target_logit, logits, targets, n,
                                       (int)h->output->shape[0], vocab_start(h->output));
     copy(s, max, lse, n);
@@ -457,7 +469,7 @@ static void head_chunk_loss(DecoderHead *h, StepCtx *s, HeadSaved *sv, const Hea
     if (sv->lse)
         loss_parallel_forward(h, s, sv, c->logits, r0, n, stats);
     else
-        s->k->cross_entropy_forward(sv->losses + r0, c->full, s->targets + r0, n,
+        s->k->cross_entropy_forward(sv->losses + r0, c->full, token_batch(s)->targets + r0, n,
                                     h->args->vocab_size);
 }
 
@@ -471,9 +483,9 @@ static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, floa
     sv->rstd = arena_floats(s->act, rows);
     sv->losses = arena_floats(s->act, BT);
     sv->lse = vocab_parallel_loss(s) ? arena_floats(s->act, BT) : NULL;
-    // One chunk: its logits stay for backward (and for s->logits); several: scratch.
+    // One chunk: its logits stay for backward (and for s->output); several: scratch.
     sv->kept = chunk == BT ? head_chunk_carve(h, s, BT) : (HeadChunk){0};
-    s->logits = chunk == BT ? (sv->lse ? sv->kept.logits : sv->kept.full) : NULL;
+    s->output = chunk == BT ? (sv->lse ? sv->kept.logits : sv->kept.full) : NULL;
     size_t mark = arena_mark(s->act);  // scratch from here
     float *normed = s->tp ? arena_floats(s->act, (size_t)rows * a->dim) : NULL;
     HeadChunk c = chunk == BT ? sv->kept : head_chunk_carve(h, s, chunk);
@@ -497,7 +509,7 @@ static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, floa
 static void head_chunk_dlogits(DecoderHead *h, StepCtx *s, const HeadSaved *sv, const HeadChunk *c,
                                int r0, int n, float dloss) {
     int V = h->args->vocab_size, Vl = (int)h->output->shape[0], first = vocab_start(h->output);
-    const int *targets = s->targets + r0;
+    const int *targets = token_batch(s)->targets + r0;
     if (sv->lse) {
         s->k->cross_entropy_slice_backward(c->logits, c->logits, sv->lse + r0, targets, n, Vl,
                                            first, dloss);

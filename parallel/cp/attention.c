@@ -8,12 +8,12 @@ static AttnShape chunk_shape(const CpWork *w) {
                        .n_kv_heads = w->nkv, .head_dim = w->hd, .mask = w->mask};
 }
 
-CpWork cp_work_carve(int rank, int size, int kv_units, int dkv_units, const StepCtx *s,
+CpWork cp_work_carve(int rank, int size, int kv_units, int dkv_units, const KernelOps *k,
                      const AttnShape *local, void *base) {
     CHECK(local->Tq == local->Tk && local->Tq % 2 == 0);
     CpWork w = {.rank = rank, .size = size, .B = local->B, .c = local->Tq / 2,
                 .nh = local->n_heads, .nkv = local->n_kv_heads, .hd = local->head_dim,
-                .mask = local->mask};
+                .mask = local->mask, .seq_doc = local->kv_doc};
     w.qn = (size_t)w.B * w.c * w.nh * w.hd;
     w.kvn = (size_t)w.B * w.c * w.nkv * w.hd;
     w.ln = (size_t)w.B * w.nh * w.c;
@@ -38,7 +38,7 @@ CpWork cp_work_carve(int rank, int size, int kv_units, int dkv_units, const Step
 #undef CARVE
     AttnShape pair = chunk_shape(&w);
     w.kernel_workspace = base ? p + at : NULL;
-    at += s->k->attention_workspace_bytes(&pair);
+    at += k->attention_workspace_bytes(&pair);
     w.bytes = at;
     return w;
 }
@@ -88,14 +88,14 @@ static void unpack_unit(const CpWork *w, const KernelOps *k, float *kk, float *v
     from_chunks(k, v, unit + 2 * w->kvn, w->B, w->c, width);
 }
 
-// Every chunk's document ids (B, c), chunk (j, slot) at index 2j + slot, from the step's
-// (B, T) ids of the whole sequences.
-static void gather_documents(const CpWork *w, const StepCtx *s) {
+// Every chunk's document ids (B, c), chunk (j, slot) at index 2j + slot, from the (B, T) ids
+// of the whole sequences.
+static void gather_documents(const CpWork *w, const KernelOps *k) {
     size_t T = (size_t)2 * w->size * w->c, row = (size_t)w->c * sizeof(int);
     for (int j = 0; j < w->size; j++)
         for (int slot = 0; slot < 2; slot++)
-            s->k->copy_rows(w->doc + (size_t)(2 * j + slot) * w->B * w->c, row,
-                            s->doc + chunk_start(w, j, slot), T * sizeof(int), row, w->B);
+            k->copy_rows(w->doc + (size_t)(2 * j + slot) * w->B * w->c, row,
+                         w->seq_doc + chunk_start(w, j, slot), T * sizeof(int), row, w->B);
 }
 
 // The attention of this rank's query chunk q_slot against rank j's key chunk kv_slot, or false
@@ -154,9 +154,9 @@ void cp_backward_unit(const CpWork *w, const KernelOps *k, int j, const float *u
         }
 }
 
-void cp_forward_begin(const CpWork *w, const StepCtx *s, const float *q) {
-    to_chunks(s->k, w->q, q, w->B, w->c, (size_t)w->nh * w->hd);
-    if (w->mask == ATTN_DOCUMENT) gather_documents(w, s);
+void cp_forward_begin(const CpWork *w, const KernelOps *k, const float *q) {
+    to_chunks(k, w->q, q, w->B, w->c, (size_t)w->nh * w->hd);
+    if (w->mask == ATTN_DOCUMENT) gather_documents(w, k);
 }
 
 void cp_forward_end(const CpWork *w, const KernelOps *k, float *out, float *lse) {
@@ -164,16 +164,15 @@ void cp_forward_end(const CpWork *w, const KernelOps *k, float *out, float *lse)
     lse_from_chunks(k, lse, w->lse, w);
 }
 
-void cp_backward_begin(const CpWork *w, const StepCtx *s, const float *q, const float *dout,
+void cp_backward_begin(const CpWork *w, const KernelOps *k, const float *q, const float *dout,
                        const float *out, const float *lse) {
-    const KernelOps *k = s->k;
     size_t width = (size_t)w->nh * w->hd;
     to_chunks(k, w->q, q, w->B, w->c, width);
     to_chunks(k, w->dout, dout, w->B, w->c, width);
     to_chunks(k, w->out, out, w->B, w->c, width);
     lse_to_chunks(k, w->lse, lse, w);
     k->zero(w->dq, 2 * w->qn * sizeof(float));
-    if (w->mask == ATTN_DOCUMENT) gather_documents(w, s);
+    if (w->mask == ATTN_DOCUMENT) gather_documents(w, k);
 }
 
 void cp_backward_end(const CpWork *w, const KernelOps *k, float *dq, float *dk, float *dv,

@@ -27,21 +27,23 @@ typedef struct {
     float *dkv;                  // (dkv_units, unit): their gradients
     int *doc;                    // (2 size, B, c) every chunk's document ids (carved always:
                                  // the sizing pass runs before a batch's documents are known)
+    const int *seq_doc;          // (B, 2 size c) the whole sequences' ids they are cut from
+                                 // (local's kv_doc, AttnHooks), under a document mask
     void *kernel_workspace;      // the kernel's, for one chunk pair
 } CpWork;
 
 // Carves base (NULL: only sizes) for a call on local (this rank's share of each sequence, as
 // AttnHooks get it), with room for kv_units units and dkv_units of their gradients.
-CpWork cp_work_carve(int rank, int size, int kv_units, int dkv_units, const StepCtx *s,
+CpWork cp_work_carve(int rank, int size, int kv_units, int dkv_units, const KernelOps *k,
                      const AttnShape *local, void *base);
 // Forward's inputs into the workspace: q (B, 2c, n_heads, head_dim) in chunks, and the chunks'
 // document ids under a document mask; then its results back: out (like q), lse (B, n_heads,
 // 2c).
-void cp_forward_begin(const CpWork *w, const StepCtx *s, const float *q);
+void cp_forward_begin(const CpWork *w, const KernelOps *k, const float *q);
 void cp_forward_end(const CpWork *w, const KernelOps *k, float *out, float *lse);
 // The same for backward (dq zeroed), and its results: dq, and dk, dv from dunit, this rank's
 // unit's summed gradient.
-void cp_backward_begin(const CpWork *w, const StepCtx *s, const float *q, const float *dout,
+void cp_backward_begin(const CpWork *w, const KernelOps *k, const float *q, const float *dout,
                        const float *out, const float *lse);
 void cp_backward_end(const CpWork *w, const KernelOps *k, float *dq, float *dk, float *dv,
                      const float *dunit);

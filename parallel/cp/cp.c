@@ -19,9 +19,9 @@ static double now_seconds(void) {
 // The workspace of one call: allgather holds every rank's unit and their gradients (plus this
 // rank's summed one); the ring two units (in hand, arriving) and three gradients (two sent in
 // turn, one arriving).
-static CpWork carve(const Cp *cp, const StepCtx *s, const AttnShape *local, void *base) {
+static CpWork carve(const Cp *cp, const KernelOps *k, const AttnShape *local, void *base) {
     bool ring = cp->rotate == CP_ALLTOALL;
-    return cp_work_carve(cp->rank, cp->size, ring ? 2 : cp->size, ring ? 3 : cp->size + 1, s,
+    return cp_work_carve(cp->rank, cp->size, ring ? 2 : cp->size, ring ? 3 : cp->size + 1, k,
                          local, base);
 }
 
@@ -128,8 +128,8 @@ static void cp_forward(const AttnHooks *h, const StepCtx *s, float *out, float *
                        void *workspace) {
     Cp *cp = (Cp *)h;
     const KernelOps *k = s->k;
-    CpWork w = carve(cp, s, local, workspace);
-    cp_forward_begin(&w, s, q);
+    CpWork w = carve(cp, k, local, workspace);
+    cp_forward_begin(&w, k, q);
     bool filled[2] = {false, false};
     if (cp->rotate == CP_ALLTOALL) {
         cp_pack_unit(&w, k, w.kv, kk, v);
@@ -152,8 +152,8 @@ static void cp_backward(const AttnHooks *h, const StepCtx *s, float *dq, float *
                         void *workspace) {
     Cp *cp = (Cp *)h;
     const KernelOps *k = s->k;
-    CpWork w = carve(cp, s, local, workspace);
-    cp_backward_begin(&w, s, q, dout, out, lse);
+    CpWork w = carve(cp, k, local, workspace);
+    cp_backward_begin(&w, k, q, dout, out, lse);
     float *dunit = w.dkv + (size_t)(cp->rotate == CP_ALLTOALL ? 2 : cp->size) * w.unit;
     if (cp->rotate == CP_ALLTOALL) {
         cp_pack_unit(&w, k, w.kv, kk, v);
@@ -175,7 +175,7 @@ static void cp_backward(const AttnHooks *h, const StepCtx *s, float *dq, float *
 }
 
 static size_t cp_workspace_bytes(const AttnHooks *h, const StepCtx *s, const AttnShape *local) {
-    return carve((const Cp *)h, s, local, NULL).bytes;
+    return carve((const Cp *)h, s->k, local, NULL).bytes;
 }
 
 bool cp_rotate_parse(const char *name, CpRotate *out) {

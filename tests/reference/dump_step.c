@@ -10,6 +10,7 @@
 #include "checkpoint/train_state.h"
 #include "core/errors.h"
 #include "data/shard.h"
+#include "data/token_batch.h"
 #include "models/registry.h"
 
 int main(int argc, char **argv) {
@@ -42,12 +43,12 @@ int main(int argc, char **argv) {
         memcpy(targets + r * T, window + 1, sizeof(int) * T);
     }
 
-    StepCtx s = {.k = k, .act = &acts, .B = B, .T = T, .tokens = inputs, .targets = targets,
-                 .pos = pos, .loss_scale = 1.0f};
+    TokenBatch batch = {.tokens = inputs, .targets = targets, .pos = pos};
+    StepCtx s = {.k = k, .act = &acts, .B = B, .T = T, .input = &batch, .loss_scale = 1.0f};
     size_t n_logits = (size_t)B * T * vocab_size;
     float *logits = xmalloc(sizeof(float) * n_logits);
     model_forward(&m, &s);
-    memcpy(logits, s.logits, sizeof(float) * n_logits);
+    memcpy(logits, s.output, sizeof(float) * n_logits);
     arena_release(&acts, 0);
     float loss = (float)model_forward_backward(&m, &s);
 

@@ -98,9 +98,11 @@ static void check(CpRotate rotate, AttnMask mask) {
     select_rows(local.dout, whole.dout, T, pos, Tl, H * HD);
     Cp c;
     cp_init(&c, world, (rank + cp - 1) % cp, (rank + 1) % cp, rotate);
-    StepCtx s = {.k = k, .B = B, .T = Tl, .doc = mask == ATTN_DOCUMENT ? doc : NULL};
+    StepCtx s = {.k = k, .B = B, .T = Tl};
+    // The hooks get the whole sequences' document ids as the keys' (core/block.h).
     AttnShape shape = {.B = B, .Tq = Tl, .Tk = Tl, .n_heads = H, .n_kv_heads = KV,
-                       .head_dim = HD, .mask = mask};
+                       .head_dim = HD, .mask = mask,
+                       .kv_doc = mask == ATTN_DOCUMENT ? doc : NULL};
     ws = malloc(c.hooks.workspace_bytes(&c.hooks, &s, &shape));
     c.hooks.forward(&c.hooks, &s, local.out, local.lse, local.q, local.k, local.v, &shape, ws);
     c.hooks.backward(&c.hooks, &s, local.dq, local.dk, local.dv, local.dout, local.q, local.k,

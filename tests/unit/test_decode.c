@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/token_batch.h"
 #include "models/llama3/llama3.h"
 #include "models/qwen3/qwen3.h"
 
@@ -37,15 +38,15 @@ static void check_decode_matches_forward(LlamaArgs args, int T) {
     spread_expert_bias(&m);
     int *tokens = calloc(T, sizeof(int)), *pos = calloc(T, sizeof(int));
     for (int t = 0; t < T; t++) tokens[t] = (t * 7919 + 13) % args.vocab_size, pos[t] = t;
-    StepCtx s = {.k = k, .act = &acts, .B = 1, .T = T, .tokens = tokens, .targets = tokens,
-                 .pos = pos, .loss_scale = 1};
+    TokenBatch batch = {.tokens = tokens, .targets = tokens, .pos = pos};
+    StepCtx s = {.k = k, .act = &acts, .B = 1, .T = T, .input = &batch, .loss_scale = 1};
     model_forward(&m, &s);
 
     DecoderKVCache cache;
     decoder_kv_cache_init(&cache, &m, T);
     for (int t = 0; t < T; t++) {
         const float *got = decoder_decode_step(&m, &cache, k, tokens[t], t);
-        const float *want = s.logits + (size_t)t * args.vocab_size;
+        const float *want = s.output + (size_t)t * args.vocab_size;
         double err = 0, scale = 0;
         for (int j = 0; j < args.vocab_size; j++) {
             double d = fabs((double)got[j] - want[j]);

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "core/errors.h"
+#include "data/token_batch.h"
 #include "models/llama3/llama3.h"
 #include "optim/optim.h"
 #include "parallel/fsdp.h"
@@ -94,8 +95,8 @@ static void reference_compute(Reference *r, bool round_weights) {
         k->from_bf16(n.m.params.data, rounded, numel);
         free(rounded);
     }
-    StepCtx s = {.k = k, .act = &acts, .B = B, .T = T, .tokens = r->tokens,
-                 .targets = r->targets, .pos = r->pos, .loss_scale = 1};
+    TokenBatch batch = {.tokens = r->tokens, .targets = r->targets, .pos = r->pos};
+    StepCtx s = {.k = k, .act = &acts, .B = B, .T = T, .input = &batch, .loss_scale = 1};
     r->loss = model_forward_backward(&n.m, &s);
     r->numel = numel;
     r->grad = xmalloc(r->numel * sizeof(float));
@@ -134,6 +135,7 @@ typedef struct {
     Net net;
     Fsdp f;
     Arena params, grads, comm, acts;
+    TokenBatch input;  // the microbatch step_ctx hands the model
 } Sharded;
 
 static void sharded_build(Sharded *sh, const Mesh *mesh, const Case *c, int rows) {
@@ -223,10 +225,10 @@ static void check_volume(const Fsdp *f, const Mesh *mesh, const Case *c, uint64_
 
 static StepCtx step_ctx(Sharded *sh, const Reference *r, int first_row, int rows, float scale) {
     arena_release(&sh->acts, 0);
-    size_t at = (size_t)first_row * T;
+    TokenBatch whole = {.tokens = r->tokens, .targets = r->targets, .pos = r->pos};
+    sh->input = token_batch_rows(&whole, first_row, T, T);
     return (StepCtx){.k = sh->f.config.k, .act = &sh->acts, .B = rows, .T = T,
-                     .tokens = r->tokens + at, .targets = r->targets + at, .pos = r->pos,
-                     .loss_scale = scale};
+                     .input = &sh->input, .loss_scale = scale};
 }
 
 static void forward_only(Sharded *sh, const Mesh *mesh, const Reference *r, int rows) {

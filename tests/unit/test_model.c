@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "data/documents.h"
+#include "data/token_batch.h"
 #include "models/llama3/llama3.h"
 #include "models/qwen3/qwen3.h"
 #include "optim/optim.h"
@@ -111,8 +112,9 @@ static void check_step_uses_planned_bytes(bool ac) {
     int *tokens = calloc(B * T, sizeof(int)), *pos = calloc(T, sizeof(int));
     for (int i = 0; i < B * T; i++) tokens[i] = (i * 37) % b.args.vocab_size;
     for (int i = 0; i < T; i++) pos[i] = i;
-    StepCtx s = {.k = kernels_backend("cpu"), .act = &b.acts, .B = B, .T = T, .tokens = tokens,
-                 .targets = tokens, .pos = pos, .loss_scale = 1};
+    TokenBatch batch = {.tokens = tokens, .targets = tokens, .pos = pos};
+    StepCtx s = {.k = kernels_backend("cpu"), .act = &b.acts, .B = B, .T = T, .input = &batch,
+                 .loss_scale = 1};
     size_t planned = b.acts.peak;
     b.acts.peak = 0;
     double loss = model_forward_backward(&b.m, &s);
@@ -159,8 +161,9 @@ static void test_chunked_head_matches_one_chunk(void **state) {
     Built *runs[2] = {&one, &chunked};
     double loss[2];
     for (int r = 0; r < 2; r++) {
+        TokenBatch batch = {.tokens = tokens, .targets = targets, .pos = pos};
         StepCtx s = {.k = kernels_backend("cpu"), .act = &runs[r]->acts, .B = B, .T = T,
-                     .tokens = tokens, .targets = targets, .pos = pos, .loss_scale = 1};
+                     .input = &batch, .loss_scale = 1};
         loss[r] = model_forward_backward(&runs[r]->m, &s);
     }
     assert_true(fabs(loss[1] - loss[0]) <= 1e-6 * loss[0]);
@@ -183,13 +186,14 @@ static void test_chunked_head_matches_one_chunk(void **state) {
 static float *forward_logits(Built *b, const int *tokens, const int *doc, int T) {
     int pos[64];
     for (int i = 0; i < T; i++) pos[i] = i;
-    StepCtx s = {.k = kernels_backend("cpu"), .act = &b->acts, .B = 1, .T = T, .tokens = tokens,
-                 .targets = tokens, .pos = pos, .doc = doc, .loss_scale = 1};
+    TokenBatch batch = {.tokens = tokens, .targets = tokens, .pos = pos, .doc = doc};
+    StepCtx s = {.k = kernels_backend("cpu"), .act = &b->acts, .B = 1, .T = T, .input = &batch,
+                 .loss_scale = 1};
     arena_release(&b->acts, 0);
     model_forward(&b->m, &s);
     size_t n = (size_t)T * b->args.vocab_size;
     float *logits = malloc(n * sizeof(float));
-    memcpy(logits, s.logits, n * sizeof(float));
+    memcpy(logits, s.output, n * sizeof(float));
     return logits;
 }
 
@@ -281,8 +285,9 @@ static void test_qk_norm_gradients_match_finite_differences(void **state) {
         targets[i] = (i * 53 + 7) % b.args.vocab_size;
     }
     for (int i = 0; i < T; i++) pos[i] = i;
-    StepCtx s = {.k = kernels_backend("cpu"), .act = &b.acts, .B = B, .T = T, .tokens = tokens,
-                 .targets = targets, .pos = pos, .loss_scale = 1};
+    TokenBatch batch = {.tokens = tokens, .targets = targets, .pos = pos};
+    StepCtx s = {.k = kernels_backend("cpu"), .act = &b.acts, .B = B, .T = T, .input = &batch,
+                 .loss_scale = 1};
     model_forward_backward(&b.m, &s);
     for (int n = 0; n < 4; n++) check_directional_derivative(&b, &s, norms[n]);
     check_directional_derivative(&b, &s, "layers.0.attention.wq.weight");

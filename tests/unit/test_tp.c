@@ -14,6 +14,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "data/token_batch.h"
 #include "models/llama3/llama3.h"
 #include "parallel/grads.h"
 #include "parallel/tp.h"
@@ -60,8 +61,9 @@ static void run(Run *r, const char *flavor, bool tp, bool loss_parallel, bool ac
                    &r->acts, NULL);
     params_initialize(&r->m.params, SEED);
     make_batch(r->args.vocab_size);
-    StepCtx s = {.k = k, .act = &r->acts, .B = ROWS_B, .T = SEQ_T, .tokens = tokens,
-                 .targets = targets, .pos = pos, .loss_scale = 1.0f};
+    TokenBatch batch = {.tokens = tokens, .targets = targets, .pos = pos};
+    StepCtx s = {.k = k, .act = &r->acts, .B = ROWS_B, .T = SEQ_T, .input = &batch,
+                 .loss_scale = 1.0f};
     uint64_t before = comm_bytes(world);
     size_t planned = r->acts.peak;
     r->acts.peak = 0;
