@@ -21,6 +21,14 @@ void cpu_copy(void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);
 }
 
+void cpu_upload(void *dst, const void *host_src, size_t bytes) {
+    cpu_copy(dst, host_src, bytes);
+}
+
+void cpu_download(void *host_dst, const void *src, size_t bytes) {
+    cpu_copy(host_dst, src, bytes);
+}
+
 void cpu_copy_rows(void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
                    size_t row_bytes, size_t rows) {
     for (size_t r = 0; r < rows; r++)

@@ -31,7 +31,7 @@ void *cuda_scratch(void) { return state.scratch; }
 // A machine without a device or with too old a driver is a reason to pick another backend, not
 // an internal error: only cudaGetDeviceCount's failure is reported through why. Once a device
 // exists every failure is fatal. A second call keeps the first call's settings.
-static bool cuda_init(const KernelInit *init, char *why, size_t len) {
+bool cuda_init(const KernelInit *init, char *why, size_t len) {
     if (state.ready) return true;
     int count = 0;
     cudaError_t rc = cudaGetDeviceCount(&count);
@@ -64,7 +64,7 @@ static bool cuda_init(const KernelInit *init, char *why, size_t len) {
 }
 
 // Library versions are encoded major*10000 + minor*100 + patch (CUBLAS_VERSION, CUDNN_VERSION).
-static void cuda_describe(char *buf, size_t len) {
+void cuda_describe(char *buf, size_t len) {
     if (!state.ready) {
         snprintf(buf, len, "cuda: not started");
         return;
@@ -80,11 +80,11 @@ static void cuda_describe(char *buf, size_t len) {
              state.bf16_compute ? "bf16 compute (fp32 accumulation)" : "fp32 compute");
 }
 
-static void *cuda_queue(void) { return (void *)state.stream; }
+void *cuda_queue(void) { return (void *)state.stream; }
 
 // cudaMalloc aligns to 256 bytes. A zero-byte request still gets a distinct pointer, since NULL
 // means no room. The zeroing is queued on the stream, so every later op sees it.
-static void *cuda_alloc(size_t bytes) {
+void *cuda_alloc(size_t bytes) {
     void *p = NULL;
     cudaError_t rc = cudaMalloc(&p, bytes ? bytes : 1);
     if (rc == cudaErrorMemoryAllocation) {
@@ -98,9 +98,9 @@ static void *cuda_alloc(size_t bytes) {
     return p;
 }
 
-static void cuda_free(void *p) { CUDA_CHECK(cudaFree(p)); }
+void cuda_free(void *p) { CUDA_CHECK(cudaFree(p)); }
 
-static size_t cuda_memory_free(void) {
+size_t cuda_memory_free(void) {
     size_t free_bytes = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
     return free_bytes;
@@ -108,38 +108,38 @@ static size_t cuda_memory_free(void) {
 
 // On the stream, so the bytes land after the queued work that may still read the old ones; the
 // wait is the contract (and frees the host buffer for reuse).
-static void cuda_upload(void *dst, const void *host_src, size_t bytes) {
+void cuda_upload(void *dst, const void *host_src, size_t bytes) {
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, state.stream));
     CUDA_CHECK(cudaStreamSynchronize(state.stream));
 }
 
-static void cuda_download(void *host_dst, const void *src, size_t bytes) {
+void cuda_download(void *host_dst, const void *src, size_t bytes) {
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, state.stream));
     CUDA_CHECK(cudaStreamSynchronize(state.stream));
 }
 
-static void cuda_copy(void *dst, const void *src, size_t bytes) {
+void cuda_copy(void *dst, const void *src, size_t bytes) {
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, state.stream));
 }
 
-static void cuda_copy_rows(void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
-                           size_t row_bytes, size_t rows) {
+void cuda_copy_rows(void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                    size_t row_bytes, size_t rows) {
     if (row_bytes == 0 || rows == 0) return;
     CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
                                  cudaMemcpyDeviceToDevice, state.stream));
 }
 
-static void cuda_zero(void *dst, size_t bytes) {
+void cuda_zero(void *dst, size_t bytes) {
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, state.stream));
 }
 
 // Dense bf16 tensor-core peaks by device name, as torchtitan's get_peak_flops (NVIDIA's data
 // sheets; SXM parts). fp32 compute runs off the tensor cores: no MFU is claimed for it.
-static double cuda_peak_flops(void) {
+double cuda_peak_flops(void) {
     static const struct { const char *name; double flops; } PEAKS[] = {
         {"H200", 989e12}, {"H100 NVL", 835e12}, {"H100 PCIe", 756e12}, {"H100", 989e12},
         {"B200", 2250e12}, {"A100", 312e12}, {"L40S", 362e12},
@@ -155,55 +155,9 @@ static double cuda_peak_flops(void) {
 // In KernelOps' declaration order (C++ requires it of designated initializers).
 extern "C" const KernelOps kernels_cuda = {
     .name = "cuda",
-    .describe = cuda_describe,
-    .peak_flops = cuda_peak_flops,
-    .init = cuda_init,
     .host_memory = false,
     .mixed_precision = true,
     .deterministic = false,
-    .queue = cuda_queue,
-    .alloc = cuda_alloc,
-    .free = cuda_free,
-    .memory_free = cuda_memory_free,
-    .upload = cuda_upload,
-    .download = cuda_download,
-    .copy = cuda_copy,
-    .copy_rows = cuda_copy_rows,
-    .zero = cuda_zero,
-    .matmul = cuda_matmul,
-    .rmsnorm_forward = cuda_rmsnorm_forward,
-    .rmsnorm_backward = cuda_rmsnorm_backward,
-    .rope_forward = cuda_rope_forward,
-    .rope_backward = cuda_rope_backward,
-    .attention_workspace_bytes = cuda_attention_workspace_bytes,
-    .attention_forward = cuda_attention_forward,
-    .attention_backward = cuda_attention_backward,
-    .attention_merge = cuda_attention_merge,
-    .attention_decode = cuda_attention_decode,
-    .swiglu_forward = cuda_swiglu_forward,
-    .swiglu_backward = cuda_swiglu_backward,
-    .embedding_forward = cuda_embedding_forward,
-    .embedding_backward = cuda_embedding_backward,
-    .cross_entropy_forward = cuda_cross_entropy_forward,
-    .cross_entropy_backward = cuda_cross_entropy_backward,
-    .cross_entropy_slice_forward = cuda_cross_entropy_slice_forward,
-    .cross_entropy_slice_backward = cuda_cross_entropy_slice_backward,
-    .cross_entropy_merge_exp = cuda_cross_entropy_merge_exp,
-    .cross_entropy_merge_finish = cuda_cross_entropy_merge_finish,
-    .moe_router_forward = cuda_moe_router_forward,
-    .moe_router_backward = cuda_moe_router_backward,
-    .moe_sort = cuda_moe_sort,
-    .moe_permute = cuda_moe_permute,
-    .moe_unpermute = cuda_moe_unpermute,
-    .moe_weight_grad = cuda_moe_weight_grad,
-    .grouped_matmul = cuda_grouped_matmul,
-    .moe_aux_stats = cuda_moe_aux_stats,
-    .moe_aux_backward = cuda_moe_aux_backward,
-    .add = cuda_add,
-    .scale = cuda_scale,
-    .sum_squares = cuda_sum_squares,
-    .sum = cuda_sum,
-    .to_bf16 = cuda_to_bf16,
-    .from_bf16 = cuda_from_bf16,
-    .adamw_update = cuda_adamw_update,
+#define KERNEL_OP(ret, op, params) .op = cuda_##op,
+#include "kernels/ops.def"
 };
