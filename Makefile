@@ -94,11 +94,11 @@ $(TITAN): $(TRAIN_OBJS) $(BUILD)/libtitan.a
 
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtitan.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(BUILD)/libtitan.a $(shell pkg-config --libs cmocka) $(LDLIBS) $(LDFLAGS) -o $@
+	$(CC) $(CFLAGS) -MMD -MP $< $(BUILD)/libtitan.a $(shell pkg-config --libs cmocka) $(LDLIBS) $(LDFLAGS) -o $@
 
 $(BUILD)/tests/%: tests/reference/%.c $(BUILD)/libtitan.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(BUILD)/libtitan.a $(LDLIBS) $(LDFLAGS) -o $@
+	$(CC) $(CFLAGS) -MMD -MP $< $(BUILD)/libtitan.a $(LDLIBS) $(LDFLAGS) -o $@
 
 $(BUILD)/tests/%: tests/gpu/%.c $(BUILD)/libtitan.a
 	@mkdir -p $(dir $@)
@@ -162,4 +162,5 @@ train-default: $(TITAN)
 clean:
 	rm -rf build titan
 
--include $(LIB_OBJS:.o=.d) $(TRAIN_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d) $(FUZZERS:=.d)
+-include $(LIB_OBJS:.o=.d) $(TRAIN_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d) $(FUZZERS:=.d) \
+         $(UNIT_TESTS:=.d) $(TOOLS:=.d)
