@@ -5,7 +5,9 @@
 // Casts from float round to nearest even. Beyond max a saturating cast gives +-max (float8
 // training: torchao clamps to +-max before the cast, infinities included); a non-saturating one
 // gives what numpy's astype does with ml_dtypes: NaN for e4m3fn, infinity for e5m2. NaN casts
-// to ml_dtypes' NaN code of the input's sign either way. Decoding is exact.
+// to ml_dtypes' NaN code of the input's sign either way. Decoding is exact. (torch 2.15's
+// .to(float8_e4m3fn) on the cpu saturates, infinities too: it is the saturating cast here; its
+// NaN codes and decoded NaNs carry other bits.)
 //
 // Plain integer arithmetic and memcpy only, so that the cpu kernels use these as they are and
 // a CUDA port only adds __host__ __device__.
