@@ -1,5 +1,5 @@
 // float8 on the host: the two formats of float8 training (Micikevicius et al. 2022, "FP8
-// Formats for Deep Learning"), bit for bit as ml_dtypes and torch define them.
+// Formats for Deep Learning"), bit for bit as ml_dtypes defines them.
 //   e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, NaN only at 0x7f / 0xff.
 //   e5m2:   bias 15, 2 mantissa bits, max 57344, IEEE-like: 0x7c infinity, 0x7d-0x7f NaN.
 // Casts from float round to nearest even. Beyond max a saturating cast gives +-max (float8
@@ -9,8 +9,8 @@
 // .to(float8_e4m3fn) on the cpu saturates, infinities too: it is the saturating cast here; its
 // NaN codes and decoded NaNs carry other bits.)
 //
-// Plain integer arithmetic and memcpy only, so that the cpu kernels use these as they are and
-// a CUDA port only adds __host__ __device__.
+// Integer and float arithmetic and memcpy, no libm, so that the cpu kernels use these as they
+// are and a CUDA port only adds __host__ __device__.
 #pragma once
 
 #include <stdbool.h>

@@ -105,7 +105,8 @@ def format_classes(ref, fmt, rng):
         (f"{fmt} subnormal range", np.concatenate(
             [s * rng.uniform(0, smallest_normal, 100_000) for s in (1, -1)]).astype(np.float32)),
         (f"{fmt} beyond max", np.concatenate(
-            [s * rng.uniform(finite[-1], 4 * past_max, 100_000) for s in (1, -1)]).astype(np.float32)),
+            [s * rng.uniform(finite[-1], 4 * past_max, 100_000) for s in (1, -1)]
+        ).astype(np.float32)),
     ]
 
 
