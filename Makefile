@@ -92,13 +92,16 @@ $(TITAN): $(TRAIN_OBJS) $(BUILD)/libtitan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
+# The test binaries' header dependencies, kept out of build/tests, whose test_* run_all.sh runs.
+TEST_DEPS = -MMD -MP -MT $@ -MF $(BUILD)/deps/tests/$*.d
+
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtitan.a
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(BUILD)/libtitan.a $(shell pkg-config --libs cmocka) $(LDLIBS) $(LDFLAGS) -o $@
+	@mkdir -p $(dir $@) $(BUILD)/deps/tests
+	$(CC) $(CFLAGS) $(TEST_DEPS) $< $(BUILD)/libtitan.a $(shell pkg-config --libs cmocka) $(LDLIBS) $(LDFLAGS) -o $@
 
 $(BUILD)/tests/%: tests/reference/%.c $(BUILD)/libtitan.a
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(BUILD)/libtitan.a $(LDLIBS) $(LDFLAGS) -o $@
+	@mkdir -p $(dir $@) $(BUILD)/deps/tests
+	$(CC) $(CFLAGS) $(TEST_DEPS) $< $(BUILD)/libtitan.a $(LDLIBS) $(LDFLAGS) -o $@
 
 $(BUILD)/tests/%: tests/gpu/%.c $(BUILD)/libtitan.a
 	@mkdir -p $(dir $@)
@@ -162,4 +165,5 @@ train-default: $(TITAN)
 clean:
 	rm -rf build titan
 
--include $(LIB_OBJS:.o=.d) $(TRAIN_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d) $(FUZZERS:=.d)
+-include $(LIB_OBJS:.o=.d) $(TRAIN_OBJS:.o=.d) $(FUZZ_OBJS:.o=.d) $(FUZZERS:=.d) \
+         $(patsubst $(BUILD)/tests/%,$(BUILD)/deps/tests/%.d,$(UNIT_TESTS) $(TOOLS))

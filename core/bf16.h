@@ -5,11 +5,12 @@
 #include <stdint.h>
 #include <string.h>
 
-// A NaN stays a (quiet) NaN: rounding could otherwise carry its payload into infinity.
+// A NaN becomes the quiet NaN of its sign, as in ml_dtypes (and Eigen): rounding could
+// otherwise carry its payload into infinity.
 static inline uint16_t bf16_from_float(float f) {
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x0040u);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((bits >> 16) & 0x8000u) | 0x7fc0u);
     bits += 0x7fffu + ((bits >> 16) & 1u);
     return (uint16_t)(bits >> 16);
 }

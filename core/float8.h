@@ -1,0 +1,94 @@
+// float8 on the host: the two formats of float8 training (Micikevicius et al. 2022, "FP8
+// Formats for Deep Learning"), bit for bit as ml_dtypes defines them.
+//   e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, NaN only at 0x7f / 0xff.
+//   e5m2:   bias 15, 2 mantissa bits, max 57344, IEEE-like: 0x7c infinity, 0x7d-0x7f NaN.
+// Casts from float round to nearest even. Beyond max a saturating cast gives +-max (float8
+// training: torchao clamps to +-max before the cast, infinities included); a non-saturating one
+// gives what numpy's astype does with ml_dtypes: NaN for e4m3fn, infinity for e5m2. NaN casts
+// to ml_dtypes' NaN code of the input's sign either way. Decoding is exact. (torch 2.15's
+// .to(float8_e4m3fn) on the cpu saturates, infinities too: it is the saturating cast here; its
+// NaN codes and decoded NaNs carry other bits.)
+//
+// Integer and float arithmetic and memcpy, no libm, so that the cpu kernels use these as they
+// are and a CUDA port only adds __host__ __device__.
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef enum { FLOAT8_E4M3FN, FLOAT8_E5M2 } Float8Kind;
+
+typedef struct {
+    int man_bits;      // explicit mantissa bits
+    int bias;          // exponent bias
+    uint32_t max_code; // the largest finite magnitude (sign bit clear)
+    uint32_t nan_code; // the NaN ml_dtypes casts to (sign bit clear)
+    bool has_inf;      // max_code + 1 is infinity
+} Float8Format;
+
+static inline Float8Format float8_format(Float8Kind kind) {
+    Float8Format e4m3fn = {3, 7, 0x7e, 0x7f, false}, e5m2 = {2, 15, 0x7b, 0x7e, true};
+    return kind == FLOAT8_E4M3FN ? e4m3fn : e5m2;
+}
+
+static inline float float8_bits_to_float(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// A code's value is (implicit bit + mantissa) * 2^(exponent - bias - man_bits), with the
+// exponent field 0 read as 1 and no implicit bit (subnormals). Both factors are exact floats,
+// so is their product.
+static inline float float8_to_float(uint8_t code, Float8Kind kind) {
+    Float8Format f = float8_format(kind);
+    uint32_t sign = (uint32_t)(code & 0x80) << 24, mag = code & 0x7fu;
+    if (mag > f.max_code)
+        return float8_bits_to_float(sign | (f.has_inf && mag == f.max_code + 1 ? 0x7f800000u
+                                                                               : 0x7fc00000u));
+    uint32_t exponent = mag >> f.man_bits, mantissa = mag & ((1u << f.man_bits) - 1);
+    uint32_t significand = exponent ? mantissa | (1u << f.man_bits) : mantissa;
+    int scale = (exponent ? (int)exponent : 1) - f.bias - f.man_bits;  // >= -16: a normal float
+    float value = (float)significand * float8_bits_to_float((uint32_t)(scale + 127) << 23);
+    return sign ? -value : value;
+}
+
+// Rounds the float's significand (implicit bit included) to the format's mantissa bits at its
+// exponent, or at the smallest normal exponent below it (the subnormals): the dropped bits
+// round to nearest even, and a carry out of the mantissa steps the exponent up, which is where
+// the next code's value is. Above max_code it has overflowed (fp32 infinity does too).
+static inline uint8_t float8_from_float(float x, Float8Kind kind, bool saturate) {
+    Float8Format f = float8_format(kind);
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    uint8_t sign = (uint8_t)((bits >> 24) & 0x80);
+    uint32_t mag = bits & 0x7fffffffu;
+    if (mag > 0x7f800000u) return sign | (uint8_t)f.nan_code;
+    int exponent = (int)(mag >> 23);
+    uint32_t significand = exponent ? (mag & 0x7fffffu) | 0x800000u : mag;
+    int target = (exponent ? exponent : 1) - 127 + f.bias;  // biased exponent in the format
+    int drop = 23 - f.man_bits + (target < 1 ? 1 - target : 0);
+    if (drop > 25) drop = 25;  // everything dropped is below half the smallest subnormal
+    uint32_t rounded =
+        (significand + (1u << (drop - 1)) - 1 + ((significand >> drop) & 1)) >> drop;
+    uint32_t code = ((uint32_t)(target > 1 ? target - 1 : 0) << f.man_bits) + rounded;
+    if (code > f.max_code)
+        code = saturate ? f.max_code : f.has_inf ? f.max_code + 1 : f.nan_code;
+    return sign | (uint8_t)code;
+}
+
+static inline float float8_max(Float8Kind kind) {
+    return float8_to_float((uint8_t)float8_format(kind).max_code, kind);
+}
+
+// torchao's amax floor (float8_utils.EPS): an all-zero tensor gets a finite scale.
+#define FLOAT8_AMAX_EPS 1e-12
+
+// The scale that maps a tensor's amax onto the format's max (x * scale is cast, the matmul
+// output divided by it), as torchao's amax_to_scale computes it: max / max(amax, EPS) in double,
+// rounded once to float. A NaN amax gives a NaN scale, as torch.clamp passes NaN through.
+static inline float float8_scale_from_amax(float amax, Float8Kind kind) {
+    double floored = amax < FLOAT8_AMAX_EPS ? FLOAT8_AMAX_EPS : (double)amax;
+    return (float)((double)float8_max(kind) / floored);
+}
