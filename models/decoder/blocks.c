@@ -50,14 +50,14 @@ static void norm_backward_reduced(const StepCtx *s, float *dx, float *dw, const 
 // y (rows, D) = x + a W^T for a row-parallel W (D, k) and a (BT, k): under TP a W^T is this
 // rank's partial sum over all rows, reduce-scattered into its rows. partial: (BT, D) scratch.
 static void residual_row_parallel(const StepCtx *s, float *y, const float *x, const float *a,
-                                  const float *w, int BT, int rows, int D, int k, float *partial) {
+                                  const Linear *w, int BT, int rows, int D, float *partial) {
     size_t n = (size_t)rows * D;
     if (!s->tp) {
         copy(s, y, x, n);
-        s->k->matmul(y, a, w, BT, D, k, false, true, 1);
+        linear_forward(w, s, y, a, BT, 1);
         return;
     }
-    s->k->matmul(partial, a, w, BT, D, k, false, true, 0);
+    linear_forward(w, s, partial, a, BT, 0);
     s->tp->reduce_scatter(s->tp, partial, y, n);
     s->k->add(y, x, n);
 }
@@ -121,6 +121,14 @@ static LayerDims layer_dims(const DecoderLayer *L, const StepCtx *s) {
     int hd = decoder_head_dim(L->args), nq = (int)L->wq->shape[0], nkv = (int)L->wk->shape[0];
     return (LayerDims){s->B * s->T, step_rows(s), L->args->dim, hd,
                        nq / hd, nkv / hd, nq, nkv, L->w1 ? (int)L->w1->shape[0] : 0};
+}
+
+// Room for the scratch of the layer's linears (linear_reserve), after a phase's other buffers:
+// the MoE layer reserves its own.
+static void layer_linears_reserve(const DecoderLayer *L, const StepCtx *s, LayerDims d) {
+    const Linear *all[] = {&L->linear.wq, &L->linear.wk, &L->linear.wv, &L->linear.wo,
+                           &L->linear.w1, &L->linear.w2, &L->linear.w3};
+    linear_reserve(s, all, L->moe ? 4 : 7, d.BT);
 }
 
 // Causal attention over this rank's tokens of each sequence, within documents when the batch
@@ -192,23 +200,23 @@ static void layer_forward_compute(DecoderLayer *L, StepCtx *s, LayerSaved *sv, L
     float *normed = comm, *partial = comm ? comm + (size_t)d.rows * d.D : NULL;
     norm_gathered(s, sv->xn, sv->rstd1, normed, x, L->attention_norm->data, d.rows, d.D,
                   a->norm_eps);
-    K->matmul(L->q_norm ? sv->q0 : sv->q, sv->xn, L->wq->data, d.BT, d.nq, d.D, false, true, 0);
-    K->matmul(L->k_norm ? sv->k0 : sv->k, sv->xn, L->wk->data, d.BT, d.nkv, d.D, false, true, 0);
-    K->matmul(sv->v, sv->xn, L->wv->data, d.BT, d.nkv, d.D, false, true, 0);
+    linear_forward(&L->linear.wq, s, L->q_norm ? sv->q0 : sv->q, sv->xn, d.BT, 0);
+    linear_forward(&L->linear.wk, s, L->k_norm ? sv->k0 : sv->k, sv->xn, d.BT, 0);
+    linear_forward(&L->linear.wv, s, sv->v, sv->xn, d.BT, 0);
     if (L->q_norm) qk_norm_forward(L, s, sv, d);
     const int *pos = token_batch(s)->pos;
     K->rope_forward(sv->q, sv->q, L->rope_cos, L->rope_sin, pos, d.BT, s->T, d.nh, d.hd);
     K->rope_forward(sv->k, sv->k, L->rope_cos, L->rope_sin, pos, d.BT, s->T, d.nkvh, d.hd);
     attention_forward(s, sv, d, workspace);
-    residual_row_parallel(s, sv->h, x, sv->attn, L->wo->data, d.BT, d.rows, d.D, d.nq, partial);
+    residual_row_parallel(s, sv->h, x, sv->attn, &L->linear.wo, d.BT, d.rows, d.D, partial);
 
     if (L->moe) return;  // moe_ffn_forward's
     norm_gathered(s, sv->hn, sv->rstd2, normed, sv->h, L->ffn_norm->data, d.rows, d.D,
                   a->norm_eps);
-    K->matmul(sv->gate, sv->hn, L->w1->data, d.BT, d.H, d.D, false, true, 0);
-    K->matmul(sv->up, sv->hn, L->w3->data, d.BT, d.H, d.D, false, true, 0);
+    linear_forward(&L->linear.w1, s, sv->gate, sv->hn, d.BT, 0);
+    linear_forward(&L->linear.w3, s, sv->up, sv->hn, d.BT, 0);
     K->swiglu_forward(sv->act, sv->gate, sv->up, (size_t)d.BT * d.H);
-    residual_row_parallel(s, y, sv->h, sv->act, L->w2->data, d.BT, d.rows, d.D, d.H, partial);
+    residual_row_parallel(s, y, sv->h, sv->act, &L->linear.w2, d.BT, d.rows, d.D, partial);
 }
 
 // y = h + MoE(ffn_norm(h)) on this rank's rows (the router and the experts are replicated over
@@ -265,6 +273,7 @@ static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
     size_t saved_end = arena_mark(A);  // the workspace and comm buffers are scratch
     void *workspace = arena_alloc(A, attention_workspace(s, d));
     float *comm = s->tp ? arena_floats(A, (size_t)(d.rows + d.BT) * d.D) : NULL;
+    layer_linears_reserve(L, s, d);
     if (!step_sizing(s)) layer_forward_compute(L, s, sv, d, x, y, workspace, comm);
     arena_release(A, saved_end);
     if (L->moe) moe_ffn_forward(L, s, sv, d, y);
@@ -286,20 +295,19 @@ static float *ffn_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d
     g->dy_all = grad_gathered(s, dy, gathered, d.rows, d.D);
     g->dgate = dgate;
     g->dup = dup;
-    K->matmul(dact, g->dy_all, L->w2->data, d.BT, d.H, d.D, false, false, 0);
+    linear_backward_input(&L->linear.w2, s, dact, g->dy_all, d.BT, 0);
     zero(s, dgate, (size_t)2 * d.BT * d.H);
     K->swiglu_backward(dgate, dup, dact, sv->gate, sv->up, (size_t)d.BT * d.H);
-    K->matmul(dhn, dgate, L->w1->data, d.BT, d.D, d.H, false, false, 0);
-    K->matmul(dhn, dup, L->w3->data, d.BT, d.D, d.H, false, false, 1);
+    linear_backward_input(&L->linear.w1, s, dhn, dgate, d.BT, 0);
+    linear_backward_input(&L->linear.w3, s, dhn, dup, d.BT, 1);
     return dhn;
 }
 
 static void ffn_weights(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d) {
-    const KernelOps *K = s->k;
     const LayerGrads *g = &sv->g;
-    K->matmul(L->w2->grad, g->dy_all, sv->act, d.D, d.H, d.BT, true, false, 1);
-    K->matmul(L->w1->grad, g->dgate, sv->hn, d.H, d.D, d.BT, true, false, 1);
-    K->matmul(L->w3->grad, g->dup, sv->hn, d.H, d.D, d.BT, true, false, 1);
+    linear_backward_weight(&L->linear.w2, s, g->dy_all, sv->act, d.BT);
+    linear_backward_weight(&L->linear.w1, s, g->dgate, sv->hn, d.BT);
+    linear_backward_weight(&L->linear.w3, s, g->dup, sv->hn, d.BT);
 }
 
 // dh (rows, D) = dy + ffn_norm's backward of dhn; comm (BT, D) under TP.
@@ -322,7 +330,7 @@ static float *attention_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, Layer
     float *dq0 = dv + nkv, *dk0 = dq0 + nq, *dxn = dk0 + nkv;
     g->dh_all = grad_gathered(s, dh, gathered, d.rows, d.D);
     g->dv = dv;
-    K->matmul(dattn, g->dh_all, L->wo->data, d.BT, d.nq, d.D, false, false, 0);
+    linear_backward_input(&L->linear.wo, s, dattn, g->dh_all, d.BT, 0);
     attention_backward(s, sv, d, dq, dk, dv, dattn, workspace);
     zero(s, dq0, nq + nkv);
     const int *pos = token_batch(s)->pos;
@@ -335,19 +343,18 @@ static float *attention_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, Layer
     }
     g->dq0 = dq0;
     g->dk0 = dk0;
-    K->matmul(dxn, dq0, L->wq->data, d.BT, d.D, d.nq, false, false, 0);
-    K->matmul(dxn, dk0, L->wk->data, d.BT, d.D, d.nkv, false, false, 1);
-    K->matmul(dxn, dv, L->wv->data, d.BT, d.D, d.nkv, false, false, 1);
+    linear_backward_input(&L->linear.wq, s, dxn, dq0, d.BT, 0);
+    linear_backward_input(&L->linear.wk, s, dxn, dk0, d.BT, 1);
+    linear_backward_input(&L->linear.wv, s, dxn, dv, d.BT, 1);
     return dxn;
 }
 
 static void attention_weights(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d) {
-    const KernelOps *K = s->k;
     const LayerGrads *g = &sv->g;
-    K->matmul(L->wo->grad, g->dh_all, sv->attn, d.D, d.nq, d.BT, true, false, 1);
-    K->matmul(L->wq->grad, g->dq0, sv->xn, d.nq, d.D, d.BT, true, false, 1);
-    K->matmul(L->wk->grad, g->dk0, sv->xn, d.nkv, d.D, d.BT, true, false, 1);
-    K->matmul(L->wv->grad, g->dv, sv->xn, d.nkv, d.D, d.BT, true, false, 1);
+    linear_backward_weight(&L->linear.wo, s, g->dh_all, sv->attn, d.BT);
+    linear_backward_weight(&L->linear.wq, s, g->dq0, sv->xn, d.BT);
+    linear_backward_weight(&L->linear.wk, s, g->dk0, sv->xn, d.BT);
+    linear_backward_weight(&L->linear.wv, s, g->dv, sv->xn, d.BT);
 }
 
 // dx (rows, D) += dh + attention_norm's backward of dxn; comm (BT, D) under TP.
@@ -369,6 +376,7 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
     LayerSaved *sv = saved;
     LayerDims d = layer_dims(L, s);
     if (phase == BLOCK_BACKWARD_WEIGHT) {
+        layer_linears_reserve(L, s, d);
         if (!step_sizing(s)) {
             if (!L->moe) ffn_weights(L, s, sv, d);
             attention_weights(L, s, sv, d);
@@ -387,6 +395,7 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
     float *comm = s->tp ? arena_floats(s->act, all_rows) : NULL;
     float *dy_rows = split && s->tp ? arena_floats(s->act, all_rows) : comm;
     float *dh_rows = split && s->tp ? arena_floats(s->act, all_rows) : comm;
+    layer_linears_reserve(L, s, d);
     if (L->moe) moe_ffn_backward(L, s, sv, d, dy, ffn, dh);
     if (step_sizing(s)) return;
     if (!L->moe) {
@@ -442,7 +451,7 @@ static void head_chunk_scratch(const DecoderHead *h, StepCtx *s, HeadChunk *c, i
 static void head_chunk_logits(const DecoderHead *h, StepCtx *s, const HeadSaved *sv,
                               const HeadChunk *c, int r0, int n) {
     int D = h->args->dim, Vl = (int)h->output->shape[0];
-    s->k->matmul(c->logits, sv->xn + (size_t)r0 * D, h->output->data, n, Vl, D, false, true, 0);
+    linear_forward(&h->linear, s, c->logits, sv->xn + (size_t)r0 * D, n, 0);
     if (logits_gathered(s)) s->tp->gather_columns(s->tp, c->logits, c->full, c->scratch, n, Vl);
 }
 
@@ -491,6 +500,7 @@ static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, floa
     HeadChunk c = chunk == BT ? sv->kept : head_chunk_carve(h, s, chunk);
     head_chunk_scratch(h, s, &c, chunk);
     float *stats = vocab_parallel_loss(s) ? arena_floats(s->act, 3 * (size_t)chunk) : NULL;
+    linear_reserve(s, (const Linear *[]){&h->linear}, 1, chunk);
     if (!step_sizing(s)) {
         norm_gathered(s, sv->xn, sv->rstd, normed, x, h->norm->data, rows, a->dim, a->norm_eps);
         for (int r0 = 0; r0 < BT; r0 += chunk) {
@@ -530,8 +540,7 @@ static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, c
     DecoderHead *h = b->self;
     HeadSaved *sv = saved;
     const DecoderArgs *a = h->args;
-    int BT = s->B * s->T, rows = step_rows(s), D = a->dim, Vl = (int)h->output->shape[0];
-    int chunk = head_chunk_rows(h, BT);
+    int BT = s->B * s->T, rows = step_rows(s), D = a->dim, chunk = head_chunk_rows(h, BT);
     float *dxn = arena_floats(s->act, (size_t)BT * D);
     float *dxn_rows = s->tp ? arena_floats(s->act, (size_t)rows * D) : NULL;
     HeadChunk c = sv->kept;  // one chunk: the logits forward kept; else recomputed per chunk
@@ -539,14 +548,15 @@ static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, c
         c = head_chunk_carve(h, s, chunk);
         head_chunk_scratch(h, s, &c, chunk);
     }
+    linear_reserve(s, (const Linear *[]){&h->linear}, 1, chunk);
     if (step_sizing(s)) return;
     for (int r0 = 0; r0 < BT; r0 += chunk) {
         int n = BT - r0 < chunk ? BT - r0 : chunk;
         const float *xn = sv->xn + (size_t)r0 * D;
         if (chunk < BT) head_chunk_logits(h, s, sv, &c, r0, n);
         head_chunk_dlogits(h, s, sv, &c, r0, n, s->loss_scale / BT);
-        s->k->matmul(h->output->grad, c.logits, xn, Vl, D, n, true, false, 1);
-        s->k->matmul(dxn + (size_t)r0 * D, c.logits, h->output->data, n, D, Vl, false, false, 0);
+        linear_backward_weight(&h->linear, s, c.logits, xn, n);
+        linear_backward_input(&h->linear, s, dxn + (size_t)r0 * D, c.logits, n, 0);
     }
     norm_backward_reduced(s, dx, h->norm->grad, dxn, dxn_rows, x, h->norm->data, sv->rstd, rows,
                           D);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "models/decoder/decoder.h"
+#include "models/linear.h"
 
 // What the weight part of a transformer block's backward reads besides the forward's saved
 // state: the gradients of the projections' outputs, from the input part. Pointers into the
@@ -36,6 +37,9 @@ typedef struct {
     Param *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;  // w*: NULL with MoE
     MoeLayer *moe;           // the FFN when the model has MoE layers, else NULL
     Param *q_norm, *k_norm;  // (head_dim) each with QK-norm, else NULL
+    // The projections' GEMMs (models/linear.h), over the weights of the same names (w*: unset
+    // with MoE, whose layer has its own).
+    struct { Linear wq, wk, wv, wo, w1, w2, w3; } linear;
     const float *rope_cos, *rope_sin;  // (max_seq_len, head_dim/2)
 } DecoderLayer;
 
@@ -54,6 +58,7 @@ typedef struct {
 typedef struct {
     const DecoderArgs *args;
     Param *norm, *output;   // output is tok_embeddings when the embeddings are tied
+    Linear linear;          // over output: the logits' GEMMs
 } DecoderHead;
 
 // The head's slot.

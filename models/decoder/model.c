@@ -88,11 +88,21 @@ static void add_layer(Decoder *l, ParamTable *t, int i) {
         L->moe = &l->moe[i];
         moe_layer_init(L->moe, &a->moe, i, t, prefix, INIT_TRUNC_NORMAL, 0.02, out_std);
         l->balance.bias[i] = L->moe->expert_bias;
-        return;
+    } else {
+        L->w1 = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, H, a->dim,
+                           "layers.%d.feed_forward.w1.weight", i);
+        L->w2 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, a->dim, H,
+                           "layers.%d.feed_forward.w2.weight", i);
+        L->w3 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, H, a->dim,
+                           "layers.%d.feed_forward.w3.weight", i);
+        L->linear.w1 = linear_of(L->w1);
+        L->linear.w2 = linear_of(L->w2);
+        L->linear.w3 = linear_of(L->w3);
     }
-    L->w1 = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, H, a->dim, "layers.%d.feed_forward.w1.weight", i);
-    L->w2 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, a->dim, H, "layers.%d.feed_forward.w2.weight", i);
-    L->w3 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, H, a->dim, "layers.%d.feed_forward.w3.weight", i);
+    L->linear.wq = linear_of(L->wq);
+    L->linear.wk = linear_of(L->wk);
+    L->linear.wv = linear_of(L->wv);
+    L->linear.wo = linear_of(L->wo);
 }
 
 // torchtitan's get_num_flop_per_token, block by block: 6 FLOPs per weight per token (2 forward,
@@ -178,6 +188,7 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
                                     "output.weight", -1);
         l->head.output->init_cutoff = 3 * std;
     }
+    l->head.linear = linear_of(l->head.output);
 
     m->blocks = xcalloc((size_t)m->n_blocks, sizeof(Block));
     m->blocks[0] = (Block){&DECODER_EMBED_OPS, &l->embed, false, 1};

@@ -43,7 +43,14 @@ void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
             add_param(t, init, out_std, 2, D, Fs, 0, prefix, "moe.shared_experts.w2.weight");
         m->shared_w3 =
             add_param(t, init, out_std, 2, Fs, D, 0, prefix, "moe.shared_experts.w3.weight");
+        m->linear.shared_w1 = linear_of(m->shared_w1);
+        m->linear.shared_w2 = linear_of(m->shared_w2);
+        m->linear.shared_w3 = linear_of(m->shared_w3);
     }
+    m->linear.gate = linear_of(m->gate);
+    m->linear.w1 = linear_of(m->w1);
+    m->linear.w2 = linear_of(m->w2);
+    m->linear.w3 = linear_of(m->w3);
     if (args->load_balance_coeff > 0) {
         m->expert_bias = add_param(t, INIT_ZEROS, 0, 1, E, 0, 0, prefix, "moe.expert_bias_E");
         m->expert_bias->buffer = true;
@@ -86,6 +93,16 @@ static MoeDims moe_dims(const MoeLayer *m, const StepCtx *s, int rows) {
         d.n_counts += E;
     }
     return d;
+}
+
+// Room for the scratch of the layer's linears (linear_reserve), after a phase's other buffers:
+// the router and the shared experts on the rows, the experts on the rows they run on.
+static void linears_reserve(const MoeLayer *m, const StepCtx *s, MoeDims d) {
+    const Linear *dense[] = {&m->linear.gate, &m->linear.shared_w1, &m->linear.shared_w2,
+                             &m->linear.shared_w3};
+    const Linear *experts[] = {&m->linear.w1, &m->linear.w2, &m->linear.w3};
+    linear_reserve(s, dense, d.Fs > 0 ? 4 : 1, d.rows);
+    linear_reserve(s, experts, 3, (int)d.Rl);
 }
 
 // Slots an expert keeps: ceil(factor * rows * k / E) (GShard's capacity); 0: all of them.
@@ -149,7 +166,7 @@ static void aux_backward(const MoeLayer *m, const StepCtx *s, const MoeSaved *sv
 static void route(MoeLayer *m, StepCtx *s, MoeSaved *sv, MoeDims d, const float *x,
                   float *logits) {
     const KernelOps *K = s->k;
-    K->matmul(logits, x, m->gate->data, d.rows, d.E, d.D, false, true, 0);
+    linear_forward(&m->linear.gate, s, logits, x, d.rows, 0);
     const float *bias = m->expert_bias ? m->expert_bias->data : NULL;
     K->moe_router_forward(sv->weight, sv->experts, sv->scores, logits, bias,
                           &m->args->router, d.rows);
@@ -263,23 +280,20 @@ static void dispatch_backward(const StepCtx *s, const MoeSaved *sv, MoeDims d,
 // out (Rl, D) = (silu(xs W1_e^T) * (xs W3_e^T)) W2_e^T on each expert e's rows (this rank's).
 static void experts_forward(const MoeLayer *m, const StepCtx *s, const MoeSaved *sv, MoeDims d,
                             const ExpertRows *r, float *out) {
-    const KernelOps *K = s->k;
     const int *offs = r->offs;
-    int n = r->n_experts;
-    K->grouped_matmul(sv->gate, sv->xs, m->w1->data, offs, n, d.F, d.D, false, true, 0);
-    K->grouped_matmul(sv->up, sv->xs, m->w3->data, offs, n, d.F, d.D, false, true, 0);
-    K->swiglu_forward(sv->act, sv->gate, sv->up, (size_t)offs[n] * d.F);
-    K->grouped_matmul(out, sv->act, m->w2->data, offs, n, d.D, d.F, false, true, 0);
+    linear_grouped_forward(&m->linear.w1, s, sv->gate, sv->xs, offs, 0);
+    linear_grouped_forward(&m->linear.w3, s, sv->up, sv->xs, offs, 0);
+    s->k->swiglu_forward(sv->act, sv->gate, sv->up, (size_t)offs[r->n_experts] * d.F);
+    linear_grouped_forward(&m->linear.w2, s, out, sv->act, offs, 0);
 }
 
 // y += (silu(x Ws1^T) * (x Ws3^T)) Ws2^T.
 static void shared_forward(const MoeLayer *m, const StepCtx *s, const MoeSaved *sv, MoeDims d,
                            const float *x, float *y) {
-    const KernelOps *K = s->k;
-    K->matmul(sv->sgate, x, m->shared_w1->data, d.rows, d.Fs, d.D, false, true, 0);
-    K->matmul(sv->sup, x, m->shared_w3->data, d.rows, d.Fs, d.D, false, true, 0);
-    K->swiglu_forward(sv->sact, sv->sgate, sv->sup, (size_t)d.rows * d.Fs);
-    K->matmul(y, sv->sact, m->shared_w2->data, d.rows, d.D, d.Fs, false, true, 1);
+    linear_forward(&m->linear.shared_w1, s, sv->sgate, x, d.rows, 0);
+    linear_forward(&m->linear.shared_w3, s, sv->sup, x, d.rows, 0);
+    s->k->swiglu_forward(sv->sact, sv->sgate, sv->sup, (size_t)d.rows * d.Fs);
+    linear_forward(&m->linear.shared_w2, s, y, sv->sact, d.rows, 1);
 }
 
 void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y, int rows) {
@@ -309,6 +323,7 @@ void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y
     float *sorted = s->ep ? arena_floats(A, d.R * d.D) : NULL;
     float *arrived = s->ep ? arena_floats(A, d.Rl * d.D) : NULL;
     float *expert_out = s->ep ? arena_floats(A, d.Rl * d.D) : sv->out;
+    linears_reserve(m, s, d);
     if (!step_sizing(s)) {
         route(m, s, sv, d, x, logits);
         const int *offs = host_offsets(m, s, sv, d);
@@ -368,14 +383,14 @@ static void experts_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv,
     int n = r->n_experts;
     float *dr = g->dgrouped;
     size_t kept = (size_t)offs[n] * d.F;
-    K->grouped_matmul(g->dact, dr, m->w2->data, offs, n, d.F, d.D, false, false, 0);
-    K->grouped_matmul(m->w2->grad, dr, sv->act, offs, n, d.F, d.D, true, false, 1);
+    linear_grouped_backward_input(&m->linear.w2, s, g->dact, dr, offs, 0);
+    linear_grouped_backward_weight(&m->linear.w2, s, dr, sv->act, offs);
     K->zero(g->dgate, 2 * d.Rl * d.F * sizeof(float));
     K->swiglu_backward(g->dgate, g->dup, g->dact, sv->gate, sv->up, kept);
-    K->grouped_matmul(dr, g->dgate, m->w1->data, offs, n, d.D, d.F, false, false, 0);
-    K->grouped_matmul(dr, g->dup, m->w3->data, offs, n, d.D, d.F, false, false, 1);
-    K->grouped_matmul(m->w1->grad, g->dgate, sv->xs, offs, n, d.D, d.F, true, false, 1);
-    K->grouped_matmul(m->w3->grad, g->dup, sv->xs, offs, n, d.D, d.F, true, false, 1);
+    linear_grouped_backward_input(&m->linear.w1, s, dr, g->dgate, offs, 0);
+    linear_grouped_backward_input(&m->linear.w3, s, dr, g->dup, offs, 1);
+    linear_grouped_backward_weight(&m->linear.w1, s, g->dgate, sv->xs, offs);
+    linear_grouped_backward_weight(&m->linear.w3, s, g->dup, sv->xs, offs);
 }
 
 // The router's logits from the combine weights' grads (and the balance loss's), then the
@@ -387,8 +402,8 @@ static void route_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, co
     K->moe_router_backward(g->dlogits, g->dweight, sv->scores, sv->experts, &m->args->router,
                            d.rows);
     if (sv->frac) aux_backward(m, s, sv, d, g->dlogits);
-    K->matmul(m->gate->grad, g->dlogits, x, d.E, d.D, d.rows, true, false, 1);
-    K->matmul(dx, g->dlogits, m->gate->data, d.rows, d.D, d.E, false, false, 1);
+    linear_backward_weight(&m->linear.gate, s, g->dlogits, x, d.rows);
+    linear_backward_input(&m->linear.gate, s, dx, g->dlogits, d.rows, 1);
 }
 
 static void shared_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, const MoeGrads *g,
@@ -396,14 +411,14 @@ static void shared_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, c
     const KernelOps *K = s->k;
     size_t n = (size_t)d.rows * d.Fs;
     float *dact = g->dshared, *dgate = dact + n, *dup = dgate + n;
-    K->matmul(dact, dy, m->shared_w2->data, d.rows, d.Fs, d.D, false, false, 0);
-    K->matmul(m->shared_w2->grad, dy, sv->sact, d.D, d.Fs, d.rows, true, false, 1);
+    linear_backward_input(&m->linear.shared_w2, s, dact, dy, d.rows, 0);
+    linear_backward_weight(&m->linear.shared_w2, s, dy, sv->sact, d.rows);
     K->zero(dgate, 2 * n * sizeof(float));
     K->swiglu_backward(dgate, dup, dact, sv->sgate, sv->sup, n);
-    K->matmul(dx, dgate, m->shared_w1->data, d.rows, d.D, d.Fs, false, false, 1);
-    K->matmul(dx, dup, m->shared_w3->data, d.rows, d.D, d.Fs, false, false, 1);
-    K->matmul(m->shared_w1->grad, dgate, x, d.Fs, d.D, d.rows, true, false, 1);
-    K->matmul(m->shared_w3->grad, dup, x, d.Fs, d.D, d.rows, true, false, 1);
+    linear_backward_input(&m->linear.shared_w1, s, dx, dgate, d.rows, 1);
+    linear_backward_input(&m->linear.shared_w3, s, dx, dup, d.rows, 1);
+    linear_backward_weight(&m->linear.shared_w1, s, dgate, x, d.rows);
+    linear_backward_weight(&m->linear.shared_w3, s, dup, x, d.rows);
 }
 
 void moe_backward(MoeLayer *m, StepCtx *s, const MoeSaved *sv, const float *x, const float *dy,
@@ -411,6 +426,7 @@ void moe_backward(MoeLayer *m, StepCtx *s, const MoeSaved *sv, const float *x, c
     MoeDims d = moe_dims(m, s, rows);
     size_t mark = arena_mark(s->act);
     MoeGrads g = grads_carve(s->act, d, s->ep != NULL);
+    linears_reserve(m, s, d);
     if (!step_sizing(s)) {
         ExpertRows r = expert_rows(m, s, d, host_offsets(m, s, sv, d));
         combine_backward(s, sv, &g, d, dy);

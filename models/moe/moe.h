@@ -24,6 +24,7 @@
 #include "core/block.h"
 #include "core/config.h"
 #include "core/param.h"
+#include "models/linear.h"
 
 typedef struct {
     int dim, hidden;          // D; F: each routed expert's hidden width
@@ -50,6 +51,9 @@ typedef struct {
     Param *shared_w1, *shared_w3;  // (Fs, D); NULL without shared experts
     Param *shared_w2;           // (D, Fs)
     Param *expert_bias;         // (E) the routing bias (a Param.buffer); NULL: none
+    // The GEMMs of the weights of the same names (models/linear.h): the experts' grouped, the
+    // shared experts' unset without them.
+    struct { Linear gate, w1, w2, w3, shared_w1, shared_w2, shared_w3; } linear;
     int *host_counts;           // host: counts, offsets (and expert parallel's plan), per call
 } MoeLayer;
 

@@ -1,0 +1,54 @@
+// Linear layers: every GEMM of a weight goes through here, so that the precision of each
+// layer is chosen once, by its fully-qualified name, and not inside the blocks (torchtitan
+// converts nn.Linear modules by name the same way: torchao's float8 with its module filter).
+// Blocks keep their parallel seams (gathers, reduce-scatters, the head's chunks) and their
+// GEMMs of two activations; they hand each weight's GEMMs to its Linear. Weights are (out, in)
+// row-major, or (E, out, in) stacked for a mixture of experts' grouped GEMMs (Param.expert),
+// the same forms the kernels' matmul and grouped_matmul take (kernels/ops.def).
+#pragma once
+
+#include "core/block.h"
+#include "core/param.h"
+
+typedef enum {
+    // The backend's GEMM on the fp32 weight: fp32 math on cpu; on cuda bf16 inputs with fp32
+    // accumulation when KernelInit.bf16_compute is set.
+    LINEAR_BACKEND,
+} LinearPrecision;
+
+typedef struct {
+    const Param *weight;  // (out, in), or (E, out, in) stacked experts: its local compute tensor
+    LinearPrecision precision;
+} Linear;
+
+// The precision of the layer whose weight is named fqn ("layers.0.attention.wq.weight"): the
+// one place that decides it.
+LinearPrecision linear_precision_for(const char *fqn);
+// The Linear over weight (its Param, whose compute tensor the parallelisms may later cut and
+// FSDP gather: the Linear reads shape and data at each call), precision by its name.
+Linear linear_of(const Param *weight);
+
+// Makes room in s->act, at its current depth, for the scratch the calls below carve on top of
+// it on up to `rows` rows (a grouped Linear's rows summed over its experts) of any of the n
+// linears. Blocks call it after carving the rest of their buffers, in the sizing pass too.
+void linear_reserve(const StepCtx *s, const Linear *const *linears, int n, int rows);
+
+// y (rows, out) = x (rows, in) W^T + beta y.
+void linear_forward(const Linear *l, const StepCtx *s, float *y, const float *x, int rows,
+                    float beta);
+// dx (rows, in) = dy (rows, out) W + beta dx.
+void linear_backward_input(const Linear *l, const StepCtx *s, float *dx, const float *dy,
+                           int rows, float beta);
+// dW (out, in) += dy (rows, out)^T x (rows, in).
+void linear_backward_weight(const Linear *l, const StepCtx *s, const float *dy, const float *x,
+                            int rows);
+
+// The same on stacked experts' weights (E, out, in): offsets (E + 1, host memory, as
+// grouped_matmul's) split the rows into the experts' groups, expert e's rows taking W_e (and
+// giving dW_e); rows = offsets[E].
+void linear_grouped_forward(const Linear *l, const StepCtx *s, float *y, const float *x,
+                            const int *offsets, float beta);
+void linear_grouped_backward_input(const Linear *l, const StepCtx *s, float *dx, const float *dy,
+                                   const int *offsets, float beta);
+void linear_grouped_backward_weight(const Linear *l, const StepCtx *s, const float *dy,
+                                    const float *x, const int *offsets);
