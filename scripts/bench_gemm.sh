@@ -10,7 +10,8 @@
 #     counted per step.
 # (b) build/bench/bench_gemm (tests/bench/bench_gemm.c) times every one of those GEMMs on each
 #     THREADS (default 1 and 2) with OpenBLAS sgemm (titan's) and sbgemm, BLIS, oneDNN's
-#     dnnl_sgemm and matmul primitives (f32, bf16) and libxsmm's JIT kernels (f32, bf16), checks
+#     dnnl_sgemm and matmul primitives (f32, bf16; plain, and with B packed once in oneDNN's
+#     layout) and libxsmm's JIT kernels (f32, bf16), checks
 #     each against a double reference, and prints GFLOP/s per GEMM and library, the
 #     step-weighted GEMM time per library and its ratio to OpenBLAS sgemm, and the kernels each
 #     library ran. On a cpu with AMX a last table reruns the widest THREADS with oneDNN held to
@@ -40,7 +41,8 @@ gcc "${flags[@]}" -isystem /usr/include/x86_64-linux-gnu/blis-openmp tests/bench
   -lxsmm -lxsmmnoblas -lpthread -lrt -ldl -lm -o build/bench/bench_gemm
 out=$(mktemp -d /tmp/titan-bench-gemm.XXXXXX)
 trap 'rm -rf "$out"' EXIT
-./titan tokenize --tokenizer bytes --out "$out/austen.bin" ../shared/data/corpus/austen.txt >/dev/null
+./titan tokenize --tokenizer bytes --out "$out/austen.bin" ../shared/data/corpus/austen.txt \
+  >/dev/null
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
   "bf16 and AMX flags: $(grep -m1 -o -w 'avx512_bf16\|amx_bf16\|amx_tile' /proc/cpuinfo | xargs)"
@@ -65,7 +67,10 @@ awk 'FNR == 1 { file++ }
      file == 1 { addr[++n] = $1; name[n] = $2; next }
      function caller(a,   lo, hi, mid) {
        lo = 1; hi = n
-       while (lo < hi) { mid = int((lo + hi + 1) / 2); if (addr[mid] <= a) lo = mid; else hi = mid - 1 }
+       while (lo < hi) {
+         mid = int((lo + hi + 1) / 2)
+         if (addr[mid] <= a) lo = mid; else hi = mid - 1
+       }
        return name[lo]
      }
      { who = caller($12 + 0); if (who == "cpu_matmul") who = caller($13 + 0)

@@ -6,16 +6,18 @@
 // the attention tiles; count: calls per step). Each runs C = op(A) op(B) + beta C with
 // OpenBLAS sgemm (titan's), OpenBLAS sbgemm (bf16 inputs, fp32 C), BLIS bli_sgemm, oneDNN
 // dnnl_sgemm, oneDNN matmul primitives in f32 and bf16 (created once per shape: what a
-// primitive cache would hold), and libxsmm's JIT kernels in f32 and bf16 (one per thread over
-// a slab of C's rows; libxsmm has no threaded GEMM of its own without a BLAS behind it; the
-// operands its kernels cannot take as titan holds them are packed once, untimed).
+// primitive cache would hold; again with B packed once into oneDNN's own layout, untimed), and
+// libxsmm's JIT kernels in f32 and bf16 (one per thread over a slab of C's rows; libxsmm has no
+// threaded GEMM of its own without a BLAS behind it; the operands its kernels cannot take as
+// titan holds them are packed once, untimed).
 // A serial shape runs on THREADS threads; an in_parallel one as THREADS concurrent copies, each
 // on one thread, its time per call the region's over THREADS. Times are the median over rounds
 // that call every library in turn (so other jobs' load falls on all alike), a round's batch of
 // calls at least 2 ms, after warm calls. bf16 times exclude rounding fp32 inputs to bf16 (a
-// line after the table gives that cost if every call did it). Every library's C is checked against a double-precision
-// reference: max |C - ref| / max |ref|, within 1e-5 for f32 and 1e-2 for bf16 inputs (their
-// 8-bit significands); a library outside it is marked WRONG and the program exits 1.
+// line after the table gives that cost if every call did it). Every library's C is checked
+// against a double-precision reference: max |C - ref| / max |ref|, within 1e-5 for f32 and 1e-2
+// for bf16 inputs (their 8-bit significands); a library outside it is marked WRONG and the
+// program exits 1.
 // OpenBLAS's cblas.h before blis.h, which would include BLIS's own under the same guard.
 #include <cblas.h>
 // clang-format off
@@ -143,10 +145,13 @@ static void run_dnnl_sgemm(const Operands *o, void *state, float *c) {
                           s->lda, o->b, s->ldb, s->beta, c, s->ldc));
 }
 
+// A matmul primitive; with packed_b, B in the layout oneDNN picks (format any), reordered once
+// (untimed) into b_packed: what keeping a weight's packed copy for the step would buy.
 typedef struct {
     dnnl_primitive_t prim;
     dnnl_memory_desc_t a, b, c;
     bool bf16;
+    void *b_packed;
 } DnnlMatmul;
 
 // The (rows, cols) matrix at leading dimension ld, transposed (stored (cols, rows)) or not.
@@ -163,7 +168,39 @@ static void note_impl(char *impls, const char *impl) {
     snprintf(impls + len, 256 - len, "%s%s", len ? ", " : "", impl);
 }
 
-static void *prepare_dnnl_matmul(const Operands *o, bool bf16) {
+// One run of the reorder from (md, data) into (to, out).
+static void dnnl_reorder_once(const dnnl_memory_desc_t *md, void *data,
+                              const dnnl_memory_desc_t *to, void *out) {
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t reorder;
+    dnnl_memory_t from, into;
+    DNNL_CHECK(dnnl_reorder_primitive_desc_create(&pd, md, engine, to, engine, NULL));
+    DNNL_CHECK(dnnl_primitive_create(&reorder, pd));
+    DNNL_CHECK(dnnl_memory_create(&from, md, engine, data));
+    DNNL_CHECK(dnnl_memory_create(&into, to, engine, out));
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, into}};
+    DNNL_CHECK(dnnl_primitive_execute(reorder, stream, 2, args));
+    DNNL_CHECK(dnnl_stream_wait(stream));
+    dnnl_memory_destroy(from);
+    dnnl_memory_destroy(into);
+    dnnl_primitive_destroy(reorder);
+    dnnl_primitive_desc_destroy(pd);
+}
+
+static dnnl_primitive_attr_t dnnl_beta(float beta) {
+    dnnl_primitive_attr_t attr;
+    DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+    if (beta != 0.0f) {
+        dnnl_post_ops_t ops;
+        DNNL_CHECK(dnnl_post_ops_create(&ops));
+        DNNL_CHECK(dnnl_post_ops_append_sum(ops, beta));
+        DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, ops));
+        DNNL_CHECK(dnnl_post_ops_destroy(ops));
+    }
+    return attr;
+}
+
+static void *prepare_dnnl_matmul(const Operands *o, bool bf16, bool packed_b) {
     const Shape *s = o->s;
     DnnlMatmul *d = calloc(1, sizeof *d);
     dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32;
@@ -171,48 +208,58 @@ static void *prepare_dnnl_matmul(const Operands *o, bool bf16) {
     d->a = dnnl_matrix(s->m, s->k, s->lda, s->ta, in);
     d->b = dnnl_matrix(s->k, s->n, s->ldb, s->tb, in);
     d->c = dnnl_matrix(s->m, s->n, s->ldc, 0, dnnl_f32);
+    dnnl_memory_desc_t b_any;
+    dnnl_dims_t b_dims = {s->k, s->n};
+    DNNL_CHECK(dnnl_memory_desc_init_by_tag(&b_any, 2, b_dims, in, dnnl_format_tag_any));
     dnnl_matmul_desc_t desc;
-    DNNL_CHECK(dnnl_matmul_desc_init(&desc, &d->a, &d->b, NULL, &d->c));
-    dnnl_primitive_attr_t attr;
-    DNNL_CHECK(dnnl_primitive_attr_create(&attr));
-    if (s->beta != 0.0f) {
-        dnnl_post_ops_t ops;
-        DNNL_CHECK(dnnl_post_ops_create(&ops));
-        DNNL_CHECK(dnnl_post_ops_append_sum(ops, s->beta));
-        DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, ops));
-        DNNL_CHECK(dnnl_post_ops_destroy(ops));
-    }
+    DNNL_CHECK(dnnl_matmul_desc_init(&desc, &d->a, packed_b ? &b_any : &d->b, NULL, &d->c));
+    dnnl_primitive_attr_t attr = dnnl_beta(s->beta);
     dnnl_primitive_desc_t pd;
     DNNL_CHECK(dnnl_primitive_desc_create(&pd, &desc, attr, engine, NULL));
     const char *impl = NULL;
     DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
     note_impl(dnnl_impls[bf16], impl);
+    if (packed_b) {
+        const dnnl_memory_desc_t *packed =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+        d->b_packed = malloc(dnnl_memory_desc_get_size(packed));
+        dnnl_reorder_once(&d->b, bf16 ? (void *)o->b16 : (void *)o->b, packed, d->b_packed);
+        d->b = *packed;
+    }
     DNNL_CHECK(dnnl_primitive_create(&d->prim, pd));
     DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
     DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
     return d;
 }
-static void *prepare_dnnl_f32(const Operands *o) { return prepare_dnnl_matmul(o, false); }
-static void *prepare_dnnl_bf16(const Operands *o) { return prepare_dnnl_matmul(o, true); }
+static void *prepare_dnnl_f32(const Operands *o) { return prepare_dnnl_matmul(o, false, false); }
+static void *prepare_dnnl_bf16(const Operands *o) { return prepare_dnnl_matmul(o, true, false); }
+static void *prepare_dnnl_f32_packed(const Operands *o) {
+    return prepare_dnnl_matmul(o, false, true);
+}
+static void *prepare_dnnl_bf16_packed(const Operands *o) {
+    return prepare_dnnl_matmul(o, true, true);
+}
 
 // Memory objects wrap the caller's pointers on each call (cheap: no copy), as C moves per thread.
 static void run_dnnl_matmul(const Operands *o, void *state, float *c) {
     DnnlMatmul *d = state;
-    dnnl_memory_t a, b, cm;
-    DNNL_CHECK(dnnl_memory_create(&a, &d->a, engine, d->bf16 ? (void *)o->a16 : (void *)o->a));
-    DNNL_CHECK(dnnl_memory_create(&b, &d->b, engine, d->bf16 ? (void *)o->b16 : (void *)o->b));
+    void *b = d->b_packed ? d->b_packed : d->bf16 ? (void *)o->b16 : (void *)o->b;
+    dnnl_memory_t am, bm, cm;
+    DNNL_CHECK(dnnl_memory_create(&am, &d->a, engine, d->bf16 ? (void *)o->a16 : (void *)o->a));
+    DNNL_CHECK(dnnl_memory_create(&bm, &d->b, engine, b));
     DNNL_CHECK(dnnl_memory_create(&cm, &d->c, engine, c));
-    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, cm}};
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
     DNNL_CHECK(dnnl_primitive_execute(d->prim, stream, 3, args));
     DNNL_CHECK(dnnl_stream_wait(stream));
-    dnnl_memory_destroy(a);
-    dnnl_memory_destroy(b);
+    dnnl_memory_destroy(am);
+    dnnl_memory_destroy(bm);
     dnnl_memory_destroy(cm);
 }
 
 static void release_dnnl_matmul(void *state) {
     DnnlMatmul *d = state;
     dnnl_primitive_destroy(d->prim);
+    free(d->b_packed);
     free(d);
 }
 
@@ -337,6 +384,10 @@ static const Library LIBRARIES[] = {
     {"oneDNN sgemm", false, stateless, run_dnnl_sgemm, release_nothing},
     {"oneDNN matmul f32", false, prepare_dnnl_f32, run_dnnl_matmul, release_dnnl_matmul},
     {"oneDNN matmul bf16", true, prepare_dnnl_bf16, run_dnnl_matmul, release_dnnl_matmul},
+    {"oneDNN matmul f32 (B packed)", false, prepare_dnnl_f32_packed, run_dnnl_matmul,
+     release_dnnl_matmul},
+    {"oneDNN matmul bf16 (B packed)", true, prepare_dnnl_bf16_packed, run_dnnl_matmul,
+     release_dnnl_matmul},
     {"libxsmm f32 (B^T packed)", false, prepare_xsmm_f32, run_xsmm, release_xsmm},
     {"libxsmm bf16 (packed)", true, prepare_xsmm_bf16, run_xsmm, release_xsmm},
 };
@@ -391,7 +442,8 @@ static double *reference(const Operands *o, const float *c0) {
     double *bt = malloc((size_t)s->k * s->n * sizeof *bt);
     double *ref = malloc((size_t)s->m * s->n * sizeof *ref);
     for (int p = 0; p < s->k; p++)
-        for (int j = 0; j < s->n; j++) bt[(size_t)p * s->n + j] = element(o->b, s->ldb, s->tb, p, j);
+        for (int j = 0; j < s->n; j++)
+            bt[(size_t)p * s->n + j] = element(o->b, s->ldb, s->tb, p, j);
 #pragma omp parallel for
     for (int i = 0; i < s->m; i++) {
         double *r = ref + (size_t)i * s->n;
