@@ -13,7 +13,8 @@
 // A serial shape runs on THREADS threads; an in_parallel one as THREADS concurrent copies, each
 // on one thread, its time per call the region's over THREADS. Times are the median over rounds
 // that call every library in turn (so other jobs' load falls on all alike), a round's batch of
-// calls at least 2 ms, after warm calls. bf16 times exclude rounding fp32 inputs to bf16 (a
+// calls at least 2 ms, after warm calls; the step totals also from each GEMM's least round,
+// which other jobs can only lengthen. bf16 times exclude rounding fp32 inputs to bf16 (a
 // line after the table gives that cost if every call did it). Every library's C is checked
 // against a double-precision reference: max |C - ref| / max |ref|, within 1e-5 for f32 and 1e-2
 // for bf16 inputs (their 8-bit significands); a library outside it is marked WRONG and the
@@ -500,8 +501,9 @@ static int compare_doubles(const void *x, const void *y) {
 
 #define ROUNDS 21
 
-// seconds[l]: each runnable library's median time per call (0 where it cannot run).
-static void time_shape(const Operands *o, void *const *states, double *seconds) {
+// seconds[l], least[l]: each runnable library's median and least time per call (0 where it
+// cannot run).
+static void time_shape(const Operands *o, void *const *states, double *seconds, double *least) {
     int calls[N_LIBS];
     double samples[N_LIBS][ROUNDS];
     for (int l = 0; l < N_LIBS; l++) {
@@ -514,10 +516,11 @@ static void time_shape(const Operands *o, void *const *states, double *seconds) 
         for (int l = 0; l < N_LIBS; l++)
             if (states[l]) samples[l][r] = time_calls(&LIBRARIES[l], states[l], o, calls[l]);
     for (int l = 0; l < N_LIBS; l++) {
-        seconds[l] = 0.0;
+        seconds[l] = least[l] = 0.0;
         if (!states[l]) continue;
         qsort(samples[l], ROUNDS, sizeof(double), compare_doubles);
         seconds[l] = samples[l][ROUNDS / 2];
+        least[l] = samples[l][0];
     }
 }
 
@@ -555,6 +558,7 @@ static int read_shapes(Shape *shapes) {
 typedef struct {
     double seconds, conversion, worst_error;  // step-weighted
     double serial_seconds;                    // of the GEMMs outside OpenMP regions
+    double least_seconds;                     // of the least rounds: load only slows a call
     int shapes;                               // that it ran
     bool wrong;
 } Totals;
@@ -577,13 +581,13 @@ static void bench_shape(const Shape *s, Totals *totals) {
     memcpy(c0, o.c, o.c_len * sizeof *c0);
     double *ref = reference(&o, c0);
     void *states[N_LIBS];
-    double seconds[N_LIBS], err[N_LIBS], worst[2] = {0, 0};
+    double seconds[N_LIBS], least[N_LIBS], err[N_LIBS], worst[2] = {0, 0};
     for (int l = 0; l < N_LIBS; l++) {
         states[l] = LIBRARIES[l].prepare(&o);
         err[l] = states[l] ? check(&LIBRARIES[l], states[l], &o, c0, ref) : 0.0;
         worst[LIBRARIES[l].bf16] = fmax(worst[LIBRARIES[l].bf16], err[l]);
     }
-    time_shape(&o, states, seconds);
+    time_shape(&o, states, seconds, least);
     double flops = 2.0 * s->m * s->n * s->k, conversion = time_conversion(&o);
     printf("| %s%s | %c %c | %d %d %d | %g | %g |", s->label, s->par ? " (in OpenMP)" : "",
            s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->m, s->n, s->k, s->beta, s->count);
@@ -596,6 +600,7 @@ static void bench_shape(const Shape *s, Totals *totals) {
             totals[l].shapes++;
             printf(" %.1f%s |", flops / seconds[l] * 1e-9, wrong ? " WRONG" : "");
             totals[l].seconds += s->count * seconds[l];
+            totals[l].least_seconds += s->count * least[l];
             totals[l].conversion += lib->bf16 ? s->count * conversion : 0.0;
             if (!s->par) totals[l].serial_seconds += s->count * seconds[l];
             totals[l].worst_error = fmax(totals[l].worst_error, err[l]);
@@ -634,6 +639,14 @@ static void print_totals(const Totals *totals, int n_shapes) {
     for (int l = 0; l < N_LIBS; l++)
         if (totals[l].shapes == n_shapes)
             printf(" %.3f |", totals[l].seconds / base);
+        else
+            printf(" n/a |");
+    printf("\n| GEMM time from each GEMM's least round (ms) |");
+    for (int l = 0; l < N_LIBS; l++) print_total(&totals[l], totals[l].least_seconds, n_shapes);
+    printf("\n| least-round time / OpenBLAS sgemm's |");
+    for (int l = 0; l < N_LIBS; l++)
+        if (totals[l].shapes == n_shapes)
+            printf(" %.3f |", totals[l].least_seconds / totals[0].least_seconds);
         else
             printf(" n/a |");
     printf("\n| + rounding A and B to bf16 at every call (ms) |");
