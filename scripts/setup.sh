@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages titan's build, tests and benchmarks need. Idempotent: does
-# nothing when everything is present, so `make test` / `make run` can call it every time.
+# Installs the Debian packages titan's build, tests and benchmarks need, or the ones named.
+# Idempotent: does nothing when everything is present, so `make test` / `make run` can call it
+# every time.
 set -euo pipefail
 
 PACKAGES=(
@@ -17,6 +18,9 @@ PACKAGES=(
   python3-torch python3-numpy python3-h5py python3-yaml   # the PyTorch reference tests
   slurm-wlm munge                     # the one-node Slurm cluster of tests/integration/slurm.sh
 )
+
+# With arguments, installs those packages instead (scripts/bench_gemm.sh's GEMM libraries).
+if [ $# -gt 0 ]; then PACKAGES=("$@"); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
