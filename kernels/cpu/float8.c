@@ -14,26 +14,29 @@ static inline uint32_t float8_abs_bits(float x) {
     return bits & 0x7fffffffu;
 }
 
-// amax index of element (r, c): the row of the bytes it is cast into, or 0 for tensorwise.
-static inline size_t float8_scale_index(const Float8Cast *cast, int r, int c) {
-    return !cast->rowwise ? 0 : cast->transpose ? (size_t)c : (size_t)r;
+// Element i of row o of the bytes as cast writes them: x[o][i], or x[i][o] when transposed.
+static inline float float8_element(const float *x, int cols, const Float8Cast *cast, int o,
+                                   int i) {
+    return cast->transpose ? x[(size_t)i * cols + o] : x[(size_t)o * cols + i];
 }
 
-static inline size_t float8_scale_count(const Float8Cast *cast, int rows, int cols) {
-    return !cast->rowwise ? 1 : cast->transpose ? (size_t)cols : (size_t)rows;
-}
-
-// Rows one after another so that each amax has one owner and no reduction across threads.
+// Rows of the bytes in parallel, each max taken by one thread in a fixed order; the tensorwise
+// max of their maxes is the same in any order.
 void cpu_float8_amax(float *amax, const float *x, int rows, int cols, const Float8Cast *cast) {
-    size_t count = float8_scale_count(cast, rows, cols);
-    uint32_t *bits = (uint32_t *)amax;  // written as bits, read back as the float they are
-    for (size_t i = 0; i < count; i++) bits[i] = 0;
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) {
-            uint32_t v = float8_abs_bits(x[(size_t)r * cols + c]);
-            size_t i = float8_scale_index(cast, r, c);
-            if (v > bits[i]) bits[i] = v;
+    int out_rows = cast->transpose ? cols : rows, out_cols = cast->transpose ? rows : cols;
+    uint32_t *bits = (uint32_t *)amax;  // written as bits, read back as the floats they are
+    uint32_t total = 0;
+#pragma omp parallel for schedule(static) reduction(max : total)
+    for (int o = 0; o < out_rows; o++) {
+        uint32_t row = 0;
+        for (int i = 0; i < out_cols; i++) {
+            uint32_t v = float8_abs_bits(float8_element(x, cols, cast, o, i));
+            row = v > row ? v : row;
         }
+        if (cast->rowwise) bits[o] = row;
+        total = row > total ? row : total;
+    }
+    if (!cast->rowwise) bits[0] = total;
 }
 
 static float float8_scale(float amax, const Float8Cast *cast) {
@@ -41,18 +44,18 @@ static float float8_scale(float amax, const Float8Cast *cast) {
     return cast->pow2_scales ? float8_round_scale_pow2(scale) : scale;
 }
 
-// Scales first (one per amax, so a row of the bytes shares it), then the cast of each element.
 void cpu_float8_quantize(uint8_t *out, float *scale_inv, const float *amax, const float *x,
                          int rows, int cols, const Float8Cast *cast) {
-    size_t count = float8_scale_count(cast, rows, cols);
-    for (size_t i = 0; i < count; i++) scale_inv[i] = 1.0f / float8_scale(amax[i], cast);
+    int out_rows = cast->transpose ? cols : rows, out_cols = cast->transpose ? rows : cols;
+    if (!cast->rowwise) scale_inv[0] = 1.0f / float8_scale(amax[0], cast);
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) {
-            float scale = float8_scale(amax[float8_scale_index(cast, r, c)], cast);
-            size_t at = cast->transpose ? (size_t)c * rows + r : (size_t)r * cols + c;
-            out[at] = float8_from_float(x[(size_t)r * cols + c] * scale, cast->kind, true);
-        }
+    for (int o = 0; o < out_rows; o++) {
+        float scale = float8_scale(amax[cast->rowwise ? o : 0], cast);
+        if (cast->rowwise) scale_inv[o] = 1.0f / scale;
+        for (int i = 0; i < out_cols; i++)
+            out[(size_t)o * out_cols + i] =
+                float8_from_float(float8_element(x, cols, cast, o, i) * scale, cast->kind, true);
+    }
 }
 
 size_t cpu_matmul_float8_workspace_bytes(int m, int n, int k) {
@@ -61,7 +64,8 @@ size_t cpu_matmul_float8_workspace_bytes(int m, int n, int k) {
 
 // dst (rows, k) = the decoded bytes, times row r's scale_inv when rowwise. The rowwise recipe's
 // scales are powers of two, so that product is exact and the sgemm's result is the scaled
-// accumulation itself; tensorwise scales go into sgemm's alpha instead.
+// accumulation itself (other rowwise scales add one rounding per element, where cuBLASLt
+// scales the sums); tensorwise scales go into sgemm's alpha instead, as cuBLASLt's do.
 static void float8_decode(float *dst, const uint8_t *src, const float *scale_inv, Float8Kind kind,
                           int rows, int k, bool rowwise) {
 #pragma omp parallel for schedule(static)
@@ -80,8 +84,8 @@ void cpu_matmul_float8(float *c, const uint8_t *a, const float *a_scale_inv, Flo
     CHECK(!(a_kind == FLOAT8_E5M2 && b_kind == FLOAT8_E5M2));
     CHECK(m >= 0 && n >= 0 && k >= 0);
     if (m == 0 || n == 0) return;
-    float *a32 = workspace;                 // (m, k)
-    float *b32 = a32 + (size_t)m * k;       // (n, k)
+    float *a32 = workspace;            // (m, k)
+    float *b32 = a32 + (size_t)m * k;  // (n, k)
     float8_decode(a32, a, a_scale_inv, a_kind, m, k, rowwise);
     float8_decode(b32, b, b_scale_inv, b_kind, n, k, rowwise);
     float alpha = rowwise ? 1.0f : a_scale_inv[0] * b_scale_inv[0];
