@@ -25,6 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/float8.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -64,6 +66,18 @@ typedef struct {
     bool route_norm;    // the chosen scores are divided by their sum (+ 1e-20)
     float route_scale;  // and then multiplied by this
 } MoeRouter;
+
+// How float8_amax and float8_quantize cast one (rows, cols) tensor for a float8 GEMM operand
+// (torchao's float8 training, see kernels/ops.def). The bytes are written K-contiguous, as
+// matmul_float8 reads its operands: (rows, cols), or its transpose (cols, rows) when transpose
+// (the backward GEMMs reduce over the other axis). Tensorwise: one amax and scale; rowwise
+// (torchao's axiswise): one per row of the bytes as written, its max over the reduced axis.
+typedef struct {
+    Float8Kind kind;
+    bool rowwise;
+    bool transpose;
+    bool pow2_scales;  // scales rounded down to powers of two (torchao's rowwise recipe)
+} Float8Cast;
 
 typedef struct KernelOps {
     const char *name;

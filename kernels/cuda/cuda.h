@@ -34,6 +34,9 @@ void *cuda_gemm_workspace(void);
 // weight gradient, ...): ops run one after another on the stream, so they may all use it.
 #define CUDA_SCRATCH ((size_t)64 << 20)
 void *cuda_scratch(void);
+// The largest power of two dividing the address, capped at cuBLASLt's assumed 256 (and at least
+// 4): what a GEMM plan promises cuBLASLt's heuristic about an operand (matmul.cu).
+uint32_t cuda_alignment(const void *p);
 
 // ---- ops (one .cu file each concern; the memory section in cuda_backend.cu) -----------------
 // cuda_NAME for each op NAME of kernels/ops.def.

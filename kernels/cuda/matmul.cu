@@ -51,8 +51,7 @@ static bool matmul_shape_equal(const MatmulShape *x, const MatmulShape *y) {
            x->align_b == y->align_b && x->align_c == y->align_c;
 }
 
-// The largest power of two dividing the address, capped at cuBLASLt's assumed 256.
-static uint32_t matmul_alignment(const void *p) {
+uint32_t cuda_alignment(const void *p) {
     uint32_t align = 256;
     while (align > 4 && (uintptr_t)p % align != 0) align >>= 1;
     return align;
@@ -146,7 +145,7 @@ void cuda_matmul(float *c, const float *a, const float *b, int m, int n, int k, 
     }
     MatmulShape shape = {m, n, k, trans_a, trans_b,
                          cuda_bf16_compute() ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F,
-                         matmul_alignment(a), matmul_alignment(b), matmul_alignment(c)};
+                         cuda_alignment(a), cuda_alignment(b), cuda_alignment(c)};
     const MatmulPlan *p = matmul_plan(&shape);
     const float alpha = 1.0f;
     // c is both C and D (in place, same layout), which cuBLASLt allows.

@@ -160,6 +160,7 @@ typedef enum {
     CMP_INCREMENT,   // max |cuda - cpu| / max |cpu - init|: an accumulated gradient's error
     CMP_BITS32,      // the fraction of floats whose bits differ (any NaN matches any NaN)
     CMP_BITS16,      // the same over bf16 values
+    CMP_BYTES,       // the fraction of bytes that differ (float8 codes)
 } Compare;
 
 typedef struct {
@@ -202,6 +203,12 @@ static double error_bits16(const uint16_t *cpu, const uint16_t *gpu, size_t n) {
     return n ? (double)differ / (double)n : 0.0;
 }
 
+static double error_bytes(const uint8_t *cpu, const uint8_t *gpu, size_t n) {
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) differ += cpu[i] != gpu[i];
+    return n ? (double)differ / (double)n : 0.0;
+}
+
 static double error_scalar(double cpu, double gpu) {
     if (isnan(cpu) || isnan(gpu)) return NAN;
     return cpu != 0.0 ? fabs(gpu - cpu) / fabs(cpu) : fabs(gpu);
@@ -217,6 +224,7 @@ static double output_error(const Output *o) {
     case CMP_INCREMENT: err = error_normalised(cpu, gpu, o->pair->init, n); break;
     case CMP_BITS32: err = error_bits32(cpu, gpu, n); break;
     case CMP_BITS16: err = error_bits16(cpu, gpu, o->pair->bytes / 2); break;
+    case CMP_BYTES: err = error_bytes(cpu, gpu, o->pair->bytes); break;
     }
     free(cpu), free(gpu);
     return err;
@@ -1170,6 +1178,133 @@ static void check_moes(void) {
               4096, 512, 1408, 4096 * 6 / 64);
 }
 
+// ---- float8 ----------------------------------------------------------------------------------
+
+// x (rows, cols) with rows' magnitudes 2^-10 to 2^9 apart, so that rowwise amaxes and scales
+// differ from row to row and from the tensor's.
+static float *float8_host_input(int rows, int cols) {
+    float *x = host_random((size_t)rows * cols, -1, 1);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) x[(size_t)r * cols + c] *= ldexpf(1.0f, r % 20 - 10);
+    return x;
+}
+
+typedef struct {
+    Pair x, amax, out, scale_inv;
+    int rows, cols;
+    Float8Cast cast;
+} Float8Args;
+
+static void float8_amax_run(int s, void *ctx) {
+    Float8Args *a = ctx;
+    side[s]->float8_amax(F(a->amax, s), F(a->x, s), a->rows, a->cols, &a->cast);
+}
+
+static void float8_quantize_run(int s, void *ctx) {
+    Float8Args *a = ctx;
+    side[s]->float8_quantize((uint8_t *)a->out.at[s], F(a->scale_inv, s), F(a->amax, s),
+                             F(a->x, s), a->rows, a->cols, &a->cast);
+}
+
+// amax, scales and bytes bit for bit: both backends run core/float8.h's casts.
+static void check_float8_quantize(int rows, int cols, Float8Cast cast) {
+    size_t count = !cast.rowwise ? 1 : cast.transpose ? (size_t)cols : (size_t)rows;
+    Float8Args a = {pair_adopt(float8_host_input(rows, cols), (size_t)rows * cols),
+                    pair_nan(count), pair_nan(((size_t)rows * cols + 3) / 4), pair_nan(count),
+                    rows, cols, cast};
+    char shape[64];
+    snprintf(shape, sizeof shape, "%dx%d %s %s%s%s", rows, cols,
+             cast.kind == FLOAT8_E4M3FN ? "e4m3" : "e5m2", cast.rowwise ? "rowwise" : "tensor",
+             cast.transpose ? " T" : "", cast.pow2_scales ? " pow2" : "");
+    Output amax[] = {{"", &a.amax, NULL, CMP_BITS32, BOUND_EXACT}};
+    op_check("float8_amax", shape, float8_amax_run, &a, amax, 1);
+    Output cast_out[] = {{"bytes", &a.out, NULL, CMP_BYTES, BOUND_EXACT},
+                         {"scale_inv", &a.scale_inv, NULL, CMP_BITS32, BOUND_EXACT}};
+    a.out.bytes = (size_t)rows * cols;  // compare the codes, not the rounding-up tail
+    op_check("float8_quantize", shape, float8_quantize_run, &a, cast_out, 2);
+    Pair *all[] = {&a.x, &a.amax, &a.out, &a.scale_inv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
+typedef struct {
+    Pair a, a_scale_inv, b, b_scale_inv, c;
+    void *workspace[N_SIDES];
+    Float8Kind a_kind, b_kind;
+    int m, n, k;
+    bool rowwise;
+    float beta;
+} Float8GemmArgs;
+
+static void matmul_float8_run(int s, void *ctx) {
+    Float8GemmArgs *a = ctx;
+    side[s]->matmul_float8(F(a->c, s), (const uint8_t *)a->a.at[s], F(a->a_scale_inv, s),
+                           a->a_kind, (const uint8_t *)a->b.at[s], F(a->b_scale_inv, s),
+                           a->b_kind, a->m, a->n, a->k, a->rowwise, a->beta, a->workspace[s]);
+}
+
+// A K-contiguous operand (rows, k) quantised on the cpu (host memory), then given to both sides.
+static void float8_operand(Pair *bytes, Pair *scale_inv, int rows, int k, Float8Kind kind,
+                           bool rowwise) {
+    Float8Cast cast = {kind, rowwise, false, rowwise};
+    size_t count = rowwise ? (size_t)rows : 1;
+    float *x = float8_host_input(rows, k), *amax = host_alloc(count * sizeof *amax);
+    float *inv = host_alloc(count * sizeof *inv);
+    uint8_t *q = host_alloc((size_t)rows * k);
+    side[CPU]->float8_amax(amax, x, rows, k, &cast);
+    side[CPU]->float8_quantize(q, inv, amax, x, rows, k, &cast);
+    *bytes = pair_of(q, (size_t)rows * k);
+    *scale_inv = pair_of(inv, count * sizeof *inv);
+    free(x), free(amax), free(inv), free(q);
+}
+
+// The same float8 operands on both sides: only the summation order (and where cuBLASLt applies
+// the scales) differs, an fp32 reduction's error. beta 0 must not read c (NaN); beta 1 adds
+// onto a c as large as the product.
+static void check_matmul_float8(const char *gemm, int m, int n, int k, Float8Kind a_kind,
+                                Float8Kind b_kind, bool rowwise, float beta) {
+    Float8GemmArgs a = {.a_kind = a_kind, .b_kind = b_kind, .m = m, .n = n, .k = k,
+                        .rowwise = rowwise, .beta = beta};
+    float8_operand(&a.a, &a.a_scale_inv, m, k, a_kind, rowwise);
+    float8_operand(&a.b, &a.b_scale_inv, n, k, b_kind, rowwise);
+    size_t mn = (size_t)m * n;
+    a.c = beta == 0.0f ? pair_nan(mn) : pair_random(mn, -100, 100);
+    for (int s = 0; s < N_SIDES; s++) {
+        size_t bytes = side[s]->matmul_float8_workspace_bytes(m, n, k);
+        a.workspace[s] = bytes ? side_alloc(s, bytes) : NULL;
+    }
+    char shape[64];
+    snprintf(shape, sizeof shape, "%s %dx%dx%d %s%s beta=%g", gemm, m, n, k,
+             a_kind == FLOAT8_E4M3FN ? "e4m3" : "e5m2", b_kind == FLOAT8_E4M3FN ? "e4m3" : "e5m2",
+             beta);
+    Output out[] = {{"", &a.c, NULL, beta == 0.0f ? CMP_NORMALISED : CMP_INCREMENT,
+                     BOUND_REDUCE}};
+    op_check(rowwise ? "matmul_float8 rowwise" : "matmul_float8 tensorwise", shape,
+             matmul_float8_run, &a, out, 1);
+    for (int s = 0; s < N_SIDES; s++)
+        if (a.workspace[s]) side[s]->free(a.workspace[s]);
+    Pair *all[] = {&a.a, &a.a_scale_inv, &a.b, &a.b_scale_inv, &a.c};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
+// Every cast form at odd sizes, then a linear layer's three GEMMs (x (M, K), w (N, K), dy (M,
+// N)) in torchao's two recipes: tensorwise e4m3 forward with e5m2 gradients, rowwise e4m3
+// throughout; and an m that is no multiple of anything.
+static void check_float8(void) {
+    for (int kind = FLOAT8_E4M3FN; kind <= FLOAT8_E5M2; kind++)
+        for (int rowwise = 0; rowwise < 2; rowwise++)
+            for (int transpose = 0; transpose < 2; transpose++)
+                check_float8_quantize(1000, 333, (Float8Cast){kind, rowwise, transpose, rowwise});
+    check_float8_quantize(8192, 2048, (Float8Cast){FLOAT8_E4M3FN, true, true, true});
+    int M = 4096, K = 2048, N = 1024;
+    for (int rowwise = 0; rowwise < 2; rowwise++) {
+        Float8Kind grad = rowwise ? FLOAT8_E4M3FN : FLOAT8_E5M2;
+        check_matmul_float8("out", M, N, K, FLOAT8_E4M3FN, FLOAT8_E4M3FN, rowwise, 0.0f);
+        check_matmul_float8("dx", M, K, N, grad, FLOAT8_E4M3FN, rowwise, 0.0f);
+        check_matmul_float8("dw", N, K, M, grad, FLOAT8_E4M3FN, rowwise, 1.0f);
+        check_matmul_float8("odd m", 37, 48, 80, FLOAT8_E4M3FN, grad, rowwise, 1.0f);
+    }
+}
+
 // ---- setup -----------------------------------------------------------------------------------
 
 static int table_need(const KernelOps *k, const char *member, bool present) {
@@ -1195,6 +1330,8 @@ static int table_holes(const KernelOps *k) {
     NEED(moe_unpermute), NEED(moe_weight_grad), NEED(grouped_matmul), NEED(moe_aux_stats);
     NEED(moe_aux_backward);
     NEED(to_bf16), NEED(from_bf16), NEED(adamw_update);
+    NEED(float8_amax), NEED(float8_quantize), NEED(matmul_float8_workspace_bytes);
+    NEED(matmul_float8);
 #undef NEED
     return holes;
 }
@@ -1253,6 +1390,7 @@ static void check_all(void) {
     check_adamw(5, 1);
     check_adamw(((size_t)1 << 24) + 5, 1);
     check_adamw(((size_t)1 << 24) + 5, 10);
+    check_float8();
 }
 
 int main(int argc, char **argv) {

@@ -1,0 +1,94 @@
+// float8 training on the cpu: an exact emulation. The casts are core/float8.h's, bit for bit
+// what the cuda kernels write; the GEMM decodes both operands to fp32 (exact) and runs one
+// sgemm with fp32 accumulation, as the tensor cores accumulate, so only the summation order
+// differs from cuBLASLt.
+#include <cblas.h>
+
+#include "kernels/cpu/cpu.h"
+
+// The magnitude's bits: ordered as the magnitudes are, NaN above infinity, so that an integer
+// max is max |x| with NaN winning, the same in any order (cuda's atomicMax does the same).
+static inline uint32_t float8_abs_bits(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return bits & 0x7fffffffu;
+}
+
+// Element i of row o of the bytes as cast writes them: x[o][i], or x[i][o] when transposed.
+static inline float float8_element(const float *x, int cols, const Float8Cast *cast, int o,
+                                   int i) {
+    return cast->transpose ? x[(size_t)i * cols + o] : x[(size_t)o * cols + i];
+}
+
+// Rows of the bytes in parallel, each max taken by one thread in a fixed order; the tensorwise
+// max of their maxes is the same in any order.
+void cpu_float8_amax(float *amax, const float *x, int rows, int cols, const Float8Cast *cast) {
+    int out_rows = cast->transpose ? cols : rows, out_cols = cast->transpose ? rows : cols;
+    uint32_t *bits = (uint32_t *)amax;  // written as bits, read back as the floats they are
+    uint32_t total = 0;
+#pragma omp parallel for schedule(static) reduction(max : total)
+    for (int o = 0; o < out_rows; o++) {
+        uint32_t row = 0;
+        for (int i = 0; i < out_cols; i++) {
+            uint32_t v = float8_abs_bits(float8_element(x, cols, cast, o, i));
+            row = v > row ? v : row;
+        }
+        if (cast->rowwise) bits[o] = row;
+        total = row > total ? row : total;
+    }
+    if (!cast->rowwise) bits[0] = total;
+}
+
+static float float8_scale(float amax, const Float8Cast *cast) {
+    float scale = float8_scale_from_amax(amax, cast->kind);
+    return cast->pow2_scales ? float8_round_scale_pow2(scale) : scale;
+}
+
+void cpu_float8_quantize(uint8_t *out, float *scale_inv, const float *amax, const float *x,
+                         int rows, int cols, const Float8Cast *cast) {
+    int out_rows = cast->transpose ? cols : rows, out_cols = cast->transpose ? rows : cols;
+    if (!cast->rowwise) scale_inv[0] = 1.0f / float8_scale(amax[0], cast);
+#pragma omp parallel for schedule(static)
+    for (int o = 0; o < out_rows; o++) {
+        float scale = float8_scale(amax[cast->rowwise ? o : 0], cast);
+        if (cast->rowwise) scale_inv[o] = 1.0f / scale;
+        for (int i = 0; i < out_cols; i++)
+            out[(size_t)o * out_cols + i] =
+                float8_from_float(float8_element(x, cols, cast, o, i) * scale, cast->kind, true);
+    }
+}
+
+size_t cpu_matmul_float8_workspace_bytes(int m, int n, int k) {
+    return ((size_t)m + (size_t)n) * (size_t)k * sizeof(float);
+}
+
+// dst (rows, k) = the decoded bytes, times row r's scale_inv when rowwise. The rowwise recipe's
+// scales are powers of two, so that product is exact and the sgemm's result is the scaled
+// accumulation itself (other rowwise scales add one rounding per element, where cuBLASLt
+// scales the sums); tensorwise scales go into sgemm's alpha instead, as cuBLASLt's do.
+static void float8_decode(float *dst, const uint8_t *src, const float *scale_inv, Float8Kind kind,
+                          int rows, int k, bool rowwise) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float s = rowwise ? scale_inv[r] : 1.0f;
+        for (int i = 0; i < k; i++) {
+            size_t at = (size_t)r * k + i;
+            dst[at] = float8_to_float(src[at], kind) * s;
+        }
+    }
+}
+
+void cpu_matmul_float8(float *c, const uint8_t *a, const float *a_scale_inv, Float8Kind a_kind,
+                       const uint8_t *b, const float *b_scale_inv, Float8Kind b_kind, int m, int n,
+                       int k, bool rowwise, float beta, void *workspace) {
+    CHECK(!(a_kind == FLOAT8_E5M2 && b_kind == FLOAT8_E5M2));
+    CHECK(m >= 0 && n >= 0 && k >= 0);
+    if (m == 0 || n == 0) return;
+    float *a32 = workspace;            // (m, k)
+    float *b32 = a32 + (size_t)m * k;  // (n, k)
+    float8_decode(a32, a, a_scale_inv, a_kind, m, k, rowwise);
+    float8_decode(b32, b, b_scale_inv, b_kind, n, k, rowwise);
+    float alpha = rowwise ? 1.0f : a_scale_inv[0] * b_scale_inv[0];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, alpha, a32, k > 0 ? k : 1, b32,
+                k > 0 ? k : 1, beta, c, n);
+}

@@ -1,0 +1,166 @@
+// cuda_matmul_float8: one cuBLASLt FP8 GEMM per call (torch._scaled_mm's cuBLASLt path), its
+// descriptors and algorithm planned once per shape.
+//
+// cuBLASLt's FP8 kernels take only the "TN" layout: its A transposed, its B not. titan's c (m,
+// n) = a b^T with a (m, k) and b (n, k) both K-contiguous is, column-major (matmul.cu explains
+// the mapping), C^T (n, m) = b a^T: cuBLASLt's A is titan's b, a (k, n) column-major buffer with
+// ld k used transposed (CUBLAS_OP_T), and its B is titan's a, (k, m) with ld k, not transposed:
+// exactly TN, which is why float8_quantize writes every operand K-contiguous. The dequantising
+// scales are cuBLASLt's A and B scale pointers (so b's come first): one float each
+// (tensorwise), or per row of each operand, CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+// (rowwise): element (i, j) of cuBLASLt's product times A's i-th and B's j-th scale.
+// Accumulation in fp32 without the "fast accumulation" mode (torchao uses that for the forward
+// GEMM only; it is cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM, not enabled here).
+#include <stdint.h>
+
+#include "kernels/cuda/cuda.h"
+
+#define MATMUL_FLOAT8_PLANS 256
+
+typedef struct {
+    int m, n, k;
+    Float8Kind a_kind, b_kind;
+    bool rowwise;
+    uint32_t align_c;  // bytes (the float8 operands must be 16-byte aligned)
+} Float8Shape;
+
+typedef struct {
+    Float8Shape shape;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t layout_a, layout_b, layout_c;  // titan's a, b and c
+    cublasLtMatmulAlgo_t algo;
+} Float8Plan;
+
+static Float8Plan plans[MATMUL_FLOAT8_PLANS];  // ops are issued from one host thread
+static int n_plans;
+
+static bool float8_shape_equal(const Float8Shape *x, const Float8Shape *y) {
+    return x->m == y->m && x->n == y->n && x->k == y->k && x->a_kind == y->a_kind &&
+           x->b_kind == y->b_kind && x->rowwise == y->rowwise && x->align_c == y->align_c;
+}
+
+static cudaDataType_t float8_type(Float8Kind kind) {
+    return kind == FLOAT8_E4M3FN ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+static void float8_desc_set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
+                            const void *value, size_t size) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, value, size));
+}
+
+static cublasLtMatmulAlgo_t float8_find_algo(const Float8Plan *p) {
+    const Float8Shape *s = &p->shape;
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t workspace = CUDA_GEMM_WORKSPACE;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+    uint32_t align_ab = 16, align_c = s->align_c;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_ab, sizeof align_ab));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_ab, sizeof align_ab));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
+    cublasLtMatmulHeuristicResult_t result = {};
+    int found = 0;
+    cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(cuda_cublaslt(), p->desc, p->layout_b,
+                                                       p->layout_a, p->layout_c, p->layout_c,
+                                                       pref, 1, &result, &found);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (rc != CUBLAS_STATUS_SUCCESS || found == 0)
+        die_internal(__FILE__, __LINE__,
+                     "cuBLASLt has no FP8 algorithm for matmul_float8 m %d n %d k %d (a %s, b %s, "
+                     "%s scales, c aligned to %u bytes): %s",
+                     s->m, s->n, s->k, s->a_kind == FLOAT8_E4M3FN ? "e4m3" : "e5m2",
+                     s->b_kind == FLOAT8_E4M3FN ? "e4m3" : "e5m2",
+                     s->rowwise ? "rowwise (outer-vector)" : "tensorwise", s->align_c,
+                     cublasLtGetStatusString(rc));
+    return result.algo;
+}
+
+static void float8_plan_init(Float8Plan *p, const Float8Shape *s) {
+    p->shape = *s;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+    float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t);
+    float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n);
+    if (s->rowwise) {
+        int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
+        float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode);
+    }
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->layout_a, float8_type(s->a_kind), (uint64_t)s->k,
+                                            (uint64_t)s->m, (int64_t)s->k));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->layout_b, float8_type(s->b_kind), (uint64_t)s->k,
+                                            (uint64_t)s->n, (int64_t)s->k));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->layout_c, CUDA_R_32F, (uint64_t)s->n,
+                                            (uint64_t)s->m, (int64_t)s->n));
+    p->algo = float8_find_algo(p);
+}
+
+static Float8Plan *float8_plan(const Float8Shape *s) {
+    for (int i = 0; i < n_plans; i++)
+        if (float8_shape_equal(&plans[i].shape, s)) return &plans[i];
+    if (n_plans == MATMUL_FLOAT8_PLANS)
+        die_internal(__FILE__, __LINE__, "matmul_float8: more than %d distinct shapes; raise "
+                     "MATMUL_FLOAT8_PLANS", MATMUL_FLOAT8_PLANS);
+    float8_plan_init(&plans[n_plans], s);
+    return &plans[n_plans++];
+}
+
+// FP8 tensor cores came with Ada (sm_89) and Hopper (sm_90); the check runs once.
+static void float8_require_device(void) {
+    static int capability = -1;
+    if (capability < 0) {
+        int device, major, minor;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        capability = major * 10 + minor;
+    }
+    if (capability < 89)
+        die_user("float8 GEMMs need a GPU of compute capability 8.9 or later (Ada, Hopper, "
+                 "Blackwell); this one is %d.%d: turn float8 training off",
+                 capability / 10, capability % 10);
+}
+
+size_t cuda_matmul_float8_workspace_bytes(int m, int n, int k) {
+    (void)m, (void)n, (void)k;
+    return 0;  // cuBLASLt reads the float8 bytes as they are, with the backend's GEMM workspace
+}
+
+void cuda_matmul_float8(float *c, const uint8_t *a, const float *a_scale_inv, Float8Kind a_kind,
+                        const uint8_t *b, const float *b_scale_inv, Float8Kind b_kind, int m,
+                        int n, int k, bool rowwise, float beta, void *workspace) {
+    (void)workspace;
+    CHECK(!(a_kind == FLOAT8_E5M2 && b_kind == FLOAT8_E5M2));
+    CHECK(m >= 0 && n >= 0 && k >= 0);
+    if (m == 0 || n == 0) return;
+    if (k == 0) {  // an empty sum: c = beta c, not reading c when beta is 0 (as BLAS)
+        if (beta == 0.0f)
+            CUDA_CHECK(cudaMemsetAsync(c, 0, (size_t)m * n * sizeof *c, cuda_stream()));
+        else if (beta != 1.0f)
+            cuda_scale(c, (size_t)m * n, beta);
+        return;
+    }
+    float8_require_device();
+    if (k % 16 != 0 || n % 16 != 0 || (uintptr_t)a % 16 != 0 || (uintptr_t)b % 16 != 0)
+        die_internal(__FILE__, __LINE__,
+                     "matmul_float8 m %d n %d k %d: cuBLASLt's FP8 GEMMs need k and n multiples "
+                     "of 16 and 16-byte aligned operands",
+                     m, n, k);
+    Float8Shape shape = {m, n, k, a_kind, b_kind, rowwise, cuda_alignment(c)};
+    Float8Plan *p = float8_plan(&shape);
+    // cuBLASLt's A is titan's b: b's scales are its A scales.
+    float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
+                    sizeof b_scale_inv);
+    float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
+                    sizeof a_scale_inv);
+    const float alpha = 1.0f;
+    CUBLAS_CHECK(cublasLtMatmul(cuda_cublaslt(), p->desc, &alpha, b, p->layout_b, a, p->layout_a,
+                                &beta, c, p->layout_c, c, p->layout_c, &p->algo,
+                                cuda_gemm_workspace(), CUDA_GEMM_WORKSPACE, cuda_stream()));
+}
