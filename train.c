@@ -94,8 +94,18 @@ static void convert_float8(Trainer *t) {
     const Float8Section *f = &t->cfg.float8;
     model_convert_float8(&t->model, f);
     char none[8];
-    if (model_linears_describe(&t->model, true, none, sizeof none) > 0)
-        t->float8_recipe = f->recipe_name ? f->recipe_name : "tensorwise";
+    if (model_linears_describe(&t->model, false, none, sizeof none) == t->model.n_linears) return;
+    t->float8_recipe = f->recipe_name ? f->recipe_name : "tensorwise";
+    // cuBLASLt's float8 GEMMs reduce over multiples of 16, the weight gradient's over the
+    // microbatch's tokens.
+    const Split *splits[] = {&t->train, &t->val};
+    for (int i = 0; i < 2; i++) {
+        int tokens = splits[i]->B * splits[i]->step_T;
+        if (!strcmp(t->cfg.training.device, "cuda") && splits[i]->B > 0 && tokens % 16 != 0)
+            die_user("float8 on training.device cuda needs a multiple of 16 tokens per "
+                     "microbatch and rank, not %s's %d x %d", i ? "validation" : "training",
+                     splits[i]->B, splits[i]->step_T);
+    }
 }
 
 // Which Linears run float8 and which keep the backend's precision, by module.

@@ -35,6 +35,11 @@ expect_user_error "^titan: error: --float8.emulate: float8.emulate = true is not
   $TITAN "${R[@]}" "${F8[@]}" --float8.emulate --training.device cuda
 expect_user_error "^titan: error: --model.converters: model.converters = \[mx\] is not implemented yet$" \
   $TITAN "${R[@]}" --model.converters mx
+# cuBLASLt's float8 GEMMs reduce over multiples of 16 (the weight gradient over the tokens);
+# --estimate plans a cuda run without a GPU.
+expect_user_error "^titan: error: float8 on training.device cuda needs a multiple of 16 tokens per microbatch and rank, not training's 1 x 60$" \
+  $TITAN --estimate --world-size 1 "${R[@]}" "${F8[@]}" --training.device cuda \
+  --training.local_batch_size 1 --training.seq_len 60
 
 # ---- the startup line and the metrics ----------------------------------------------------------
 $TITAN "${R[@]}" "${F8[@]}" --float8.filter_fqns output,wq >"$SCRATCH/log.out"
