@@ -24,7 +24,6 @@ static inline float float8_element(const float *x, int cols, const Float8Cast *c
 // max of their maxes is the same in any order.
 void cpu_float8_amax(float *amax, const float *x, int rows, int cols, const Float8Cast *cast) {
     int out_rows = cast->transpose ? cols : rows, out_cols = cast->transpose ? rows : cols;
-    uint32_t *bits = (uint32_t *)amax;  // written as bits, read back as the floats they are
     uint32_t total = 0;
 #pragma omp parallel for schedule(static) reduction(max : total)
     for (int o = 0; o < out_rows; o++) {
@@ -33,10 +32,10 @@ void cpu_float8_amax(float *amax, const float *x, int rows, int cols, const Floa
             uint32_t v = float8_abs_bits(float8_element(x, cols, cast, o, i));
             row = v > row ? v : row;
         }
-        if (cast->rowwise) bits[o] = row;
+        if (cast->rowwise) amax[o] = float8_bits_to_float(row);
         total = row > total ? row : total;
     }
-    if (!cast->rowwise) bits[0] = total;
+    if (!cast->rowwise) amax[0] = float8_bits_to_float(total);
 }
 
 static float float8_scale(float amax, const Float8Cast *cast) {
