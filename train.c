@@ -88,6 +88,35 @@ static void check_moe_keys(const Trainer *t) {
     }
 }
 
+// torchtitan's float8 converter (model.converters: [float8]): after the build, before the
+// parallelisms, each Linear's precision by its module name and shape.
+static void convert_float8(Trainer *t) {
+    const Float8Section *f = &t->cfg.float8;
+    model_convert_float8(&t->model, f);
+    char none[8];
+    if (model_linears_describe(&t->model, false, none, sizeof none) == t->model.n_linears) return;
+    t->float8_recipe = f->recipe_name ? f->recipe_name : "tensorwise";
+    // cuBLASLt's float8 GEMMs reduce over multiples of 16, the weight gradient's over the
+    // microbatch's tokens.
+    const Split *splits[] = {&t->train, &t->val};
+    for (int i = 0; i < 2; i++) {
+        int tokens = splits[i]->B * splits[i]->step_T;
+        if (!strcmp(t->cfg.training.device, "cuda") && splits[i]->B > 0 && tokens % 16 != 0)
+            die_user("float8 on training.device cuda needs a multiple of 16 tokens per "
+                     "microbatch and rank, not %s's %d x %d", i ? "validation" : "training",
+                     splits[i]->B, splits[i]->step_T);
+    }
+}
+
+// Which Linears run float8 and which keep the backend's precision, by module.
+static void log_float8(const Trainer *t) {
+    char on[2048], off[2048];
+    int n_on = model_linears_describe(&t->model, true, on, sizeof on);
+    int n_off = model_linears_describe(&t->model, false, off, sizeof off);
+    log_info("float8: %s recipe on %d linears (%s); %d at the backend's precision (%s)",
+             t->float8_recipe ? t->float8_recipe : "no", n_on, on, n_off, off);
+}
+
 static void setup_model(Trainer *t) {
     const Config *c = &t->cfg;
     trainer_model_args(c, &t->args);
@@ -105,6 +134,7 @@ static void setup_model(Trainer *t) {
     // torchtitan's parallelize order: TP, then activation checkpointing, then FSDP.
     bool full_ac = strcmp(c->activation_checkpoint.mode, "full") == 0;
     spec->build(&t->model, &t->args, false);
+    if (config_converts(c, "float8")) convert_float8(t);
     check_moe_keys(t);
     if (t->mesh.layout.size[MESH_PP] > 1) trainer_pipeline_plan(t);
     if (t->tp_on) {
@@ -424,6 +454,7 @@ static void setup(Trainer *t) {
              t->args.spec->name, c->model.flavor, shape.n_layers, shape.dim, shape.vocab_size,
              t->train.B, t->train.T, t->accum, size[MESH_PP], size[MESH_DP_REPLICATE],
              size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP]);
+    if (config_converts(c, "float8")) log_float8(t);
     if (t->mesh.layout.ep > 1)
         log_info("experts: ep %d x efsdp %d over dp_shard x cp x tp", t->mesh.layout.ep,
                  size[MESH_DP_SHARD] * size[MESH_CP] * size[MESH_TP] / t->mesh.layout.ep);
@@ -563,7 +594,7 @@ static void train(Trainer *t) {
     int first_step = (int)t->progress.step + 1;
     bool preempted = false;
     for (int step = first_step; step <= c->training.steps; step++) {
-        StepMetrics m = {.step = step, .aux_loss = NAN};
+        StepMetrics m = {.step = step, .aux_loss = NAN, .float8 = t->float8_recipe};
         double step_started = now_seconds();
         train_step(t, step, &m);
         t->step_seconds = now_seconds() - step_started;

@@ -53,6 +53,8 @@ typedef struct {
     ArenaMemory memory;           // its memory, which every arena below is committed in
     ModelArgs args;               // model.name's architecture, model.flavor's args
     Model model;
+    const char *float8_recipe;    // the recipe model.converters' float8 runs; NULL: no Linear
+                                  // runs float8
     Mesh mesh;
     Tp tp;                        // used when tp_on
     Cp cp;                        // used when cp_on (context_parallel_degree > 1)

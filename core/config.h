@@ -155,14 +155,14 @@ typedef struct {
     char *selective_ac_option;
 } ActivationCheckpointSection;
 
+// torchtitan v0.2.2's Float8Linear (its quantize.linear.float8), read when model.converters
+// has float8.
 typedef struct {
     bool enable_fsdp_float8_all_gather;
     bool precompute_float8_dynamic_scale_for_fsdp;
-    bool force_recompute_fp8_weight_in_bwd;
-    char *recipe_name;  // nullable
+    char *recipe_name;  // nullable: null is torchao's default, tensorwise
     StringList filter_fqns;
     bool emulate;
-    StringList moe_fqns_prototype;
 } Float8Section;
 
 typedef struct {
@@ -231,6 +231,8 @@ bool config_parse_text(Config *c, const char *name, const char *text, size_t len
 // Refuses values that are always wrong (ranges, batch arithmetic) and values asking for
 // features this build does not implement yet, naming the key.
 bool config_check_supported(const Config *c, char *err, size_t errlen);
+// True when model.converters names converter ("float8").
+bool config_converts(const Config *c, const char *converter);
 // defaults + args + checks; die_user with the one-line reason on failure.
 void config_load_or_die(Config *c, int argc, char **argv);
 // The resolved config as YAML with every key, re-parseable by config_parse_file.

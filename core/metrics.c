@@ -60,7 +60,7 @@ static const char *const COLORS[] = {"\033[31m", "\033[32m", "\033[38;2;255;165;
 #define N_COLORS (sizeof COLORS / sizeof COLORS[0])
 
 void metrics_write(MetricsLog *log, const StepMetrics *m) {
-    char mfu[32], mfu_json[32], load[96] = "", load_json[160] = "";
+    char mfu[32], mfu_json[32], load[128] = "", load_json[224] = "";
     bool known = !isnan(m->mfu);
     snprintf(mfu, sizeof mfu, known ? "%5.2f%%" : "  n/a", m->mfu);
     snprintf(mfu_json, sizeof mfu_json, known ? "%.6g" : "null", m->mfu);
@@ -75,6 +75,11 @@ void metrics_write(MetricsLog *log, const StepMetrics *m) {
         size_t n = strlen(load), nj = strlen(load_json);
         snprintf(load + n, sizeof load - n, "  aux_loss %.4g", m->aux_loss);
         snprintf(load_json + nj, sizeof load_json - nj, ", \"aux_loss\": %.17g", m->aux_loss);
+    }
+    if (m->float8) {
+        size_t n = strlen(load), nj = strlen(load_json);
+        snprintf(load + n, sizeof load - n, "  float8 %s", m->float8);
+        snprintf(load_json + nj, sizeof load_json - nj, ", \"float8\": \"%s\"", m->float8);
     }
     const char *c[N_COLORS];
     for (size_t i = 0; i < N_COLORS; i++) c[i] = log->color ? COLORS[i] : "";

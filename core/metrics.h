@@ -19,6 +19,9 @@ typedef struct {
     // model has no MoE layers (and the fields are left out).
     double expert_load_max, expert_load_mean;
     double aux_loss;          // MoE: the balance loss (in the objective, not in loss); NAN: none
+    // The float8 recipe the step's float8 Linears ran (models/linear.h); NULL: every GEMM ran
+    // at the backend's precision (the field is left out).
+    const char *float8;
 } StepMetrics;
 
 typedef struct {

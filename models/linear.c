@@ -1,18 +1,55 @@
 // Each direction of a Linear (forward, input gradient, weight gradient) dispatches on the
 // layer's precision; a plain weight's rows and a stacked one's expert groups (offsets) take the
-// same path, so a precision serves both.
+// same path, so a precision serves both. A float8 GEMM casts its operands into scratch carved
+// from s->act at the call and given back after it (Micikevicius et al. 2022, "FP8 Formats for
+// Deep Learning"; torchao.float8's Float8Linear with dynamic scaling: nothing is kept between
+// calls, so a weight is cast again in backward, as torchao recasts it).
 #include "models/linear.h"
+
+#include <string.h>
 
 #include "core/errors.h"
 
-LinearPrecision linear_precision_for(const char *fqn) {
-    (void)fqn;  // one precision for every layer so far
-    return LINEAR_BACKEND;
+// torchtitan's filter_fqns entry that turns torchao's size thresholds on.
+#define AUTO_FILTER_SMALL_KN "auto_filter_small_kn"
+
+static LinearPrecision recipe_precision(const char *recipe) {
+    if (!recipe || !strcmp(recipe, "tensorwise")) return LINEAR_FLOAT8_TENSORWISE;  // torchao's default
+    if (!strcmp(recipe, "rowwise")) return LINEAR_FLOAT8_ROWWISE;
+    CHECK(!strcmp(recipe, "rowwise_with_gw_hp"));
+    return LINEAR_FLOAT8_ROWWISE_WITH_GW_HP;
 }
 
-Linear linear_of(const Param *weight) {
-    return (Linear){weight, linear_precision_for(weight->name)};
+// torchao's _auto_filter_for_tensorwise / _auto_filter_for_rowwise: GEMMs too small for float8
+// to pay for its casts on an H100, with N = out and K = in (the weight's shape). torchao has
+// no thresholds for rowwise_with_gw_hp (config.c refuses that pair).
+static bool too_small_for_float8(LinearPrecision p, int64_t N, int64_t K) {
+    if (p == LINEAR_FLOAT8_TENSORWISE) return K <= 4096 && N <= 1024;
+    CHECK(p == LINEAR_FLOAT8_ROWWISE);
+    return N <= 2048 || K <= 1024 || (N <= 4096 && K <= 2048);
 }
+
+LinearPrecision linear_precision_for(const char *module, const Param *weight,
+                                     const Float8Section *float8) {
+    if (!float8 || weight->ndim != 2) return LINEAR_BACKEND;
+    int64_t N = weight->global_shape[0], K = weight->global_shape[1];
+    if (N % 16 != 0 || K % 16 != 0) return LINEAR_BACKEND;  // the float8 GEMMs' alignment
+    LinearPrecision p = recipe_precision(float8->recipe_name);
+    bool auto_filter = false;
+    for (int i = 0; i < float8->filter_fqns.count; i++) {
+        const char *entry = float8->filter_fqns.items[i];
+        if (!strcmp(entry, AUTO_FILTER_SMALL_KN)) auto_filter = true;
+        else if (strstr(module, entry)) return LINEAR_BACKEND;  // torchtitan's `fqn in module`
+    }
+    return auto_filter && too_small_for_float8(p, N, K) ? LINEAR_BACKEND : p;
+}
+
+const char *linear_precision_name(LinearPrecision p) {
+    static const char *const NAMES[] = {"backend", "tensorwise", "rowwise", "rowwise_with_gw_hp"};
+    return NAMES[p];
+}
+
+Linear linear_of(const Param *weight) { return (Linear){weight, LINEAR_BACKEND}; }
 
 static int out_dim(const Linear *l) { return (int)l->weight->shape[l->weight->ndim - 2]; }
 static int in_dim(const Linear *l) { return (int)l->weight->shape[l->weight->ndim - 1]; }
@@ -22,39 +59,142 @@ static int experts(const Linear *l) {
     return (int)l->weight->shape[0];
 }
 
-// Bytes of s->act one call on up to `rows` rows carves: the backend's GEMMs need none.
-static size_t scratch_bytes(const Linear *l, int rows) {
-    (void)rows;
-    switch (l->precision) {
-    case LINEAR_BACKEND:
+// ---- float8 GEMMs --------------------------------------------------------------------------
+
+typedef enum { GEMM_OUTPUT, GEMM_GRAD_INPUT, GEMM_GRAD_WEIGHT } LinearGemm;
+
+// One operand of a float8 GEMM: the high-precision tensor x (rows, cols) and its cast
+// (kernels.h's Float8Cast; the bytes are (rows, cols), or (cols, rows) when transposed).
+// one_scale: the GEMM reads a scale per row of the bytes, but torchao scales this tensor as a
+// whole (rowwise_with_gw_hp's tensorwise weight beside a rowwise grad_output): its one amax
+// is repeated for every row, which casts it exactly as a tensorwise cast would.
+typedef struct {
+    const float *x;
+    int rows, cols;
+    Float8Cast cast;
+    bool one_scale;
+} Float8Operand;
+
+// c (m, n) = a (m, k) b (n, k)^T, both operands K-contiguous (matmul_float8's form).
+typedef struct {
+    Float8Operand a, b;
+    int m, n, k;
+} Float8Gemm;
+
+typedef struct {
+    uint8_t *bytes;
+    float *amax, *scale_inv;
+} Float8Buffers;
+
+static bool gemm_is_float8(const Linear *l, LinearGemm g) {
+    return l->precision != LINEAR_BACKEND &&
+           !(g == GEMM_GRAD_WEIGHT && l->precision == LINEAR_FLOAT8_ROWWISE_WITH_GW_HP);
+}
+
+// torchao's Float8LinearConfig.from_recipe_name, GEMM by GEMM: output = input weight^T;
+// grad_input = grad_output weight, the weight transposed (cast along its other axis);
+// grad_weight = grad_output^T input, both transposed (reduced over the rows). The rowwise
+// recipes cast everything e4m3fn with per-row power-of-two scales; tensorwise casts
+// grad_output e5m2 (gradients need range more than precision) with one plain scale per tensor.
+static Float8Gemm float8_gemm(const Linear *l, LinearGemm g, const float *x, const float *dy,
+                              int rows) {
+    bool rowwise = l->precision != LINEAR_FLOAT8_TENSORWISE;
+    Float8Kind weights = FLOAT8_E4M3FN, grads = rowwise ? FLOAT8_E4M3FN : FLOAT8_E5M2;
+    int out = out_dim(l), in = in_dim(l);
+    const float *w = l->weight->data;
+#define CAST(kind, transpose) ((Float8Cast){kind, rowwise, transpose, rowwise})
+    switch (g) {
+    case GEMM_OUTPUT:
+        return (Float8Gemm){{x, rows, in, CAST(weights, false), false},
+                            {w, out, in, CAST(weights, false), false}, rows, out, in};
+    case GEMM_GRAD_INPUT:
+        return (Float8Gemm){{dy, rows, out, CAST(grads, false), false},
+                            {w, out, in, CAST(weights, true),
+                             l->precision == LINEAR_FLOAT8_ROWWISE_WITH_GW_HP},
+                            rows, in, out};
+    case GEMM_GRAD_WEIGHT:
         break;
     }
-    return 0;
+    return (Float8Gemm){{dy, rows, out, CAST(grads, true), false},
+                        {x, rows, in, CAST(weights, true), false}, out, in, rows};
+#undef CAST
+}
+
+static int operand_scales(const Float8Operand *o) {
+    return !o->cast.rowwise ? 1 : o->cast.transpose ? o->cols : o->rows;
+}
+
+static Float8Buffers operand_carve(Arena *act, const Float8Operand *o) {
+    size_t n = (size_t)operand_scales(o);
+    Float8Buffers b = {arena_alloc(act, (size_t)o->rows * o->cols), NULL, NULL};
+    b.amax = arena_floats(act, n);
+    b.scale_inv = arena_floats(act, n);
+    return b;
+}
+
+// The operands' casts and the GEMM's workspace.
+static void *gemm_carve(const StepCtx *s, const Float8Gemm *g, Float8Buffers *a,
+                        Float8Buffers *b) {
+    *a = operand_carve(s->act, &g->a);
+    *b = operand_carve(s->act, &g->b);
+    return arena_alloc(s->act, s->k->matmul_float8_workspace_bytes(g->m, g->n, g->k));
+}
+
+// amax[1 .. n) = amax[0], by doubling copies: the amax is in the backend's memory.
+static void amax_repeat(const StepCtx *s, float *amax, int n) {
+    for (int have = 1; have < n; have *= 2) {
+        int more = n - have < have ? n - have : have;
+        s->k->copy(amax + have, amax, (size_t)more * sizeof(float));
+    }
+}
+
+static void operand_cast(const StepCtx *s, const Float8Operand *o, Float8Buffers b) {
+    Float8Cast amax_cast = o->cast;
+    amax_cast.rowwise = o->cast.rowwise && !o->one_scale;
+    s->k->float8_amax(b.amax, o->x, o->rows, o->cols, &amax_cast);
+    if (o->one_scale) amax_repeat(s, b.amax, operand_scales(o));
+    s->k->float8_quantize(b.bytes, b.scale_inv, b.amax, o->x, o->rows, o->cols, &o->cast);
+}
+
+static void float8_run(const Linear *l, const StepCtx *s, LinearGemm which, float *c,
+                       const float *x, const float *dy, int rows, float beta) {
+    Float8Gemm g = float8_gemm(l, which, x, dy, rows);
+    size_t mark = arena_mark(s->act);
+    Float8Buffers a, b;
+    void *workspace = gemm_carve(s, &g, &a, &b);
+    operand_cast(s, &g.a, a);
+    operand_cast(s, &g.b, b);
+    s->k->matmul_float8(c, a.bytes, a.scale_inv, g.a.cast.kind, b.bytes, b.scale_inv,
+                        g.b.cast.kind, g.m, g.n, g.k, g.a.cast.rowwise, beta, workspace);
+    arena_release(s->act, mark);
 }
 
 void linear_reserve(const StepCtx *s, const Linear *const *linears, int n, int rows) {
-    size_t most = 0;
-    for (int i = 0; i < n; i++) {
-        size_t bytes = scratch_bytes(linears[i], rows);
-        if (bytes > most) most = bytes;
-    }
     size_t mark = arena_mark(s->act);  // counted in the arena's peak, then given back
-    arena_alloc(s->act, most);
-    arena_release(s->act, mark);
+    for (int i = 0; i < n; i++)
+        for (LinearGemm g = GEMM_OUTPUT; g <= GEMM_GRAD_WEIGHT; g++) {
+            if (!gemm_is_float8(linears[i], g)) continue;  // the backend's GEMMs need none
+            Float8Gemm gemm = float8_gemm(linears[i], g, NULL, NULL, rows);
+            Float8Buffers a, b;
+            gemm_carve(s, &gemm, &a, &b);
+            arena_release(s->act, mark);
+        }
 }
+
+// ---- dispatch ------------------------------------------------------------------------------
 
 // offsets: NULL for a plain weight, else the expert groups of the rows (rows = offsets[E]).
 static void forward(const Linear *l, const StepCtx *s, float *y, const float *x, int rows,
                     const int *offsets, float beta) {
     const float *w = l->weight->data;
     int out = out_dim(l), in = in_dim(l);
-    switch (l->precision) {
-    case LINEAR_BACKEND:
-        if (offsets)
-            s->k->grouped_matmul(y, x, w, offsets, experts(l), out, in, false, true, beta);
-        else
-            s->k->matmul(y, x, w, rows, out, in, false, true, beta);
-        break;
+    if (gemm_is_float8(l, GEMM_OUTPUT)) {
+        CHECK(!offsets);
+        float8_run(l, s, GEMM_OUTPUT, y, x, NULL, rows, beta);
+    } else if (offsets) {
+        s->k->grouped_matmul(y, x, w, offsets, experts(l), out, in, false, true, beta);
+    } else {
+        s->k->matmul(y, x, w, rows, out, in, false, true, beta);
     }
 }
 
@@ -62,13 +202,13 @@ static void backward_input(const Linear *l, const StepCtx *s, float *dx, const f
                            int rows, const int *offsets, float beta) {
     const float *w = l->weight->data;
     int out = out_dim(l), in = in_dim(l);
-    switch (l->precision) {
-    case LINEAR_BACKEND:
-        if (offsets)
-            s->k->grouped_matmul(dx, dy, w, offsets, experts(l), in, out, false, false, beta);
-        else
-            s->k->matmul(dx, dy, w, rows, in, out, false, false, beta);
-        break;
+    if (gemm_is_float8(l, GEMM_GRAD_INPUT)) {
+        CHECK(!offsets);
+        float8_run(l, s, GEMM_GRAD_INPUT, dx, NULL, dy, rows, beta);
+    } else if (offsets) {
+        s->k->grouped_matmul(dx, dy, w, offsets, experts(l), in, out, false, false, beta);
+    } else {
+        s->k->matmul(dx, dy, w, rows, in, out, false, false, beta);
     }
 }
 
@@ -76,16 +216,15 @@ static void backward_weight(const Linear *l, const StepCtx *s, const float *dy, 
                             int rows, const int *offsets) {
     float *dw = l->weight->grad;
     int out = out_dim(l), in = in_dim(l);
-    switch (l->precision) {
-    case LINEAR_BACKEND:
-        if (offsets)
-            s->k->grouped_matmul(dw, dy, x, offsets, experts(l), in, out, true, false, 1);
-        else
-            s->k->matmul(dw, dy, x, out, in, rows, true, false, 1);
-        break;
+    if (gemm_is_float8(l, GEMM_GRAD_WEIGHT)) {
+        CHECK(!offsets);
+        float8_run(l, s, GEMM_GRAD_WEIGHT, dw, x, dy, rows, 1);
+    } else if (offsets) {
+        s->k->grouped_matmul(dw, dy, x, offsets, experts(l), in, out, true, false, 1);
+    } else {
+        s->k->matmul(dw, dy, x, out, in, rows, true, false, 1);
     }
 }
-
 void linear_forward(const Linear *l, const StepCtx *s, float *y, const float *x, int rows,
                     float beta) {
     forward(l, s, y, x, rows, NULL, beta);

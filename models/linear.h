@@ -8,12 +8,23 @@
 #pragma once
 
 #include "core/block.h"
+#include "core/config.h"
 #include "core/param.h"
 
 typedef enum {
     // The backend's GEMM on the fp32 weight: fp32 math on cpu; on cuda bf16 inputs with fp32
     // accumulation when KernelInit.bf16_compute is set.
     LINEAR_BACKEND,
+    // torchao's Float8Linear with dynamic scales, by recipe (float8.recipe_name): each GEMM's
+    // operands cast to float8 (kernels' float8_quantize) and multiplied by matmul_float8.
+    //   tensorwise: input and weight e4m3fn, grad_output e5m2, one scale per tensor;
+    //   rowwise: all e4m3fn, a power-of-two scale per row of each operand along the GEMM's
+    //            reduced axis (so each tensor is cast along another axis for each GEMM);
+    //   rowwise_with_gw_hp: rowwise's output; the input gradient with a rowwise grad_output
+    //            and one power-of-two scale for the weight; the weight gradient unquantised.
+    LINEAR_FLOAT8_TENSORWISE,
+    LINEAR_FLOAT8_ROWWISE,
+    LINEAR_FLOAT8_ROWWISE_WITH_GW_HP,
 } LinearPrecision;
 
 typedef struct {
@@ -21,16 +32,25 @@ typedef struct {
     LinearPrecision precision;
 } Linear;
 
-// The precision of the layer whose weight is named fqn ("layers.0.attention.wq.weight"): the
-// one place that decides it.
-LinearPrecision linear_precision_for(const char *fqn);
+// The precision of the layer `module` ("layers.0.attention.wq", torchtitan's module fqn) over
+// weight (its global shape), with float8 training configured by float8 (NULL: not asked for,
+// model.converters has no float8). As torchtitan's float8 converter: only plain (out, in)
+// weights (nn.Linear; stacked experts are another converter's), both dims multiples of 16,
+// no entry of float8->filter_fqns a substring of module, and with the entry
+// auto_filter_small_kn torchao's size thresholds for the recipe (_auto_filter_for_recipe).
+LinearPrecision linear_precision_for(const char *module, const Param *weight,
+                                     const Float8Section *float8);
+// "tensorwise", "rowwise", "rowwise_with_gw_hp", or "backend".
+const char *linear_precision_name(LinearPrecision p);
 // The Linear over weight (its Param, whose compute tensor the parallelisms may later cut and
-// FSDP gather: the Linear reads shape and data at each call), precision by its name.
+// FSDP gather: the Linear reads shape and data at each call), at the backend's precision until
+// a converter sets another (model_convert_float8).
 Linear linear_of(const Param *weight);
 
 // Makes room in s->act, at its current depth, for the scratch the calls below carve on top of
 // it on up to `rows` rows (a grouped Linear's rows summed over its experts) of any of the n
-// linears. Blocks call it after carving the rest of their buffers, in the sizing pass too.
+// linears (a float8 layer's casts of its operands and the GEMM's workspace). Blocks call it
+// after carving the rest of their buffers, in the sizing pass too.
 void linear_reserve(const StepCtx *s, const Linear *const *linears, int n, int rows);
 
 // y (rows, out) = x (rows, in) W^T + beta y.
@@ -45,7 +65,7 @@ void linear_backward_weight(const Linear *l, const StepCtx *s, const float *dy, 
 
 // The same on stacked experts' weights (E, out, in): offsets (E + 1, host memory, as
 // grouped_matmul's) split the rows into the experts' groups, expert e's rows taking W_e (and
-// giving dW_e); rows = offsets[E].
+// giving dW_e); rows = offsets[E]. Always the backend's precision.
 void linear_grouped_forward(const Linear *l, const StepCtx *s, float *y, const float *x,
                             const int *offsets, float beta);
 void linear_grouped_backward_input(const Linear *l, const StepCtx *s, float *dx, const float *dy,

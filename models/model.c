@@ -1,8 +1,118 @@
 #include "models/model.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/errors.h"
+
+void model_linear_add(Model *m, Linear *l, const char *module) {
+    m->linears = realloc(m->linears, ((size_t)m->n_linears + 1) * sizeof(ModelLinear));
+    CHECK(m->linears);
+    ModelLinear *e = &m->linears[m->n_linears++];
+    e->linear = l;
+    const char *name = module ? module : l->weight->name;
+    size_t n = strlen(name), suffix = strlen(".weight");
+    if (!module && n > suffix && !strcmp(name + n - suffix, ".weight")) n -= suffix;
+    CHECK(n < sizeof e->module);
+    memcpy(e->module, name, n);
+    e->module[n] = '\0';
+}
+
+void model_linears_free(Model *m) {
+    free(m->linears);
+    m->linears = NULL;
+    m->n_linears = 0;
+}
+
+void model_convert_float8(Model *m, const Float8Section *float8) {
+    for (int i = 0; i < m->n_linears; i++) {
+        ModelLinear *e = &m->linears[i];
+        e->linear->precision = linear_precision_for(e->module, e->linear->weight, float8);
+    }
+}
+
+// "layers.N.rest" -> N and rest; anything else -> -1 and the whole name.
+static int module_layer(const char *module, const char **rest) {
+    int layer = -1, used = 0;
+    if (sscanf(module, "layers.%d.%n", &layer, &used) == 1 && used > 0) {
+        *rest = module + used;
+        return layer;
+    }
+    *rest = module;
+    return -1;
+}
+
+static bool module_matches(const ModelLinear *e, bool float8) {
+    return (e->linear->precision != LINEAR_BACKEND) == float8;
+}
+
+// printf into buf (n bytes) after its first `used`; returns the new length, at most n - 1.
+__attribute__((format(printf, 4, 5))) static size_t append(char *buf, size_t n, size_t used,
+                                                           const char *fmt, ...) {
+    if (used + 1 >= n) return used;
+    va_list ap;
+    va_start(ap, fmt);
+    int wrote = vsnprintf(buf + used, n - used, fmt, ap);
+    va_end(ap);
+    size_t end = used + (wrote > 0 ? (size_t)wrote : 0);
+    return end < n ? end : n - 1;
+}
+
+// The layers whose linear `rest` matches, as ranges: "0-2,5".
+static size_t append_layers(const Model *m, bool float8, const char *rest, char *buf, size_t n,
+                            size_t used) {
+    int start = -1, prev = -2;
+    bool first = true;
+    for (int i = 0; i <= m->n_linears; i++) {
+        const char *r = "";
+        int layer = -1;
+        if (i < m->n_linears && module_matches(&m->linears[i], float8))
+            layer = module_layer(m->linears[i].module, &r);
+        bool member = layer >= 0 && !strcmp(r, rest);
+        if (i < m->n_linears && !member) continue;
+        if (member && layer == prev + 1) {
+            prev = layer;
+            continue;
+        }
+        if (start >= 0) {
+            used = start == prev ? append(buf, n, used, "%s%d", first ? "" : ",", start)
+                                 : append(buf, n, used, "%s%d-%d", first ? "" : ",", start, prev);
+            first = false;
+        }
+        start = prev = layer;
+    }
+    return used;
+}
+
+int model_linears_describe(const Model *m, bool float8, char *buf, size_t n) {
+    size_t used = 0;
+    int count = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < m->n_linears; i++) {
+        const ModelLinear *e = &m->linears[i];
+        if (!module_matches(e, float8)) continue;
+        count++;
+        const char *rest, *r;
+        int layer = module_layer(e->module, &rest);
+        bool named = false;  // with the same name in an earlier layer: listed there
+        for (int j = 0; j < i && layer >= 0 && !named; j++)
+            named = module_matches(&m->linears[j], float8) &&
+                    module_layer(m->linears[j].module, &r) >= 0 && !strcmp(r, rest);
+        if (named) continue;
+        used = append(buf, n, used, "%s", used ? ", " : "");
+        if (layer < 0) {
+            used = append(buf, n, used, "%s", e->module);
+            continue;
+        }
+        used = append(buf, n, used, "layers.");
+        used = append_layers(m, float8, rest, buf, n, used);
+        used = append(buf, n, used, ".%s", rest);
+    }
+    if (!count) snprintf(buf, n, "none");
+    return count;
+}
 
 void model_slots_init(ModelSlots *a, const Model *m) {
     // One allocation for every block's slot, each rounded up to keep pointers aligned.

@@ -10,6 +10,7 @@
 #include "core/block.h"
 #include "core/param.h"
 #include "kernels/kernels.h"
+#include "models/linear.h"
 
 // One microbatch in flight through a model's blocks: each block's saved state and the hidden
 // states between blocks, pointing into the microbatch's activation arena (StepCtx.act).
@@ -21,6 +22,14 @@ typedef struct {
                      // input part to its weight part (split backward)
 } ModelSlots;
 
+// A Linear of the blocks under its module's fully-qualified name (torchtitan's nn.Linear name:
+// the weight's without ".weight", and "output" for the head's even when its weight is the
+// embedding's): what model converters walk and the startup log names.
+typedef struct {
+    Linear *linear;
+    char module[PARAM_NAME_MAX];
+} ModelLinear;
+
 typedef struct Model Model;
 struct Model {
     ParamTable params;
@@ -31,6 +40,8 @@ struct Model {
     double flops_per_token;  // training FLOPs (forward + backward) per token, for MFU (of the
                              // whole model, whatever tensor parallelism shards it)
     double *block_flops_per_token;  // (n_blocks) each block's share of flops_per_token
+    ModelLinear *linears;  // (n_linears) every Linear of the blocks, added by the build
+    int n_linears;
     const TpHooks *tp;   // set by the model's parallelize plan; NULL: one device
     const AttnHooks *attn;  // context parallel's attention (parallel/cp); NULL: whole sequences
     const ExpertHooks *ep;  // expert parallel's dispatch (parallel/ep); NULL: all experts local
@@ -57,6 +68,18 @@ void model_allocate(Model *m, size_t activation_bytes, Arena *params, Arena *gra
                     const ArenaMemory *memory);
 // Once per model, before its first step: its constant tables into backend k's memory.
 void model_place_buffers(Model *m, const KernelOps *k);
+
+// The build's: adds l, a Linear of the blocks, as module (NULL: its weight's name without
+// ".weight"). model_linears_free frees the list.
+void model_linear_add(Model *m, Linear *l, const char *module);
+void model_linears_free(Model *m);
+// torchtitan's float8 converter (model.converters: [float8]), after the build and before
+// any parallelism: each Linear's precision by linear_precision_for under float8.
+void model_convert_float8(Model *m, const Float8Section *float8);
+// The modules of the Linears that run float8 (float8 true) or not, as "layers.0-5.attention.wq,
+// ..., output" (layer indices merged into ranges, "none" for no module) into buf; returns how
+// many Linears that is.
+int model_linears_describe(const Model *m, bool float8, char *buf, size_t n);
 
 // Slots for one microbatch of m (host memory; free with model_slots_free).
 void model_slots_init(ModelSlots *a, const Model *m);

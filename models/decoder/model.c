@@ -105,6 +105,20 @@ static void add_layer(Decoder *l, ParamTable *t, int i) {
     L->linear.wo = linear_of(L->wo);
 }
 
+// The blocks' Linears, in the order of the parameters, into Model.linears.
+static void add_linears(Model *m, Decoder *l) {
+    for (int i = 0; i < l->args.n_layers; i++) {
+        DecoderLayer *L = &l->layers[i];
+        Linear *all[] = {&L->linear.wq, &L->linear.wk, &L->linear.wv, &L->linear.wo,
+                         &L->linear.w1, &L->linear.w2, &L->linear.w3};
+        for (int j = 0; j < (L->moe ? 4 : 7); j++) model_linear_add(m, all[j], NULL);
+        Linear *moe[MOE_MAX_LINEARS];
+        for (int j = 0, n = L->moe ? moe_layer_linears(L->moe, moe) : 0; j < n; j++)
+            model_linear_add(m, moe[j], NULL);
+    }
+    model_linear_add(m, &l->head.linear, "output");  // tied or not, torchtitan's module
+}
+
 // torchtitan's get_num_flop_per_token, block by block: 6 FLOPs per weight per token (2 forward,
 // 4 backward) over all but the embedding table (a routed expert's weights count top_k / E of
 // theirs: the active ones), plus in each layer 12 * heads * head_dim *
@@ -189,6 +203,7 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
         l->head.output->init_cutoff = 3 * std;
     }
     l->head.linear = linear_of(l->head.output);
+    add_linears(m, l);
 
     m->blocks = xcalloc((size_t)m->n_blocks, sizeof(Block));
     m->blocks[0] = (Block){&DECODER_EMBED_OPS, &l->embed, false, 1};
@@ -215,5 +230,6 @@ void decoder_free(Model *m) {
     free(m->blocks);
     free(m->block_flops_per_token);
     model_slots_free(&m->slots);
+    model_linears_free(m);
     params_free(&m->params);
 }

@@ -67,6 +67,16 @@ int moe_layer_params(const MoeLayer *m, Param *out[MOE_MAX_PARAMS]) {
     return n;
 }
 
+int moe_layer_linears(MoeLayer *m, Linear *out[MOE_MAX_LINEARS]) {
+    Linear *all[] = {&m->linear.gate,      &m->linear.w1,        &m->linear.w2,
+                     &m->linear.w3,        &m->linear.shared_w1, &m->linear.shared_w2,
+                     &m->linear.shared_w3};
+    int n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]->weight) out[n++] = all[i];
+    return n;
+}
+
 void moe_layer_free(MoeLayer *m) {
     free(m->host_counts);
     m->host_counts = NULL;

@@ -101,6 +101,10 @@ void moe_layer_free(MoeLayer *m);
 // The layer's parameters (moe_param_count of them) into out, for a parallelize plan.
 #define MOE_MAX_PARAMS 8
 int moe_layer_params(const MoeLayer *m, Param *out[MOE_MAX_PARAMS]);
+// The layer's Linears (the router's, the experts' grouped ones, the shared experts'), for
+// Model.linears; returns how many.
+#define MOE_MAX_LINEARS 7
+int moe_layer_linears(MoeLayer *m, Linear *out[MOE_MAX_LINEARS]);
 
 // y (rows, D) += MoE(x (rows, D)); fills sv. Counts each expert's routed slots into
 // s->expert_load's row m->index when set, and adds the balance loss to s->aux_loss (a forward,

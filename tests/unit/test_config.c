@@ -323,10 +323,10 @@ static void test_check_supported(void **state) {
                        "--activation_checkpoint.mode: activation_checkpoint.mode = 'selective' is "
                        "not implemented yet");
     supported_error_is("--float8.recipe_name=rowwise",
-                       "--float8.recipe_name: float8.recipe_name = 'rowwise' is not implemented "
-                       "yet");
-    supported_error_is("--model.converters=float8",
-                       "--model.converters: model.converters = [float8] is not implemented yet");
+                       "--float8.recipe_name: float8.recipe_name = 'rowwise' does nothing: "
+                       "model.converters has no float8");
+    supported_error_is("--model.converters=mx",
+                       "--model.converters: model.converters = [mx] is not implemented yet");
     supported_error_is("--training.global_batch_size=12",
                        "training.global_batch_size = 12 (--training.global_batch_size) must be -1 "
                        "or a multiple of training.local_batch_size = 8 (default)");
