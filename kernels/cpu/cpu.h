@@ -19,11 +19,18 @@ extern const KernelOps kernels_cpu;
 // inputs to bf16 and accumulate in fp32. false with a one-line reason when it cannot.
 bool cpu_gemm_bf16_start(char *why, size_t len);
 bool cpu_gemm_bf16_on(void);
-// "oneDNN VERSION bf16 matmul (IMPLEMENTATION), attention fp32": what runs on this cpu.
+// True when oneDNN has no bf16 matmul for this cpu: callers then round with
+// cpu_gemm_bf16_round_floats and run sgemm (the same numbers), else cpu_gemm_bf16_round and
+// cpu_gemm_bf16.
+bool cpu_gemm_bf16_emulated(void);
+// What runs on this cpu: "oneDNN VERSION bf16 matmul (IMPLEMENTATION), attention fp32", or the
+// emulation's line.
 const char *cpu_gemm_bf16_kernels(void);
-// x (n) rounded to bf16 (nearest even) into scratch slot 0 or 1, which grows to the largest n
-// asked for and is overwritten by the next call for the slot. Call outside OpenMP regions.
+// x (n) rounded to bf16 (nearest even) into scratch slot 0 or 1, as bf16 or as the floats they
+// are; the slot grows to the largest call seen and is overwritten by the next call for the
+// slot. Call outside OpenMP regions.
 uint16_t *cpu_gemm_bf16_round(int slot, const float *x, size_t n);
+float *cpu_gemm_bf16_round_floats(int slot, const float *x, size_t n);
 // c (m, n) = op(a) op(b) + beta c in fp32 from bf16 a and b, dense as in cpu_matmul, k >= 1.
 // runtime_rows: the primitive serves any count of a's rows (m, or k when trans_a), for the
 // grouped GEMM's groups. Callable inside OpenMP regions (single-threaded there).

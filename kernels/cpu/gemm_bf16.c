@@ -3,15 +3,18 @@
 // fp32 accumulation, through oneDNN's bf16 matmul primitive (AMX or avx512_bf16 kernels where
 // the cpu has them). Measured by scripts/bench_gemm.sh on the debug model's step: 0.31 of
 // OpenBLAS sgemm's time at one thread on an AMX Xeon; oneDNN's f32 matmul is no faster than
-// OpenBLAS, so fp32 stays on OpenBLAS.
+// OpenBLAS, so fp32 stays on OpenBLAS. A cpu for which oneDNN has no bf16 matmul (before
+// AVX-512) gets the exact emulation instead: the inputs rounded to bf16 but kept as floats, then
+// sgemm, the same numbers (a product of two bf16 values is exact in fp32), only slower.
 //
 // Primitives are created the first time a shape is seen and kept (creating one JIT-compiles its
 // kernels: far too slow per call), as cuda_matmul keeps its cuBLASLt plans. A grouped GEMM's
 // per-group row count changes every step, so those primitives leave that dimension to run time
-// (DNNL_RUNTIME_DIM_VAL) and one serves every group. Threads: Debian's oneDNN runs on the same
-// libgomp as titan and, called inside an OpenMP region, runs single-threaded (as OpenBLAS does),
-// so the grouped GEMM's OpenMP over experts keeps working; the number of threads a primitive
-// was made for is part of its key, since its blocking depends on it.
+// (DNNL_RUNTIME_DIM_VAL: oneDNN's gemm:jit kernels, not brgemm's) and one serves every group.
+// Threads: Debian's oneDNN runs on the same libgomp as titan and, called inside an OpenMP
+// region, runs single-threaded (as OpenBLAS does), so the grouped GEMM's OpenMP over experts
+// keeps working; the number of threads a primitive was made for is part of its key, since its
+// blocking depends on it.
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 #include <stdio.h>
@@ -45,15 +48,15 @@ typedef struct {
 } GemmPrimitive;
 
 static struct {
-    bool on;
+    bool on, emulated;  // emulated: no oneDNN bf16 matmul on this cpu
     dnnl_engine_t engine;
     dnnl_stream_t *streams;  // one per OpenMP thread: each thread of a region executes its own
     int n_streams;
     GemmPrimitive prims[GEMM_BF16_PRIMITIVES];
     int n_prims;
     char kernels[160];  // what cpu_gemm_bf16_kernels says
-    uint16_t *scratch[2];  // the bf16 copies of a and b, grown to the largest call seen
-    size_t scratch_len[2];
+    void *scratch[2];  // the rounded copies of a and b, grown to the largest call seen
+    size_t scratch_bytes[2];
 } gemm;
 
 // The row-major (rows, cols) matrix held as (cols, rows) when trans, dense either way; a dim of
@@ -67,6 +70,7 @@ static dnnl_memory_desc_t gemm_matrix(int rows, int cols, bool trans, dnnl_data_
 }
 
 // beta != 0 is oneDNN's sum post-op: c = a b + beta c, c read only then (BLAS's contract).
+// NULL when oneDNN has no implementation for this cpu.
 static dnnl_primitive_desc_t gemm_primitive_desc(const GemmKey *key) {
     dnnl_memory_desc_t a = gemm_matrix(key->m, key->k, key->trans_a, dnnl_bf16);
     dnnl_memory_desc_t b = gemm_matrix(key->k, key->n, key->trans_b, dnnl_bf16);
@@ -82,9 +86,11 @@ static dnnl_primitive_desc_t gemm_primitive_desc(const GemmKey *key) {
         DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, ops));
         DNNL_CHECK(dnnl_post_ops_destroy(ops));
     }
-    dnnl_primitive_desc_t pd;
-    DNNL_CHECK(dnnl_primitive_desc_create(&pd, &desc, attr, gemm.engine, NULL));
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_status_t status = dnnl_primitive_desc_create(&pd, &desc, attr, gemm.engine, NULL);
     DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+    if (status == dnnl_unimplemented) return NULL;
+    DNNL_CHECK(status);
     return pd;
 }
 
@@ -106,6 +112,7 @@ static dnnl_primitive_t gemm_primitive(const GemmKey *key) {
                 die_internal(__FILE__, __LINE__, "bf16 matmul: more than %d distinct shapes",
                              GEMM_BF16_PRIMITIVES);
             dnnl_primitive_desc_t pd = gemm_primitive_desc(key);
+            CHECK(pd);  // the probe at start found an implementation
             DNNL_CHECK(dnnl_primitive_create(&prim, pd));
             DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
             gemm.prims[gemm.n_prims++] = (GemmPrimitive){*key, prim};
@@ -126,34 +133,54 @@ bool cpu_gemm_bf16_start(char *why, size_t len) {
     for (int i = 0; i < gemm.n_streams; i++)
         DNNL_CHECK(dnnl_stream_create(&gemm.streams[i], gemm.engine, dnnl_stream_default_flags));
     // A probe of the debug model's size names the implementation oneDNN picks on this cpu (its
-    // ISA, e.g. brg:avx512_core_amx); attention stays fp32 (cpu_attention_forward says why).
+    // ISA, e.g. brg:avx512_core_amx_bf16); attention stays fp32 (kernels/cpu/attention.c).
     GemmKey probe = {256, 256, 256, false, true, 0.0f, omp_get_max_threads()};
     dnnl_primitive_desc_t pd = gemm_primitive_desc(&probe);
-    const char *impl = NULL;
-    DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
     const dnnl_version_t *v = dnnl_version();
-    snprintf(gemm.kernels, sizeof gemm.kernels, "oneDNN %d.%d.%d bf16 matmul (%s), attention fp32",
-             v->major, v->minor, v->patch, impl);
-    DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+    const char *impl = NULL;
+    if (pd) DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
+    if (pd)
+        snprintf(gemm.kernels, sizeof gemm.kernels,
+                 "oneDNN %d.%d.%d bf16 matmul (%s), attention fp32", v->major, v->minor,
+                 v->patch, impl);
+    else
+        snprintf(gemm.kernels, sizeof gemm.kernels,
+                 "bf16-rounded inputs through sgemm (oneDNN %d.%d.%d has no bf16 matmul for "
+                 "this cpu), attention fp32", v->major, v->minor, v->patch);
+    if (pd) DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+    gemm.emulated = pd == NULL;
     gemm.on = true;
     return true;
 }
 
 bool cpu_gemm_bf16_on(void) { return gemm.on; }
 
+bool cpu_gemm_bf16_emulated(void) { return gemm.emulated; }
+
 const char *cpu_gemm_bf16_kernels(void) { return gemm.kernels; }
 
-uint16_t *cpu_gemm_bf16_round(int slot, const float *x, size_t n) {
+static void *gemm_scratch(int slot, size_t bytes) {
     CHECK(slot == 0 || slot == 1);
-    if (n > gemm.scratch_len[slot]) {
+    if (bytes > gemm.scratch_bytes[slot]) {
         free(gemm.scratch[slot]);
-        gemm.scratch[slot] = malloc(n * sizeof(uint16_t));
+        gemm.scratch[slot] = malloc(bytes);
         CHECK(gemm.scratch[slot]);
-        gemm.scratch_len[slot] = n;
+        gemm.scratch_bytes[slot] = bytes;
     }
-    uint16_t *y = gemm.scratch[slot];
+    return gemm.scratch[slot];
+}
+
+uint16_t *cpu_gemm_bf16_round(int slot, const float *x, size_t n) {
+    uint16_t *y = gemm_scratch(slot, n * sizeof *y);
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) y[i] = bf16_from_float(x[i]);
+    return y;
+}
+
+float *cpu_gemm_bf16_round_floats(int slot, const float *x, size_t n) {
+    float *y = gemm_scratch(slot, n * sizeof *y);
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) y[i] = bf16_to_float(bf16_from_float(x[i]));
     return y;
 }
 

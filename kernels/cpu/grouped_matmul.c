@@ -4,10 +4,11 @@
 
 #include "kernels/cpu/cpu.h"
 
-// The operands of one grouped GEMM: fp32, and with bf16 compute their bf16 roundings.
+// The operands of one grouped GEMM: fp32 (with emulated bf16 compute, rounded to bf16 values),
+// or with oneDNN's bf16 compute their bf16 copies.
 typedef struct {
     const float *a, *b;
-    const uint16_t *a16, *b16;  // NULL without bf16 compute
+    const uint16_t *a16, *b16;  // NULL but with oneDNN's bf16 compute
 } GroupedOperands;
 
 // c (m, n) = op(a) op(b) + beta c at the given offsets into the operands, dense row-major (a
@@ -56,9 +57,13 @@ void cpu_grouped_matmul(float *c, const float *a, const float *b, const int *off
     CHECK(!(trans_a && trans_b));
     long rows = offsets[groups], threads = omp_get_max_threads();
     GroupedOperands x = {a, b, NULL, NULL};
-    if (cpu_gemm_bf16_on() && rows > 0) {
-        x.a16 = cpu_gemm_bf16_round(0, a, (size_t)rows * k);
-        x.b16 = cpu_gemm_bf16_round(1, b, trans_a ? (size_t)rows * n : (size_t)groups * n * k);
+    size_t a_len = (size_t)rows * k, b_len = trans_a ? (size_t)rows * n : (size_t)groups * n * k;
+    if (cpu_gemm_bf16_on() && rows > 0 && !cpu_gemm_bf16_emulated()) {
+        x.a16 = cpu_gemm_bf16_round(0, a, a_len);
+        x.b16 = cpu_gemm_bf16_round(1, b, b_len);
+    } else if (cpu_gemm_bf16_on() && rows > 0) {
+        x.a = cpu_gemm_bf16_round_floats(0, a, a_len);
+        x.b = cpu_gemm_bf16_round_floats(1, b, b_len);
     }
     for (int g = 0; g < groups; g++)
         if ((long)(offsets[g + 1] - offsets[g]) * threads > rows)
