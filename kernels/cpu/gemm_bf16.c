@@ -62,7 +62,8 @@ static struct {
 // The row-major (rows, cols) matrix held as (cols, rows) when trans, dense either way; a dim of
 // -1 becomes DNNL_RUNTIME_DIM_VAL.
 static dnnl_memory_desc_t gemm_matrix(int rows, int cols, bool trans, dnnl_data_type_t type) {
-    dnnl_dim_t r = rows < 0 ? DNNL_RUNTIME_DIM_VAL : rows, c = cols < 0 ? DNNL_RUNTIME_DIM_VAL : cols;
+    dnnl_dim_t r = rows < 0 ? DNNL_RUNTIME_DIM_VAL : rows;
+    dnnl_dim_t c = cols < 0 ? DNNL_RUNTIME_DIM_VAL : cols;
     dnnl_dims_t dims = {r, c}, strides = {trans ? 1 : c, trans ? r : 1};
     dnnl_memory_desc_t md;
     DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md, 2, dims, type, strides));

@@ -42,7 +42,8 @@ static double *matmul_reference(const float *a, const float *b, const float *c0,
         for (int j = 0; j < n; j++) {
             double s = beta == 0.0f ? 0.0 : beta * (double)c0[(size_t)i * n + j];
             for (int p = 0; p < k; p++)
-                s += element(a, ta ? m : k, ta, i, p, round) * element(b, tb ? k : n, tb, p, j, round);
+                s += element(a, ta ? m : k, ta, i, p, round) *
+                     element(b, tb ? k : n, tb, p, j, round);
             c[(size_t)i * n + j] = s;
         }
     return c;
