@@ -36,8 +36,10 @@ OPENBLAS_DIR := $(shell pkg-config --variable=libdir openblas 2>/dev/null | sed 
 PKGS     := yaml-0.1 hdf5-openmpi libpcre2-8 jansson zlib
 CFLAGS   := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror $(OPT) -fopenmp -I. \
             $(shell pkg-config --cflags $(PKGS) openblas 2>/dev/null)
+# oneDNN (no pkg-config file in Debian) runs the bf16 GEMMs of mixed precision on cpu
+# (kernels/cpu/gemm_bf16.c); Debian builds it on libgomp, the OpenMP titan uses.
 LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
-            -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -lm
+            -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -ldnnl -lm
 LDFLAGS  := -fopenmp
 ifeq ($(SANITIZE),1)
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g

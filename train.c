@@ -176,9 +176,9 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
             config.expert_rank = mesh_sparse_index(l, t->mesh.coord) / l->ep;
         }
         const TrainingSection *tr = &t->cfg.training;
-        bool mixed = t->k->mixed_precision;  // torchtitan's MixedPrecisionPolicy, on cuda
-        config.bf16_params = mixed && strcmp(tr->mixed_precision_param, "bfloat16") == 0;
-        config.bf16_reduce = mixed && strcmp(tr->mixed_precision_reduce, "bfloat16") == 0;
+        // torchtitan's MixedPrecisionPolicy, on every backend
+        config.bf16_params = strcmp(tr->mixed_precision_param, "bfloat16") == 0;
+        config.bf16_reduce = strcmp(tr->mixed_precision_reduce, "bfloat16") == 0;
         config.reduce_once_per_step = t->pipeline != NULL;
         fsdp_plan(f, &t->model.params, t->model.blocks, t->model.n_blocks, &config);
         const char *names[] = {"params", "grads", "comm", "activations"};

@@ -169,14 +169,13 @@ static const KeySpec KEYS[] = {
     {K_ENUM(training, dtype), .def = "float32", .choices = TRAIN_DTYPES,
      .help = "Dtype of params, grads and optimizer states"},
     {K_ENUM(training, mixed_precision_param), .def = "bfloat16", .choices = TRAIN_DTYPES,
-     .help = "Compute dtype under mixed precision: cuda runs GEMMs and attention in it (fp32 "
-             "accumulation) and FSDP all-gathers the weights in it; the cpu backend computes "
-             "fp32"},
+     .help = "Compute dtype under mixed precision: GEMMs run in it (fp32 accumulation; cuda's "
+             "attention too, cpu's stays fp32) and FSDP all-gathers the weights in it"},
     {K_ENUM(training, device), .def = "cpu", .choices = DEVICES,
      .help = "titan: the kernels backend, cpu or cuda (a `make CUDA=1` build on a GPU machine; "
              "one GPU per rank)"},
     {K_ENUM(training, mixed_precision_reduce), .def = "float32", .choices = REDUCE_DTYPES,
-     .help = "Dtype of FSDP's gradient reduce-scatter (cuda; the cpu backend reduces fp32)"},
+     .help = "Dtype of FSDP's gradient reduce-scatter"},
     {K_BOOL(training, compile), .def = "false", .help = "Whether to compile the model"},
     {K_INT(training, gc_freq, 1, INT32_MAX), .def = "50",
      .help = "torchtitan's Python GC interval; titan has no GC and ignores it"},

@@ -9,10 +9,11 @@
 //   counts) live in the same memory, unless an op says otherwise.
 // - Ops run in issue order on the backend's one queue (a CUDA stream on cuda) and may return
 //   before they finish; download, sum and sum_squares wait for everything queued.
-// - Numerics: fp32 storage and reductions on both backends. The cpu backend computes in fp32;
-//   the cuda backend computes GEMMs and attention in bf16 with fp32 accumulation when
-//   KernelInit.bf16_compute is set (torchtitan's mixed_precision_param: bfloat16), else in
-//   fp32.
+// - Numerics: fp32 storage and reductions on both backends. When KernelInit.bf16_compute is
+//   set (torchtitan's mixed_precision_param: bfloat16) matmul and grouped_matmul round their
+//   inputs to bf16 (nearest even) and accumulate in fp32 on both backends (cuBLASLt; oneDNN on
+//   cpu); cuda's attention is then cuDNN's bf16 flash attention for plain causal blocks, cpu's
+//   stays fp32 (kernels/cpu/attention.c). Otherwise everything computes in fp32.
 // - Linear layers keep weights as (out_features, in_features), like torch.nn.Linear, so a
 //   forward is y = x W^T.
 // - Backward ops ACCUMULATE (+=) into every gradient they produce, inputs' and parameters'
@@ -83,10 +84,6 @@ typedef struct KernelOps {
     const char *name;
     // True when tensors are host memory (cpu): host code may then read and write them directly.
     bool host_memory;
-    // True when the backend honours KernelInit.bf16_compute (cuda), and training then follows
-    // torchtitan's mixed precision (bf16 compute weights under FSDP); the cpu backend computes
-    // and communicates fp32 whatever mixed_precision_param asks.
-    bool mixed_precision;
     // True when every op gives the same bits on every run (cpu: each output element has one
     // owner that sums in a fixed order). cuda is not: its embedding backward adds repeated
     // tokens' rows with atomics, and cuDNN's attention backward adds dQ with atomics, so

@@ -8,6 +8,7 @@ PACKAGES=(
   build-essential pkg-config
   libopenmpi-dev openmpi-bin          # launch, bootstrap, CPU collectives; mpicc
   libopenblas-openmp-dev              # CPU GEMM (OpenMP flavour: called inside omp regions)
+  libdnnl-dev                         # CPU bf16 GEMMs (oneDNN) for mixed precision
   libyaml-dev                         # configs
   libhdf5-openmpi-dev hdf5-tools      # checkpoints (parallel HDF5), h5dump
   libpcre2-dev                        # tokenizers' pre-tokenization regexes

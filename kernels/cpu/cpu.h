@@ -14,6 +14,29 @@ extern const KernelOps kernels_cpu;
 #define KERNEL_OP(ret, op, params) ret cpu_##op params;
 #include "kernels/ops.def"
 
+// ---- bf16 compute (gemm_bf16.c) ----------------------------------------------------------
+// Starts oneDNN for KernelInit.bf16_compute: from then on matmul and grouped_matmul round their
+// inputs to bf16 and accumulate in fp32. false with a one-line reason when it cannot.
+bool cpu_gemm_bf16_start(char *why, size_t len);
+bool cpu_gemm_bf16_on(void);
+// True when oneDNN has no bf16 matmul for this cpu: callers then round with
+// cpu_gemm_bf16_round_floats and run sgemm (the same numbers), else cpu_gemm_bf16_round and
+// cpu_gemm_bf16.
+bool cpu_gemm_bf16_emulated(void);
+// What runs on this cpu: "oneDNN VERSION bf16 matmul (IMPLEMENTATION), attention fp32", or the
+// emulation's line.
+const char *cpu_gemm_bf16_kernels(void);
+// x (n) rounded to bf16 (nearest even) into scratch slot 0 or 1, as bf16 or as the floats they
+// are; the slot grows to the largest call seen and is overwritten by the next call for the
+// slot. Call outside OpenMP regions.
+uint16_t *cpu_gemm_bf16_round(int slot, const float *x, size_t n);
+float *cpu_gemm_bf16_round_floats(int slot, const float *x, size_t n);
+// c (m, n) = op(a) op(b) + beta c in fp32 from bf16 a and b, dense as in cpu_matmul, k >= 1.
+// runtime_rows: the primitive serves any count of a's rows (m, or k when trans_a), for the
+// grouped GEMM's groups. Callable inside OpenMP regions (single-threaded there).
+void cpu_gemm_bf16(float *c, const uint16_t *a, const uint16_t *b, int m, int n, int k,
+                   bool trans_a, bool trans_b, float beta, bool runtime_rows);
+
 // max of x[0..n), n >= 1: the shift that makes softmax and log-sum-exp overflow-free.
 float cpu_max_floats(const float *x, int n);
 

@@ -156,7 +156,6 @@ double cuda_peak_flops(void) {
 extern "C" const KernelOps kernels_cuda = {
     .name = "cuda",
     .host_memory = false,
-    .mixed_precision = true,
     .deterministic = false,
 #define KERNEL_OP(ret, op, params) .op = cuda_##op,
 #include "kernels/ops.def"

@@ -11,9 +11,12 @@ DATA=$SCRATCH/austen.bin
 $TITAN tokenize --tokenizer bytes --out "$DATA" "$CORPUS" >/dev/null
 
 # A small, fast configuration shared by the tests: debug model shapes (vocab 2048), the byte
-# shard above (so no tokenizer), short sequences.
+# shard above (so no tokenizer), short sequences; fp32 compute, since the tests built on it
+# compare numerics exactly or within fp32 tolerances (PyTorch parity, layouts against one rank,
+# bit-identical resumes); test_bf16.sh checks the default bf16 mixed precision against it.
+FP32=(--training.mixed_precision_param float32)
 SMALL=(--config configs/debug_model.yaml --training.dataset_path "$DATA" --model.tokenizer_path null
-       --training.seq_len 64 --training.local_batch_size 4 --metrics.log_freq 1)
+       --training.seq_len 64 --training.local_batch_size 4 --metrics.log_freq 1 "${FP32[@]}")
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 

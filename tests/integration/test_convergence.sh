@@ -24,7 +24,7 @@ $TITAN --config configs/debug_model.yaml --model.tokenizer_path "$SCRATCH/austen
   --training.steps 60 --lr_scheduler.warmup_steps 10 --metrics.log_freq 1 \
   --validation.enable --validation.dataset_path "$SCRATCH/val.jsonl" --validation.freq 10 \
   --validation.steps 8 --validation.seq_len 128 --validation.local_batch_size 8 \
-  --job.dump_folder "$SCRATCH/run" >/dev/null
+  "${FP32[@]}" --job.dump_folder "$SCRATCH/run" >/dev/null
 mapfile -t l < <(losses "$SCRATCH/run/metrics.jsonl" | sed 's/"loss": //')
 first=${l[0]}
 last=$(printf '%s\n' "${l[@]: -5}" | awk '{ s += $1 } END { print s / NR }')

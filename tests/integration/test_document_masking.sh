@@ -22,7 +22,7 @@ $TITAN tokenize --tokenizer "$SCRATCH/tok.tiktoken" --out "$SCRATCH/docs.bin" "$
 run=(--config configs/debug_model.yaml --training.dataset_path "$SCRATCH/docs.bin"
      --model.tokenizer_path "$SCRATCH/tok.tiktoken" --training.seq_len 128
      --training.local_batch_size 2 --training.steps 10 --lr_scheduler.warmup_steps 2
-     --metrics.log_freq 1)
+     --metrics.log_freq 1 "${FP32[@]}")
 
 compare() {  # name, reference, mode (same | differs)
   $PY - "$1" "$SCRATCH/$2/metrics.jsonl" "$SCRATCH/$1/metrics.jsonl" "$3" <<'PY'

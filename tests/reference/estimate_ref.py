@@ -7,7 +7,8 @@ Meta's published parameter count, then derives from them, independently of titan
 bytes per rank of the params, grads, optimizer and comm arenas and the FLOPs per step that
 ESTIMATE_FILE (titan's output) must print. The layout is the shipped configs': dp_shard =
 WORLD / TP, FSDP's default resharding (every unit but the last, the head, frees its gathered
-weights after forward), fp32 params and reductions. Exits 1 with each difference.
+weights after forward), fp32 params and reductions, the weights all-gathered in bf16 (the
+configs' default training.mixed_precision_param). Exits 1 with each difference.
 
 Per rank, in floats (each arena allocation rounded up to 64 bytes):
   tp:        wq, wk, wv, w1, w3 and the two vocab matrices cut along their rows, wo and w2
@@ -19,7 +20,8 @@ Per rank, in floats (each arena allocation rounded up to 64 bytes):
   grads   =  the shard + the largest unit gathered (backward's full grads);
   optimizer = AdamW's two moments of the shard;
   comm    =  all-gather receive and reduce-scatter send buffers of dp x the largest unit
-             shard, and a reduce-scatter receive buffer of one;
+             shard, and a reduce-scatter receive buffer of one; and in bf16 (half a float
+             each) the all-gather's send buffer of one and receive buffer of dp;
   total   =  the sum of the five arenas (activations included, not derived here);
   FLOPs   =  torchtitan's (6 N + 12 L H Q T) per token, N without the embedding, times the
              rank's tokens, over tp.
@@ -59,8 +61,8 @@ def units(d, tp):
     return [emb] + [layer] * d["layers"] + [head]
 
 
-def aligned(floats):
-    return ALIGN * math.ceil(4 * floats / ALIGN)
+def aligned(floats, bytes_each=4):
+    return ALIGN * math.ceil(bytes_each * floats / ALIGN)
 
 
 def main():
@@ -79,7 +81,8 @@ def main():
         "params": aligned(numel) + aligned(max(full[:-1]) + full[-1]),
         "grads": aligned(numel) + aligned(max(full)),
         "optimizer": 2 * aligned(numel),
-        "comm": 2 * aligned(dp * max(shard)) + aligned(max(shard)),
+        "comm": 2 * aligned(dp * max(shard)) + aligned(max(shard)) +
+                aligned(max(shard), 2) + aligned(dp * max(shard), 2),
     }
     n_no_embedding = total - d["vocab"] * d["dim"]
     head_dim = d["dim"] // d["heads"]

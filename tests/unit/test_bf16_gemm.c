@@ -1,0 +1,166 @@
+// The cpu backend's bf16 compute (KernelInit.bf16_compute, kernels/cpu/gemm_bf16.c): matmul and
+// grouped_matmul must equal an exact emulation of cuda's contract, the inputs rounded to bf16
+// (nearest even, core/bf16.h) and the products summed in double, within fp32 summation-order
+// error (FWD_TOL, normalised); and must differ from the unrounded product by bf16's rounding,
+// which proves the inputs really were rounded. Its own binary: the bf16 path, once started,
+// stays on for the process.
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/bf16.h"
+#include "kernels/kernels.h"
+
+#include "tests/unit/kernel_check.h"
+
+static const KernelOps *ops;
+
+// Far above the fp32 summation error FWD_TOL allows, far below bf16's: the unrounded product
+// differs from the bf16 one by about 2^-9 of its scale.
+#define BF16_ROUNDING_MIN 1e-4
+
+static double bf16_rounded(float x) { return bf16_to_float(bf16_from_float(x)); }
+
+// Element (i, j) of op(x), x dense row-major with cols columns as stored.
+static double element(const float *x, int cols, bool trans, int i, int j, bool round) {
+    float v = trans ? x[(size_t)j * cols + i] : x[(size_t)i * cols + j];
+    return round ? bf16_rounded(v) : v;
+}
+
+// c (m, n) = op(a) op(b) + beta c0 in double, from the rounded or the exact inputs.
+static double *matmul_reference(const float *a, const float *b, const float *c0, int m, int n,
+                                int k, bool ta, bool tb, float beta, bool round) {
+    double *c = doubles_zero((size_t)m * n);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double s = beta == 0.0f ? 0.0 : beta * (double)c0[(size_t)i * n + j];
+            for (int p = 0; p < k; p++)
+                s += element(a, ta ? m : k, ta, i, p, round) *
+                     element(b, tb ? k : n, tb, p, j, round);
+            c[(size_t)i * n + j] = s;
+        }
+    return c;
+}
+
+// max |got - want| / max |want|, as assert_close measures it.
+static double normalised_error(const float *got, const double *want, size_t n) {
+    double err = 0.0, scale = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        err = fmax(err, fabs(got[i] - want[i]));
+        scale = fmax(scale, fabs(want[i]));
+    }
+    return err / scale;
+}
+
+static void matmul_check(int m, int n, int k, bool ta, bool tb, float beta) {
+    float *a = floats_random((size_t)m * k, 1.0), *b = floats_random((size_t)k * n, 1.0);
+    float *c0 = floats_random((size_t)m * n, 1.0), *c = floats_copy(c0, (size_t)m * n);
+    if (beta == 0.0f)
+        for (size_t i = 0; i < (size_t)m * n; i++) c[i] = NAN;  // beta 0: c is not read
+    ops->matmul(c, a, b, m, n, k, ta, tb, beta);
+    double *want = matmul_reference(a, b, c0, m, n, k, ta, tb, beta, true);
+    double *exact = matmul_reference(a, b, c0, m, n, k, ta, tb, beta, false);
+    char what[96];
+    snprintf(what, sizeof what, "bf16 matmul %dx%dx%d ta=%d tb=%d beta=%g", m, n, k, ta, tb, beta);
+    assert_close(what, c, want, (size_t)m * n, FWD_TOL);
+    assert_true(normalised_error(c, exact, (size_t)m * n) > BF16_ROUNDING_MIN);
+    free(a), free(b), free(c0), free(c), free(want), free(exact);
+}
+
+// Every transpose and beta, a shape below one kernel block and one above, each twice (the
+// second call reuses the primitive the first made).
+static void test_bf16_matmul(void **state) {
+    (void)state;
+    rng_seed(41);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int beta = 0; beta < 2; beta++)
+                for (int again = 0; again < 2; again++) {
+                    matmul_check(5, 7, 3, ta, tb, (float)beta);
+                    matmul_check(67, 129, 257, ta, tb, (float)beta);
+                }
+}
+
+// Groups of 0, 1, a few and many rows (the last more than a thread's share, which runs outside
+// the OpenMP region), for the forward (a b_g^T), input gradient (a b_g) and weight gradient
+// (a_g^T b_g) forms, with beta 0 and 1.
+#define GROUPS 5
+static const int offsets[GROUPS + 1] = {0, 0, 1, 4, 40, 140};
+
+static void grouped_check(int n, int k, bool ta, bool tb, float beta) {
+    int rows = offsets[GROUPS];
+    size_t as = (size_t)rows * k, bs = ta ? (size_t)rows * n : (size_t)GROUPS * n * k;
+    size_t cs = ta ? (size_t)GROUPS * k * n : (size_t)rows * n;
+    float *a = floats_random(as, 1.0), *b = floats_random(bs, 1.0), *c0 = floats_random(cs, 1.0);
+    float *c = floats_copy(c0, cs);
+    ops->grouped_matmul(c, a, b, offsets, GROUPS, n, k, ta, tb, beta);
+    double *want = doubles_zero(cs), *exact = doubles_zero(cs);
+    for (int round = 0; round < 2; round++)
+        for (int g = 0; g < GROUPS; g++) {
+            size_t r0 = (size_t)offsets[g];
+            int m = offsets[g + 1] - offsets[g];
+            double *ref, *into = round ? want : exact;
+            size_t at, len;
+            if (ta) {  // c_g (k, n) = a[R_g]^T b[R_g]
+                at = (size_t)g * k * n, len = (size_t)k * n;
+                ref = matmul_reference(a + r0 * k, b + r0 * n, c0 + at, k, n, m, true, false, beta,
+                                       round);
+            } else {  // c[R_g] = a[R_g] op(b_g)
+                at = r0 * n, len = (size_t)m * n;
+                ref = matmul_reference(a + r0 * k, b + (size_t)g * n * k, c0 + at, m, n, k, false,
+                                       tb, beta, round);
+            }
+            memcpy(into + at, ref, len * sizeof *ref);
+            free(ref);
+        }
+    char what[96];
+    snprintf(what, sizeof what, "bf16 grouped_matmul n %d k %d ta %d tb %d beta %g", n, k, ta, tb,
+             beta);
+    assert_close(what, c, want, cs, FWD_TOL);
+    assert_true(normalised_error(c, exact, cs) > BF16_ROUNDING_MIN);
+    free(a), free(b), free(c0), free(c), free(want), free(exact);
+}
+
+static void test_bf16_grouped_matmul(void **state) {
+    (void)state;
+    rng_seed(43);
+    for (int beta = 0; beta < 2; beta++) {
+        grouped_check(24, 40, false, true, (float)beta);
+        grouped_check(24, 40, false, false, (float)beta);
+        grouped_check(24, 40, true, false, (float)beta);
+    }
+}
+
+// The describe line names the bf16 GEMMs once the path is on: oneDNN's implementation, or the
+// emulation (as where DNNL_MAX_CPU_ISA=AVX2 hides oneDNN's bf16 kernels).
+static void test_bf16_describe(void **state) {
+    (void)state;
+    char line[512];
+    ops->describe(line, sizeof line);
+    assert_true(strstr(line, "bf16 matmul (") || strstr(line, "bf16-rounded inputs through sgemm"));
+}
+
+static int setup_bf16(void **state) {
+    (void)state;
+    ops = kernels_backend("cpu");
+    KernelInit init = {.bf16_compute = true};
+    char why[256];
+    if (!ops || !ops->init(&init, why, sizeof why)) return -1;
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bf16_matmul),
+        cmocka_unit_test(test_bf16_grouped_matmul),
+        cmocka_unit_test(test_bf16_describe),
+    };
+    return cmocka_run_group_tests(tests, setup_bf16, NULL);
+}
