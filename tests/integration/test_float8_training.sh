@@ -3,8 +3,8 @@
 # line that names the float8 layers, the recipe in the metrics, and issue 14's convergence
 # acceptance: the debug model on the Austen text for 150 steps with float8 rowwise and with
 # tensorwise tracks the high-precision run's loss within 2% at every logged step after step 20.
-# On the cpu the high-precision run is the default one (fp32 GEMMs; torchtitan's reference is
-# its bf16 run), compared explicitly below. The output layer stays high precision as in
+# The high-precision run is the default one (training.mixed_precision_param bfloat16: bf16
+# GEMMs, on the cpu too, as torchtitan's reference bf16 run), compared explicitly below. The output layer stays high precision as in
 # torchtitan's debug config (filter_fqns = ["output"]). The batch is 4 x 64 tokens: at 2 x 64
 # or 4 x 32 a single batch's loss moved by 2-3% (as much as float8's rounding moves the
 # weights); at 4 x 64 the runs stay within 0.4%. One thread per run, one run at a time (side
