@@ -25,6 +25,12 @@ static double now_seconds(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+// torchtitan's mixed_precision_param: bfloat16: bf16 GEMMs (KernelInit.bf16_compute) on bf16
+// activations (Model.act_dtype).
+static bool bf16_compute(const TrainingSection *tr) {
+    return strcmp(tr->mixed_precision_param, "bfloat16") == 0;
+}
+
 static DecayType decay_type_of(const char *name) {
     return strcmp(name, "cosine") == 0 ? DECAY_COSINE
            : strcmp(name, "sqrt") == 0 ? DECAY_SQRT
@@ -134,6 +140,7 @@ static void setup_model(Trainer *t) {
     // torchtitan's parallelize order: TP, then activation checkpointing, then FSDP.
     bool full_ac = strcmp(c->activation_checkpoint.mode, "full") == 0;
     spec->build(&t->model, &t->args, false);
+    t->model.act_dtype = bf16_compute(&c->training) ? DTYPE_BF16 : DTYPE_FP32;
     if (config_converts(c, "float8")) convert_float8(t);
     check_moe_keys(t);
     if (t->mesh.layout.size[MESH_PP] > 1) trainer_pipeline_plan(t);
@@ -387,8 +394,7 @@ static void setup_backend(Trainer *t) {
                  "deterministic", tr->device);
     t->memory = (ArenaMemory){t->k->alloc, t->k->free};
     if (t->estimate_world_size) return;
-    KernelInit init = {.local_rank = comm_local_rank(),
-                       .bf16_compute = strcmp(tr->mixed_precision_param, "bfloat16") == 0};
+    KernelInit init = {.local_rank = comm_local_rank(), .bf16_compute = bf16_compute(tr)};
     char why[512];
     if (!t->k->init(&init, why, sizeof why)) die_user("training.device %s: %s", tr->device, why);
     if (!t->k->host_memory) comm_use_nccl(t->k->queue());

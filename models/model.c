@@ -157,6 +157,7 @@ float *model_forward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int 
     s->tp = m->tp;
     s->attn = m->attn;
     s->ep = m->ep;
+    s->act_dtype = m->act_dtype;
     size_t width = (size_t)step_rows(s) * m->dim;
     a->hidden[first] = (float *)x;
     for (int i = first; i < last; i++) {
@@ -225,7 +226,7 @@ size_t model_activation_bytes(Model *m, const KernelOps *k, int B, int T) {
     Arena sizing;
     arena_init_sizing(&sizing, "activations");
     StepCtx s = {.k = k, .act = &sizing, .B = B, .T = T, .tp = m->tp, .attn = m->attn,
-                 .ep = m->ep};
+                 .ep = m->ep, .act_dtype = m->act_dtype};
     model_forward_backward(m, &s);
     return sizing.peak;
 }
