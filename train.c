@@ -158,7 +158,7 @@ static void setup_model(Trainer *t) {
 // FSDP's shards, full-parameter slots and communication buffers: the sizing pass plans and
 // counts them (commit false); the commit pass allocates what it counted and carves it with the
 // same code; then FSDP's hooks go around the model's block calls.
-static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
+static void allocate_fsdp(Trainer *t, ArenaBytes act_bytes, bool commit) {
     Fsdp *f = &t->fsdp;
     Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->comm_arena, &t->act_arena};
     if (!commit) {
@@ -184,7 +184,7 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
         const char *names[] = {"params", "grads", "comm", "activations"};
         for (int i = 0; i < 4; i++) arena_init_sizing(arenas[i], names[i]);
         fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
-        t->act_arena.peak = act_bytes;
+        arena_reserve(&t->act_arena, act_bytes);
         return;
     }
     for (int i = 0; i < 4; i++) arena_commit(arenas[i], &t->memory);
@@ -196,7 +196,7 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
 
 // The activation arena one step needs: a microbatch through the whole model, or the pipeline
 // stages' regions.
-static size_t train_activation_bytes(Trainer *t) {
+static ArenaBytes train_activation_bytes(Trainer *t) {
     if (t->pipeline) return trainer_pipeline_activation_bytes(t);
     return model_activation_bytes(&t->model, t->k, t->train.B, t->train.step_T);
 }
@@ -219,12 +219,12 @@ static void allocate_arenas(Trainer *t, bool commit) {
     }
     bool full_ac = m->blocks[1].checkpointed;
     set_checkpointing(m, !full_ac);
-    t->act_bytes_other_mode = train_activation_bytes(t);
+    t->act_bytes_other_mode = train_activation_bytes(t).total;
     set_checkpointing(m, full_ac);
-    size_t act_bytes = train_activation_bytes(t);
+    ArenaBytes act_bytes = train_activation_bytes(t);
     if (t->val.B > 0 && !t->pipeline) {  // a pipeline's counts its validation runs
-        size_t val_bytes = model_activation_bytes(m, t->k, t->val.B, t->val.step_T);
-        if (val_bytes > act_bytes) act_bytes = val_bytes;
+        ArenaBytes val_bytes = model_activation_bytes(m, t->k, t->val.B, t->val.step_T);
+        if (val_bytes.total > act_bytes.total) act_bytes = val_bytes;
     }
     if (t->fsdp_on) {
         allocate_fsdp(t, act_bytes, false);
@@ -235,15 +235,26 @@ static void allocate_arenas(Trainer *t, bool commit) {
     adamw_allocate(&t->opt, m->params.shard_numel, &t->optim_arena);
 }
 
+// "memory per rank: params 10.0 MiB (fp32 10.0), ..., activations 12.0 MiB (bf16 8.0, fp32 4.0;
+// activation_checkpoint full: 6.0 MiB, none: 12.0 MiB)": each arena and its dtypes.
 static void log_memory(const Trainer *t) {
     const double MiB = 1024.0 * 1024.0;
+    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->comm_arena,
+                             &t->act_arena};
+    const char *names[] = {"params", "grads", "optimizer", "comm", "activations"};
+    char line[1024], dtypes[160];
+    int n = 0;
+    for (int i = 0; i < 5; i++) {
+        arena_bytes_format(arenas[i]->peak, MiB, 1, dtypes, sizeof dtypes);
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s%s %.1f MiB%s%s%s", i ? ", " : "",
+                      names[i], arenas[i]->size / MiB, *dtypes ? " (" : "", dtypes,
+                      *dtypes && i < 4 ? ")" : "");
+    }
     bool full_ac = t->model.blocks[1].checkpointed;
     size_t with_ac = full_ac ? t->act_arena.size : t->act_bytes_other_mode;
     size_t without_ac = full_ac ? t->act_bytes_other_mode : t->act_arena.size;
-    log_info("memory per rank: params %.1f MiB, grads %.1f MiB, optimizer %.1f MiB, comm %.1f "
-             "MiB, activations %.1f MiB (activation_checkpoint full: %.1f MiB, none: %.1f MiB)",
-             t->param_arena.size / MiB, t->grad_arena.size / MiB, t->optim_arena.size / MiB,
-             t->comm_arena.size / MiB, t->act_arena.size / MiB, with_ac / MiB, without_ac / MiB);
+    log_info("memory per rank: %s%sactivation_checkpoint full: %.1f MiB, none: %.1f MiB)", line,
+             *dtypes ? "; " : " (", with_ac / MiB, without_ac / MiB);
 }
 
 // A text dataset needs a tokenizer; a pre-tokenized one (token shards) is read as it is.
@@ -288,11 +299,12 @@ static void allocate_inputs(Trainer *t) {
         if (pass == 1) arena_commit(a, &t->memory);
         for (int i = 0; i < 2; i++) {
             Split *sp = splits[i];
-            size_t bytes = (size_t)sp->B * sp->step_T * sizeof(int);
-            sp->step_tokens = arena_alloc(a, bytes);
-            sp->step_targets = arena_alloc(a, bytes);
-            sp->step_pos = arena_alloc(a, (size_t)sp->step_T * sizeof(int));
-            if (t->doc_eos >= 0) sp->step_doc = arena_alloc(a, (size_t)sp->B * sp->T * sizeof(int));
+            size_t ids = (size_t)sp->B * sp->step_T;
+            sp->step_tokens = arena_tensor(a, ids, DTYPE_INT32);
+            sp->step_targets = arena_tensor(a, ids, DTYPE_INT32);
+            sp->step_pos = arena_tensor(a, (size_t)sp->step_T, DTYPE_INT32);
+            if (t->doc_eos >= 0)
+                sp->step_doc = arena_tensor(a, (size_t)sp->B * sp->T, DTYPE_INT32);
         }
     }
     for (int i = 0; i < 2; i++) {
