@@ -175,10 +175,9 @@ static void allocate_fsdp(Trainer *t, ArenaBytes act_bytes, bool commit) {
             config.expert_size = mesh_sparse_size(l) / l->ep;
             config.expert_rank = mesh_sparse_index(l, t->mesh.coord) / l->ep;
         }
-        const TrainingSection *tr = &t->cfg.training;
         // torchtitan's MixedPrecisionPolicy, on every backend
-        config.bf16_params = strcmp(tr->mixed_precision_param, "bfloat16") == 0;
-        config.bf16_reduce = strcmp(tr->mixed_precision_reduce, "bfloat16") == 0;
+        config.bf16_params = t->precision == DTYPE_BF16;
+        config.bf16_reduce = strcmp(t->cfg.training.mixed_precision_reduce, "bfloat16") == 0;
         config.reduce_once_per_step = t->pipeline != NULL;
         fsdp_plan(f, &t->model.params, t->model.blocks, t->model.n_blocks, &config);
         const char *names[] = {"params", "grads", "comm", "activations"};
@@ -235,7 +234,7 @@ static void allocate_arenas(Trainer *t, bool commit) {
     adamw_allocate(&t->opt, m->params.shard_numel, &t->optim_arena);
 }
 
-// "memory per rank: params 10.0 MiB (fp32 10.0), ..., activations 12.0 MiB (bf16 8.0, fp32 4.0;
+// "memory per rank: params 10.0 MiB (fp32 10.00), ..., activations 12.0 MiB (bf16 8.00, fp32 4.00;
 // activation_checkpoint full: 6.0 MiB, none: 12.0 MiB)": each arena and its dtypes.
 static void log_memory(const Trainer *t) {
     const double MiB = 1024.0 * 1024.0;
@@ -245,7 +244,7 @@ static void log_memory(const Trainer *t) {
     char line[1024], dtypes[160];
     int n = 0;
     for (int i = 0; i < 5; i++) {
-        arena_bytes_format(arenas[i]->peak, MiB, 1, dtypes, sizeof dtypes);
+        arena_bytes_format(arenas[i]->peak, MiB, 2, dtypes, sizeof dtypes);
         n += snprintf(line + n, sizeof line - (size_t)n, "%s%s %.1f MiB%s%s%s", i ? ", " : "",
                       names[i], arenas[i]->size / MiB, *dtypes ? " (" : "", dtypes,
                       *dtypes && i < 4 ? ")" : "");
@@ -389,6 +388,7 @@ static int accumulation_steps(const TrainingSection *tr, int dp) {
 // the collective library. --estimate sizes with the cpu backend and starts nothing.
 static void setup_backend(Trainer *t) {
     const TrainingSection *tr = &t->cfg.training;
+    t->precision = strcmp(tr->mixed_precision_param, "bfloat16") == 0 ? DTYPE_BF16 : DTYPE_FP32;
     t->k = kernels_backend(t->estimate_world_size ? "cpu" : tr->device);
     if (!t->k)
         die_user("training.device %s: this titan was built without it (build with `make CUDA=1`)",
@@ -399,8 +399,7 @@ static void setup_backend(Trainer *t) {
                  "deterministic", tr->device);
     t->memory = (ArenaMemory){t->k->alloc, t->k->free};
     if (t->estimate_world_size) return;
-    KernelInit init = {.local_rank = comm_local_rank(),
-                       .bf16_compute = strcmp(tr->mixed_precision_param, "bfloat16") == 0};
+    KernelInit init = {.local_rank = comm_local_rank(), .bf16_compute = t->precision == DTYPE_BF16};
     char why[512];
     if (!t->k->init(&init, why, sizeof why)) die_user("training.device %s: %s", tr->device, why);
     if (!t->k->host_memory) comm_use_nccl(t->k->queue());
@@ -466,6 +465,8 @@ static void setup(Trainer *t) {
              t->args.spec->name, c->model.flavor, shape.n_layers, shape.dim, shape.vocab_size,
              t->train.B, t->train.T, t->accum, size[MESH_PP], size[MESH_DP_REPLICATE],
              size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP]);
+    log_info("precision: %s compute (training.mixed_precision_param %s), fp32 master weights and "
+             "optimizer state", dtype_name(t->precision), c->training.mixed_precision_param);
     if (config_converts(c, "float8")) log_float8(t);
     if (t->mesh.layout.ep > 1)
         log_info("experts: ep %d x efsdp %d over dp_shard x cp x tp", t->mesh.layout.ep,
@@ -606,7 +607,8 @@ static void train(Trainer *t) {
     int first_step = (int)t->progress.step + 1;
     bool preempted = false;
     for (int step = first_step; step <= c->training.steps; step++) {
-        StepMetrics m = {.step = step, .aux_loss = NAN, .float8 = t->float8_recipe};
+        StepMetrics m = {.step = step, .aux_loss = NAN, .precision = dtype_name(t->precision),
+                         .float8 = t->float8_recipe};
         double step_started = now_seconds();
         train_step(t, step, &m);
         t->step_seconds = now_seconds() - step_started;
