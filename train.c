@@ -234,26 +234,28 @@ static void allocate_arenas(Trainer *t, bool commit) {
     adamw_allocate(&t->opt, m->params.shard_numel, &t->optim_arena);
 }
 
-// "memory per rank: params 10.0 MiB (fp32 10.00), ..., activations 12.0 MiB (bf16 8.00, fp32 4.00;
-// activation_checkpoint full: 6.0 MiB, none: 12.0 MiB)": each arena and its dtypes.
+// "memory per rank: params 10.0 MiB (fp32 10.00), ..., activations 12.0 MiB (bf16 8.00,
+// fp32 4.00; activation_checkpoint full: 6.0 MiB, none: 12.0 MiB)": each arena, split by the
+// dtypes it holds at its peak.
 static void log_memory(const Trainer *t) {
     const double MiB = 1024.0 * 1024.0;
-    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->comm_arena,
-                             &t->act_arena};
-    const char *names[] = {"params", "grads", "optimizer", "comm", "activations"};
+    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->comm_arena};
+    const char *names[] = {"params", "grads", "optimizer", "comm"};
     char line[1024], dtypes[160];
     int n = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 4; i++) {
         arena_bytes_format(arenas[i]->peak, MiB, 2, dtypes, sizeof dtypes);
-        n += snprintf(line + n, sizeof line - (size_t)n, "%s%s %.1f MiB%s%s%s", i ? ", " : "",
-                      names[i], arenas[i]->size / MiB, *dtypes ? " (" : "", dtypes,
-                      *dtypes && i < 4 ? ")" : "");
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s %.1f MiB%s%s%s, ", names[i],
+                      arenas[i]->size / MiB, *dtypes ? " (" : "", dtypes, *dtypes ? ")" : "");
     }
+    // The activations' parentheses also hold their size under either activation_checkpoint mode.
+    arena_bytes_format(t->act_arena.peak, MiB, 2, dtypes, sizeof dtypes);
     bool full_ac = t->model.blocks[1].checkpointed;
     size_t with_ac = full_ac ? t->act_arena.size : t->act_bytes_other_mode;
     size_t without_ac = full_ac ? t->act_bytes_other_mode : t->act_arena.size;
-    log_info("memory per rank: %s%sactivation_checkpoint full: %.1f MiB, none: %.1f MiB)", line,
-             *dtypes ? "; " : " (", with_ac / MiB, without_ac / MiB);
+    log_info("memory per rank: %sactivations %.1f MiB (%s%sactivation_checkpoint full: %.1f MiB, "
+             "none: %.1f MiB)", line, t->act_arena.size / MiB, dtypes, *dtypes ? "; " : "",
+             with_ac / MiB, without_ac / MiB);
 }
 
 // A text dataset needs a tokenizer; a pre-tokenized one (token shards) is read as it is.
@@ -399,7 +401,8 @@ static void setup_backend(Trainer *t) {
                  "deterministic", tr->device);
     t->memory = (ArenaMemory){t->k->alloc, t->k->free};
     if (t->estimate_world_size) return;
-    KernelInit init = {.local_rank = comm_local_rank(), .bf16_compute = t->precision == DTYPE_BF16};
+    KernelInit init = {.local_rank = comm_local_rank(),
+                       .bf16_compute = t->precision == DTYPE_BF16};
     char why[512];
     if (!t->k->init(&init, why, sizeof why)) die_user("training.device %s: %s", tr->device, why);
     if (!t->k->host_memory) comm_use_nccl(t->k->queue());

@@ -240,8 +240,8 @@ void model_size(Model *m, ArenaBytes activation_bytes, Arena *params, Arena *gra
     arena_reserve(acts, activation_bytes);
 }
 
-void model_allocate(Model *m, ArenaBytes activation_bytes, Arena *params, Arena *grads, Arena *acts,
-                    const ArenaMemory *memory) {
+void model_allocate(Model *m, ArenaBytes activation_bytes, Arena *params, Arena *grads,
+                    Arena *acts, const ArenaMemory *memory) {
     model_size(m, activation_bytes, params, grads, acts);
     arena_commit(params, memory);
     arena_commit(grads, memory);

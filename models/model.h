@@ -64,8 +64,8 @@ void model_size(Model *m, ArenaBytes activation_bytes, Arena *params, Arena *gra
 // Sizes, allocates (from memory; NULL: host) and carves the parameter and gradient arenas and
 // an activation arena of activation_bytes (model_activation_bytes of the largest batch);
 // parameters are zero until initialised or loaded.
-void model_allocate(Model *m, ArenaBytes activation_bytes, Arena *params, Arena *grads, Arena *acts,
-                    const ArenaMemory *memory);
+void model_allocate(Model *m, ArenaBytes activation_bytes, Arena *params, Arena *grads,
+                    Arena *acts, const ArenaMemory *memory);
 // Once per model, before its first step: its constant tables into backend k's memory.
 void model_place_buffers(Model *m, const KernelOps *k);
 

@@ -35,8 +35,8 @@ def arenas(name):  # {arena: (bytes, {dtype: bytes})} of an --estimate
     for l in open(f"{scratch}/{name}.estimate").read().splitlines():
         f = l.split(None, 3)
         if len(f) >= 3 and f[0] in ARENAS + ("total",) and f[1].isdigit():
-            parts = {d: int(n) for d, n in (p.split() for p in f[3].split(", "))} if len(f) == 4 else {}
-            out[f[0]] = (int(f[1]), parts)
+            parts = f[3].split(", ") if len(f) == 4 else []
+            out[f[0]] = (int(f[1]), {d: int(n) for d, n in (p.split() for p in parts)})
     assert set(out) == set(ARENAS + ("total",)), f"{name}: rows {sorted(out)}"
     return out
 
@@ -47,7 +47,7 @@ for name, plan in plans.items():
     summed = {}
     for arena in ARENAS:
         for d, n in plan[arena][1].items(): summed[d] = summed.get(d, 0) + n
-    assert plan["total"][1] == summed, f"{name}: total's dtypes {plan['total'][1]}, arenas' {summed}"
+    assert plan["total"][1] == summed, f"{name}: total's {plan['total'][1]}, arenas' {summed}"
     for arena in ("params", "grads", "optimizer"):  # fp32 masters, gradients and AdamW moments
         assert set(plan[arena][1]) == {"fp32"}, f"{name}: {arena} holds {plan[arena][1]}"
 fp32, bf16, both = (plans[n]["comm"][1] for n in ("fp32", "bf16", "bf16-reduce"))
