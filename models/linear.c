@@ -127,7 +127,8 @@ static int operand_scales(const Float8Operand *o) {
 
 static Float8Buffers operand_carve(Arena *act, const Float8Operand *o) {
     size_t n = (size_t)operand_scales(o);
-    Float8Buffers b = {arena_alloc(act, (size_t)o->rows * o->cols), NULL, NULL};
+    Dtype bytes = o->cast.kind == FLOAT8_E4M3FN ? DTYPE_E4M3 : DTYPE_E5M2;
+    Float8Buffers b = {arena_tensor(act, (size_t)o->rows * o->cols, bytes), NULL, NULL};
     b.amax = arena_floats(act, n);
     b.scale_inv = arena_floats(act, n);
     return b;
@@ -194,7 +195,7 @@ static void float8_run(const Linear *l, const StepCtx *s, LinearGemm which, floa
 static const void *weight_as(const Linear *l, const StepCtx *s, Dtype t, bool run) {
     if (t == DTYPE_FP32) return l->weight->data;
     size_t n = (size_t)out_dim(l) * in_dim(l);
-    uint16_t *w = arena_alloc(s->act, n * sizeof(uint16_t));
+    uint16_t *w = arena_tensor(s->act, n, DTYPE_BF16);
     if (run) s->k->to_bf16(w, l->weight->data, n);
     return w;
 }

@@ -30,7 +30,7 @@ static void zero(const StepCtx *s, float *x, size_t n) { s->k->zero(x, n * sizeo
 
 // n activations of the step's dtype, carved from the arena.
 static void *act_carve(const StepCtx *s, size_t n) {
-    return arena_alloc(s->act, n * dtype_size(s->act_dtype));
+    return arena_tensor(s->act, n, s->act_dtype);
 }
 
 static LinearAct act(const StepCtx *s, const void *x) { return linear_act(x, s->act_dtype); }
@@ -446,19 +446,18 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
         return;
     }
     bool split = phase == BLOCK_BACKWARD_INPUT;
+    // Each sublayer's scratch: its fp32 gradients, and its casts.
     size_t ffn_floats = (size_t)d.BT * (3 * (size_t)d.H + d.D);
     size_t attn_floats = (size_t)d.BT * (3 * (size_t)d.nq + 3 * (size_t)d.nkv + d.D);
-    // Each sublayer's scratch: its fp32 gradients, then its casts.
-    size_t cast_size = dtype_size(s->act_dtype);
-    size_t ffn_bytes = ffn_floats * sizeof(float) + ffn_casts(s, d) * cast_size;
-    size_t attn_bytes = attn_floats * sizeof(float) + attention_casts(s, d) * cast_size;
-    size_t both = ffn_bytes > attn_bytes ? ffn_bytes : attn_bytes;
+    size_t both = ffn_floats > attn_floats ? ffn_floats : attn_floats;
+    size_t ffn_n = ffn_casts(s, d), attn_n = attention_casts(s, d);
+    size_t both_casts = ffn_n > attn_n ? ffn_n : attn_n;
     size_t all_rows = (size_t)d.BT * d.D;
     float *dh = arena_floats(s->act, (size_t)d.rows * d.D);
-    float *ffn = arena_alloc(s->act, split ? ffn_bytes : both);
-    float *attn = split ? arena_alloc(s->act, attn_bytes) : ffn;
-    void *ffn_cast = ffn_casts(s, d) ? ffn + ffn_floats : NULL;
-    void *attn_cast = attention_casts(s, d) ? attn + attn_floats : NULL;
+    float *ffn = arena_floats(s->act, split ? ffn_floats : both);
+    void *ffn_cast = arena_tensor(s->act, split ? ffn_n : both_casts, s->act_dtype);
+    float *attn = split ? arena_floats(s->act, attn_floats) : ffn;
+    void *attn_cast = split ? arena_tensor(s->act, attn_n, s->act_dtype) : ffn_cast;
     void *workspace = arena_alloc(s->act, attention_workspace(s, d));
     float *comm = s->tp ? arena_floats(s->act, all_rows) : NULL;
     float *dy_rows = split && s->tp ? arena_floats(s->act, all_rows) : comm;

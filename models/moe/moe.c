@@ -312,9 +312,9 @@ void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y
     Arena *A = s->act;
     sv->scores = arena_floats(A, (size_t)rows * d.E);
     sv->weight = arena_floats(A, d.R);
-    sv->experts = arena_alloc(A, d.R * sizeof(int));
-    sv->counts = arena_alloc(A, (size_t)d.n_counts * sizeof(int));
-    sv->row_of_slot = arena_alloc(A, d.R * sizeof(int));
+    sv->experts = arena_tensor(A, d.R, DTYPE_INT32);
+    sv->counts = arena_tensor(A, (size_t)d.n_counts, DTYPE_INT32);
+    sv->row_of_slot = arena_tensor(A, d.R, DTYPE_INT32);
     sv->xs = arena_floats(A, d.Rl * d.D);
     sv->gate = arena_floats(A, d.Rl * d.F);
     sv->up = arena_floats(A, d.Rl * d.F);
