@@ -23,6 +23,11 @@
 // shard grads over dp_replicate. Each microbatch's reduce-scatter is added (+=) to the shard
 // grads, which the caller zeroes once per step.
 //
+// float8 (FsdpConfig.float8_precompute, Param.gather_float8): a unit holding weights of
+// tensorwise float8 Linears gathers its dense part as bytes, those weights' shards cast to e4m3
+// with the whole weight's scale (its amax all-reduced over the group), the rest in the gather
+// dtype: the float8 layers move half of bf16's bytes, and the model reads them as cast.
+//
 // Expert parallel (parallel/ep): the routed experts' weights, already Shard(0) over ep, are
 // sharded over the efsdp group instead (torchtitan's sparse mesh). A unit's shard is then two
 // parts, each gathered and reduce-scattered over its own group: its dense parameters' shards
