@@ -267,7 +267,7 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
             if (gathers == 2) v[q].all_gather_backward += sent;
             v[q].reduce_scatter += (uint64_t)part_size(f, q) * n * reduced;
         }
-        if (!f->config.float8_precompute)
+        if (!f->config.float8_precompute && u->full_numel > 0)  // not another stage's
             v[PART_DENSE].float8_amax += (uint64_t)gathers * u->n_float8 * sizeof(float);
     }
     return (FsdpEstimate){

@@ -10,7 +10,8 @@
 #   gradients as (g0 + g1) + (g2 + g3), the 1-rank accumulation as ((g0 + g1) + g2) + g3; the
 #   float8 casts turn those last-bit differences into whole e4m3 steps of a few weights from
 #   step 4 on (measured 2.6e-5 at worst, the same without the float8 all-gather), so there the
-#   bound is 1e-4;
+#   bound is 1e-4; the same with every unit kept gathered (and recomputed under activation
+#   checkpointing) or every unit resharded after forward;
 # - half the bytes: the comm counters (run_summary.json's fsdp bytes, the log's ops) of a bf16
 #   run (mixed_precision_param bfloat16) with and without the float8 all-gather, as computed
 #   below; with precompute one amax all-reduce per step instead of one per weight and gather.
@@ -61,6 +62,15 @@ done
 train_ranks precompute-2 2 "${RUN[@]}" --training.local_batch_size 4 $P 2 "${GATHER[@]}" \
   "${PRECOMPUTE[@]}"
 same "precomputed scales, 2 ranks = fp32 gather" fp32-2 precompute-2
+# Every unit kept gathered from forward to backward (each its own float8 slot) and recomputed
+# under activation checkpointing; every unit resharded, the head too (one slot in turns).
+RESHARD=--parallelism.fsdp_reshard_after_forward
+train_ranks never-ac-2 2 "${RUN[@]}" --training.local_batch_size 4 $P 2 "${GATHER[@]}" \
+  $RESHARD never --activation_checkpoint.mode full
+same "reshard never, AC, 2 ranks = fp32 gather" fp32-2 never-ac-2
+train_ranks always-2 2 "${RUN[@]}" --training.local_batch_size 4 $P 2 "${GATHER[@]}" \
+  "${PRECOMPUTE[@]}" $RESHARD always
+same "reshard always, precompute, 2 ranks = fp32" fp32-2 always-2
 
 # ---- bytes: the bf16 run's against the float8 all-gather's, 2 ranks, 2 steps -------------------
 # The 42 float8 weights (6 layers of wq, wk, wv, wo (256 x 256) and w1, w3 (768 x 256), w2
