@@ -117,6 +117,25 @@ static void log_float8(const Trainer *t) {
              t->float8_recipe ? t->float8_recipe : "no", n_on, on, n_off, off);
 }
 
+// float8.enable_fsdp_float8_all_gather (torchao's WeightWithDynamicFloat8CastTensor): FSDP
+// gathers the weights of the tensorwise float8 Linears as float8 (Param.gather_float8).
+// torchtitan ignores the key without FSDP; here it would do nothing, so it is refused.
+static void mark_float8_gather(Trainer *t) {
+    if (!t->fsdp_on) {
+        char origin[512];
+        CHECK(config_key_origin(&t->cfg, "float8.enable_fsdp_float8_all_gather", origin,
+                                sizeof origin));
+        die_user("%s: float8.enable_fsdp_float8_all_gather does nothing without FSDP (an fsdp "
+                 "group of dp_shard %d x cp %d ranks)", origin,
+                 t->mesh.layout.size[MESH_DP_SHARD], t->mesh.layout.size[MESH_CP]);
+    }
+    for (int i = 0; i < t->model.n_linears; i++) {
+        const Linear *l = t->model.linears[i].linear;
+        if (l->precision == LINEAR_FLOAT8_TENSORWISE)
+            params_find(&t->model.params, l->weight->name)->gather_float8 = true;
+    }
+}
+
 static void setup_model(Trainer *t) {
     const Config *c = &t->cfg;
     trainer_model_args(c, &t->args);
@@ -136,6 +155,7 @@ static void setup_model(Trainer *t) {
     spec->build(&t->model, &t->args, false);
     t->model.act_dtype = t->precision;  // bf16 mixed precision stores bf16 activations
     if (config_converts(c, "float8")) convert_float8(t);
+    if (c->float8.enable_fsdp_float8_all_gather) mark_float8_gather(t);
     check_moe_keys(t);
     if (t->mesh.layout.size[MESH_PP] > 1) trainer_pipeline_plan(t);
     if (t->tp_on) {
@@ -180,6 +200,7 @@ static void allocate_fsdp(Trainer *t, ArenaBytes act_bytes, bool commit) {
         config.bf16_params = t->precision == DTYPE_BF16;
         config.bf16_reduce = strcmp(t->cfg.training.mixed_precision_reduce, "bfloat16") == 0;
         config.reduce_once_per_step = t->pipeline != NULL;
+        config.float8_precompute = t->cfg.float8.precompute_float8_dynamic_scale_for_fsdp;
         fsdp_plan(f, &t->model.params, t->model.blocks, t->model.n_blocks, &config);
         const char *names[] = {"params", "grads", "comm", "activations"};
         for (int i = 0; i < 4; i++) arena_init_sizing(arenas[i], names[i]);

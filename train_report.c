@@ -95,10 +95,12 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
         const FsdpVolume *v[2] = {&e.fsdp, &e.efsdp};
         const char *names[2] = {"fsdp", "efsdp"};
         for (int g = 0; g < (t->mesh.layout.ep > 1 ? 2 : 1); g++) {
-            uint64_t gathers = passes * (v[g]->all_gather_forward + v[g]->all_gather_backward);
+            uint64_t gathers = passes * (v[g]->all_gather_forward + v[g]->all_gather_backward +
+                                         v[g]->float8_amax);
             uint64_t reduces = (t->pipeline ? 1 : passes) * v[g]->reduce_scatter;
             uint64_t norm = g == 0 ? sizeof(double) : 0;  // the grad norm's sum goes over fsdp
-            out[n++] = (GroupBytes){names[g], gathers + reduces + norm};
+            uint64_t precompute = g == 0 ? e.float8_precompute : 0;
+            out[n++] = (GroupBytes){names[g], gathers + reduces + norm + precompute};
         }
         if (size[MESH_DP_REPLICATE] > 1) out[n++] = (GroupBytes){"dp_replicate", e.replicate_all_reduce};
     }

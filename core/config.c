@@ -1138,13 +1138,16 @@ static bool float8_check(const Config *c, char *err, size_t n) {
     if (!config_converts(c, "float8")) return float8_keys_unused(c, err, n);
     const Float8Section *f = &c->float8;
     char a[1024], b[1024];
-    if (f->enable_fsdp_float8_all_gather)
-        return setting_error(c, "float8.enable_fsdp_float8_all_gather",
-                             "is not implemented yet (FSDP gathers the weights in high precision "
-                             "and each float8 Linear casts them)", err, n);
-    if (f->precompute_float8_dynamic_scale_for_fsdp)
+    // torchao gathers float8 weights for its tensorwise recipe only (torchtitan asserts it);
+    // the precomputed scales serve that all-gather and nothing else.
+    if (f->enable_fsdp_float8_all_gather && f->recipe_name && strcmp(f->recipe_name, "tensorwise"))
+        return error_set(err, n, "%s needs the tensorwise recipe, not %s",
+                         setting_describe(c, "float8.enable_fsdp_float8_all_gather", a, sizeof a),
+                         setting_describe(c, "float8.recipe_name", b, sizeof b));
+    if (f->precompute_float8_dynamic_scale_for_fsdp && !f->enable_fsdp_float8_all_gather)
         return setting_error(c, "float8.precompute_float8_dynamic_scale_for_fsdp",
-                             "is not implemented yet (it serves the float8 all-gather)", err, n);
+                             "does nothing without float8.enable_fsdp_float8_all_gather (the "
+                             "scales it precomputes are the float8 all-gather's)", err, n);
     if (f->emulate && !strcmp(c->training.device, "cuda"))
         return setting_error(c, "float8.emulate",
                              "is not implemented on training.device cuda (its float8 GEMMs are "

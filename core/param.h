@@ -79,6 +79,15 @@ typedef struct {
     double init_cutoff;   // truncation bound |x| <= cutoff (absolute, as torch's a/b)
     float *data;          // (shape) fp32 weights the model computes with
     float *grad;          // (shape)
+    // FSDP's float8 all-gather (float8.enable_fsdp_float8_all_gather, torchao's
+    // WeightWithDynamicFloat8CastTensor): the trainer marks the weights of tensorwise float8
+    // Linears, which FSDP then casts shard by shard with the scale of the whole weight's amax
+    // and gathers as e4m3fn bytes. float8_data (shape) and float8_scale_inv (1) hold them
+    // while the weight is gathered, where the Linear reads them instead of data (which FSDP
+    // leaves stale); NULL when not gathered in float8.
+    bool gather_float8;
+    uint8_t *float8_data;
+    float *float8_scale_inv;
 } Param;
 
 typedef struct {

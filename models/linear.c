@@ -4,7 +4,9 @@
 // into scratch carved from s->act at the call and given back after it (Micikevicius et al.
 // 2022, "FP8 Formats for Deep Learning"; torchao.float8's Float8Linear with dynamic scaling:
 // nothing is kept between calls, so a weight is cast again in backward, as torchao recasts
-// it).
+// it). A tensorwise weight that FSDP gathered in float8 (Param.float8_data) is not cast at
+// all: its forward GEMM reads the gathered codes and scale, its input gradient their
+// transpose (float8_transpose).
 #include "models/linear.h"
 
 #include <string.h>
@@ -167,6 +169,20 @@ static const float *widened(const StepCtx *s, LinearAct x, size_t n, bool run) {
     return w;
 }
 
+// The weight operand b of the output or input-gradient GEMM when FSDP gathered the weight in
+// float8 (Param.float8_data: tensorwise e4m3fn, scaled by the whole weight's amax as
+// operand_cast would): its codes and scale as they are, or transposed into b's bytes for the
+// input gradient, which reduces over the weight's other axis.
+static void weight_gathered(const Linear *l, const StepCtx *s, const Float8Operand *o,
+                            Float8Buffers *b) {
+    CHECK(l->precision == LINEAR_FLOAT8_TENSORWISE && o->cast.kind == FLOAT8_E4M3FN);
+    if (o->cast.transpose)
+        s->k->float8_transpose(b->bytes, l->weight->float8_data, o->rows, o->cols);
+    else
+        b->bytes = l->weight->float8_data;
+    b->scale_inv = l->weight->float8_scale_inv;
+}
+
 // One of the GEMMs in float8: carves the operands' casts and the workspace, and with run casts
 // and multiplies; the scratch is given back either way.
 static void float8_run(const Linear *l, const StepCtx *s, LinearGemm which, float *c,
@@ -181,7 +197,10 @@ static void float8_run(const Linear *l, const StepCtx *s, LinearGemm which, floa
     void *workspace = gemm_carve(s, &g, &a, &b);
     if (run) {
         operand_cast(s, &g.a, a);
-        operand_cast(s, &g.b, b);
+        if (which != GEMM_GRAD_WEIGHT && l->weight->float8_data)
+            weight_gathered(l, s, &g.b, &b);
+        else
+            operand_cast(s, &g.b, b);
         s->k->matmul_float8(c, a.bytes, a.scale_inv, g.a.cast.kind, b.bytes, b.scale_inv,
                             g.b.cast.kind, g.m, g.n, g.k, g.a.cast.rowwise, beta, workspace);
     }

@@ -61,10 +61,17 @@ static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type) {
 }
 
 static MPI_Datatype mpi_type_of(CommDtype type) {
-    return type == COMM_BFLOAT16 ? MPI_UINT16_T : MPI_FLOAT;
+    switch (type) {
+    case COMM_BFLOAT16: return MPI_UINT16_T;
+    case COMM_BYTE: return MPI_BYTE;
+    case COMM_FLOAT32: break;
+    }
+    return MPI_FLOAT;
 }
 
-static size_t element_bytes(CommDtype type) { return type == COMM_BFLOAT16 ? 2 : 4; }
+static size_t element_bytes(CommDtype type) {
+    return type == COMM_BFLOAT16 ? 2 : type == COMM_BYTE ? 1 : 4;
+}
 
 static void *mpi_all_reduce(CommGroup *g, float *buf, size_t n, CommOp op) {
     MPI_Request r;
@@ -362,6 +369,13 @@ CommHandle comm_all_gather_bf16_start(CommGroup *g, const uint16_t *send, uint16
                                       size_t n) {
     CommHandle h = handle_begin(g, "all_gather_bf16", 2 * (uint64_t)n, -1);
     h.request = backend->all_gather(g, send, recv, n, COMM_BFLOAT16);
+    return h;
+}
+
+CommHandle comm_all_gather_bytes_start(CommGroup *g, const void *send, void *recv,
+                                       size_t bytes) {
+    CommHandle h = handle_begin(g, "all_gather_bytes", bytes, -1);
+    h.request = backend->all_gather(g, send, recv, bytes, COMM_BYTE);
     return h;
 }
 

@@ -93,6 +93,12 @@ CommHandle comm_all_gather_bf16_start(CommGroup *g, const uint16_t *send, uint16
                                       size_t n);
 CommHandle comm_reduce_scatter_bf16_start(CommGroup *g, const uint16_t *send, uint16_t *recv,
                                           size_t n);
+// The same on bytes whose layout the caller defines: recv (size * bytes) = every rank's send
+// (bytes), in rank order. FSDP's float8 all-gather sends its units' shards as one flat buffer
+// of mixed element types (float8 weights, the rest in bf16 or fp32), as FSDP2 packs its
+// all-gather inputs into one uint8 buffer.
+CommHandle comm_all_gather_bytes_start(CommGroup *g, const void *send, void *recv,
+                                       size_t bytes);
 // MPI_Alltoallv semantics, counts and displacements in floats; the four arrays must stay
 // unchanged until the wait (MPI reads them while the operation runs).
 CommHandle comm_all_to_allv_start(CommGroup *g, const float *send, const int *send_counts,
@@ -124,10 +130,10 @@ double comm_all_reduce_double(CommGroup *g, double value, CommOp op);
 void comm_all_to_all_ints(CommGroup *g, const int *send, int *recv, int n);
 
 // Bytes this rank has handed to g's operations so far: the size of each operation's local
-// input (all-reduce of n floats: 4n; all-gather of n per rank: 4n; reduce-scatter to n per
-// rank: 4n * size; all-to-all: its whole send buffer; broadcast: its bytes on every rank;
-// send: its bytes; recv: 0). Independent
-// of the algorithm the library picks, so tests can compare it with the analytic volume.
+// input (all-reduce of n floats: 4n; all-gather of n per rank: 4n, in bf16 2n, of n bytes n;
+// reduce-scatter to n per rank: 4n * size; all-to-all: its whole send buffer; broadcast: its
+// bytes on every rank; send: its bytes; recv: 0). Independent of the algorithm the library
+// picks, so tests can compare it with the analytic volume.
 uint64_t comm_bytes(const CommGroup *g);
 uint64_t comm_ops(const CommGroup *g);
 // Seconds this rank has spent blocked in comm_wait (and the blocking forms) since comm_init:

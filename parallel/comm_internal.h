@@ -18,8 +18,8 @@ struct CommGroup {
     uint64_t bytes, ops;
 };
 
-// Element types of the all-gather and reduce-scatter.
-typedef enum { COMM_FLOAT32, COMM_BFLOAT16 } CommDtype;
+// Element types of the all-gather and reduce-scatter (bytes: all-gather only).
+typedef enum { COMM_FLOAT32, COMM_BFLOAT16, COMM_BYTE } CommDtype;
 
 // One collective library. Each start enqueues the operation and returns its request (packed
 // into a void *); test reports completion without blocking and releases the request when it

@@ -81,7 +81,12 @@ static void *nccl_all_reduce(CommGroup *g, float *buf, size_t n, CommOp op) {
 }
 
 static ncclDataType_t nccl_type_of(CommDtype type) {
-    return type == COMM_BFLOAT16 ? ncclBfloat16 : ncclFloat;
+    switch (type) {
+    case COMM_BFLOAT16: return ncclBfloat16;
+    case COMM_BYTE: return ncclUint8;
+    case COMM_FLOAT32: break;
+    }
+    return ncclFloat;
 }
 
 static void *nccl_all_gather(CommGroup *g, const void *send, void *recv, size_t n,

@@ -77,6 +77,33 @@ static size_t row_numel(const Param *p) {
     return n;
 }
 
+// The bytes per element p travels in on a unit's wire (FsdpUnit.wire_bytes).
+static size_t wire_size(const Fsdp *f, const Param *p) {
+    return p->gather_float8 ? 1 : f->config.bf16_params ? 2 : 4;
+}
+
+// u's float8 weights and its dense part's bytes on the wire (once the shards are placed).
+static void plan_float8(Fsdp *f, FsdpUnit *u) {
+    u->first_float8 = f->n_float8;
+    size_t wire = 0;
+    for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
+        const Param *p = &f->params->items[j];
+        if (part_of(f, p) != PART_DENSE) continue;
+        wire += p->shard_numel * wire_size(f, p);
+        if (!p->gather_float8) continue;
+        CHECK(p->ndim == 2 && p->shard_numel % row_numel(p) == 0);
+        // an e4m3 shard of whole rows of a multiple of 16 columns keeps the wire's bf16 and
+        // fp32 shards after it aligned to their element
+        CHECK(row_numel(p) % 16 == 0);
+        u->n_float8++;
+        u->float8_numel += p->numel;
+    }
+    f->n_float8 += u->n_float8;
+    if (u->n_float8 == 0) return;
+    u->wire_bytes = wire;
+    f->max_wire_bytes = max_size(f->max_wire_bytes, wire);
+}
+
 static void plan_unit(Fsdp *f, FsdpUnit *u) {
     ParamTable *t = f->params;
     u->table_offset = u->first_param < t->count ? t->items[u->first_param].offset : t->numel;
@@ -130,6 +157,7 @@ void fsdp_plan(Fsdp *f, ParamTable *params, const Block *blocks, int n_blocks,
         f->max_full_numel = max_size(f->max_full_numel, u->full_numel);
         u->grad_offset = f->grad_numel;
         if (config->reduce_once_per_step) f->grad_numel += u->full_numel;
+        plan_float8(f, u);
     }
     if (!config->reduce_once_per_step) f->grad_numel = f->max_full_numel;
     f->numel = f->params->shard_numel;
@@ -147,27 +175,41 @@ static bool keeps_after_forward(const Fsdp *f, int i) {
     return false;
 }
 
-// Where unit i's full params live in full_params (i == n_units: the floats needed). Units that
-// reshard after forward take turns in one slot, sized by the largest of them (a prefetched
-// unit waits in gather_buf until its turn); every kept unit has a slot of its own.
-static size_t slot_offset(const Fsdp *f, int i) {
+static size_t slot_numel(const FsdpUnit *u, bool float8) {
+    return float8 ? u->float8_numel : u->full_numel;
+}
+
+// Where unit i's full params live in full_params, or its float8 weights' bytes in
+// full8_params (i == n_units: the elements needed). Units that reshard after forward take
+// turns in one slot, sized by the largest of them (a prefetched unit waits in gather_buf, or
+// wire_recv, until its turn); every kept unit has a slot of its own.
+static size_t slot_offset(const Fsdp *f, int i, bool float8) {
     size_t rotating = 0, kept = 0;
     for (int j = 0; j < f->n_units; j++)
-        if (!keeps_after_forward(f, j)) rotating = max_size(rotating, f->units[j].full_numel);
+        if (!keeps_after_forward(f, j))
+            rotating = max_size(rotating, slot_numel(&f->units[j], float8));
     for (int j = 0; j < i; j++)
-        if (keeps_after_forward(f, j)) kept += f->units[j].full_numel;
+        if (keeps_after_forward(f, j)) kept += slot_numel(&f->units[j], float8);
     return i < f->n_units && !keeps_after_forward(f, i) ? 0 : rotating + kept;
 }
 
 // The model's parameters point into the full buffers: its blocks compute as if unsharded.
+// The float8 weights' bytes and scales likewise.
 static void point_params(Fsdp *f) {
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        u->full = f->full_params + slot_offset(f, i);
+        u->full = f->full_params + slot_offset(f, i, false);
+        u->full8 = f->full8_params ? f->full8_params + slot_offset(f, i, true) : NULL;
+        size_t float8_at = 0;
+        int float8_index = u->first_float8;
         for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
             Param *p = &f->params->items[j];
             p->data = u->full + (p->offset - u->table_offset);
             p->grad = f->full_grad + u->grad_offset + (p->offset - u->table_offset);
+            if (!p->gather_float8) continue;
+            p->float8_data = u->full8 + float8_at;
+            p->float8_scale_inv = f->float8_scale_inv + float8_index++;
+            float8_at += p->numel;
         }
     }
 }
@@ -175,7 +217,7 @@ static void point_params(Fsdp *f) {
 void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
     size_t rank_major = f->max_rank_major;
     f->data = arena_floats(params, f->numel);
-    f->full_params = arena_floats(params, slot_offset(f, f->n_units));
+    f->full_params = arena_floats(params, slot_offset(f, f->n_units, false));
     f->grad = arena_floats(grads, f->numel);
     f->full_grad = arena_floats(grads, f->grad_numel);
     f->gather_buf = arena_floats(comm, rank_major);
@@ -189,6 +231,13 @@ void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
     if (f->config.bf16_reduce) {
         f->scatter_send16 = arena_tensor(comm, rank_major, DTYPE_BF16);
         f->scatter_recv16 = arena_tensor(comm, f->max_shard_numel, DTYPE_BF16);
+    }
+    if (f->n_float8 > 0) {
+        f->full8_params = arena_alloc(params, slot_offset(f, f->n_units, true));
+        f->float8_scale_inv = arena_floats(params, (size_t)f->n_float8);
+        f->float8_amax = arena_floats(comm, (size_t)f->n_float8);
+        f->wire_send = arena_alloc(comm, f->max_wire_bytes);
+        f->wire_recv = arena_alloc(comm, (size_t)f->config.size * f->max_wire_bytes);
     }
     if (!f->data) return;
     ParamTable *t = f->params;
@@ -208,18 +257,24 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
     uint64_t gathered = f->config.bf16_params ? 2 : 4, reduced = f->config.bf16_reduce ? 2 : 4;
     FsdpVolume v[N_PARTS] = {{0}};
     for (int i = 0; i < f->n_units; i++) {
+        const FsdpUnit *u = &f->units[i];
+        int gathers = keeps_after_forward(f, i) ? 1 : 2;
         for (int q = 0; q < N_PARTS; q++) {
-            uint64_t n = f->units[i].part_numel[q];
-            v[q].all_gather_forward += n * gathered;
-            if (!keeps_after_forward(f, i)) v[q].all_gather_backward += n * gathered;
+            uint64_t n = u->part_numel[q];
+            uint64_t sent = q == PART_DENSE && u->wire_bytes ? u->wire_bytes : n * gathered;
+            v[q].all_gather_forward += sent;
+            if (gathers == 2) v[q].all_gather_backward += sent;
             v[q].reduce_scatter += (uint64_t)part_size(f, q) * n * reduced;
         }
+        if (!f->config.float8_precompute && u->full_numel > 0)  // not another stage's
+            v[PART_DENSE].float8_amax += (uint64_t)gathers * u->n_float8 * sizeof(float);
     }
     return (FsdpEstimate){
         .param_bytes = params.peak.total, .grad_bytes = grads.peak.total,
         .comm_bytes = comm.peak.total,
         .fsdp = v[PART_DENSE], .efsdp = v[PART_EXPERTS],
-        .replicate_all_reduce = f->config.replicate_size > 1 ? f->numel * sizeof(float) : 0};
+        .replicate_all_reduce = f->config.replicate_size > 1 ? f->numel * sizeof(float) : 0,
+        .float8_precompute = f->config.float8_precompute ? f->n_float8 * sizeof(float) : 0};
 }
 
 void fsdp_free(Fsdp *f) {
@@ -227,30 +282,34 @@ void fsdp_free(Fsdp *f) {
     *f = (Fsdp){0};
 }
 
-// Copies between a unit's parameters laid out as the model sees them (full: unpadded, one
-// after another) and rank-major (every rank's shard in rank order: the all-gather's output
-// and the reduce-scatter's input, padding rows zero).
-static void unit_copy(const Fsdp *f, const FsdpUnit *u, float *full, float *rank_major,
-                      bool to_full) {
+// Copies parameter j of unit u between its place as the model sees it (full: the unit's
+// parameters unpadded, one after another) and rank-major (every rank's shard in rank order:
+// the all-gather's output and the reduce-scatter's input, padding rows zero).
+static void param_copy(const Fsdp *f, const FsdpUnit *u, int j, float *full, float *rank_major,
+                       bool to_full) {
     const KernelOps *k_ = f->config.k;
-    for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
-        const Param *p = &f->params->items[j];
-        int q = part_of(f, p);
-        float *block = rank_major + rank_major_start(f, u, q) +
-                       (packed_offset(f, u, j) - packed_start(u, q));
-        for (int k = 0; k < part_size(f, q); k++) {
-            int64_t first, rows = rank_rows(f, p, k, &first);
-            float *part = block + (size_t)k * u->part_numel[q];
-            float *whole = full + (p->offset - u->table_offset) + (size_t)first * row_numel(p);
-            size_t n = (size_t)rows * row_numel(p);
-            if (to_full) {
-                k_->copy(whole, part, n * sizeof(float));
-            } else {
-                k_->copy(part, whole, n * sizeof(float));
-                k_->zero(part + n, (p->shard_numel - n) * sizeof(float));
-            }
+    const Param *p = &f->params->items[j];
+    int q = part_of(f, p);
+    float *block = rank_major + rank_major_start(f, u, q) +
+                   (packed_offset(f, u, j) - packed_start(u, q));
+    for (int k = 0; k < part_size(f, q); k++) {
+        int64_t first, rows = rank_rows(f, p, k, &first);
+        float *part = block + (size_t)k * u->part_numel[q];
+        float *whole = full + (p->offset - u->table_offset) + (size_t)first * row_numel(p);
+        size_t n = (size_t)rows * row_numel(p);
+        if (to_full) {
+            k_->copy(whole, part, n * sizeof(float));
+        } else {
+            k_->copy(part, whole, n * sizeof(float));
+            k_->zero(part + n, (p->shard_numel - n) * sizeof(float));
         }
     }
+}
+
+static void unit_copy(const Fsdp *f, const FsdpUnit *u, float *full, float *rank_major,
+                      bool to_full) {
+    for (int j = u->first_param; j < u->first_param + u->n_params; j++)
+        param_copy(f, u, j, full, rank_major, to_full);
 }
 
 // Between u's shard (the table's order) and its packed shard: a copy of the parameters
@@ -267,11 +326,109 @@ static void unit_pack(const Fsdp *f, const FsdpUnit *u, float *shard, float *pac
     }
 }
 
+// ---- the float8 all-gather (FsdpUnit.wire_bytes) ----------------------------------------
+
+// torchao's tensorwise weight cast: e4m3fn, one scale for the whole (out, in) weight.
+static const Float8Cast WEIGHT_CAST = {FLOAT8_E4M3FN, false, false, false};
+
+// The shard of float8 weight p as (rows, cols) for the float8 ops: whole rows of its compute
+// tensor, padding rows (zero) included.
+static int float8_cols(const Param *p) { return (int)row_numel(p); }
+static int float8_rows(const Param *p) { return (int)(p->shard_numel / row_numel(p)); }
+
+// The index of u's float8 weight j in Fsdp.float8_amax / float8_scale_inv.
+static int float8_index(const Fsdp *f, const FsdpUnit *u, int j) {
+    int index = u->first_float8;
+    for (int i = u->first_param; i < j; i++) index += f->params->items[i].gather_float8;
+    return index;
+}
+
+// torchao's precompute_float8_dynamic_scale_for_fsdp: every float8 weight's amax in one
+// all-reduce (max), once after each change of the shards (the optimizer step, a load).
+static void float8_amax_precompute(Fsdp *f) {
+    if (f->amax_current) return;
+    const KernelOps *k = f->config.k;
+    for (int i = 0; i < f->n_units; i++) {
+        const FsdpUnit *u = &f->units[i];
+        for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
+            const Param *p = &f->params->items[j];
+            if (!p->gather_float8) continue;
+            k->float8_amax(f->float8_amax + float8_index(f, u, j), f->data + p->shard_offset,
+                           float8_rows(p), float8_cols(p), &WEIGHT_CAST);
+        }
+    }
+    comm_all_reduce(f->group, f->float8_amax, (size_t)f->n_float8, COMM_MAX);
+    f->amax_current = true;
+}
+
+// Casts float8 weight j's shard into out with the scale of the whole weight's amax, the max
+// of every rank's (torchao's fsdp_pre_all_gather: its amax all-reduced over the group, weight
+// by weight, unless precomputed), so that the bytes equal a cast of the unsharded weight and
+// every rank writes the same scale_inv.
+static void float8_shard_cast(Fsdp *f, const FsdpUnit *u, int j, const float *shard,
+                              uint8_t *out) {
+    const KernelOps *k = f->config.k;
+    const Param *p = &f->params->items[j];
+    int at = float8_index(f, u, j), rows = float8_rows(p), cols = float8_cols(p);
+    float *amax = f->float8_amax + at;
+    if (!f->config.float8_precompute) {
+        k->float8_amax(amax, shard, rows, cols, &WEIGHT_CAST);
+        comm_all_reduce(f->group, amax, 1, COMM_MAX);
+    }
+    k->float8_quantize(out, f->float8_scale_inv + at, amax, shard, rows, cols, &WEIGHT_CAST);
+}
+
+// Where dense parameter j starts in u's wire shard, in bytes.
+static size_t wire_offset(const Fsdp *f, const FsdpUnit *u, int j) {
+    size_t at = 0;
+    for (int i = u->first_param; i < j; i++) {
+        const Param *p = &f->params->items[i];
+        if (part_of(f, p) == PART_DENSE) at += p->shard_numel * wire_size(f, p);
+    }
+    return at;
+}
+
+// Starts the byte all-gather of u's dense part, shard (packed) cast parameter by parameter.
+static void wire_gather_start(Fsdp *f, FsdpUnit *u, const float *shard) {
+    const KernelOps *k = f->config.k;
+    if (f->config.float8_precompute) float8_amax_precompute(f);
+    for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
+        const Param *p = &f->params->items[j];
+        if (part_of(f, p) != PART_DENSE) continue;
+        const float *mine = shard + packed_offset(f, u, j);
+        uint8_t *out = f->wire_send + wire_offset(f, u, j);
+        if (p->gather_float8) float8_shard_cast(f, u, j, mine, out);
+        else if (f->config.bf16_params) k->to_bf16((uint16_t *)out, mine, p->shard_numel);
+        else k->copy(out, mine, p->shard_numel * sizeof(float));
+    }
+    f->gather[PART_DENSE] =
+        comm_all_gather_bytes_start(f->group, f->wire_send, f->wire_recv, u->wire_bytes);
+}
+
+// Dense parameter j of u from every rank's wire shard to where the model reads it: a float8
+// weight's codes to Param.float8_data, the others decoded into the full buffer.
+static void param_unwire(const Fsdp *f, const FsdpUnit *u, int j) {
+    const KernelOps *k_ = f->config.k;
+    const Param *p = &f->params->items[j];
+    size_t at = wire_offset(f, u, j), row = row_numel(p);
+    for (int k = 0; k < f->config.size; k++) {
+        int64_t first, rows = rank_rows(f, p, k, &first);
+        const uint8_t *wire = f->wire_recv + (size_t)k * u->wire_bytes + at;
+        size_t n = (size_t)rows * row, skip = (size_t)first * row;
+        float *whole = u->full + (p->offset - u->table_offset) + skip;
+        if (p->gather_float8) k_->copy(p->float8_data + skip, wire, n);
+        else if (f->config.bf16_params) k_->from_bf16(whole, (const uint16_t *)wire, n);
+        else k_->copy(whole, wire, n * sizeof(float));
+    }
+}
+
 // ---- all-gather: the wrapped block's parameters before it runs --------------------------
 
 // Starts the all-gather of each part of u's shard (the experts' only when it has some) into
-// gather_buf, or gather_recv16 (bf16).
-static void parts_gather_start(Fsdp *f, FsdpUnit *u, bool bf16) {
+// gather_buf, or gather_recv16 (bf16), or for the compute weights of a unit with float8
+// weights, its dense part into wire_recv. compute false: fp32 masters (fsdp_gather_full).
+static void parts_gather_start(Fsdp *f, FsdpUnit *u, bool compute) {
+    bool bf16 = compute && f->config.bf16_params;
     const float *shard = f->data + u->shard_offset;
     if (u->part_numel[PART_EXPERTS] > 0) {
         unit_pack(f, u, f->data + u->shard_offset, f->packed, true);
@@ -280,7 +437,9 @@ static void parts_gather_start(Fsdp *f, FsdpUnit *u, bool bf16) {
     for (int q = 0; q < N_PARTS; q++) {
         size_t n = u->part_numel[q], at = packed_start(u, q), out = rank_major_start(f, u, q);
         if (q == PART_EXPERTS && n == 0) continue;
-        if (bf16) {
+        if (q == PART_DENSE && compute && u->wire_bytes) {
+            wire_gather_start(f, u, shard);
+        } else if (bf16) {
             f->config.k->to_bf16(f->gather_send16 + at, shard + at, n);
             f->gather[q] = comm_all_gather_bf16_start(part_group(f, q), f->gather_send16 + at,
                                                       f->gather_recv16 + out, n);
@@ -296,7 +455,7 @@ static void parts_wait(CommHandle handles[N_PARTS]) {
 }
 
 static void gather_start(Fsdp *f, FsdpUnit *u) {
-    parts_gather_start(f, u, f->config.bf16_params);
+    parts_gather_start(f, u, true);
     f->gathering = u->index;
 }
 
@@ -309,9 +468,16 @@ static void gather_finish(Fsdp *f) {
     f->gathering = -1;
     for (int j = 0; j < f->n_units; j++)
         if (f->units[j].full == u->full) f->units[j].gathered = false;
+    size_t wired = u->wire_bytes ? rank_major_start(f, u, PART_EXPERTS) : 0;  // not in bf16
     if (f->config.bf16_params)
-        f->config.k->from_bf16(f->gather_buf, f->gather_recv16, rank_major_numel(f, u));
-    unit_copy(f, u, u->full, f->gather_buf, true);
+        f->config.k->from_bf16(f->gather_buf + wired, f->gather_recv16 + wired,
+                               rank_major_numel(f, u) - wired);
+    for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
+        if (u->wire_bytes && part_of(f, &f->params->items[j]) == PART_DENSE)
+            param_unwire(f, u, j);
+        else
+            param_copy(f, u, j, u->full, f->gather_buf, true);
+    }
     u->gathered = true;
 }
 
@@ -336,6 +502,7 @@ static void gather_prefetch(Fsdp *f, int i) {
 static void reshard_all(Fsdp *f) {
     gather_finish(f);
     for (int i = 0; i < f->n_units; i++) f->units[i].gathered = false;
+    f->amax_current = false;
 }
 
 // ---- reduce-scatter: the wrapped block's gradients after its backward --------------------

@@ -23,6 +23,11 @@
 // shard grads over dp_replicate. Each microbatch's reduce-scatter is added (+=) to the shard
 // grads, which the caller zeroes once per step.
 //
+// float8 (FsdpConfig.float8_precompute, Param.gather_float8): a unit holding weights of
+// tensorwise float8 Linears gathers its dense part as bytes, those weights' shards cast to e4m3
+// with the whole weight's scale (its amax all-reduced over the group), the rest in the gather
+// dtype: the float8 layers move half of bf16's bytes, and the model reads them as cast.
+//
 // Expert parallel (parallel/ep): the routed experts' weights, already Shard(0) over ep, are
 // sharded over the efsdp group instead (torchtitan's sparse mesh). A unit's shard is then two
 // parts, each gathered and reduce-scattered over its own group: its dense parameters' shards
@@ -70,6 +75,12 @@ typedef struct {
     // The efsdp group's size and this rank's index in it; expert_size 0: the experts (if any)
     // are parameters like the others.
     int expert_size, expert_rank;
+    // FSDP's float8 all-gather (the parameters marked Param.gather_float8): each weight's amax
+    // is all-reduced (max) over the group before its shard is cast, one weight at a time as
+    // torchao's fsdp_pre_all_gather; float8_precompute takes every float8 weight's amax in one
+    // all-reduce once the shards have changed (torchao's precompute_float8_dynamic_scale_for_fsdp
+    // after the optimizer step), which every gather until the next change casts with.
+    bool float8_precompute;
     const KernelOps *k;
 } FsdpConfig;
 
@@ -87,6 +98,14 @@ typedef struct {
     size_t grad_offset;        // in floats, into Fsdp.full_grad (reduce_once_per_step; else 0)
     float *full;               // (full_numel) where the unit's Param.data point
     bool gathered;             // full holds the current parameters
+    // Its weights gathered in float8 (Param.gather_float8, dense only): then the dense part
+    // travels as one byte all-gather of wire_bytes per rank, those weights' shards as e4m3fn
+    // codes and the other parameters' in the gather dtype (bf16 or fp32), one after another in
+    // the table's order (FSDP2 packs its all-gather inputs into one uint8 buffer the same way).
+    int first_float8, n_float8;    // into Fsdp.float8_amax / float8_scale_inv
+    size_t float8_numel;           // elements of those weights (unpadded)
+    size_t wire_bytes;             // 0: the dense part travels as floats (no float8 weight)
+    uint8_t *full8;                // (float8_numel) where their Param.float8_data point
 } FsdpUnit;
 
 struct Fsdp {
@@ -116,6 +135,13 @@ struct Fsdp {
     // bf16 copies of the shard sent and the rank-major buffer received (bf16_params), and of
     // the reduce-scatter's input and output (bf16_reduce); NULL otherwise.
     uint16_t *gather_send16, *gather_recv16, *scatter_send16, *scatter_recv16;
+    int n_float8;                   // weights gathered in float8, over all units
+    size_t max_wire_bytes;          // the largest unit's wire_bytes
+    float *float8_amax;             // (n_float8) each one's amax, all-reduced over the group
+    float *float8_scale_inv;        // (n_float8) where their Param.float8_scale_inv point
+    uint8_t *full8_params;          // their bytes' slots, as full_params' (float8 elements)
+    uint8_t *wire_send, *wire_recv; // (max_wire_bytes), (size x max_wire_bytes)
+    bool amax_current;              // float8_precompute: float8_amax is the shards' now
     int gathering, scattering;      // the unit of the outstanding operation, -1: none
     CommHandle gather[2], scatter[2];  // per part: dense, experts
 };
@@ -126,6 +152,7 @@ typedef struct {
     uint64_t all_gather_forward;
     uint64_t all_gather_backward;  // re-gathers of resharded units
     uint64_t reduce_scatter;
+    uint64_t float8_amax;          // the amaxes all-reduced per gather (without precompute)
 } FsdpVolume;
 
 // Per-rank bytes fsdp_allocate carves, and what this rank sends.
@@ -134,6 +161,7 @@ typedef struct {
     FsdpVolume fsdp;                // the fsdp group's: the dense parameters
     FsdpVolume efsdp;               // the efsdp group's: the experts (zero without)
     uint64_t replicate_all_reduce;  // per step, dp_replicate group (HSDP)
+    uint64_t float8_precompute;     // per step, fsdp group: every float8 amax, all-reduced once
 } FsdpEstimate;
 
 // Places the parameters of blocks (n_blocks, their params the table's in order) and plans one

@@ -57,6 +57,13 @@ void cpu_float8_quantize(uint8_t *out, float *scale_inv, const float *amax, cons
     }
 }
 
+void cpu_float8_transpose(uint8_t *out, const uint8_t *in, int rows, int cols) {
+    CHECK(rows >= 0 && cols >= 0);
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < cols; c++)
+        for (int r = 0; r < rows; r++) out[(size_t)c * rows + r] = in[(size_t)r * cols + c];
+}
+
 size_t cpu_matmul_float8_workspace_bytes(int m, int n, int k) {
     return ((size_t)m + (size_t)n) * (size_t)k * sizeof(float);
 }

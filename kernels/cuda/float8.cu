@@ -149,3 +149,27 @@ void cuda_float8_quantize(uint8_t *out, float *scale_inv, const float *amax, con
                                                                       cast->rowwise, cast->kind);
     CUDA_LAUNCH_CHECK();
 }
+
+// out (cols, rows) = in^T through a shared tile, both sides coalesced (as float8_cast_transposed).
+static __global__ void float8_transpose_tiles(uint8_t *out, const uint8_t *in, int rows,
+                                              int cols) {
+    __shared__ uint8_t tile[FLOAT8_TILE][FLOAT8_TILE + 1];
+    int r0 = blockIdx.y * FLOAT8_TILE, c0 = blockIdx.x * FLOAT8_TILE;
+    for (int y = threadIdx.y; y < FLOAT8_TILE; y += FLOAT8_TILE_ROWS) {
+        int r = r0 + y, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[y][threadIdx.x] = in[(size_t)r * cols + c];
+    }
+    __syncthreads();
+    for (int y = threadIdx.y; y < FLOAT8_TILE; y += FLOAT8_TILE_ROWS) {
+        int c = c0 + y, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) out[(size_t)c * rows + r] = tile[threadIdx.x][y];
+    }
+}
+
+void cuda_float8_transpose(uint8_t *out, const uint8_t *in, int rows, int cols) {
+    CHECK(rows >= 0 && cols >= 0);
+    if (rows == 0 || cols == 0) return;
+    float8_transpose_tiles<<<float8_tiles(rows, cols), dim3(FLOAT8_TILE, FLOAT8_TILE_ROWS), 0,
+                             cuda_stream()>>>(out, in, rows, cols);
+    CUDA_LAUNCH_CHECK();
+}

@@ -1338,6 +1338,27 @@ static void check_matmul_float8(const char *gemm, int m, int n, int k, Float8Kin
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
 }
 
+static void float8_transpose_run(int s, void *ctx) {
+    Float8Args *a = ctx;
+    side[s]->float8_transpose((uint8_t *)a->out.at[s], (const uint8_t *)a->x.at[s], a->rows,
+                              a->cols);
+}
+
+// Every byte value at a shape that is no multiple of the tiles: the codes move, bit for bit.
+static void check_float8_transpose(int rows, int cols) {
+    size_t n = (size_t)rows * cols;
+    uint8_t *codes = host_alloc(n);
+    for (size_t i = 0; i < n; i++) codes[i] = (uint8_t)(i * 7 + i / 256);
+    Float8Args a = {.x = pair_of(codes, n), .out = pair_alloc(n), .rows = rows, .cols = cols};
+    free(codes);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%dx%d", rows, cols);
+    Output out[] = {{"bytes", &a.out, NULL, CMP_BYTES, BOUND_EXACT}};
+    op_check("float8_transpose", shape, float8_transpose_run, &a, out, 1);
+    pair_free(&a.x);
+    pair_free(&a.out);
+}
+
 // Every cast form at odd sizes, then a linear layer's three GEMMs (x (M, K), w (N, K), dy (M,
 // N)) in torchao's two recipes: tensorwise e4m3 forward with e5m2 gradients, rowwise e4m3
 // throughout; and an m that is no multiple of anything.
@@ -1347,6 +1368,8 @@ static void check_float8(void) {
             for (int transpose = 0; transpose < 2; transpose++)
                 check_float8_quantize(1000, 333, (Float8Cast){kind, rowwise, transpose, rowwise});
     check_float8_quantize(8192, 2048, (Float8Cast){FLOAT8_E4M3FN, true, true, true});
+    check_float8_transpose(1000, 333);
+    check_float8_transpose(4096, 2048);
     int M = 4096, K = 2048, N = 1024;
     for (int rowwise = 0; rowwise < 2; rowwise++) {
         Float8Kind grad = rowwise ? FLOAT8_E4M3FN : FLOAT8_E5M2;
@@ -1383,7 +1406,7 @@ static int table_holes(const KernelOps *k) {
     NEED(moe_aux_backward);
     NEED(to_bf16), NEED(from_bf16), NEED(adamw_update);
     NEED(float8_amax), NEED(float8_quantize), NEED(matmul_float8_workspace_bytes);
-    NEED(matmul_float8);
+    NEED(matmul_float8), NEED(float8_transpose);
 #undef NEED
     return holes;
 }

@@ -63,6 +63,12 @@ check qwen3,dp_shard=2xtp=2 4 $P.data_parallel_shard_degree 2 $P.tensor_parallel
 check qwen3-moe,dp_shard=2xtp=2,AC 4 $P.data_parallel_shard_degree 2 \
   $P.tensor_parallel_degree 2 --model.name qwen3 --model.flavor small_moe \
   --model.moe_aux_loss_alpha 0.01 --activation_checkpoint.mode full
+# FSDP's float8 all-gather: the float8 weights' e4m3 bytes and each one's amax all-reduce per
+# gather, or one all-reduce of every amax a step with precomputed scales.
+F8=(--model.converters float8 --float8.filter_fqns output --float8.enable_fsdp_float8_all_gather)
+check float8-all-gather,dp_shard=2 2 $P.data_parallel_shard_degree 2 "${F8[@]}"
+check float8-precompute,dp_shard=2,bf16 2 $P.data_parallel_shard_degree 2 "${F8[@]}" \
+  --float8.precompute_float8_dynamic_scale_for_fsdp --training.mixed_precision_param bfloat16
 # Expert parallel: its all-to-alls' bytes lie under the estimate's bound (the ep row assumes
 # even routing); the experts' FSDP traffic goes over efsdp, the rest of the model's over fsdp.
 check qwen3-moe,ep=2 2 $P.data_parallel_shard_degree 2 $P.expert_parallel_degree 2 \

@@ -106,6 +106,23 @@ static void test_all_gather(CommGroup *g) {
     free(want);
 }
 
+// An odd byte count, so that nothing rides on a wider element: FSDP's float8 all-gather.
+static void test_all_gather_bytes(CommGroup *g) {
+    enum { N = 5 };
+    int r = comm_rank(g), p = comm_size(g);
+    uint8_t send[N], *recv = malloc((size_t)N * p);
+    Counts before = counts_of(g);
+    for (int j = 0; j < N; j++) send[j] = (uint8_t)(37 * r + j);
+    CommHandle h = comm_all_gather_bytes_start(g, send, recv, N);
+    comm_wait(&h);
+    for (int q = 0; q < p; q++)
+        for (int j = 0; j < N; j++)
+            if (recv[q * N + j] != (uint8_t)(37 * q + j))
+                fail("all_gather_bytes on %s: [%d] = %d", comm_name(g), q * N + j, recv[q * N + j]);
+    expect_counted(g, before, N, 1, "all_gather_bytes");
+    free(recv);
+}
+
 static void test_reduce_scatter(CommGroup *g) {
     enum { N = 4 };
     int r = comm_rank(g), p = comm_size(g);
@@ -253,6 +270,7 @@ static void test_scalars_and_barrier(CommGroup *g) {
 static void test_group(CommGroup *g) {
     test_all_reduce(g);
     test_all_gather(g);
+    test_all_gather_bytes(g);
     test_reduce_scatter(g);
     test_all_to_allv(g);
     test_all_to_all_ints(g);

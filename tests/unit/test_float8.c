@@ -1,6 +1,7 @@
-// The cpu backend's float8 ops against naive references: float8_amax and float8_quantize
-// bit for bit against a per-element loop (amax in double, the scale as torchao's amax_to_scale
-// computes it, its power-of-two rounding through libm's log2 as torch's exp2(floor(log2(s)))),
+// The cpu backend's float8 ops against naive references: float8_amax, float8_quantize and
+// float8_transpose bit for bit against a per-element loop (amax in double, the scale as
+// torchao's amax_to_scale computes it, its power-of-two rounding through libm's log2 as torch's
+// exp2(floor(log2(s)))),
 // and matmul_float8 against a double-precision GEMM of the same quantised operands, for the
 // three GEMMs of a linear layer in torchao's tensorwise and rowwise recipes.
 #include <stdarg.h>
@@ -138,6 +139,34 @@ static void test_quantize_zeros(void **state) {
     assert_true(amax == 0.0f);
     assert_true(scale_inv == 1.0f / (float)(57344.0 / 1e-12));
     for (int i = 0; i < rows * cols; i++) assert_int_equal(out[i], 0);
+}
+
+// float8_transpose moves every code (all 256, NaNs included) to its transposed place: a cast
+// then transposed equals the transposed cast, bit for bit.
+static void test_transpose(void **state) {
+    (void)state;
+    int rows = 37, cols = 80;  // odd rows, several of the cuda tiles' 32
+    uint8_t *in = malloc((size_t)rows * cols), *out = malloc((size_t)rows * cols);
+    assert_true(in && out);
+    for (int i = 0; i < rows * cols; i++) in[i] = (uint8_t)(i * 7 + i / 256);
+    ops->float8_transpose(out, in, rows, cols);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            assert_int_equal(out[(size_t)c * rows + r], in[(size_t)r * cols + c]);
+    float *x = malloc((size_t)rows * cols * sizeof *x);
+    uint8_t *cast_t = malloc((size_t)rows * cols);
+    assert_true(x && cast_t);
+    for (int i = 0; i < rows * cols; i++) x[i] = sinf((float)i) * (float)(i % 13);
+    Float8Cast plain = {FLOAT8_E4M3FN, false, false, false}, transposed = plain;
+    transposed.transpose = true;
+    float amax, inv_plain, inv_t;
+    ops->float8_amax(&amax, x, rows, cols, &plain);
+    ops->float8_quantize(in, &inv_plain, &amax, x, rows, cols, &plain);
+    ops->float8_quantize(cast_t, &inv_t, &amax, x, rows, cols, &transposed);
+    ops->float8_transpose(out, in, rows, cols);
+    assert_memory_equal(out, cast_t, (size_t)rows * cols);
+    assert_true(inv_plain == inv_t);
+    free(in), free(out), free(x), free(cast_t);
 }
 
 // A NaN anywhere makes the amax NaN (torch.amax propagates it), whatever comes after it.
@@ -306,6 +335,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_forms),
         cmocka_unit_test(test_quantize_caller_amax_and_saturation),
         cmocka_unit_test(test_quantize_zeros),
+        cmocka_unit_test(test_transpose),
         cmocka_unit_test(test_amax_nan),
         cmocka_unit_test(test_round_scale_pow2_edges),
         cmocka_unit_test(test_linear_tensorwise),
