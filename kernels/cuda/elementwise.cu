@@ -1,7 +1,7 @@
-// Elementwise ops: SwiGLU, GELU-tanh, SiLU, add, scale and the bf16 conversions. Each kernel is one grid-stride
-// loop over the float4 groups [0, n4) (n4 = n / 4 when every pointer allows the vector access,
-// else 0) and one over the elements from 4 * n4 on: an odd n or a misaligned slice of a flat
-// buffer takes the scalar loop.
+// Elementwise ops: SwiGLU, GELU-tanh, SiLU, add, scale and the bf16 conversions. Each kernel is
+// one grid-stride loop over the float4 groups [0, n4) (n4 = n / 4 when every pointer allows the
+// vector access, else 0) and one over the elements from 4 * n4 on: an odd n or a misaligned
+// slice of a flat buffer takes the scalar loop.
 #include <stdint.h>
 
 #include "kernels/cuda/device.cuh"
@@ -186,7 +186,9 @@ void cuda_gelu_tanh_backward(float *dx, const float *dout, const float *x, size_
     activation_backward<GeluTanh>(dx, dout, x, n);
 }
 
-void cuda_silu_forward(float *out, const float *x, size_t n) { activation_forward<Silu>(out, x, n); }
+void cuda_silu_forward(float *out, const float *x, size_t n) {
+    activation_forward<Silu>(out, x, n);
+}
 
 void cuda_silu_backward(float *dx, const float *dout, const float *x, size_t n) {
     activation_backward<Silu>(dx, dout, x, n);

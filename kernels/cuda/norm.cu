@@ -1,8 +1,8 @@
-// RMSNorm and LayerNorm, one block per row for the row-wise passes. A row is read as float4 groups when dim
-// is a multiple of 4 and every base pointer is 16-byte aligned (then every row is), else one
-// float at a time. The weight gradient is a sum over rows, kept deterministic without atomics:
-// blocks own (row chunk, column tile) pairs and write per-chunk partials to cuda_scratch(),
-// then one thread per column adds its chunks in chunk order into dweight.
+// RMSNorm and LayerNorm, one block per row for the row-wise passes. RMSNorm reads a row as
+// float4 groups when dim is a multiple of 4 and every base pointer is 16-byte aligned (then every
+// row is), else one float at a time. Its weight gradient is a sum over rows, kept deterministic
+// without atomics: blocks own (row chunk, column tile) pairs and write per-chunk partials to
+// cuda_scratch(), then one thread per column adds its chunks in chunk order into dweight.
 #include <stdint.h>
 
 #include "kernels/cuda/device.cuh"
