@@ -1622,7 +1622,8 @@ static int table_holes(const KernelOps *k) {
     NEED(gelu_tanh_forward), NEED(gelu_tanh_backward), NEED(silu_forward), NEED(silu_backward);
     NEED(modulate_forward), NEED(modulate_backward), NEED(gated_add_forward);
     NEED(gated_add_backward), NEED(bias_add), NEED(bias_backward), NEED(timestep_embedding);
-    NEED(squared_error_forward), NEED(squared_error_backward), NEED(add), NEED(scale), NEED(sum_squares), NEED(sum);
+    NEED(squared_error_forward), NEED(squared_error_backward), NEED(add), NEED(scale);
+    NEED(sum_squares), NEED(sum);
     NEED(moe_router_forward), NEED(moe_router_backward), NEED(moe_sort), NEED(moe_permute);
     NEED(moe_unpermute), NEED(moe_weight_grad), NEED(grouped_matmul), NEED(moe_aux_stats);
     NEED(moe_aux_backward);
