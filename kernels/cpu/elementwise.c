@@ -32,6 +32,44 @@ void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const floa
     }
 }
 
+// GELU's tanh form: 0.5 (1 + tanh(u)) = sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), so
+// gelu(x) = x sig(2u) and gelu'(x) = sig(2u) + 2 x sig(2u) (1 - sig(2u)) u'(x), free of tanh's
+// cancellation near 0 and of inf - inf in the tails.
+#define GELU_SQRT_2_OVER_PI 0.7978845608028654f
+#define GELU_KAPPA 0.044715f
+
+static inline float gelu_tanh_sig(float x) {
+    return sigmoid(2.0f * GELU_SQRT_2_OVER_PI * (x + GELU_KAPPA * x * x * x));
+}
+
+void cpu_gelu_tanh_forward(float *out, const float *x, size_t n) {
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) out[i] = x[i] * gelu_tanh_sig(x[i]);
+}
+
+void cpu_gelu_tanh_backward(float *dx, const float *dout, const float *x, size_t n) {
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i], s = gelu_tanh_sig(v);
+        float du = GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_KAPPA * v * v);
+        dx[i] += dout[i] * (s + 2.0f * v * s * (1.0f - s) * du);
+    }
+}
+
+void cpu_silu_forward(float *out, const float *x, size_t n) {
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) out[i] = x[i] * sigmoid(x[i]);
+}
+
+// silu'(x) = sig(x) (1 + x (1 - sig(x))), as swiglu's gate.
+void cpu_silu_backward(float *dx, const float *dout, const float *x, size_t n) {
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) {
+        float s = sigmoid(x[i]);
+        dx[i] += dout[i] * s * (1.0f + x[i] * (1.0f - s));
+    }
+}
+
 // Eight running maxima in a fixed-size array: GCC keeps them in two vector registers, where an
 // `omp simd reduction(max)` spills its accumulator to the stack on every iteration.
 float cpu_max_floats(const float *x, int n) {

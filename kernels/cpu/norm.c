@@ -76,3 +76,44 @@ void cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const fl
     rmsnorm_backward_input(dx, dout, x, weight, rstd, n, dim);
     rmsnorm_backward_weight(dweight, dout, x, rstd, n, dim);
 }
+
+// Two passes over the row (the mean, then the variance about it): no cancellation in
+// E[x^2] - E[x]^2 when |mean| >> std.
+void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *x, int n, int dim,
+                           float eps) {
+#pragma omp parallel for
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * dim;
+        float *oi = out + (size_t)i * dim;
+        float sum = 0.0f, ss = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < dim; j++) sum += xi[j];
+        float mu = sum / dim;
+#pragma omp simd reduction(+ : ss)
+        for (int j = 0; j < dim; j++) ss += (xi[j] - mu) * (xi[j] - mu);
+        float r = 1.0f / sqrtf(ss / dim + eps);
+        mean[i] = mu, rstd[i] = r;
+#pragma omp simd
+        for (int j = 0; j < dim; j++) oi[j] = (xi[j] - mu) * r;
+    }
+}
+
+// y = (x - mu) r: dy_j/dx_k = r (delta_jk - 1/dim - y_j y_k / dim), so
+// dx = r (dout - mean(dout) - y mean(dout y)).
+void cpu_layernorm_backward(float *dx, const float *dout, const float *x, const float *mean,
+                            const float *rstd, int n, int dim) {
+#pragma omp parallel for
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * dim, *gi = dout + (size_t)i * dim;
+        float *dxi = dx + (size_t)i * dim;
+        float mu = mean[i], r = rstd[i], g_sum = 0.0f, gy_sum = 0.0f;
+#pragma omp simd reduction(+ : g_sum, gy_sum)
+        for (int j = 0; j < dim; j++) {
+            g_sum += gi[j];
+            gy_sum += gi[j] * (xi[j] - mu) * r;
+        }
+        float g_mean = g_sum / dim, gy_mean = gy_sum / dim;
+#pragma omp simd
+        for (int j = 0; j < dim; j++) dxi[j] += r * (gi[j] - g_mean - (xi[j] - mu) * r * gy_mean);
+    }
+}
