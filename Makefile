@@ -2,7 +2,8 @@
 # `make run` trains the embedded default.
 #
 # Flags are portable by default (CI runs on whatever x86-64 it gets); NATIVE=1 adds
-# -O3 -march=native for benchmarks on a known machine. CUDA=1 adds the cuda kernels backend
+# -O3 -march=native for benchmarks on a known machine, in its own object folder (build/native:
+# TITAN=path keeps its binary apart too). CUDA=1 adds the cuda kernels backend
 # (kernels/cuda: cuBLASLt, cuDNN, custom kernels) and the NCCL communication backend from
 # CUDA_HOME, in its own object folder so that the two flavours never mix objects; the binary is
 # still ./titan (TITAN=path puts it elsewhere, as CI does to keep the cpu one).
@@ -28,6 +29,7 @@ endif
 OPT      := -O2
 ifeq ($(NATIVE),1)
 OPT      := -O3 -march=native
+BUILD    := $(BUILD)/native
 endif
 
 # Debian ships OpenBLAS in a pthreads and an OpenMP flavour; titan calls BLAS from inside its

@@ -178,6 +178,7 @@ static void setup_model(Trainer *t) {
     // torchtitan's parallelize order: TP, then activation checkpointing, then FSDP.
     bool full_ac = strcmp(c->activation_checkpoint.mode, "full") == 0;
     spec->build(&t->model, &t->args, false);
+    t->model.act_dtype = t->precision;  // bf16 mixed precision stores bf16 activations
     if (config_converts(c, "float8")) convert_float8(t);
     check_moe_keys(t);
     if (t->mesh.layout.size[MESH_PP] > 1) trainer_pipeline_plan(t);
@@ -202,7 +203,7 @@ static void setup_model(Trainer *t) {
 // FSDP's shards, full-parameter slots and communication buffers: the sizing pass plans and
 // counts them (commit false); the commit pass allocates what it counted and carves it with the
 // same code; then FSDP's hooks go around the model's block calls.
-static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
+static void allocate_fsdp(Trainer *t, ArenaBytes act_bytes, bool commit) {
     Fsdp *f = &t->fsdp;
     Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->comm_arena, &t->act_arena};
     if (!commit) {
@@ -219,16 +220,15 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
             config.expert_size = mesh_sparse_size(l) / l->ep;
             config.expert_rank = mesh_sparse_index(l, t->mesh.coord) / l->ep;
         }
-        const TrainingSection *tr = &t->cfg.training;
         // torchtitan's MixedPrecisionPolicy, on every backend
-        config.bf16_params = strcmp(tr->mixed_precision_param, "bfloat16") == 0;
-        config.bf16_reduce = strcmp(tr->mixed_precision_reduce, "bfloat16") == 0;
+        config.bf16_params = t->precision == DTYPE_BF16;
+        config.bf16_reduce = strcmp(t->cfg.training.mixed_precision_reduce, "bfloat16") == 0;
         config.reduce_once_per_step = t->pipeline != NULL;
         fsdp_plan(f, &t->model.params, t->model.blocks, t->model.n_blocks, &config);
         const char *names[] = {"params", "grads", "comm", "activations"};
         for (int i = 0; i < 4; i++) arena_init_sizing(arenas[i], names[i]);
         fsdp_allocate(f, &t->param_arena, &t->grad_arena, &t->comm_arena);
-        t->act_arena.peak = act_bytes;
+        arena_reserve(&t->act_arena, act_bytes);
         return;
     }
     for (int i = 0; i < 4; i++) arena_commit(arenas[i], &t->memory);
@@ -240,7 +240,7 @@ static void allocate_fsdp(Trainer *t, size_t act_bytes, bool commit) {
 
 // The activation arena one step needs: a microbatch through the whole model, or the pipeline
 // stages' regions.
-static size_t train_activation_bytes(Trainer *t) {
+static ArenaBytes train_activation_bytes(Trainer *t) {
     if (t->pipeline) return trainer_pipeline_activation_bytes(t);
     return model_activation_bytes(&t->model, t->k, t->train.B, t->train.step_T);
 }
@@ -263,12 +263,12 @@ static void allocate_arenas(Trainer *t, bool commit) {
     }
     bool full_ac = m->blocks[1].checkpointed;
     set_checkpointing(m, !full_ac);
-    t->act_bytes_other_mode = train_activation_bytes(t);
+    t->act_bytes_other_mode = train_activation_bytes(t).total;
     set_checkpointing(m, full_ac);
-    size_t act_bytes = train_activation_bytes(t);
+    ArenaBytes act_bytes = train_activation_bytes(t);
     if (t->val.B > 0 && !t->pipeline) {  // a pipeline's counts its validation runs
-        size_t val_bytes = model_activation_bytes(m, t->k, t->val.B, t->val.step_T);
-        if (val_bytes > act_bytes) act_bytes = val_bytes;
+        ArenaBytes val_bytes = model_activation_bytes(m, t->k, t->val.B, t->val.step_T);
+        if (val_bytes.total > act_bytes.total) act_bytes = val_bytes;
     }
     if (t->fsdp_on) {
         allocate_fsdp(t, act_bytes, false);
@@ -279,15 +279,28 @@ static void allocate_arenas(Trainer *t, bool commit) {
     adamw_allocate(&t->opt, m->params.shard_numel, &t->optim_arena);
 }
 
+// "memory per rank: params 10.0 MiB (fp32 10.00), ..., activations 12.0 MiB (bf16 8.00,
+// fp32 4.00; activation_checkpoint full: 6.0 MiB, none: 12.0 MiB)": each arena, split by the
+// dtypes it holds at its peak.
 static void log_memory(const Trainer *t) {
     const double MiB = 1024.0 * 1024.0;
+    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->comm_arena};
+    const char *names[] = {"params", "grads", "optimizer", "comm"};
+    char line[1024], dtypes[160];
+    int n = 0;
+    for (int i = 0; i < 4; i++) {
+        arena_bytes_format(arenas[i]->peak, MiB, 2, dtypes, sizeof dtypes);
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s %.1f MiB%s%s%s, ", names[i],
+                      arenas[i]->size / MiB, *dtypes ? " (" : "", dtypes, *dtypes ? ")" : "");
+    }
+    // The activations' parentheses also hold their size under either activation_checkpoint mode.
+    arena_bytes_format(t->act_arena.peak, MiB, 2, dtypes, sizeof dtypes);
     bool full_ac = t->model.blocks[1].checkpointed;
     size_t with_ac = full_ac ? t->act_arena.size : t->act_bytes_other_mode;
     size_t without_ac = full_ac ? t->act_bytes_other_mode : t->act_arena.size;
-    log_info("memory per rank: params %.1f MiB, grads %.1f MiB, optimizer %.1f MiB, comm %.1f "
-             "MiB, activations %.1f MiB (activation_checkpoint full: %.1f MiB, none: %.1f MiB)",
-             t->param_arena.size / MiB, t->grad_arena.size / MiB, t->optim_arena.size / MiB,
-             t->comm_arena.size / MiB, t->act_arena.size / MiB, with_ac / MiB, without_ac / MiB);
+    log_info("memory per rank: %sactivations %.1f MiB (%s%sactivation_checkpoint full: %.1f MiB, "
+             "none: %.1f MiB)", line, t->act_arena.size / MiB, dtypes, *dtypes ? "; " : "",
+             with_ac / MiB, without_ac / MiB);
 }
 
 // A text dataset needs a tokenizer; a pre-tokenized one (token shards) is read as it is.
@@ -332,11 +345,12 @@ static void allocate_inputs(Trainer *t) {
         if (pass == 1) arena_commit(a, &t->memory);
         for (int i = 0; i < 2; i++) {
             Split *sp = splits[i];
-            size_t bytes = (size_t)sp->B * sp->step_T * sizeof(int);
-            sp->step_tokens = arena_alloc(a, bytes);
-            sp->step_targets = arena_alloc(a, bytes);
-            sp->step_pos = arena_alloc(a, (size_t)sp->step_T * sizeof(int));
-            if (t->doc_eos >= 0) sp->step_doc = arena_alloc(a, (size_t)sp->B * sp->T * sizeof(int));
+            size_t ids = (size_t)sp->B * sp->step_T;
+            sp->step_tokens = arena_tensor(a, ids, DTYPE_INT32);
+            sp->step_targets = arena_tensor(a, ids, DTYPE_INT32);
+            sp->step_pos = arena_tensor(a, (size_t)sp->step_T, DTYPE_INT32);
+            if (t->doc_eos >= 0)
+                sp->step_doc = arena_tensor(a, (size_t)sp->B * sp->T, DTYPE_INT32);
         }
     }
     for (int i = 0; i < 2; i++) {
@@ -421,6 +435,7 @@ static int accumulation_steps(const TrainingSection *tr, int dp) {
 // the collective library. --estimate sizes with the cpu backend and starts nothing.
 static void setup_backend(Trainer *t) {
     const TrainingSection *tr = &t->cfg.training;
+    t->precision = strcmp(tr->mixed_precision_param, "bfloat16") == 0 ? DTYPE_BF16 : DTYPE_FP32;
     t->k = kernels_backend(t->estimate_world_size ? "cpu" : tr->device);
     if (!t->k)
         die_user("training.device %s: this titan was built without it (build with `make CUDA=1`)",
@@ -432,7 +447,7 @@ static void setup_backend(Trainer *t) {
     t->memory = (ArenaMemory){t->k->alloc, t->k->free};
     if (t->estimate_world_size) return;
     KernelInit init = {.local_rank = comm_local_rank(),
-                       .bf16_compute = strcmp(tr->mixed_precision_param, "bfloat16") == 0};
+                       .bf16_compute = t->precision == DTYPE_BF16};
     char why[512];
     if (!t->k->init(&init, why, sizeof why)) die_user("training.device %s: %s", tr->device, why);
     if (!t->k->host_memory) comm_use_nccl(t->k->queue());
@@ -498,6 +513,8 @@ static void setup(Trainer *t) {
              t->args.spec->name, c->model.flavor, shape.n_layers, shape.dim, shape.vocab_size,
              t->train.B, t->train.T, t->accum, size[MESH_PP], size[MESH_DP_REPLICATE],
              size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP]);
+    log_info("precision: %s compute (training.mixed_precision_param %s), fp32 master weights and "
+             "optimizer state", dtype_name(t->precision), c->training.mixed_precision_param);
     if (config_converts(c, "float8")) log_float8(t);
     if (t->mesh.layout.ep > 1)
         log_info("experts: ep %d x efsdp %d over dp_shard x cp x tp", t->mesh.layout.ep,
@@ -638,7 +655,8 @@ static void train(Trainer *t) {
     int first_step = (int)t->progress.step + 1;
     bool preempted = false;
     for (int step = first_step; step <= c->training.steps; step++) {
-        StepMetrics m = {.step = step, .aux_loss = NAN, .float8 = t->float8_recipe};
+        StepMetrics m = {.step = step, .aux_loss = NAN, .precision = dtype_name(t->precision),
+                         .float8 = t->float8_recipe};
         double step_started = now_seconds();
         train_step(t, step, &m);
         t->step_seconds = now_seconds() - step_started;

@@ -50,6 +50,8 @@ typedef struct Pipeline Pipeline;    // train_pipeline.c's
 typedef struct {
     Config cfg;
     const KernelOps *k;           // the kernels backend (training.device)
+    Dtype precision;              // what it computes in (training.mixed_precision_param): bf16
+                                  // or fp32; master weights and optimizer state stay fp32
     ArenaMemory memory;           // its memory, which every arena below is committed in
     ModelArgs args;               // model.name's architecture, model.flavor's args
     Model model;
@@ -125,14 +127,14 @@ typedef struct {
     double bubble;              // the checker's idle fraction of all pp ranks' time
     int peak_live;              // this rank's most microbatches in flight (the checker's)
     int regions;                // its activation regions (pp_region_counts)
-    size_t region_bytes;        // each one's bytes, aligned
+    size_t region_bytes;        // each one's bytes
     int eval_regions;           // validation's, taking turns in the same arena (0: none)
     size_t eval_region_bytes;
     uint64_t act_bytes_sent, grad_bytes_sent;  // per pipeline step, to other pp ranks:
                                                // activations forward, gradients backward
 } PipelineRankPlan;
 PipelineRankPlan trainer_pipeline_rank_plan(Trainer *t);
-size_t trainer_pipeline_activation_bytes(Trainer *t);
+ArenaBytes trainer_pipeline_activation_bytes(Trainer *t);
 void trainer_pipeline_start(Trainer *t);
 // One training batch: as trainer_pipeline_step's loss, and *aux_loss the mean over the
 // microbatches of the MoE balance loss of this rank's stages' layers.

@@ -150,20 +150,26 @@ static size_t activation_width(const Trainer *t, const PipelineRun *u) {
     return (size_t)p->rows * u->split->step_T / t->mesh.layout.size[MESH_TP] * t->model.dim;
 }
 
-// One region of run u, rounded up to the arena's alignment (regions are carved one by one).
-static size_t region_bytes(Trainer *t, PipelineRun *u) {
+// One region of run u, by dtype (a multiple of the arena's alignment, as every carve is).
+static ArenaBytes region_bytes(Trainer *t, PipelineRun *u) {
     Pipeline *p = t->pipeline;
     p->running = u;
-    size_t bytes = pp_region_bytes(&u->schedule, p->rank, activation_width(t, u), &p->fns);
-    return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    return pp_region_bytes(&u->schedule, p->rank, activation_width(t, u), &p->fns);
+}
+
+// Run u's regions, each holding region_bytes' dtypes.
+static ArenaBytes regions_bytes(Trainer *t, PipelineRun *u) {
+    ArenaBytes one = region_bytes(t, u), all = {.total = one.total * (size_t)u->n_regions};
+    for (int d = 0; d < DTYPE_COUNT; d++) all.by[d] = one.by[d] * (size_t)u->n_regions;
+    return all;
 }
 
 // Training and validation take turns in the activation arena: it holds the larger.
-size_t trainer_pipeline_activation_bytes(Trainer *t) {
+ArenaBytes trainer_pipeline_activation_bytes(Trainer *t) {
     Pipeline *p = t->pipeline;
-    size_t train = region_bytes(t, &p->train) * (size_t)p->train.n_regions;
-    size_t eval = p->eval.m ? region_bytes(t, &p->eval) * (size_t)p->eval.n_regions : 0;
-    return train > eval ? train : eval;
+    ArenaBytes train = regions_bytes(t, &p->train);
+    ArenaBytes eval = p->eval.m ? regions_bytes(t, &p->eval) : (ArenaBytes){0};
+    return train.total >= eval.total ? train : eval;
 }
 
 PipelineRankPlan trainer_pipeline_rank_plan(Trainer *t) {
@@ -175,9 +181,9 @@ PipelineRankPlan trainer_pipeline_rank_plan(Trainer *t) {
         .schedule = csv && *csv ? csv : t->cfg.parallelism.pipeline_parallel_schedule,
         .microbatches = u->m, .stages = s->stages, .rank = p->rank, .stage_rank = s->stage_rank,
         .first = p->first, .bubble = u->report.bubble, .peak_live = u->report.peak_live[p->rank],
-        .regions = u->n_regions, .region_bytes = region_bytes(t, u),
+        .regions = u->n_regions, .region_bytes = region_bytes(t, u).total,
         .eval_regions = p->eval.m ? p->eval.n_regions : 0,
-        .eval_region_bytes = p->eval.m ? region_bytes(t, &p->eval) : 0};
+        .eval_region_bytes = p->eval.m ? region_bytes(t, &p->eval).total : 0};
     uint64_t bytes = activation_width(t, u) * sizeof(float);
     for (int i = 0; i < s->count[p->rank]; i++) {
         PpActionKind kind = s->actions[p->rank][i].kind;

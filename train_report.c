@@ -147,19 +147,25 @@ static double rank_flops_per_token(Trainer *t) {
     return flops;
 }
 
-// One rank's arenas, FLOPs and per-group bytes per step.
+// One rank's arenas (each split by the dtypes it holds at its peak), FLOPs and per-group
+// bytes per step.
 static void print_rank_plan(Trainer *t) {
     const double GiB = 1024.0 * 1024.0 * 1024.0;
     const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
                              &t->comm_arena};
-    size_t total = 0;
-    printf("  %-12s %16s %12s\n", "arena", "bytes per rank", "GiB");
+    ArenaBytes total = {0};
+    char dtypes[160];
+    printf("  %-12s %16s %12s  %s\n", "arena", "bytes per rank", "GiB", "bytes by dtype");
     for (int i = 0; i < 5; i++) {
-        printf("  %-12s %16zu %12.3f\n", arenas[i]->name ? arenas[i]->name : "comm",
-               arenas[i]->peak, arenas[i]->peak / GiB);
-        total += arenas[i]->peak;
+        ArenaBytes peak = arenas[i]->peak;
+        arena_bytes_format(peak, 1, 0, dtypes, sizeof dtypes);
+        printf("  %-12s %16zu %12.3f  %s\n", arenas[i]->name ? arenas[i]->name : "comm",
+               peak.total, peak.total / GiB, dtypes);
+        total.total += peak.total;
+        for (int d = 0; d < DTYPE_COUNT; d++) total.by[d] += peak.by[d];
     }
-    printf("  %-12s %16zu %12.3f\n", "total", total, total / GiB);
+    arena_bytes_format(total, 1, 0, dtypes, sizeof dtypes);
+    printf("  %-12s %16zu %12.3f  %s\n", "total", total.total, total.total / GiB, dtypes);
     double tokens = (double)t->accum * t->train.B * t->train.step_T / t->mesh.layout.size[MESH_TP];
     double per_token = rank_flops_per_token(t);
     printf("  FLOPs per step per rank: %.12g (%.6g per token, %storchtitan's 6N + 12 L H Q T)\n",
@@ -239,7 +245,7 @@ void trainer_print_estimate(Trainer *ranks, int n) {
 // else more ranks to shard the weights, gradients and optimizer state over (FSDP).
 static void memory_fix(const Trainer *t, double need, double room, char *out, size_t len) {
     const double GiB = 1024.0 * 1024.0 * 1024.0;
-    double act = (double)t->act_arena.peak, act_ac = (double)t->act_bytes_other_mode;
+    double act = (double)t->act_arena.peak.total, act_ac = (double)t->act_bytes_other_mode;
     if (!t->model.blocks[1].checkpointed && need - act + act_ac <= room)
         snprintf(out, len, "activation_checkpoint.mode full (activations %.2f GiB -> %.2f GiB)",
                  act / GiB, act_ac / GiB);
@@ -265,7 +271,7 @@ void trainer_check_memory(Trainer *t) {
     const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
                              &t->comm_arena};
     double need = 0;
-    for (int i = 0; i < 5; i++) need += (double)arenas[i]->peak;
+    for (int i = 0; i < 5; i++) need += (double)arenas[i]->peak.total;
     double staging = t->k->host_memory ? (double)trainer_checkpoint_staging_bytes(t) : 0;
     need += staging;
     int sharing = t->k->host_memory ? comm_local_size() : 1;
@@ -287,7 +293,8 @@ void trainer_check_memory(Trainer *t) {
     die_user("out of memory: this run needs %.2f GiB per rank (params %.2f, grads %.2f, "
              "optimizer %.2f, activations %.2f, comm %.2f%s GiB) plus a 5%% margin, but %.2f GiB "
              "of %s is free per rank (%d %s on this node); try %s",
-             need / GiB, t->param_arena.peak / GiB, t->grad_arena.peak / GiB,
-             t->optim_arena.peak / GiB, t->act_arena.peak / GiB, t->comm_arena.peak / GiB,
+             need / GiB, t->param_arena.peak.total / GiB, t->grad_arena.peak.total / GiB,
+             t->optim_arena.peak.total / GiB, t->act_arena.peak.total / GiB,
+             t->comm_arena.peak.total / GiB,
              staged, room / GiB, where, sharing, ranks, fix);
 }

@@ -31,8 +31,9 @@ struct TpHooks {
     int size;            // ranks sharing the rows and the weights
     int rank;            // this rank's index: it holds rows [rank, rank + 1) * rows of B*T
     bool loss_parallel;  // the loss reads vocab-sharded logits (else they are gathered first)
-    // full (size * n) = every rank's x (n) in rank order: all-gather of rows.
-    void (*gather)(const TpHooks *h, const float *x, float *full, size_t n);
+    // full (size * n) = every rank's x (n) in rank order: all-gather of rows, of type t
+    // (DTYPE_FP32, or DTYPE_BF16: normed rows and gradients under bf16 mixed precision).
+    void (*gather)(const TpHooks *h, const void *x, void *full, size_t n, Dtype t);
     // full (rows, size * cols) = every rank's x (rows, cols) side by side: all-gather of
     // columns; scratch holds size * rows * cols floats.
     void (*gather_columns)(const TpHooks *h, const float *x, float *full, float *scratch,
@@ -101,6 +102,11 @@ struct StepCtx {
     const AttnHooks *attn;  // NULL: whole sequences; the generic loop sets it from Model.attn
     const ExpertHooks *ep;  // NULL: all experts local; the generic loop sets it from Model.ep
     Arena *act;          // this microbatch's activations (a stack: see core/arena.h)
+    // The dtype of the activations Linears read (the normed inputs, SwiGLU's output, the
+    // gradients of the GEMMs' outputs): DTYPE_BF16 under bf16 mixed precision, where the GEMMs
+    // would round them anyway, else DTYPE_FP32. The residual stream, the GEMMs' outputs,
+    // attention and every reduction stay fp32 (Megatron-LM's fp32 residual connection).
+    Dtype act_dtype;
     int B, T;            // microbatch rows and sequence length
     // The microbatch's inputs, of the architecture's own type and read only by its blocks:
     // the decoder's (llama3, qwen3) is data/token_batch.h's TokenBatch.

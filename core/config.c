@@ -1267,10 +1267,8 @@ static void line_first_difference(const char *a, const char *b, char *buf, size_
     size_t start = 0, i = 0;
     for (; a[i] && a[i] == b[i]; i++)
         if (a[i] == '\n') start = i + 1;
-    const char *end = strchr(a + start, '\n');
     char line[256];
-    snprintf(line, sizeof line, "%.*s", end ? (int)(end - a - start) : (int)strlen(a + start),
-             a + start);
+    snprintf(line, sizeof line, "%.*s", (int)strcspn(a + start, "\n"), a + start);
     error_quote(buf, n, line);
 }
 

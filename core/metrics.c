@@ -76,6 +76,11 @@ void metrics_write(MetricsLog *log, const StepMetrics *m) {
         snprintf(load + n, sizeof load - n, "  aux_loss %.4g", m->aux_loss);
         snprintf(load_json + nj, sizeof load_json - nj, ", \"aux_loss\": %.17g", m->aux_loss);
     }
+    if (m->precision) {
+        size_t n = strlen(load), nj = strlen(load_json);
+        snprintf(load + n, sizeof load - n, "  precision %s", m->precision);
+        snprintf(load_json + nj, sizeof load_json - nj, ", \"precision\": \"%s\"", m->precision);
+    }
     if (m->float8) {
         size_t n = strlen(load), nj = strlen(load_json);
         snprintf(load + n, sizeof load - n, "  float8 %s", m->float8);

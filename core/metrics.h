@@ -19,6 +19,9 @@ typedef struct {
     // model has no MoE layers (and the fields are left out).
     double expert_load_max, expert_load_mean;
     double aux_loss;          // MoE: the balance loss (in the objective, not in loss); NAN: none
+    // The compute dtype the step ran in (training.mixed_precision_param: "bf16" or "fp32",
+    // core/dtype.h's names); NULL: left out.
+    const char *precision;
     // The float8 recipe the step's float8 Linears ran (models/linear.h); NULL: every GEMM ran
     // at the backend's precision (the field is left out).
     const char *float8;

@@ -1,9 +1,10 @@
 // Each direction of a Linear (forward, input gradient, weight gradient) dispatches on the
-// layer's precision; a plain weight's rows and a stacked one's expert groups (offsets) take the
-// same path, so a precision serves both. A float8 GEMM casts its operands into scratch carved
-// from s->act at the call and given back after it (Micikevicius et al. 2022, "FP8 Formats for
-// Deep Learning"; torchao.float8's Float8Linear with dynamic scaling: nothing is kept between
-// calls, so a weight is cast again in backward, as torchao recasts it).
+// layer's precision, and the backend's on the activations' dtype; linear_reserve carves each
+// call's scratch by the same code, skipping only the math. A float8 GEMM casts its operands
+// into scratch carved from s->act at the call and given back after it (Micikevicius et al.
+// 2022, "FP8 Formats for Deep Learning"; torchao.float8's Float8Linear with dynamic scaling:
+// nothing is kept between calls, so a weight is cast again in backward, as torchao recasts
+// it).
 #include "models/linear.h"
 
 #include <string.h>
@@ -155,7 +156,8 @@ static int operand_scales(const Float8Operand *o) {
 
 static Float8Buffers operand_carve(Arena *act, const Float8Operand *o) {
     size_t n = (size_t)operand_scales(o);
-    Float8Buffers b = {arena_alloc(act, (size_t)o->rows * o->cols), NULL, NULL};
+    Dtype bytes = o->cast.kind == FLOAT8_E4M3FN ? DTYPE_E4M3 : DTYPE_E5M2;
+    Float8Buffers b = {arena_tensor(act, (size_t)o->rows * o->cols, bytes), NULL, NULL};
     b.amax = arena_floats(act, n);
     b.scale_inv = arena_floats(act, n);
     return b;
@@ -209,104 +211,150 @@ static void operand_cast_blocks(const StepCtx *s, const Float8Operand *o, Float8
     }
 }
 
+// An fp32 view of the activation x (n elements), for float8's casts: itself, or bf16 widened
+// into scratch carved from s->act. run false: carve only (linear_reserve).
+static const float *widened(const StepCtx *s, LinearAct x, size_t n, bool run) {
+    if (x.dtype == DTYPE_FP32) return x.data;
+    float *w = arena_floats(s->act, n);
+    if (run) s->k->from_bf16(w, x.data, n);
+    return w;
+}
+
+// One of the GEMMs in float8: carves the operands' casts and the workspace, and with run casts
+// and multiplies; the scratch is given back either way.
 static void float8_run(const Linear *l, const StepCtx *s, LinearGemm which, float *c,
-                       const float *x, const float *dy, int rows, const int *offsets,
-                       float beta) {
-    Float8Gemm g = float8_gemm(l, which, x, dy, rows, offsets);
+                       LinearAct x, LinearAct dy, int rows, const int *offsets, float beta,
+                       bool run) {
     size_t mark = arena_mark(s->act);
+    const float *xf = which == GEMM_GRAD_INPUT ? NULL
+                                               : widened(s, x, (size_t)rows * in_dim(l), run);
+    const float *dyf = which == GEMM_OUTPUT ? NULL
+                                            : widened(s, dy, (size_t)rows * out_dim(l), run);
+    Float8Gemm g = float8_gemm(l, which, xf, dyf, rows, offsets);
     Float8Buffers a, b;
     void *workspace = gemm_carve(s, &g, &a, &b);
-    operand_cast_blocks(s, &g.a, a);
-    operand_cast_blocks(s, &g.b, b);
-    if (g.groups)  // the weight gradient's c_g is (out, in): the op's (k, n)
-        s->k->grouped_matmul_float8(c, a.bytes, a.scale_inv, b.bytes, b.scale_inv, offsets,
-                                    g.groups, g.n, g.weight_grad ? g.m : g.k, g.weight_grad,
-                                    beta, workspace);
-    else
-        s->k->matmul_float8(c, a.bytes, a.scale_inv, g.a.cast.kind, b.bytes, b.scale_inv,
-                            g.b.cast.kind, g.m, g.n, g.k, g.a.cast.rowwise, beta, workspace);
+    if (run) {
+        operand_cast_blocks(s, &g.a, a);
+        operand_cast_blocks(s, &g.b, b);
+        if (g.groups)  // the weight gradient's c_g is (out, in): the op's (k, n)
+            s->k->grouped_matmul_float8(c, a.bytes, a.scale_inv, b.bytes, b.scale_inv, offsets,
+                                        g.groups, g.n, g.weight_grad ? g.m : g.k, g.weight_grad,
+                                        beta, workspace);
+        else
+            s->k->matmul_float8(c, a.bytes, a.scale_inv, g.a.cast.kind, b.bytes, b.scale_inv,
+                                g.b.cast.kind, g.m, g.n, g.k, g.a.cast.rowwise, beta, workspace);
+    }
     arena_release(s->act, mark);
 }
 
-void linear_reserve(const StepCtx *s, const Linear *const *linears, int n, int rows) {
-    size_t mark = arena_mark(s->act);  // counted in the arena's peak, then given back
-    for (int i = 0; i < n; i++)
-        for (LinearGemm g = GEMM_OUTPUT; g <= GEMM_GRAD_WEIGHT; g++) {
-            if (!gemm_is_float8(linears[i], g)) continue;  // the backend's GEMMs need none
-            Float8Gemm gemm = float8_gemm(linears[i], g, NULL, NULL, rows, NULL);
-            Float8Buffers a, b;
-            gemm_carve(s, &gemm, &a, &b);
-            arena_release(s->act, mark);
+// ---- the backend's GEMMs -------------------------------------------------------------------
+
+// The weight in the activations' dtype: the fp32 tensor itself, or its bf16 cast carved from
+// s->act (made at each call: the weight FSDP gathered, or the optimizer changed, since).
+static const void *weight_as(const Linear *l, const StepCtx *s, Dtype t, bool run) {
+    if (t == DTYPE_FP32) return l->weight->data;
+    size_t n = (size_t)out_dim(l) * in_dim(l);
+    uint16_t *w = arena_tensor(s->act, n, DTYPE_BF16);
+    if (run) s->k->to_bf16(w, l->weight->data, n);
+    return w;
+}
+
+static void backend_run(const Linear *l, const StepCtx *s, LinearGemm which, float *c,
+                        LinearAct x, LinearAct dy, int rows, float beta, bool run) {
+    int out = out_dim(l), in = in_dim(l);
+    size_t mark = arena_mark(s->act);
+    Dtype t = which == GEMM_OUTPUT ? x.dtype : dy.dtype;
+    const void *w = which == GEMM_GRAD_WEIGHT ? NULL : weight_as(l, s, t, run);
+    if (run) switch (which) {
+        case GEMM_OUTPUT: s->k->matmul(c, x.data, w, t, rows, out, in, false, true, beta); break;
+        case GEMM_GRAD_INPUT:
+            s->k->matmul(c, dy.data, w, t, rows, in, out, false, false, beta);
+            break;
+        case GEMM_GRAD_WEIGHT:
+            CHECK(x.dtype == t);
+            s->k->matmul(c, dy.data, x.data, t, out, in, rows, true, false, 1);
+            break;
         }
+    arena_release(s->act, mark);
+}
+
+// A stacked weight's GEMM over its experts' groups, always fp32 (no scratch).
+static void grouped_run(const Linear *l, const StepCtx *s, LinearGemm which, float *c,
+                        const float *x, const float *dy, const int *offsets, float beta) {
+    int out = out_dim(l), in = in_dim(l), E = experts(l);
+    const float *w = l->weight->data;
+    switch (which) {
+    case GEMM_OUTPUT:
+        s->k->grouped_matmul(c, x, w, offsets, E, out, in, false, true, beta);
+        break;
+    case GEMM_GRAD_INPUT:
+        s->k->grouped_matmul(c, dy, w, offsets, E, in, out, false, false, beta);
+        break;
+    case GEMM_GRAD_WEIGHT:
+        s->k->grouped_matmul(c, dy, x, offsets, E, in, out, true, false, 1);
+        break;
+    }
 }
 
 // ---- dispatch ------------------------------------------------------------------------------
 
-// offsets: NULL for a plain weight, else the expert groups of the rows (rows = offsets[E]).
-static void forward(const Linear *l, const StepCtx *s, float *y, const float *x, int rows,
-                    const int *offsets, float beta) {
-    const float *w = l->weight->data;
-    int out = out_dim(l), in = in_dim(l);
-    if (gemm_is_float8(l, GEMM_OUTPUT)) {
-        float8_run(l, s, GEMM_OUTPUT, y, x, NULL, rows, offsets, beta);
-    } else if (offsets) {
-        s->k->grouped_matmul(y, x, w, offsets, experts(l), out, in, false, true, beta);
-    } else {
-        s->k->matmul(y, x, w, rows, out, in, false, true, beta);
+// c = the GEMM `which` of a plain weight; run false: carve its scratch only (a stacked one's
+// too: float8_gemm sizes its casts without the groups).
+static void gemm(const Linear *l, const StepCtx *s, LinearGemm which, float *c, LinearAct x,
+                 LinearAct dy, int rows, float beta, bool run) {
+    if (gemm_is_float8(l, which))
+        float8_run(l, s, which, c, x, dy, rows, NULL, beta, run);
+    else
+        backend_run(l, s, which, c, x, dy, rows, beta, run);
+}
+
+void linear_reserve(const StepCtx *s, const Linear *const *linears, int n, int rows,
+                    Dtype dtype) {
+    for (int i = 0; i < n; i++) {
+        bool grouped = linears[i]->weight->ndim == 3;  // on fp32 activations
+        LinearAct act = linear_act(NULL, grouped ? DTYPE_FP32 : dtype);
+        for (LinearGemm g = GEMM_OUTPUT; g <= GEMM_GRAD_WEIGHT; g++)
+            if (!grouped || gemm_is_float8(linears[i], g))  // grouped_matmul carves nothing
+                gemm(linears[i], s, g, NULL, act, act, rows, 0, false);
     }
 }
 
-static void backward_input(const Linear *l, const StepCtx *s, float *dx, const float *dy,
-                           int rows, const int *offsets, float beta) {
-    const float *w = l->weight->data;
-    int out = out_dim(l), in = in_dim(l);
-    if (gemm_is_float8(l, GEMM_GRAD_INPUT)) {
-        float8_run(l, s, GEMM_GRAD_INPUT, dx, NULL, dy, rows, offsets, beta);
-    } else if (offsets) {
-        s->k->grouped_matmul(dx, dy, w, offsets, experts(l), in, out, false, false, beta);
-    } else {
-        s->k->matmul(dx, dy, w, rows, in, out, false, false, beta);
-    }
-}
-
-static void backward_weight(const Linear *l, const StepCtx *s, const float *dy, const float *x,
-                            int rows, const int *offsets) {
-    float *dw = l->weight->grad;
-    int out = out_dim(l), in = in_dim(l);
-    if (gemm_is_float8(l, GEMM_GRAD_WEIGHT)) {
-        float8_run(l, s, GEMM_GRAD_WEIGHT, dw, x, dy, rows, offsets, 1);
-    } else if (offsets) {
-        s->k->grouped_matmul(dw, dy, x, offsets, experts(l), in, out, true, false, 1);
-    } else {
-        s->k->matmul(dw, dy, x, out, in, rows, true, false, 1);
-    }
-}
-void linear_forward(const Linear *l, const StepCtx *s, float *y, const float *x, int rows,
+void linear_forward(const Linear *l, const StepCtx *s, float *y, LinearAct x, int rows,
                     float beta) {
-    forward(l, s, y, x, rows, NULL, beta);
+    gemm(l, s, GEMM_OUTPUT, y, x, linear_fp32(NULL), rows, beta, true);
 }
 
-void linear_backward_input(const Linear *l, const StepCtx *s, float *dx, const float *dy,
-                           int rows, float beta) {
-    backward_input(l, s, dx, dy, rows, NULL, beta);
+void linear_backward_input(const Linear *l, const StepCtx *s, float *dx, LinearAct dy, int rows,
+                           float beta) {
+    gemm(l, s, GEMM_GRAD_INPUT, dx, linear_fp32(NULL), dy, rows, beta, true);
 }
 
-void linear_backward_weight(const Linear *l, const StepCtx *s, const float *dy, const float *x,
+void linear_backward_weight(const Linear *l, const StepCtx *s, LinearAct dy, LinearAct x,
                             int rows) {
-    backward_weight(l, s, dy, x, rows, NULL);
+    gemm(l, s, GEMM_GRAD_WEIGHT, l->weight->grad, x, dy, rows, 1, true);
+}
+
+// c = the GEMM `which` of a stacked weight over the experts' groups of rows.
+static void grouped_gemm(const Linear *l, const StepCtx *s, LinearGemm which, float *c,
+                         const float *x, const float *dy, const int *offsets, float beta) {
+    if (gemm_is_float8(l, which))
+        float8_run(l, s, which, c, linear_fp32(x), linear_fp32(dy), offsets[experts(l)], offsets,
+                   beta, true);
+    else
+        grouped_run(l, s, which, c, x, dy, offsets, beta);
 }
 
 void linear_grouped_forward(const Linear *l, const StepCtx *s, float *y, const float *x,
                             const int *offsets, float beta) {
-    forward(l, s, y, x, offsets[experts(l)], offsets, beta);
+    grouped_gemm(l, s, GEMM_OUTPUT, y, x, NULL, offsets, beta);
 }
 
 void linear_grouped_backward_input(const Linear *l, const StepCtx *s, float *dx, const float *dy,
                                    const int *offsets, float beta) {
-    backward_input(l, s, dx, dy, offsets[experts(l)], offsets, beta);
+    grouped_gemm(l, s, GEMM_GRAD_INPUT, dx, NULL, dy, offsets, beta);
 }
 
 void linear_grouped_backward_weight(const Linear *l, const StepCtx *s, const float *dy,
                                     const float *x, const int *offsets) {
-    backward_weight(l, s, dy, x, offsets[experts(l)], offsets);
+    grouped_gemm(l, s, GEMM_GRAD_WEIGHT, l->weight->grad, x, dy, offsets, 1);
 }

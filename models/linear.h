@@ -12,8 +12,8 @@
 #include "core/param.h"
 
 typedef enum {
-    // The backend's GEMM on the fp32 weight: fp32 math on cpu; on cuda bf16 inputs with fp32
-    // accumulation when KernelInit.bf16_compute is set.
+    // The backend's GEMM: fp32 math, or with bf16 activations (StepCtx.act_dtype) bf16
+    // operands (the weight cast at the call) and fp32 accumulation.
     LINEAR_BACKEND,
     // torchao's Float8Linear with dynamic scales, by recipe (float8.recipe_name): each GEMM's
     // operands cast to float8 (kernels' float8_quantize) and multiplied by matmul_float8.
@@ -55,26 +55,45 @@ const char *linear_precision_name(LinearPrecision p);
 // a converter sets another (model_convert_float8).
 Linear linear_of(const Param *weight);
 
+// An activation a Linear reads (its input, or the gradient of its output): fp32, or bf16 under
+// bf16 mixed precision (StepCtx.act_dtype), stored rounded by the op that wrote it. The GEMMs'
+// outputs are fp32 either way.
+typedef struct {
+    const void *data;  // (rows, cols) of dtype
+    Dtype dtype;       // DTYPE_FP32 or DTYPE_BF16
+} LinearAct;
+
+static inline LinearAct linear_act(const void *data, Dtype dtype) {
+    return (LinearAct){data, dtype};
+}
+static inline LinearAct linear_fp32(const float *data) { return linear_act(data, DTYPE_FP32); }
+// The tensor from its element `first` on (a chunk of rows).
+static inline LinearAct linear_act_at(LinearAct x, size_t first) {
+    return linear_act((const char *)x.data + first * dtype_size(x.dtype), x.dtype);
+}
+
 // Makes room in s->act, at its current depth, for the scratch the calls below carve on top of
 // it on up to `rows` rows (a grouped Linear's rows summed over its experts) of any of the n
-// linears (a float8 layer's casts of its operands and the GEMM's workspace). Blocks call it
+// linears (a float8 layer's casts of its operands and the GEMM's workspace, bf16 activations'
+// copy of the weight, or their widening for a float8 cast). Blocks call it
 // after carving the rest of their buffers, in the sizing pass too.
-void linear_reserve(const StepCtx *s, const Linear *const *linears, int n, int rows);
+// act: the dtype of the activations the calls will read.
+void linear_reserve(const StepCtx *s, const Linear *const *linears, int n, int rows, Dtype act);
 
 // y (rows, out) = x (rows, in) W^T + beta y.
-void linear_forward(const Linear *l, const StepCtx *s, float *y, const float *x, int rows,
+void linear_forward(const Linear *l, const StepCtx *s, float *y, LinearAct x, int rows,
                     float beta);
 // dx (rows, in) = dy (rows, out) W + beta dx.
-void linear_backward_input(const Linear *l, const StepCtx *s, float *dx, const float *dy,
-                           int rows, float beta);
-// dW (out, in) += dy (rows, out)^T x (rows, in).
-void linear_backward_weight(const Linear *l, const StepCtx *s, const float *dy, const float *x,
+void linear_backward_input(const Linear *l, const StepCtx *s, float *dx, LinearAct dy, int rows,
+                           float beta);
+// dW (out, in) += dy (rows, out)^T x (rows, in); dy and x of one dtype.
+void linear_backward_weight(const Linear *l, const StepCtx *s, LinearAct dy, LinearAct x,
                             int rows);
 
 // The same on stacked experts' weights (E, out, in): offsets (E + 1, host memory, as
 // grouped_matmul's) split the rows into the experts' groups, expert e's rows taking W_e (and
-// giving dW_e); rows = offsets[E]. At the backend's precision grouped_matmul, rowwise
-// grouped_matmul_float8.
+// giving dW_e); rows = offsets[E]. On fp32 activations: at the backend's precision
+// grouped_matmul, rowwise grouped_matmul_float8.
 void linear_grouped_forward(const Linear *l, const StepCtx *s, float *y, const float *x,
                             const int *offsets, float beta);
 void linear_grouped_backward_input(const Linear *l, const StepCtx *s, float *dx, const float *dy,

@@ -158,16 +158,19 @@ float *model_forward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int 
     s->tp = m->tp;
     s->attn = m->attn;
     s->ep = m->ep;
+    s->act_dtype = m->act_dtype;
     size_t width = (size_t)step_rows(s) * m->dim;
     a->hidden[first] = (float *)x;
     for (int i = first; i < last; i++) {
         float *y = i + 1 < m->n_blocks ? arena_floats(s->act, width) : NULL;
         a->hidden[i + 1] = y;
         // A checkpointed block keeps only its output: what it saved is released at once and
-        // recomputed in backward (activation checkpointing, Chen et al. 2016).
-        size_t mark = arena_mark(s->act);
+        // recomputed in backward (activation checkpointing, Chen et al. 2016). The others keep
+        // theirs, so they hold no mark (core/arena.h).
+        bool drop = m->blocks[i].checkpointed;
+        size_t mark = drop ? arena_mark(s->act) : 0;
         run_block(m, s, a, i, BLOCK_FORWARD, y);
-        if (m->blocks[i].checkpointed) arena_release(s->act, mark);
+        if (drop) arena_release(s->act, mark);
     }
     return a->hidden[last];
 }
@@ -198,7 +201,7 @@ float *model_backward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int
     a->grad[last] = (float *)dy;
     for (int i = last - 1; i >= first; i--) {
         Block *b = &m->blocks[i];
-        size_t mark = arena_mark(s->act);
+        size_t mark = split ? 0 : arena_mark(s->act);
         float *dx = i == 0 ? NULL : split ? arena_floats(s->act, width) : turns[(last - i) % 2];
         if (b->checkpointed) {
             float *y_again = i + 1 < m->n_blocks ? arena_floats(s->act, width) : NULL;
@@ -222,25 +225,25 @@ double model_forward_backward(Model *m, StepCtx *s) {
     model_backward_blocks(m, s, &m->slots, 0, m->n_blocks, BLOCK_BACKWARD, NULL);
     return s->loss;
 }
-size_t model_activation_bytes(Model *m, const KernelOps *k, int B, int T) {
+ArenaBytes model_activation_bytes(Model *m, const KernelOps *k, int B, int T) {
     Arena sizing;
     arena_init_sizing(&sizing, "activations");
     StepCtx s = {.k = k, .act = &sizing, .B = B, .T = T, .tp = m->tp, .attn = m->attn,
-                 .ep = m->ep};
+                 .ep = m->ep, .act_dtype = m->act_dtype};
     model_forward_backward(m, &s);
     return sizing.peak;
 }
 
-void model_size(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts) {
+void model_size(Model *m, ArenaBytes activation_bytes, Arena *params, Arena *grads, Arena *acts) {
     arena_init_sizing(params, "params");
     arena_init_sizing(grads, "grads");
     arena_init_sizing(acts, "activations");
     params_allocate(&m->params, params, grads);
-    acts->peak = activation_bytes;
+    arena_reserve(acts, activation_bytes);
 }
 
-void model_allocate(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts,
-                    const ArenaMemory *memory) {
+void model_allocate(Model *m, ArenaBytes activation_bytes, Arena *params, Arena *grads,
+                    Arena *acts, const ArenaMemory *memory) {
     model_size(m, activation_bytes, params, grads, acts);
     arena_commit(params, memory);
     arena_commit(grads, memory);

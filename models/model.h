@@ -46,6 +46,8 @@ struct Model {
     const AttnHooks *attn;  // context parallel's attention (parallel/cp); NULL: whole sequences
     const ExpertHooks *ep;  // expert parallel's dispatch (parallel/ep); NULL: all experts local
     const BlockHooks *hooks;  // called around every block call (FSDP); NULL: none
+    Dtype act_dtype;     // StepCtx.act_dtype of every step: DTYPE_BF16 under bf16 mixed
+                         // precision (set by the trainer), else DTYPE_FP32
     // The MoE layers' expert load and routing biases (models/moe/balance.h), which the trainer
     // sums over ranks and updates before each optimizer step; NULL: no MoE layers.
     struct MoeBalance *moe;
@@ -55,17 +57,17 @@ struct Model {
     void (*place_buffers)(Model *m, const KernelOps *k);
 };
 
-// Activation bytes one microbatch of (B, T) needs, counted by running the step's allocations
-// on a sizing arena (no compute).
-size_t model_activation_bytes(Model *m, const KernelOps *k, int B, int T);
+// Activation bytes (by dtype) one microbatch of (B, T) needs, counted by running the step's
+// allocations on a sizing arena (no compute).
+ArenaBytes model_activation_bytes(Model *m, const KernelOps *k, int B, int T);
 // Sizes the parameter and gradient arenas (sizing arenas, nothing allocated) and sets the
 // activation arena's size: what model_allocate will commit.
-void model_size(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts);
+void model_size(Model *m, ArenaBytes activation_bytes, Arena *params, Arena *grads, Arena *acts);
 // Sizes, allocates (from memory; NULL: host) and carves the parameter and gradient arenas and
 // an activation arena of activation_bytes (model_activation_bytes of the largest batch);
 // parameters are zero until initialised or loaded.
-void model_allocate(Model *m, size_t activation_bytes, Arena *params, Arena *grads, Arena *acts,
-                    const ArenaMemory *memory);
+void model_allocate(Model *m, ArenaBytes activation_bytes, Arena *params, Arena *grads,
+                    Arena *acts, const ArenaMemory *memory);
 // Once per model, before its first step: its constant tables into backend k's memory.
 void model_place_buffers(Model *m, const KernelOps *k);
 

@@ -182,14 +182,13 @@ void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
     f->scatter_send = arena_floats(comm, rank_major);
     f->scatter_recv = arena_floats(comm, f->max_shard_numel);
     if (f->experts_apart) f->packed = arena_floats(comm, f->max_shard_numel);
-    size_t half = sizeof(uint16_t);
     if (f->config.bf16_params) {
-        f->gather_send16 = arena_alloc(comm, f->max_shard_numel * half);
-        f->gather_recv16 = arena_alloc(comm, rank_major * half);
+        f->gather_send16 = arena_tensor(comm, f->max_shard_numel, DTYPE_BF16);
+        f->gather_recv16 = arena_tensor(comm, rank_major, DTYPE_BF16);
     }
     if (f->config.bf16_reduce) {
-        f->scatter_send16 = arena_alloc(comm, rank_major * half);
-        f->scatter_recv16 = arena_alloc(comm, f->max_shard_numel * half);
+        f->scatter_send16 = arena_tensor(comm, rank_major, DTYPE_BF16);
+        f->scatter_recv16 = arena_tensor(comm, f->max_shard_numel, DTYPE_BF16);
     }
     if (!f->data) return;
     ParamTable *t = f->params;
@@ -217,7 +216,8 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
         }
     }
     return (FsdpEstimate){
-        .param_bytes = params.peak, .grad_bytes = grads.peak, .comm_bytes = comm.peak,
+        .param_bytes = params.peak.total, .grad_bytes = grads.peak.total,
+        .comm_bytes = comm.peak.total,
         .fsdp = v[PART_DENSE], .efsdp = v[PART_EXPERTS],
         .replicate_all_reduce = f->config.replicate_size > 1 ? f->numel * sizeof(float) : 0};
 }

@@ -4,8 +4,14 @@
 
 static const Tp *tp_of(const TpHooks *h) { return (const Tp *)h; }
 
-static void tp_gather(const TpHooks *h, const float *x, float *full, size_t n) {
-    comm_all_gather(tp_of(h)->group, x, full, n);
+static void tp_gather(const TpHooks *h, const void *x, void *full, size_t n, Dtype t) {
+    if (t == DTYPE_FP32) {
+        comm_all_gather(tp_of(h)->group, x, full, n);
+        return;
+    }
+    CHECK(t == DTYPE_BF16);
+    CommHandle gather = comm_all_gather_bf16_start(tp_of(h)->group, x, full, n);
+    comm_wait(&gather);
 }
 
 // An all-gather gives rank-major blocks (size, rows, cols); each row of the result is the

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check, on a machine with one GPU: builds titan and the GPU tests with CUDA=1, runs
 # every cuda op against the cpu backend (tests/gpu/test_cuda_ops, in bf16 and in fp32
-# compute), trains on cuda against cpu (tests/gpu/test_train_cuda.sh), then benchmarks a short
-# training run of the 1B flavor and prints its tokens/s, TFLOP/s and MFU. Each part runs under
-# timeout, all of them within 8 minutes; a failed part does not stop the next. Ends with a
-# PASS/FAIL line per part and exits non-zero if any failed.
+# compute), trains on cuda against cpu (tests/gpu/test_train_cuda.sh), then benchmarks short
+# training runs of the 1B flavor, bf16 mixed precision and float8 (tensorwise, torchtitan's
+# fastest recipe), and prints their tokens/s, TFLOP/s and MFU. Each part runs under timeout, all
+# of them within 8 minutes; a failed part does not stop the next. Ends with a PASS/FAIL line
+# per part and exits non-zero if any failed.
 #
 # Usage: scripts/gpu_check.sh. Outputs (the op tables, every log, the benchmark's dump folder)
 # are written under $OUT/gpu_check when OUT is set (the GPU machine's output folder), else
@@ -48,30 +49,32 @@ part() {
   echo "== $name: ${results[-1]}"
 }
 
-# B=4 x T=2048 with fp32 activations and no checkpointing: ~19 GB of activations, ~20 GB of
-# params, grads and AdamW moments, ~4 GB of logits, well inside one H200's 139 GiB.
-# peak_flops: H100/H200 dense bf16.
+# B=4 x T=2048, bf16 mixed precision (bf16 activations between the GEMMs), no checkpointing:
+# under 20 GB of activations, ~20 GB of params, grads and AdamW moments, ~4 GB of logits, well
+# inside one H200's 139 GiB. peak_flops: H100/H200 dense bf16 (float8's MFU is against it too).
 BENCH=$LOGS/bench_1b
 BENCH_ARGS=(--device cuda --config configs/debug_model.yaml --model.flavor 1B
             --model.tokenizer_path null --training.dataset_path "$BENCH/text.bin"
             --training.seq_len 2048 --training.local_batch_size 4
-            --activation_checkpoint.mode none --training.steps 15
-            --lr_scheduler.warmup_steps 2 --metrics.log_freq 5 --metrics.peak_flops 989e12
-            --job.dump_folder "$BENCH")
+            --activation_checkpoint.mode none --training.steps 10
+            --lr_scheduler.warmup_steps 2 --metrics.log_freq 5 --metrics.peak_flops 989e12)
+FLOAT8_ARGS=(--model.converters float8 --float8.recipe_name tensorwise
+             --float8.filter_fqns output)
 
-# The last logged step of the benchmark's metrics.jsonl (core/metrics.c; mfu is in percent).
+# bench_report NAME: the last logged step of the benchmark NAME's metrics.jsonl (core/metrics.c;
+# mfu is in percent).
 bench_report() {
-  local last
-  last=$(grep '"tokens_per_s"' "$BENCH/metrics.jsonl" 2>/dev/null | tail -n 1) || true
+  local name=$1 last
+  last=$(grep '"tokens_per_s"' "$BENCH/$name/metrics.jsonl" 2>/dev/null | tail -n 1) || true
   if [ -z "$last" ]; then
-    echo "1B benchmark: no metrics logged"
+    echo "$name: no metrics logged"
     case ${results[-1]} in PASS*) results[-1]="FAIL (no metrics)" ;; esac
     return
   fi
   field() { printf '%s\n' "$last" | grep -o "\"$1\": [^,}]*" | cut -d' ' -f2; }
-  echo "1B benchmark (1 GPU, B=4, T=2048, step $(field step)): $(field tokens_per_s) tokens/s," \
+  echo "$name (1 GPU, B=4, T=2048, step $(field step)): $(field tokens_per_s) tokens/s," \
     "$(field tflops) TFLOP/s, MFU $(field mfu)%, peak memory $(field peak_memory_gib) GiB," \
-    "loss $(field loss)" | tee "$LOGS/bench_1b.txt"
+    "loss $(field loss)" | tee "$LOGS/$name.txt"
 }
 
 if command -v nvidia-smi >/dev/null; then
@@ -85,8 +88,11 @@ part ops_fp32 90 build/cuda/tests/test_cuda_ops fp32
 part train_cuda 120 bash tests/gpu/test_train_cuda.sh "$LOGS/train_cuda"
 mkdir -p "$BENCH"
 part bench_data 30 $TITAN tokenize --tokenizer bytes --out "$BENCH/text.bin" "${TEXT[@]}"
-part bench_1b 150 $TITAN "${BENCH_ARGS[@]}"
-bench_report
+part bench_1b 110 $TITAN "${BENCH_ARGS[@]}" --job.dump_folder "$BENCH/bench_1b"
+bench_report bench_1b
+part bench_1b_float8 110 $TITAN "${BENCH_ARGS[@]}" "${FLOAT8_ARGS[@]}" \
+  --job.dump_folder "$BENCH/bench_1b_float8"
+bench_report bench_1b_float8
 
 failed=0
 for result in "${results[@]}"; do

@@ -31,6 +31,8 @@ const char *cpu_gemm_bf16_kernels(void);
 // slot. Call outside OpenMP regions.
 uint16_t *cpu_gemm_bf16_round(int slot, const float *x, size_t n);
 float *cpu_gemm_bf16_round_floats(int slot, const float *x, size_t n);
+// bf16 x (n) as floats, into scratch slot 0 or 1 as above: bf16 operands where oneDNN has none.
+float *cpu_gemm_bf16_widen(int slot, const uint16_t *x, size_t n);
 // c (m, n) = op(a) op(b) + beta c in fp32 from bf16 a and b, dense as in cpu_matmul, k >= 1.
 // runtime_rows: the primitive serves any count of a's rows (m, or k when trans_a), for the
 // grouped GEMM's groups. Callable inside OpenMP regions (single-threaded there).

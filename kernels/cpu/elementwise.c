@@ -5,9 +5,20 @@
 
 static inline float sigmoid(float x) { return 1.0f / (1.0f + cpu_expf(-x)); }
 
-void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+static inline float swiglu(float gate, float up) { return gate * sigmoid(gate) * up; }
+
+void cpu_swiglu_forward(void *out, Dtype out_type, const float *gate, const float *up,
+                        size_t n) {
+    if (out_type == DTYPE_BF16) {
+        uint16_t *o = out;
 #pragma omp parallel for simd
-    for (size_t i = 0; i < n; i++) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
+        for (size_t i = 0; i < n; i++) o[i] = bf16_from_float(swiglu(gate[i], up[i]));
+        return;
+    }
+    CHECK(out_type == DTYPE_FP32);
+    float *o = out;
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) o[i] = swiglu(gate[i], up[i]);
 }
 
 // d silu(g)/dg = sig(g) (1 + g (1 - sig(g))).

@@ -185,6 +185,13 @@ float *cpu_gemm_bf16_round_floats(int slot, const float *x, size_t n) {
     return y;
 }
 
+float *cpu_gemm_bf16_widen(int slot, const uint16_t *x, size_t n) {
+    float *y = gemm_scratch(slot, n * sizeof *y);
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) y[i] = bf16_to_float(x[i]);
+    return y;
+}
+
 void cpu_gemm_bf16(float *c, const uint16_t *a, const uint16_t *b, int m, int n, int k,
                    bool trans_a, bool trans_b, float beta, bool runtime_rows) {
     if (m == 0 || n == 0) return;

@@ -1,24 +1,38 @@
 #include <math.h>
 
+#include "core/bf16.h"
 #include "kernels/cpu/cpu.h"
 
 // Columns per task of the dweight reduction: each task owns whole columns, so every dweight
 // element is summed over rows in row order whatever the thread count.
 #define RMSNORM_COL_CHUNK 32
 
-void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int n,
-                         int dim, float eps) {
+// The row's 1 / rms, stored in rstd; its normed values are x r w.
+static float rmsnorm_row_rstd(const float *x, int dim, float eps) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int j = 0; j < dim; j++) ss += x[j] * x[j];
+    return 1.0f / sqrtf(ss / dim + eps);
+}
+
+void cpu_rmsnorm_forward(void *out, Dtype out_type, float *rstd, const float *x,
+                         const float *weight, int n, int dim, float eps) {
+    CHECK(out_type == DTYPE_FP32 || out_type == DTYPE_BF16);
 #pragma omp parallel for
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * dim;
-        float *oi = out + (size_t)i * dim;
-        float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int j = 0; j < dim; j++) ss += xi[j] * xi[j];
-        float r = 1.0f / sqrtf(ss / dim + eps);
+        float r = rmsnorm_row_rstd(xi, dim, eps);
         rstd[i] = r;
+        size_t row = (size_t)i * dim;
+        if (out_type == DTYPE_BF16) {
+            uint16_t *oi = (uint16_t *)out + row;
 #pragma omp simd
-        for (int j = 0; j < dim; j++) oi[j] = xi[j] * r * weight[j];
+            for (int j = 0; j < dim; j++) oi[j] = bf16_from_float(xi[j] * r * weight[j]);
+        } else {
+            float *oi = (float *)out + row;
+#pragma omp simd
+            for (int j = 0; j < dim; j++) oi[j] = xi[j] * r * weight[j];
+        }
     }
 }
 

@@ -15,6 +15,27 @@ static inline unsigned cuda_grid(size_t n) {
     return (unsigned)(want < 1 ? 1 : want < cap ? want : cap);
 }
 
+// core/bf16.h's rounding bit for bit: nearest even on the 16 dropped bits, and a NaN becomes the
+// quiet NaN of its sign (cvt.rn.bf16.f32 keeps payload bits instead).
+__device__ __forceinline__ uint32_t bf16_bits(float f) {
+    uint32_t bits = __float_as_uint(f);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return ((bits >> 16) & 0x8000u) | 0x7fc0u;
+    return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+}
+
+// Two bf16 in one little-endian word: a at the lower address.
+__device__ __forceinline__ uint32_t bf16_pair(float a, float b) {
+    return bf16_bits(a) | bf16_bits(b) << 16;
+}
+
+// Element i of out, an fp32 or bf16 tensor (a typed op's output), set to v.
+__device__ __forceinline__ void store_as(void *out, Dtype type, size_t i, float v) {
+    if (type == DTYPE_BF16)
+        ((uint16_t *)out)[i] = (uint16_t)bf16_bits(v);
+    else
+        ((float *)out)[i] = v;
+}
+
 // Every launch is checked where it is made (the launch itself reports no error).
 #define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 

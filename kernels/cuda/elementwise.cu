@@ -29,15 +29,16 @@ __device__ __forceinline__ void swiglu_grad(float *dg, float *du, float d, float
     *du += d * g * sg;
 }
 
-static __global__ void swiglu_forward_elements(float *out, const float *gate, const float *up,
-                                               size_t n, size_t n4) {
+// n4: the float4 groups of an fp32 out (0 for bf16, stored one element at a time).
+static __global__ void swiglu_forward_elements(void *out, Dtype out_type, const float *gate,
+                                               const float *up, size_t n, size_t n4) {
     for (size_t i = thread_first(); i < n4; i += thread_stride()) {
         float4 g = ((const float4 *)gate)[i], u = ((const float4 *)up)[i];
         ((float4 *)out)[i] = make_float4(swiglu_value(g.x, u.x), swiglu_value(g.y, u.y),
                                          swiglu_value(g.z, u.z), swiglu_value(g.w, u.w));
     }
     for (size_t i = 4 * n4 + thread_first(); i < n; i += thread_stride())
-        out[i] = swiglu_value(gate[i], up[i]);
+        store_as(out, out_type, i, swiglu_value(gate[i], up[i]));
 }
 
 static __global__ void swiglu_backward_elements(float *dgate, float *dup, const float *dout,
@@ -74,20 +75,6 @@ static __global__ void scale_elements(float *x, size_t n, size_t n4, float s) {
     for (size_t i = 4 * n4 + thread_first(); i < n; i += thread_stride()) x[i] *= s;
 }
 
-// The cpu twin's rounding bit for bit: nearest even on the 16 dropped bits, and a NaN keeps its
-// sign and top payload bits, made quiet (rounding could carry the payload into infinity;
-// cvt.rn.bf16.f32 would give the one canonical NaN instead).
-__device__ __forceinline__ uint32_t bf16_bits(float f) {
-    uint32_t bits = __float_as_uint(f);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x0040u;
-    return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-}
-
-// Two bf16 in one little-endian word: a at the lower address.
-__device__ __forceinline__ uint32_t bf16_pair(float a, float b) {
-    return bf16_bits(a) | bf16_bits(b) << 16;
-}
-
 static __global__ void to_bf16_elements(uint16_t *dst, const float *src, size_t n, size_t n4) {
     for (size_t i = thread_first(); i < n4; i += thread_stride()) {
         float4 a = ((const float4 *)src)[i];
@@ -109,10 +96,13 @@ static __global__ void from_bf16_elements(float *dst, const uint16_t *src, size_
         dst[i] = __uint_as_float((uint32_t)src[i] << 16);
 }
 
-void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-    size_t n4 = aligned(out, 16) && aligned(gate, 16) && aligned(up, 16) ? n / 4 : 0;
+void cuda_swiglu_forward(void *out, Dtype out_type, const float *gate, const float *up,
+                         size_t n) {
+    CHECK(out_type == DTYPE_FP32 || out_type == DTYPE_BF16);
+    bool vec = out_type == DTYPE_FP32 && aligned(out, 16) && aligned(gate, 16) && aligned(up, 16);
+    size_t n4 = vec ? n / 4 : 0;
     swiglu_forward_elements<<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(
-        out, gate, up, n, n4);
+        out, out_type, gate, up, n, n4);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -30,6 +30,7 @@ typedef struct {
     int m, n, k;
     bool trans_a, trans_b;
     cublasComputeType_t compute;
+    cudaDataType_t ab;  // a's and b's type: CUDA_R_32F, or CUDA_R_16BF (c is fp32 either way)
     uint32_t align_a, align_b, align_c;  // bytes, powers of two from 4 to 256
 } MatmulShape;
 
@@ -47,7 +48,8 @@ static int n_plans;
 
 static bool matmul_shape_equal(const MatmulShape *x, const MatmulShape *y) {
     return x->m == y->m && x->n == y->n && x->k == y->k && x->trans_a == y->trans_a &&
-           x->trans_b == y->trans_b && x->compute == y->compute && x->align_a == y->align_a &&
+           x->trans_b == y->trans_b && x->compute == y->compute &&
+           x->ab == y->ab && x->align_a == y->align_a &&
            x->align_b == y->align_b && x->align_c == y->align_c;
 }
 
@@ -57,10 +59,10 @@ uint32_t cuda_alignment(const void *p) {
     return align;
 }
 
-// A dense row-major (rows, cols) fp32 buffer as cuBLASLt sees it: column-major (cols, rows).
-static cublasLtMatrixLayout_t matmul_layout(int rows, int cols) {
+// A dense row-major (rows, cols) buffer of type as cuBLASLt sees it: column-major (cols, rows).
+static cublasLtMatrixLayout_t matmul_layout(cudaDataType_t type, int rows, int cols) {
     cublasLtMatrixLayout_t layout;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, (uint64_t)cols, (uint64_t)rows,
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, (uint64_t)cols, (uint64_t)rows,
                                             (int64_t)cols));
     return layout;
 }
@@ -109,9 +111,11 @@ static void matmul_plan_init(MatmulPlan *p, const MatmulShape *s) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a,
                                                 sizeof op_a));
     // The buffers as they lie: a is (k, m) when transposed else (m, k); b (n, k) else (k, n).
-    p->layout_a = s->trans_a ? matmul_layout(s->k, s->m) : matmul_layout(s->m, s->k);
-    p->layout_b = s->trans_b ? matmul_layout(s->n, s->k) : matmul_layout(s->k, s->n);
-    p->layout_c = matmul_layout(s->m, s->n);
+    p->layout_a = s->trans_a ? matmul_layout(s->ab, s->k, s->m)
+                             : matmul_layout(s->ab, s->m, s->k);
+    p->layout_b = s->trans_b ? matmul_layout(s->ab, s->n, s->k)
+                             : matmul_layout(s->ab, s->k, s->n);
+    p->layout_c = matmul_layout(CUDA_R_32F, s->m, s->n);
     p->algo = matmul_find_algo(p);
 }
 
@@ -135,17 +139,22 @@ static void matmul_scale_c(float *c, size_t count, float beta) {
         cuda_scale(c, count, beta);
 }
 
-void cuda_matmul(float *c, const float *a, const float *b, int m, int n, int k, bool trans_a,
-                 bool trans_b, float beta) {
+// bf16 operands run in CUBLAS_COMPUTE_32F: they are bf16 already, and fp32 accumulation is what
+// FAST_16BF gives fp32 ones after rounding them.
+void cuda_matmul(float *c, const void *a, const void *b, Dtype ab, int m, int n, int k,
+                 bool trans_a, bool trans_b, float beta) {
     CHECK(m >= 0 && n >= 0 && k >= 0);
+    CHECK(ab == DTYPE_FP32 || ab == DTYPE_BF16);
     if (m == 0 || n == 0) return;
     if (k == 0) {
         matmul_scale_c(c, (size_t)m * (size_t)n, beta);
         return;
     }
+    bool bf16 = ab == DTYPE_BF16;
     MatmulShape shape = {m, n, k, trans_a, trans_b,
-                         cuda_bf16_compute() ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F,
-                         cuda_alignment(a), cuda_alignment(b), cuda_alignment(c)};
+                         cuda_bf16_compute() && !bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                                      : CUBLAS_COMPUTE_32F,
+                         bf16 ? CUDA_R_16BF : CUDA_R_32F, cuda_alignment(a), cuda_alignment(b), cuda_alignment(c)};
     const MatmulPlan *p = matmul_plan(&shape);
     const float alpha = 1.0f;
     // c is both C and D (in place, same layout), which cuBLASLt allows.

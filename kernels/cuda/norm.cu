@@ -14,12 +14,13 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
 }
 
 // out = x r w, r = 1 / sqrt(mean(x^2) + eps), in the cpu twin's operation order.
-static __global__ void rmsnorm_forward_rows(float *out, float *rstd, const float *x,
-                                            const float *weight, int dim, float eps, bool vec) {
+// vec: x and weight read as float4 (an fp32 out written so too).
+static __global__ void rmsnorm_forward_rows(void *out, Dtype out_type, float *rstd,
+                                            const float *x, const float *weight, int dim,
+                                            float eps, bool vec) {
     __shared__ float shared[32];
     size_t row = blockIdx.x;
     const float *xr = x + row * dim;
-    float *outr = out + row * dim;
     int d4 = vec ? dim / 4 : 0;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d4; j += blockDim.x) {
@@ -29,12 +30,19 @@ static __global__ void rmsnorm_forward_rows(float *out, float *rstd, const float
     for (int j = 4 * d4 + threadIdx.x; j < dim; j += blockDim.x) ss += xr[j] * xr[j];
     float r = 1.0f / sqrtf(block_sum(ss, shared) / dim + eps);
     if (threadIdx.x == 0) rstd[row] = r;
+    size_t first = row * dim;
     for (int j = threadIdx.x; j < d4; j += blockDim.x) {
         float4 v = ((const float4 *)xr)[j], w = ((const float4 *)weight)[j];
-        ((float4 *)outr)[j] = make_float4(v.x * r * w.x, v.y * r * w.y, v.z * r * w.z,
-                                          v.w * r * w.w);
+        float4 o = make_float4(v.x * r * w.x, v.y * r * w.y, v.z * r * w.z, v.w * r * w.w);
+        if (out_type == DTYPE_FP32) {
+            ((float4 *)((float *)out + first))[j] = o;
+        } else {
+            size_t at = first + 4 * (size_t)j;
+            ((uint2 *)out)[at / 4] = make_uint2(bf16_pair(o.x, o.y), bf16_pair(o.z, o.w));
+        }
     }
-    for (int j = 4 * d4 + threadIdx.x; j < dim; j += blockDim.x) outr[j] = xr[j] * r * weight[j];
+    for (int j = 4 * d4 + threadIdx.x; j < dim; j += blockDim.x)
+        store_as(out, out_type, first + j, xr[j] * r * weight[j]);
 }
 
 // y = x r w with dr/dx_j = -r^3 x_j / dim, so dx_j += r (dy_j w_j - x_j r^2 mean(dy w x)).
@@ -93,12 +101,15 @@ static __global__ void rmsnorm_dweight_finish(float *dweight, const float *parti
     }
 }
 
-void cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int n,
-                          int dim, float eps) {
+void cuda_rmsnorm_forward(void *out, Dtype out_type, float *rstd, const float *x,
+                          const float *weight, int n, int dim, float eps) {
+    CHECK(out_type == DTYPE_FP32 || out_type == DTYPE_BF16);
     if (n == 0) return;  // an empty grid is a launch error
-    bool vec = dim % 4 == 0 && aligned16(out) && aligned16(x) && aligned16(weight);
-    rmsnorm_forward_rows<<<n, CUDA_THREADS, 0, cuda_stream()>>>(out, rstd, x, weight, dim, eps,
-                                                                vec);
+    // A bf16 row of dim % 4 == 0 elements is 8-byte aligned when the tensor is.
+    bool vec = dim % 4 == 0 && aligned16(x) && aligned16(weight) &&
+               (out_type == DTYPE_FP32 ? aligned16(out) : (uintptr_t)out % 8 == 0);
+    rmsnorm_forward_rows<<<n, CUDA_THREADS, 0, cuda_stream()>>>(out, out_type, rstd, x, weight,
+                                                                dim, eps, vec);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -26,13 +26,32 @@ static void zero(const StepCtx *s, float *x, size_t n) { s->k->zero(x, n * sizeo
 
 // ---- sequence-parallel seams, each the identity on one device ------------------------------
 
-// xn (BT, D) = rmsnorm of x (rows, D), gathered from every rank: the input of a
-// column-parallel projection. normed: (rows, D) scratch for this rank's rows under TP.
-static void norm_gathered(const StepCtx *s, float *xn, float *rstd, float *normed, const float *x,
+// ---- bf16 activations (StepCtx.act_dtype) --------------------------------------------------
+
+// n activations of the step's dtype, carved from the arena.
+static void *act_carve(const StepCtx *s, size_t n) {
+    return arena_tensor(s->act, n, s->act_dtype);
+}
+
+static LinearAct act(const StepCtx *s, const void *x) { return linear_act(x, s->act_dtype); }
+
+// x (n floats) in the activations' dtype: itself in fp32, else cast into `room` (n of them):
+// what a Linear reads, cast once where two GEMMs read it.
+static LinearAct act_cast(const StepCtx *s, const float *x, size_t n, void *room) {
+    if (s->act_dtype == DTYPE_FP32) return linear_fp32(x);
+    s->k->to_bf16(room, x, n);
+    return act(s, room);
+}
+
+// ---- sequence-parallel seams, each the identity on one device ------------------------------
+
+// xn (BT, D) = rmsnorm of x (rows, D) in the activations' dtype, gathered from every rank: the
+// input of a column-parallel projection. normed: (rows, D) scratch for this rank's rows under TP.
+static void norm_gathered(const StepCtx *s, void *xn, float *rstd, void *normed, const float *x,
                           const float *w, int rows, int D, float eps) {
-    float *out = s->tp ? normed : xn;
-    s->k->rmsnorm_forward(out, rstd, x, w, rows, D, eps);
-    if (s->tp) s->tp->gather(s->tp, out, xn, (size_t)rows * D);
+    void *out = s->tp ? normed : xn;
+    s->k->rmsnorm_forward(out, s->act_dtype, rstd, x, w, rows, D, eps);
+    if (s->tp) s->tp->gather(s->tp, out, xn, (size_t)rows * D, s->act_dtype);
 }
 
 // dx (rows, D) += the rmsnorm backward of dxn (BT, D); under TP dxn is this rank's partial sum
@@ -49,7 +68,7 @@ static void norm_backward_reduced(const StepCtx *s, float *dx, float *dw, const 
 
 // y (rows, D) = x + a W^T for a row-parallel W (D, k) and a (BT, k): under TP a W^T is this
 // rank's partial sum over all rows, reduce-scattered into its rows. partial: (BT, D) scratch.
-static void residual_row_parallel(const StepCtx *s, float *y, const float *x, const float *a,
+static void residual_row_parallel(const StepCtx *s, float *y, const float *x, LinearAct a,
                                   const Linear *w, int BT, int rows, int D, float *partial) {
     size_t n = (size_t)rows * D;
     if (!s->tp) {
@@ -63,11 +82,24 @@ static void residual_row_parallel(const StepCtx *s, float *y, const float *x, co
 }
 
 // The gradient of all BT rows of what a reduce-scatter wrote (its dual: an all-gather into
-// full (BT, D)); dy (rows, D) itself on one device.
+// full (BT, D) fp32); dy (rows, D) itself on one device.
 static const float *grad_gathered(const StepCtx *s, const float *dy, float *full, int rows, int D) {
     if (!s->tp) return dy;
-    s->tp->gather(s->tp, dy, full, (size_t)rows * D);
+    s->tp->gather(s->tp, dy, full, (size_t)rows * D, DTYPE_FP32);
     return full;
+}
+
+// The same in the activations' dtype, for the two GEMMs of a row-parallel weight that read it:
+// bf16 rows are cast before the gather (half its bytes) into rows_room (rows, D), then gathered
+// into cast_room (BT, D) of the activations' dtype; fp32 ones gather into full (BT, D) as above.
+static LinearAct grad_gathered_act(const StepCtx *s, const float *dy, float *full,
+                                   void *rows_room, void *cast_room, int rows, int D) {
+    if (s->act_dtype == DTYPE_FP32) return linear_fp32(grad_gathered(s, dy, full, rows, D));
+    size_t n = (size_t)rows * D;
+    if (!s->tp) return act_cast(s, dy, n, cast_room);
+    s->k->to_bf16(rows_room, dy, n);
+    s->tp->gather(s->tp, rows_room, cast_room, n, s->act_dtype);
+    return act(s, cast_room);
 }
 
 // First global row of a vocab-sharded table's slice (0 when it is whole).
@@ -128,7 +160,7 @@ static LayerDims layer_dims(const DecoderLayer *L, const StepCtx *s) {
 static void layer_linears_reserve(const DecoderLayer *L, const StepCtx *s, LayerDims d) {
     const Linear *all[] = {&L->linear.wq, &L->linear.wk, &L->linear.wv, &L->linear.wo,
                            &L->linear.w1, &L->linear.w2, &L->linear.w3};
-    linear_reserve(s, all, L->moe ? 4 : 7, d.BT);
+    linear_reserve(s, all, L->moe ? 4 : 7, d.BT, s->act_dtype);
 }
 
 // Causal attention over this rank's tokens of each sequence, within documents when the batch
@@ -176,8 +208,10 @@ static void attention_backward(const StepCtx *s, const LayerSaved *sv, LayerDims
 // its own (head_dim) weight before RoPE.
 static void qk_norm_forward(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d) {
     float eps = L->args->norm_eps;
-    s->k->rmsnorm_forward(sv->q, sv->q_rstd, sv->q0, L->q_norm->data, d.BT * d.nh, d.hd, eps);
-    s->k->rmsnorm_forward(sv->k, sv->k_rstd, sv->k0, L->k_norm->data, d.BT * d.nkvh, d.hd, eps);
+    s->k->rmsnorm_forward(sv->q, DTYPE_FP32, sv->q_rstd, sv->q0, L->q_norm->data, d.BT * d.nh,
+                          d.hd, eps);
+    s->k->rmsnorm_forward(sv->k, DTYPE_FP32, sv->k_rstd, sv->k0, L->k_norm->data,
+                          d.BT * d.nkvh, d.hd, eps);
 }
 
 // dqk (BT, nq + nkv: dq then dk) = QK-norm's backward of the normed heads' gradients dqk_normed
@@ -192,31 +226,36 @@ static void qk_norm_backward(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, 
                            sv->k_rstd, d.BT * d.nkvh, d.hd);
 }
 
-// The forward math, on buffers layer_forward carved; comm: (rows + BT) * D of scratch under TP.
+// The forward math, on buffers layer_forward carved; comm: (rows + BT) * D of scratch under TP;
+// attn_cast: (BT, nq) of the activations' dtype when it is not fp32.
 static void layer_forward_compute(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
-                                  const float *x, float *y, void *workspace, float *comm) {
+                                  const float *x, float *y, void *workspace, float *comm,
+                                  void *attn_cast) {
     const DecoderArgs *a = L->args;
     const KernelOps *K = s->k;
     float *normed = comm, *partial = comm ? comm + (size_t)d.rows * d.D : NULL;
     norm_gathered(s, sv->xn, sv->rstd1, normed, x, L->attention_norm->data, d.rows, d.D,
                   a->norm_eps);
-    linear_forward(&L->linear.wq, s, L->q_norm ? sv->q0 : sv->q, sv->xn, d.BT, 0);
-    linear_forward(&L->linear.wk, s, L->k_norm ? sv->k0 : sv->k, sv->xn, d.BT, 0);
-    linear_forward(&L->linear.wv, s, sv->v, sv->xn, d.BT, 0);
+    LinearAct xn = act(s, sv->xn);
+    linear_forward(&L->linear.wq, s, L->q_norm ? sv->q0 : sv->q, xn, d.BT, 0);
+    linear_forward(&L->linear.wk, s, L->k_norm ? sv->k0 : sv->k, xn, d.BT, 0);
+    linear_forward(&L->linear.wv, s, sv->v, xn, d.BT, 0);
     if (L->q_norm) qk_norm_forward(L, s, sv, d);
     const int *pos = token_batch(s)->pos;
     K->rope_forward(sv->q, sv->q, L->rope_cos, L->rope_sin, pos, d.BT, s->T, d.nh, d.hd);
     K->rope_forward(sv->k, sv->k, L->rope_cos, L->rope_sin, pos, d.BT, s->T, d.nkvh, d.hd);
     attention_forward(s, sv, d, workspace);
-    residual_row_parallel(s, sv->h, x, sv->attn, &L->linear.wo, d.BT, d.rows, d.D, partial);
+    LinearAct attn = act_cast(s, sv->attn, (size_t)d.BT * d.nq, attn_cast);
+    residual_row_parallel(s, sv->h, x, attn, &L->linear.wo, d.BT, d.rows, d.D, partial);
 
     if (L->moe) return;  // moe_ffn_forward's
     norm_gathered(s, sv->hn, sv->rstd2, normed, sv->h, L->ffn_norm->data, d.rows, d.D,
                   a->norm_eps);
-    linear_forward(&L->linear.w1, s, sv->gate, sv->hn, d.BT, 0);
-    linear_forward(&L->linear.w3, s, sv->up, sv->hn, d.BT, 0);
-    K->swiglu_forward(sv->act, sv->gate, sv->up, (size_t)d.BT * d.H);
-    residual_row_parallel(s, y, sv->h, sv->act, &L->linear.w2, d.BT, d.rows, d.D, partial);
+    linear_forward(&L->linear.w1, s, sv->gate, act(s, sv->hn), d.BT, 0);
+    linear_forward(&L->linear.w3, s, sv->up, act(s, sv->hn), d.BT, 0);
+    K->swiglu_forward(sv->act, s->act_dtype, sv->gate, sv->up, (size_t)d.BT * d.H);
+    residual_row_parallel(s, y, sv->h, act(s, sv->act), &L->linear.w2, d.BT, d.rows, d.D,
+                          partial);
 }
 
 // y = h + MoE(ffn_norm(h)) on this rank's rows (the router and the experts are replicated over
@@ -224,8 +263,8 @@ static void layer_forward_compute(DecoderLayer *L, StepCtx *s, LayerSaved *sv, L
 // over ep instead): the layer carves what it keeps and its scratch itself.
 static void moe_ffn_forward(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d, float *y) {
     if (!step_sizing(s)) {
-        s->k->rmsnorm_forward(sv->hn, sv->rstd2, sv->h, L->ffn_norm->data, d.rows, d.D,
-                              L->args->norm_eps);
+        s->k->rmsnorm_forward(sv->hn, DTYPE_FP32, sv->rstd2, sv->h, L->ffn_norm->data, d.rows,
+                              d.D, L->args->norm_eps);
         copy(s, y, sv->h, (size_t)d.rows * d.D);
     }
     moe_forward(L->moe, s, &sv->moe, sv->hn, y, d.rows);
@@ -249,7 +288,7 @@ static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
     LayerDims d = layer_dims(L, s);
     LayerSaved *sv = saved;
     Arena *A = s->act;
-    sv->xn = arena_floats(A, (size_t)d.BT * d.D);
+    sv->xn = act_carve(s, (size_t)d.BT * d.D);
     sv->rstd1 = arena_floats(A, d.rows);
     sv->q = arena_floats(A, (size_t)d.BT * d.nq);
     sv->k = arena_floats(A, (size_t)d.BT * d.nkv);
@@ -257,12 +296,13 @@ static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
     sv->attn = arena_floats(A, (size_t)d.BT * d.nq);
     sv->lse = arena_floats(A, (size_t)d.BT * d.nh);
     sv->h = arena_floats(A, (size_t)d.rows * d.D);
-    sv->hn = arena_floats(A, (size_t)(L->moe ? d.rows : d.BT) * d.D);
+    // The MoE layer reads its normed input in fp32 (the router's logits).
+    sv->hn = L->moe ? arena_floats(A, (size_t)d.rows * d.D) : act_carve(s, (size_t)d.BT * d.D);
     sv->rstd2 = arena_floats(A, d.rows);
     if (!L->moe) {
         sv->gate = arena_floats(A, (size_t)d.BT * d.H);
         sv->up = arena_floats(A, (size_t)d.BT * d.H);
-        sv->act = arena_floats(A, (size_t)d.BT * d.H);
+        sv->act = act_carve(s, (size_t)d.BT * d.H);
     }
     if (L->q_norm) {
         sv->q0 = arena_floats(A, (size_t)d.BT * d.nq);
@@ -273,8 +313,9 @@ static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
     size_t saved_end = arena_mark(A);  // the workspace and comm buffers are scratch
     void *workspace = arena_alloc(A, attention_workspace(s, d));
     float *comm = s->tp ? arena_floats(A, (size_t)(d.rows + d.BT) * d.D) : NULL;
+    void *attn_cast = s->act_dtype != DTYPE_FP32 ? act_carve(s, (size_t)d.BT * d.nq) : NULL;
     layer_linears_reserve(L, s, d);
-    if (!step_sizing(s)) layer_forward_compute(L, s, sv, d, x, y, workspace, comm);
+    if (!step_sizing(s)) layer_forward_compute(L, s, sv, d, x, y, workspace, comm, attn_cast);
     arena_release(A, saved_end);
     if (L->moe) moe_ffn_forward(L, s, sv, d, y);
 }
@@ -284,30 +325,42 @@ static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
 // them (weight part), and the norm's backward into the residual stream (input part; the
 // rmsnorm kernel gives the norm weight's gradient with it, at no cost to defer).
 
+// `room` + n elements of the activations' dtype, or NULL when they are fp32 (no casts).
+static void *room_at(const StepCtx *s, void *room, size_t n) {
+    return room ? (char *)room + n * dtype_size(s->act_dtype) : NULL;
+}
+
+// The casts a backward sublayer keeps for its GEMMs, in elements of the activations' dtype:
+// none in fp32. The FFN's: dy's rows, dgate and dup.
+static size_t ffn_casts(const StepCtx *s, LayerDims d) {
+    return s->act_dtype == DTYPE_FP32 ? 0 : (size_t)d.BT * (d.D + 2 * (size_t)d.H);
+}
+
 // y = h + act W2^T, act = silu(hn W1^T) * (hn W3^T), hn = ffn_norm(h). Returns dhn (BT, D) in
-// scratch; keeps dy's rows (gathered into `gathered` under TP), dgate and dup in sv->g.
+// scratch; keeps dy's rows (gathered into `gathered` under TP), dgate and dup in sv->g, in the
+// activations' dtype (cast into casts, ffn_casts of them).
 static float *ffn_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d, const float *dy,
-                        float *scratch, float *gathered) {
+                        float *scratch, float *gathered, void *casts) {
     const KernelOps *K = s->k;
     LayerGrads *g = &sv->g;
-    float *dact = scratch, *dgate = dact + (size_t)d.BT * d.H, *dup = dgate + (size_t)d.BT * d.H;
-    float *dhn = dup + (size_t)d.BT * d.H;
-    g->dy_all = grad_gathered(s, dy, gathered, d.rows, d.D);
-    g->dgate = dgate;
-    g->dup = dup;
+    size_t nh = (size_t)d.BT * d.H, nd = (size_t)d.BT * d.D;
+    float *dact = scratch, *dgate = dact + nh, *dup = dgate + nh, *dhn = dup + nh;
+    g->dy_all = grad_gathered_act(s, dy, gathered, gathered, casts, d.rows, d.D);
     linear_backward_input(&L->linear.w2, s, dact, g->dy_all, d.BT, 0);
-    zero(s, dgate, (size_t)2 * d.BT * d.H);
-    K->swiglu_backward(dgate, dup, dact, sv->gate, sv->up, (size_t)d.BT * d.H);
-    linear_backward_input(&L->linear.w1, s, dhn, dgate, d.BT, 0);
-    linear_backward_input(&L->linear.w3, s, dhn, dup, d.BT, 1);
+    zero(s, dgate, 2 * nh);
+    K->swiglu_backward(dgate, dup, dact, sv->gate, sv->up, nh);
+    g->dgate = act_cast(s, dgate, nh, room_at(s, casts, nd));
+    g->dup = act_cast(s, dup, nh, room_at(s, casts, nd + nh));
+    linear_backward_input(&L->linear.w1, s, dhn, g->dgate, d.BT, 0);
+    linear_backward_input(&L->linear.w3, s, dhn, g->dup, d.BT, 1);
     return dhn;
 }
 
 static void ffn_weights(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d) {
     const LayerGrads *g = &sv->g;
-    linear_backward_weight(&L->linear.w2, s, g->dy_all, sv->act, d.BT);
-    linear_backward_weight(&L->linear.w1, s, g->dgate, sv->hn, d.BT);
-    linear_backward_weight(&L->linear.w3, s, g->dup, sv->hn, d.BT);
+    linear_backward_weight(&L->linear.w2, s, g->dy_all, act(s, sv->act), d.BT);
+    linear_backward_weight(&L->linear.w1, s, g->dgate, act(s, sv->hn), d.BT);
+    linear_backward_weight(&L->linear.w3, s, g->dup, act(s, sv->hn), d.BT);
 }
 
 // dh (rows, D) = dy + ffn_norm's backward of dhn; comm (BT, D) under TP.
@@ -318,18 +371,26 @@ static void ffn_norm_backward(DecoderLayer *L, StepCtx *s, const LayerSaved *sv,
                           sv->rstd2, d.rows, d.D);
 }
 
+// The attention sublayer's casts: dh's rows, the attention output, dq0, dk0 and dv.
+static size_t attention_casts(const StepCtx *s, LayerDims d) {
+    if (s->act_dtype == DTYPE_FP32) return 0;
+    return (size_t)d.BT * (d.D + 2 * (size_t)d.nq + 2 * (size_t)d.nkv);
+}
+
 // h = x + attn Wo^T, attn = softmax(rope(q) rope(k)^T) v, q/k/v = xn Wq/Wk/Wv^T (q and k
 // through QK-norm first when the layer has it), xn = norm(x). Returns dxn (BT, D) in scratch;
-// keeps dh's rows and the projections' gradients dq0, dk0 and dv in sv->g.
+// keeps dh's rows, the attention output and the projections' gradients dq0, dk0 and dv in
+// sv->g, in the activations' dtype (cast into casts, attention_casts of them).
 static float *attention_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
-                              const float *dh, float *scratch, void *workspace, float *gathered) {
+                              const float *dh, float *scratch, void *workspace, float *gathered,
+                              void *casts) {
     const KernelOps *K = s->k;
     LayerGrads *g = &sv->g;
-    size_t nq = (size_t)d.BT * d.nq, nkv = (size_t)d.BT * d.nkv;
+    size_t nq = (size_t)d.BT * d.nq, nkv = (size_t)d.BT * d.nkv, nd = (size_t)d.BT * d.D;
     float *dattn = scratch, *dq = dattn + nq, *dk = dq + nq, *dv = dk + nkv;
     float *dq0 = dv + nkv, *dk0 = dq0 + nq, *dxn = dk0 + nkv;
-    g->dh_all = grad_gathered(s, dh, gathered, d.rows, d.D);
-    g->dv = dv;
+    g->dh_all = grad_gathered_act(s, dh, gathered, gathered, casts, d.rows, d.D);
+    g->attn = act_cast(s, sv->attn, nq, room_at(s, casts, nd));
     linear_backward_input(&L->linear.wo, s, dattn, g->dh_all, d.BT, 0);
     attention_backward(s, sv, d, dq, dk, dv, dattn, workspace);
     zero(s, dq0, nq + nkv);
@@ -341,20 +402,21 @@ static float *attention_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, Layer
         dq0 = dq;
         dk0 = dk;
     }
-    g->dq0 = dq0;
-    g->dk0 = dk0;
-    linear_backward_input(&L->linear.wq, s, dxn, dq0, d.BT, 0);
-    linear_backward_input(&L->linear.wk, s, dxn, dk0, d.BT, 1);
-    linear_backward_input(&L->linear.wv, s, dxn, dv, d.BT, 1);
+    g->dq0 = act_cast(s, dq0, nq, room_at(s, casts, nd + nq));
+    g->dk0 = act_cast(s, dk0, nkv, room_at(s, casts, nd + 2 * nq));
+    g->dv = act_cast(s, dv, nkv, room_at(s, casts, nd + 2 * nq + nkv));
+    linear_backward_input(&L->linear.wq, s, dxn, g->dq0, d.BT, 0);
+    linear_backward_input(&L->linear.wk, s, dxn, g->dk0, d.BT, 1);
+    linear_backward_input(&L->linear.wv, s, dxn, g->dv, d.BT, 1);
     return dxn;
 }
 
 static void attention_weights(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d) {
     const LayerGrads *g = &sv->g;
-    linear_backward_weight(&L->linear.wo, s, g->dh_all, sv->attn, d.BT);
-    linear_backward_weight(&L->linear.wq, s, g->dq0, sv->xn, d.BT);
-    linear_backward_weight(&L->linear.wk, s, g->dk0, sv->xn, d.BT);
-    linear_backward_weight(&L->linear.wv, s, g->dv, sv->xn, d.BT);
+    linear_backward_weight(&L->linear.wo, s, g->dh_all, g->attn, d.BT);
+    linear_backward_weight(&L->linear.wq, s, g->dq0, act(s, sv->xn), d.BT);
+    linear_backward_weight(&L->linear.wk, s, g->dk0, act(s, sv->xn), d.BT);
+    linear_backward_weight(&L->linear.wv, s, g->dv, act(s, sv->xn), d.BT);
 }
 
 // dx (rows, D) += dh + attention_norm's backward of dxn; comm (BT, D) under TP.
@@ -384,13 +446,18 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
         return;
     }
     bool split = phase == BLOCK_BACKWARD_INPUT;
-    size_t ffn_scratch = (size_t)d.BT * (3 * (size_t)d.H + d.D);
-    size_t attn_scratch = (size_t)d.BT * (3 * (size_t)d.nq + 3 * (size_t)d.nkv + d.D);
-    size_t both = ffn_scratch > attn_scratch ? ffn_scratch : attn_scratch;
+    // Each sublayer's scratch: its fp32 gradients, and its casts.
+    size_t ffn_floats = (size_t)d.BT * (3 * (size_t)d.H + d.D);
+    size_t attn_floats = (size_t)d.BT * (3 * (size_t)d.nq + 3 * (size_t)d.nkv + d.D);
+    size_t both = ffn_floats > attn_floats ? ffn_floats : attn_floats;
+    size_t ffn_n = ffn_casts(s, d), attn_n = attention_casts(s, d);
+    size_t both_casts = ffn_n > attn_n ? ffn_n : attn_n;
     size_t all_rows = (size_t)d.BT * d.D;
     float *dh = arena_floats(s->act, (size_t)d.rows * d.D);
-    float *ffn = arena_floats(s->act, split ? ffn_scratch : both);
-    float *attn = split ? arena_floats(s->act, attn_scratch) : ffn;
+    float *ffn = arena_floats(s->act, split ? ffn_floats : both);
+    void *ffn_cast = arena_tensor(s->act, split ? ffn_n : both_casts, s->act_dtype);
+    float *attn = split ? arena_floats(s->act, attn_floats) : ffn;
+    void *attn_cast = split ? arena_tensor(s->act, attn_n, s->act_dtype) : ffn_cast;
     void *workspace = arena_alloc(s->act, attention_workspace(s, d));
     float *comm = s->tp ? arena_floats(s->act, all_rows) : NULL;
     float *dy_rows = split && s->tp ? arena_floats(s->act, all_rows) : comm;
@@ -399,11 +466,11 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
     if (L->moe) moe_ffn_backward(L, s, sv, d, dy, ffn, dh);
     if (step_sizing(s)) return;
     if (!L->moe) {
-        const float *dhn = ffn_grads(L, s, sv, d, dy, ffn, dy_rows);
+        const float *dhn = ffn_grads(L, s, sv, d, dy, ffn, dy_rows, ffn_cast);
         if (!split) ffn_weights(L, s, sv, d);
         ffn_norm_backward(L, s, sv, d, dy, dhn, dh, comm);
     }
-    const float *dxn = attention_grads(L, s, sv, d, dh, attn, workspace, dh_rows);
+    const float *dxn = attention_grads(L, s, sv, d, dh, attn, workspace, dh_rows, attn_cast);
     if (!split) attention_weights(L, s, sv, d);
     attention_norm_backward(L, s, sv, d, x, dh, dxn, dx, comm);
 }
@@ -451,7 +518,7 @@ static void head_chunk_scratch(const DecoderHead *h, StepCtx *s, HeadChunk *c, i
 static void head_chunk_logits(const DecoderHead *h, StepCtx *s, const HeadSaved *sv,
                               const HeadChunk *c, int r0, int n) {
     int D = h->args->dim, Vl = (int)h->output->shape[0];
-    linear_forward(&h->linear, s, c->logits, sv->xn + (size_t)r0 * D, n, 0);
+    linear_forward(&h->linear, s, c->logits, linear_act_at(act(s, sv->xn), (size_t)r0 * D), n, 0);
     if (logits_gathered(s)) s->tp->gather_columns(s->tp, c->logits, c->full, c->scratch, n, Vl);
 }
 
@@ -488,7 +555,7 @@ static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, floa
     HeadSaved *sv = saved;
     const DecoderArgs *a = h->args;
     int BT = s->B * s->T, rows = step_rows(s), chunk = head_chunk_rows(h, BT);
-    sv->xn = arena_floats(s->act, (size_t)BT * a->dim);
+    sv->xn = act_carve(s, (size_t)BT * a->dim);
     sv->rstd = arena_floats(s->act, rows);
     sv->losses = arena_floats(s->act, BT);
     sv->lse = vocab_parallel_loss(s) ? arena_floats(s->act, BT) : NULL;
@@ -496,11 +563,11 @@ static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, floa
     sv->kept = chunk == BT ? head_chunk_carve(h, s, BT) : (HeadChunk){0};
     s->output = chunk == BT ? (sv->lse ? sv->kept.logits : sv->kept.full) : NULL;
     size_t mark = arena_mark(s->act);  // scratch from here
-    float *normed = s->tp ? arena_floats(s->act, (size_t)rows * a->dim) : NULL;
+    void *normed = s->tp ? act_carve(s, (size_t)rows * a->dim) : NULL;
     HeadChunk c = chunk == BT ? sv->kept : head_chunk_carve(h, s, chunk);
     head_chunk_scratch(h, s, &c, chunk);
     float *stats = vocab_parallel_loss(s) ? arena_floats(s->act, 3 * (size_t)chunk) : NULL;
-    linear_reserve(s, (const Linear *[]){&h->linear}, 1, chunk);
+    linear_reserve(s, (const Linear *[]){&h->linear}, 1, chunk, s->act_dtype);
     if (!step_sizing(s)) {
         norm_gathered(s, sv->xn, sv->rstd, normed, x, h->norm->data, rows, a->dim, a->norm_eps);
         for (int r0 = 0; r0 < BT; r0 += chunk) {
@@ -548,15 +615,18 @@ static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, c
         c = head_chunk_carve(h, s, chunk);
         head_chunk_scratch(h, s, &c, chunk);
     }
-    linear_reserve(s, (const Linear *[]){&h->linear}, 1, chunk);
+    size_t Vl = (size_t)h->output->shape[0];
+    void *dlogits_cast = s->act_dtype != DTYPE_FP32 ? act_carve(s, (size_t)chunk * Vl) : NULL;
+    linear_reserve(s, (const Linear *[]){&h->linear}, 1, chunk, s->act_dtype);
     if (step_sizing(s)) return;
     for (int r0 = 0; r0 < BT; r0 += chunk) {
         int n = BT - r0 < chunk ? BT - r0 : chunk;
-        const float *xn = sv->xn + (size_t)r0 * D;
+        LinearAct xn = linear_act_at(act(s, sv->xn), (size_t)r0 * D);
         if (chunk < BT) head_chunk_logits(h, s, sv, &c, r0, n);
         head_chunk_dlogits(h, s, sv, &c, r0, n, s->loss_scale / BT);
-        linear_backward_weight(&h->linear, s, c.logits, xn, n);
-        linear_backward_input(&h->linear, s, dxn + (size_t)r0 * D, c.logits, n, 0);
+        LinearAct dlogits = act_cast(s, c.logits, (size_t)n * Vl, dlogits_cast);
+        linear_backward_weight(&h->linear, s, dlogits, xn, n);
+        linear_backward_input(&h->linear, s, dxn + (size_t)r0 * D, dlogits, n, 0);
     }
     norm_backward_reduced(s, dx, h->norm->grad, dxn, dxn_rows, x, h->norm->data, sv->rstd, rows,
                           D);

@@ -8,25 +8,30 @@
 // state: the gradients of the projections' outputs, from the input part. Pointers into the
 // microbatch's activation arena, kept until the weight part when the backward is split.
 typedef struct {
-    const float *dy_all;    // (BT, dim): the block output's gradient, all rows
-    float *dgate, *dup;     // (BT, hidden) x2: of hn W1^T and hn W3^T
-    const float *dh_all;    // (BT, dim): h's gradient, all rows
-    float *dq0, *dk0, *dv;  // (BT, n_heads*hd), (BT, n_kv*hd) x2: of the q, k, v projections
+    // Each in StepCtx.act_dtype, as the weight part's GEMMs read it.
+    LinearAct dy_all;          // (BT, dim): the block output's gradient, all rows
+    LinearAct dgate, dup;      // (BT, hidden) x2: of hn W1^T and hn W3^T
+    LinearAct dh_all;          // (BT, dim): h's gradient, all rows
+    LinearAct attn;            // (BT, n_heads*hd): the attention output, wo's input
+    LinearAct dq0, dk0, dv;    // (BT, n_heads*hd), (BT, n_kv*hd) x2: of the q, k, v projections
 } LayerGrads;
 
 // A transformer block's slot: pointers into the microbatch's activation arena, what forward
 // keeps. BT = B*T rows, `rows` of them this rank's (step_rows); head counts and hidden are the
 // local ones (the widths of this rank's weight slices; all of them on one device).
 typedef struct {
-    float *xn, *rstd1;      // (BT, dim), (rows): attention_norm output (all rows), its 1/rms
+    void *xn;               // (BT, dim) of StepCtx.act_dtype: attention_norm output, all rows
+    float *rstd1;           // (rows): its 1/rms
     float *q, *k, *v;       // (BT, n_heads*hd), (BT, n_kv*hd) x2: after RoPE for q and k
     float *q0, *k0;         // with QK-norm: (BT, n_heads*hd), (BT, n_kv*hd) before it
     float *q_rstd, *k_rstd; // with QK-norm: (BT*n_heads), (BT*n_kv) 1/rms of each head
     float *attn, *lse;      // (BT, n_heads*hd), (B, n_heads, T)
     float *h;               // (rows, dim): x + attention output (the FFN's residual input)
-    float *hn, *rstd2;      // (BT, dim), (rows): ffn_norm output (all rows; with MoE this
-                            // rank's rows only) and its 1/rms
-    float *gate, *up, *act; // (BT, hidden) x3: hn W1^T, hn W3^T, silu(gate) * up (dense)
+    void *hn;               // (BT, dim) of StepCtx.act_dtype: ffn_norm output, all rows (with
+                            // MoE: (rows, dim) fp32, this rank's rows only)
+    float *rstd2;           // (rows): its 1/rms
+    float *gate, *up;       // (BT, hidden) x2: hn W1^T, hn W3^T (dense)
+    void *act;              // (BT, hidden) of StepCtx.act_dtype: silu(gate) * up (dense)
     MoeSaved moe;           // with MoE: the layer's
     LayerGrads g;           // set by backward's input part
 } LayerSaved;
@@ -63,7 +68,8 @@ typedef struct {
 
 // The head's slot.
 typedef struct {
-    float *xn, *rstd;       // (BT, dim) all rows, (rows)
+    void *xn;               // (BT, dim) of StepCtx.act_dtype: the normed input, all rows
+    float *rstd;            // (rows): its 1/rms
     HeadChunk kept;         // all BT rows' logits, kept for backward when they fit one chunk
     float *lse;             // (BT) under loss parallel: log-sum-exp over the whole vocabulary
     float *losses;          // (BT)

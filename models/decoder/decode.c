@@ -41,7 +41,7 @@ static void decode_moe_ffn(const DecoderLayer *L, DecoderKVCache *c, const Kerne
     size_t mark = arena_mark(&c->arena);
     MoeSaved sv;
     if (!step_sizing(&s))
-        K->rmsnorm_forward(c->xn, c->rstd, c->x, L->ffn_norm->data, 1, L->args->dim,
+        K->rmsnorm_forward(c->xn, DTYPE_FP32, c->rstd, c->x, L->ffn_norm->data, 1, L->args->dim,
                            L->args->norm_eps);
     moe_forward(L->moe, &s, &sv, c->xn, c->x, 1);
     arena_release(&c->arena, mark);
@@ -66,8 +66,11 @@ static void project_heads(const DecoderLayer *L, const Param *w, const Param *no
                           DecoderKVCache *c, const KernelOps *K, float *out, int heads) {
     const DecoderArgs *a = L->args;
     int hd = decoder_head_dim(a);
-    K->matmul(norm ? c->qk : out, c->xn, w->data, 1, heads * hd, a->dim, false, true, 0);
-    if (norm) K->rmsnorm_forward(out, c->head_rstd, c->qk, norm->data, heads, hd, a->norm_eps);
+    K->matmul(norm ? c->qk : out, c->xn, w->data, DTYPE_FP32, 1, heads * hd, a->dim, false, true,
+              0);
+    if (norm)
+        K->rmsnorm_forward(out, DTYPE_FP32, c->head_rstd, c->qk, norm->data, heads, hd,
+                           a->norm_eps);
 }
 
 // x += Attention(attention_norm(x)), this position's k and v appended to the layer's cache.
@@ -78,25 +81,26 @@ static void decode_attention(const DecoderLayer *L, DecoderKVCache *c, const Ker
     size_t layer = (size_t)L->layer_id * c->max_ctx * nkv;
     float *k_cache = c->k + layer, *v_cache = c->v + layer;
     float *k = k_cache + (size_t)pos * nkv, *v = v_cache + (size_t)pos * nkv;
-    K->rmsnorm_forward(c->xn, c->rstd, c->x, L->attention_norm->data, 1, D, a->norm_eps);
+    K->rmsnorm_forward(c->xn, DTYPE_FP32, c->rstd, c->x, L->attention_norm->data, 1, D,
+                       a->norm_eps);
     project_heads(L, L->wq, L->q_norm, c, K, c->q, a->n_heads);
     project_heads(L, L->wk, L->k_norm, c, K, k, a->n_kv_heads);
-    K->matmul(v, c->xn, L->wv->data, 1, nkv, D, false, true, 0);
+    K->matmul(v, c->xn, L->wv->data, DTYPE_FP32, 1, nkv, D, false, true, 0);
     K->rope_forward(c->q, c->q, L->rope_cos, L->rope_sin, &pos, 1, 1, a->n_heads, hd);
     K->rope_forward(k, k, L->rope_cos, L->rope_sin, &pos, 1, 1, a->n_kv_heads, hd);
     K->attention_decode(c->attn, c->q, k_cache, v_cache, pos + 1, a->n_heads, a->n_kv_heads, hd);
-    K->matmul(c->x, c->attn, L->wo->data, 1, D, nq, false, true, 1);
+    K->matmul(c->x, c->attn, L->wo->data, DTYPE_FP32, 1, D, nq, false, true, 1);
 }
 
 // x += W2 (silu(W1 hn) * W3 hn), hn = ffn_norm(x).
 static void decode_ffn(const DecoderLayer *L, DecoderKVCache *c, const KernelOps *K) {
     const DecoderArgs *a = L->args;
     int D = a->dim, H = decoder_hidden_dim(a);
-    K->rmsnorm_forward(c->xn, c->rstd, c->x, L->ffn_norm->data, 1, D, a->norm_eps);
-    K->matmul(c->gate, c->xn, L->w1->data, 1, H, D, false, true, 0);
-    K->matmul(c->up, c->xn, L->w3->data, 1, H, D, false, true, 0);
-    K->swiglu_forward(c->act, c->gate, c->up, (size_t)H);
-    K->matmul(c->x, c->act, L->w2->data, 1, D, H, false, true, 1);
+    K->rmsnorm_forward(c->xn, DTYPE_FP32, c->rstd, c->x, L->ffn_norm->data, 1, D, a->norm_eps);
+    K->matmul(c->gate, c->xn, L->w1->data, DTYPE_FP32, 1, H, D, false, true, 0);
+    K->matmul(c->up, c->xn, L->w3->data, DTYPE_FP32, 1, H, D, false, true, 0);
+    K->swiglu_forward(c->act, DTYPE_FP32, c->gate, c->up, (size_t)H);
+    K->matmul(c->x, c->act, L->w2->data, DTYPE_FP32, 1, D, H, false, true, 1);
 }
 
 const float *decoder_decode_step(const Model *m, DecoderKVCache *c, const KernelOps *k,
@@ -114,7 +118,8 @@ const float *decoder_decode_step(const Model *m, DecoderKVCache *c, const Kernel
             decode_ffn(L, c, k);
     }
     const DecoderHead *h = m->blocks[m->n_blocks - 1].self;
-    k->rmsnorm_forward(c->xn, c->rstd, c->x, h->norm->data, 1, a->dim, a->norm_eps);
-    k->matmul(c->logits, c->xn, h->output->data, 1, a->vocab_size, a->dim, false, true, 0);
+    k->rmsnorm_forward(c->xn, DTYPE_FP32, c->rstd, c->x, h->norm->data, 1, a->dim, a->norm_eps);
+    k->matmul(c->logits, c->xn, h->output->data, DTYPE_FP32, 1, a->vocab_size, a->dim, false,
+              true, 0);
     return c->logits;
 }

@@ -111,8 +111,8 @@ static void linears_reserve(const MoeLayer *m, const StepCtx *s, MoeDims d) {
     const Linear *dense[] = {&m->linear.gate, &m->linear.shared_w1, &m->linear.shared_w2,
                              &m->linear.shared_w3};
     const Linear *experts[] = {&m->linear.w1, &m->linear.w2, &m->linear.w3};
-    linear_reserve(s, dense, d.Fs > 0 ? 4 : 1, d.rows);
-    linear_reserve(s, experts, 3, (int)d.Rl);
+    linear_reserve(s, dense, d.Fs > 0 ? 4 : 1, d.rows, DTYPE_FP32);
+    linear_reserve(s, experts, 3, (int)d.Rl, DTYPE_FP32);
 }
 
 // Slots an expert keeps: ceil(factor * rows * k / E) (GShard's capacity); 0: all of them.
@@ -157,7 +157,7 @@ static void aux_forward(const MoeLayer *m, StepCtx *s, const MoeSaved *sv, MoeDi
     K->moe_aux_stats(sv->frac, sv->frac + n, sv->scores, sv->experts, &m->args->router, d.rows,
                      first_row(s, d.rows), s->T);
     if (s->tp) s->tp->all_reduce_sum(s->tp, sv->frac, 2 * n);
-    K->matmul(dot, sv->frac, sv->frac + n, 1, 1, (int)n, false, true, 0);
+    K->matmul(dot, sv->frac, sv->frac + n, DTYPE_FP32, 1, 1, (int)n, false, true, 0);
     float host;
     K->download(&host, dot, sizeof host);
     if (!s->recompute) s->aux_loss += m->args->aux_loss_alpha * host / s->B;
@@ -176,7 +176,7 @@ static void aux_backward(const MoeLayer *m, const StepCtx *s, const MoeSaved *sv
 static void route(MoeLayer *m, StepCtx *s, MoeSaved *sv, MoeDims d, const float *x,
                   float *logits) {
     const KernelOps *K = s->k;
-    linear_forward(&m->linear.gate, s, logits, x, d.rows, 0);
+    linear_forward(&m->linear.gate, s, logits, linear_fp32(x), d.rows, 0);
     const float *bias = m->expert_bias ? m->expert_bias->data : NULL;
     K->moe_router_forward(sv->weight, sv->experts, sv->scores, logits, bias,
                           &m->args->router, d.rows);
@@ -293,17 +293,18 @@ static void experts_forward(const MoeLayer *m, const StepCtx *s, const MoeSaved 
     const int *offs = r->offs;
     linear_grouped_forward(&m->linear.w1, s, sv->gate, sv->xs, offs, 0);
     linear_grouped_forward(&m->linear.w3, s, sv->up, sv->xs, offs, 0);
-    s->k->swiglu_forward(sv->act, sv->gate, sv->up, (size_t)offs[r->n_experts] * d.F);
+    s->k->swiglu_forward(sv->act, DTYPE_FP32, sv->gate, sv->up,
+                         (size_t)offs[r->n_experts] * d.F);
     linear_grouped_forward(&m->linear.w2, s, out, sv->act, offs, 0);
 }
 
 // y += (silu(x Ws1^T) * (x Ws3^T)) Ws2^T.
 static void shared_forward(const MoeLayer *m, const StepCtx *s, const MoeSaved *sv, MoeDims d,
                            const float *x, float *y) {
-    linear_forward(&m->linear.shared_w1, s, sv->sgate, x, d.rows, 0);
-    linear_forward(&m->linear.shared_w3, s, sv->sup, x, d.rows, 0);
-    s->k->swiglu_forward(sv->sact, sv->sgate, sv->sup, (size_t)d.rows * d.Fs);
-    linear_forward(&m->linear.shared_w2, s, y, sv->sact, d.rows, 1);
+    linear_forward(&m->linear.shared_w1, s, sv->sgate, linear_fp32(x), d.rows, 0);
+    linear_forward(&m->linear.shared_w3, s, sv->sup, linear_fp32(x), d.rows, 0);
+    s->k->swiglu_forward(sv->sact, DTYPE_FP32, sv->sgate, sv->sup, (size_t)d.rows * d.Fs);
+    linear_forward(&m->linear.shared_w2, s, y, linear_fp32(sv->sact), d.rows, 1);
 }
 
 void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y, int rows) {
@@ -311,9 +312,9 @@ void moe_forward(MoeLayer *m, StepCtx *s, MoeSaved *sv, const float *x, float *y
     Arena *A = s->act;
     sv->scores = arena_floats(A, (size_t)rows * d.E);
     sv->weight = arena_floats(A, d.R);
-    sv->experts = arena_alloc(A, d.R * sizeof(int));
-    sv->counts = arena_alloc(A, (size_t)d.n_counts * sizeof(int));
-    sv->row_of_slot = arena_alloc(A, d.R * sizeof(int));
+    sv->experts = arena_tensor(A, d.R, DTYPE_INT32);
+    sv->counts = arena_tensor(A, (size_t)d.n_counts, DTYPE_INT32);
+    sv->row_of_slot = arena_tensor(A, d.R, DTYPE_INT32);
     sv->xs = arena_floats(A, d.Rl * d.D);
     sv->gate = arena_floats(A, d.Rl * d.F);
     sv->up = arena_floats(A, d.Rl * d.F);
@@ -412,8 +413,9 @@ static void route_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, co
     K->moe_router_backward(g->dlogits, g->dweight, sv->scores, sv->experts, &m->args->router,
                            d.rows);
     if (sv->frac) aux_backward(m, s, sv, d, g->dlogits);
-    linear_backward_weight(&m->linear.gate, s, g->dlogits, x, d.rows);
-    linear_backward_input(&m->linear.gate, s, dx, g->dlogits, d.rows, 1);
+    linear_backward_weight(&m->linear.gate, s, linear_fp32(g->dlogits), linear_fp32(x),
+                           d.rows);
+    linear_backward_input(&m->linear.gate, s, dx, linear_fp32(g->dlogits), d.rows, 1);
 }
 
 static void shared_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, const MoeGrads *g,
@@ -421,14 +423,17 @@ static void shared_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, c
     const KernelOps *K = s->k;
     size_t n = (size_t)d.rows * d.Fs;
     float *dact = g->dshared, *dgate = dact + n, *dup = dgate + n;
-    linear_backward_input(&m->linear.shared_w2, s, dact, dy, d.rows, 0);
-    linear_backward_weight(&m->linear.shared_w2, s, dy, sv->sact, d.rows);
+    linear_backward_input(&m->linear.shared_w2, s, dact, linear_fp32(dy), d.rows, 0);
+    linear_backward_weight(&m->linear.shared_w2, s, linear_fp32(dy), linear_fp32(sv->sact),
+                           d.rows);
     K->zero(dgate, 2 * n * sizeof(float));
     K->swiglu_backward(dgate, dup, dact, sv->sgate, sv->sup, n);
-    linear_backward_input(&m->linear.shared_w1, s, dx, dgate, d.rows, 1);
-    linear_backward_input(&m->linear.shared_w3, s, dx, dup, d.rows, 1);
-    linear_backward_weight(&m->linear.shared_w1, s, dgate, x, d.rows);
-    linear_backward_weight(&m->linear.shared_w3, s, dup, x, d.rows);
+    linear_backward_input(&m->linear.shared_w1, s, dx, linear_fp32(dgate), d.rows, 1);
+    linear_backward_input(&m->linear.shared_w3, s, dx, linear_fp32(dup), d.rows, 1);
+    linear_backward_weight(&m->linear.shared_w1, s, linear_fp32(dgate), linear_fp32(x),
+                           d.rows);
+    linear_backward_weight(&m->linear.shared_w3, s, linear_fp32(dup), linear_fp32(x),
+                           d.rows);
 }
 
 void moe_backward(MoeLayer *m, StepCtx *s, const MoeSaved *sv, const float *x, const float *dy,

@@ -38,9 +38,10 @@ static bool stage_is_local(const PpExecutor *e, int stage) {
     return stage >= 0 && stage < e->s->stages && e->s->stage_rank[stage] == e->rank;
 }
 
-size_t pp_region_bytes(const PpSchedule *s, int rank, size_t width, const PpStageFns *fns) {
+ArenaBytes pp_region_bytes(const PpSchedule *s, int rank, size_t width,
+                           const PpStageFns *fns) {
     bool split = pp_rank_splits_backward(s, rank);
-    size_t most = 0;
+    ArenaBytes most = {0};
     for (int st = 0; st < s->stages; st++) {
         if (s->stage_rank[st] != rank) continue;
         Arena a;
@@ -48,7 +49,7 @@ size_t pp_region_bytes(const PpSchedule *s, int rank, size_t width, const PpStag
         const float *x = st > 0 ? arena_floats(&a, width) : NULL;
         fns->forward(fns, st, 0, 0, &a, x);
         if (s->forward_only) {
-            most = a.peak > most ? a.peak : most;
+            if (a.peak.total > most.total) most = a.peak;
             continue;
         }
         const float *dy = st + 1 < s->stages ? arena_floats(&a, width) : NULL;
@@ -58,7 +59,7 @@ size_t pp_region_bytes(const PpSchedule *s, int rank, size_t width, const PpStag
         } else {
             fns->backward(fns, st, 0, 0, &a, BLOCK_BACKWARD, dy);
         }
-        if (a.peak > most) most = a.peak;
+        if (a.peak.total > most.total) most = a.peak;
     }
     return most;
 }
@@ -94,7 +95,7 @@ PpExecutor *pp_executor_create(const PpSchedule *s, const PpReport *r, int rank,
     *e = (PpExecutor){.s = s, .rank = rank, .group = group, .width = width, .k = k, .fns = fns,
                       .n_regions = regions[rank]};
     free(regions);
-    e->region_bytes = pp_region_bytes(s, rank, width, fns);
+    e->region_bytes = pp_region_bytes(s, rank, width, fns).total;
     e->regions = xcalloc((size_t)e->n_regions, sizeof(Region));
     e->released = xcalloc((size_t)e->n_regions, sizeof(int));
     e->mbs = xcalloc((size_t)s->stages * s->microbatches, sizeof(InFlight));

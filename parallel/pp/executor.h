@@ -40,10 +40,10 @@ struct PpStageFns {
 
 typedef struct PpExecutor PpExecutor;
 
-// Bytes of one region on rank `rank`: the most any of its stages' microbatches needs, input
-// and gradient buffers included, counted by running each once on a sizing arena (no MPI, no
-// compute: also what --estimate reports).
-size_t pp_region_bytes(const PpSchedule *s, int rank, size_t width, const PpStageFns *fns);
+// Bytes (by dtype) of one region on rank `rank`: the most any of its stages' microbatches
+// needs, input and gradient buffers included, counted by running each once on a sizing arena
+// (no MPI, no compute: also what --estimate reports).
+ArenaBytes pp_region_bytes(const PpSchedule *s, int rank, size_t width, const PpStageFns *fns);
 // regions (s->ranks): the fewest regions per rank, from the peak live activations up, with
 // which the checker proves the executor neither deadlocks nor runs out (each rank reuses the
 // oldest region given back, once its sends were received: pp_schedule_check_regions).

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/bf16.h"
 #include "kernels/kernels.h"
 
 enum { CPU, GPU, N_SIDES };
@@ -26,6 +27,7 @@ static const KernelOps *side[N_SIDES];
 #define BOUND_FP32 1e-5    // fp32 elementwise math: a few ulps of the largest value
 #define BOUND_REDUCE 1e-4  // fp32 sums over long rows, added in another order
 #define BOUND_EXACT 0.0    // moves, lookups and single roundings: bit for bit
+#define BOUND_BF16_STORE 8e-3  // an fp32 result stored in bf16: one rounding (2^-9) either way
 #define TIME_REPS 20       // cuda runs per timing
 #define MAX_OUTPUTS 3
 
@@ -126,6 +128,15 @@ static Pair pair_nan(size_t n) {
     return p;
 }
 
+// n bf16 NaNs: a typed op's bf16 output before it runs.
+static Pair pair_nan16(size_t n) {
+    uint16_t *x = host_alloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = 0x7fc0u;
+    Pair p = pair_of(x, n * sizeof *x);
+    free(x);
+    return p;
+}
+
 static Pair pair_ints(const int *x, size_t n) { return pair_of(x, n * sizeof *x); }
 
 // Both sides back to the init values (after a timing has rerun an op on them).
@@ -160,6 +171,7 @@ typedef enum {
     CMP_INCREMENT,   // max |cuda - cpu| / max |cpu - init|: an accumulated gradient's error
     CMP_BITS32,      // the fraction of floats whose bits differ (any NaN matches any NaN)
     CMP_BITS16,      // the same over bf16 values
+    CMP_NORMALISED16,  // CMP_NORMALISED over bf16 values (a typed op's bf16 output)
     CMP_BYTES,       // the fraction of bytes that differ (float8 codes)
 } Compare;
 
@@ -203,6 +215,14 @@ static double error_bits16(const uint16_t *cpu, const uint16_t *gpu, size_t n) {
     return n ? (double)differ / (double)n : 0.0;
 }
 
+static double error_normalised16(const uint16_t *cpu, const uint16_t *gpu, size_t n) {
+    float *c = host_alloc(n * sizeof *c), *g = host_alloc(n * sizeof *g);
+    for (size_t i = 0; i < n; i++) c[i] = bf16_to_float(cpu[i]), g[i] = bf16_to_float(gpu[i]);
+    double err = error_normalised(c, g, NULL, n);
+    free(c), free(g);
+    return err;
+}
+
 static double error_bytes(const uint8_t *cpu, const uint8_t *gpu, size_t n) {
     size_t differ = 0;
     for (size_t i = 0; i < n; i++) differ += cpu[i] != gpu[i];
@@ -224,6 +244,7 @@ static double output_error(const Output *o) {
     case CMP_INCREMENT: err = error_normalised(cpu, gpu, o->pair->init, n); break;
     case CMP_BITS32: err = error_bits32(cpu, gpu, n); break;
     case CMP_BITS16: err = error_bits16(cpu, gpu, o->pair->bytes / 2); break;
+    case CMP_NORMALISED16: err = error_normalised16(cpu, gpu, o->pair->bytes / 2); break;
     case CMP_BYTES: err = error_bytes(cpu, gpu, o->pair->bytes); break;
     }
     free(cpu), free(gpu);
@@ -337,6 +358,7 @@ static void check_memory(void) {
 
 typedef struct {
     Pair a, b, c;
+    Dtype ab;
     int m, n, k;
     bool ta, tb;
     float beta;
@@ -344,34 +366,49 @@ typedef struct {
 
 static void matmul_run(int s, void *ctx) {
     MatmulArgs *a = ctx;
-    side[s]->matmul(F(a->c, s), F(a->a, s), F(a->b, s), a->m, a->n, a->k, a->ta, a->tb, a->beta);
+    side[s]->matmul(F(a->c, s), a->a.at[s], a->b.at[s], a->ab, a->m, a->n, a->k, a->ta, a->tb,
+                    a->beta);
+}
+
+// n random values in [-1, 1) stored as ab.
+static Pair pair_operand(size_t n, Dtype ab) {
+    if (ab == DTYPE_FP32) return pair_random(n, -1, 1);
+    uint16_t *h = host_alloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++) h[i] = bf16_from_float((float)rng_range(-1, 1));
+    Pair p = pair_of(h, n * sizeof *h);
+    free(h);
+    return p;
 }
 
 // beta 0 must not read c, which starts as NaN; beta 1 adds onto a c as large as the product
-// (entries ~ sqrt(k) / 3), so that dropping it fails.
-static void check_matmul(int m, int n, int k, bool ta, bool tb, float beta) {
+// (entries ~ sqrt(k) / 3), so that dropping it fails. bf16 operands are the same on both
+// sides: only the order of the fp32 sums differs.
+static void check_matmul(Dtype ab, int m, int n, int k, bool ta, bool tb, float beta) {
     size_t mn = (size_t)m * n;
     double c_scale = sqrt((double)k);
-    MatmulArgs a = {pair_random((size_t)m * k, -1, 1), pair_random((size_t)k * n, -1, 1),
+    MatmulArgs a = {pair_operand((size_t)m * k, ab), pair_operand((size_t)k * n, ab),
                     beta == 0.0f ? pair_nan(mn) : pair_random(mn, -c_scale, c_scale),
-                    m, n, k, ta, tb, beta};
+                    ab, m, n, k, ta, tb, beta};
     char shape[64];
-    snprintf(shape, sizeof shape, "%dx%dx%d %c%c beta=%g", m, n, k, ta ? 'T' : 'N',
-             tb ? 'T' : 'N', beta);
+    snprintf(shape, sizeof shape, "%s %dx%dx%d %c%c beta=%g", dtype_name(ab), m, n, k,
+             ta ? 'T' : 'N', tb ? 'T' : 'N', beta);
     Output out[] = {{"", &a.c, NULL, beta == 0.0f ? CMP_NORMALISED : CMP_INCREMENT,
-                     bound_compute}};
+                     ab == DTYPE_BF16 ? BOUND_REDUCE : bound_compute}};
     op_check("matmul", shape, matmul_run, &a, out, 1);
     pair_free(&a.a), pair_free(&a.b), pair_free(&a.c);
 }
 
 // Odd sizes in every transpose case, then the 1B flavor's FFN at 8192 tokens (B=4, T=2048):
-// the forward x W1^T and the weight gradient dW2 += dy^T h.
+// the forward x W1^T and the weight gradient dW2 += dy^T h; fp32 and bf16 operands.
 static void check_matmuls(void) {
-    for (int ta = 0; ta < 2; ta++)
-        for (int tb = 0; tb < 2; tb++)
-            for (int beta = 0; beta < 2; beta++) check_matmul(67, 45, 33, ta, tb, (float)beta);
-    check_matmul(8192, 8192, 2048, false, true, 0.0f);
-    check_matmul(2048, 8192, 8192, true, false, 1.0f);
+    for (Dtype ab = DTYPE_FP32; ab <= DTYPE_BF16; ab++) {
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int beta = 0; beta < 2; beta++)
+                    check_matmul(ab, 67, 45, 33, ta, tb, (float)beta);
+        check_matmul(ab, 8192, 8192, 2048, false, true, 0.0f);
+        check_matmul(ab, 2048, 8192, 8192, true, false, 1.0f);
+    }
 }
 
 // ---- rmsnorm ---------------------------------------------------------------------------------
@@ -379,12 +416,13 @@ static void check_matmuls(void) {
 typedef struct {
     Pair out, rstd, x, w, dout, dx, dw;
     int n, dim;
+    Dtype out_type;
 } RmsArgs;
 
 static void rmsnorm_forward_run(int s, void *ctx) {
     RmsArgs *a = ctx;
-    side[s]->rmsnorm_forward(F(a->out, s), F(a->rstd, s), F(a->x, s), F(a->w, s), a->n, a->dim,
-                             1e-5f);
+    side[s]->rmsnorm_forward(a->out.at[s], a->out_type, F(a->rstd, s), F(a->x, s), F(a->w, s),
+                             a->n, a->dim, 1e-5f);
 }
 
 static void rmsnorm_backward_run(int s, void *ctx) {
@@ -393,15 +431,22 @@ static void rmsnorm_backward_run(int s, void *ctx) {
                               F(a->rstd, s), a->n, a->dim);
 }
 
+// The forward with an fp32 output, and with a bf16 one (out_type): bf16 normed rows.
 static void check_rmsnorm(int n, int dim) {
     size_t nd = (size_t)n * dim;
     RmsArgs a = {pair_nan(nd), pair_nan(n), pair_random(nd, -2, 2), pair_random(dim, -1, 1),
-                 pair_random(nd, -1, 1), pair_random(nd, -1, 1), pair_random(dim, -1, 1), n, dim};
+                 pair_random(nd, -1, 1), pair_random(nd, -1, 1), pair_random(dim, -1, 1), n, dim,
+                 DTYPE_FP32};
     char shape[64];
     snprintf(shape, sizeof shape, "n=%d dim=%d", n, dim);
     Output fwd[] = {{"out", &a.out, NULL, CMP_NORMALISED, BOUND_FP32},
                     {"rstd", &a.rstd, NULL, CMP_NORMALISED, BOUND_FP32}};
     op_check("rmsnorm_fwd", shape, rmsnorm_forward_run, &a, fwd, 2);
+    RmsArgs typed = a;
+    typed.out = pair_nan16(nd), typed.out_type = DTYPE_BF16;
+    Output fwd16[] = {{"out", &typed.out, NULL, CMP_NORMALISED16, BOUND_BF16_STORE}};
+    op_check("rmsnorm_fwd bf16", shape, rmsnorm_forward_run, &typed, fwd16, 1);
+    pair_free(&typed.out);
     pair_share_cpu(&a.rstd);
     Output bwd[] = {{"dx", &a.dx, NULL, CMP_INCREMENT, BOUND_REDUCE},
                     {"dweight", &a.dw, NULL, CMP_INCREMENT, BOUND_REDUCE}};
@@ -648,11 +693,12 @@ static void check_attentions(void) {
 typedef struct {
     Pair out, gate, up, dout, dgate, dup;
     size_t n;
+    Dtype out_type;
 } SwigluArgs;
 
 static void swiglu_forward_run(int s, void *ctx) {
     SwigluArgs *a = ctx;
-    side[s]->swiglu_forward(F(a->out, s), F(a->gate, s), F(a->up, s), a->n);
+    side[s]->swiglu_forward(a->out.at[s], a->out_type, F(a->gate, s), F(a->up, s), a->n);
 }
 
 static void swiglu_backward_run(int s, void *ctx) {
@@ -664,11 +710,17 @@ static void swiglu_backward_run(int s, void *ctx) {
 // gate in [-12, 12): silu's saturated tails on both sides.
 static void check_swiglu(size_t n) {
     SwigluArgs a = {pair_nan(n), pair_random(n, -12, 12), pair_random(n, -1, 1),
-                    pair_random(n, -1, 1), pair_random(n, -1, 1), pair_random(n, -1, 1), n};
+                    pair_random(n, -1, 1), pair_random(n, -1, 1), pair_random(n, -1, 1), n,
+                    DTYPE_FP32};
     char shape[64];
     snprintf(shape, sizeof shape, "n=%zu", n);
     Output fwd[] = {{"", &a.out, NULL, CMP_NORMALISED, BOUND_FP32}};
     op_check("swiglu_fwd", shape, swiglu_forward_run, &a, fwd, 1);
+    SwigluArgs typed = a;
+    typed.out = pair_nan16(n), typed.out_type = DTYPE_BF16;
+    Output fwd16[] = {{"", &typed.out, NULL, CMP_NORMALISED16, BOUND_BF16_STORE}};
+    op_check("swiglu_fwd bf16", shape, swiglu_forward_run, &typed, fwd16, 1);
+    pair_free(&typed.out);
     Output bwd[] = {{"dgate", &a.dgate, NULL, CMP_INCREMENT, BOUND_FP32},
                     {"dup", &a.dup, NULL, CMP_INCREMENT, BOUND_FP32}};
     op_check("swiglu_bwd", shape, swiglu_backward_run, &a, bwd, 2);

@@ -8,7 +8,9 @@
 # the exact emulation oneDNN-less cpus run (DNNL_MAX_CPU_ISA=AVX2 hides oneDNN's bf16
 # kernels), also checked op by op by test_bf16_gemm; a 2-rank FSDP run, which all-gathers bf16
 # weights as torchtitan's MixedPrecisionPolicy (norms and embeddings too, so it is not the
-# 1-rank bf16 run: measured 1e-3 and 8e-3 from fp32); and the MoE model's grouped GEMMs.
+# 1-rank bf16 run: measured 1e-3 and 8e-3 from fp32); a 2-rank tensor parallel run, whose
+# sequence-parallel gathers move the bf16 activations the GEMMs read (half fp32's bytes: checked
+# exactly against the fp32 run's tp counter); and the MoE model's grouped GEMMs.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 BF16=(--training.mixed_precision_param bfloat16)
@@ -56,3 +58,17 @@ train_ranks moe_fp32 1 "${MOE[@]}"
 train_ranks moe_bf16 1 "${MOE[@]}" "${BF16[@]}"
 tracks "1 rank MoE, grouped GEMMs" "$SCRATCH/moe_fp32/metrics.jsonl" \
   "$SCRATCH/moe_bf16/metrics.jsonl"
+
+# TP: the normed rows (2 per layer and the head's, forward) and the output gradients (2 per
+# layer, backward) are gathered in bf16. debugmodel: 6 layers, dim 256; 128 rows a rank; 2
+# microbatches a step.
+TP=(--parallelism.tensor_parallel_degree 2)
+train_ranks tp_fp32 2 "${RUN[@]}" "${TP[@]}"
+train_ranks tp 2 "${RUN[@]}" "${BF16[@]}" "${TP[@]}"
+tracks "2 ranks TP, bf16 gathers" "$SCRATCH/fp32/metrics.jsonl" "$SCRATCH/tp/metrics.jsonl"
+tp_bytes() { sed -n 's/^comm: group tp .* \([0-9]*\) bytes.*/\1/p' "$1"; }
+saved=$(( $(tp_bytes "$SCRATCH/tp_fp32.log") - $(tp_bytes "$SCRATCH/tp.log") ))
+expected=$(( 30 * 2 * (4 * 6 + 1) * 128 * 256 * 2 ))
+[ "$saved" -eq "$expected" ] ||
+  fail "tp bytes saved by bf16 gathers: $saved, expected $expected (25 gathers of 128 x 256 a microbatch, 2 bytes less each)"
+echo "ok: 2 ranks TP gathers bf16 rows: $saved bytes fewer over 30 steps"

@@ -50,11 +50,11 @@ static void run_loop(const Gemm *g, bool parallel) {
         int m = g->offsets[e + 1] - g->offsets[e];
         size_t w = (size_t)e * g->n * g->k;
         if (g->trans_a)
-            cpu->matmul(g->c + w, g->a + r0 * g->k, g->b + r0 * g->n, g->k, g->n, m, true, false,
-                        0.0f);
+            cpu->matmul(g->c + w, g->a + r0 * g->k, g->b + r0 * g->n, DTYPE_FP32, g->k, g->n, m,
+                        true, false, 0.0f);
         else if (m > 0)
-            cpu->matmul(g->c + r0 * g->n, g->a + r0 * g->k, g->b + w, m, g->n, g->k, false,
-                        g->trans_b, 0.0f);
+            cpu->matmul(g->c + r0 * g->n, g->a + r0 * g->k, g->b + w, DTYPE_FP32, m, g->n, g->k,
+                        false, g->trans_b, 0.0f);
     }
 }
 static void run_blas_threads(const Gemm *g) { run_loop(g, false); }
@@ -64,9 +64,9 @@ static void run_omp_experts(const Gemm *g) { run_loop(g, true); }
 static void run_one(const Gemm *g) {
     int rows = g->offsets[g->groups];
     if (g->trans_a)
-        cpu->matmul(g->c, g->a, g->b, g->k, g->n, rows, true, false, 0.0f);
+        cpu->matmul(g->c, g->a, g->b, DTYPE_FP32, g->k, g->n, rows, true, false, 0.0f);
     else
-        cpu->matmul(g->c, g->a, g->b, rows, g->n, g->k, false, g->trans_b, 0.0f);
+        cpu->matmul(g->c, g->a, g->b, DTYPE_FP32, rows, g->n, g->k, false, g->trans_b, 0.0f);
 }
 
 // Each way's least time over rounds that call the three in turn (so that other jobs' load, which

@@ -22,6 +22,8 @@ Per rank, in floats (each arena allocation rounded up to 64 bytes):
   comm    =  all-gather receive and reduce-scatter send buffers of dp x the largest unit
              shard, and a reduce-scatter receive buffer of one; and in bf16 (half a float
              each) the all-gather's send buffer of one and receive buffer of dp;
+  dtypes  =  each arena row's bytes by dtype: params, grads and optimizer all fp32, comm its
+             fp32 and bf16 buffers above; every row's parts sum to its bytes;
   total   =  the sum of the five arenas (activations included, not derived here);
   FLOPs   =  torchtitan's (6 N + 12 L H Q T) per token, N without the embedding, times the
              rank's tokens, over tp.
@@ -77,24 +79,33 @@ def main():
     full = [sum(r * n for r, n in u) for u in us]
     shard = [sum(math.ceil(r / dp) * n for r, n in u) for u in us]
     numel = sum(shard)
-    want = {
+    fp32 = {
         "params": aligned(numel) + aligned(max(full[:-1]) + full[-1]),
         "grads": aligned(numel) + aligned(max(full)),
         "optimizer": 2 * aligned(numel),
-        "comm": 2 * aligned(dp * max(shard)) + aligned(max(shard)) +
-                aligned(max(shard), 2) + aligned(dp * max(shard), 2),
+        "comm": 2 * aligned(dp * max(shard)) + aligned(max(shard)),
     }
+    want_dtypes = {k: {"fp32": v} for k, v in fp32.items()}
+    want_dtypes["comm"]["bf16"] = aligned(max(shard), 2) + aligned(dp * max(shard), 2)
+    want = {k: sum(parts.values()) for k, parts in want_dtypes.items()}
     n_no_embedding = total - d["vocab"] * d["dim"]
     head_dim = d["dim"] // d["heads"]
     per_token = 6 * n_no_embedding + 12 * d["layers"] * d["heads"] * head_dim * seq_len
     want_flops = per_token * batch * seq_len / tp
 
     lines = open(path).read().splitlines()
-    got = {l.split()[0]: int(l.split()[1]) for l in lines
-           if l.startswith("  ") and len(l.split()) == 3 and l.split()[1].isdigit()}
+    rows = [l.split(None, 3) for l in lines
+            if l.startswith("  ") and len(l.split()) >= 3 and l.split()[1].isdigit()]
+    got = {r[0]: int(r[1]) for r in rows}
+    dtypes = {r[0]: {d: int(n) for d, n in (p.split() for p in r[3].split(", "))}
+              for r in rows if len(r) == 4}  # "fp32 123, bf16 45": the arena rows' dtypes
     m = re.search(r"FLOPs per step per rank: (\S+)", "\n".join(lines))
     errors = [f"{k}: titan {got.get(k)}, closed form {v}"
               for k, v in want.items() if got.get(k) != v]
+    errors += [f"{k} by dtype: titan {dtypes.get(k)}, closed form {v}"
+               for k, v in want_dtypes.items() if dtypes.get(k) != v]
+    errors += [f"{k}: its dtypes {parts} do not sum to {got[k]}"
+               for k, parts in dtypes.items() if sum(parts.values()) != got[k]]
     arenas = ("params", "grads", "optimizer", "activations", "comm")
     if got.get("total") != sum(got.get(k, 0) for k in arenas):
         errors.append(f"total {got.get('total')} is not the sum of the arenas")
@@ -104,7 +115,8 @@ def main():
     if errors:
         sys.exit(f"{flavor} on {world} ranks (tp {tp}): " + "; ".join(errors))
     print(f"ok: {flavor} on {world} ranks (dp_shard {dp} x tp {tp}): {total / 1e9:.2f}e9 params; "
-          f"params, grads, optimizer and comm arenas and FLOPs equal the closed forms")
+          f"params, grads, optimizer and comm arenas (and their dtypes) and FLOPs equal the "
+          f"closed forms")
 
 
 main()

@@ -2,8 +2,11 @@
 // grouped_matmul must equal an exact emulation of cuda's contract, the inputs rounded to bf16
 // (nearest even, core/bf16.h) and the products summed in double, within fp32 summation-order
 // error (FWD_TOL, normalised); and must differ from the unrounded product by bf16's rounding,
-// which proves the inputs really were rounded. Its own binary: the bf16 path, once started,
-// stays on for the process.
+// which proves the inputs really were rounded. bf16 operands (the stored activations of bf16
+// mixed precision) must give the very bits of their fp32 values rounded at the call, and the
+// typed outputs of rmsnorm and SwiGLU the bits of their fp32 outputs rounded; a Linear on bf16
+// activations the bits of one on fp32 activations holding the same values, in every precision.
+// Its own binary: the bf16 path, once started, stays on for the process.
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -17,6 +20,7 @@
 
 #include "core/bf16.h"
 #include "kernels/kernels.h"
+#include "models/linear.h"
 
 #include "tests/unit/kernel_check.h"
 
@@ -59,19 +63,30 @@ static double normalised_error(const float *got, const double *want, size_t n) {
     return err / scale;
 }
 
+static uint16_t *bf16_copy(const float *x, size_t n) {
+    uint16_t *y = malloc(n * sizeof *y);
+    for (size_t i = 0; i < n; i++) y[i] = bf16_from_float(x[i]);
+    return y;
+}
+
 static void matmul_check(int m, int n, int k, bool ta, bool tb, float beta) {
     float *a = floats_random((size_t)m * k, 1.0), *b = floats_random((size_t)k * n, 1.0);
     float *c0 = floats_random((size_t)m * n, 1.0), *c = floats_copy(c0, (size_t)m * n);
     if (beta == 0.0f)
         for (size_t i = 0; i < (size_t)m * n; i++) c[i] = NAN;  // beta 0: c is not read
-    ops->matmul(c, a, b, m, n, k, ta, tb, beta);
+    ops->matmul(c, a, b, DTYPE_FP32, m, n, k, ta, tb, beta);
     double *want = matmul_reference(a, b, c0, m, n, k, ta, tb, beta, true);
     double *exact = matmul_reference(a, b, c0, m, n, k, ta, tb, beta, false);
     char what[96];
     snprintf(what, sizeof what, "bf16 matmul %dx%dx%d ta=%d tb=%d beta=%g", m, n, k, ta, tb, beta);
     assert_close(what, c, want, (size_t)m * n, FWD_TOL);
     assert_true(normalised_error(c, exact, (size_t)m * n) > BF16_ROUNDING_MIN);
-    free(a), free(b), free(c0), free(c), free(want), free(exact);
+    // The same operands stored in bf16.
+    uint16_t *a16 = bf16_copy(a, (size_t)m * k), *b16 = bf16_copy(b, (size_t)k * n);
+    float *c16 = floats_copy(c0, (size_t)m * n);
+    ops->matmul(c16, a16, b16, DTYPE_BF16, m, n, k, ta, tb, beta);
+    assert_memory_equal(c16, c, (size_t)m * n * sizeof *c);
+    free(a), free(b), free(c0), free(c), free(want), free(exact), free(a16), free(b16), free(c16);
 }
 
 // Every transpose and beta, a shape below one kernel block and one above, each twice (the
@@ -147,6 +162,89 @@ static void test_bf16_describe(void **state) {
     assert_true(strstr(line, "bf16 matmul (") || strstr(line, "bf16-rounded inputs through sgemm"));
 }
 
+// out16 (n) must hold exactly the fp32 out (n) rounded.
+static void assert_rounded(const char *what, const uint16_t *out16, const float *out, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (out16[i] != bf16_from_float(out[i]))
+            fail_msg("%s: element %zu is 0x%04x, the fp32 output %.9g rounds to 0x%04x", what, i,
+                     out16[i], out[i], bf16_from_float(out[i]));
+}
+
+// rmsnorm_forward and swiglu_forward with bf16 outputs (the inputs include a NaN and values
+// that round up past a binade); rstd as fp32's.
+static void test_bf16_outputs(void **state) {
+    (void)state;
+    rng_seed(47);
+    int n = 9, dim = 36;
+    size_t nd = (size_t)n * dim;
+    float *x = floats_random(nd, 3.0), *w = floats_random(dim, 1.0), *up = floats_random(nd, 1.0);
+    x[5] = NAN, up[7] = 1.0f + 0x1.ffp-8f;  // silu(x) * up rounds up at the bf16 cut
+    float *out = floats_random(nd, 1.0), *rstd = floats_random(n, 1.0);
+    float *rstd16 = floats_random(n, 1.0);
+    uint16_t *out16 = malloc(nd * sizeof *out16);
+    ops->rmsnorm_forward(out, DTYPE_FP32, rstd, x, w, n, dim, 1e-5f);
+    ops->rmsnorm_forward(out16, DTYPE_BF16, rstd16, x, w, n, dim, 1e-5f);
+    assert_rounded("rmsnorm_forward bf16", out16, out, nd);
+    assert_memory_equal(rstd16, rstd, n * sizeof *rstd);
+    ops->swiglu_forward(out, DTYPE_FP32, x, up, nd);
+    ops->swiglu_forward(out16, DTYPE_BF16, x, up, nd);
+    assert_rounded("swiglu_forward bf16", out16, out, nd);
+    free(x), free(w), free(up), free(out), free(rstd), free(rstd16), free(out16);
+}
+
+// A Linear's three GEMMs on bf16 activations, and on fp32 ones holding the same (bf16) values:
+// the same bits, for the backend's precision (the weight cast at the call) and for float8
+// (the activations widened before the casts).
+#define LROWS 24
+#define LIN 48
+#define LOUT 32
+
+typedef struct {
+    float y[LROWS * LOUT], dx[LROWS * LIN], dw[LOUT * LIN];
+} LinearOut;
+
+static void linear_run(LinearPrecision precision, Dtype dtype, const float *x, const float *dy,
+                       const float *w, LinearOut *o) {
+    Param p = {.ndim = 2, .global_shape = {LOUT, LIN}, .shape = {LOUT, LIN}};
+    float wcopy[LOUT * LIN];
+    memcpy(wcopy, w, sizeof wcopy);
+    memset(o, 0, sizeof *o);
+    p.data = wcopy, p.grad = o->dw;
+    Linear l = {&p, precision};
+    Arena act;
+    arena_init_sizing(&act, "act");
+    StepCtx s = {.k = ops, .act = &act, .B = 1, .T = LROWS, .act_dtype = dtype};
+    linear_reserve(&s, (const Linear *[]){&l}, 1, LROWS, dtype);
+    arena_commit(&act, NULL);
+    uint16_t x16[LROWS * LIN], dy16[LROWS * LOUT];
+    ops->to_bf16(x16, x, LROWS * LIN);
+    ops->to_bf16(dy16, dy, LROWS * LOUT);
+    LinearAct xa = dtype == DTYPE_BF16 ? linear_act(x16, dtype) : linear_fp32(x);
+    LinearAct dya = dtype == DTYPE_BF16 ? linear_act(dy16, dtype) : linear_fp32(dy);
+    linear_forward(&l, &s, o->y, xa, LROWS, 0);
+    linear_backward_input(&l, &s, o->dx, dya, LROWS, 0);
+    linear_backward_weight(&l, &s, dya, xa, LROWS);
+    arena_free(&act);
+}
+
+static void test_bf16_linear(void **state) {
+    (void)state;
+    rng_seed(53);
+    float *x = floats_random(LROWS * LIN, 2.0), *dy = floats_random(LROWS * LOUT, 1.0);
+    float *w = floats_random(LOUT * LIN, 0.5);
+    for (int i = 0; i < LROWS * LIN; i++) x[i] = (float)bf16_rounded(x[i]);
+    for (int i = 0; i < LROWS * LOUT; i++) dy[i] = (float)bf16_rounded(dy[i]);
+    LinearPrecision all[] = {LINEAR_BACKEND, LINEAR_FLOAT8_TENSORWISE, LINEAR_FLOAT8_ROWWISE,
+                             LINEAR_FLOAT8_ROWWISE_WITH_GW_HP};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+        LinearOut fp32, bf16;
+        linear_run(all[i], DTYPE_FP32, x, dy, w, &fp32);
+        linear_run(all[i], DTYPE_BF16, x, dy, w, &bf16);
+        assert_memory_equal(&bf16, &fp32, sizeof fp32);
+    }
+    free(x), free(dy), free(w);
+}
+
 static int setup_bf16(void **state) {
     (void)state;
     ops = kernels_backend("cpu");
@@ -161,6 +259,8 @@ int main(void) {
         cmocka_unit_test(test_bf16_matmul),
         cmocka_unit_test(test_bf16_grouped_matmul),
         cmocka_unit_test(test_bf16_describe),
+        cmocka_unit_test(test_bf16_outputs),
+        cmocka_unit_test(test_bf16_linear),
     };
     return cmocka_run_group_tests(tests, setup_bf16, NULL);
 }

@@ -163,7 +163,7 @@ static void sharded_build(Sharded *sh, const Mesh *mesh, const Case *c, int rows
     sh->net.m.hooks = fsdp_attach(&sh->f, mesh->fsdp, c->experts ? efsdp : NULL,
                                   replicate > 1 ? mesh->group[MESH_DP_REPLICATE] : NULL);
     arena_init_sizing(&sh->acts, "activations");
-    sh->acts.peak = model_activation_bytes(&sh->net.m, k, rows / c->microbatches, T);
+    arena_reserve(&sh->acts, model_activation_bytes(&sh->net.m, k, rows / c->microbatches, T));
     arena_commit(&sh->acts, NULL);
 }
 

@@ -42,7 +42,7 @@ static void matmul_check(int m, int n, int k, bool ta, bool tb, float beta) {
     float *c0 = floats_random((size_t)m * n, 1.0), *c = floats_copy(c0, (size_t)m * n);
     if (beta == 0.0f)
         for (int i = 0; i < m * n; i++) c[i] = NAN; // beta == 0 must not read c
-    ops->matmul(c, a, b, m, n, k, ta, tb, beta);
+    ops->matmul(c, a, b, DTYPE_FP32, m, n, k, ta, tb, beta);
     double *want = doubles_zero((size_t)m * n);
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) {
@@ -122,7 +122,7 @@ static void test_rmsnorm(void **state) {
     float *x = floats_random(nd, 2.0), *w = floats_random(dim, 1.0), *dout = floats_random(nd, 1.0);
     float *out = floats_random(nd, 1.0), *rstd = floats_random(n, 1.0);
     RmsCase c = {n, dim, 1e-5f, doubles_from(x, nd), doubles_from(w, dim), dout};
-    ops->rmsnorm_forward(out, rstd, x, w, n, dim, c.eps);
+    ops->rmsnorm_forward(out, DTYPE_FP32, rstd, x, w, n, dim, c.eps);
     double *want = doubles_zero(nd), *want_rstd = doubles_zero(n);
     rmsnorm_ref(want, want_rstd, &c);
     assert_close("rmsnorm out", out, want, nd, FWD_TOL);
@@ -648,7 +648,7 @@ static void test_swiglu(void **state) {
     float *gate = floats_random(SWIGLU_N, 12.0), *up = floats_random(SWIGLU_N, 1.0);
     float *dout = floats_random(SWIGLU_N, 1.0), *out = floats_random(SWIGLU_N, 1.0);
     SwigluCase c = {doubles_from(gate, SWIGLU_N), doubles_from(up, SWIGLU_N), dout};
-    ops->swiglu_forward(out, gate, up, SWIGLU_N);
+    ops->swiglu_forward(out, DTYPE_FP32, gate, up, SWIGLU_N);
     double want[SWIGLU_N], dgate_ref[SWIGLU_N], dup_ref[SWIGLU_N];
     for (int i = 0; i < SWIGLU_N; i++) {
         double g = c.gate[i], sg = 1.0 / (1.0 + exp(-g));
@@ -1000,7 +1000,7 @@ static void test_determinism(void **state) {
     for (int i = 0; i < n; i++) tokens[i] = i % 7; // heavy repetition
     float *dout = floats_random(nd, 1.0), *x = floats_random(nd, 1.0), *y = floats_random(nd, 1.0);
     float *w = floats_random(dim, 1.0), rstd[2048], dtab[2][7 * 96], dw[2][96], *dx[2];
-    ops->rmsnorm_forward(y, rstd, x, w, n, dim, 1e-5f);
+    ops->rmsnorm_forward(y, DTYPE_FP32, rstd, x, w, n, dim, 1e-5f);
     for (int i = 0; i < 2; i++) {
         memset(dtab[i], 0, sizeof dtab[i]), memset(dw[i], 0, sizeof dw[i]);
         ops->embedding_backward(dtab[i], dout, tokens, n, dim, 0, 7);

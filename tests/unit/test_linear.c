@@ -207,23 +207,24 @@ static void check_recipe(LinearPrecision precision) {
     Arena act;
     arena_init_sizing(&act, "act");
     StepCtx s = {.k = kernels_backend("cpu"), .act = &act, .B = 1, .T = ROWS};
-    linear_reserve(&s, all, 1, ROWS);
+    linear_reserve(&s, all, 1, ROWS, DTYPE_FP32);
     arena_commit(&act, NULL);
     Recipe r = recipe_of(precision);
 
-    linear_forward(&l, &s, y, x, ROWS, 0);
+    linear_forward(&l, &s, y, linear_fp32(x), ROWS, 0);
     ref_quantize(xq, x, ROWS, IN, r.x_fwd, r.pow2);
     ref_quantize(wq, w, OUT, IN, r.w_fwd, r.pow2);
     ref_gemm(want, xq, false, wq, false, ROWS, OUT, IN, mag);
     expect_close(y, want, mag, ROWS * OUT);
 
-    linear_backward_input(&l, &s, dx, dy, ROWS, 0);
+    linear_backward_input(&l, &s, dx, linear_fp32(dy), ROWS, 0);
     ref_quantize(gq, dy, ROWS, OUT, r.g_gi, r.pow2);
     ref_quantize(wq, w, OUT, IN, r.w_gi, r.pow2);
     ref_gemm(want, gq, false, wq, true, ROWS, IN, OUT, mag);  // dy (rows, out) W (out, in)
     expect_close(dx, want, mag, ROWS * IN);
 
-    linear_backward_weight(&l, &s, dy, x, ROWS);  // accumulates onto grad0
+    linear_backward_weight(&l, &s, linear_fp32(dy), linear_fp32(x),
+                           ROWS);  // accumulates onto grad0
     ref_quantize(gq, dy, ROWS, OUT, r.g_gw, r.pow2);
     ref_quantize(xq, x, ROWS, IN, r.x_gw, r.pow2);
     ref_gemm(want, gq, true, xq, true, OUT, IN, ROWS, mag);  // dy^T (out, rows) x (rows, in)
@@ -255,7 +256,7 @@ static void test_grouped_rowwise(void **state) {
     Arena act;
     arena_init_sizing(&act, "act");
     StepCtx s = {.k = kernels_backend("cpu"), .act = &act, .B = 1, .T = ROWS};
-    linear_reserve(&s, all, 1, ROWS);
+    linear_reserve(&s, all, 1, ROWS, DTYPE_FP32);
     arena_commit(&act, NULL);
     RefCast row = {PER_ROW, FLOAT8_E4M3FN}, col = {PER_COL, FLOAT8_E4M3FN};
 

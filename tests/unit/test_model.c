@@ -115,11 +115,11 @@ static void check_step_uses_planned_bytes(bool ac) {
     TokenBatch batch = {.tokens = tokens, .targets = tokens, .pos = pos};
     StepCtx s = {.k = kernels_backend("cpu"), .act = &b.acts, .B = B, .T = T, .input = &batch,
                  .loss_scale = 1};
-    size_t planned = b.acts.peak;
-    b.acts.peak = 0;
+    ArenaBytes planned = b.acts.peak;
+    b.acts.peak = (ArenaBytes){0};
     double loss = model_forward_backward(&b.m, &s);
     assert_true(isfinite(loss) && loss > 0);
-    assert_int_equal(b.acts.peak, planned);
+    assert_memory_equal(&b.acts.peak, &planned, sizeof planned);  // bytes and their dtypes
     free(tokens);
     free(pos);
     unbuild(&b);

@@ -65,12 +65,13 @@ static void run(Run *r, const char *flavor, bool tp, bool loss_parallel, bool ac
     StepCtx s = {.k = k, .act = &r->acts, .B = ROWS_B, .T = SEQ_T, .input = &batch,
                  .loss_scale = 1.0f};
     uint64_t before = comm_bytes(world);
-    size_t planned = r->acts.peak;
-    r->acts.peak = 0;
+    ArenaBytes planned = r->acts.peak;
+    r->acts.peak = (ArenaBytes){0};
     r->loss = model_forward_backward(&r->m, &s);
     if (tp) grads_reduce_replicated(&r->m.params, r->tp.group);
     r->tp_bytes = comm_bytes(world) - before;
-    assert_int_equal(r->acts.peak, planned);  // the sizing pass counted the tp step exactly
+    // the sizing pass counted the tp step exactly, dtype by dtype
+    assert_memory_equal(&r->acts.peak, &planned, sizeof planned);
 }
 
 static void unrun(Run *r) {
