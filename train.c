@@ -88,18 +88,52 @@ static void check_moe_keys(const Trainer *t) {
     }
 }
 
+// float8.moe_fqns_prototype asks for the experts' grouped GEMMs in float8: refused by name
+// when it converts none (torchao asserts on experts' dims that are not multiples of 16).
+static void check_float8_experts(const Trainer *t) {
+    const Config *c = &t->cfg;
+    if (c->float8.moe_fqns_prototype.count == 0) return;
+    const ModelLinear *stacked = NULL;
+    bool named = false;
+    for (int i = 0; i < t->model.n_linears; i++) {
+        const ModelLinear *e = &t->model.linears[i];
+        if (e->linear->weight->ndim != 3) continue;
+        if (e->linear->precision != LINEAR_BACKEND) return;
+        stacked = stacked ? stacked : e;
+        named = named || linear_moe_fqns_match(e->module, &c->float8);
+    }
+    char origin[512], value[512];
+    CHECK(config_key_origin(c, "float8.moe_fqns_prototype", origin, sizeof origin));
+    CHECK(config_value_text(c, "float8.moe_fqns_prototype", value, sizeof value));
+    if (!stacked)
+        die_user("%s: float8.moe_fqns_prototype does nothing: model %s %s has no MoE layers",
+                 origin, c->model.name, c->model.flavor);
+    const Param *w = stacked->linear->weight;
+    if (named)
+        die_user("%s: float8.moe_fqns_prototype: the routed experts' (%lld, %lld) weights need "
+                 "both dims multiples of 16 for float8 grouped GEMMs", origin,
+                 (long long)w->global_shape[1], (long long)w->global_shape[2]);
+    int module = (int)(strrchr(stacked->module, '.') - stacked->module);
+    die_user("%s: float8.moe_fqns_prototype = %s names no routed experts' module (%.*s)", origin,
+             value, module, stacked->module);
+}
+
 // torchtitan's float8 converter (model.converters: [float8]): after the build, before the
 // parallelisms, each Linear's precision by its module name and shape.
 static void convert_float8(Trainer *t) {
     const Float8Section *f = &t->cfg.float8;
     model_convert_float8(&t->model, f);
+    check_float8_experts(t);
     char none[8];
-    if (model_linears_describe(&t->model, false, none, sizeof none) == t->model.n_linears) return;
-    t->float8_recipe = f->recipe_name ? f->recipe_name : "tensorwise";
+    int dense = model_linears_describe(&t->model, LINEARS_FLOAT8, none, sizeof none);
+    if (!dense && !model_linears_describe(&t->model, LINEARS_FLOAT8_EXPERTS, none, sizeof none))
+        return;
+    // The recipe the metrics name: the Linears', or the experts' own when only they run float8.
+    t->float8_recipe = !dense ? "rowwise" : f->recipe_name ? f->recipe_name : "tensorwise";
     // cuBLASLt's float8 GEMMs reduce over multiples of 16, the weight gradient's over the
-    // microbatch's tokens.
+    // microbatch's tokens (the grouped GEMMs pad each expert's tokens themselves).
     const Split *splits[] = {&t->train, &t->val};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && dense; i++) {
         int tokens = splits[i]->B * splits[i]->step_T;
         if (!strcmp(t->cfg.training.device, "cuda") && splits[i]->B > 0 && tokens % 16 != 0)
             die_user("float8 on training.device cuda needs a multiple of 16 tokens per "
@@ -108,13 +142,23 @@ static void convert_float8(Trainer *t) {
     }
 }
 
-// Which Linears run float8 and which keep the backend's precision, by module.
+// Which Linears run float8 and which keep the backend's precision, by module; the experts'
+// clause when any run float8.
 static void log_float8(const Trainer *t) {
-    char on[2048], off[2048];
-    int n_on = model_linears_describe(&t->model, true, on, sizeof on);
-    int n_off = model_linears_describe(&t->model, false, off, sizeof off);
-    log_info("float8: %s recipe on %d linears (%s); %d at the backend's precision (%s)",
-             t->float8_recipe ? t->float8_recipe : "no", n_on, on, n_off, off);
+    const Float8Section *f = &t->cfg.float8;
+    char on[2048], experts[2048], off[2048];
+    int n_on = model_linears_describe(&t->model, LINEARS_FLOAT8, on, sizeof on);
+    int n_experts = model_linears_describe(&t->model, LINEARS_FLOAT8_EXPERTS, experts,
+                                           sizeof experts);
+    int n_off = model_linears_describe(&t->model, LINEARS_BACKEND, off, sizeof off);
+    const char *recipe = !n_on ? "no" : f->recipe_name ? f->recipe_name : "tensorwise";
+    if (!n_experts)
+        log_info("float8: %s recipe on %d linears (%s); %d at the backend's precision (%s)",
+                 recipe, n_on, on, n_off, off);
+    else
+        log_info("float8: %s recipe on %d linears (%s); rowwise grouped GEMMs on %d expert "
+                 "weights (%s); %d at the backend's precision (%s)",
+                 recipe, n_on, on, n_experts, experts, n_off, off);
 }
 
 // float8.enable_fsdp_float8_all_gather (torchao's WeightWithDynamicFloat8CastTensor): FSDP

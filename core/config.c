@@ -274,6 +274,9 @@ static const KeySpec KEYS[] = {
              "auto_filter_small_kn adds torchao's size thresholds"},
     {K_BOOL(float8, emulate), .def = "false",
      .help = "Emulate float8 GEMMs (the cpu backend always does)"},
+    {K_LIST(float8, moe_fqns_prototype), .def = "",
+     .help = "MoE modules whose routed experts' grouped GEMMs run float8 (rowwise): any whose "
+             "module name contains an entry, e.g. experts"},
 
     {K_INT(comm, init_timeout_seconds, 1, INT32_MAX), .def = "300",
      .help = "Collective timeout during setup and the first step"},

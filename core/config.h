@@ -156,13 +156,15 @@ typedef struct {
 } ActivationCheckpointSection;
 
 // torchtitan v0.2.2's Float8Linear (its quantize.linear.float8), read when model.converters
-// has float8.
+// has float8, and the MoE experts' float8 grouped GEMMs (v0.2's quantize.grouped_mm.float8.fqns,
+// the flat float8 section's moe_fqns_prototype before it).
 typedef struct {
     bool enable_fsdp_float8_all_gather;
     bool precompute_float8_dynamic_scale_for_fsdp;
     char *recipe_name;  // nullable: null is torchao's default, tensorwise
     StringList filter_fqns;
     bool emulate;
+    StringList moe_fqns_prototype;
 } Float8Section;
 
 typedef struct {

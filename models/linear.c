@@ -32,11 +32,25 @@ static bool too_small_for_float8(LinearPrecision p, int64_t N, int64_t K) {
     return N <= 2048 || K <= 1024 || (N <= 4096 && K <= 2048);
 }
 
+bool linear_moe_fqns_match(const char *module, const Float8Section *float8) {
+    const char *dot = strrchr(module, '.');
+    size_t n = dot ? (size_t)(dot - module) : strlen(module);
+    for (int i = 0; i < float8->moe_fqns_prototype.count; i++) {
+        const char *entry = float8->moe_fqns_prototype.items[i];
+        size_t len = strlen(entry);
+        for (size_t at = 0; at + len <= n; at++)
+            if (!strncmp(module + at, entry, len)) return true;
+    }
+    return false;
+}
+
 LinearPrecision linear_precision_for(const char *module, const Param *weight,
                                      const Float8Section *float8) {
-    if (!float8 || weight->ndim != 2) return LINEAR_BACKEND;
-    int64_t N = weight->global_shape[0], K = weight->global_shape[1];
+    if (!float8) return LINEAR_BACKEND;
+    int64_t N = weight->global_shape[weight->ndim - 2], K = weight->global_shape[weight->ndim - 1];
     if (N % 16 != 0 || K % 16 != 0) return LINEAR_BACKEND;  // the float8 GEMMs' alignment
+    if (weight->ndim == 3)  // torchao's MoE training: rowwise, whatever recipe the Linears take
+        return linear_moe_fqns_match(module, float8) ? LINEAR_FLOAT8_ROWWISE : LINEAR_BACKEND;
     LinearPrecision p = recipe_precision(float8->recipe_name);
     bool auto_filter = false;
     for (int i = 0; i < float8->filter_fqns.count; i++) {
@@ -71,17 +85,26 @@ typedef enum { GEMM_OUTPUT, GEMM_GRAD_INPUT, GEMM_GRAD_WEIGHT } LinearGemm;
 // one_scale: the GEMM reads a scale per row of the bytes, but torchao scales this tensor as a
 // whole (rowwise_with_gw_hp's tensorwise weight beside a rowwise grad_output): its one amax
 // is repeated for every row, which casts it exactly as a tensorwise cast would.
+// blocks > 1 (transposed rowwise casts of stacked experts' operands): x's rows split into
+// blocks, each cast on its own, its bytes (cols, its rows) where its rows start times cols and
+// its cols scales after the previous block's: the experts' weights, rows / blocks each, or the
+// experts' token groups at offsets (grouped_matmul_float8's weight-gradient form).
 typedef struct {
     const float *x;
     int rows, cols;
     Float8Cast cast;
     bool one_scale;
+    int blocks;
+    const int *offsets;  // blocks + 1 (host), or NULL for equal blocks
 } Float8Operand;
 
-// c (m, n) = a (m, k) b (n, k)^T, both operands K-contiguous (matmul_float8's form).
+// c (m, n) = a (m, k) b (n, k)^T, both operands K-contiguous (matmul_float8's form); on
+// stacked experts (groups > 0) grouped_matmul_float8's, weight_grad its form.
 typedef struct {
     Float8Operand a, b;
     int m, n, k;
+    int groups;
+    bool weight_grad;
 } Float8Gemm;
 
 typedef struct {
@@ -99,32 +122,38 @@ static bool gemm_is_float8(const Linear *l, LinearGemm g) {
 // grad_weight = grad_output^T input, both transposed (reduced over the rows). The rowwise
 // recipes cast everything e4m3fn with per-row power-of-two scales; tensorwise casts
 // grad_output e5m2 (gradients need range more than precision) with one plain scale per tensor.
+// Stacked experts (torchao's _Float8GroupedMM) take the same axes per expert: the weight as
+// (E out, in) rows, transposed expert by expert, and the weight gradient's operands transposed
+// token group by token group (offsets: NULL when only sizing).
 static Float8Gemm float8_gemm(const Linear *l, LinearGemm g, const float *x, const float *dy,
-                              int rows) {
+                              int rows, const int *offsets) {
     bool rowwise = l->precision != LINEAR_FLOAT8_TENSORWISE;
     Float8Kind weights = FLOAT8_E4M3FN, grads = rowwise ? FLOAT8_E4M3FN : FLOAT8_E5M2;
     int out = out_dim(l), in = in_dim(l);
+    int groups = l->weight->ndim == 3 ? experts(l) : 0, blocks = groups ? groups : 1;
     const float *w = l->weight->data;
 #define CAST(kind, transpose) ((Float8Cast){kind, rowwise, transpose, rowwise})
     switch (g) {
     case GEMM_OUTPUT:
-        return (Float8Gemm){{x, rows, in, CAST(weights, false), false},
-                            {w, out, in, CAST(weights, false), false}, rows, out, in};
+        return (Float8Gemm){{x, rows, in, CAST(weights, false), false, 1, NULL},
+                            {w, blocks * out, in, CAST(weights, false), false, 1, NULL},
+                            rows, out, in, groups, false};
     case GEMM_GRAD_INPUT:
-        return (Float8Gemm){{dy, rows, out, CAST(grads, false), false},
-                            {w, out, in, CAST(weights, true),
-                             l->precision == LINEAR_FLOAT8_ROWWISE_WITH_GW_HP},
-                            rows, in, out};
+        return (Float8Gemm){{dy, rows, out, CAST(grads, false), false, 1, NULL},
+                            {w, blocks * out, in, CAST(weights, true),
+                             l->precision == LINEAR_FLOAT8_ROWWISE_WITH_GW_HP, blocks, NULL},
+                            rows, in, out, groups, false};
     case GEMM_GRAD_WEIGHT:
         break;
     }
-    return (Float8Gemm){{dy, rows, out, CAST(grads, true), false},
-                        {x, rows, in, CAST(weights, true), false}, out, in, rows};
+    return (Float8Gemm){{dy, rows, out, CAST(grads, true), false, blocks, offsets},
+                        {x, rows, in, CAST(weights, true), false, blocks, offsets},
+                        out, in, rows, groups, true};
 #undef CAST
 }
 
 static int operand_scales(const Float8Operand *o) {
-    return !o->cast.rowwise ? 1 : o->cast.transpose ? o->cols : o->rows;
+    return !o->cast.rowwise ? 1 : o->cast.transpose ? o->blocks * o->cols : o->rows;
 }
 
 static Float8Buffers operand_carve(Arena *act, const Float8Operand *o) {
@@ -141,7 +170,12 @@ static void *gemm_carve(const StepCtx *s, const Float8Gemm *g, Float8Buffers *a,
                         Float8Buffers *b) {
     *a = operand_carve(s->act, &g->a);
     *b = operand_carve(s->act, &g->b);
-    return arena_alloc(s->act, s->k->matmul_float8_workspace_bytes(g->m, g->n, g->k));
+    size_t bytes = !g->groups      ? s->k->matmul_float8_workspace_bytes(g->m, g->n, g->k)
+                   : g->weight_grad ? s->k->grouped_matmul_float8_workspace_bytes(
+                                         g->k, g->groups, g->n, g->m, true)
+                                    : s->k->grouped_matmul_float8_workspace_bytes(
+                                         g->m, g->groups, g->n, g->k, false);
+    return arena_alloc(s->act, bytes);
 }
 
 // amax[1 .. n) = amax[0], by doubling copies: the amax is in the backend's memory.
@@ -158,6 +192,25 @@ static void operand_cast(const StepCtx *s, const Float8Operand *o, Float8Buffers
     s->k->float8_amax(b.amax, o->x, o->rows, o->cols, &amax_cast);
     if (o->one_scale) amax_repeat(s, b.amax, operand_scales(o));
     s->k->float8_quantize(b.bytes, b.scale_inv, b.amax, o->x, o->rows, o->cols, &o->cast);
+}
+
+// Each block of a blocked operand as an operand of its own.
+static void operand_cast_blocks(const StepCtx *s, const Float8Operand *o, Float8Buffers b) {
+    if (o->blocks == 1) {
+        operand_cast(s, o, b);
+        return;
+    }
+    CHECK(o->cast.rowwise && o->cast.transpose && !o->one_scale);
+    for (int i = 0; i < o->blocks; i++) {
+        int r0 = o->offsets ? o->offsets[i] : i * (o->rows / o->blocks);
+        int r1 = o->offsets ? o->offsets[i + 1] : (i + 1) * (o->rows / o->blocks);
+        Float8Operand block = *o;
+        block.x = o->x + (size_t)r0 * o->cols;
+        block.rows = r1 - r0;
+        size_t scales = (size_t)i * o->cols;
+        operand_cast(s, &block, (Float8Buffers){b.bytes + (size_t)r0 * o->cols, b.amax + scales,
+                                                b.scale_inv + scales});
+    }
 }
 
 // An fp32 view of the activation x (n elements), for float8's casts: itself, or bf16 widened
@@ -186,23 +239,29 @@ static void weight_gathered(const Linear *l, const StepCtx *s, const Float8Opera
 // One of the GEMMs in float8: carves the operands' casts and the workspace, and with run casts
 // and multiplies; the scratch is given back either way.
 static void float8_run(const Linear *l, const StepCtx *s, LinearGemm which, float *c,
-                       LinearAct x, LinearAct dy, int rows, float beta, bool run) {
+                       LinearAct x, LinearAct dy, int rows, const int *offsets, float beta,
+                       bool run) {
     size_t mark = arena_mark(s->act);
     const float *xf = which == GEMM_GRAD_INPUT ? NULL
                                                : widened(s, x, (size_t)rows * in_dim(l), run);
     const float *dyf = which == GEMM_OUTPUT ? NULL
                                             : widened(s, dy, (size_t)rows * out_dim(l), run);
-    Float8Gemm g = float8_gemm(l, which, xf, dyf, rows);
+    Float8Gemm g = float8_gemm(l, which, xf, dyf, rows, offsets);
     Float8Buffers a, b;
     void *workspace = gemm_carve(s, &g, &a, &b);
     if (run) {
-        operand_cast(s, &g.a, a);
-        if (which != GEMM_GRAD_WEIGHT && l->weight->float8_data)
+        operand_cast_blocks(s, &g.a, a);
+        if (!g.groups && which != GEMM_GRAD_WEIGHT && l->weight->float8_data)
             weight_gathered(l, s, &g.b, &b);
         else
-            operand_cast(s, &g.b, b);
-        s->k->matmul_float8(c, a.bytes, a.scale_inv, g.a.cast.kind, b.bytes, b.scale_inv,
-                            g.b.cast.kind, g.m, g.n, g.k, g.a.cast.rowwise, beta, workspace);
+            operand_cast_blocks(s, &g.b, b);
+        if (g.groups)  // the weight gradient's c_g is (out, in): the op's (k, n)
+            s->k->grouped_matmul_float8(c, a.bytes, a.scale_inv, b.bytes, b.scale_inv, offsets,
+                                        g.groups, g.n, g.weight_grad ? g.m : g.k, g.weight_grad,
+                                        beta, workspace);
+        else
+            s->k->matmul_float8(c, a.bytes, a.scale_inv, g.a.cast.kind, b.bytes, b.scale_inv,
+                                g.b.cast.kind, g.m, g.n, g.k, g.a.cast.rowwise, beta, workspace);
     }
     arena_release(s->act, mark);
 }
@@ -258,22 +317,24 @@ static void grouped_run(const Linear *l, const StepCtx *s, LinearGemm which, flo
 
 // ---- dispatch ------------------------------------------------------------------------------
 
-// c = the GEMM `which` of a plain weight; run false: carve its scratch only.
+// c = the GEMM `which` of a plain weight; run false: carve its scratch only (a stacked one's
+// too: float8_gemm sizes its casts without the groups).
 static void gemm(const Linear *l, const StepCtx *s, LinearGemm which, float *c, LinearAct x,
                  LinearAct dy, int rows, float beta, bool run) {
     if (gemm_is_float8(l, which))
-        float8_run(l, s, which, c, x, dy, rows, beta, run);
+        float8_run(l, s, which, c, x, dy, rows, NULL, beta, run);
     else
         backend_run(l, s, which, c, x, dy, rows, beta, run);
 }
 
 void linear_reserve(const StepCtx *s, const Linear *const *linears, int n, int rows,
                     Dtype dtype) {
-    LinearAct act = linear_act(NULL, dtype);
     for (int i = 0; i < n; i++) {
-        if (linears[i]->weight->ndim == 3) continue;  // grouped GEMMs carve nothing
+        bool grouped = linears[i]->weight->ndim == 3;  // on fp32 activations
+        LinearAct act = linear_act(NULL, grouped ? DTYPE_FP32 : dtype);
         for (LinearGemm g = GEMM_OUTPUT; g <= GEMM_GRAD_WEIGHT; g++)
-            gemm(linears[i], s, g, NULL, act, act, rows, 0, false);
+            if (!grouped || gemm_is_float8(linears[i], g))  // grouped_matmul carves nothing
+                gemm(linears[i], s, g, NULL, act, act, rows, 0, false);
     }
 }
 
@@ -292,18 +353,27 @@ void linear_backward_weight(const Linear *l, const StepCtx *s, LinearAct dy, Lin
     gemm(l, s, GEMM_GRAD_WEIGHT, l->weight->grad, x, dy, rows, 1, true);
 }
 
-// Stacked experts never take float8 (linear_precision_for gives them the backend's).
+// c = the GEMM `which` of a stacked weight over the experts' groups of rows.
+static void grouped_gemm(const Linear *l, const StepCtx *s, LinearGemm which, float *c,
+                         const float *x, const float *dy, const int *offsets, float beta) {
+    if (gemm_is_float8(l, which))
+        float8_run(l, s, which, c, linear_fp32(x), linear_fp32(dy), offsets[experts(l)], offsets,
+                   beta, true);
+    else
+        grouped_run(l, s, which, c, x, dy, offsets, beta);
+}
+
 void linear_grouped_forward(const Linear *l, const StepCtx *s, float *y, const float *x,
                             const int *offsets, float beta) {
-    grouped_run(l, s, GEMM_OUTPUT, y, x, NULL, offsets, beta);
+    grouped_gemm(l, s, GEMM_OUTPUT, y, x, NULL, offsets, beta);
 }
 
 void linear_grouped_backward_input(const Linear *l, const StepCtx *s, float *dx, const float *dy,
                                    const int *offsets, float beta) {
-    grouped_run(l, s, GEMM_GRAD_INPUT, dx, NULL, dy, offsets, beta);
+    grouped_gemm(l, s, GEMM_GRAD_INPUT, dx, NULL, dy, offsets, beta);
 }
 
 void linear_grouped_backward_weight(const Linear *l, const StepCtx *s, const float *dy,
                                     const float *x, const int *offsets) {
-    grouped_run(l, s, GEMM_GRAD_WEIGHT, l->weight->grad, x, dy, offsets, 0);
+    grouped_gemm(l, s, GEMM_GRAD_WEIGHT, l->weight->grad, x, dy, offsets, 1);
 }

@@ -19,7 +19,9 @@ typedef enum {
     // operands cast to float8 (kernels' float8_quantize) and multiplied by matmul_float8.
     //   tensorwise: input and weight e4m3fn, grad_output e5m2, one scale per tensor;
     //   rowwise: all e4m3fn, a power-of-two scale per row of each operand along the GEMM's
-    //            reduced axis (so each tensor is cast along another axis for each GEMM);
+    //            reduced axis (so each tensor is cast along another axis for each GEMM); on
+    //            stacked experts torchao's MoE recipe, the same per expert and, for the
+    //            weight gradient, per expert's group of tokens;
     //   rowwise_with_gw_hp: rowwise's output; the input gradient with a rowwise grad_output
     //            and one power-of-two scale for the weight; the weight gradient unquantised.
     LINEAR_FLOAT8_TENSORWISE,
@@ -34,12 +36,18 @@ typedef struct {
 
 // The precision of the layer `module` ("layers.0.attention.wq", torchtitan's module fqn) over
 // weight (its global shape), with float8 training configured by float8 (NULL: not asked for,
-// model.converters has no float8). As torchtitan's float8 converter: only plain (out, in)
-// weights (nn.Linear; stacked experts are another converter's), both dims multiples of 16,
-// no entry of float8->filter_fqns a substring of module, and with the entry
-// auto_filter_small_kn torchao's size thresholds for the recipe (_auto_filter_for_recipe).
+// model.converters has no float8). Both dims must be multiples of 16 (the float8 GEMMs'
+// alignment). As torchtitan's float8 converter, plain (out, in) weights (nn.Linear) take the
+// recipe unless an entry of float8->filter_fqns is a substring of module, and with the entry
+// auto_filter_small_kn torchao's size thresholds for the recipe (_auto_filter_for_recipe). As
+// its MoE converter, stacked experts' weights (module "layers.0.moe.routed_experts.
+// inner_experts.w1_EFD") are rowwise when linear_moe_fqns_match, whatever the recipe.
 LinearPrecision linear_precision_for(const char *module, const Param *weight,
                                      const Float8Section *float8);
+// True when an entry of float8->moe_fqns_prototype is a substring of the module holding the
+// stacked weight `module` (its name up to the last '.': torchao filters the GroupedExperts
+// module, whose parameters it converts).
+bool linear_moe_fqns_match(const char *module, const Float8Section *float8);
 // "tensorwise", "rowwise", "rowwise_with_gw_hp", or "backend".
 const char *linear_precision_name(LinearPrecision p);
 // The Linear over weight (its Param, whose compute tensor the parallelisms may later cut and
@@ -84,7 +92,8 @@ void linear_backward_weight(const Linear *l, const StepCtx *s, LinearAct dy, Lin
 
 // The same on stacked experts' weights (E, out, in): offsets (E + 1, host memory, as
 // grouped_matmul's) split the rows into the experts' groups, expert e's rows taking W_e (and
-// giving dW_e); rows = offsets[E]. Always the backend's precision, on fp32 activations.
+// giving dW_e); rows = offsets[E]. On fp32 activations: at the backend's precision
+// grouped_matmul, rowwise grouped_matmul_float8.
 void linear_grouped_forward(const Linear *l, const StepCtx *s, float *y, const float *x,
                             const int *offsets, float beta);
 void linear_grouped_backward_input(const Linear *l, const StepCtx *s, float *dx, const float *dy,

@@ -44,8 +44,9 @@ static int module_layer(const char *module, const char **rest) {
     return -1;
 }
 
-static bool module_matches(const ModelLinear *e, bool float8) {
-    return (e->linear->precision != LINEAR_BACKEND) == float8;
+static bool module_matches(const ModelLinear *e, LinearSet set) {
+    if (e->linear->precision == LINEAR_BACKEND) return set == LINEARS_BACKEND;
+    return set == (e->linear->weight->ndim == 3 ? LINEARS_FLOAT8_EXPERTS : LINEARS_FLOAT8);
 }
 
 // printf into buf (n bytes) after its first `used`; returns the new length, at most n - 1.
@@ -61,14 +62,14 @@ __attribute__((format(printf, 4, 5))) static size_t append(char *buf, size_t n, 
 }
 
 // The layers whose linear `rest` matches, as ranges: "0-2,5".
-static size_t append_layers(const Model *m, bool float8, const char *rest, char *buf, size_t n,
+static size_t append_layers(const Model *m, LinearSet set, const char *rest, char *buf, size_t n,
                             size_t used) {
     int start = -1, prev = -2;
     bool first = true;
     for (int i = 0; i <= m->n_linears; i++) {
         const char *r = "";
         int layer = -1;
-        if (i < m->n_linears && module_matches(&m->linears[i], float8))
+        if (i < m->n_linears && module_matches(&m->linears[i], set))
             layer = module_layer(m->linears[i].module, &r);
         bool member = layer >= 0 && !strcmp(r, rest);
         if (i < m->n_linears && !member) continue;
@@ -86,19 +87,19 @@ static size_t append_layers(const Model *m, bool float8, const char *rest, char 
     return used;
 }
 
-int model_linears_describe(const Model *m, bool float8, char *buf, size_t n) {
+int model_linears_describe(const Model *m, LinearSet set, char *buf, size_t n) {
     size_t used = 0;
     int count = 0;
     buf[0] = '\0';
     for (int i = 0; i < m->n_linears; i++) {
         const ModelLinear *e = &m->linears[i];
-        if (!module_matches(e, float8)) continue;
+        if (!module_matches(e, set)) continue;
         count++;
         const char *rest, *r;
         int layer = module_layer(e->module, &rest);
         bool named = false;  // with the same name in an earlier layer: listed there
         for (int j = 0; j < i && layer >= 0 && !named; j++)
-            named = module_matches(&m->linears[j], float8) &&
+            named = module_matches(&m->linears[j], set) &&
                     module_layer(m->linears[j].module, &r) >= 0 && !strcmp(r, rest);
         if (named) continue;
         used = append(buf, n, used, "%s", used ? ", " : "");
@@ -107,7 +108,7 @@ int model_linears_describe(const Model *m, bool float8, char *buf, size_t n) {
             continue;
         }
         used = append(buf, n, used, "layers.");
-        used = append_layers(m, float8, rest, buf, n, used);
+        used = append_layers(m, set, rest, buf, n, used);
         used = append(buf, n, used, ".%s", rest);
     }
     if (!count) snprintf(buf, n, "none");

@@ -78,10 +78,12 @@ void model_linears_free(Model *m);
 // torchtitan's float8 converter (model.converters: [float8]), after the build and before
 // any parallelism: each Linear's precision by linear_precision_for under float8.
 void model_convert_float8(Model *m, const Float8Section *float8);
-// The modules of the Linears that run float8 (float8 true) or not, as "layers.0-5.attention.wq,
-// ..., output" (layer indices merged into ranges, "none" for no module) into buf; returns how
-// many Linears that is.
-int model_linears_describe(const Model *m, bool float8, char *buf, size_t n);
+// Which Linears model_linears_describe lists: those at the backend's precision, the float8
+// ones of plain weights (the recipe's), or the float8 stacked experts (the grouped GEMMs').
+typedef enum { LINEARS_BACKEND, LINEARS_FLOAT8, LINEARS_FLOAT8_EXPERTS } LinearSet;
+// The modules of the Linears in set, as "layers.0-5.attention.wq, ..., output" (layer indices
+// merged into ranges, "none" for no module) into buf; returns how many Linears that is.
+int model_linears_describe(const Model *m, LinearSet set, char *buf, size_t n);
 
 // Slots for one microbatch of m (host memory; free with model_slots_free).
 void model_slots_init(ModelSlots *a, const Model *m);

@@ -39,6 +39,12 @@ float *cpu_gemm_bf16_widen(int slot, const uint16_t *x, size_t n);
 void cpu_gemm_bf16(float *c, const uint16_t *a, const uint16_t *b, int m, int n, int k,
                    bool trans_a, bool trans_b, float beta, bool runtime_rows);
 
+// ---- grouped GEMM (grouped_matmul.c) ----------------------------------------------------------
+// cpu_grouped_matmul in fp32 whatever the compute dtype: the float8 emulation's GEMM of decoded
+// operands (which it keeps exact, as matmul_float8's sgemm does).
+void cpu_grouped_matmul_fp32(float *c, const float *a, const float *b, const int *offsets,
+                             int groups, int n, int k, bool trans_a, bool trans_b, float beta);
+
 // max of x[0..n), n >= 1: the shift that makes softmax and log-sum-exp overflow-free.
 float cpu_max_floats(const float *x, int n);
 

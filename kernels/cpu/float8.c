@@ -98,3 +98,49 @@ void cpu_matmul_float8(float *c, const uint8_t *a, const float *a_scale_inv, Flo
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, alpha, a32, k > 0 ? k : 1, b32,
                 k > 0 ? k : 1, beta, c, n);
 }
+
+size_t cpu_grouped_matmul_float8_workspace_bytes(int rows, int groups, int n, int k,
+                                                 bool weight_grad) {
+    size_t b_rows = weight_grad ? (size_t)rows : (size_t)groups * n;
+    return ((size_t)rows * k + b_rows * (weight_grad ? n : k)) * sizeof(float);
+}
+
+// dst (rows, cols) token-major from the groups' blocks (cols, |R_g|) at byte cols offsets[g] of
+// src, row i of block g times scale_inv[g cols + i]: the weight gradient's operands decoded
+// back to the layout grouped_matmul's transposed form reads. Powers of two: exact.
+static void float8_decode_groups(float *dst, const uint8_t *src, const float *scale_inv,
+                                 const int *offsets, int groups, int cols) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int g = 0; g < groups; g++) {
+        size_t r0 = (size_t)offsets[g];
+        int m = offsets[g + 1] - offsets[g];
+        const uint8_t *block = src + r0 * cols;  // (cols, m)
+        for (int i = 0; i < cols; i++) {
+            float s = scale_inv[(size_t)g * cols + i];
+            for (int r = 0; r < m; r++)
+                dst[(r0 + r) * cols + i] =
+                    float8_to_float(block[(size_t)i * m + r], FLOAT8_E4M3FN) * s;
+        }
+    }
+}
+
+// Decodes both operands (exact, as matmul_float8's) and runs the fp32 grouped GEMM of the same
+// groups: the forward form's is grouped_matmul's c = a b_g^T, the weight gradient's its
+// transposed form c_g = a[R_g]^T b[R_g] on the token-major decodings.
+void cpu_grouped_matmul_float8(float *c, const uint8_t *a, const float *a_scale_inv,
+                               const uint8_t *b, const float *b_scale_inv, const int *offsets,
+                               int groups, int n, int k, bool weight_grad, float beta,
+                               void *workspace) {
+    CHECK(groups >= 0 && n >= 0 && k >= 0);
+    int rows = offsets[groups];
+    float *a32 = workspace;            // (rows, k)
+    float *b32 = a32 + (size_t)rows * k;  // (groups, n, k), or (rows, n) for the weight gradient
+    if (weight_grad) {
+        float8_decode_groups(a32, a, a_scale_inv, offsets, groups, k);
+        float8_decode_groups(b32, b, b_scale_inv, offsets, groups, n);
+    } else {
+        float8_decode(a32, a, a_scale_inv, FLOAT8_E4M3FN, rows, k, true);
+        float8_decode(b32, b, b_scale_inv, FLOAT8_E4M3FN, groups * n, k, true);
+    }
+    cpu_grouped_matmul_fp32(c, a32, b32, offsets, groups, n, k, weight_grad, !weight_grad, beta);
+}

@@ -52,10 +52,23 @@ static void grouped_matmul_group(float *c, const GroupedOperands *x, const int *
 // thread's share of the rows (skewed routing on many threads) runs first, by itself, with
 // OpenBLAS's threads. Every group's result is one GEMM's either way (sgemm, or with bf16
 // compute oneDNN's, likewise single-threaded in the region): deterministic.
+static void grouped_matmul_run(float *c, const GroupedOperands *x, const int *offsets,
+                               int groups, int n, int k, bool trans_a, bool trans_b,
+                               float beta) {
+    long rows = offsets[groups], threads = omp_get_max_threads();
+    for (int g = 0; g < groups; g++)
+        if ((long)(offsets[g + 1] - offsets[g]) * threads > rows)
+            grouped_matmul_group(c, x, offsets, g, n, k, trans_a, trans_b, beta);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int g = 0; g < groups; g++)
+        if ((long)(offsets[g + 1] - offsets[g]) * threads <= rows)
+            grouped_matmul_group(c, x, offsets, g, n, k, trans_a, trans_b, beta);
+}
+
 void cpu_grouped_matmul(float *c, const float *a, const float *b, const int *offsets, int groups,
                         int n, int k, bool trans_a, bool trans_b, float beta) {
     CHECK(!(trans_a && trans_b));
-    long rows = offsets[groups], threads = omp_get_max_threads();
+    long rows = offsets[groups];
     GroupedOperands x = {a, b, NULL, NULL};
     size_t a_len = (size_t)rows * k, b_len = trans_a ? (size_t)rows * n : (size_t)groups * n * k;
     if (cpu_gemm_bf16_on() && rows > 0 && !cpu_gemm_bf16_emulated()) {
@@ -65,11 +78,12 @@ void cpu_grouped_matmul(float *c, const float *a, const float *b, const int *off
         x.a = cpu_gemm_bf16_round_floats(0, a, a_len);
         x.b = cpu_gemm_bf16_round_floats(1, b, b_len);
     }
-    for (int g = 0; g < groups; g++)
-        if ((long)(offsets[g + 1] - offsets[g]) * threads > rows)
-            grouped_matmul_group(c, &x, offsets, g, n, k, trans_a, trans_b, beta);
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int g = 0; g < groups; g++)
-        if ((long)(offsets[g + 1] - offsets[g]) * threads <= rows)
-            grouped_matmul_group(c, &x, offsets, g, n, k, trans_a, trans_b, beta);
+    grouped_matmul_run(c, &x, offsets, groups, n, k, trans_a, trans_b, beta);
+}
+
+void cpu_grouped_matmul_fp32(float *c, const float *a, const float *b, const int *offsets,
+                             int groups, int n, int k, bool trans_a, bool trans_b, float beta) {
+    CHECK(!(trans_a && trans_b));
+    GroupedOperands x = {a, b, NULL, NULL};
+    grouped_matmul_run(c, &x, offsets, groups, n, k, trans_a, trans_b, beta);
 }

@@ -1,5 +1,6 @@
 // cuda_matmul_float8: one cuBLASLt FP8 GEMM per call (torch._scaled_mm's cuBLASLt path), its
-// descriptors and algorithm planned once per shape.
+// descriptors and algorithm planned once per shape; cuda_grouped_matmul_float8: one per group
+// (torch._scaled_grouped_mm runs a CUTLASS grouped kernel instead: one launch for all groups).
 //
 // cuBLASLt's FP8 kernels take only the "TN" layout: its A transposed, its B not. titan's c (m,
 // n) = a b^T with a (m, k) and b (n, k) both K-contiguous is, column-major (matmul.cu explains
@@ -32,7 +33,7 @@ typedef struct {
 } Float8Plan;
 
 static Float8Plan plans[MATMUL_FLOAT8_PLANS];  // ops are issued from one host thread
-static int n_plans;
+static long n_plans;  // made so far: the next goes to plans[n_plans % MATMUL_FLOAT8_PLANS]
 
 static bool float8_shape_equal(const Float8Shape *x, const Float8Shape *y) {
     return x->m == y->m && x->n == y->n && x->k == y->k && x->a_kind == y->a_kind &&
@@ -101,14 +102,25 @@ static void float8_plan_init(Float8Plan *p, const Float8Shape *s) {
     p->algo = float8_find_algo(p);
 }
 
+static void float8_plan_destroy(Float8Plan *p) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->layout_a));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->layout_b));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->layout_c));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(p->desc));
+}
+
+// A cache of the shapes seen, the oldest making room when it is full: grouped_matmul_float8's
+// groups bring new row counts every step. cuBLASLt reads the descriptors when a matmul is
+// enqueued, so destroying a plan does not touch the GEMMs still queued with it.
 static Float8Plan *float8_plan(const Float8Shape *s) {
-    for (int i = 0; i < n_plans; i++)
+    long cached = n_plans < MATMUL_FLOAT8_PLANS ? n_plans : MATMUL_FLOAT8_PLANS;
+    for (long i = 0; i < cached; i++)
         if (float8_shape_equal(&plans[i].shape, s)) return &plans[i];
-    if (n_plans == MATMUL_FLOAT8_PLANS)
-        die_internal(__FILE__, __LINE__, "matmul_float8: more than %d distinct shapes; raise "
-                     "MATMUL_FLOAT8_PLANS", MATMUL_FLOAT8_PLANS);
-    float8_plan_init(&plans[n_plans], s);
-    return &plans[n_plans++];
+    Float8Plan *p = &plans[n_plans % MATMUL_FLOAT8_PLANS];
+    if (n_plans >= MATMUL_FLOAT8_PLANS) float8_plan_destroy(p);
+    n_plans++;
+    float8_plan_init(p, s);
+    return p;
 }
 
 // FP8 tensor cores came with Ada (sm_89) and Hopper (sm_90); the check runs once.
@@ -163,4 +175,76 @@ void cuda_matmul_float8(float *c, const uint8_t *a, const float *a_scale_inv, Fl
     CUBLAS_CHECK(cublasLtMatmul(cuda_cublaslt(), p->desc, &alpha, b, p->layout_b, a, p->layout_a,
                                 &beta, c, p->layout_c, c, p->layout_c, &p->algo,
                                 cuda_gemm_workspace(), CUDA_GEMM_WORKSPACE, cuda_stream()));
+}
+
+// ---- grouped: one cuBLASLt GEMM per group ------------------------------------------------------
+
+#define ROUND_UP(x, m) (((x) + (m)-1) / (m) * (m))
+
+size_t cuda_grouped_matmul_float8_workspace_bytes(int rows, int groups, int n, int k,
+                                                  bool weight_grad) {
+    if (weight_grad)  // each group's operands with their reduced axis padded to 16
+        return ((size_t)k + (size_t)n) * ((size_t)rows + 15 * (size_t)groups);
+    return ((size_t)rows + 3 * (size_t)groups) * sizeof(float);  // each group's a scales, aligned
+}
+
+// c[R_g] = a[R_g] b_g^T: the group's rows of a are 16-byte aligned (k is a multiple of 16), its
+// row scales are copied to a 16-byte boundary of the workspace (cuBLASLt's outer-vector scales
+// are read as vectors).
+static void grouped_rows(float *c, const uint8_t *a, const float *a_scale_inv, const uint8_t *b,
+                         const float *b_scale_inv, const int *offsets, int groups, int n, int k,
+                         float beta, float *scales) {
+    for (int g = 0; g < groups; g++) {
+        size_t r0 = (size_t)offsets[g];
+        int m = offsets[g + 1] - offsets[g];
+        if (m == 0) continue;
+        CUDA_CHECK(cudaMemcpyAsync(scales, a_scale_inv + r0, (size_t)m * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, cuda_stream()));
+        cuda_matmul_float8(c + r0 * n, a + r0 * k, scales, FLOAT8_E4M3FN, b + (size_t)g * n * k,
+                           b_scale_inv + (size_t)g * n, FLOAT8_E4M3FN, m, n, k, true, beta, NULL);
+        scales += ROUND_UP(m, 4);
+    }
+}
+
+// The group's block (rows, m) as a (rows, padded) one in dst, its extra columns zero (they add
+// nothing to the sums).
+static void grouped_pad(uint8_t *dst, const uint8_t *src, int rows, int m, int padded) {
+    CUDA_CHECK(cudaMemsetAsync(dst, 0, (size_t)rows * padded, cuda_stream()));
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, (size_t)padded, src, (size_t)m, (size_t)m, (size_t)rows,
+                                 cudaMemcpyDeviceToDevice, cuda_stream()));
+}
+
+// c_g = a_g b_g^T over the group's tokens, which cuBLASLt's FP8 GEMMs take in multiples of 16:
+// a group of another count runs on zero-padded copies (torchtitan pads each expert's tokens to
+// 16 before the grouped GEMM for the same reason).
+static void grouped_tokens(float *c, const uint8_t *a, const float *a_scale_inv,
+                           const uint8_t *b, const float *b_scale_inv, const int *offsets,
+                           int groups, int n, int k, float beta, uint8_t *pad) {
+    for (int g = 0; g < groups; g++) {
+        size_t r0 = (size_t)offsets[g];
+        int m = offsets[g + 1] - offsets[g], padded = ROUND_UP(m, 16);
+        const uint8_t *a_g = a + r0 * k, *b_g = b + r0 * n;  // (k, m), (n, m)
+        if (padded != m) {
+            grouped_pad(pad, a_g, k, m, padded);
+            grouped_pad(pad + (size_t)k * padded, b_g, n, m, padded);
+            a_g = pad, b_g = pad + (size_t)k * padded;
+            pad += ((size_t)k + n) * padded;
+        }
+        cuda_matmul_float8(c + (size_t)g * k * n, a_g, a_scale_inv + (size_t)g * k,
+                           FLOAT8_E4M3FN, b_g, b_scale_inv + (size_t)g * n, FLOAT8_E4M3FN, k, n,
+                           padded, true, beta, NULL);
+    }
+}
+
+void cuda_grouped_matmul_float8(float *c, const uint8_t *a, const float *a_scale_inv,
+                                const uint8_t *b, const float *b_scale_inv, const int *offsets,
+                                int groups, int n, int k, bool weight_grad, float beta,
+                                void *workspace) {
+    CHECK(groups >= 0 && n >= 0 && k >= 0);
+    if (weight_grad)
+        grouped_tokens(c, a, a_scale_inv, b, b_scale_inv, offsets, groups, n, k, beta,
+                       (uint8_t *)workspace);
+    else
+        grouped_rows(c, a, a_scale_inv, b, b_scale_inv, offsets, groups, n, k, beta,
+                     (float *)workspace);
 }

@@ -1600,6 +1600,79 @@ static void check_float8_transpose(int rows, int cols) {
     pair_free(&a.out);
 }
 
+typedef struct {
+    Pair a, a_scale_inv, b, b_scale_inv, c;
+    void *workspace[N_SIDES];
+    const int *offsets;
+    int groups, n, k;
+    bool weight_grad;
+    float beta;
+} GroupedFloat8Args;
+
+static void grouped_matmul_float8_run(int s, void *ctx) {
+    GroupedFloat8Args *a = ctx;
+    side[s]->grouped_matmul_float8(F(a->c, s), (const uint8_t *)a->a.at[s], F(a->a_scale_inv, s),
+                                   (const uint8_t *)a->b.at[s], F(a->b_scale_inv, s), a->offsets,
+                                   a->groups, a->n, a->k, a->weight_grad, a->beta,
+                                   a->workspace[s]);
+}
+
+// The weight gradient's operand: x (rows, cols) cast on the cpu group by group along the
+// tokens, each group's bytes (cols, its rows) and cols scales (models/linear.c's layout).
+static void float8_group_operand(Pair *bytes, Pair *scale_inv, const int *offsets, int groups,
+                                 int cols) {
+    Float8Cast cast = {FLOAT8_E4M3FN, true, true, true};
+    int rows = offsets[groups];
+    size_t count = (size_t)groups * cols;
+    float *x = float8_host_input(rows, cols), *amax = host_alloc(count * sizeof *amax);
+    float *inv = host_alloc(count * sizeof *inv);
+    uint8_t *q = host_alloc((size_t)rows * cols + 1);
+    for (int g = 0; g < groups; g++) {
+        size_t r0 = (size_t)offsets[g], at = (size_t)g * cols;
+        int m = offsets[g + 1] - offsets[g];
+        side[CPU]->float8_amax(amax + at, x + r0 * cols, m, cols, &cast);
+        side[CPU]->float8_quantize(q + r0 * cols, inv + at, amax + at, x + r0 * cols, m, cols,
+                                   &cast);
+    }
+    *bytes = pair_of(q, (size_t)rows * cols);
+    *scale_inv = pair_of(inv, count * sizeof *inv);
+    free(x), free(amax), free(inv), free(q);
+}
+
+// torchao's MoE grouped GEMMs, rowwise e4m3: the forward form (a (rows, k) against the experts'
+// b (groups, n, k)) and the weight gradient's (per-group casts along the tokens), on groups of
+// token counts that are no multiple of 16 (cuda pads them) and one without rows.
+static void check_grouped_matmul_float8(bool weight_grad, int n, int k, float beta) {
+    static const int offsets[] = {0, 300, 300, 377, 393, 1393};
+    int groups = 5, rows = offsets[groups];
+    GroupedFloat8Args a = {.offsets = offsets, .groups = groups, .n = n, .k = k,
+                           .weight_grad = weight_grad, .beta = beta};
+    if (weight_grad) {
+        float8_group_operand(&a.a, &a.a_scale_inv, offsets, groups, k);
+        float8_group_operand(&a.b, &a.b_scale_inv, offsets, groups, n);
+    } else {
+        float8_operand(&a.a, &a.a_scale_inv, rows, k, FLOAT8_E4M3FN, true);
+        float8_operand(&a.b, &a.b_scale_inv, groups * n, k, FLOAT8_E4M3FN, true);
+    }
+    size_t count = weight_grad ? (size_t)groups * k * n : (size_t)rows * n;
+    a.c = beta == 0.0f ? pair_nan(count) : pair_random(count, -100, 100);
+    for (int s = 0; s < N_SIDES; s++) {
+        size_t bytes = side[s]->grouped_matmul_float8_workspace_bytes(rows, groups, n, k,
+                                                                      weight_grad);
+        a.workspace[s] = bytes ? side_alloc(s, bytes) : NULL;
+    }
+    char shape[64];
+    snprintf(shape, sizeof shape, "%s n=%d k=%d beta=%g", weight_grad ? "dw" : "out", n, k,
+             beta);
+    Output out[] = {{"", &a.c, NULL, beta == 0.0f ? CMP_NORMALISED : CMP_INCREMENT,
+                     BOUND_REDUCE}};
+    op_check("grouped_matmul_float8", shape, grouped_matmul_float8_run, &a, out, 1);
+    for (int s = 0; s < N_SIDES; s++)
+        if (a.workspace[s]) side[s]->free(a.workspace[s]);
+    Pair *all[] = {&a.a, &a.a_scale_inv, &a.b, &a.b_scale_inv, &a.c};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
 // Every cast form at odd sizes, then a linear layer's three GEMMs (x (M, K), w (N, K), dy (M,
 // N)) in torchao's two recipes: tensorwise e4m3 forward with e5m2 gradients, rowwise e4m3
 // throughout; and an m that is no multiple of anything.
@@ -1619,6 +1692,10 @@ static void check_float8(void) {
         check_matmul_float8("dw", N, K, M, grad, FLOAT8_E4M3FN, rowwise, 1.0f);
         check_matmul_float8("odd m", 37, 48, 80, FLOAT8_E4M3FN, grad, rowwise, 1.0f);
     }
+    check_grouped_matmul_float8(false, 512, 256, 0.0f);
+    check_grouped_matmul_float8(false, 256, 512, 1.0f);
+    check_grouped_matmul_float8(true, 512, 256, 1.0f);
+    check_grouped_matmul_float8(true, 256, 512, 0.0f);
 }
 
 // ---- setup -----------------------------------------------------------------------------------
@@ -1652,7 +1729,8 @@ static int table_holes(const KernelOps *k) {
     NEED(moe_aux_backward);
     NEED(to_bf16), NEED(from_bf16), NEED(adamw_update);
     NEED(float8_amax), NEED(float8_quantize), NEED(matmul_float8_workspace_bytes);
-    NEED(matmul_float8), NEED(float8_transpose);
+    NEED(matmul_float8), NEED(float8_transpose), NEED(grouped_matmul_float8_workspace_bytes);
+    NEED(grouped_matmul_float8);
 #undef NEED
     return holes;
 }

@@ -3,7 +3,9 @@
 // torchao's amax_to_scale computes it, its power-of-two rounding through libm's log2 as torch's
 // exp2(floor(log2(s)))),
 // and matmul_float8 against a double-precision GEMM of the same quantised operands, for the
-// three GEMMs of a linear layer in torchao's tensorwise and rowwise recipes.
+// three GEMMs of a linear layer in torchao's tensorwise and rowwise recipes; grouped_matmul_float8
+// likewise in both its forms (a group without rows among them), on operands cast per group by
+// a reference rowwise cast.
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -323,6 +325,114 @@ static void test_linear_rowwise(void **state) {
     linear_check(true, 1, 17, 3);
 }
 
+// ---- grouped_matmul_float8 ------------------------------------------------------------------
+
+// x (rows, cols) cast e4m3fn with a power-of-two scale per row (transpose false: the bytes are
+// x's rows) or per column (true: the bytes are (cols, rows)), by the host's cast per element
+// and the reference's scale: torchao's rowwise cast, independently of the op's kernels.
+static void ref_cast(uint8_t *bytes, float *scale_inv, const float *x, int rows, int cols,
+                     bool transpose) {
+    int out_rows = transpose ? cols : rows, out_cols = transpose ? rows : cols;
+    for (int o = 0; o < out_rows; o++) {
+        double amax = 0;
+        for (int i = 0; i < out_cols; i++)
+            amax = fmax(amax, fabs(x[transpose ? (size_t)i * cols + o : (size_t)o * cols + i]));
+        float scale = ref_scale(amax, FLOAT8_E4M3FN, true);
+        scale_inv[o] = 1.0f / scale;
+        for (int i = 0; i < out_cols; i++)
+            bytes[(size_t)o * out_cols + i] = float8_from_float(
+                x[transpose ? (size_t)i * cols + o : (size_t)o * cols + i] * scale,
+                FLOAT8_E4M3FN, true);
+    }
+}
+
+// sum_t a[i][t] b[j][t] of the decoded rows (each (len) bytes), times their scales, in double.
+static double ref_dot(const uint8_t *a, float a_scale_inv, const uint8_t *b, float b_scale_inv,
+                      int len) {
+    double s = 0;
+    for (int t = 0; t < len; t++)
+        s += (double)float8_to_float(a[t], FLOAT8_E4M3FN) * float8_to_float(b[t], FLOAT8_E4M3FN);
+    return s * a_scale_inv * b_scale_inv;
+}
+
+#define GROUPS 4
+static const int group_offsets[GROUPS + 1] = {0, 7, 7, 26, 29};  // group 1 has no rows
+
+// The forward form: c[R_g] = a[R_g] b_g^T, a (rows, k) cast per row, b (GROUPS, n, k) per row.
+static void grouped_rows_check(int n, int k, float beta) {
+    int rows = group_offsets[GROUPS];
+    float *x = floats_wide((size_t)rows * k), *w = floats_random((size_t)GROUPS * n * k, 0.05);
+    uint8_t *a = malloc((size_t)rows * k), *b = malloc((size_t)GROUPS * n * k);
+    float *a_si = malloc((size_t)rows * sizeof(float)), *b_si = malloc(GROUPS * n * sizeof(float));
+    assert_true(a && b && a_si && b_si);
+    ref_cast(a, a_si, x, rows, k, false);
+    ref_cast(b, b_si, w, GROUPS * n, k, false);
+    float *c = floats_random((size_t)rows * n, 1.0), *c0 = floats_copy(c, (size_t)rows * n);
+    double *want = doubles_zero((size_t)rows * n);
+    for (int g = 0; g < GROUPS; g++)
+        for (int i = group_offsets[g]; i < group_offsets[g + 1]; i++)
+            for (int j = 0; j < n; j++) {
+                size_t bj = (size_t)g * n + j;
+                want[(size_t)i * n + j] = ref_dot(a + (size_t)i * k, a_si[i], b + bj * k,
+                                                  b_si[bj], k) + beta * c0[(size_t)i * n + j];
+            }
+    void *workspace = malloc(ops->grouped_matmul_float8_workspace_bytes(rows, GROUPS, n, k, false));
+    assert_non_null(workspace);
+    ops->grouped_matmul_float8(c, a, a_si, b, b_si, group_offsets, GROUPS, n, k, false, beta,
+                               workspace);
+    assert_close("grouped_matmul_float8 forward", c, want, (size_t)rows * n, 2e-6);
+    free(x), free(w), free(a), free(b), free(a_si), free(b_si), free(c), free(c0), free(want);
+    free(workspace);
+}
+
+// The weight-gradient form: c_g (k, n) = dy[R_g]^T x[R_g], both cast per column within the
+// group (torchao's per-group column scales), an empty group giving beta c_g.
+static void grouped_tokens_check(int n, int k, float beta) {
+    int rows = group_offsets[GROUPS];
+    float *dy = floats_wide((size_t)rows * k), *x = floats_wide((size_t)rows * n);
+    uint8_t *a = malloc((size_t)rows * k), *b = malloc((size_t)rows * n);
+    float *a_si = malloc(GROUPS * k * sizeof(float)), *b_si = malloc(GROUPS * n * sizeof(float));
+    assert_true(a && b && a_si && b_si);
+    for (int g = 0; g < GROUPS; g++) {
+        int r0 = group_offsets[g], m = group_offsets[g + 1] - r0;
+        ref_cast(a + (size_t)r0 * k, a_si + g * k, dy + (size_t)r0 * k, m, k, true);
+        ref_cast(b + (size_t)r0 * n, b_si + g * n, x + (size_t)r0 * n, m, n, true);
+    }
+    size_t count = (size_t)GROUPS * k * n;
+    float *c = floats_random(count, 1.0), *c0 = floats_copy(c, count);
+    double *want = doubles_zero(count);
+    for (int g = 0; g < GROUPS; g++) {
+        int r0 = group_offsets[g], m = group_offsets[g + 1] - r0;
+        for (int i = 0; i < k; i++)
+            for (int j = 0; j < n; j++) {
+                size_t at = ((size_t)g * k + i) * n + j;
+                want[at] = ref_dot(a + (size_t)r0 * k + (size_t)i * m, a_si[g * k + i],
+                                   b + (size_t)r0 * n + (size_t)j * m, b_si[g * n + j], m) +
+                           beta * c0[at];
+            }
+    }
+    void *workspace = malloc(ops->grouped_matmul_float8_workspace_bytes(rows, GROUPS, n, k, true));
+    assert_non_null(workspace);
+    ops->grouped_matmul_float8(c, a, a_si, b, b_si, group_offsets, GROUPS, n, k, true, beta,
+                               workspace);
+    assert_close("grouped_matmul_float8 weight gradient", c, want, count, 2e-6);
+    for (size_t i = (size_t)1 * k * n; i < (size_t)2 * k * n; i++)  // the empty group: beta c
+        assert_true(c[i] == beta * c0[i]);
+    free(dy), free(x), free(a), free(b), free(a_si), free(b_si), free(c), free(c0), free(want);
+    free(workspace);
+}
+
+static void test_grouped(void **state) {
+    (void)state;
+    rng_seed(97);
+    for (int beta = 0; beta < 2; beta++) {
+        grouped_rows_check(24, 40, (float)beta);
+        grouped_tokens_check(24, 40, (float)beta);
+    }
+    grouped_rows_check(3, 17, 0);
+    grouped_tokens_check(3, 17, 1);
+}
+
 static int setup_backend(void **state) {
     (void)state;
     ops = kernels_backend("cpu");
@@ -340,6 +450,7 @@ int main(void) {
         cmocka_unit_test(test_round_scale_pow2_edges),
         cmocka_unit_test(test_linear_tensorwise),
         cmocka_unit_test(test_linear_rowwise),
+        cmocka_unit_test(test_grouped),
     };
     return cmocka_run_group_tests(tests, setup_backend, NULL);
 }

@@ -1,6 +1,7 @@
 // models/linear: which layers float8 picks (torchtitan's module filter and torchao's auto
-// filter), and a float8 Linear's three GEMMs against a naive reference of torchao's
-// Float8Linear for each recipe: every operand cast along the axis its recipe says with the
+// filter, and its MoE filter for stacked experts), and a float8 Linear's three GEMMs against a
+// naive reference of torchao's Float8Linear for each recipe (and of its _Float8GroupedMM for
+// stacked experts): every operand cast along the axis its recipe says with the
 // host's casts (core/float8.h, checked against ml_dtypes by test_casts), decoded, divided by its
 // scale (torchao's emulation: _data / _scale) and multiplied in double.
 #include <math.h>
@@ -68,6 +69,35 @@ static void test_precision_filters(void **state) {
     assert_int_equal(pick("x", 4096, 2048, "rowwise", 1, auto_only), LINEAR_BACKEND);
     assert_int_equal(pick("x", 4096, 2064, "rowwise", 1, auto_only), LINEAR_FLOAT8_ROWWISE);
     assert_int_equal(pick("x", 4112, 1040, "rowwise", 1, auto_only), LINEAR_FLOAT8_ROWWISE);
+}
+
+// float8.moe_fqns_prototype: a stacked weight is rowwise (torchao's MoE recipe, whatever the
+// Linears' recipe) when an entry is a substring of its module, the name up to its last '.'
+// (torchao filters the GroupedExperts module); both dims multiples of 16; filter_fqns is the
+// Linears' filter, not the experts'.
+static void test_precision_experts(void **state) {
+    (void)state;
+    char *experts[] = {"experts"}, *w1[] = {"w1_EFD"}, *layer1[] = {"layers.1.moe"};
+    const char *w1_name = "layers.0.moe.routed_experts.inner_experts.w1_EFD";
+    Param w = {.ndim = 3, .global_shape = {8, 64, 32}};
+    Float8Section f = {.recipe_name = "tensorwise", .filter_fqns = {1, experts},
+                       .moe_fqns_prototype = {1, experts}};
+    assert_int_equal(linear_precision_for(w1_name, &w, &f), LINEAR_FLOAT8_ROWWISE);
+    assert_true(linear_moe_fqns_match(w1_name, &f));
+    f.moe_fqns_prototype = (StringList){1, w1};  // the parameter's own name is not the module's
+    assert_int_equal(linear_precision_for(w1_name, &w, &f), LINEAR_BACKEND);
+    f.moe_fqns_prototype = (StringList){1, layer1};
+    assert_int_equal(linear_precision_for(w1_name, &w, &f), LINEAR_BACKEND);
+    assert_int_equal(linear_precision_for("layers.1.moe.routed_experts.inner_experts.w1_EFD", &w,
+                                          &f),
+                     LINEAR_FLOAT8_ROWWISE);
+    Param narrow = {.ndim = 3, .global_shape = {8, 64, 24}};
+    assert_int_equal(linear_precision_for("layers.1.moe.x.w1", &narrow, &f), LINEAR_BACKEND);
+    // A plain weight is not an expert's, whatever its name.
+    Param dense = weight_of("layers.1.moe.shared_experts.w1.weight", 64, 32);
+    f.filter_fqns = (StringList){0, NULL};
+    assert_int_equal(linear_precision_for("layers.1.moe.shared_experts.w1", &dense, &f),
+                     LINEAR_FLOAT8_TENSORWISE);
 }
 
 // ---- the float8 GEMMs against the reference ---------------------------------------------
@@ -204,6 +234,60 @@ static void check_recipe(LinearPrecision precision) {
     arena_free(&act);
 }
 
+// Stacked experts (E, OUT, IN) on token groups with an empty one: torchao's _Float8GroupedMM,
+// each group's GEMMs those of a rowwise Linear on its expert and its rows, every cast taken
+// within the group or the expert (the weight gradient's per group along the tokens).
+#define E 3
+static void test_grouped_rowwise(void **state) {
+    (void)state;
+    static const int offsets[E + 1] = {0, 20, 20, ROWS};
+    static float x[ROWS * IN], w[E * OUT * IN], dy[ROWS * OUT], grad[E * OUT * IN],
+        y[ROWS * OUT], dx[ROWS * IN];
+    static double xq[ROWS * IN], wq[OUT * IN], gq[ROWS * OUT], want[E * OUT * IN],
+        mag[E * OUT * IN];
+    fill(x, ROWS, IN, 5), fill(w, E * OUT, IN, 6), fill(dy, ROWS, OUT, 7);
+    fill(grad, E * OUT, IN, 8);
+    float grad0[E * OUT * IN];
+    memcpy(grad0, grad, sizeof grad);
+    Param p = {.ndim = 3, .global_shape = {E, OUT, IN}, .shape = {E, OUT, IN}, .expert = true};
+    p.data = w, p.grad = grad;
+    Linear l = {&p, LINEAR_FLOAT8_ROWWISE};
+    const Linear *all[] = {&l};
+    Arena act;
+    arena_init_sizing(&act, "act");
+    StepCtx s = {.k = kernels_backend("cpu"), .act = &act, .B = 1, .T = ROWS};
+    linear_reserve(&s, all, 1, ROWS, DTYPE_FP32);
+    arena_commit(&act, NULL);
+    RefCast row = {PER_ROW, FLOAT8_E4M3FN}, col = {PER_COL, FLOAT8_E4M3FN};
+
+    linear_grouped_forward(&l, &s, y, x, offsets, 0);
+    linear_grouped_backward_input(&l, &s, dx, dy, offsets, 0);
+    linear_grouped_backward_weight(&l, &s, dy, x, offsets);
+    for (int e = 0; e < E; e++) {
+        int r0 = offsets[e], m = offsets[e + 1] - r0;
+        const float *we = w + (size_t)e * OUT * IN;
+        ref_quantize(xq, x + r0 * IN, m, IN, row, true);
+        ref_quantize(wq, we, OUT, IN, row, true);
+        ref_gemm(want, xq, false, wq, false, m, OUT, IN, mag);
+        expect_close(y + r0 * OUT, want, mag, m * OUT);
+
+        ref_quantize(gq, dy + r0 * OUT, m, OUT, row, true);
+        ref_quantize(wq, we, OUT, IN, col, true);
+        ref_gemm(want, gq, false, wq, true, m, IN, OUT, mag);
+        expect_close(dx + r0 * IN, want, mag, m * IN);
+
+        ref_quantize(gq, dy + r0 * OUT, m, OUT, col, true);
+        ref_quantize(xq, x + r0 * IN, m, IN, col, true);
+        ref_gemm(want, gq, true, xq, true, OUT, IN, m, mag);  // an empty group adds nothing
+        for (int i = 0; i < OUT * IN; i++)
+            want[i] += grad0[e * OUT * IN + i], mag[i] += fabs(grad0[e * OUT * IN + i]);
+        expect_close(grad + (size_t)e * OUT * IN, want, mag, OUT * IN);
+    }
+    assert_int_equal(arena_mark(&act), 0);
+    arena_free(&act);
+}
+#undef E
+
 static void test_tensorwise(void **state) {
     (void)state;
     check_recipe(LINEAR_FLOAT8_TENSORWISE);
@@ -225,6 +309,8 @@ int main(void) {
         cmocka_unit_test(test_tensorwise),
         cmocka_unit_test(test_rowwise),
         cmocka_unit_test(test_rowwise_with_gw_hp),
+        cmocka_unit_test(test_precision_experts),
+        cmocka_unit_test(test_grouped_rowwise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
