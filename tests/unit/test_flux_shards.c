@@ -345,6 +345,12 @@ static void test_bad_shards(void **state) {
                     "the first shard %s has 't5-test'");
     sp = base, sp.skip = "autoencoder";
     bad_pair_expect("no_attr", &sp, "flux shard %s: no attribute 'autoencoder' (a string)");
+    // The same refusal without dying, in this process (what the sanitizers' leak check sees).
+    char path[512], err[1024];
+    path_make(path, sizeof(path), "encoder");
+    FluxShards s;
+    assert_false(flux_shards_try_open(&s, path, 2, err, sizeof(err)));
+    assert_non_null(strstr(err, "attribute 't5_encoder' is 't5-other'"));
 }
 
 static void test_bad_paths(void **state) {
