@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/errors.h"
+#include "core/h5_string.h"
 
 // HDF5 prints its whole error stack on every failure; titan reports one line of its own.
 static void hdf5_silence(void) { H5_CHECK(H5Eset_auto2(H5E_DEFAULT, NULL, NULL)); }
@@ -442,42 +443,10 @@ double ckpt_read_double(const char *path, const char *attr) {
     return v;
 }
 
-// Reads a variable-length (titan, h5py) or fixed-length (other writers) string attribute.
-static char *attr_read_string(hid_t attr) {
-    hid_t file_type = H5Aget_type(attr);
-    H5_CHECK(file_type);
-    htri_t variable = H5Tis_variable_str(file_type);
-    H5_CHECK(variable);
-    size_t size = H5Tget_size(file_type);
-    // HDF5 does not convert between ASCII and UTF-8, so read in the file's own character set.
-    H5T_cset_t cset = H5Tget_cset(file_type);
-    H5_CHECK(cset);
-    H5_CHECK(H5Tclose(file_type));
-    hid_t mem_type = H5Tcopy(H5T_C_S1);
-    H5_CHECK(mem_type);
-    H5_CHECK(H5Tset_cset(mem_type, cset));
-    char *out = NULL;
-    if (variable) {
-        char *vl = NULL;
-        H5_CHECK(H5Tset_size(mem_type, H5T_VARIABLE));
-        if (H5Aread(attr, mem_type, &vl) >= 0 && vl) {
-            out = strcpy(xmalloc(strlen(vl) + 1), vl);
-            H5_CHECK(H5free_memory(vl));
-        }
-    } else {
-        // One more byte than stored: the memory type is NUL-terminated, the file's may be padded.
-        H5_CHECK(H5Tset_size(mem_type, size + 1));
-        out = xcalloc(size + 1, 1);
-        if (H5Aread(attr, mem_type, out) < 0) free(out), out = NULL;
-    }
-    H5_CHECK(H5Tclose(mem_type));
-    return out;
-}
-
 char *ckpt_read_string(const char *path, const char *attr) {
     hid_t file = file_open_or_die(path);
     hid_t a = attr_open(file, path, attr, H5T_STRING);
-    char *s = attr_read_string(a);
+    char *s = h5_string_read(a, H5S_ALL);
     if (!s) die_user("checkpoint %s is truncated or corrupt (attribute %s)", path, attr);
     H5_CHECK(H5Aclose(a));
     H5_CHECK(H5Fclose(file));

@@ -14,9 +14,11 @@ PACKAGES=(
   libpcre2-dev                        # tokenizers' pre-tokenization regexes
   libjansson-dev                      # tokenizer.json, encoder.json, JSONL datasets
   zlib1g-dev                          # .jsonl.gz datasets, R data files
+  libpng-dev                          # FLUX sample grids
   libcmocka-dev                       # unit tests
   clang-14 libclang-rt-14-dev libomp-14-dev   # `make fuzz`: libFuzzer, its sanitizers, OpenMP
   python3-torch python3-numpy python3-h5py python3-yaml   # the PyTorch reference tests
+  python3-sklearn                     # the bundled 8x8 digits of scripts/flux_preprocess.py
   slurm-wlm munge                     # the one-node Slurm cluster of tests/integration/slurm.sh
 )
 
