@@ -80,3 +80,30 @@ void flux_unpack_latents(float *latents, const float *packed, int B, int C, int 
             for (int y = 0; y < H; y++)
                 for (int x = 0; x < W; x++) latents[i++] = packed[packed_index(b, c, y, x, C, H, W)];
 }
+
+int flux_describe(const FluxArgs *a, CkptAttr out[FLUX_MAX_ATTRS]) {
+    int n = 0;
+#define INT_ATTR(key, value) out[n++] = (CkptAttr){.name = "model." key, .type = CKPT_INT, .i = (value)}
+#define REAL_ATTR(key, value) out[n++] = (CkptAttr){.name = "model." key, .type = CKPT_DOUBLE, .d = (value)}
+    INT_ATTR("in_channels", a->in_channels);
+    INT_ATTR("out_channels", a->out_channels);
+    INT_ATTR("vec_in_dim", a->vec_in_dim);
+    INT_ATTR("context_in_dim", a->context_in_dim);
+    INT_ATTR("hidden_size", a->hidden_size);
+    REAL_ATTR("mlp_ratio", a->mlp_ratio);
+    INT_ATTR("num_heads", a->num_heads);
+    INT_ATTR("depth", a->depth);
+    INT_ATTR("depth_single_blocks", a->depth_single_blocks);
+    INT_ATTR("axes_dim_0", a->axes_dim[0]);
+    INT_ATTR("axes_dim_1", a->axes_dim[1]);
+    INT_ATTR("axes_dim_2", a->axes_dim[2]);
+    REAL_ATTR("theta", a->theta);
+    INT_ATTR("qkv_bias", a->qkv_bias);
+    INT_ATTR("guidance_embed", a->guidance_embed);
+    INT_ATTR("txt_len", a->txt_len);
+    INT_ATTR("latent_height", a->latent_height);
+    INT_ATTR("latent_width", a->latent_width);
+#undef INT_ATTR
+#undef REAL_ATTR
+    return n;
+}

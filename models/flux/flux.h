@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "checkpoint/checkpoint.h"
 #include "models/model.h"
 
 #define FLUX_PATCH 2          // latents are cut into FLUX_PATCH x FLUX_PATCH patches
@@ -87,3 +88,10 @@ typedef struct {
 // torchtitan's pack_latents ("b c (h ph) (w pw) -> b (h w) (c ph pw)"), p = FLUX_PATCH; and back.
 void flux_pack_latents(float *packed, const float *latents, int B, int C, int H, int W);
 void flux_unpack_latents(float *latents, const float *packed, int B, int C, int H, int W);
+
+// ---- checkpoint attributes (args.c) ------------------------------------------------------
+
+// The architecture as "model.*" attributes, so that a reader (the PyTorch reference, a
+// converter) rebuilds the model from the file alone; returns the count.
+#define FLUX_MAX_ATTRS 20
+int flux_describe(const FluxArgs *a, CkptAttr out[FLUX_MAX_ATTRS]);
