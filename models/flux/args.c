@@ -50,6 +50,9 @@ const char *flux_args_check(const FluxArgs *a, char *err, size_t len) {
     else if (a->in_channels % (FLUX_PATCH * FLUX_PATCH))
         snprintf(err, len, "in_channels %d is not latent channels times %d patch elements",
                  a->in_channels, FLUX_PATCH * FLUX_PATCH);
+    else if (a->depth < 0 || a->depth_single_blocks < 0)
+        snprintf(err, len, "depth %d, depth_single_blocks %d: block counts cannot be negative",
+                 a->depth, a->depth_single_blocks);
     else if (a->txt_len < 1)
         snprintf(err, len, "txt_len %d: at least one T5 token", a->txt_len);
     else

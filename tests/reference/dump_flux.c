@@ -1,6 +1,8 @@
 // One forward/backward of titan's FLUX on seeded weights and a seeded batch, written as HDF5
 // for tests/reference/flux_ref.py to compare against PyTorch:
-//   dump_flux FLAVOR B TXT_LEN LATENT_H LATENT_W OUT.h5
+//   dump_flux FLAVOR B TXT_LEN LATENT_H LATENT_W OUT.h5 [GUIDANCE DEPTH DEPTH_SINGLE]
+// The optional three change the flavor's guidance_embed (0 or 1) and block counts, so that a
+// short run covers flux-dev's guidance_in at flux-debug's width.
 // The weights are torchtitan's init plus N(0, 0.02) noise on every element: its init zeroes
 // the modulations and the final layer, which would leave every gate shut and most gradients
 // zero, proving nothing. The batch: latents and noise (B, 16, H, W) N(0, 1) in image layout
@@ -28,12 +30,13 @@ static void fill_uniform(float *x, size_t n, const char *name, double lo, double
     for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * rng_uniform(key, i));
 }
 
-// The initial weights, each element moved by N(0, 0.02).
+// The initial weights, each element moved by uniform noise of std 0.02.
 static void perturbed_weights(ParamTable *t, float *noise) {
     params_initialize(t, SEED);
+    double a = 0.02 * sqrt(3.0);
     for (int i = 0; i < t->count; i++) {
         Param *p = &t->items[i];
-        fill_normal(noise, p->numel, p->name, 0, 0.02);
+        fill_uniform(noise, p->numel, p->name, -a, a);
         for (size_t j = 0; j < p->numel; j++) p->data[j] += noise[j];
     }
 }
@@ -70,7 +73,9 @@ static void batch_make(Batch *b, const FluxArgs *a, int B) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 7) die_user("usage: dump_flux FLAVOR B TXT_LEN LATENT_H LATENT_W OUT.h5");
+    if (argc != 7 && argc != 10)
+        die_user("usage: dump_flux FLAVOR B TXT_LEN LATENT_H LATENT_W OUT.h5 "
+                 "[GUIDANCE DEPTH DEPTH_SINGLE]");
     FluxArgs a;
     if (!flux_flavor(argv[1], &a))
         die_user("dump_flux: no flavor %s (flavors: %s)", argv[1], flux_flavor_names());
@@ -78,6 +83,11 @@ int main(int argc, char **argv) {
     a.txt_len = atoi(argv[3]);
     a.latent_height = atoi(argv[4]);
     a.latent_width = atoi(argv[5]);
+    if (argc == 10) {
+        a.guidance_embed = atoi(argv[7]) != 0;
+        a.depth = atoi(argv[8]);
+        a.depth_single_blocks = atoi(argv[9]);
+    }
     char err[256];
     if (B < 1 || flux_args_check(&a, err, sizeof err)) die_user("dump_flux: %s", B < 1 ? "B < 1" : err);
     const char *out = argv[6];

@@ -14,9 +14,10 @@ from the dump's model.* attributes, never from a flavor table.
 usage: /usr/bin/python3 tests/reference/flux_ref.py DUMP.h5
 
 DUMP.h5 is written by build/tests/dump_flux. The reference runs in float64 from titan's fp32
-weights and batch, except the sinusoidal timestep embedding, which torchtitan computes in fp32
-(time_factor * t reaches 1000 rad, so fp32's rounding of the angle shows in its cosine) and the
-reference does too; the measured error is then titan's fp32 error alone. Bound: relative L2
+weights and batch, except the angles of the sinusoidal timestep (and guidance) embedding, which
+torchtitan computes in fp32 (time_factor * t reaches 1000 rad, 5000 for a guidance of 5, so
+fp32's rounding of the angle shows in its cosine: it is part of the function) and the reference
+rounds as torch does; the measured error is then titan's fp32 error alone. Bound: relative L2
 error < 1e-5 on the loss, the prediction and every parameter gradient. Exit 1 on failure.
 """
 import math
@@ -92,12 +93,17 @@ def embed_nd(ids, axes_dim, theta):
 
 
 def timestep_embedding(t, dim, max_period=10000, time_factor=1000.0):
-    """torchtitan's, in fp32 as it runs there, widened to the reference's float64."""
-    t = time_factor * t.float()
+    """torchtitan's, whose angles are fp32 (t is): each arithmetic step rounded to fp32 as torch
+    rounds it (the Python scalars first), exp correctly rounded (torch's vectorised fp32 exp is
+    within an ulp, not always the nearest float: one ulp of a frequency moves a 5000-radian
+    guidance angle by 3e-4), cos and sin in float64."""
+    f32 = torch.float32
     half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(0, half, dtype=torch.float32) / half)
-    args = t[:, None] * freqs[None]
-    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1).double()
+    exponent = torch.tensor(-math.log(max_period), dtype=f32) * torch.arange(0, half, dtype=f32)
+    freqs = torch.exp((exponent / half).double()).float()
+    args = (torch.tensor(time_factor, dtype=f32) * t.float())[:, None] * freqs[None]
+    args = args.double()
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
 
 def layer_norm(x):
