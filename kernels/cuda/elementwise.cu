@@ -1,7 +1,7 @@
-// Elementwise ops: SwiGLU, add, scale and the bf16 conversions. Each kernel is one grid-stride
-// loop over the float4 groups [0, n4) (n4 = n / 4 when every pointer allows the vector access,
-// else 0) and one over the elements from 4 * n4 on: an odd n or a misaligned slice of a flat
-// buffer takes the scalar loop.
+// Elementwise ops: SwiGLU, GELU-tanh, SiLU, add, scale and the bf16 conversions. Each kernel is
+// one grid-stride loop over the float4 groups [0, n4) (n4 = n / 4 when every pointer allows the
+// vector access, else 0) and one over the elements from 4 * n4 on: an odd n or a misaligned
+// slice of a flat buffer takes the scalar loop.
 #include <stdint.h>
 
 #include "kernels/cuda/device.cuh"
@@ -27,6 +27,53 @@ __device__ __forceinline__ void swiglu_grad(float *dg, float *du, float d, float
     float sg = sigmoid(g);
     *dg += d * u * sg * (1.0f + g * (1.0f - sg));
     *du += d * g * sg;
+}
+
+// The activations, as the cpu twin writes them: value(x) and grad(x) = d value / dx.
+// GELU's tanh form through 0.5 (1 + tanh(u)) = sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
+struct GeluTanh {
+    static __device__ __forceinline__ float sig2u(float x) {
+        return sigmoid(2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x));
+    }
+    static __device__ __forceinline__ float value(float x) { return x * sig2u(x); }
+    static __device__ __forceinline__ float grad(float x) {
+        float s = sig2u(x), du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+        return s + 2.0f * x * s * (1.0f - s) * du;
+    }
+};
+
+struct Silu {
+    static __device__ __forceinline__ float value(float x) { return x * sigmoid(x); }
+    static __device__ __forceinline__ float grad(float x) {
+        float s = sigmoid(x);
+        return s * (1.0f + x * (1.0f - s));
+    }
+};
+
+template <class Act>
+static __global__ void activation_forward_elements(float *out, const float *x, size_t n,
+                                                   size_t n4) {
+    for (size_t i = thread_first(); i < n4; i += thread_stride()) {
+        float4 v = ((const float4 *)x)[i];
+        ((float4 *)out)[i] =
+            make_float4(Act::value(v.x), Act::value(v.y), Act::value(v.z), Act::value(v.w));
+    }
+    for (size_t i = 4 * n4 + thread_first(); i < n; i += thread_stride()) out[i] = Act::value(x[i]);
+}
+
+template <class Act>
+static __global__ void activation_backward_elements(float *dx, const float *dout, const float *x,
+                                                    size_t n, size_t n4) {
+    for (size_t i = thread_first(); i < n4; i += thread_stride()) {
+        float4 d = ((const float4 *)dout)[i], v = ((const float4 *)x)[i], g = ((float4 *)dx)[i];
+        g.x += d.x * Act::grad(v.x);
+        g.y += d.y * Act::grad(v.y);
+        g.z += d.z * Act::grad(v.z);
+        g.w += d.w * Act::grad(v.w);
+        ((float4 *)dx)[i] = g;
+    }
+    for (size_t i = 4 * n4 + thread_first(); i < n; i += thread_stride())
+        dx[i] += dout[i] * Act::grad(x[i]);
 }
 
 // n4: the float4 groups of an fp32 out (0 for bf16, stored one element at a time).
@@ -114,6 +161,37 @@ void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const flo
     swiglu_backward_elements<<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(
         dgate, dup, dout, gate, up, n, n4);
     CUDA_LAUNCH_CHECK();
+}
+
+template <class Act> static void activation_forward(float *out, const float *x, size_t n) {
+    size_t n4 = aligned(out, 16) && aligned(x, 16) ? n / 4 : 0;
+    activation_forward_elements<Act>
+        <<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(out, x, n, n4);
+    CUDA_LAUNCH_CHECK();
+}
+
+template <class Act>
+static void activation_backward(float *dx, const float *dout, const float *x, size_t n) {
+    size_t n4 = aligned(dx, 16) && aligned(dout, 16) && aligned(x, 16) ? n / 4 : 0;
+    activation_backward_elements<Act>
+        <<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(dx, dout, x, n, n4);
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_gelu_tanh_forward(float *out, const float *x, size_t n) {
+    activation_forward<GeluTanh>(out, x, n);
+}
+
+void cuda_gelu_tanh_backward(float *dx, const float *dout, const float *x, size_t n) {
+    activation_backward<GeluTanh>(dx, dout, x, n);
+}
+
+void cuda_silu_forward(float *out, const float *x, size_t n) {
+    activation_forward<Silu>(out, x, n);
+}
+
+void cuda_silu_backward(float *dx, const float *dout, const float *x, size_t n) {
+    activation_backward<Silu>(dx, dout, x, n);
 }
 
 void cuda_add(float *y, const float *x, size_t n) {

@@ -1,8 +1,8 @@
-// RMSNorm, one block per row for the row-wise passes. A row is read as float4 groups when dim
-// is a multiple of 4 and every base pointer is 16-byte aligned (then every row is), else one
-// float at a time. The weight gradient is a sum over rows, kept deterministic without atomics:
-// blocks own (row chunk, column tile) pairs and write per-chunk partials to cuda_scratch(),
-// then one thread per column adds its chunks in chunk order into dweight.
+// RMSNorm and LayerNorm, one block per row for the row-wise passes. RMSNorm reads a row as
+// float4 groups when dim is a multiple of 4 and every base pointer is 16-byte aligned (then every
+// row is), else one float at a time. Its weight gradient is a sum over rows, kept deterministic
+// without atomics: blocks own (row chunk, column tile) pairs and write per-chunk partials to
+// cuda_scratch(), then one thread per column adds its chunks in chunk order into dweight.
 #include <stdint.h>
 
 #include "kernels/cuda/device.cuh"
@@ -140,4 +140,51 @@ void cuda_rmsnorm_backward(float *dx, float *dweight, const float *dout, const f
                                                                  vec);
     CUDA_LAUNCH_CHECK();
     rmsnorm_backward_weight(dweight, dout, x, rstd, n, dim);
+}
+
+// LayerNorm without affine: the cpu twin's two passes (the mean, then the variance about it).
+static __global__ void layernorm_forward_rows(float *out, float *mean, float *rstd,
+                                              const float *x, int dim, float eps) {
+    __shared__ float shared[32];
+    size_t row = blockIdx.x;
+    const float *xr = x + row * dim;
+    float *o = out + row * dim;
+    float sum = 0.0f, ss = 0.0f;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) sum += xr[j];
+    float mu = block_sum(sum, shared) / dim;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += (xr[j] - mu) * (xr[j] - mu);
+    float r = 1.0f / sqrtf(block_sum(ss, shared) / dim + eps);
+    if (threadIdx.x == 0) mean[row] = mu, rstd[row] = r;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) o[j] = (xr[j] - mu) * r;
+}
+
+// y = (x - mu) r, so dx += r (dout - mean(dout) - y mean(dout y)).
+static __global__ void layernorm_backward_rows(float *dx, const float *dout, const float *x,
+                                               const float *mean, const float *rstd, int dim) {
+    __shared__ float shared[32];
+    size_t row = blockIdx.x;
+    const float *xr = x + row * dim, *gr = dout + row * dim;
+    float *dxr = dx + row * dim;
+    float mu = mean[row], r = rstd[row], g_sum = 0.0f, gy_sum = 0.0f;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        g_sum += gr[j];
+        gy_sum += gr[j] * (xr[j] - mu) * r;
+    }
+    float g_mean = block_sum(g_sum, shared) / dim, gy_mean = block_sum(gy_sum, shared) / dim;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        dxr[j] += r * (gr[j] - g_mean - (xr[j] - mu) * r * gy_mean);
+}
+
+void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *x, int n, int dim,
+                            float eps) {
+    if (n == 0) return;  // an empty grid is a launch error
+    layernorm_forward_rows<<<n, CUDA_THREADS, 0, cuda_stream()>>>(out, mean, rstd, x, dim, eps);
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_layernorm_backward(float *dx, const float *dout, const float *x, const float *mean,
+                             const float *rstd, int n, int dim) {
+    if (n == 0) return;
+    layernorm_backward_rows<<<n, CUDA_THREADS, 0, cuda_stream()>>>(dx, dout, x, mean, rstd, dim);
+    CUDA_LAUNCH_CHECK();
 }

@@ -1040,6 +1040,247 @@ static void check_adamw(size_t n, int step) {
     pair_free(&a.p), pair_free(&a.g), pair_free(&a.m), pair_free(&a.v);
 }
 
+// ---- diffusion transformer (FLUX) ------------------------------------------------------------
+
+typedef struct {
+    Pair out, mean, rstd, x, dout, dx;
+    int n, dim;
+} LnArgs;
+
+static void layernorm_forward_run(int s, void *ctx) {
+    LnArgs *a = ctx;
+    side[s]->layernorm_forward(F(a->out, s), F(a->mean, s), F(a->rstd, s), F(a->x, s), a->n,
+                               a->dim, 1e-6f);
+}
+
+static void layernorm_backward_run(int s, void *ctx) {
+    LnArgs *a = ctx;
+    side[s]->layernorm_backward(F(a->dx, s), F(a->dout, s), F(a->x, s), F(a->mean, s),
+                                F(a->rstd, s), a->n, a->dim);
+}
+
+// x in [1, 5): rows far from centred, so the variance pass must not cancel against the mean.
+static void check_layernorm(int n, int dim) {
+    size_t nd = (size_t)n * dim;
+    LnArgs a = {pair_nan(nd), pair_nan(n), pair_nan(n), pair_random(nd, 1, 5),
+                pair_random(nd, -1, 1), pair_random(nd, -1, 1), n, dim};
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d dim=%d", n, dim);
+    Output fwd[] = {{"out", &a.out, NULL, CMP_NORMALISED, BOUND_FP32},
+                    {"mean", &a.mean, NULL, CMP_NORMALISED, BOUND_REDUCE},
+                    {"rstd", &a.rstd, NULL, CMP_NORMALISED, BOUND_REDUCE}};
+    op_check("layernorm_fwd", shape, layernorm_forward_run, &a, fwd, 3);
+    pair_share_cpu(&a.mean), pair_share_cpu(&a.rstd);
+    Output bwd[] = {{"dx", &a.dx, NULL, CMP_INCREMENT, BOUND_REDUCE}};
+    op_check("layernorm_bwd", shape, layernorm_backward_run, &a, bwd, 1);
+    Pair *all[] = {&a.out, &a.mean, &a.rstd, &a.x, &a.dout, &a.dx};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
+typedef struct {
+    Pair out, x, dout, dx;
+    size_t n;
+    bool gelu;      // GELU-tanh, else SiLU
+    bool in_place;  // forward with out == x (out starts as x's values)
+} ActArgs;
+
+static void activation_forward_run(int s, void *ctx) {
+    ActArgs *a = ctx;
+    const float *x = a->in_place ? F(a->out, s) : F(a->x, s);
+    if (a->gelu)
+        side[s]->gelu_tanh_forward(F(a->out, s), x, a->n);
+    else
+        side[s]->silu_forward(F(a->out, s), x, a->n);
+}
+
+static void activation_backward_run(int s, void *ctx) {
+    ActArgs *a = ctx;
+    if (a->gelu)
+        side[s]->gelu_tanh_backward(F(a->dx, s), F(a->dout, s), F(a->x, s), a->n);
+    else
+        side[s]->silu_backward(F(a->dx, s), F(a->dout, s), F(a->x, s), a->n);
+}
+
+// x in [-12, 12): both saturated tails.
+static void check_activation(bool gelu, size_t n) {
+    ActArgs a = {pair_nan(n), pair_random(n, -12, 12), pair_random(n, -1, 1),
+                 pair_random(n, -1, 1), n, gelu, false};
+    const char *name = gelu ? "gelu_tanh" : "silu";
+    char shape[64], op[64];
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    Output fwd[] = {{"", &a.out, NULL, CMP_NORMALISED, BOUND_FP32}};
+    snprintf(op, sizeof op, "%s_fwd", name);
+    op_check(op, shape, activation_forward_run, &a, fwd, 1);
+    pair_free(&a.out);
+    a.out = pair_of(a.x.init, n * sizeof(float));
+    a.in_place = true;
+    snprintf(op, sizeof op, "%s_fwd in place", name);
+    op_check(op, shape, activation_forward_run, &a, fwd, 1);
+    Output bwd[] = {{"dx", &a.dx, NULL, CMP_INCREMENT, BOUND_FP32}};
+    snprintf(op, sizeof op, "%s_bwd", name);
+    op_check(op, shape, activation_backward_run, &a, bwd, 1);
+    Pair *all[] = {&a.out, &a.x, &a.dout, &a.dx};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
+// The modulation (B, 6 dim) as a FLUX double block's linear writes it: shift, scale and gate are
+// its chunks 0, 1 and 2, rows ld = 6 dim apart. out doubles as the gated residual's y, x as h.
+typedef struct {
+    Pair out, x, mod, dout, dx, dmod;
+    int B, T, dim, ld;
+    bool in_place;  // modulate_forward with out == x (out starts as x's values)
+} ModArgs;
+
+static void modulate_forward_run(int s, void *ctx) {
+    ModArgs *a = ctx;
+    const float *x = a->in_place ? F(a->out, s) : F(a->x, s), *mod = F(a->mod, s);
+    side[s]->modulate_forward(F(a->out, s), x, mod, mod + a->dim, a->ld, a->B, a->T, a->dim);
+}
+
+static void modulate_backward_run(int s, void *ctx) {
+    ModArgs *a = ctx;
+    float *dmod = F(a->dmod, s);
+    side[s]->modulate_backward(F(a->dx, s), dmod, dmod + a->dim, F(a->dout, s), F(a->x, s),
+                               F(a->mod, s) + a->dim, a->ld, a->B, a->T, a->dim);
+}
+
+static void gated_add_forward_run(int s, void *ctx) {
+    ModArgs *a = ctx;
+    side[s]->gated_add_forward(F(a->out, s), F(a->x, s), F(a->mod, s) + 2 * a->dim, a->ld, a->B,
+                               a->T, a->dim);
+}
+
+static void gated_add_backward_run(int s, void *ctx) {
+    ModArgs *a = ctx;
+    side[s]->gated_add_backward(F(a->dx, s), F(a->dmod, s) + 2 * a->dim, F(a->dout, s),
+                                F(a->x, s), F(a->mod, s) + 2 * a->dim, a->ld, a->B, a->T, a->dim);
+}
+
+// The chunks neither op touches must keep their values: dmod is compared whole.
+static void check_modulation(int B, int T, int dim) {
+    size_t n = (size_t)B * T * dim, nv = (size_t)B * 6 * dim;
+    ModArgs a = {pair_nan(n), pair_random(n, -2, 2), pair_random(nv, -1, 1),
+                 pair_random(n, -1, 1), pair_random(n, -1, 1), pair_random(nv, -1, 1),
+                 B, T, dim, 6 * dim, false};
+    char shape[64];
+    snprintf(shape, sizeof shape, "B=%d T=%d dim=%d", B, T, dim);
+    Output fwd[] = {{"", &a.out, NULL, CMP_NORMALISED, BOUND_FP32}};
+    op_check("modulate_fwd", shape, modulate_forward_run, &a, fwd, 1);
+    pair_free(&a.out);
+    a.out = pair_of(a.x.init, n * sizeof(float));
+    a.in_place = true;
+    op_check("modulate_fwd in place", shape, modulate_forward_run, &a, fwd, 1);
+    Output bwd[] = {{"dx", &a.dx, NULL, CMP_INCREMENT, BOUND_FP32},
+                    {"dmod", &a.dmod, NULL, CMP_INCREMENT, BOUND_REDUCE}};
+    op_check("modulate_bwd", shape, modulate_backward_run, &a, bwd, 2);
+    pair_free(&a.out);
+    a.out = pair_random(n, -1, 1);
+    Output gated[] = {{"y", &a.out, NULL, CMP_INCREMENT, BOUND_FP32}};
+    op_check("gated_add_fwd", shape, gated_add_forward_run, &a, gated, 1);
+    pair_reset(&a.dx), pair_reset(&a.dmod);  // the timing above accumulated into them
+    op_check("gated_add_bwd", shape, gated_add_backward_run, &a, bwd, 2);
+    Pair *all[] = {&a.out, &a.x, &a.mod, &a.dout, &a.dx, &a.dmod};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
+typedef struct {
+    Pair y, bias, dy, dbias;
+    int n, dim;
+} BiasArgs;
+
+static void bias_add_run(int s, void *ctx) {
+    BiasArgs *a = ctx;
+    side[s]->bias_add(F(a->y, s), F(a->bias, s), a->n, a->dim);
+}
+
+static void bias_backward_run(int s, void *ctx) {
+    BiasArgs *a = ctx;
+    side[s]->bias_backward(F(a->dbias, s), F(a->dy, s), a->n, a->dim);
+}
+
+static void check_bias(int n, int dim) {
+    size_t nd = (size_t)n * dim;
+    BiasArgs a = {pair_random(nd, -1, 1), pair_random(dim, -1, 1), pair_random(nd, -1, 1),
+                  pair_random(dim, -1, 1), n, dim};
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d dim=%d", n, dim);
+    Output fwd[] = {{"y", &a.y, NULL, CMP_INCREMENT, BOUND_FP32}};
+    op_check("bias_add", shape, bias_add_run, &a, fwd, 1);
+    Output bwd[] = {{"dbias", &a.dbias, NULL, CMP_INCREMENT, BOUND_REDUCE}};
+    op_check("bias_backward", shape, bias_backward_run, &a, bwd, 1);
+    Pair *all[] = {&a.y, &a.bias, &a.dy, &a.dbias};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
+typedef struct {
+    Pair out, t;
+    int B, dim;
+} TimeArgs;
+
+static void timestep_embedding_run(int s, void *ctx) {
+    TimeArgs *a = ctx;
+    side[s]->timestep_embedding(F(a->out, s), F(a->t, s), a->B, a->dim, 10000.0f, 1000.0f);
+}
+
+// FLUX's max_period and time_factor, t in [0, 1): angles up to 1000 rad.
+static void check_timestep_embedding(int B, int dim) {
+    TimeArgs a = {pair_nan((size_t)B * dim), pair_random(B, 0, 1), B, dim};
+    char shape[64];
+    snprintf(shape, sizeof shape, "B=%d dim=%d", B, dim);
+    Output out[] = {{"", &a.out, NULL, CMP_NORMALISED, BOUND_FP32}};
+    op_check("timestep_embedding", shape, timestep_embedding_run, &a, out, 1);
+    pair_free(&a.out), pair_free(&a.t);
+}
+
+typedef struct {
+    Pair sq, pred, target, dpred;
+    int n, dim;
+} SqArgs;
+
+static void squared_error_forward_run(int s, void *ctx) {
+    SqArgs *a = ctx;
+    side[s]->squared_error_forward(F(a->sq, s), F(a->pred, s), F(a->target, s), a->n, a->dim);
+}
+
+static void squared_error_backward_run(int s, void *ctx) {
+    SqArgs *a = ctx;
+    side[s]->squared_error_backward(F(a->dpred, s), F(a->pred, s), F(a->target, s),
+                                    (size_t)a->n * a->dim, 1.0f / a->n);
+}
+
+static void check_squared_error(int n, int dim) {
+    size_t nd = (size_t)n * dim;
+    SqArgs a = {pair_nan(n), pair_random(nd, -1, 1), pair_random(nd, -1, 1),
+                pair_random(nd, -0.01, 0.01), n, dim};
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d dim=%d", n, dim);
+    Output fwd[] = {{"", &a.sq, NULL, CMP_NORMALISED, BOUND_REDUCE}};
+    op_check("squared_error_fwd", shape, squared_error_forward_run, &a, fwd, 1);
+    Output bwd[] = {{"dpred", &a.dpred, NULL, CMP_INCREMENT, BOUND_FP32}};
+    op_check("squared_error_bwd", shape, squared_error_backward_run, &a, bwd, 1);
+    Pair *all[] = {&a.sq, &a.pred, &a.target, &a.dpred};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+}
+
+// FLUX.1's shapes: hidden 3072, 8192 tokens (two 1024x1024 images: 4096 image + 512 text tokens
+// each, as T below), 64 channels a patch; then odd sizes.
+static void check_flux(void) {
+    check_layernorm(8192, 3072);
+    check_layernorm(67, 1000);
+    for (int gelu = 0; gelu < 2; gelu++) {
+        check_activation(gelu, 5);
+        check_activation(gelu, (size_t)8192 * 3072 + 13);
+    }
+    check_modulation(2, 4608, 3072);
+    check_modulation(3, 5, 40);
+    check_bias(8192, 3072);
+    check_bias(67, 1000);
+    check_timestep_embedding(64, 256);
+    check_timestep_embedding(3, 33);
+    check_squared_error(8192, 64);
+    check_squared_error(67, 1000);
+}
+
 // ---- mixture of experts ----------------------------------------------------------------------
 
 // One MoE layer's ops on n tokens of width dim, E experts of hidden width, k choices each.
@@ -1377,7 +1618,12 @@ static int table_holes(const KernelOps *k) {
     NEED(embedding_forward), NEED(embedding_backward), NEED(cross_entropy_forward);
     NEED(cross_entropy_backward), NEED(cross_entropy_slice_forward);
     NEED(cross_entropy_slice_backward), NEED(cross_entropy_merge_exp);
-    NEED(cross_entropy_merge_finish), NEED(add), NEED(scale), NEED(sum_squares), NEED(sum);
+    NEED(cross_entropy_merge_finish), NEED(layernorm_forward), NEED(layernorm_backward);
+    NEED(gelu_tanh_forward), NEED(gelu_tanh_backward), NEED(silu_forward), NEED(silu_backward);
+    NEED(modulate_forward), NEED(modulate_backward), NEED(gated_add_forward);
+    NEED(gated_add_backward), NEED(bias_add), NEED(bias_backward), NEED(timestep_embedding);
+    NEED(squared_error_forward), NEED(squared_error_backward), NEED(add), NEED(scale);
+    NEED(sum_squares), NEED(sum);
     NEED(moe_router_forward), NEED(moe_router_backward), NEED(moe_sort), NEED(moe_permute);
     NEED(moe_unpermute), NEED(moe_weight_grad), NEED(grouped_matmul), NEED(moe_aux_stats);
     NEED(moe_aux_backward);
@@ -1433,6 +1679,7 @@ static void check_all(void) {
     check_cross_entropy_slice(256, 10000, 12000, 32000);
     check_cross_entropy_slice(4, 64128, 64128, 128256);
     check_cross_entropy_merge(8192);
+    check_flux();
     check_moes();
     check_vector_ops(0);
     check_vector_ops(5);

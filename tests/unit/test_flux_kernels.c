@@ -88,7 +88,8 @@ static void test_layernorm(void **state) {
     float *x = floats_random(nd, 2.0), *dout = floats_random(nd, 1.0);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < dim; j++) x[(size_t)i * dim + j] += 10.0f * i;
-    float *out = floats_random(nd, 1.0), *mean = floats_random(n, 1.0), *rstd = floats_random(n, 1.0);
+    float *out = floats_random(nd, 1.0), *mean = floats_random(n, 1.0);
+    float *rstd = floats_random(n, 1.0);
     LnCase c = {n, dim, 1e-6, doubles_from(x, nd), dout};
     ops->layernorm_forward(out, mean, rstd, x, n, dim, 1e-6f);
     double *want = doubles_zero(nd), *want_mean = doubles_zero(n), *want_rstd = doubles_zero(n);
@@ -123,7 +124,8 @@ static double gelu_tanh(double x) {
 // torch's gelu_backward for approximate="tanh": the product rule on 0.5 x (1 + tanh(u)).
 static double gelu_tanh_grad(double x) {
     double u = sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x), th = tanh(u);
-    return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * sqrt(2.0 / M_PI) * (1.0 + 3 * 0.044715 * x * x);
+    double du = sqrt(2.0 / M_PI) * (1.0 + 3 * 0.044715 * x * x);
+    return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du;
 }
 
 static double silu(double x) { return x / (1.0 + exp(-x)); }
@@ -202,7 +204,8 @@ static void mod_ref(double *out, const ModCase *c, bool gated) {
     for (size_t r = 0; r < MOD_N; r += MOD_DIM)
         for (int j = 0; j < MOD_DIM; j++)
             out[r + j] = gated ? mod_at(c, GATE, r, j) * c->x[r + j]
-                               : c->x[r + j] * (1.0 + mod_at(c, SCALE, r, j)) + mod_at(c, SHIFT, r, j);
+                               : c->x[r + j] * (1.0 + mod_at(c, SCALE, r, j)) +
+                                     mod_at(c, SHIFT, r, j);
 }
 
 static double mod_loss(const void *ctx, bool gated) {
