@@ -73,7 +73,8 @@ void flux_pack_latents(float *packed, const float *latents, int B, int C, int H,
     for (int b = 0; b < B; b++)
         for (int c = 0; c < C; c++)
             for (int y = 0; y < H; y++)
-                for (int x = 0; x < W; x++) packed[packed_index(b, c, y, x, C, H, W)] = latents[i++];
+                for (int x = 0; x < W; x++)
+                    packed[packed_index(b, c, y, x, C, H, W)] = latents[i++];
 }
 
 void flux_unpack_latents(float *latents, const float *packed, int B, int C, int H, int W) {
@@ -81,13 +82,16 @@ void flux_unpack_latents(float *latents, const float *packed, int B, int C, int 
     for (int b = 0; b < B; b++)
         for (int c = 0; c < C; c++)
             for (int y = 0; y < H; y++)
-                for (int x = 0; x < W; x++) latents[i++] = packed[packed_index(b, c, y, x, C, H, W)];
+                for (int x = 0; x < W; x++)
+                    latents[i++] = packed[packed_index(b, c, y, x, C, H, W)];
 }
 
 int flux_describe(const FluxArgs *a, CkptAttr out[FLUX_MAX_ATTRS]) {
     int n = 0;
-#define INT_ATTR(key, value) out[n++] = (CkptAttr){.name = "model." key, .type = CKPT_INT, .i = (value)}
-#define REAL_ATTR(key, value) out[n++] = (CkptAttr){.name = "model." key, .type = CKPT_DOUBLE, .d = (value)}
+#define INT_ATTR(key, value) \
+    out[n++] = (CkptAttr){.name = "model." key, .type = CKPT_INT, .i = (value)}
+#define REAL_ATTR(key, value) \
+    out[n++] = (CkptAttr){.name = "model." key, .type = CKPT_DOUBLE, .d = (value)}
     INT_ATTR("in_channels", a->in_channels);
     INT_ATTR("out_channels", a->out_channels);
     INT_ATTR("vec_in_dim", a->vec_in_dim);

@@ -7,7 +7,7 @@
 #define TIME_MAX_PERIOD 10000.0f
 #define TIME_FACTOR 1000.0f
 
-// The microbatch's inputs; NULL while sizing (nothing is read then).
+// The microbatch's inputs, read only when computing (a sizing pass has none).
 static const FluxBatch *flux_batch(const StepCtx *s) {
     CHECK(s->input);
     return s->input;

@@ -58,7 +58,9 @@ const char *flux_flavor_names(void);
 const char *flux_args_check(const FluxArgs *a, char *err, size_t len);
 
 static inline int flux_head_dim(const FluxArgs *a) { return a->hidden_size / a->num_heads; }
-static inline int flux_mlp_hidden(const FluxArgs *a) { return (int)(a->hidden_size * a->mlp_ratio); }
+static inline int flux_mlp_hidden(const FluxArgs *a) {
+    return (int)(a->hidden_size * a->mlp_ratio);
+}
 static inline int flux_img_tokens(const FluxArgs *a) {
     return (a->latent_height / FLUX_PATCH) * (a->latent_width / FLUX_PATCH);
 }

@@ -16,6 +16,8 @@ typedef struct {
 FluxDims flux_dims(const FluxArgs *a, const StepCtx *s);
 
 // A torch nn.Linear: the weight's GEMMs through models/linear (precision by name), plus a bias.
+// Its activations are fp32 whatever StepCtx.act_dtype (bf16 activations are not done yet; the
+// backend's bf16 GEMMs still round them under bf16 compute).
 typedef struct {
     Linear linear;  // over the weight (out, in)
     Param *bias;    // (out), or NULL

@@ -31,13 +31,14 @@ static void rope_tables(Flux *f) {
     float *sin_t = cos_t + n;
     int *pos = (int *)(sin_t + n);
     for (int t = 0; t < Tj; t++) {
-        int img = t - L, ids[FLUX_AXES] = {0, img < 0 ? 0 : img / grid_w, img < 0 ? 0 : img % grid_w};
-        int col = 0;
+        int img = t - L, row = img < 0 ? 0 : img / grid_w, col = img < 0 ? 0 : img % grid_w;
+        int ids[FLUX_AXES] = {0, row, col};
+        int pair = 0;
         for (int i = 0; i < FLUX_AXES; i++)
-            for (int j = 0; j < a->axes_dim[i] / 2; j++, col++) {
+            for (int j = 0; j < a->axes_dim[i] / 2; j++, pair++) {
                 double angle = ids[i] * pow(a->theta, -2.0 * j / a->axes_dim[i]);
-                cos_t[(size_t)t * half + col] = (float)cos(angle);
-                sin_t[(size_t)t * half + col] = (float)sin(angle);
+                cos_t[(size_t)t * half + pair] = (float)cos(angle);
+                sin_t[(size_t)t * half + pair] = (float)sin(angle);
             }
         pos[t] = t;
     }

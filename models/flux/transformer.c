@@ -204,7 +204,8 @@ static void double_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase,
     float *dsvec = arena_floats(s->act, bd);
     float *dattn = arena_floats(s->act, joint), *dq = arena_floats(s->act, joint);
     float *dk = arena_floats(s->act, joint), *dv = arena_floats(s->act, joint);
-    size_t out_scratch = (size_t)rows * (2 * (size_t)d.M + d.D), qkv_scratch = (size_t)rows * 9 * d.D;
+    size_t out_scratch = (size_t)rows * (2 * (size_t)d.M + d.D);
+    size_t qkv_scratch = (size_t)rows * 9 * d.D;
     size_t stream_scratch = out_scratch > qkv_scratch ? out_scratch : qkv_scratch;
     float *scratch = arena_floats(s->act, stream_scratch > 2 * joint ? stream_scratch : 2 * joint);
     void *workspace = arena_alloc(s->act, flux_attn_workspace(s, d));
@@ -307,7 +308,8 @@ static void single_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase,
     int rows = d.B * d.Tj, D = d.D, M = d.M, l1 = 3 * D + M;
     size_t n = (size_t)rows * D, nm = (size_t)rows * M, bd = (size_t)d.B * D, fw = sizeof(float);
     float *dxj = arena_floats(A, n), *dmod = arena_floats(A, 3 * bd), *dsvec = arena_floats(A, bd);
-    float *dcat = arena_floats(A, (size_t)rows * (D + M)), *dl1 = arena_floats(A, (size_t)rows * l1);
+    float *dcat = arena_floats(A, (size_t)rows * (D + M));
+    float *dl1 = arena_floats(A, (size_t)rows * l1);
     float *dattn = arena_floats(A, n), *dq = arena_floats(A, n), *dk = arena_floats(A, n);
     float *dv = arena_floats(A, n), *dm = arena_floats(A, n), *du = arena_floats(A, nm);
     float *scratch = arena_floats(A, 2 * n + nm);

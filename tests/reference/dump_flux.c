@@ -72,6 +72,10 @@ static void batch_make(Batch *b, const FluxArgs *a, int B) {
     flux_pack_latents(b->packed_noise, b->noise, B, C, H, W);
 }
 
+static CkptTensor tensor(const char *path, int ndim, const int64_t *shape, float *data) {
+    return (CkptTensor){.path = path, .ndim = ndim, .shape = shape, .data = data};
+}
+
 int main(int argc, char **argv) {
     if (argc != 7 && argc != 10)
         die_user("usage: dump_flux FLAVOR B TXT_LEN LATENT_H LATENT_W OUT.h5 "
@@ -89,7 +93,8 @@ int main(int argc, char **argv) {
         a.depth_single_blocks = atoi(argv[9]);
     }
     char err[256];
-    if (B < 1 || flux_args_check(&a, err, sizeof err)) die_user("dump_flux: %s", B < 1 ? "B < 1" : err);
+    if (B < 1 || flux_args_check(&a, err, sizeof err))
+        die_user("dump_flux: %s", B < 1 ? "B < 1" : err);
     const char *out = argv[6];
     const KernelOps *k = kernels_backend("cpu");
     Model m;
@@ -118,21 +123,20 @@ int main(int argc, char **argv) {
     CkptTensor *list = xcalloc((size_t)n, sizeof(CkptTensor));
     char (*names)[PARAM_NAME_MAX + 8] = xcalloc(2 * (size_t)m.params.count, sizeof *names);
     int used = 0;
-    list[used++] = (CkptTensor){.path = "/loss", .ndim = 1, .shape = &one, .data = &loss};
-    list[used++] = (CkptTensor){.path = "/output", .ndim = 2, .shape = out_shape, .data = output};
-    list[used++] = (CkptTensor){.path = "/batch/latents", .ndim = 4, .shape = b.image_shape, .data = b.latents};
-    list[used++] = (CkptTensor){.path = "/batch/noise", .ndim = 4, .shape = b.image_shape, .data = b.noise};
-    list[used++] = (CkptTensor){.path = "/batch/t", .ndim = 1, .shape = b.b_shape, .data = b.t};
-    list[used++] = (CkptTensor){.path = "/batch/txt", .ndim = 3, .shape = b.txt_shape, .data = b.txt};
-    list[used++] = (CkptTensor){.path = "/batch/clip", .ndim = 2, .shape = b.clip_shape, .data = b.clip};
-    if (b.guidance)
-        list[used++] = (CkptTensor){.path = "/batch/guidance", .ndim = 1, .shape = b.b_shape, .data = b.guidance};
+    list[used++] = tensor("/loss", 1, &one, &loss);
+    list[used++] = tensor("/output", 2, out_shape, output);
+    list[used++] = tensor("/batch/latents", 4, b.image_shape, b.latents);
+    list[used++] = tensor("/batch/noise", 4, b.image_shape, b.noise);
+    list[used++] = tensor("/batch/t", 1, b.b_shape, b.t);
+    list[used++] = tensor("/batch/txt", 3, b.txt_shape, b.txt);
+    list[used++] = tensor("/batch/clip", 2, b.clip_shape, b.clip);
+    if (b.guidance) list[used++] = tensor("/batch/guidance", 1, b.b_shape, b.guidance);
     for (int i = 0; i < m.params.count; i++) {
         Param *p = &m.params.items[i];
         snprintf(names[2 * i], sizeof names[0], "/model/%s", p->name);
         snprintf(names[2 * i + 1], sizeof names[0], "/grad/%s", p->name);
-        list[used++] = (CkptTensor){.path = names[2 * i], .ndim = p->ndim, .shape = p->shape, .data = p->data};
-        list[used++] = (CkptTensor){.path = names[2 * i + 1], .ndim = p->ndim, .shape = p->shape, .data = p->grad};
+        list[used++] = tensor(names[2 * i], p->ndim, p->shape, p->data);
+        list[used++] = tensor(names[2 * i + 1], p->ndim, p->shape, p->grad);
     }
     CkptAttr attrs[FLUX_MAX_ATTRS];
     int n_attrs = flux_describe(&a, attrs);

@@ -1,8 +1,8 @@
 """Independent PyTorch reference of torchtitan's FLUX.1 MMDiT and its rectified-flow loss, to prove
 titan's models/flux correct.
 
-The math mirrors pytorch/torchtitan torchtitan/models/flux/model/{layers.py,model.py} (rope, apply_rope,
-EmbedND, timestep_embedding, MLPEmbedder, QKNorm, Modulation, DoubleStreamBlock,
+The math mirrors pytorch/torchtitan torchtitan/models/flux/model/{layers.py,model.py} (rope,
+apply_rope, EmbedND, timestep_embedding, MLPEmbedder, QKNorm, Modulation, DoubleStreamBlock,
 SingleStreamBlock, LastLayer, FluxModel.forward), flux/utils.py (pack_latents,
 create_position_encoding_for_latents) and flux/trainer.py forward_backward_step (x_t = (1 - t) x +
 t noise, target noise - x, MSELoss: the sum of squares over the number of latent elements);
