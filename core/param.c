@@ -274,6 +274,13 @@ void param_fill(const Param *p, uint64_t seed, size_t first, size_t count, float
         rng_fill_trunc_normal(dst, count, key, first, 0.0, p->init_std, -p->init_cutoff,
                               p->init_cutoff);
         break;
+    case INIT_XAVIER_UNIFORM: {
+        CHECK(p->ndim == 2);
+        double a = sqrt(6.0 / (double)(p->global_shape[0] + p->global_shape[1]));
+        for (size_t j = 0; j < count; j++)
+            dst[j] = (float)(a * (2 * rng_uniform(key, first + j) - 1));
+        break;
+    }
     }
 }
 

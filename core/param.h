@@ -26,8 +26,11 @@
 #define PARAM_MAX_PLACEMENTS 4
 
 // How a parameter is initialised (torchtitan's init_weights): a (truncated) normal, ones or
-// zeros.
-typedef enum { INIT_ONES, INIT_ZEROS, INIT_NORMAL, INIT_TRUNC_NORMAL } ParamInit;
+// zeros, or torch.nn.init.xavier_uniform_ of an (out, in) matrix: uniform on [-a, a], a =
+// sqrt(6 / (in + out)) (FLUX's linears).
+typedef enum {
+    INIT_ONES, INIT_ZEROS, INIT_NORMAL, INIT_TRUNC_NORMAL, INIT_XAVIER_UNIFORM
+} ParamInit;
 
 typedef enum {
     PLACE_REPLICATE,     // Replicate(): every rank of the group holds the whole box

@@ -1,0 +1,116 @@
+// FLUX's flavors (torchtitan's models/flux/__init__.py flux_configs) and the latent packing.
+#include <stdio.h>
+#include <string.h>
+
+#include "models/flux/flux.h"
+
+// FLUX.1 [schnell] and [dev]: 19 double and 38 single blocks of width 3072, 24 heads of 128
+// (RoPE axes 16 + 56 + 56), T5-XXL text (4096) and CLIP-L pooled (768) inputs, 16 latent
+// channels in 2x2 patches. torchtitan's flux_dev run: 512 T5 tokens, 256x256 images.
+static const FluxArgs FLUX_12B = {
+    .in_channels = 64, .out_channels = 64, .vec_in_dim = 768, .context_in_dim = 4096,
+    .hidden_size = 3072, .mlp_ratio = 4.0, .num_heads = 24, .depth = 19,
+    .depth_single_blocks = 38, .axes_dim = {16, 56, 56}, .theta = 10000, .qkv_bias = true,
+    .txt_len = 512, .latent_height = 32, .latent_width = 32,
+};
+
+bool flux_flavor(const char *name, FluxArgs *a) {
+    *a = FLUX_12B;
+    if (!strcmp(name, "flux-schnell")) return true;
+    if (!strcmp(name, "flux-dev")) {
+        a->guidance_embed = true;
+        return true;
+    }
+    if (!strcmp(name, "flux-debug")) {  // and torchtitan's flux_debugmodel run: 256 T5 tokens
+        a->hidden_size = 1536;
+        a->num_heads = 12;
+        a->depth = a->depth_single_blocks = 2;
+        a->txt_len = 256;
+        return true;
+    }
+    return false;
+}
+
+const char *flux_flavor_names(void) { return "flux-debug, flux-schnell, flux-dev"; }
+
+const char *flux_args_check(const FluxArgs *a, char *err, size_t len) {
+    int axes = 0;
+    for (int i = 0; i < FLUX_AXES; i++) axes += a->axes_dim[i];
+    if (a->num_heads < 1 || a->hidden_size % a->num_heads != 0)
+        snprintf(err, len, "hidden_size %d is not a multiple of num_heads %d", a->hidden_size,
+                 a->num_heads);
+    else if (axes != flux_head_dim(a) || a->axes_dim[0] % 2 || a->axes_dim[1] % 2 ||
+             a->axes_dim[2] % 2)
+        snprintf(err, len, "RoPE axes %d + %d + %d (each even) do not make head_dim %d",
+                 a->axes_dim[0], a->axes_dim[1], a->axes_dim[2], flux_head_dim(a));
+    else if (a->latent_height < FLUX_PATCH || a->latent_width < FLUX_PATCH ||
+             a->latent_height % FLUX_PATCH || a->latent_width % FLUX_PATCH)
+        snprintf(err, len, "latents of %dx%d are not cut into %dx%d patches", a->latent_height,
+                 a->latent_width, FLUX_PATCH, FLUX_PATCH);
+    else if (a->in_channels % (FLUX_PATCH * FLUX_PATCH))
+        snprintf(err, len, "in_channels %d is not latent channels times %d patch elements",
+                 a->in_channels, FLUX_PATCH * FLUX_PATCH);
+    else if (a->depth < 0 || a->depth_single_blocks < 0)
+        snprintf(err, len, "depth %d, depth_single_blocks %d: block counts cannot be negative",
+                 a->depth, a->depth_single_blocks);
+    else if (a->txt_len < 1)
+        snprintf(err, len, "txt_len %d: at least one T5 token", a->txt_len);
+    else
+        return NULL;
+    return err;
+}
+
+// Element (b, c, y, x) of latents (B, C, H, W) is element (b, token, channel) of the packed
+// (B, N, C p p): token = (y / p) (W / p) + x / p, channel = (c p + y % p) p + x % p.
+static size_t packed_index(int b, int c, int y, int x, int C, int H, int W) {
+    int p = FLUX_PATCH, token = (y / p) * (W / p) + x / p;
+    size_t per_sample = (size_t)C * H * W;
+    return b * per_sample + (size_t)token * C * p * p + (size_t)(c * p + y % p) * p + x % p;
+}
+
+void flux_pack_latents(float *packed, const float *latents, int B, int C, int H, int W) {
+    size_t i = 0;
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++)
+            for (int y = 0; y < H; y++)
+                for (int x = 0; x < W; x++)
+                    packed[packed_index(b, c, y, x, C, H, W)] = latents[i++];
+}
+
+void flux_unpack_latents(float *latents, const float *packed, int B, int C, int H, int W) {
+    size_t i = 0;
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++)
+            for (int y = 0; y < H; y++)
+                for (int x = 0; x < W; x++)
+                    latents[i++] = packed[packed_index(b, c, y, x, C, H, W)];
+}
+
+int flux_describe(const FluxArgs *a, CkptAttr out[FLUX_MAX_ATTRS]) {
+    int n = 0;
+#define INT_ATTR(key, value) \
+    out[n++] = (CkptAttr){.name = "model." key, .type = CKPT_INT, .i = (value)}
+#define REAL_ATTR(key, value) \
+    out[n++] = (CkptAttr){.name = "model." key, .type = CKPT_DOUBLE, .d = (value)}
+    INT_ATTR("in_channels", a->in_channels);
+    INT_ATTR("out_channels", a->out_channels);
+    INT_ATTR("vec_in_dim", a->vec_in_dim);
+    INT_ATTR("context_in_dim", a->context_in_dim);
+    INT_ATTR("hidden_size", a->hidden_size);
+    REAL_ATTR("mlp_ratio", a->mlp_ratio);
+    INT_ATTR("num_heads", a->num_heads);
+    INT_ATTR("depth", a->depth);
+    INT_ATTR("depth_single_blocks", a->depth_single_blocks);
+    INT_ATTR("axes_dim_0", a->axes_dim[0]);
+    INT_ATTR("axes_dim_1", a->axes_dim[1]);
+    INT_ATTR("axes_dim_2", a->axes_dim[2]);
+    REAL_ATTR("theta", a->theta);
+    INT_ATTR("qkv_bias", a->qkv_bias);
+    INT_ATTR("guidance_embed", a->guidance_embed);
+    INT_ATTR("txt_len", a->txt_len);
+    INT_ATTR("latent_height", a->latent_height);
+    INT_ATTR("latent_width", a->latent_width);
+#undef INT_ATTR
+#undef REAL_ATTR
+    return n;
+}

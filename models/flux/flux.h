@@ -1,0 +1,99 @@
+// FLUX.1's MMDiT (torchtitan's models/flux, after Black Forest Labs' FLUX): a rectified-flow
+// diffusion transformer over patchified image latents and T5 text encodings, conditioned on a
+// timestep and a CLIP pooled vector. Its blocks: embed (img_in, txt_in, the time_in /
+// vector_in / guidance_in MLPs summing into the conditioning vector `vec`), `depth`
+// double-stream blocks (the text and image tokens keep their own weights but attend jointly),
+// `depth_single_blocks` single-stream blocks (one fused linear1 / linear2 over the joint
+// sequence), and the head (the final adaLN layer and the rectified-flow loss).
+//
+// The hidden state between blocks (core/block.h's x, (B*T, dim) with StepCtx.T =
+// flux_seq_len) carries, for each sample, T = 1 + txt_len + img_tokens rows:
+//   row 0            vec, the conditioning vector (B, hidden) every block's modulation reads;
+//   rows 1 .. L      the text tokens (L = txt_len);
+//   rows L+1 .. T-1  the image tokens, in raster order of the patch grid.
+// Every block passes the vec row through unchanged, so its gradient accumulates through the
+// residual stream (each block adds its modulations' vec gradient to the one from above) and
+// reaches the embed block, where time_in / vector_in / guidance_in take it. So the model is a
+// list of blocks mapping (B*T, dim) -> (B*T, dim) like any other: pipeline stages send the vec
+// rows with the tokens and FSDP units need nothing new. (A layout that splits the sequence over
+// ranks, context or sequence parallel, must give every rank its samples' vec rows.)
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "checkpoint/checkpoint.h"
+#include "models/model.h"
+
+#define FLUX_PATCH 2          // latents are cut into FLUX_PATCH x FLUX_PATCH patches
+#define FLUX_AXES 3           // EmbedND's position axes: (unused, row, column)
+#define FLUX_TIME_DIM 256     // width of the sinusoidal timestep (and guidance) embedding
+
+typedef struct {
+    int in_channels;          // per image token: latent channels * FLUX_PATCH^2
+    int out_channels;         // per image token of the prediction
+    int vec_in_dim;           // CLIP pooled vector
+    int context_in_dim;       // T5 encoding of a text token
+    int hidden_size;
+    double mlp_ratio;         // MLP width = hidden_size * mlp_ratio
+    int num_heads;
+    int depth;                // double-stream blocks
+    int depth_single_blocks;
+    int axes_dim[FLUX_AXES];  // RoPE widths per position axis; sum = head_dim
+    double theta;             // RoPE base
+    bool qkv_bias;            // the qkv projections of the double blocks have biases
+    bool guidance_embed;      // guidance_in: the distilled guidance scale (FLUX.1-dev)
+    // The run's shapes, fixed at build (the RoPE tables are built for them):
+    int txt_len;              // T5 tokens per sample
+    int latent_height, latent_width;  // latents per sample, each a multiple of FLUX_PATCH
+} FluxArgs;
+
+// Fills a with torchtitan's flavor (flux-debug, flux-schnell, flux-dev: flux-dev adds
+// guidance_in, as Black Forest Labs' FLUX.1-dev; torchtitan's trains without it) and the
+// shapes of torchtitan's flux_debugmodel run (256-token T5, 256x256 images: 32x32 latents).
+bool flux_flavor(const char *name, FluxArgs *a);
+const char *flux_flavor_names(void);
+// Why a cannot be built (one line in err, returned), or NULL: the heads, the RoPE axes, the
+// patch grid, the channels.
+const char *flux_args_check(const FluxArgs *a, char *err, size_t len);
+
+static inline int flux_head_dim(const FluxArgs *a) { return a->hidden_size / a->num_heads; }
+static inline int flux_mlp_hidden(const FluxArgs *a) {
+    return (int)(a->hidden_size * a->mlp_ratio);
+}
+static inline int flux_img_tokens(const FluxArgs *a) {
+    return (a->latent_height / FLUX_PATCH) * (a->latent_width / FLUX_PATCH);
+}
+// StepCtx.T: the rows of one sample in the hidden state (vec, text, image).
+static inline int flux_seq_len(const FluxArgs *a) { return 1 + a->txt_len + flux_img_tokens(a); }
+
+// The parameter table (torchtitan's names, shapes and init) and the block list embed,
+// double_blocks.0 .. , single_blocks.0 .. , head (final_layer). activation_checkpoint:
+// checkpoint every double and single block. a must pass flux_args_check.
+void flux_build(Model *m, const FluxArgs *a, bool activation_checkpoint);
+void flux_free(Model *m);
+
+// A microbatch (StepCtx.input) of B samples, tensors in the backend's memory. The model
+// noises the latents itself, as torchtitan's trainer does: x_t = (1 - t) img + t noise, and
+// learns the velocity noise - img with the mean squared error over all B*N*C elements
+// (StepCtx.loss); StepCtx.output is the prediction (B*N, out_channels).
+typedef struct {
+    const float *img;       // (B, N, in_channels): clean latents, patchified (flux_pack_latents)
+    const float *noise;     // (B, N, in_channels): N(0, 1), in the same layout
+    const float *t;         // (B): timesteps (sigmas) in [0, 1]
+    const float *txt;       // (B, txt_len, context_in_dim): T5 encodings
+    const float *clip;      // (B, vec_in_dim): CLIP pooled vectors
+    const float *guidance;  // (B): guidance scales with guidance_embed, else NULL
+} FluxBatch;
+
+// Host memory: packed (B, (H/p)(W/p), C p p) = latents (B, C, H, W) cut into p x p patches,
+// torchtitan's pack_latents ("b c (h ph) (w pw) -> b (h w) (c ph pw)"), p = FLUX_PATCH; and back.
+void flux_pack_latents(float *packed, const float *latents, int B, int C, int H, int W);
+void flux_unpack_latents(float *latents, const float *packed, int B, int C, int H, int W);
+
+// ---- checkpoint attributes (args.c) ------------------------------------------------------
+
+// The architecture as "model.*" attributes, so that a reader (the PyTorch reference, a
+// converter) rebuilds the model from the file alone; returns the count.
+#define FLUX_MAX_ATTRS 20
+int flux_describe(const FluxArgs *a, CkptAttr out[FLUX_MAX_ATTRS]);

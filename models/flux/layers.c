@@ -1,0 +1,191 @@
+// The sublayers FLUX's blocks share (layers.h): torchtitan's models/flux/model/layers.py, each
+// backward its derivative written out.
+#include "models/flux/layers.h"
+
+#include "core/errors.h"
+
+#define LAYERNORM_EPS 1e-6f  // FLUX's LayerNorm(elementwise_affine=False, eps=1e-6)
+#define QK_NORM_EPS 1e-5f    // torchtitan's QKNorm: nn.RMSNorm with RMSNorm.Config's eps
+
+FluxDims flux_dims(const FluxArgs *a, const StepCtx *s) {
+    CHECK(s->T == flux_seq_len(a) && !s->tp && !s->attn);
+    int N = flux_img_tokens(a);
+    return (FluxDims){.B = s->B, .L = a->txt_len, .N = N, .S = s->T, .Tj = a->txt_len + N,
+                      .D = a->hidden_size, .H = a->num_heads, .hd = flux_head_dim(a),
+                      .M = flux_mlp_hidden(a)};
+}
+
+void flux_linear_forward(const FluxLinear *l, const StepCtx *s, float *y, const float *x,
+                         int rows, float beta) {
+    linear_forward(&l->linear, s, y, linear_fp32(x), rows, beta);
+    if (l->bias) s->k->bias_add(y, l->bias->data, rows, flux_linear_out(l));
+}
+
+void flux_linear_backward(const FluxLinear *l, const StepCtx *s, float *dx, const float *dy,
+                          const float *x, int rows, float beta) {
+    if (dx) linear_backward_input(&l->linear, s, dx, linear_fp32(dy), rows, beta);
+    linear_backward_weight(&l->linear, s, linear_fp32(dy), linear_fp32(x), rows);
+    if (l->bias) s->k->bias_backward(l->bias->grad, dy, rows, flux_linear_out(l));
+}
+
+void flux_linears_reserve(const StepCtx *s, const FluxLinear *const *l, int n, int rows) {
+    for (int i = 0; i < n; i++)
+        linear_reserve(s, (const Linear *[]){&l[i]->linear}, 1, rows, DTYPE_FP32);
+}
+
+// ---- rows of the hidden state ------------------------------------------------------------
+
+// Each sample's `count` rows are contiguous: one strided copy moves all samples' blocks.
+void flux_rows_gather(const StepCtx *s, float *dst, const float *src, int B, int total,
+                      int first, int count, int D) {
+    size_t block = (size_t)count * D * sizeof(float), pitch = (size_t)total * D * sizeof(float);
+    s->k->copy_rows(dst, block, src + (size_t)first * D, pitch, block, (size_t)B);
+}
+
+void flux_rows_scatter(const StepCtx *s, float *dst, const float *src, int B, int total,
+                       int first, int count, int D) {
+    size_t block = (size_t)count * D * sizeof(float), pitch = (size_t)total * D * sizeof(float);
+    s->k->copy_rows(dst + (size_t)first * D, pitch, src, block, block, (size_t)B);
+}
+
+// ---- the conditioning vector -------------------------------------------------------------
+
+void flux_cond_carve(const StepCtx *s, FluxCond *c, FluxDims d) {
+    c->vec = arena_floats(s->act, (size_t)d.B * d.D);
+    c->svec = arena_floats(s->act, (size_t)d.B * d.D);
+}
+
+void flux_cond_forward(const StepCtx *s, FluxCond *c, const float *x, float *y, FluxDims d) {
+    flux_rows_gather(s, c->vec, x, d.B, d.S, 0, 1, d.D);
+    s->k->silu_forward(c->svec, c->vec, (size_t)d.B * d.D);
+    if (y) flux_rows_scatter(s, y, c->vec, d.B, d.S, 0, 1, d.D);
+}
+
+void flux_cond_backward(const StepCtx *s, const FluxCond *c, float *dx, const float *dy,
+                        const float *dsvec, float *scratch, FluxDims d) {
+    size_t n = (size_t)d.B * d.D;
+    if (dy)
+        flux_rows_gather(s, scratch, dy, d.B, d.S, 0, 1, d.D);
+    else
+        s->k->zero(scratch, n * sizeof(float));
+    s->k->silu_backward(scratch, dsvec, c->vec, n);
+    flux_rows_scatter(s, dx, scratch, d.B, d.S, 0, 1, d.D);
+}
+
+// ---- adaLN ---------------------------------------------------------------------------------
+
+void flux_norm_carve(const StepCtx *s, FluxNorm *n, int rows, int D) {
+    n->mean = arena_floats(s->act, (size_t)rows);
+    n->rstd = arena_floats(s->act, (size_t)rows);
+    n->normed = arena_floats(s->act, (size_t)rows * D);
+}
+
+void flux_adaln_forward(const StepCtx *s, FluxNorm *n, float *out, const float *x,
+                        const float *shift, const float *scale, int mod_ld, int B, int T, int D) {
+    s->k->layernorm_forward(n->normed, n->mean, n->rstd, x, B * T, D, LAYERNORM_EPS);
+    s->k->modulate_forward(out, n->normed, shift, scale, mod_ld, B, T, D);
+}
+
+void flux_adaln_backward(const StepCtx *s, const FluxNorm *n, float *dx, float *dshift,
+                         float *dscale, const float *dout, const float *x, const float *scale,
+                         int mod_ld, int B, int T, int D, float *scratch) {
+    s->k->zero(scratch, (size_t)B * T * D * sizeof(float));
+    s->k->modulate_backward(scratch, dshift, dscale, dout, n->normed, scale, mod_ld, B, T, D);
+    s->k->layernorm_backward(dx, scratch, x, n->mean, n->rstd, B * T, D);
+}
+
+// ---- QK-norm -------------------------------------------------------------------------------
+
+void flux_qk_carve(const StepCtx *s, FluxQk *qk, int rows, FluxDims d) {
+    qk->q0 = arena_floats(s->act, (size_t)rows * d.D);
+    qk->k0 = arena_floats(s->act, (size_t)rows * d.D);
+    qk->q_rstd = arena_floats(s->act, (size_t)rows * d.H);
+    qk->k_rstd = arena_floats(s->act, (size_t)rows * d.H);
+}
+
+// Column block `col` (D wide) of m (rows, ld) into dst (rows, D), and back.
+static void columns_get(const StepCtx *s, float *dst, const float *m, int ld, int col, int rows,
+                        int D) {
+    size_t w = (size_t)D * sizeof(float);
+    s->k->copy_rows(dst, w, m + col, (size_t)ld * sizeof(float), w, (size_t)rows);
+}
+
+static void columns_put(const StepCtx *s, float *m, int ld, int col, const float *src, int rows,
+                        int D) {
+    size_t w = (size_t)D * sizeof(float);
+    s->k->copy_rows(m + col, (size_t)ld * sizeof(float), src, w, w, (size_t)rows);
+}
+
+// torchtitan's rearrange "B L (K H D) -> K B L H D": q, k, v are qkv's column blocks 0, D, 2D.
+void flux_qk_forward(const StepCtx *s, FluxQk *qk, float *q, float *k, float *v, const float *qkv,
+                     int ld, int rows, const Param *q_norm, const Param *k_norm, FluxDims d) {
+    columns_get(s, qk->q0, qkv, ld, 0, rows, d.D);
+    columns_get(s, qk->k0, qkv, ld, d.D, rows, d.D);
+    columns_get(s, v, qkv, ld, 2 * d.D, rows, d.D);
+    s->k->rmsnorm_forward(q, DTYPE_FP32, qk->q_rstd, qk->q0, q_norm->data, rows * d.H, d.hd,
+                          QK_NORM_EPS);
+    s->k->rmsnorm_forward(k, DTYPE_FP32, qk->k_rstd, qk->k0, k_norm->data, rows * d.H, d.hd,
+                          QK_NORM_EPS);
+}
+
+void flux_qk_backward(const StepCtx *s, const FluxQk *qk, float *dqkv, int ld, const float *dq,
+                      const float *dk, const float *dv, int rows, Param *q_norm, Param *k_norm,
+                      FluxDims d, float *scratch) {
+    size_t n = (size_t)rows * d.D;
+    float *dq0 = scratch, *dk0 = scratch + n;
+    s->k->zero(scratch, 2 * n * sizeof(float));
+    s->k->rmsnorm_backward(dq0, q_norm->grad, dq, qk->q0, q_norm->data, qk->q_rstd, rows * d.H,
+                           d.hd);
+    s->k->rmsnorm_backward(dk0, k_norm->grad, dk, qk->k0, k_norm->data, qk->k_rstd, rows * d.H,
+                           d.hd);
+    columns_put(s, dqkv, ld, 0, dq0, rows, d.D);
+    columns_put(s, dqkv, ld, d.D, dk0, rows, d.D);
+    columns_put(s, dqkv, ld, 2 * d.D, dv, rows, d.D);
+}
+
+// ---- joint attention -----------------------------------------------------------------------
+
+void flux_attn_carve(const StepCtx *s, FluxAttn *a, FluxDims d) {
+    size_t n = (size_t)d.B * d.Tj * d.D;
+    a->q = arena_floats(s->act, n);
+    a->k = arena_floats(s->act, n);
+    a->v = arena_floats(s->act, n);
+    a->out = arena_floats(s->act, n);
+    a->lse = arena_floats(s->act, (size_t)d.B * d.H * d.Tj);
+}
+
+static AttnShape attn_shape(FluxDims d) {
+    return (AttnShape){.B = d.B, .Tq = d.Tj, .Tk = d.Tj, .n_heads = d.H, .n_kv_heads = d.H,
+                       .head_dim = d.hd, .mask = ATTN_NONE};
+}
+
+size_t flux_attn_workspace(const StepCtx *s, FluxDims d) {
+    AttnShape shape = attn_shape(d);
+    return s->k->attention_workspace_bytes(&shape);
+}
+
+void flux_attn_forward(const StepCtx *s, FluxAttn *a, const FluxRope *rope, FluxDims d,
+                       void *workspace) {
+    int rows = d.B * d.Tj;
+    s->k->rope_forward(a->q, a->q, rope->cos, rope->sin, rope->pos, rows, d.Tj, d.H, d.hd);
+    s->k->rope_forward(a->k, a->k, rope->cos, rope->sin, rope->pos, rows, d.Tj, d.H, d.hd);
+    AttnShape shape = attn_shape(d);
+    s->k->attention_forward(a->out, a->lse, a->q, a->k, a->v, &shape, workspace);
+}
+
+void flux_attn_backward(const StepCtx *s, const FluxAttn *a, const FluxRope *rope, float *dq,
+                        float *dk, float *dv, const float *dout, FluxDims d, void *workspace,
+                        float *scratch) {
+    int rows = d.B * d.Tj;
+    size_t n = (size_t)rows * d.D;
+    float *dq_rot = scratch, *dk_rot = scratch + n;
+    s->k->zero(scratch, 2 * n * sizeof(float));
+    s->k->zero(dv, n * sizeof(float));
+    AttnShape shape = attn_shape(d);
+    s->k->attention_backward(dq_rot, dk_rot, dv, dout, a->q, a->k, a->v, a->out, a->lse, &shape,
+                             workspace);
+    s->k->zero(dq, n * sizeof(float));
+    s->k->zero(dk, n * sizeof(float));
+    s->k->rope_backward(dq, dq_rot, rope->cos, rope->sin, rope->pos, rows, d.Tj, d.H, d.hd);
+    s->k->rope_backward(dk, dk_rot, rope->cos, rope->sin, rope->pos, rows, d.Tj, d.H, d.hd);
+}
