@@ -40,6 +40,7 @@ void *arena_tensor(Arena *a, size_t count, Dtype t) {
     a->used.total += bytes;
     a->used.by[t] += bytes;
     if (a->used.total > a->peak.total) a->peak = a->used;
+    if (a->used.total > a->high.total) a->high = a->used;
     if (!a->base) return NULL;
     if (a->used.total > a->size)
         die_internal(__FILE__, __LINE__, "%s arena overflow: %zu of %zu bytes", a->name,
@@ -54,6 +55,8 @@ void *arena_alloc(Arena *a, size_t bytes) { return arena_tensor(a, bytes, DTYPE_
 void arena_reserve(Arena *a, ArenaBytes need) {
     if (need.total > a->peak.total) a->peak = need;
 }
+
+void arena_high_reset(Arena *a) { a->high = a->used; }
 
 size_t arena_mark(Arena *a) {
     if (a->n_marks == ARENA_MARKS)

@@ -43,6 +43,7 @@ typedef struct {
     size_t size;      // committed capacity in bytes (0 while sizing)
     ArenaBytes used;  // handed out so far
     ArenaBytes peak;  // used when its total was highest: what arena_commit allocates
+    ArenaBytes high;  // used when its total was highest since arena_high_reset: a step's peak
     // used at each mark held, outermost first (the mark is its total): marks[0 .. n_marks).
     // The last one released, marks[n_marks], can be released again while again_ok.
     ArenaBytes marks[ARENA_MARKS];
@@ -65,6 +66,9 @@ void arena_reserve(Arena *a, ArenaBytes need);
 // needs no mark).
 size_t arena_mark(Arena *a);
 void arena_release(Arena *a, size_t mark);
+// high becomes what is used now, so that it then tells the peak of what follows (a step's:
+// the memory snapshot, core/profiler.h).
+void arena_high_reset(Arena *a);
 // "fp32 12.5, bf16 3.0": b's nonzero parts in bytes / unit with `decimals` digits, in dtype
 // order ("" when b is empty).
 void arena_bytes_format(ArenaBytes b, double unit, int decimals, char *out, size_t len);

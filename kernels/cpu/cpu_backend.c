@@ -19,6 +19,8 @@ bool cpu_init(const KernelInit *init, char *why, size_t len) {
 
 void *cpu_queue(void) { return NULL; }
 
+void cpu_synchronize(void) {}  // each op is done when it returns
+
 double cpu_peak_flops(void) { return 0; }  // depends on cores, clocks and vector units
 
 const KernelOps kernels_cpu = {

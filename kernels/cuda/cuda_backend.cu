@@ -82,6 +82,8 @@ void cuda_describe(char *buf, size_t len) {
 
 void *cuda_queue(void) { return (void *)state.stream; }
 
+void cuda_synchronize(void) { CUDA_CHECK(cudaStreamSynchronize(state.stream)); }
+
 // cudaMalloc aligns to 256 bytes. A zero-byte request still gets a distinct pointer, since NULL
 // means no room. The zeroing is queued on the stream, so every later op sees it.
 void *cuda_alloc(size_t bytes) {
