@@ -87,6 +87,18 @@ $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
+# kernels/traced.c wraps each op of kernels/ops.def, calling it with its arguments by name; the
+# C preprocessor cannot take the types off a parameter list, so this list is written here: the
+# preprocessor expands ops.def to a line per op, kernels/ops_traced.awk names the arguments.
+OPS_TRACED := $(BUILD)/gen/kernels/ops_traced.h
+$(OPS_TRACED): kernels/ops.def kernels/ops_traced.awk
+	@mkdir -p $(dir $@)
+	$(CC) -E -P -x c '-DKERNEL_OP(ret,name,params)=@KERNEL_OP ret|name|params' $< | \
+	    awk -f kernels/ops_traced.awk > $@.tmp && mv $@.tmp $@
+$(BUILD)/kernels/traced.o build/fuzz/obj/kernels/traced.o: $(OPS_TRACED)
+$(BUILD)/kernels/traced.o: CFLAGS += -I$(BUILD)/gen
+build/fuzz/obj/kernels/traced.o: FUZZ_CFLAGS += -I$(BUILD)/gen
+
 $(BUILD)/libtitan.a: $(LIB_OBJS)
 	ar rcs $@ $^
 

@@ -465,6 +465,10 @@ static void setup_backend(Trainer *t) {
         die_user("training.deterministic: not implemented on training.device %s (its embedding "
                  "and attention backward add with atomics); the cpu backend is always "
                  "deterministic", tr->device);
+    // A profiled step's trace times every op (core/profiler.h): the backend's ops through the
+    // timing table whenever profiling is on.
+    if (t->cfg.profiling.enable_profiling && !t->estimate_world_size)
+        t->k = kernels_traced(t->k);
     t->memory = (ArenaMemory){t->k->alloc, t->k->free};
     if (t->estimate_world_size) return;
     KernelInit init = {.local_rank = comm_local_rank(),
@@ -658,8 +662,28 @@ static void log_preemption(const Trainer *t, int step) {
     log_info("preempted at step %d: checkpoint saved to %s", step, path);
 }
 
+// profiling.*: the traces of the profiled steps and the memory snapshots (core/profiler.h), in
+// <dump_folder>/<save_traces_folder> and <dump_folder>/<save_memory_snapshot_folder>.
+static void start_profiler(Trainer *t) {
+    const ProfilingSection *p = &t->cfg.profiling;
+    static char traces[8192], snapshots[8192];
+    snprintf(traces, sizeof traces, "%s/%s", t->cfg.job.dump_folder, p->save_traces_folder);
+    snprintf(snapshots, sizeof snapshots, "%s/%s", t->cfg.job.dump_folder,
+             p->save_memory_snapshot_folder);
+    static Arena *arenas[6];
+    Arena *all[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
+                    &t->comm_arena, &t->input_arena};
+    memcpy(arenas, all, sizeof all);
+    profiler_configure(&(ProfilerConfig){
+        .rank = t->mesh.world_rank, .freq = (int)p->profile_freq,
+        .active = p->enable_profiling ? (int)p->profiler_active : 0, .trace_folder = traces,
+        .snapshot_folder = p->enable_memory_snapshot ? snapshots : NULL, .arenas = arenas,
+        .n_arenas = 6, .counters = comm_counters});
+}
+
 static void train(Trainer *t) {
     const Config *c = &t->cfg;
+    start_profiler(t);
     double started = now_seconds(), waited_before = comm_wait_seconds();
     int rank = t->mesh.world_rank;
     MetricsLog log = {.color = !c->metrics.disable_color_printing && isatty(STDOUT_FILENO)};
@@ -678,6 +702,7 @@ static void train(Trainer *t) {
     for (int step = first_step; step <= c->training.steps; step++) {
         StepMetrics m = {.step = step, .aux_loss = NAN, .precision = dtype_name(t->precision),
                          .float8 = t->float8_recipe};
+        profiler_step_begin(step);
         double step_started = now_seconds();
         train_step(t, step, &m);
         t->step_seconds = now_seconds() - step_started;
@@ -700,8 +725,10 @@ static void train(Trainer *t) {
             metrics_write_validation(&log, step, validate(t));
         preempted = step < c->training.steps && preemption_agreed();
         if (c->checkpoint.enable) trainer_maybe_checkpoint(t, step, preempted);
+        profiler_step_end(step);
         if (preempted) break;
     }
+    profiler_finish();
     trainer_close_checkpoint(t);  // the last save, if still in the background, completes
     if (preempted) log_preemption(t, (int)t->progress.step);
     metrics_close(&log);

@@ -990,8 +990,6 @@ static const Implemented IMPLEMENTED[] = {
     {"checkpoint.async_mode", {"disabled", "async"}},
     {"checkpoint.load_only", {"false"}},
     {"activation_checkpoint.mode", {"none", "full"}},
-    {"profiling.enable_profiling", {"false"}},
-    {"profiling.enable_memory_snapshot", {"false"}},
     {"metrics.enable_tensorboard", {"false"}},
     {"metrics.enable_wandb", {"false"}},
 };
@@ -1092,6 +1090,12 @@ static bool relations_check(const Config *c, char *err, size_t n) {
         return error_set(err, n, "%s applies to the Hugging Face export (checkpoint."
                          "last_save_in_hf); titan's HDF5 checkpoints are float32",
                          setting_describe(c, "checkpoint.export_dtype", a, sizeof a));
+    const ProfilingSection *pr = &c->profiling;
+    if (pr->enable_profiling && pr->profile_freq < pr->profiler_warmup + pr->profiler_active)
+        return error_set(err, n, "%s must be at least profiling.profiler_warmup + "
+                         "profiling.profiler_active = %lld (torchtitan's profiler schedule)",
+                         setting_describe(c, "profiling.profile_freq", a, sizeof a),
+                         (long long)(pr->profiler_warmup + pr->profiler_active));
     const ValidationSection *v = &c->validation;
     return tokens_fit(c, "training", t->local_batch_size, t->seq_len, err, n) &&
            tokens_fit(c, "validation", v->local_batch_size, v->seq_len, err, n) &&

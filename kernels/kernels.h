@@ -97,6 +97,8 @@ typedef struct KernelOps {
 
 // The table for "cpu" (always built) or "cuda" (built with CUDA=1); NULL if not built.
 const KernelOps *kernels_backend(const char *name);
+// The same ops through wrappers that time each call of a profiled step (kernels/traced.c).
+const KernelOps *kernels_traced(const KernelOps *backend);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/errors.h"
+#include "core/profiler.h"
 
 void model_linear_add(Model *m, Linear *l, const char *module) {
     m->linears = realloc(m->linears, ((size_t)m->n_linears + 1) * sizeof(ModelLinear));
@@ -138,10 +139,34 @@ void model_slots_free(ModelSlots *a) {
     *a = (ModelSlots){0};
 }
 
+// "embed", "transformer.3", "head": block i's kind, numbered among the model's blocks of its
+// kind when there are several. A profiled step's trace names the block calls so.
+static void block_label(const Model *m, int i, char *buf, size_t n) {
+    const char *kind = m->blocks[i].ops->kind;
+    int before = 0, all = 0;
+    for (int j = 0; j < m->n_blocks; j++) {
+        bool same = strcmp(m->blocks[j].ops->kind, kind) == 0;
+        all += same;
+        before += same && j < i;
+    }
+    if (all == 1) snprintf(buf, n, "%s", kind);
+    else snprintf(buf, n, "%s.%d", kind, before);
+}
+
+static void trace_block(const Model *m, int i, BlockPhase phase, double start) {
+    static const char *const PHASES[] = {"forward", "recompute", "backward", "backward_input",
+                                         "backward_weight"};  // BlockPhase's order
+    char label[48];
+    block_label(m, i, label, sizeof label);
+    profiler_block(label, PHASES[phase], i, start);
+}
+
 // Block i's call for this phase, between the hooks: out is its output (forward, recompute) or
-// its input gradient (backward phases).
+// its input gradient (backward phases). A profiled step records the call, hooks included.
 static void run_block(Model *m, StepCtx *s, ModelSlots *a, int i, BlockPhase phase, float *out) {
     Block *b = &m->blocks[i];
+    bool traced = !step_sizing(s) && profiler_recording();
+    double start = traced ? profiler_now() : 0;
     bool hooked = m->hooks && !step_sizing(s);
     if (hooked) m->hooks->before(m->hooks, i, phase);
     s->recompute = phase == BLOCK_RECOMPUTE;
@@ -150,6 +175,7 @@ static void run_block(Model *m, StepCtx *s, ModelSlots *a, int i, BlockPhase pha
     else
         b->ops->backward(b, s, a->saved[i], phase, a->hidden[i], a->grad[i + 1], out);
     if (hooked) m->hooks->after(m->hooks, i, phase);
+    if (traced) trace_block(m, i, phase, start);
 }
 
 float *model_forward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int last,

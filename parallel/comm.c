@@ -267,6 +267,12 @@ const char *comm_name(const CommGroup *g) { return g->name; }
 uint64_t comm_bytes(const CommGroup *g) { return g->bytes; }
 uint64_t comm_ops(const CommGroup *g) { return g->ops; }
 
+int comm_counters(ProfilerCounter *out, int max) {
+    for (int i = 0; i < n_groups && i < max; i++)
+        out[i] = (ProfilerCounter){groups[i].name, groups[i].bytes, groups[i].ops};
+    return n_groups;
+}
+
 // ---- waiting --------------------------------------------------------------------------------
 
 static void abort_on_timeout(const CommHandle *h) {
@@ -303,6 +309,7 @@ double comm_wait_seconds(void) { return waited_total; }
 static void handle_complete(CommHandle *h) {
     h->request = NULL;
     flight_complete(h->trace_id);
+    profiler_collective_end(h->profile_id);
     for (size_t i = 0; i < h->avg_n; i++) h->avg_buf[i] /= (float)h->group->size;
     h->avg_buf = NULL;
     h->avg_n = 0;
@@ -312,6 +319,8 @@ static void handle_complete(CommHandle *h) {
 // happen while a rank hangs here.
 static void wait_until(CommHandle *h, bool (*done)(void *request)) {
     double start = flight_now();
+    bool traced = profiler_recording();  // a profiled step's trace shows the wait
+    double traced_start = traced ? profiler_now() : 0;
     long pause_ns = 0;
     while (!done(h->request)) {
         flight_poll_signal();
@@ -321,6 +330,7 @@ static void wait_until(CommHandle *h, bool (*done)(void *request)) {
     }
     waited_total += flight_now() - start;
     handle_complete(h);
+    if (traced) profiler_wait(h->op, h->group->name, h->trace_id, traced_start);
 }
 
 bool comm_test(CommHandle *h) {
@@ -342,8 +352,9 @@ static CommHandle handle_begin(CommGroup *g, const char *op, uint64_t bytes, int
     flight_poll_signal();
     g->bytes += bytes;
     g->ops++;
-    return (CommHandle){.trace_id = flight_start(op, g->name, bytes, peer), .group = g, .op = op,
-                        .bytes = bytes};
+    int64_t seq = flight_start(op, g->name, bytes, peer);
+    return (CommHandle){.trace_id = seq, .group = g, .op = op, .bytes = bytes,
+                        .profile_id = profiler_collective_begin(op, g->name, bytes, seq, peer)};
 }
 
 static void average_on_wait(CommHandle *h, CommOp op, float *buf, size_t n) {

@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/profiler.h"
+
 typedef struct CommGroup CommGroup;
 
 typedef enum { COMM_SUM, COMM_MAX, COMM_AVG } CommOp;
@@ -29,6 +31,7 @@ typedef enum { COMM_SUM, COMM_MAX, COMM_AVG } CommOp;
 typedef struct {
     void *request;     // backend request (MPI_Request, cudaEvent_t), NULL when complete
     int64_t trace_id;  // its sequence number: the flight-recorder entry
+    int64_t profile_id;  // its event in a profiled step's trace (core/profiler.h); 0: none
     // What a timeout names, so that the message does not depend on the recorder's depth.
     CommGroup *group;
     const char *op;
@@ -136,6 +139,9 @@ void comm_all_to_all_ints(CommGroup *g, const int *send, int *recv, int n);
 // picks, so tests can compare it with the analytic volume.
 uint64_t comm_bytes(const CommGroup *g);
 uint64_t comm_ops(const CommGroup *g);
+// Every group's name, comm_bytes and comm_ops, the world's first, into out (max of them): how
+// many groups there are. What a trace's window is checked against (core/profiler.h).
+int comm_counters(ProfilerCounter *out, int max);
 // Seconds this rank has spent blocked in comm_wait (and the blocking forms) since comm_init:
 // the communication that compute did not hide.
 double comm_wait_seconds(void);
