@@ -60,8 +60,8 @@ void profiler_configure(const ProfilerConfig *c) {
     n_threads = 1;
 }
 
-// Appends an event of the calling thread, under the lock; its index.
-static size_t event_add(EventKind kind, double ts, double dur) {
+// Appends an event of the calling thread, under the lock.
+static Event *event_add(EventKind kind, double ts, double dur) {
     if (thread_tid < 0) {
         CHECK(n_threads < MAX_THREADS);
         thread_tid = n_threads++;
@@ -72,14 +72,14 @@ static size_t event_add(EventKind kind, double ts, double dur) {
         CHECK(events);
     }
     events[n_events] = (Event){.kind = kind, .ts = ts, .dur = dur, .tid = thread_tid, .peer = -1};
-    return n_events++;
+    return &events[n_events++];
 }
 
 void profiler_op(const char *name, double start) {
     if (!profiler_recording()) return;
     double end = profiler_now();
     pthread_mutex_lock(&lock);
-    Event *e = &events[event_add(EVENT_OP, start, end - start)];
+    Event *e = event_add(EVENT_OP, start, end - start);
     snprintf(e->name, sizeof e->name, "%s", name);
     pthread_mutex_unlock(&lock);
 }
@@ -88,7 +88,7 @@ void profiler_block(const char *label, const char *phase, int index, double star
     if (!profiler_recording()) return;
     double end = profiler_now();
     pthread_mutex_lock(&lock);
-    Event *e = &events[event_add(EVENT_BLOCK, start, end - start)];
+    Event *e = event_add(EVENT_BLOCK, start, end - start);
     snprintf(e->name, sizeof e->name, "%s %s", label, phase);
     e->phase = phase;
     e->index = index;
@@ -100,15 +100,14 @@ int64_t profiler_collective_begin(const char *op, const char *group, uint64_t by
     if (!profiler_recording()) return 0;
     double now = profiler_now();
     pthread_mutex_lock(&lock);
-    size_t i = event_add(EVENT_COLLECTIVE, now, -1);
-    Event *e = &events[i];
+    Event *e = event_add(EVENT_COLLECTIVE, now, -1);
     snprintf(e->name, sizeof e->name, "%s", op);
     e->op = op;
     e->group = group;
     e->bytes = bytes;
     e->seq = seq;
     e->peer = peer;
-    int64_t id = (int64_t)session << 32 | (int64_t)(i + 1);
+    int64_t id = (int64_t)session << 32 | (int64_t)(e - events + 1);
     pthread_mutex_unlock(&lock);
     return id;
 }
@@ -126,7 +125,7 @@ void profiler_wait(const char *op, const char *group, int64_t seq, double start)
     if (!profiler_recording()) return;
     double end = profiler_now();
     pthread_mutex_lock(&lock);
-    Event *e = &events[event_add(EVENT_WAIT, start, end - start)];
+    Event *e = event_add(EVENT_WAIT, start, end - start);
     snprintf(e->name, sizeof e->name, "wait %s", op);
     e->op = op;
     e->group = group;
@@ -169,9 +168,11 @@ static json_t *event_args(const Event *e) {
                                       (json_int_t)e->seq);
     case EVENT_COLLECTIVE: break;
     }
-    return json_pack("{s:s, s:s, s:I, s:I, s:i, s:b}", "op", e->op, "group", e->group, "bytes",
-                     (json_int_t)e->bytes, "seq", (json_int_t)e->seq, "peer", e->peer,
-                     "complete", e->dur >= 0);
+    json_t *args = json_pack("{s:s, s:s, s:I, s:I, s:b}", "op", e->op, "group", e->group,
+                             "bytes", (json_int_t)e->bytes, "seq", (json_int_t)e->seq,
+                             "complete", e->dur >= 0);
+    if (args && e->peer >= 0) CHECK(json_object_set_new(args, "peer", json_integer(e->peer)) == 0);
+    return args;
 }
 
 static const char *const CATEGORIES[] = {"step", "block", "op", "wait", "collective"};
@@ -342,7 +343,7 @@ void profiler_step_begin(int step) {
 void profiler_step_end(int step) {
     if (profiler_recording()) {
         pthread_mutex_lock(&lock);
-        Event *e = &events[event_add(EVENT_STEP, step_start, profiler_now() - step_start)];
+        Event *e = event_add(EVENT_STEP, step_start, profiler_now() - step_start);
         snprintf(e->name, sizeof e->name, "ProfilerStep#%d", step);
         e->index = step;
         window_last = step;

@@ -22,8 +22,8 @@
 //   of its group is in flight takes the next lane, since the events of one track must nest):
 //   each collective, from its start to the moment this rank saw it complete (a test or a
 //   wait), with args op, group, bytes (what parallel/comm.h's comm_bytes counts), seq (the
-//   flight recorder's) and peer; one still in flight when the trace is written ends there
-//   with complete false.
+//   flight recorder's), complete, and for a send, a receive or a broadcast its peer (the
+//   root); one still in flight when the trace is written ends there, complete false.
 // otherData holds the steps and, per group, the comm counters' bytes and ops over them (read
 // at the window's start and end): the trace's collectives sum to them.
 //
