@@ -189,7 +189,7 @@ static void dump_complete(FILE *f, const Event *e, int tid, double end, bool *fi
 // in order of start); every group's lanes named.
 static void dump_collectives(FILE *f, double end, const char **groups, int *n_groups,
                              bool *first) {
-    static double lane_end[MAX_GROUPS][MAX_LANES];
+    double lane_end[MAX_GROUPS][MAX_LANES];  // each lane's last collective's end
     int lanes[MAX_GROUPS] = {0};
     for (size_t i = 0; i < n_events; i++) {
         const Event *e = &events[i];
@@ -216,8 +216,9 @@ static void dump_collectives(FILE *f, double end, const char **groups, int *n_gr
         }
 }
 
-// {"first_step": ..., "last_step": ..., "comm": {group: {"bytes": b, "ops": n}}}: the counters'
-// growth over the window.
+// {"rank": r, "first_step": ..., "last_step": ..., "comm": {group: {"bytes": b, "ops": n}}}:
+// the window's steps and each group's counters' growth over them (groups that did nothing
+// left out).
 static json_t *window_summary(int first_step) {
     ProfilerCounter now[MAX_GROUPS];
     int n = config.counters(now, MAX_GROUPS);

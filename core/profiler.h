@@ -32,7 +32,8 @@
 // rank<r>_memory_snapshot.json holds each arena's committed bytes, the bytes used at the end
 // of the step, and the most used during the step, each split by dtype (core/arena.h).
 //
-// Only profiled steps record; otherwise each hook costs one test of a flag. Events may come
+// Only profiled steps record, into a heap buffer that grows as they need (the one allocation
+// in a step, and only in those); otherwise each hook costs one test of a flag. Events may come
 // from any thread (a mutex orders them); the step loop's calls come from one.
 #pragma once
 
