@@ -138,7 +138,8 @@ void profiler_wait(const char *op, const char *group, int64_t seq, double start)
 // Steps [freq - active + 1, freq] of each cycle of freq steps (torch.profiler's schedule with
 // wait = freq - warmup - active: warm-up steps record nothing).
 static bool step_profiled(int step) {
-    return config.active > 0 && step >= 1 && (step - 1) % config.freq >= config.freq - config.active;
+    return config.active > 0 && step >= 1 &&
+           (step - 1) % config.freq >= config.freq - config.active;
 }
 
 static void dump_event(FILE *f, json_t *e, bool *first) {
@@ -296,7 +297,8 @@ static void write_trace(void) {
 static json_t *bytes_json(ArenaBytes b) {
     json_t *by = json_object();
     for (int t = 0; t < DTYPE_COUNT; t++)
-        if (b.by[t]) CHECK(json_object_set_new(by, dtype_name(t), json_integer((json_int_t)b.by[t])) == 0);
+        if (b.by[t])
+            CHECK(json_object_set_new(by, dtype_name(t), json_integer((json_int_t)b.by[t])) == 0);
     return json_pack("{s:I, s:o}", "total", (json_int_t)b.total, "by_dtype", by);
 }
 

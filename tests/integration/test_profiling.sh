@@ -96,7 +96,8 @@ for rank in (0, 1):
           f"backward in steps 3 and 4; {len(collectives)} collectives, {len(waits)} waits; bytes "
           f"per group {dict((g, v[0]) for g, v in traced.items())} = the comm counters")
 
-    snap = json.load(open(f"{scratch}/prof/memory_snapshot/iteration_4/rank{rank}_memory_snapshot.json"))
+    snapshots = f"{scratch}/prof/memory_snapshot/iteration_4"
+    snap = json.load(open(f"{snapshots}/rank{rank}_memory_snapshot.json"))
     arenas = {a["name"]: a for a in snap["arenas"]}
     assert set(arenas) == {"params", "grads", "optimizer", "activations", "comm", "inputs"}, arenas
     for a in arenas.values():
@@ -111,5 +112,6 @@ for rank in (0, 1):
 PY
 
 # torchtitan's check of the schedule, by key: profile_freq 2 < warmup 3 + active 1.
-expect_user_error "profiling.profile_freq = 2 .* must be at least profiling.profiler_warmup \+ profiling.profiler_active = 4" \
+expect_user_error \
+  "profiling.profile_freq = 2 .* must be at least profiling.profiler_warmup \+ profiling.profiler_active = 4" \
   $TITAN "${SMALL[@]}" --profiling.enable_profiling --profiling.profile_freq 2
