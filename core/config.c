@@ -67,7 +67,7 @@ static const char *const PP_SCHEDULES[] = {"1F1B",          "GPipe",
                                            "DualPipeV",     NULL};
 static const char *const CP_ROTATE_METHODS[] = {"allgather", "alltoall", NULL};
 static const char *const ASYNC_MODES[] = {"disabled", "async", "async_with_pinned_mem", NULL};
-static const char *const AC_MODES[] = {"none", "selective", "full", NULL};
+const char *const AC_MODES[] = {"none", "selective", "full", NULL};
 static const char *const FLOAT8_RECIPES[] = {"tensorwise", "rowwise", "rowwise_with_gw_hp", NULL};
 
 // Every key, grouped by section in printing order. Defaults are torchtitan's except where the
@@ -257,8 +257,8 @@ static const KeySpec KEYS[] = {
      .help = "Initialize the model on one rank, save it and exit"},
     {K_BOOL(checkpoint, load_only), .def = "false", .help = "Load checkpoints, never save"},
 
-    {K_ENUM(activation_checkpoint, mode), .def = "none", .choices = AC_MODES,
-     .help = "Activation checkpointing (torchtitan defaults to selective; titan to none)"},
+    {K_ENUM(activation_checkpoint, mode), .def = "selective", .choices = AC_MODES,
+     .help = "Activation checkpointing: none, selective (per selective_ac_option) or full"},
     {K_STR(activation_checkpoint, selective_ac_option), .def = "2", .valid = ac_option_valid,
      .expects = "op or an integer in [1, 2147483647]",
      .help = "Selective AC: an integer n (every nth block) or 'op'"},
@@ -989,7 +989,6 @@ static const Implemented IMPLEMENTED[] = {
     {"parallelism.expert_tensor_parallel_degree", {"1"}},
     {"checkpoint.async_mode", {"disabled", "async"}},
     {"checkpoint.load_only", {"false"}},
-    {"activation_checkpoint.mode", {"none", "full"}},
     {"profiling.enable_profiling", {"false"}},
     {"profiling.enable_memory_snapshot", {"false"}},
     {"metrics.enable_tensorboard", {"false"}},
