@@ -78,7 +78,8 @@ static EpEstimate ep_per_step(Trainer *t) {
     int64_t micro_rows = t->pipeline ? t->cfg.parallelism.pipeline_parallel_microbatch_size
                                      : t->train.B;
     int64_t rows = micro_rows * t->train.step_T / t->mesh.layout.size[MESH_TP];
-    uint64_t passes = (uint64_t)t->accum * (t->pipeline ? trainer_schedule_microbatches(&t->cfg) : 1);
+    uint64_t passes =
+        (uint64_t)t->accum * (t->pipeline ? trainer_schedule_microbatches(&t->cfg) : 1);
     uint64_t again = (uint64_t)rank_layers(t, true), once = rank_layers(t, false) - again;
     EpEstimate e[2];
     for (int recompute = 0; recompute < 2; recompute++)
@@ -180,6 +181,10 @@ static void print_rank_plan(Trainer *t) {
     }
     arena_bytes_format(total, 1, 0, dtypes, sizeof dtypes);
     printf("  %-12s %16zu %12.3f  %s\n", "total", total.total, total.total / GiB, dtypes);
+    printf("  activation_checkpoint none: %zu, selective %s: %zu, full: %zu bytes of a training "
+           "step's activations\n", t->act_bytes_ac[0],
+           t->cfg.activation_checkpoint.selective_ac_option, t->act_bytes_ac[1],
+           t->act_bytes_ac[2]);
     double tokens = (double)t->accum * t->train.B * t->train.step_T / t->mesh.layout.size[MESH_TP];
     double per_token = rank_flops_per_token(t);
     printf("  FLOPs per step per rank: %.12g (%.6g per token, %storchtitan's 6N + 12 L H Q T)\n",
