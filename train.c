@@ -518,7 +518,8 @@ static void setup(Trainer *t) {
     setup_model(t);
     t->opt = (AdamW){.lr = c->optimizer.lr, .beta1 = c->optimizer.beta1,
                      .beta2 = c->optimizer.beta2, .eps = c->optimizer.eps,
-                     .weight_decay = c->optimizer.weight_decay};
+                     .weight_decay = c->optimizer.weight_decay,
+                     .ema_decay = c->training.ema_decay};
     double decay_ratio = isnan(c->lr_scheduler.decay_ratio) ? -1 : c->lr_scheduler.decay_ratio;
     t->schedule = lr_schedule_make((int)c->training.steps, (int)c->lr_scheduler.warmup_steps,
                                    decay_ratio, decay_type_of(c->lr_scheduler.decay_type),

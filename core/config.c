@@ -186,6 +186,10 @@ static const KeySpec KEYS[] = {
     {K_BOOL(training, document_masking), .def = "false",
      .help = "Attention stays within each document of a packed window (a document ends at the "
              "tokenizer's end-of-text token; torchtitan's block_causal mask)"},
+    {K_FLOAT(training, ema_decay, 0, 1), .hi_open = true, .def = "0.0",
+     .help = "titan: keep an exponential moving average of the weights, ema = decay ema + "
+             "(1 - decay) w after each optimizer step, sharded and checkpointed as the "
+             "optimizer state (generate and convert read it with --ema); 0 = off"},
 
     {K_INT(parallelism, data_parallel_replicate_degree, 1, INT32_MAX), .def = "1",
      .help = "Data-parallel degree with replicated weights (DDP/HSDP); 1 = off"},

@@ -108,6 +108,7 @@ typedef struct {
     int64_t seed;  // torchtitan: None; titan seeds 0 so that runs are reproducible by default
     bool deterministic;
     bool document_masking;
+    double ema_decay;  // titan: the weights' exponential moving average; 0 = off
 } TrainingSection;
 
 typedef struct {
