@@ -159,8 +159,11 @@ static void save_job_prepare(Trainer *t, SaveJob *j, const char *path, bool with
 
 static void save_job_write(void *arg, MPI_Comm comm) {
     SaveJob *j = arg;
-    train_state_save(j->path, &j->state.params, j->with_optimizer ? &j->state.opt : NULL,
-                     j->progress, j->seed, j->yaml, j->attrs, j->n_attrs, comm);
+    // A model-only save keeps the average: it is the model's weights too, the ones to export.
+    AdamW ema_only = {.ema = j->state.opt.ema};
+    const AdamW *opt = j->with_optimizer ? &j->state.opt : ema_only.ema ? &ema_only : NULL;
+    train_state_save(j->path, &j->state.params, opt, j->progress, j->seed, j->yaml, j->attrs,
+                     j->n_attrs, comm);
     if (j->prune_folder) ckpt_keep_latest(j->prune_folder, j->keep_latest);
 }
 

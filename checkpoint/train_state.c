@@ -42,12 +42,17 @@ static TensorList tensor_list(const ParamTable *params, const int *kinds, float 
     return l;
 }
 
-// The model's weights and, with opt, its moments and, with ema too, its average.
+// The model's weights, opt's moments when it has them, and with ema its average.
 static TensorList state_list(const ParamTable *params, const AdamW *opt, bool ema) {
-    static const int kinds[N_KINDS] = {MODEL, EXP_AVG, EXP_AVG_SQ, EMA};
-    float *const base[N_KINDS] = {params->shard_data, opt ? opt->exp_avg : NULL,
-                                  opt ? opt->exp_avg_sq : NULL, opt ? opt->ema : NULL};
-    return tensor_list(params, kinds, base, !opt ? 1 : ema ? 4 : 3);
+    int kinds[N_KINDS], n = 0;
+    float *base[N_KINDS];
+    kinds[n] = MODEL, base[n++] = params->shard_data;
+    if (opt && opt->exp_avg) {
+        kinds[n] = EXP_AVG, base[n++] = opt->exp_avg;
+        kinds[n] = EXP_AVG_SQ, base[n++] = opt->exp_avg_sq;
+    }
+    if (ema) kinds[n] = EMA, base[n++] = opt->ema;
+    return tensor_list(params, kinds, base, n);
 }
 
 static void tensor_list_free(TensorList *l) {
@@ -103,8 +108,8 @@ bool train_state_load(const char *path, ParamTable *params, AdamW *opt, TrainPro
 
 void train_state_load_ema(const char *path, ParamTable *params) {
     if (!train_state_has_ema(path))
-        die_user("checkpoint %s holds no average of the weights (/ema): it was saved with "
-                 "training.ema_decay 0, or as a model-only save", path);
+        die_user("checkpoint %s holds no average of the weights (/ema): its run had "
+                 "training.ema_decay 0 (or it is a seed checkpoint)", path);
     static const int kinds[] = {EMA};
     float *const base[] = {params->shard_data};
     TensorList list = tensor_list(params, kinds, base, 1);
