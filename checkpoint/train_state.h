@@ -26,8 +26,9 @@ typedef struct {
 } TrainProgress;
 
 // opt may be NULL (model only), or hold only an average (ema set, the moments NULL: the model
-// and its average, a model-only save of a run that keeps one). attrs describe the run (the architecture, "model.dim"; the
-// mesh; the sequence length). Collective over comm's ranks (ckpt_save).
+// and its average, a model-only save of a run that keeps one). attrs describe the run (the
+// architecture, "model.dim"; the mesh; the sequence length). Collective over comm's ranks
+// (ckpt_save).
 void train_state_save(const char *path, const ParamTable *params, const AdamW *opt,
                       TrainProgress progress, uint64_t seed, const char *config_yaml,
                       const CkptAttr *attrs, int n_attrs, MPI_Comm comm);

@@ -79,7 +79,9 @@ print("ok: convert --ema writes the average as the weights")
 PY
 # generate --ema reads the average (the same loader as convert's): it runs, and continues as the
 # converted file's weights do.
-gen() { $TITAN generate --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0 --ids "$@" 2>/dev/null; }
+gen() {
+  $TITAN generate --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0 --ids "$@" 2>/dev/null
+}
 [ "$(gen --checkpoint "$ck" --ema)" = "$(gen --checkpoint "$SCRATCH/back.h5")" ] ||
   fail "generate --ema does not read the average"
 expect_user_error "holds no average of the weights \(/ema\)" \
