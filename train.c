@@ -31,8 +31,16 @@ static DecayType decay_type_of(const char *name) {
                                        : DECAY_LINEAR;
 }
 
-static void set_checkpointing(Model *m, bool on) {
-    for (int i = 1; i + 1 < m->n_blocks; i++) m->blocks[i].checkpointed = on;
+// Activation checkpointing of the transformer blocks under `mode`, torchtitan's: full re-runs
+// each one's forward in backward; selective with an integer n does so for every n-th (as its
+// count of blocks from 1), with `op` has each keep only its GEMMs' and attention's outputs.
+static void set_checkpointing(Model *m, const char *mode, const char *selective_option) {
+    bool selective = !strcmp(mode, "selective"), op = !strcmp(selective_option, "op");
+    int every = !strcmp(mode, "full") ? 1 : selective && !op ? atoi(selective_option) : 0;
+    for (int i = 1; i + 1 < m->n_blocks; i++) {
+        m->blocks[i].checkpointed = every > 0 && i % every == 0;
+        m->blocks[i].recompute_cheap = selective && op;
+    }
 }
 
 // Context parallel: each sequence split over the cp ranks, attention through parallel/cp.
@@ -195,7 +203,6 @@ static void setup_model(Trainer *t) {
         (t->val.B > 0 && spec->tp_check(&t->args, tp, t->val.B, t->val.step_T, why, sizeof why)))
         die_user("%s", why);
     // torchtitan's parallelize order: TP, then activation checkpointing, then FSDP.
-    bool full_ac = strcmp(c->activation_checkpoint.mode, "full") == 0;
     spec->build(&t->model, &t->args, false);
     t->model.act_dtype = t->precision;  // bf16 mixed precision stores bf16 activations
     if (config_converts(c, "float8")) convert_float8(t);
@@ -210,7 +217,8 @@ static void setup_model(Trainer *t) {
     }
     if (t->cp_on) setup_context_parallel(t);
     if (t->mesh.layout.ep > 1) setup_expert_parallel(t);
-    set_checkpointing(&t->model, full_ac);
+    set_checkpointing(&t->model, c->activation_checkpoint.mode,
+                      c->activation_checkpoint.selective_ac_option);
     if (t->fsdp_on && model_shape(&t->args).tie_word_embeddings)
         die_user("model.tie_word_embeddings cannot be trained with FSDP (fsdp group of %d ranks): "
                  "the tied weight would belong to two FSDP units, the embedding and the head",
@@ -282,10 +290,12 @@ static void allocate_arenas(Trainer *t, bool commit) {
         if (t->pipeline) trainer_pipeline_start(t);
         return;
     }
-    bool full_ac = m->blocks[1].checkpointed;
-    set_checkpointing(m, !full_ac);
-    t->act_bytes_other_mode = train_activation_bytes(t).total;
-    set_checkpointing(m, full_ac);
+    const ActivationCheckpointSection *ac = &t->cfg.activation_checkpoint;
+    for (int i = 0; i < 3; i++) {
+        set_checkpointing(m, AC_MODES[i], ac->selective_ac_option);
+        t->act_bytes_ac[i] = train_activation_bytes(t).total;
+    }
+    set_checkpointing(m, ac->mode, ac->selective_ac_option);
     ArenaBytes act_bytes = train_activation_bytes(t);
     if (t->val.B > 0 && !t->pipeline) {  // a pipeline's counts its validation runs
         ArenaBytes val_bytes = model_activation_bytes(m, t->k, t->val.B, t->val.step_T);
@@ -301,8 +311,8 @@ static void allocate_arenas(Trainer *t, bool commit) {
 }
 
 // "memory per rank: params 10.0 MiB (fp32 10.00), ..., activations 12.0 MiB (bf16 8.00,
-// fp32 4.00; activation_checkpoint full: 6.0 MiB, none: 12.0 MiB)": each arena, split by the
-// dtypes it holds at its peak.
+// fp32 4.00; activation_checkpoint none: 12.0 MiB, selective op: 9.0 MiB, full: 6.0 MiB)":
+// each arena, split by the dtypes it holds at its peak.
 static void log_memory(const Trainer *t) {
     const double MiB = 1024.0 * 1024.0;
     const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->comm_arena};
@@ -314,14 +324,14 @@ static void log_memory(const Trainer *t) {
         n += snprintf(line + n, sizeof line - (size_t)n, "%s %.1f MiB%s%s%s, ", names[i],
                       arenas[i]->size / MiB, *dtypes ? " (" : "", dtypes, *dtypes ? ")" : "");
     }
-    // The activations' parentheses also hold their size under either activation_checkpoint mode.
+    // The activations' parentheses also hold their size under each activation_checkpoint mode
+    // (selective with the configured selective_ac_option).
     arena_bytes_format(t->act_arena.peak, MiB, 2, dtypes, sizeof dtypes);
-    bool full_ac = t->model.blocks[1].checkpointed;
-    size_t with_ac = full_ac ? t->act_arena.size : t->act_bytes_other_mode;
-    size_t without_ac = full_ac ? t->act_bytes_other_mode : t->act_arena.size;
-    log_info("memory per rank: %sactivations %.1f MiB (%s%sactivation_checkpoint full: %.1f MiB, "
-             "none: %.1f MiB)", line, t->act_arena.size / MiB, dtypes, *dtypes ? "; " : "",
-             with_ac / MiB, without_ac / MiB);
+    log_info("memory per rank: %sactivations %.1f MiB (%s%sactivation_checkpoint none: %.1f MiB, "
+             "selective %s: %.1f MiB, full: %.1f MiB)", line, t->act_arena.size / MiB, dtypes,
+             *dtypes ? "; " : "", t->act_bytes_ac[0] / MiB,
+             t->cfg.activation_checkpoint.selective_ac_option, t->act_bytes_ac[1] / MiB,
+             t->act_bytes_ac[2] / MiB);
 }
 
 // A text dataset needs a tokenizer; a pre-tokenized one (token shards) is read as it is.
@@ -512,7 +522,8 @@ static void setup(Trainer *t) {
     setup_model(t);
     t->opt = (AdamW){.lr = c->optimizer.lr, .beta1 = c->optimizer.beta1,
                      .beta2 = c->optimizer.beta2, .eps = c->optimizer.eps,
-                     .weight_decay = c->optimizer.weight_decay};
+                     .weight_decay = c->optimizer.weight_decay,
+                     .ema_decay = c->training.ema_decay};
     double decay_ratio = isnan(c->lr_scheduler.decay_ratio) ? -1 : c->lr_scheduler.decay_ratio;
     t->schedule = lr_schedule_make((int)c->training.steps, (int)c->lr_scheduler.warmup_steps,
                                    decay_ratio, decay_type_of(c->lr_scheduler.decay_type),

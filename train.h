@@ -71,7 +71,7 @@ typedef struct {
     int schedule_microbatches;    // `--microbatches N` for it (0: from the batch config)
     Arena param_arena, grad_arena, optim_arena, act_arena, comm_arena;
     Arena input_arena;            // the step's token ids and positions in the backend's memory
-    size_t act_bytes_other_mode;  // activation arena size under the other AC mode
+    size_t act_bytes_ac[3];       // the activation arena under each of AC_MODES
     AdamW opt;
     LrSchedule schedule;
     int lr_origin;                // the step the schedule counts from (exclude_from_loading)

@@ -8,13 +8,15 @@
 #include "checkpoint/async.h"
 #include "train.h"
 
-// The trained state (every parameter's shard and its AdamW moments) as host memory, which
-// initialisation and checkpoints read and write: the tensors themselves on the cpu backend;
-// on a device, host copies, downloaded to be saved or uploaded once loaded or initialised.
+// The trained state (every parameter's shard, its AdamW moments and its average when kept)
+// as host memory, which initialisation and checkpoints read and write: the tensors themselves
+// on the cpu backend; on a device, host copies, downloaded to be saved or uploaded once loaded
+// or initialised.
 typedef struct {
     ParamTable params;
     AdamW opt;
-    bool staged;  // copies (else params and opt are the trainer's own)
+    bool staged;      // copies (else params and opt are the trainer's own)
+    bool ema_loaded;  // a load filled opt.ema (else it starts from the weights)
 } HostState;
 
 // Host copies of the trainer's state, sized by its shards; filled by host_state_download.
@@ -24,6 +26,7 @@ static HostState host_state_alloc(const Trainer *t) {
     params_view(&h.params, &t->model.params, xcalloc(n, sizeof(float)));
     h.opt.exp_avg = xcalloc(n, sizeof(float));
     h.opt.exp_avg_sq = xcalloc(n, sizeof(float));
+    h.opt.ema = t->opt.ema ? xcalloc(n, sizeof(float)) : NULL;
     return h;
 }
 
@@ -33,6 +36,7 @@ static void host_state_download(const Trainer *t, HostState *h) {
     t->k->download(h->params.shard_data, t->model.params.shard_data, bytes);
     t->k->download(h->opt.exp_avg, t->opt.exp_avg, bytes);
     t->k->download(h->opt.exp_avg_sq, t->opt.exp_avg_sq, bytes);
+    if (h->opt.ema) t->k->download(h->opt.ema, t->opt.ema, bytes);
     h->opt.step = t->opt.step;
 }
 
@@ -53,10 +57,12 @@ static void host_state_close(Trainer *t, HostState *h, bool upload) {
         t->k->upload(t->model.params.shard_data, h->params.shard_data, bytes);
         t->k->upload(t->opt.exp_avg, h->opt.exp_avg, bytes);
         t->k->upload(t->opt.exp_avg_sq, h->opt.exp_avg_sq, bytes);
+        if (h->opt.ema) t->k->upload(t->opt.ema, h->opt.ema, bytes);
     }
     free(h->params.shard_data);
     free(h->opt.exp_avg);
     free(h->opt.exp_avg_sq);
+    free(h->opt.ema);
     params_free(&h->params);
 }
 
@@ -153,8 +159,11 @@ static void save_job_prepare(Trainer *t, SaveJob *j, const char *path, bool with
 
 static void save_job_write(void *arg, MPI_Comm comm) {
     SaveJob *j = arg;
-    train_state_save(j->path, &j->state.params, j->with_optimizer ? &j->state.opt : NULL,
-                     j->progress, j->seed, j->yaml, j->attrs, j->n_attrs, comm);
+    // A model-only save keeps the average: it is the model's weights too, the ones to export.
+    AdamW ema_only = {.ema = j->state.opt.ema};
+    const AdamW *opt = j->with_optimizer ? &j->state.opt : ema_only.ema ? &ema_only : NULL;
+    train_state_save(j->path, &j->state.params, opt, j->progress, j->seed, j->yaml, j->attrs,
+                     j->n_attrs, comm);
     if (j->prune_folder) ckpt_keep_latest(j->prune_folder, j->keep_latest);
 }
 
@@ -185,7 +194,9 @@ static bool async_on(const Trainer *t) {
 }
 
 size_t trainer_checkpoint_staging_bytes(const Trainer *t) {
-    return async_on(t) ? 3 * t->model.params.shard_numel * sizeof(float) : 0;  // params, moments
+    // params, moments and the average
+    size_t tensors = t->opt.ema_decay > 0 ? 4 : 3;
+    return async_on(t) ? tensors * t->model.params.shard_numel * sizeof(float) : 0;
 }
 
 // Made after the load: from here on the writer is the only thread that calls HDF5.
@@ -278,7 +289,7 @@ static void load_full(Trainer *t, HostState *h, const char *path) {
                  "at step %lld would restart AdamW from zero moments; add optimizer to "
                  "checkpoint.exclude_from_loading to accept that", path, (long long)step);
     optimizer = optimizer && train_state_has_optimizer(path);
-    train_state_load(path, &h->params, optimizer ? &h->opt : NULL, &t->progress);
+    h->ema_loaded = train_state_load(path, &h->params, optimizer ? &h->opt : NULL, &t->progress);
     if (excluded(t, "dataloader")) t->progress.windows_consumed = 0;
     if (excluded(t, "lr_scheduler")) t->lr_origin = (int)t->progress.step;
     loader_set_position(&t->train.loader, t->progress.windows_consumed);
@@ -347,6 +358,9 @@ void trainer_load_or_initialize(Trainer *t) {
     if (step >= 0) resume(t, &h, path, step);
     else if (ck->initial_load_path) initial_load(t, &h);
     else params_initialize(&h.params, (uint64_t)t->cfg.training.seed);
+    // The average starts from the weights it first sees (torch's AveragedModel copies them).
+    if (h.opt.ema && !h.ema_loaded)
+        memcpy(h.opt.ema, h.params.shard_data, t->model.params.shard_numel * sizeof(float));
     host_state_close(t, &h, true);
     if (async_on(t)) async_save_open(t);
 }

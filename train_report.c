@@ -38,43 +38,56 @@ typedef struct {
 } GroupBytes;
 enum { MAX_GROUPS = 8 };  // fsdp, efsdp, dp_replicate, tp, cp, pp, ep, loss
 
-// The transformer layers this rank runs (blocks 1 .. n_blocks - 2): all, or its stages'.
-static int rank_layers(Trainer *t) {
-    if (!t->pipeline) return t->model.n_blocks - 2;
+// Of blocks [first, last), the transformer layers (blocks 1 .. n_blocks - 2), or only those
+// whose forward runs twice (activation checkpointing re-runs it in backward).
+static int layers_in(const Model *m, int first, int last, bool recomputed) {
+    int layers = 0;
+    for (int b = first; b < last; b++)
+        layers += b > 0 && b < m->n_blocks - 1 && (!recomputed || m->blocks[b].checkpointed);
+    return layers;
+}
+
+// The transformer layers this rank runs, all or its stages' (or the recomputed of them).
+static int rank_layers(Trainer *t, bool recomputed) {
+    if (!t->pipeline) return layers_in(&t->model, 0, t->model.n_blocks, recomputed);
     PipelineRankPlan pl = trainer_pipeline_rank_plan(t);
     int layers = 0;
     for (int s = 0; s < pl.stages; s++)
-        for (int b = pl.first[s]; b < pl.first[s + 1] && pl.stage_rank[s] == pl.rank; b++)
-            layers += b > 0 && b < t->model.n_blocks - 1;
+        if (pl.stage_rank[s] == pl.rank)
+            layers += layers_in(&t->model, pl.first[s], pl.first[s + 1], recomputed);
     return layers;
 }
 
 // Every layer's attention, per step: forward, recompute under activation checkpointing, and
 // backward, on this rank's K and V of all its microbatches' rows (the bytes are linear in them).
-static uint64_t cp_bytes_per_step(Trainer *t, bool ac) {
+static uint64_t cp_bytes_per_step(Trainer *t) {
     const int *size = t->mesh.layout.size;
     uint64_t kv_floats = (uint64_t)t->train.B * t->train.step_T *
                          (model_shape(&t->args).kv_dim / size[MESH_TP]);
     uint64_t forward = cp_attention_bytes(&t->cp, kv_floats, false);
     uint64_t backward = cp_attention_bytes(&t->cp, kv_floats, true);
-    return t->accum * rank_layers(t) * ((ac ? 2 : 1) * forward + backward);
+    uint64_t forwards = (uint64_t)rank_layers(t, false) + (uint64_t)rank_layers(t, true);
+    return t->accum * (forwards * forward + rank_layers(t, false) * backward);
 }
 
 // Expert parallel's all-to-alls (ep_estimate's, per MoE layer and microbatch) over every MoE
 // layer this rank runs and every microbatch of a step: expected_bytes with balanced routing
 // (what a step sends is data-dependent), bound_bytes at the receive bound.
-static EpEstimate ep_per_step(Trainer *t, bool ac) {
+static EpEstimate ep_per_step(Trainer *t) {
     const MoeArgs *a = model_shape(&t->args).moe;
     int64_t micro_rows = t->pipeline ? t->cfg.parallelism.pipeline_parallel_microbatch_size
                                      : t->train.B;
     int64_t rows = micro_rows * t->train.step_T / t->mesh.layout.size[MESH_TP];
-    uint64_t passes = (uint64_t)t->accum * rank_layers(t) *
-                      (t->pipeline ? trainer_schedule_microbatches(&t->cfg) : 1);
-    EpEstimate e = ep_estimate(t->mesh.layout.ep, rows, a->router.top_k, a->router.n_experts,
-                               a->dim, a->capacity_factor, ac);
-    e.expected_bytes *= passes;
-    e.bound_bytes *= passes;
-    return e;
+    uint64_t passes =
+        (uint64_t)t->accum * (t->pipeline ? trainer_schedule_microbatches(&t->cfg) : 1);
+    uint64_t again = (uint64_t)rank_layers(t, true), once = rank_layers(t, false) - again;
+    EpEstimate e[2];
+    for (int recompute = 0; recompute < 2; recompute++)
+        e[recompute] = ep_estimate(t->mesh.layout.ep, rows, a->router.top_k, a->router.n_experts,
+                                   a->dim, a->capacity_factor, recompute);
+    e[0].expected_bytes = passes * (once * e[0].expected_bytes + again * e[1].expected_bytes);
+    e[0].bound_bytes = passes * (once * e[0].bound_bytes + again * e[1].bound_bytes);
+    return e[0];
 }
 
 static bool ep_on(Trainer *t) { return t->mesh.layout.ep > 1 && model_shape(&t->args).moe; }
@@ -82,7 +95,6 @@ static bool ep_on(Trainer *t) { return t->mesh.layout.ep > 1 && model_shape(&t->
 static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
     int n = 0;
     const int *size = t->mesh.layout.size;
-    bool ac = t->model.blocks[1].checkpointed;
     // A MoE balance loss is averaged as the loss is (one more double for the loss group and
     // the pipeline); the expert load's sum goes over the world, which is not reported.
     uint64_t aux = t->model.moe && t->model.moe->aux_loss ? sizeof(double) : 0;
@@ -112,18 +124,19 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
             int first = t->pipeline ? pl.first[s] : 0;
             int last = t->pipeline ? pl.first[s + 1] : t->model.n_blocks;
             micro += t->args.spec->tp_bytes_per_microbatch(&t->args, size[MESH_TP], t->train.B,
-                                                           t->train.step_T, ac,
+                                                           t->train.step_T,
+                                                           layers_in(&t->model, first, last, true),
                                                            t->tp.hooks.loss_parallel, first, last);
         }
         size_t replicated = grads_replicated_floats(&t->model.params);
         out[n++] = (GroupBytes){"tp", t->accum * micro + 4 * replicated + sizeof(double)};
     }
-    if (t->cp_on) out[n++] = (GroupBytes){"cp", cp_bytes_per_step(t, ac)};
+    if (t->cp_on) out[n++] = (GroupBytes){"cp", cp_bytes_per_step(t)};
     if (t->pipeline) {  // the sends, then the step's loss and grad norm summed over the stages
         uint64_t sent = pl.act_bytes_sent + pl.grad_bytes_sent;
         out[n++] = (GroupBytes){"pp", t->accum * sent + 2 * sizeof(double) + aux};
     }
-    if (ep_on(t)) out[n++] = (GroupBytes){"ep", ep_per_step(t, ac).expected_bytes};
+    if (ep_on(t)) out[n++] = (GroupBytes){"ep", ep_per_step(t).expected_bytes};
     out[n++] = (GroupBytes){"loss", sizeof(double) + aux};  // the step's mean loss
     return n;
 }
@@ -168,6 +181,10 @@ static void print_rank_plan(Trainer *t) {
     }
     arena_bytes_format(total, 1, 0, dtypes, sizeof dtypes);
     printf("  %-12s %16zu %12.3f  %s\n", "total", total.total, total.total / GiB, dtypes);
+    printf("  activation_checkpoint none: %zu, selective %s: %zu, full: %zu bytes of a training "
+           "step's activations\n", t->act_bytes_ac[0],
+           t->cfg.activation_checkpoint.selective_ac_option, t->act_bytes_ac[1],
+           t->act_bytes_ac[2]);
     double tokens = (double)t->accum * t->train.B * t->train.step_T / t->mesh.layout.size[MESH_TP];
     double per_token = rank_flops_per_token(t);
     printf("  FLOPs per step per rank: %.12g (%.6g per token, %storchtitan's 6N + 12 L H Q T)\n",
@@ -179,7 +196,7 @@ static void print_rank_plan(Trainer *t) {
         printf("  %-12s %16llu %12.3f\n", groups[i].group, (unsigned long long)groups[i].bytes,
                groups[i].bytes / GiB);
     if (ep_on(t)) {
-        EpEstimate e = ep_per_step(t, t->model.blocks[1].checkpointed);
+        EpEstimate e = ep_per_step(t);
         printf("  ep all-to-all: the ep row routes evenly; at most %llu bytes per step, a MoE "
                "layer receiving at most %lld rows per microbatch\n",
                (unsigned long long)e.bound_bytes, (long long)e.recv_rows_bound);
@@ -247,8 +264,8 @@ void trainer_print_estimate(Trainer *ranks, int n) {
 // else more ranks to shard the weights, gradients and optimizer state over (FSDP).
 static void memory_fix(const Trainer *t, double need, double room, char *out, size_t len) {
     const double GiB = 1024.0 * 1024.0 * 1024.0;
-    double act = (double)t->act_arena.peak.total, act_ac = (double)t->act_bytes_other_mode;
-    if (!t->model.blocks[1].checkpointed && need - act + act_ac <= room)
+    double act = (double)t->act_arena.peak.total, act_ac = (double)t->act_bytes_ac[2];
+    if (strcmp(t->cfg.activation_checkpoint.mode, "full") && need - act + act_ac <= room)
         snprintf(out, len, "activation_checkpoint.mode full (activations %.2f GiB -> %.2f GiB)",
                  act / GiB, act_ac / GiB);
     else if (act > need / 2)

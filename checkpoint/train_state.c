@@ -7,9 +7,9 @@
 
 #include "core/errors.h"
 
-enum { MODEL, EXP_AVG, EXP_AVG_SQ, N_KINDS };
+enum { MODEL, EXP_AVG, EXP_AVG_SQ, EMA, N_KINDS };
 static const char *const GROUP[N_KINDS] = {"/model/", "/optimizer/exp_avg/",
-                                           "/optimizer/exp_avg_sq/"};
+                                           "/optimizer/exp_avg_sq/", "/ema/"};
 
 // One CkptTensor per parameter and kind: its global shape and this rank's shard box.
 typedef struct {
@@ -19,27 +19,40 @@ typedef struct {
     int count;
 } TensorList;
 
-static TensorList tensor_list(const ParamTable *params, const AdamW *opt, int n_kinds) {
+// The tensors of the n_kinds kinds listed, each kind's shards laid out like params' at base[k].
+static TensorList tensor_list(const ParamTable *params, const int *kinds, float *const *base,
+                              int n_kinds) {
     int n = params->count;
     TensorList l = {.tensors = xcalloc((size_t)n * n_kinds, sizeof(CkptTensor)),
                     .names = xcalloc((size_t)n * n_kinds, sizeof *l.names),
                     .boxes = xcalloc((size_t)n, sizeof(ParamBox)), .count = n * n_kinds};
     for (int i = 0; i < n; i++) l.boxes[i] = param_box(&params->items[i], true);
-    for (int kind = 0; kind < n_kinds; kind++) {
-        float *base = kind == MODEL ? params->shard_data
-                      : kind == EXP_AVG ? opt->exp_avg : opt->exp_avg_sq;
+    for (int k = 0; k < n_kinds; k++) {
         for (int i = 0; i < n; i++) {
             const Param *p = &params->items[i];
-            int j = kind * n + i;
-            snprintf(l.names[j], sizeof l.names[j], "%s%s", GROUP[kind], p->name);
+            int j = k * n + i;
+            snprintf(l.names[j], sizeof l.names[j], "%s%s", GROUP[kinds[k]], p->name);
             l.tensors[j] = (CkptTensor){.path = l.names[j], .ndim = p->ndim,
                                         .shape = p->global_shape,
-                                        .data = base + p->shard_offset,
+                                        .data = base[k] + p->shard_offset,
                                         .start = l.boxes[i].start, .count = l.boxes[i].count,
                                         .replica = !param_is_primary_replica(p)};
         }
     }
     return l;
+}
+
+// The model's weights, opt's moments when it has them, and with ema its average.
+static TensorList state_list(const ParamTable *params, const AdamW *opt, bool ema) {
+    int kinds[N_KINDS], n = 0;
+    float *base[N_KINDS];
+    kinds[n] = MODEL, base[n++] = params->shard_data;
+    if (opt && opt->exp_avg) {
+        kinds[n] = EXP_AVG, base[n++] = opt->exp_avg;
+        kinds[n] = EXP_AVG_SQ, base[n++] = opt->exp_avg_sq;
+    }
+    if (ema) kinds[n] = EMA, base[n++] = opt->ema;
+    return tensor_list(params, kinds, base, n);
 }
 
 static void tensor_list_free(TensorList *l) {
@@ -60,7 +73,7 @@ static void padding_zero(const TensorList *l, const ParamTable *params) {
 void train_state_save(const char *path, const ParamTable *params, const AdamW *opt,
                       TrainProgress progress, uint64_t seed, const char *config_yaml,
                       const CkptAttr *run_attrs, int n_run_attrs, MPI_Comm comm) {
-    TensorList list = tensor_list(params, opt, opt ? N_KINDS : 1);
+    TensorList list = state_list(params, opt, opt && opt->ema);
     int n_attrs = 5 + n_run_attrs;
     CkptAttr *attrs = xcalloc((size_t)n_attrs, sizeof(CkptAttr));
     attrs[0] = (CkptAttr){.name = "step", .type = CKPT_INT, .i = progress.step};
@@ -76,9 +89,11 @@ void train_state_save(const char *path, const ParamTable *params, const AdamW *o
 }
 
 bool train_state_has_optimizer(const char *path) { return ckpt_has(path, "/optimizer"); }
+bool train_state_has_ema(const char *path) { return ckpt_has(path, "/ema"); }
 
-void train_state_load(const char *path, ParamTable *params, AdamW *opt, TrainProgress *progress) {
-    TensorList list = tensor_list(params, opt, opt ? N_KINDS : 1);
+bool train_state_load(const char *path, ParamTable *params, AdamW *opt, TrainProgress *progress) {
+    bool ema = opt && opt->ema && train_state_has_ema(path);
+    TensorList list = state_list(params, opt, ema);
     ckpt_load(path, list.tensors, list.count);
     padding_zero(&list, params);
     if (opt) opt->step = (int)ckpt_read_int_in(path, "optimizer_step", 0, INT_MAX);
@@ -87,5 +102,18 @@ void train_state_load(const char *path, ParamTable *params, AdamW *opt, TrainPro
         progress->windows_consumed =
             ckpt_read_int_in(path, "data_windows_consumed", 0, TRAIN_STATE_MAX_WINDOWS);
     }
+    tensor_list_free(&list);
+    return ema;
+}
+
+void train_state_load_ema(const char *path, ParamTable *params) {
+    if (!train_state_has_ema(path))
+        die_user("checkpoint %s holds no average of the weights (/ema): its run had "
+                 "training.ema_decay 0 (or it is a seed checkpoint)", path);
+    static const int kinds[] = {EMA};
+    float *const base[] = {params->shard_data};
+    TensorList list = tensor_list(params, kinds, base, 1);
+    ckpt_load(path, list.tensors, list.count);
+    padding_zero(&list, params);
     tensor_list_free(&list);
 }

@@ -1,5 +1,6 @@
 // What a training checkpoint holds, in torchtitan's terms: the model's state dict under
-// /model/<fqn>, AdamW's exp_avg / exp_avg_sq under /optimizer/..., and the progress (step,
+// /model/<fqn>, AdamW's exp_avg / exp_avg_sq under /optimizer/..., titan's average of the
+// weights under /ema/<fqn> (training.ema_decay > 0), and the progress (step,
 // optimizer step, data-loader position) plus the resolved config and the model's arguments
 // as root attributes. A seed checkpoint (checkpoint.create_seed_checkpoint) has the model only.
 //
@@ -24,16 +25,24 @@ typedef struct {
     int64_t windows_consumed;  // data-loader position: windows read so far
 } TrainProgress;
 
-// opt may be NULL (model only). attrs describe the run (the architecture, "model.dim"; the
-// mesh; the sequence length). Collective over comm's ranks (ckpt_save).
+// opt may be NULL (model only), or hold only an average (ema set, the moments NULL: the model
+// and its average, a model-only save of a run that keeps one). attrs describe the run (the
+// architecture, "model.dim"; the mesh; the sequence length). Collective over comm's ranks
+// (ckpt_save).
 void train_state_save(const char *path, const ParamTable *params, const AdamW *opt,
                       TrainProgress progress, uint64_t seed, const char *config_yaml,
                       const CkptAttr *attrs, int n_attrs, MPI_Comm comm);
-// Whether the file holds optimizer state (a model-only or seed file does not).
+// Whether the file holds optimizer state (a model-only or seed file does not), and the
+// average of the weights (saved with the optimizer state when the run kept one).
 bool train_state_has_optimizer(const char *path);
+bool train_state_has_ema(const char *path);
 // Loads this rank's shards of the model; with opt, also the optimizer state (the file must
-// hold it: train_state_has_optimizer); with progress, the step and data position. Steps (the
-// trainer's int) and the position are range-checked: a value outside dies naming the file
-// and attribute, exit 2. Both NULL: weights only, from any file with /model/<fqn> datasets
-// (initial_load_path). Shard padding is zeroed.
-void train_state_load(const char *path, ParamTable *params, AdamW *opt, TrainProgress *progress);
+// hold it: train_state_has_optimizer), and the average when opt keeps one and the file has it
+// (returns whether it did: else the caller starts it); with progress, the step and data
+// position. Steps (the trainer's int) and the position are range-checked: a value outside
+// dies naming the file and attribute, exit 2. Both NULL: weights only, from any file with
+// /model/<fqn> datasets (initial_load_path). Shard padding is zeroed.
+bool train_state_load(const char *path, ParamTable *params, AdamW *opt, TrainProgress *progress);
+// Loads the average of the weights (/ema/<fqn>) into params in place of the weights: what
+// generate and convert read with --ema. A file without it dies naming it, exit 2.
+void train_state_load_ema(const char *path, ParamTable *params);

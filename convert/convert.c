@@ -1,11 +1,12 @@
 // titan convert: a titan checkpoint as a Hugging Face model and back, through the model
 // registry (llama3 and qwen3: models/decoder/hf.c has the mapping).
 //
-//   titan convert --to hf [--dtype float32|bfloat16] CHECKPOINT.h5 OUT_DIR
+//   titan convert --to hf [--dtype float32|bfloat16] [--ema] CHECKPOINT.h5 OUT_DIR
 //   titan convert --to titan HF_PATH OUT.h5
 //
 // To HF: OUT_DIR gets model.safetensors and config.json, whose max_position_embeddings is the
-// training.seq_len of the config stored in the checkpoint (titan's RoPE tables are that long).
+// training.seq_len of the config stored in the checkpoint (titan's RoPE tables are that long);
+// with --ema, its weights are the checkpoint's average of them (training.ema_decay).
 // To titan: HF_PATH is a folder with config.json and model.safetensors or a sharded index;
 // OUT.h5 is a model-only checkpoint as create_seed_checkpoint writes (step 0, no optimizer),
 // for checkpoint.initial_load_path, generate and the reference tools, its stored config only
@@ -24,11 +25,12 @@
 #include "models/registry.h"
 
 #define USAGE                                                                                  \
-    "usage: titan convert --to hf [--dtype float32|bfloat16] CHECKPOINT.h5 OUT_DIR\n"          \
+    "usage: titan convert --to hf [--dtype float32|bfloat16] [--ema] CHECKPOINT.h5 OUT_DIR\n"  \
     "       titan convert --to titan HF_DIR OUT.h5"
 
 typedef struct {
     const char *to, *dtype, *from, *out;
+    bool ema;  // --to hf: the average of the weights, not the weights
 } ConvertOptions;
 
 static void parse_options(ConvertOptions *o, int argc, char **argv) {
@@ -40,6 +42,7 @@ static void parse_options(ConvertOptions *o, int argc, char **argv) {
         bool to = !strcmp(argv[i], "--to"), dtype = !strcmp(argv[i], "--dtype");
         if ((to || dtype) && i + 1 == argc) die_user("%s needs a value", argv[i]);
         if (to || dtype) *(to ? &o->to : &o->dtype) = argv[++i];
+        else if (!strcmp(argv[i], "--ema")) o->ema = true;
         else if (!strncmp(argv[i], "--", 2) || n == 2)
             die_user("convert: unexpected argument '%s'; " USAGE, argv[i]);
         else *positional[n++] = argv[i];
@@ -51,6 +54,8 @@ static void parse_options(ConvertOptions *o, int argc, char **argv) {
         die_user("--dtype expects float32 or bfloat16, got '%s'", o->dtype);
     if (!strcmp(o->to, "titan") && strcmp(o->dtype, "float32"))
         die_user("--dtype applies to --to hf: titan checkpoints are float32");
+    if (!strcmp(o->to, "titan") && o->ema)
+        die_user("--ema applies to --to hf: a Hugging Face folder has no average of the weights");
 }
 
 // The parameter table of args over zeroed host memory (*data, to free with the table).
@@ -71,7 +76,8 @@ static void to_hf(const ConvertOptions *o) {
     ParamTable params;
     float *data;
     table_build(&m, &args, &params, &data);
-    train_state_load(o->from, &params, NULL, NULL);
+    if (o->ema) train_state_load_ema(o->from, &params);
+    else train_state_load(o->from, &params, NULL, NULL);
     bool bf16 = !strcmp(o->dtype, "bfloat16");
     spec->save_hf(o->out, &args, &params, bf16 ? SAFETENSORS_BF16 : SAFETENSORS_F32);
     printf("convert: %s -> %s/model.safetensors (%s) and config.json\n", o->from, o->out,

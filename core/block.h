@@ -161,8 +161,12 @@ typedef struct {
 struct Block {
     const BlockOps *ops;
     void *self;          // the block's own parameters and config (owned by the model)
-    bool checkpointed;   // activation_checkpoint.mode == full: backward re-runs forward
+    bool checkpointed;   // full activation checkpointing: backward re-runs forward
     int n_params;        // its parameters: the next n_params of the table, in block order
+    // Selective per-op checkpointing (torchtitan's `selective_ac_option: op`): forward keeps
+    // the outputs of the GEMMs and attention, and backward recomputes the cheap ones it reads
+    // (the norms' and the activation function's) from them. A block kind without any ignores it.
+    bool recompute_cheap;
 };
 
 // Called around every block call by the code that runs blocks (not while sizing): how FSDP

@@ -67,7 +67,7 @@ static const char *const PP_SCHEDULES[] = {"1F1B",          "GPipe",
                                            "DualPipeV",     NULL};
 static const char *const CP_ROTATE_METHODS[] = {"allgather", "alltoall", NULL};
 static const char *const ASYNC_MODES[] = {"disabled", "async", "async_with_pinned_mem", NULL};
-static const char *const AC_MODES[] = {"none", "selective", "full", NULL};
+const char *const AC_MODES[] = {"none", "selective", "full", NULL};
 static const char *const FLOAT8_RECIPES[] = {"tensorwise", "rowwise", "rowwise_with_gw_hp", NULL};
 
 // Every key, grouped by section in printing order. Defaults are torchtitan's except where the
@@ -186,6 +186,10 @@ static const KeySpec KEYS[] = {
     {K_BOOL(training, document_masking), .def = "false",
      .help = "Attention stays within each document of a packed window (a document ends at the "
              "tokenizer's end-of-text token; torchtitan's block_causal mask)"},
+    {K_FLOAT(training, ema_decay, 0, 1), .hi_open = true, .def = "0.0",
+     .help = "titan: keep an exponential moving average of the weights, ema = decay ema + "
+             "(1 - decay) w after each optimizer step, sharded and checkpointed as the "
+             "optimizer state (generate and convert read it with --ema); 0 = off"},
 
     {K_INT(parallelism, data_parallel_replicate_degree, 1, INT32_MAX), .def = "1",
      .help = "Data-parallel degree with replicated weights (DDP/HSDP); 1 = off"},
@@ -257,8 +261,8 @@ static const KeySpec KEYS[] = {
      .help = "Initialize the model on one rank, save it and exit"},
     {K_BOOL(checkpoint, load_only), .def = "false", .help = "Load checkpoints, never save"},
 
-    {K_ENUM(activation_checkpoint, mode), .def = "none", .choices = AC_MODES,
-     .help = "Activation checkpointing (torchtitan defaults to selective; titan to none)"},
+    {K_ENUM(activation_checkpoint, mode), .def = "selective", .choices = AC_MODES,
+     .help = "Activation checkpointing: none, selective (per selective_ac_option) or full"},
     {K_STR(activation_checkpoint, selective_ac_option), .def = "2", .valid = ac_option_valid,
      .expects = "op or an integer in [1, 2147483647]",
      .help = "Selective AC: an integer n (every nth block) or 'op'"},
@@ -989,7 +993,6 @@ static const Implemented IMPLEMENTED[] = {
     {"parallelism.expert_tensor_parallel_degree", {"1"}},
     {"checkpoint.async_mode", {"disabled", "async"}},
     {"checkpoint.load_only", {"false"}},
-    {"activation_checkpoint.mode", {"none", "full"}},
     {"metrics.enable_tensorboard", {"false"}},
     {"metrics.enable_wandb", {"false"}},
 };

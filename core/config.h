@@ -108,6 +108,7 @@ typedef struct {
     int64_t seed;  // torchtitan: None; titan seeds 0 so that runs are reproducible by default
     bool deterministic;
     bool document_masking;
+    double ema_decay;  // titan: the weights' exponential moving average; 0 = off
 } TrainingSection;
 
 typedef struct {
@@ -151,9 +152,12 @@ typedef struct {
 } CheckpointSection;
 
 typedef struct {
-    char *mode;
+    char *mode;                 // one of AC_MODES
     char *selective_ac_option;
 } ActivationCheckpointSection;
+
+// activation_checkpoint.mode's values, in order of the memory they keep: none, selective, full.
+extern const char *const AC_MODES[4];
 
 // torchtitan v0.2.2's Float8Linear (its quantize.linear.float8), read when model.converters
 // has float8, and the MoE experts' float8 grouped GEMMs (v0.2's quantize.grouped_mm.float8.fqns,

@@ -4,7 +4,7 @@
 //
 //   titan generate --checkpoint C [--tokenizer T] (--prompt TEXT | --prompt-ids 1,2,3)
 //                  [--max-new-tokens 100] [--temperature 0.8] [--top-p 0.9] [--seed 0]
-//                  [--max-context N] [--ids]
+//                  [--max-context N] [--ids] [--ema]
 //
 // C is a titan HDF5 checkpoint (the architecture its stored config names, the model from its
 // attributes) or a llama2.c .bin, told apart by the HDF5 signature. With a tokenizer, a text
@@ -15,7 +15,8 @@
 // seed fixes the output. Prompt plus continuation stay within --max-context positions: by
 // default the llama2.c header's seq_len, or 2048 (torchtitan's default training.seq_len) for a
 // titan checkpoint, whose model attributes do not record the length it was trained at. Timing
-// goes to stderr.
+// goes to stderr. --ema generates with the checkpoint's average of the weights (saved by a run
+// with training.ema_decay) in place of the weights.
 #include "infer/generate.h"
 
 #include <limits.h>
@@ -32,7 +33,8 @@
 
 #define USAGE                                                                                  \
     "usage: titan generate --checkpoint C [--tokenizer T] (--prompt TEXT | --prompt-ids 1,2,3) " \
-    "[--max-new-tokens N] [--temperature t] [--top-p p] [--seed s] [--max-context N] [--ids]"
+    "[--max-new-tokens N] [--temperature t] [--top-p p] [--seed s] [--max-context N] [--ids] "  \
+    "[--ema]"
 #define TITAN_DEFAULT_CONTEXT 2048
 
 typedef struct {
@@ -41,6 +43,7 @@ typedef struct {
     double temperature, top_p;
     long seed;
     bool print_ids;
+    bool ema;  // the average of the weights, not the weights
 } GenOptions;
 
 // ---- options -------------------------------------------------------------------------------
@@ -100,6 +103,8 @@ static void parse_options(GenOptions *o, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--ids") == 0)
             o->print_ids = true;
+        else if (strcmp(argv[i], "--ema") == 0)
+            o->ema = true;
         else if (set_option(o, argv[i], i + 1 < argc ? argv[i + 1] : NULL))
             i++;
         else
@@ -184,8 +189,9 @@ static void read_args(Loaded *l, const char *path) {
     }
 }
 
-// Builds the model for n_ctx positions and loads its weights (no gradient buffers).
-static void load_model(Loaded *l, const char *path, int n_ctx) {
+// Builds the model for n_ctx positions and loads its weights, or their average (ema), with no
+// gradient buffers.
+static void load_model(Loaded *l, const char *path, int n_ctx, bool ema) {
     const ModelSpec *spec = l->args.spec;
     spec->update_from_config(&l->args, NULL, 0, n_ctx);
     spec->build(&l->model, &l->args, false);
@@ -195,7 +201,10 @@ static void load_model(Loaded *l, const char *path, int n_ctx) {
     params_allocate(t, &l->weights, &l->no_grads);
     arena_commit(&l->weights, NULL);
     params_allocate(t, &l->weights, &l->no_grads);
-    if (l->hdf5)
+    if (ema && !l->hdf5) die_user("--ema: %s is a llama2.c file, which has no average", path);
+    if (ema)
+        train_state_load_ema(path, t);
+    else if (l->hdf5)
         train_state_load(path, t, NULL, NULL);
     else
         spec->load_llama2c(path, &l->model);
@@ -341,7 +350,7 @@ int generate_main(int argc, char **argv) {
     check_prompt(&prompt, shape.vocab_size, o.checkpoint, max_context);
     long total = (long)prompt.n + o.max_new_tokens;
     int n_ctx = (int)(total < max_context ? total : max_context);
-    load_model(&l, o.checkpoint, n_ctx);
+    load_model(&l, o.checkpoint, n_ctx, o.ema);
 
     void *cache = spec->kv_cache_new(&l.model, n_ctx);
     int n_choices = tok ? tokenizer_vocab_size(tok) : shape.vocab_size;

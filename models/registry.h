@@ -72,11 +72,12 @@ struct ModelSpec {
 
     // Tensor parallel: why the model cannot run on tp ranks with microbatches of B x T (one
     // line in err, returned), or NULL; the plan applied to a built, unallocated model; and the
-    // bytes one rank hands its tp group per microbatch in blocks [first_block, last_block).
+    // bytes one rank hands its tp group per microbatch in blocks [first_block, last_block),
+    // recomputed_layers of whose layers run forward twice (full activation checkpointing).
     const char *(*tp_check)(const ModelArgs *a, int tp, int B, int T, char *err, size_t len);
     void (*parallelize_tp)(Model *m, const Tp *tp);
     uint64_t (*tp_bytes_per_microbatch)(const ModelArgs *a, int tp, int B, int T,
-                                        bool activation_checkpoint, bool loss_parallel,
+                                        int recomputed_layers, bool loss_parallel,
                                         int first_block, int last_block);
 
     // Checkpoints: the architecture as "model.*" attributes (at most MODEL_MAX_ATTRS; returns

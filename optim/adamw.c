@@ -4,6 +4,7 @@ void adamw_allocate(AdamW *opt, size_t numel, Arena *state) {
     opt->numel = numel;
     opt->exp_avg = arena_floats(state, numel);
     opt->exp_avg_sq = arena_floats(state, numel);
+    opt->ema = opt->ema_decay > 0 ? arena_floats(state, numel) : NULL;
 }
 
 static void update(const AdamW *opt, const KernelOps *k, ParamTable *params, size_t first,
@@ -16,8 +17,7 @@ static void update(const AdamW *opt, const KernelOps *k, ParamTable *params, siz
 // One update over the whole shard buffer; when the table has buffers (Param.buffer, which the
 // optimizer must leave: weight decay would shrink them), one per run of contiguous trained
 // shards between them.
-void adamw_step(AdamW *opt, const KernelOps *k, ParamTable *params, double lr) {
-    opt->step++;
+static void update_trained(AdamW *opt, const KernelOps *k, ParamTable *params, double lr) {
     bool buffers = false;
     for (int i = 0; i < params->count; i++) buffers = buffers || params->items[i].buffer;
     if (!buffers) {
@@ -34,4 +34,11 @@ void adamw_step(AdamW *opt, const KernelOps *k, ParamTable *params, double lr) {
         if (!p->buffer) end = p->shard_offset + p->shard_numel;
     }
     if (end > first) update(opt, k, params, first, end - first, lr);
+}
+
+void adamw_step(AdamW *opt, const KernelOps *k, ParamTable *params, double lr) {
+    opt->step++;
+    update_trained(opt, k, params, lr);
+    if (opt->ema)
+        k->ema_update(opt->ema, params->shard_data, opt->numel, (float)(1.0 - opt->ema_decay));
 }

@@ -13,12 +13,18 @@ typedef struct {
     size_t numel;
     float *exp_avg;         // first moment, laid out like ParamTable.shard_data
     float *exp_avg_sq;      // second moment
+    // The weights' exponential moving average (training.ema_decay > 0, else NULL), laid out
+    // like shard_data: it lives with the moments, so that it is sharded, checkpointed and
+    // resharded as they are.
+    double ema_decay;
+    float *ema;
 } AdamW;
 
-// Carves both moments from the optimizer arena (zeroed by arena_commit).
+// Carves both moments, and the average when ema_decay > 0, from the optimizer arena (zeroed
+// by arena_commit: the caller starts the average from the weights).
 void adamw_allocate(AdamW *opt, size_t numel, Arena *state);
 // One update of every parameter's shard at learning rate lr (torchtitan applies weight decay
-// to all).
+// to all), then of the average over the whole shard (buffers averaged too, as they change).
 void adamw_step(AdamW *opt, const KernelOps *k, ParamTable *params, double lr);
 
 typedef enum { DECAY_LINEAR, DECAY_SQRT, DECAY_COSINE } DecayType;

@@ -18,3 +18,8 @@ void cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_
         param[i] = param[i] * decay - step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
     }
 }
+
+void cpu_ema_update(float *ema, const float *param, size_t n, float weight) {
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) ema[i] += weight * (param[i] - ema[i]);
+}

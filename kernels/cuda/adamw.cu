@@ -57,3 +57,15 @@ void cuda_adamw_update(float *param, const float *grad, float *m, float *v, size
         param, grad, m, v, n, n4, c);
     CUDA_LAUNCH_CHECK();
 }
+
+static __global__ void ema_update_elements(float *ema, const float *param, size_t n,
+                                           float weight) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        ema[i] += weight * (param[i] - ema[i]);
+}
+
+void cuda_ema_update(float *ema, const float *param, size_t n, float weight) {
+    ema_update_elements<<<cuda_grid(n), CUDA_THREADS, 0, cuda_stream()>>>(ema, param, n, weight);
+    CUDA_LAUNCH_CHECK();
+}

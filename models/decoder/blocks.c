@@ -283,12 +283,51 @@ static void moe_ffn_backward(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, 
                            d.rows, d.D);
 }
 
+// The tensors forward computes cheaply from others it keeps: the normed inputs (from the
+// block's input x and h, with their 1/rms) and SwiGLU's output (from gate and up).
+typedef struct {
+    bool xn, hn, act;
+} LayerCheap;
+
+// Those that selective per-op checkpointing (Block.recompute_cheap) recomputes in backward
+// instead of keeping. Not the normed inputs under TP, whose recompute would repeat their
+// all-gather, nor a MoE layer's (fp32, read by its router and experts, which keep their own).
+static LayerCheap layer_recomputed(const Block *b, const DecoderLayer *L, const StepCtx *s) {
+    bool on = b->recompute_cheap, dense = !L->moe;
+    return (LayerCheap){on && !s->tp, on && dense && !s->tp, on && dense};
+}
+
+// Carves the cheap tensors `which` names (the MoE layer's normed input is fp32 rows).
+static void layer_carve_cheap(const DecoderLayer *L, const StepCtx *s, LayerSaved *sv,
+                              LayerDims d, LayerCheap which) {
+    if (which.xn) sv->xn = act_carve(s, (size_t)d.BT * d.D);
+    if (which.hn)
+        sv->hn = L->moe ? arena_floats(s->act, (size_t)d.rows * d.D)
+                        : act_carve(s, (size_t)d.BT * d.D);
+    if (which.act) sv->act = act_carve(s, (size_t)d.BT * d.H);
+}
+
+// Recomputes the cheap tensors `which` names with forward's calls on the same inputs: the
+// same bits.
+static void layer_recompute_cheap(const DecoderLayer *L, const StepCtx *s, LayerSaved *sv,
+                                  LayerDims d, const float *x, LayerCheap which) {
+    float eps = L->args->norm_eps;
+    if (which.xn)
+        norm_gathered(s, sv->xn, sv->rstd1, NULL, x, L->attention_norm->data, d.rows, d.D, eps);
+    if (which.hn)
+        norm_gathered(s, sv->hn, sv->rstd2, NULL, sv->h, L->ffn_norm->data, d.rows, d.D, eps);
+    if (which.act)
+        s->k->swiglu_forward(sv->act, s->act_dtype, sv->gate, sv->up, (size_t)d.BT * d.H);
+}
+
 static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
     DecoderLayer *L = b->self;
     LayerDims d = layer_dims(L, s);
     LayerSaved *sv = saved;
     Arena *A = s->act;
-    sv->xn = act_carve(s, (size_t)d.BT * d.D);
+    LayerCheap recomputed = layer_recomputed(b, L, s);
+    layer_carve_cheap(L, s, sv, d, (LayerCheap){!recomputed.xn, !recomputed.hn,
+                                                !L->moe && !recomputed.act});
     sv->rstd1 = arena_floats(A, d.rows);
     sv->q = arena_floats(A, (size_t)d.BT * d.nq);
     sv->k = arena_floats(A, (size_t)d.BT * d.nkv);
@@ -296,13 +335,10 @@ static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
     sv->attn = arena_floats(A, (size_t)d.BT * d.nq);
     sv->lse = arena_floats(A, (size_t)d.BT * d.nh);
     sv->h = arena_floats(A, (size_t)d.rows * d.D);
-    // The MoE layer reads its normed input in fp32 (the router's logits).
-    sv->hn = L->moe ? arena_floats(A, (size_t)d.rows * d.D) : act_carve(s, (size_t)d.BT * d.D);
     sv->rstd2 = arena_floats(A, d.rows);
     if (!L->moe) {
         sv->gate = arena_floats(A, (size_t)d.BT * d.H);
         sv->up = arena_floats(A, (size_t)d.BT * d.H);
-        sv->act = act_carve(s, (size_t)d.BT * d.H);
     }
     if (L->q_norm) {
         sv->q0 = arena_floats(A, (size_t)d.BT * d.nq);
@@ -310,7 +346,8 @@ static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
         sv->q_rstd = arena_floats(A, (size_t)d.BT * d.nh);
         sv->k_rstd = arena_floats(A, (size_t)d.BT * d.nkvh);
     }
-    size_t saved_end = arena_mark(A);  // the workspace and comm buffers are scratch
+    size_t saved_end = arena_mark(A);  // the recomputed, workspace and comm buffers are scratch
+    layer_carve_cheap(L, s, sv, d, recomputed);
     void *workspace = arena_alloc(A, attention_workspace(s, d));
     float *comm = s->tp ? arena_floats(A, (size_t)(d.rows + d.BT) * d.D) : NULL;
     void *attn_cast = s->act_dtype != DTYPE_FP32 ? act_carve(s, (size_t)d.BT * d.nq) : NULL;
@@ -445,6 +482,10 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
         }
         return;
     }
+    // What forward did not keep, carved first: the input part keeps it for the weight part.
+    LayerCheap recomputed = layer_recomputed(b, L, s);
+    layer_carve_cheap(L, s, sv, d, recomputed);
+    if (!step_sizing(s)) layer_recompute_cheap(L, s, sv, d, x, recomputed);
     bool split = phase == BLOCK_BACKWARD_INPUT;
     // Each sublayer's scratch: its fp32 gradients, and its casts.
     size_t ffn_floats = (size_t)d.BT * (3 * (size_t)d.H + d.D);

@@ -80,11 +80,12 @@ void decoder_parallelize_tp(Model *m, const Tp *tp);
 // Bytes one rank hands to the tp group per microbatch of B x T (comm.h's accounting: each
 // operation's local input): every sequence-parallel seam (all-gather of rows before a colwise
 // projection, reduce-scatter after a rowwise one; embedding, 4 per layer over forward and
-// backward, 2 more per layer when checkpointing re-runs forward, head) moves (BT + BT/tp) * dim
-// floats, and the loss 3 * BT floats (loss parallel) or the gathered logits; of blocks
-// [first_block, last_block) only (a pipeline stage's; 0 and n_layers + 2: the whole model).
+// backward, 2 more for each of the recomputed_layers whose forward checkpointing re-runs, head)
+// moves (BT + BT/tp) * dim floats, and the loss 3 * BT floats (loss parallel) or the gathered
+// logits; of blocks [first_block, last_block) only (a pipeline stage's; 0 and n_layers + 2:
+// the whole model).
 uint64_t decoder_tp_bytes_per_microbatch(const DecoderArgs *args, int tp, int B, int T,
-                                         bool activation_checkpoint, bool loss_parallel,
+                                         int recomputed_layers, bool loss_parallel,
                                          int first_block, int last_block);
 
 // ---- incremental decoding (decode.c) ------------------------------------------------------

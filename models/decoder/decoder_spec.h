@@ -14,7 +14,7 @@ void decoder_spec_build(Model *m, const ModelArgs *a, bool activation_checkpoint
 const char *decoder_spec_tp_check(const ModelArgs *a, int tp, int B, int T, char *err,
                                   size_t len);
 uint64_t decoder_spec_tp_bytes_per_microbatch(const ModelArgs *a, int tp, int B, int T,
-                                              bool activation_checkpoint, bool loss_parallel,
+                                              int recomputed_layers, bool loss_parallel,
                                               int first_block, int last_block);
 int decoder_spec_describe(const ModelArgs *a, CkptAttr *out);
 void *decoder_spec_kv_cache_new(const Model *m, int max_ctx);

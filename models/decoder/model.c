@@ -206,12 +206,13 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
     add_linears(m, l);
 
     m->blocks = xcalloc((size_t)m->n_blocks, sizeof(Block));
-    m->blocks[0] = (Block){&DECODER_EMBED_OPS, &l->embed, false, 1};
+    m->blocks[0] = (Block){.ops = &DECODER_EMBED_OPS, .self = &l->embed, .n_params = 1};
     for (int i = 0; i < a->n_layers; i++)
-        m->blocks[i + 1] =
-            (Block){&DECODER_LAYER_OPS, &l->layers[i], activation_checkpoint, layer_params};
-    m->blocks[m->n_blocks - 1] =
-        (Block){&DECODER_HEAD_OPS, &l->head, false, a->tie_word_embeddings ? 1 : 2};
+        m->blocks[i + 1] = (Block){.ops = &DECODER_LAYER_OPS, .self = &l->layers[i],
+                                   .checkpointed = activation_checkpoint,
+                                   .n_params = layer_params};
+    m->blocks[m->n_blocks - 1] = (Block){.ops = &DECODER_HEAD_OPS, .self = &l->head,
+                                         .n_params = a->tie_word_embeddings ? 1 : 2};
     count_flops(m, a, a->max_seq_len, l->embed.tok_embeddings);
     model_slots_init(&m->slots, m);
 }

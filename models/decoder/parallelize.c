@@ -65,7 +65,7 @@ void decoder_parallelize_tp(Model *m, const Tp *tp) {
 }
 
 uint64_t decoder_tp_bytes_per_microbatch(const DecoderArgs *args, int tp, int B, int T,
-                                         bool activation_checkpoint, bool loss_parallel,
+                                         int recomputed_layers, bool loss_parallel,
                                          int first_block, int last_block) {
     bool embed = first_block == 0, head = last_block == args->n_layers + 2;
     uint64_t L = (uint64_t)(last_block - first_block - embed - head);
@@ -73,13 +73,13 @@ uint64_t decoder_tp_bytes_per_microbatch(const DecoderArgs *args, int tp, int B,
     // A MoE FFN has no seam (it runs on the rank's rows); its balance loss all-reduces its
     // sequences' statistics, 2 B E floats, in every forward and recompute.
     bool moe = decoder_has_moe(args);
-    uint64_t per_layer = moe ? 2 : 4, forwards = activation_checkpoint ? 2 : 1;
-    uint64_t seams = embed + head + per_layer * L + (activation_checkpoint ? per_layer / 2 * L : 0);
+    uint64_t per_layer = moe ? 2 : 4, forwards = L + (uint64_t)recomputed_layers;
+    uint64_t seams = embed + head + per_layer * L + per_layer / 2 * (uint64_t)recomputed_layers;
     uint64_t loss = !head            ? 0
                     : loss_parallel ? 3 * bt
                                     : bt * (uint64_t)args->vocab_size / (uint64_t)tp;
     uint64_t aux = moe && args->moe.aux_loss_alpha > 0
-                       ? L * forwards * 2 * (uint64_t)B * (uint64_t)args->moe.router.n_experts
+                       ? forwards * 2 * (uint64_t)B * (uint64_t)args->moe.router.n_experts
                        : 0;
     return 4 * (seams * (bt + bt / (uint64_t)tp) * (uint64_t)args->dim + loss + aux);
 }

@@ -32,9 +32,9 @@ const char *decoder_spec_tp_check(const ModelArgs *a, int tp, int B, int T, char
 }
 
 uint64_t decoder_spec_tp_bytes_per_microbatch(const ModelArgs *a, int tp, int B, int T,
-                                              bool activation_checkpoint, bool loss_parallel,
+                                              int recomputed_layers, bool loss_parallel,
                                               int first_block, int last_block) {
-    return decoder_tp_bytes_per_microbatch(decoder_args_of(a), tp, B, T, activation_checkpoint,
+    return decoder_tp_bytes_per_microbatch(decoder_args_of(a), tp, B, T, recomputed_layers,
                                            loss_parallel, first_block, last_block);
 }
 

@@ -202,7 +202,8 @@ static void count_flops(Model *m, const Flux *f) {
 // Block i's parameters: those added since the table had `before`.
 static Block block_of(const BlockOps *ops, void *self, bool checkpointed, const Model *m,
                       int before) {
-    return (Block){ops, self, checkpointed, m->params.count - before};
+    return (Block){.ops = ops, .self = self, .checkpointed = checkpointed,
+                   .n_params = m->params.count - before};
 }
 
 void flux_build(Model *m, const FluxArgs *args, bool activation_checkpoint) {

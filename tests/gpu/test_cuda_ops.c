@@ -1040,6 +1040,27 @@ static void check_adamw(size_t n, int step) {
     pair_free(&a.p), pair_free(&a.g), pair_free(&a.m), pair_free(&a.v);
 }
 
+typedef struct {
+    Pair ema, p;
+    size_t n;
+} EmaArgs;
+
+static void ema_run(int s, void *ctx) {
+    EmaArgs *a = ctx;
+    side[s]->ema_update(F(a->ema, s), F(a->p, s), a->n, 0.25f);
+}
+
+// The average moves by a quarter of its distance to the weights: its error is normalised by
+// that move (cuda may fuse the multiply-add, the cpu rounds twice).
+static void check_ema(size_t n) {
+    EmaArgs a = {pair_random(n, -1, 1), pair_random(n, -1, 1), n};
+    char shape[32];
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    Output out[] = {{"ema", &a.ema, NULL, CMP_INCREMENT, BOUND_FP32}};
+    op_check("ema_update", shape, ema_run, &a, out, 1);
+    pair_free(&a.ema), pair_free(&a.p);
+}
+
 // ---- diffusion transformer (FLUX) ------------------------------------------------------------
 
 typedef struct {
@@ -1727,7 +1748,7 @@ static int table_holes(const KernelOps *k) {
     NEED(moe_router_forward), NEED(moe_router_backward), NEED(moe_sort), NEED(moe_permute);
     NEED(moe_unpermute), NEED(moe_weight_grad), NEED(grouped_matmul), NEED(moe_aux_stats);
     NEED(moe_aux_backward);
-    NEED(to_bf16), NEED(from_bf16), NEED(adamw_update);
+    NEED(to_bf16), NEED(from_bf16), NEED(adamw_update), NEED(ema_update);
     NEED(float8_amax), NEED(float8_quantize), NEED(matmul_float8_workspace_bytes);
     NEED(matmul_float8), NEED(float8_transpose), NEED(grouped_matmul_float8_workspace_bytes);
     NEED(grouped_matmul_float8);
@@ -1790,6 +1811,8 @@ static void check_all(void) {
     check_adamw(5, 1);
     check_adamw(((size_t)1 << 24) + 5, 1);
     check_adamw(((size_t)1 << 24) + 5, 10);
+    check_ema(5);
+    check_ema(((size_t)1 << 24) + 5);
     check_float8();
 }
 

@@ -61,7 +61,8 @@ echo "    (16 ranks in $((SECONDS - started)) s)"
 # here, 11% of the debug model's 6 layers' activations whatever T); the 1-rank run at 4T needs
 # 4x. allgather's workspace holds the whole sequence's K/V instead, so the ring is the method
 # for long context.
-long=(${SMALL[@]} --training.local_batch_size 1 --training.steps 10 --lr_scheduler.warmup_steps 2)
+long=(${SMALL[@]} --training.local_batch_size 1 --training.steps 10 --lr_scheduler.warmup_steps 2
+      --activation_checkpoint.mode none)
 activations() { sed -n 's/.*memory per rank: .* activations \([0-9.]*\) MiB .*/\1/p' "$1"; }
 $TITAN "${long[@]}" --training.seq_len 256 --training.steps 1 --job.dump_folder "$SCRATCH/T" \
   >"$SCRATCH/T.log" 2>&1 || fail "the 1-rank run at seq_len 256 failed"

@@ -9,8 +9,8 @@ train() {  # dump folder, extra args...
   local out=$1; shift
   $TITAN "${SMALL[@]}" --training.steps 8 --job.dump_folder "$out" "$@" >"$out.log"
 }
-train "$SCRATCH/a"
-train "$SCRATCH/b"
+train "$SCRATCH/a" --activation_checkpoint.mode none
+train "$SCRATCH/b" --activation_checkpoint.mode none
 train "$SCRATCH/ac" --activation_checkpoint.mode full
 train "$SCRATCH/seed1" --training.seed 1
 

@@ -33,7 +33,7 @@ rows() { awk -v f="$(free_gib)" -v r="$1" -v x="$2" 'BEGIN {printf "%d", x * f /
 batch=$(rows "$(per_row none)" 1.5)
 expect_user_error "$NEEDS; try activation_checkpoint.mode full \(activations [0-9.]+ GiB -> [0-9.]+ GiB\)" \
   $TITAN "${SMALL[@]}" --training.seq_len 2048 --training.local_batch_size "$batch" \
-  --job.dump_folder "$SCRATCH/ac"
+  --activation_checkpoint.mode none --job.dump_folder "$SCRATCH/ac"
 batch=$(rows "$(per_row full)" 3)
 expect_user_error "$NEEDS; try a smaller training.local_batch_size \(activations are [0-9.]+ GiB\)" \
   $TITAN "${SMALL[@]}" --training.seq_len 2048 --training.local_batch_size "$batch" \

@@ -319,9 +319,6 @@ static void test_check_supported(void **state) {
     supported_error_is("--parallelism.expert_tensor_parallel_degree=2",
                        "--parallelism.expert_tensor_parallel_degree: "
                        "parallelism.expert_tensor_parallel_degree = 2 is not implemented yet");
-    supported_error_is("--activation_checkpoint.mode=selective",
-                       "--activation_checkpoint.mode: activation_checkpoint.mode = 'selective' is "
-                       "not implemented yet");
     supported_error_is("--float8.recipe_name=rowwise",
                        "--float8.recipe_name: float8.recipe_name = 'rowwise' does nothing: "
                        "model.converters has no float8");
