@@ -992,7 +992,6 @@ static const Implemented IMPLEMENTED[] = {
     {"activation_checkpoint.mode", {"none", "full"}},
     {"profiling.enable_profiling", {"false"}},
     {"profiling.enable_memory_snapshot", {"false"}},
-    {"metrics.enable_tensorboard", {"false"}},
     {"metrics.enable_wandb", {"false"}},
 };
 
