@@ -32,9 +32,9 @@ typedef struct {
 } StepMetrics;
 
 typedef struct {
-    FILE *jsonl;  // NULL on ranks that do not write a file
-    bool color;   // the console line in ANSI colors, as torchtitan's (a terminal, not disabled)
-    TbWriter tb;  // tb.file NULL: no TensorBoard events
+    FILE *jsonl;      // NULL on ranks that do not write a file
+    bool color;       // the console line in ANSI colors, as torchtitan's (a terminal, not disabled)
+    TbWriter tb;      // tb.file NULL: no TensorBoard events
     char lr_tag[64];  // torchtitan's "lr/<optimizer>"
 } MetricsLog;
 
