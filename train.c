@@ -698,8 +698,11 @@ static void train(Trainer *t) {
     double started = now_seconds(), waited_before = comm_wait_seconds();
     int rank = t->mesh.world_rank;
     MetricsLog log = {.color = !c->metrics.disable_color_printing && isatty(STDOUT_FILENO)};
-    if (rank == 0 || c->metrics.save_for_all_ranks)
+    if (rank == 0 || c->metrics.save_for_all_ranks) {
         metrics_open(&log, c->job.dump_folder, rank, t->progress.step);
+        if (c->metrics.enable_tensorboard)
+            metrics_open_tensorboard(&log, c, rank, t->progress.step);
+    }
     // Tokens per device, as torchtitan: the ranks of a tp group, and of a pipeline, share
     // their tokens; a cp rank holds 1/cp of each sequence.
     const int *size = t->mesh.layout.size;

@@ -993,7 +993,6 @@ static const Implemented IMPLEMENTED[] = {
     {"parallelism.expert_tensor_parallel_degree", {"1"}},
     {"checkpoint.async_mode", {"disabled", "async"}},
     {"checkpoint.load_only", {"false"}},
-    {"metrics.enable_tensorboard", {"false"}},
     {"metrics.enable_wandb", {"false"}},
 };
 

@@ -53,6 +53,36 @@ void metrics_open(MetricsLog *log, const char *dump_folder, int rank, int64_t re
     if (!log->jsonl) die_user("cannot write %s: %s", path, strerror(errno));
 }
 
+void metrics_open_tensorboard(MetricsLog *log, const Config *c, int rank, int64_t resumed_step) {
+    char folder[8192 + 32];
+    int n = snprintf(folder, sizeof folder, "%s/%s", c->job.dump_folder,
+                     c->metrics.save_tb_folder);
+    if (c->metrics.save_for_all_ranks)  // torchtitan's layout: a TensorBoard run per rank
+        snprintf(folder + n, sizeof folder - n, "/rank_%d", rank);
+    tb_open(&log->tb, folder, resumed_step + 1);
+    snprintf(log->lr_tag, sizeof log->lr_tag, "lr/%s", c->optimizer.name);
+    log_info("tensorboard: events in %s", log->tb.path);
+}
+
+// The step's figures under torchtitan's tags (torchtitan/components/metrics.py); memory is
+// this process's peak resident set (torchtitan's memory/* tags are the device allocator's).
+static void tensorboard_write(MetricsLog *log, const StepMetrics *m) {
+    TbWriter *tb = &log->tb;
+    tb_add_scalar(tb, "loss_metrics/global_avg_loss", m->step, m->loss);
+    tb_add_scalar(tb, "grad_norm", m->step, m->grad_norm);
+    tb_add_scalar(tb, log->lr_tag, m->step, m->lr);
+    tb_add_scalar(tb, "throughput(tps)", m->step, m->tokens_per_s);
+    tb_add_scalar(tb, "tflops", m->step, m->tflops);
+    if (!isnan(m->mfu)) tb_add_scalar(tb, "mfu(%)", m->step, m->mfu);
+    tb_add_scalar(tb, "memory/peak_rss(GiB)", m->step, m->peak_memory_gib);
+    if (m->expert_load_max > 0) {
+        tb_add_scalar(tb, "moe/expert_load_max", m->step, m->expert_load_max);
+        tb_add_scalar(tb, "moe/expert_load_mean", m->step, m->expert_load_mean);
+    }
+    if (!isnan(m->aux_loss)) tb_add_scalar(tb, "moe/aux_loss", m->step, m->aux_loss);
+    tb_flush(tb);
+}
+
 // torchtitan's colors for the step line's fields, in order: step, loss, grad_norm, lr, tok/s,
 // TFLOP/s, MFU, memory; then the reset.
 static const char *const COLORS[] = {"\033[31m", "\033[32m", "\033[38;2;255;165;0m", "\033[37m",
@@ -60,15 +90,15 @@ static const char *const COLORS[] = {"\033[31m", "\033[32m", "\033[38;2;255;165;
 #define N_COLORS (sizeof COLORS / sizeof COLORS[0])
 
 void metrics_write(MetricsLog *log, const StepMetrics *m) {
-    char mfu[32], mfu_json[32], load[128] = "", load_json[224] = "";
+    char mfu[32], mfu_json[32], load[128] = "", load_json[256] = "";
     bool known = !isnan(m->mfu);
     snprintf(mfu, sizeof mfu, known ? "%5.2f%%" : "  n/a", m->mfu);
-    snprintf(mfu_json, sizeof mfu_json, known ? "%.6g" : "null", m->mfu);
+    snprintf(mfu_json, sizeof mfu_json, known ? "%.17g" : "null", m->mfu);
     if (m->expert_load_max > 0) {
         snprintf(load, sizeof load, "  load max %.2f mean %.2f", m->expert_load_max,
                  m->expert_load_mean);
         snprintf(load_json, sizeof load_json,
-                 ", \"expert_load_max\": %.6g, \"expert_load_mean\": %.6g", m->expert_load_max,
+                 ", \"expert_load_max\": %.17g, \"expert_load_mean\": %.17g", m->expert_load_max,
                  m->expert_load_mean);
     }
     if (!isnan(m->aux_loss)) {
@@ -93,9 +123,11 @@ void metrics_write(MetricsLog *log, const StepMetrics *m) {
              c[0], m->step, c[1], m->loss, c[2], m->grad_norm, c[3], m->lr, c[4], m->tokens_per_s,
              c[5], m->tflops, c[6], mfu, c[7], m->peak_memory_gib, c[8], load);
     if (!log->jsonl) return;  // not a logging rank
+    if (log->tb.file) tensorboard_write(log, m);
     fprintf(log->jsonl,
             "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
-            "\"tokens_per_s\": %.6g, \"tflops\": %.6g, \"mfu\": %s, \"peak_memory_gib\": %.6g%s}\n",
+            "\"tokens_per_s\": %.17g, \"tflops\": %.17g, \"mfu\": %s, "
+            "\"peak_memory_gib\": %.17g%s}\n",
             m->step, m->loss, m->grad_norm, m->lr, m->tokens_per_s, m->tflops, mfu_json,
             m->peak_memory_gib, load_json);
     fflush(log->jsonl);
@@ -104,6 +136,10 @@ void metrics_write(MetricsLog *log, const StepMetrics *m) {
 void metrics_write_validation(MetricsLog *log, int step, double loss) {
     log_info("validate step %5d  loss %8.4f", step, loss);
     if (!log->jsonl) return;
+    if (log->tb.file) {
+        tb_add_scalar(&log->tb, "validation_metrics/loss", step, loss);
+        tb_flush(&log->tb);
+    }
     fprintf(log->jsonl, "{\"step\": %d, \"validation_loss\": %.17g}\n", step, loss);
     fflush(log->jsonl);
 }
@@ -111,6 +147,7 @@ void metrics_write_validation(MetricsLog *log, int step, double loss) {
 void metrics_close(MetricsLog *log) {
     if (log->jsonl) fclose(log->jsonl);
     log->jsonl = NULL;
+    tb_close(&log->tb);
 }
 
 double metrics_peak_rss_gib(void) {

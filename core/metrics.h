@@ -1,11 +1,15 @@
 // Step metrics: one console line per log step on rank 0 and the same figures, at full
 // precision, as one JSON object per line in <dump_folder>/metrics.jsonl (rank 0), and, under
-// metrics.save_for_all_ranks, in <dump_folder>/metrics_rank<r>.jsonl for every other rank r.
+// metrics.save_for_all_ranks, in <dump_folder>/metrics_rank<r>.jsonl for every other rank r;
+// with metrics.enable_tensorboard, as TensorBoard scalars too (core/tensorboard.h).
 #pragma once
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "core/config.h"
+#include "core/tensorboard.h"
 
 typedef struct {
     int step;
@@ -28,14 +32,21 @@ typedef struct {
 } StepMetrics;
 
 typedef struct {
-    FILE *jsonl;  // NULL on ranks that do not write a file
-    bool color;   // the console line in ANSI colors, as torchtitan's (a terminal, not disabled)
+    FILE *jsonl;      // NULL on ranks that do not write a file
+    bool color;       // the console line in ANSI colors, as torchtitan's (a terminal, not disabled)
+    TbWriter tb;      // tb.file NULL: no TensorBoard events
+    char lr_tag[64];  // torchtitan's "lr/<optimizer>"
 } MetricsLog;
 
 // Opens rank's file in dump_folder. A run resumed at step `resumed_step` keeps the file's
 // rows of steps up to it (the history before the checkpoint) and drops those after it, which
 // the run writes again; resumed_step 0 (a fresh run) starts an empty file.
 void metrics_open(MetricsLog *log, const char *dump_folder, int rank, int64_t resumed_step);
+// The same figures as TensorBoard scalars, under torchtitan's tags, in an events file of
+// <dump_folder>/<metrics.save_tb_folder> (in its rank_<r> subfolder for every rank under
+// metrics.save_for_all_ranks); from step resumed_step + 1 on, hiding the folder's events of
+// the steps this run logs again (tb_open).
+void metrics_open_tensorboard(MetricsLog *log, const Config *c, int rank, int64_t resumed_step);
 void metrics_write(MetricsLog *log, const StepMetrics *m);
 // The validation loss after `step` (torchtitan's "validate step" line).
 void metrics_write_validation(MetricsLog *log, int step, double loss);

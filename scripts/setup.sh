@@ -19,6 +19,8 @@ PACKAGES=(
   clang-14 libclang-rt-14-dev libomp-14-dev   # `make fuzz`: libFuzzer, its sanitizers, OpenMP
   python3-torch python3-numpy python3-h5py python3-yaml   # the PyTorch reference tests
   python3-sklearn                     # the bundled 8x8 digits of scripts/flux_preprocess.py
+  python3-venv                        # test_tensorboard's venv of PyPI's tensorboard (its reader)
+  python3-matplotlib                  # scripts/plot_metrics
   slurm-wlm munge                     # the one-node Slurm cluster of tests/integration/slurm.sh
 )
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make sanitize`: the unit tests and short trainings (tokenize the Austen text, then 3 steps of
-# the debug model on 1 rank, on 2 ranks with FSDP and on 2 pipeline stages, context and expert
-# parallel on 2 ranks, and the bad-input test's refusals) under AddressSanitizer and
-# UndefinedBehaviorSanitizer, as built by `make SANITIZE=1` in build/sanitize. Any sanitizer
-# report fails the run (env.sh); each step prints one line with its time.
+# the debug model, writing TensorBoard events too, on 1 rank, on 2 ranks with FSDP and on 2
+# pipeline stages, context and expert parallel on 2 ranks, and the bad-input test's refusals)
+# under AddressSanitizer and UndefinedBehaviorSanitizer, as built by `make SANITIZE=1` in
+# build/sanitize. Any sanitizer report fails the run (env.sh); each step prints one line with
+# its time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/sanitize/env.sh
@@ -41,7 +42,8 @@ DATA=$SCRATCH/austen.bin
 step tokenize "$TITAN" tokenize --tokenizer bytes --out "$DATA" ../shared/data/corpus/austen.txt
 TRAIN=(--config configs/debug_model.yaml --training.dataset_path "$DATA"
        --model.tokenizer_path null --training.seq_len 64 --training.local_batch_size 2
-       --training.steps 3 --metrics.log_freq 1 --job.dump_folder "$SCRATCH/out")
+       --training.steps 3 --metrics.log_freq 1 --metrics.enable_tensorboard
+       --job.dump_folder "$SCRATCH/out")
 export "$MPI_UNWIND"
 step train_1_rank env OMP_NUM_THREADS=2 "$TITAN" "${TRAIN[@]}"
 step train_2_ranks mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x ASAN_OPTIONS \
