@@ -186,6 +186,9 @@ static const KeySpec KEYS[] = {
     {K_BOOL(training, document_masking), .def = "false",
      .help = "Attention stays within each document of a packed window (a document ends at the "
              "tokenizer's end-of-text token; torchtitan's block_causal mask)"},
+    {K_FLOAT(training, classifier_free_guidance_prob, 0, 1), .def = "0.0",
+     .help = "FLUX: each example's T5 and CLIP encodings are each replaced by the empty "
+             "prompt's with this chance (classifier-free guidance dropout)"},
 
     {K_INT(parallelism, data_parallel_replicate_degree, 1, INT32_MAX), .def = "1",
      .help = "Data-parallel degree with replicated weights (DDP/HSDP); 1 = off"},

@@ -108,6 +108,7 @@ typedef struct {
     int64_t seed;  // torchtitan: None; titan seeds 0 so that runs are reproducible by default
     bool deterministic;
     bool document_masking;
+    double classifier_free_guidance_prob;  // FLUX: chance that an example's prompt is dropped
 } TrainingSection;
 
 typedef struct {
