@@ -46,21 +46,29 @@ typedef struct {
 } SampleOptions;
 
 static bool set_option(SampleOptions *o, const char *f, const char *value) {
-    if (!strcmp(f, "--checkpoint")) o->checkpoint = generate_need(f, value);
-    else if (!strcmp(f, "--data")) o->data = generate_need(f, value);
-    else if (!strcmp(f, "--out")) o->out = generate_need(f, value);
-    else if (!strcmp(f, "--prompt")) {
+    if (!strcmp(f, "--checkpoint")) {
+        o->checkpoint = generate_need(f, value);
+    } else if (!strcmp(f, "--data")) {
+        o->data = generate_need(f, value);
+    } else if (!strcmp(f, "--out")) {
+        o->out = generate_need(f, value);
+    } else if (!strcmp(f, "--prompt")) {
         if (o->n_prompts == MAX_PROMPTS) die_user("--prompt: at most %d prompts", MAX_PROMPTS);
         o->prompts[o->n_prompts++] = generate_need(f, value);
-    } else if (!strcmp(f, "--samples")) o->samples = generate_parse_long(f, generate_need(f, value), 1, 4096);
-    else if (!strcmp(f, "--steps")) o->steps = generate_parse_long(f, generate_need(f, value), 1, 100000);
-    else if (!strcmp(f, "--seed")) o->seed = generate_parse_long(f, generate_need(f, value), 0, LONG_MAX);
-    else if (!strcmp(f, "--cfg-scale"))
+    } else if (!strcmp(f, "--samples")) {
+        o->samples = generate_parse_long(f, generate_need(f, value), 1, 4096);
+    } else if (!strcmp(f, "--steps")) {
+        o->steps = generate_parse_long(f, generate_need(f, value), 1, 100000);
+    } else if (!strcmp(f, "--seed")) {
+        o->seed = generate_parse_long(f, generate_need(f, value), 0, LONG_MAX);
+    } else if (!strcmp(f, "--cfg-scale")) {
         o->cfg_scale = generate_parse_double(f, generate_need(f, value), -1e6, 1e6);
-    else if (!strcmp(f, "--guidance")) {
+    } else if (!strcmp(f, "--guidance")) {
         o->guidance = generate_parse_double(f, generate_need(f, value), 0, 1e6);
         o->guidance_set = true;
-    } else return false;
+    } else {
+        return false;
+    }
     return true;
 }
 

@@ -68,23 +68,25 @@ const ModelSpec *model_spec_of_hf(const char *dir, ModelArgs *a) {
         return typed;
     }
     for (int i = 0; i < N_SPECS; i++) {
-        snprintf(why[i], sizeof why[i], "%s", "");
-        if (SPECS[i]->try_args_from_hf && SPECS[i]->try_args_from_hf(dir, a, why[i], sizeof why[i]))
-            return SPECS[i];
+        why[i][0] = '\0';  // stays empty for an architecture without a Hugging Face format
+        bool (*try_args)(const char *, ModelArgs *, char *, size_t) = SPECS[i]->try_args_from_hf;
+        if (try_args && try_args(dir, a, why[i], sizeof why[i])) return SPECS[i];
     }
     char all[N_SPECS * 1040] = "";
     for (int i = 0; i < N_SPECS; i++) {
-        if (!*why[i]) continue;  // an architecture without a Hugging Face format
+        if (!why[i][0]) continue;
         bool repeated = false;
         for (int j = 0; j < i; j++) repeated |= !strcmp(why[i], why[j]);
         if (!repeated)
-            snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s", *all ? "; " : "", why[i]);
+            snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s", all[0] ? "; " : "",
+                     why[i]);
     }
     die_user("%s", all);
 }
 
 void model_spec_require_hf(const ModelSpec *spec, const char *what) {
-    if (!spec->load_hf) die_user("%s: model %s has no Hugging Face format in titan", what, spec->name);
+    if (!spec->load_hf)
+        die_user("%s: model %s has no Hugging Face format in titan", what, spec->name);
 }
 
 const ModelSpec *model_spec_llama2c(void) {

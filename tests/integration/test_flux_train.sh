@@ -35,7 +35,8 @@ train_ranks full 1 "${RESUME[@]}"
 mkdir -p "$SCRATCH/part/checkpoint"
 cp "$SCRATCH/full/checkpoint/step-6.h5" "$SCRATCH/part/checkpoint/"
 train_ranks part 1 "${RESUME[@]}"
-same_metrics "flux resumed at step 6" "$SCRATCH/full/metrics.jsonl" "$SCRATCH/part/metrics.jsonl" 7 0
+same_metrics "flux resumed at step 6" "$SCRATCH/full/metrics.jsonl" \
+  "$SCRATCH/part/metrics.jsonl" 7 0
 cmp <(h5dump -d /model/final_layer.linear.weight "$SCRATCH/full/checkpoint/step-12.h5" | tail -n +2) \
     <(h5dump -d /model/final_layer.linear.weight "$SCRATCH/part/checkpoint/step-12.h5" | tail -n +2) ||
   fail "the resumed run's weights differ from the whole run's"
