@@ -76,7 +76,7 @@ endif
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 TOOLS    := $(patsubst tests/reference/%.c,$(BUILD)/tests/%,$(wildcard tests/reference/*.c))
 
-.PHONY: all test run setup clean check train-default gpu sanitize fuzz
+.PHONY: all test run setup clean check train-default gpu sanitize fuzz flux
 all: $(TITAN)
 
 $(BUILD)/%.o: %.c
@@ -177,6 +177,17 @@ check: $(TITAN) $(UNIT_TESTS) $(TOOLS)
 
 train-default: $(TITAN)
 	@bash scripts/run_default.sh
+
+# FLUX on the bundled digits (README "FLUX training"): the shards, flux-digits trained for 600
+# steps, then a grid of 8 samples of each digit.
+FLUX_PROMPTS := $(foreach d,0 1 2 3 4 5 6 7 8 9,--prompt "a handwritten digit $(d)")
+flux: $(TITAN)
+	/usr/bin/python3 scripts/flux_preprocess.py --digits --out outputs/digits
+	rm -rf outputs/flux_digits/checkpoint
+	$(abspath $(TITAN)) --config configs/flux_digits.yaml
+	$(abspath $(TITAN)) generate --checkpoint outputs/flux_digits/checkpoint/step-600.h5 \
+	  --data outputs/digits $(FLUX_PROMPTS) --samples 8 --cfg-scale 4 \
+	  --out outputs/flux_digits/samples.png
 
 clean:
 	rm -rf build titan

@@ -188,6 +188,28 @@ static void mark_float8_gather(Trainer *t) {
     }
 }
 
+// An architecture that reads its own inputs (its spec's ModelData) is checked against the
+// run and opens them, which sets the data's shapes in the args (--estimate reads no files: the
+// flavor's shapes stand); a sample's rows are then the model's whole sequence. The token
+// pipeline's data keys are refused by name when the architecture reads token batches.
+static void setup_model_data(Trainer *t) {
+    const Config *c = &t->cfg;
+    const ModelData *d = t->args.spec->data;
+    char why[512];
+    if (!d) {
+        CHECK(config_key_origin(c, "training.classifier_free_guidance_prob", why, sizeof why));
+        if (strcmp(why, "default") != 0)
+            die_user("%s: training.classifier_free_guidance_prob does nothing: model %s reads "
+                     "token batches", why, c->model.name);
+        return;
+    }
+    if (d->check(c, why, sizeof why)) die_user("%s", why);
+    if (!t->estimate_world_size)
+        t->data = d->open(c, &t->args, mesh_dp_rank(&t->mesh), mesh_dp_size(&t->mesh.layout),
+                          t->train.B);
+    t->train.T = t->train.step_T = model_shape(&t->args).max_seq_len;
+}
+
 static void setup_model(Trainer *t) {
     const Config *c = &t->cfg;
     trainer_model_args(c, &t->args);
@@ -197,6 +219,11 @@ static void setup_model(Trainer *t) {
     spec->update_from_config(&t->args, &c->model,
                              t->tokenizer ? tokenizer_vocab_size(t->tokenizer) : 0,
                              t->train.T > t->val.T ? t->train.T : t->val.T);
+    setup_model_data(t);
+    const CheckpointSection *ck = &c->checkpoint;
+    if (ck->initial_load_in_hf || ck->last_save_in_hf)
+        model_spec_require_hf(spec, ck->initial_load_in_hf ? "checkpoint.initial_load_in_hf"
+                                                           : "checkpoint.last_save_in_hf");
     char why[256];
     int tp = t->mesh.layout.size[MESH_TP];
     if (spec->tp_check(&t->args, tp, t->train.B, t->train.step_T, why, sizeof why) ||
@@ -374,6 +401,10 @@ static void allocate_inputs(Trainer *t) {
     arena_init_sizing(a, "inputs");
     for (int pass = 0; pass < 2; pass++) {  // sizing, then carving the committed arena
         if (pass == 1) arena_commit(a, &t->memory);
+        if (t->data) {
+            t->args.spec->data->carve(t->data, a);
+            continue;
+        }
         for (int i = 0; i < 2; i++) {
             Split *sp = splits[i];
             size_t ids = (size_t)sp->B * sp->step_T;
@@ -384,7 +415,7 @@ static void allocate_inputs(Trainer *t) {
                 sp->step_doc = arena_tensor(a, (size_t)sp->B * sp->T, DTYPE_INT32);
         }
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && !t->data; i++) {
         Split *sp = splits[i];
         sp->batch = (TokenBatch){.tokens = sp->step_tokens, .targets = sp->step_targets,
                                  .pos = sp->step_pos, .doc = sp->step_doc};
@@ -534,7 +565,7 @@ static void setup(Trainer *t) {
     }
     model_place_buffers(&t->model, t->k);
     if (!c->checkpoint.create_seed_checkpoint) {
-        setup_data(t);
+        if (!t->data) setup_data(t);
         allocate_inputs(t);
     }
     // What is already loaded (data, inputs) counts as used when the memory check measures.
@@ -572,10 +603,26 @@ static void setup(Trainer *t) {
 }
 
 // A fresh step context for one batch of the split (the activation arena starts empty).
-static StepCtx step_ctx(Trainer *t, const Split *sp) {
+static StepCtx step_ctx(Trainer *t, const Split *sp, const void *input) {
     arena_release(&t->act_arena, 0);
     return (StepCtx){.k = t->k, .act = &t->act_arena, .B = sp->B, .T = sp->step_T,
-                     .input = &sp->batch};
+                     .input = input};
+}
+
+// The next training microbatch, as the model reads it (StepCtx.input).
+static const void *train_next(Trainer *t) {
+    if (t->data) return t->args.spec->data->next(t->data, t->k);
+    split_next(t->k, &t->train, model_shape(&t->args).vocab_size, t->doc_eos);
+    return &t->train.batch;
+}
+
+int64_t trainer_data_position(const Trainer *t) {
+    return t->data ? t->args.spec->data->position(t->data) : loader_position(&t->train.loader);
+}
+
+void trainer_data_set_position(Trainer *t, int64_t position) {
+    if (t->data) t->args.spec->data->set_position(t->data, position);
+    else loader_set_position(&t->train.loader, position);
 }
 
 // torchtitan's validator: the mean loss over validation.steps batches (-1: one pass over the
@@ -593,7 +640,7 @@ static double validate(Trainer *t) {
             loss += trainer_pipeline_eval(t) / batches;
             continue;
         }
-        StepCtx s = step_ctx(t, v);
+        StepCtx s = step_ctx(t, v, &v->batch);
         loss += model_forward(&t->model, &s) / batches;
     }
     if (t->pipeline) loss = comm_all_reduce_double(t->mesh.group[MESH_PP], loss, COMM_SUM);
@@ -619,14 +666,14 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
     t->k->zero(params->shard_grad, params->shard_numel * sizeof(float));
     double loss = 0, aux = 0;
     for (int mb = 0; mb < t->accum; mb++) {
-        split_next(t->k, &t->train, model_shape(&t->args).vocab_size, t->doc_eos);
+        const void *input = train_next(t);
         if (t->pipeline) {
             double stage_aux;
             loss += trainer_pipeline_step(t, &stage_aux) / t->accum;
             aux += stage_aux / t->accum;
             continue;
         }
-        StepCtx s = step_ctx(t, &t->train);
+        StepCtx s = step_ctx(t, &t->train, input);
         s.loss_scale = 1.0f / t->accum;
         s.expert_load = t->model.moe ? t->model.moe->load : NULL;
         loss += model_forward_backward(&t->model, &s) / t->accum;

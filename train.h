@@ -77,6 +77,8 @@ typedef struct {
     int lr_origin;                // the step the schedule counts from (exclude_from_loading)
     Tokenizer *tokenizer;         // NULL when the data is pre-tokenized and none is named
     Split train, val;             // val is used when validation.enable
+    void *data;                   // the model's own training data (its spec's ModelData), read
+                                  // instead of train's token batches; NULL: token batches
     int accum;                    // microbatches per step
     int doc_eos;                  // training.document_masking: the token that ends a document;
                                   // -1: off
@@ -89,6 +91,10 @@ typedef struct {
 // The args of the model the config names (model.name, model.flavor), before the run's
 // settings: die_user naming the key that names none.
 void trainer_model_args(const Config *c, ModelArgs *args);
+// The training data's position (examples or windows consumed by all ranks): a checkpoint's
+// data-loader state, and back.
+int64_t trainer_data_position(const Trainer *t);
+void trainer_data_set_position(Trainer *t, int64_t position);
 // train_checkpoint.c: torchtitan's checkpoint policy over checkpoint/train_state.h.
 void trainer_load_or_initialize(Trainer *t);
 void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted);

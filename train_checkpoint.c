@@ -148,7 +148,7 @@ static void save_job_describe(Trainer *t, SaveJob *j) {
 // The step's part; retention (checkpoint.keep_latest_k) is rank 0's alone, after the write.
 static void save_job_prepare(Trainer *t, SaveJob *j, const char *path, bool with_optimizer,
                              bool prune) {
-    if (t->train.B > 0) t->progress.windows_consumed = loader_position(&t->train.loader);
+    if (t->train.B > 0) t->progress.windows_consumed = trainer_data_position(t);
     snprintf(j->path, sizeof j->path, "%s", path);
     j->with_optimizer = with_optimizer;
     j->progress = t->progress;
@@ -292,7 +292,7 @@ static void load_full(Trainer *t, HostState *h, const char *path) {
     h->ema_loaded = train_state_load(path, &h->params, optimizer ? &h->opt : NULL, &t->progress);
     if (excluded(t, "dataloader")) t->progress.windows_consumed = 0;
     if (excluded(t, "lr_scheduler")) t->lr_origin = (int)t->progress.step;
-    loader_set_position(&t->train.loader, t->progress.windows_consumed);
+    trainer_data_set_position(t, t->progress.windows_consumed);
 }
 
 // Resuming this run's own step file: it must be the checkpoint its name says.

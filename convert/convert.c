@@ -68,6 +68,7 @@ static void table_build(Model *m, const ModelArgs *args, ParamTable *params, flo
 static void to_hf(const ConvertOptions *o) {
     Config trained;
     const ModelSpec *spec = model_spec_of_checkpoint(o->from, &trained);
+    model_spec_require_hf(spec, "convert --to hf");
     ModelArgs args;
     spec->args_from_checkpoint(o->from, &args);
     spec->update_from_config(&args, NULL, 0, (int)trained.training.seq_len);

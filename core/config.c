@@ -190,6 +190,9 @@ static const KeySpec KEYS[] = {
      .help = "titan: keep an exponential moving average of the weights, ema = decay ema + "
              "(1 - decay) w after each optimizer step, sharded and checkpointed as the "
              "optimizer state (generate and convert read it with --ema); 0 = off"},
+    {K_FLOAT(training, classifier_free_guidance_prob, 0, 1), .def = "0.0",
+     .help = "FLUX: each example's T5 and CLIP encodings are each replaced by the empty "
+             "prompt's with this chance (classifier-free guidance dropout)"},
 
     {K_INT(parallelism, data_parallel_replicate_degree, 1, INT32_MAX), .def = "1",
      .help = "Data-parallel degree with replicated weights (DDP/HSDP); 1 = off"},

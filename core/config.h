@@ -109,6 +109,7 @@ typedef struct {
     bool deterministic;
     bool document_masking;
     double ema_decay;  // titan: the weights' exponential moving average; 0 = off
+    double classifier_free_guidance_prob;  // FLUX: chance that an example's prompt is dropped
 } TrainingSection;
 
 typedef struct {

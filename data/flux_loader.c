@@ -38,7 +38,7 @@ static int64_t example_at(FluxLoader *l, int64_t q) {
     return l->order[q % n];
 }
 
-int64_t flux_loader_next(FluxLoader *l, const FluxBatch *b) {
+int64_t flux_loader_next(FluxLoader *l, const FluxExamples *b) {
     const FluxShards *s = l->shards;
     size_t latent = (size_t)s->C * s->H * s->W, t5 = (size_t)s->L * s->D_t5;
     int64_t first = l->position + (int64_t)l->dp_rank * l->rows;

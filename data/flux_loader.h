@@ -31,7 +31,7 @@ typedef struct {
     float *clip;      // (rows, D_clip)
     int64_t *index;   // (rows) each row's example: its index in the dataset
     int32_t *labels;  // (rows) each row's class (the set must have labels)
-} FluxBatch;
+} FluxExamples;
 
 void flux_loader_open(FluxLoader *l, FluxShards *shards, uint64_t seed, int dp_rank, int dp_size,
                       int rows);
@@ -39,6 +39,6 @@ void flux_loader_close(FluxLoader *l);
 // This rank's next rows examples into b, then the position moves past the whole global
 // microbatch. Returns the global position of this rank's first row (row k is at that + k): a
 // per-example random draw keyed by it (timestep, noise) is the same on any layout.
-int64_t flux_loader_next(FluxLoader *l, const FluxBatch *b);
+int64_t flux_loader_next(FluxLoader *l, const FluxExamples *b);
 int64_t flux_loader_position(const FluxLoader *l);
 void flux_loader_set_position(FluxLoader *l, int64_t position);

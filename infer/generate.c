@@ -48,7 +48,7 @@ typedef struct {
 
 // ---- options -------------------------------------------------------------------------------
 
-static long parse_long(const char *flag, const char *text, long lo, long hi) {
+long generate_parse_long(const char *flag, const char *text, long lo, long hi) {
     char *end;
     errno = 0;
     long v = strtol(text, &end, 10);
@@ -57,7 +57,7 @@ static long parse_long(const char *flag, const char *text, long lo, long hi) {
     return v;
 }
 
-static double parse_double(const char *flag, const char *text, double lo, double hi) {
+double generate_parse_double(const char *flag, const char *text, double lo, double hi) {
     char *end;
     errno = 0;
     double v = strtod(text, &end);
@@ -66,7 +66,7 @@ static double parse_double(const char *flag, const char *text, double lo, double
     return v;
 }
 
-static const char *need(const char *flag, const char *value) {
+const char *generate_need(const char *flag, const char *value) {
     if (!value) die_user("%s needs a value", flag);
     return value;
 }
@@ -75,23 +75,23 @@ static const char *need(const char *flag, const char *value) {
 // option taking a value.
 static bool set_option(GenOptions *o, const char *f, const char *value) {
     if (strcmp(f, "--checkpoint") == 0)
-        o->checkpoint = need(f, value);
+        o->checkpoint = generate_need(f, value);
     else if (strcmp(f, "--tokenizer") == 0)
-        o->tokenizer = need(f, value);
+        o->tokenizer = generate_need(f, value);
     else if (strcmp(f, "--prompt") == 0)
-        o->prompt = need(f, value);
+        o->prompt = generate_need(f, value);
     else if (strcmp(f, "--prompt-ids") == 0)
-        o->prompt_ids = need(f, value);
+        o->prompt_ids = generate_need(f, value);
     else if (strcmp(f, "--max-new-tokens") == 0)
-        o->max_new_tokens = parse_long(f, need(f, value), 1, INT32_MAX);
+        o->max_new_tokens = generate_parse_long(f, generate_need(f, value), 1, INT32_MAX);
     else if (strcmp(f, "--max-context") == 0)
-        o->max_context = parse_long(f, need(f, value), 2, INT32_MAX);
+        o->max_context = generate_parse_long(f, generate_need(f, value), 2, INT32_MAX);
     else if (strcmp(f, "--temperature") == 0)
-        o->temperature = parse_double(f, need(f, value), 0, 1e6);
+        o->temperature = generate_parse_double(f, generate_need(f, value), 0, 1e6);
     else if (strcmp(f, "--top-p") == 0)
-        o->top_p = parse_double(f, need(f, value), 1e-9, 1);
+        o->top_p = generate_parse_double(f, generate_need(f, value), 1e-9, 1);
     else if (strcmp(f, "--seed") == 0)
-        o->seed = parse_long(f, need(f, value), 0, LONG_MAX);
+        o->seed = generate_parse_long(f, generate_need(f, value), 0, LONG_MAX);
     else
         return false;
     return true;
@@ -165,7 +165,7 @@ typedef struct {
     bool hdf5;           // a titan checkpoint, else a llama2.c .bin
     ModelArgs args;
     Model model;
-    Arena weights, no_grads;  // generation needs no gradients: no_grads is never committed
+    Arena weights;
 } Loaded;
 
 static bool is_hdf5(const char *path) {
@@ -189,6 +189,25 @@ static void read_args(Loaded *l, const char *path) {
     }
 }
 
+void generate_allocate_weights(Model *m, Arena *weights) {
+    Arena no_grads;  // generation needs no gradients: sized, never committed
+    arena_init_sizing(weights, "params");
+    arena_init_sizing(&no_grads, "grads");
+    params_allocate(&m->params, weights, &no_grads);
+    arena_commit(weights, NULL);
+    params_allocate(&m->params, weights, &no_grads);
+}
+
+// The architecture of checkpoint path when it has its own generate (FLUX's sampler), else NULL.
+static const ModelSpec *own_generate(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--checkpoint") && is_hdf5(argv[i + 1])) {
+            const ModelSpec *spec = model_spec_of_checkpoint(argv[i + 1], NULL);
+            return spec->generate_main ? spec : NULL;
+        }
+    return NULL;
+}
+
 // Builds the model for n_ctx positions and loads its weights, or their average (ema), with no
 // gradient buffers.
 static void load_model(Loaded *l, const char *path, int n_ctx, bool ema) {
@@ -196,11 +215,7 @@ static void load_model(Loaded *l, const char *path, int n_ctx, bool ema) {
     spec->update_from_config(&l->args, NULL, 0, n_ctx);
     spec->build(&l->model, &l->args, false);
     ParamTable *t = &l->model.params;
-    arena_init_sizing(&l->weights, "params");
-    arena_init_sizing(&l->no_grads, "grads");
-    params_allocate(t, &l->weights, &l->no_grads);
-    arena_commit(&l->weights, NULL);
-    params_allocate(t, &l->weights, &l->no_grads);
+    generate_allocate_weights(&l->model, &l->weights);
     if (ema && !l->hdf5) die_user("--ema: %s is a llama2.c file, which has no average", path);
     if (ema)
         train_state_load_ema(path, t);
@@ -335,6 +350,8 @@ static void check_prompt(const Ids *p, int vocab_size, const char *path, long ma
 }
 
 int generate_main(int argc, char **argv) {
+    const ModelSpec *own = own_generate(argc, argv);
+    if (own) return own->generate_main(argc, argv);
     GenOptions o;
     parse_options(&o, argc, argv);
     Tokenizer *tok = o.tokenizer ? tokenizer_load(o.tokenizer) : NULL;

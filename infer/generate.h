@@ -1,5 +1,18 @@
 // `titan generate`: a prompt's continuation from a trained model (usage in generate.c).
 #pragma once
 
-// argv[0] is "generate"; returns the exit status (user errors exit 2 through die_user).
+#include "core/arena.h"
+#include "models/model.h"
+
+// argv[0] is "generate"; returns the exit status (user errors exit 2 through die_user). A
+// checkpoint whose architecture has its own generate (ModelSpec.generate_main) goes there.
 int generate_main(int argc, char **argv);
+// FLUX's: images from prompts (infer/flux_sample.c, usage there).
+int flux_generate_main(int argc, char **argv);
+
+// For the commands' options: value, die_user unless given / a number in [lo, hi] (naming flag).
+const char *generate_need(const char *flag, const char *value);
+long generate_parse_long(const char *flag, const char *text, long lo, long hi);
+double generate_parse_double(const char *flag, const char *text, double lo, double hi);
+// Host memory for the parameters of m (built), no gradients: what a checkpoint loads into.
+void generate_allocate_weights(Model *m, Arena *weights);

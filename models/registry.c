@@ -8,7 +8,7 @@
 
 #include "core/errors.h"
 
-static const ModelSpec *const SPECS[] = {&LLAMA3_SPEC, &QWEN3_SPEC};
+static const ModelSpec *const SPECS[] = {&LLAMA3_SPEC, &QWEN3_SPEC, &FLUX_SPEC};
 #define N_SPECS (int)(sizeof SPECS / sizeof SPECS[0])
 
 const ModelSpec *model_spec_find(const char *name) {
@@ -67,16 +67,26 @@ const ModelSpec *model_spec_of_hf(const char *dir, ModelArgs *a) {
         if (!typed->try_args_from_hf(dir, a, why[0], sizeof why[0])) die_user("%s", why[0]);
         return typed;
     }
-    for (int i = 0; i < N_SPECS; i++)
-        if (SPECS[i]->try_args_from_hf(dir, a, why[i], sizeof why[i])) return SPECS[i];
+    for (int i = 0; i < N_SPECS; i++) {
+        why[i][0] = '\0';  // stays empty for an architecture without a Hugging Face format
+        bool (*try_args)(const char *, ModelArgs *, char *, size_t) = SPECS[i]->try_args_from_hf;
+        if (try_args && try_args(dir, a, why[i], sizeof why[i])) return SPECS[i];
+    }
     char all[N_SPECS * 1040] = "";
     for (int i = 0; i < N_SPECS; i++) {
+        if (!why[i][0]) continue;
         bool repeated = false;
         for (int j = 0; j < i; j++) repeated |= !strcmp(why[i], why[j]);
         if (!repeated)
-            snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s", i ? "; " : "", why[i]);
+            snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s", all[0] ? "; " : "",
+                     why[i]);
     }
     die_user("%s", all);
+}
+
+void model_spec_require_hf(const ModelSpec *spec, const char *what) {
+    if (!spec->load_hf)
+        die_user("%s: model %s has no Hugging Face format in titan", what, spec->name);
 }
 
 const ModelSpec *model_spec_llama2c(void) {

@@ -25,6 +25,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "core/config.h"
+#include "models/flux/flux.h"
 #include "models/llama3/llama3.h"
 #include "models/qwen3/qwen3.h"
 #include "models/model.h"
@@ -37,6 +38,7 @@ typedef struct {
     union {
         LlamaArgs llama3;
         Qwen3Args qwen3;
+        FluxArgs flux;
     } as;
 } ModelArgs;
 
@@ -50,6 +52,29 @@ typedef struct {
     bool tie_word_embeddings;  // the head's output weight is the embedding's
     const MoeArgs *moe;        // every block's FFN is this MoE layer (into the args); NULL: dense
 } ModelShape;
+
+// A model's own training inputs (DESIGN.md "Models": StepCtx inputs and the loss belong to the
+// model), for an architecture that does not read token batches. A spec without one (NULL) is
+// fed by the trainer's token pipeline (data/loader.h: text, JSONL, token shards, the TokenBatch
+// the decoders read). The state is the architecture's; the trainer holds it as void *.
+typedef struct {
+    // Why this data cannot feed the run the config describes (one line naming the key: a
+    // layout whose batches it cannot split, a setting it does not read), or NULL.
+    const char *(*check)(const Config *c, char *err, size_t len);
+    // Opens training.dataset_path (die_user on bad input) for data-parallel rank dp_rank of
+    // dp_size, microbatches of rows examples per rank; the data's shapes go into a (the model
+    // must match the data it is trained on).
+    void *(*open)(const Config *c, ModelArgs *a, int dp_rank, int dp_size, int rows);
+    // Carves the step's input tensors from arena (the backend's memory): called on the sizing
+    // arena, then on the committed one, as core/arena.h's two passes.
+    void (*carve)(void *data, Arena *arena);
+    // The next microbatch read, drawn and handed to backend k: what StepCtx.input points to.
+    const void *(*next)(void *data, const KernelOps *k);
+    // Examples consumed by all ranks together: the whole state a checkpoint saves.
+    int64_t (*position)(const void *data);
+    void (*set_position)(void *data, int64_t position);
+    void (*close)(void *data);
+} ModelData;
 
 // The most attributes an architecture describes itself with in a checkpoint.
 #define MODEL_MAX_ATTRS 32
@@ -107,10 +132,16 @@ struct ModelSpec {
     const float *(*decode_step)(const Model *m, void *cache, const KernelOps *k, int token,
                                 int pos);
     void (*kv_cache_free)(void *cache);
+
+    // The training data it reads itself (NULL: token batches, see ModelData).
+    const ModelData *data;
+    // `titan generate` for an architecture that does not decode tokens (NULL: the KV-cache
+    // decoding above): the whole command, argv[0] "generate" (e.g. FLUX's image sampler).
+    int (*generate_main)(int argc, char **argv);
 };
 
 // Each architecture's spec, defined in its folder (models/llama3/spec.c, ...).
-extern const ModelSpec LLAMA3_SPEC, QWEN3_SPEC;
+extern const ModelSpec LLAMA3_SPEC, QWEN3_SPEC, FLUX_SPEC;
 
 // The architecture named name (model.name), or NULL.
 const ModelSpec *model_spec_find(const char *name);
@@ -126,6 +157,9 @@ const ModelSpec *model_spec_of_checkpoint(const char *path, Config *trained);
 // or an unknown model_type, an unreadable file) the first reader that takes it, die_user with
 // each one's (distinct) reason when none does.
 const ModelSpec *model_spec_of_hf(const char *dir, ModelArgs *a);
+// die_user when spec has no Hugging Face format (its load_hf is NULL): "<what>: model <name>
+// has no Hugging Face format in titan".
+void model_spec_require_hf(const ModelSpec *spec, const char *what);
 // The architecture that reads llama2.c files (its args_from_llama2c is set).
 const ModelSpec *model_spec_llama2c(void);
 

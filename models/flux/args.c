@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/errors.h"
 #include "models/flux/flux.h"
 
 // FLUX.1 [schnell] and [dev]: 19 double and 38 single blocks of width 3072, 24 heads of 128
@@ -28,10 +29,28 @@ bool flux_flavor(const char *name, FluxArgs *a) {
         a->txt_len = 256;
         return true;
     }
+    if (!strcmp(name, "flux-digits")) {  // tests and `make flux`: a few CPU minutes on the digits
+        *a = (FluxArgs){.hidden_size = 64, .mlp_ratio = 4.0, .num_heads = 4, .depth = 1,
+                        .depth_single_blocks = 1, .axes_dim = {4, 6, 6}, .theta = 10000,
+                        .qkv_bias = true};
+        flux_args_from_data(a, 1, 16, 16, 8, 64, 32);  // the digits set's shapes
+        return true;
+    }
     return false;
 }
 
-const char *flux_flavor_names(void) { return "flux-debug, flux-schnell, flux-dev"; }
+const char *flux_flavor_names(void) {
+    return "flux-debug, flux-schnell, flux-dev, flux-digits";
+}
+
+void flux_args_from_data(FluxArgs *a, int C, int H, int W, int L, int D_t5, int D_clip) {
+    a->in_channels = a->out_channels = C * FLUX_PATCH * FLUX_PATCH;
+    a->latent_height = H;
+    a->latent_width = W;
+    a->txt_len = L;
+    a->context_in_dim = D_t5;
+    a->vec_in_dim = D_clip;
+}
 
 const char *flux_args_check(const FluxArgs *a, char *err, size_t len) {
     int axes = 0;
@@ -113,4 +132,36 @@ int flux_describe(const FluxArgs *a, CkptAttr out[FLUX_MAX_ATTRS]) {
 #undef INT_ATTR
 #undef REAL_ATTR
     return n;
+}
+
+// A size the checkpoint records: in [1, INT32_MAX] (an int of the args).
+static int size_attr(const char *path, const char *name) {
+    return (int)ckpt_read_int_in(path, name, 1, INT32_MAX);
+}
+
+void flux_args_from_checkpoint(const char *path, FluxArgs *a) {
+    *a = (FluxArgs){
+        .in_channels = size_attr(path, "model.in_channels"),
+        .out_channels = size_attr(path, "model.out_channels"),
+        .vec_in_dim = size_attr(path, "model.vec_in_dim"),
+        .context_in_dim = size_attr(path, "model.context_in_dim"),
+        .hidden_size = size_attr(path, "model.hidden_size"),
+        .mlp_ratio = ckpt_read_double(path, "model.mlp_ratio"),
+        .num_heads = size_attr(path, "model.num_heads"),
+        .depth = (int)ckpt_read_int_in(path, "model.depth", 0, INT32_MAX),
+        .depth_single_blocks = (int)ckpt_read_int_in(path, "model.depth_single_blocks", 0,
+                                                     INT32_MAX),
+        .axes_dim = {size_attr(path, "model.axes_dim_0"), size_attr(path, "model.axes_dim_1"),
+                     size_attr(path, "model.axes_dim_2")},
+        .theta = ckpt_read_double(path, "model.theta"),
+        .qkv_bias = ckpt_read_int_in(path, "model.qkv_bias", 0, 1) != 0,
+        .guidance_embed = ckpt_read_int_in(path, "model.guidance_embed", 0, 1) != 0,
+        .txt_len = size_attr(path, "model.txt_len"),
+        .latent_height = size_attr(path, "model.latent_height"),
+        .latent_width = size_attr(path, "model.latent_width"),
+    };
+    char err[256];
+    if (flux_args_check(a, err, sizeof err) || !(a->mlp_ratio > 0) || !(a->theta > 0))
+        die_user("checkpoint %s: its FLUX model.* attributes do not make a model (%s)", path,
+                 flux_args_check(a, err, sizeof err) ? err : "mlp_ratio and theta must be > 0");
 }

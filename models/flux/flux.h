@@ -51,8 +51,13 @@ typedef struct {
 // Fills a with torchtitan's flavor (flux-debug, flux-schnell, flux-dev: flux-dev adds
 // guidance_in, as Black Forest Labs' FLUX.1-dev; torchtitan's trains without it) and the
 // shapes of torchtitan's flux_debugmodel run (256-token T5, 256x256 images: 32x32 latents).
+// flux-digits: a tiny model (width 64, 4 heads, one double and one single block) with the
+// shapes of scripts/flux_preprocess.py --digits, for tests and `make flux`.
 bool flux_flavor(const char *name, FluxArgs *a);
 const char *flux_flavor_names(void);
+// The shapes of the data a is trained on: latents (C, H, W), T5 encodings (L, D_t5), CLIP
+// vectors (D_clip); in and out channels are C times the patch's elements.
+void flux_args_from_data(FluxArgs *a, int C, int H, int W, int L, int D_t5, int D_clip);
 // Why a cannot be built (one line in err, returned), or NULL: the heads, the RoPE axes, the
 // patch grid, the channels.
 const char *flux_args_check(const FluxArgs *a, char *err, size_t len);
@@ -97,3 +102,5 @@ void flux_unpack_latents(float *latents, const float *packed, int B, int C, int 
 // converter) rebuilds the model from the file alone; returns the count.
 #define FLUX_MAX_ATTRS 20
 int flux_describe(const FluxArgs *a, CkptAttr out[FLUX_MAX_ATTRS]);
+// The args from those attributes; die_user naming the file when they do not make a model.
+void flux_args_from_checkpoint(const char *path, FluxArgs *a);

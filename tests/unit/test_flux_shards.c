@@ -199,7 +199,7 @@ static void test_epochs_are_permutations(void **state) {
     int64_t index[ROWS], seen[4][N_GOOD] = {{0}};
     int32_t labels[ROWS];
     float lat[ROWS * 48], t5[ROWS * 15], clip[ROWS * 4];
-    FluxBatch b = {.latents = lat, .t5 = t5, .clip = clip, .index = index, .labels = labels};
+    FluxExamples b = {.latents = lat, .t5 = t5, .clip = clip, .index = index, .labels = labels};
     bool shuffled = false;
     for (int step = 0; step < 8; step++) {  // 40 positions: 3 whole epochs and a part
         assert_int_equal(flux_loader_next(&l, &b), step * ROWS);
@@ -220,7 +220,7 @@ static void test_epochs_are_permutations(void **state) {
 
 // The indices of steps batches of rows on one loader.
 static void indices_run(FluxLoader *l, int steps, int rows, int64_t *out) {
-    FluxBatch b = {0};
+    FluxExamples b = {0};
     for (int step = 0; step < steps; step++) {
         b.index = out + step * rows;
         flux_loader_next(l, &b);
@@ -245,7 +245,7 @@ static void test_data_parallel_layouts(void **state) {
         for (int r = 0; r < dp; r++) flux_loader_open(&ranks[r], &s, 7, r, dp, rows);
         for (int step = 0; step < STEPS; step++) {
             for (int r = 0; r < dp; r++) {
-                FluxBatch b = {.index = got + r * rows};
+                FluxExamples b = {.index = got + r * rows};
                 assert_int_equal(flux_loader_next(&ranks[r], &b), step * GLOBAL_ROWS + r * rows);
                 assert_int_equal(flux_loader_position(&ranks[r]), (step + 1) * GLOBAL_ROWS);
             }

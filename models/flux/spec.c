@@ -1,0 +1,78 @@
+// FLUX's entry in the model registry (models/registry.h), as torchtitan's models/flux/__init__.py
+// registers its TrainSpec: flavors, build, checkpoint attributes, its own training data
+// (models/flux/data.c) and `titan generate` (infer/flux_sample.c). What FLUX has no form of in
+// titan is NULL: Hugging Face files (refused by name where a user asks), llama2.c files and
+// KV-cache decoding (its generate is the image sampler); tensor parallel is refused.
+#include <string.h>
+
+#include "core/errors.h"
+#include "infer/generate.h"
+#include "models/registry.h"
+
+extern const ModelData FLUX_DATA;  // models/flux/data.c
+
+static FluxArgs *flux_fill(ModelArgs *a) {
+    a->spec = &FLUX_SPEC;
+    return &a->as.flux;
+}
+
+static const FluxArgs *flux_of(const ModelArgs *a) {
+    CHECK(a->spec == &FLUX_SPEC);
+    return &a->as.flux;
+}
+
+static bool flavor(const char *name, ModelArgs *a) { return flux_flavor(name, flux_fill(a)); }
+
+static ModelShape shape(const ModelArgs *a) {
+    const FluxArgs *f = flux_of(a);
+    return (ModelShape){.n_layers = f->depth + f->depth_single_blocks, .dim = f->hidden_size,
+                        .kv_dim = f->hidden_size, .max_seq_len = flux_seq_len(f)};
+}
+
+// FLUX reads no vocabulary and its sequence is its data's (ModelData.open sets it); of the
+// model.* keys, the decoders' would do nothing here and are refused by name.
+static void update_from_config(ModelArgs *a, const ModelSection *config, int vocab_size,
+                               int max_seq_len) {
+    (void)flux_of(a), (void)vocab_size, (void)max_seq_len;
+    if (!config) return;
+    const char *key = config->tie_word_embeddings ? "model.tie_word_embeddings"
+                      : config->rope_scaling      ? "model.rope_scaling"
+                                                  : NULL;
+    if (key) die_user("%s does nothing for model flux (a decoder's setting)", key);
+}
+
+static void build(Model *m, const ModelArgs *a, bool activation_checkpoint) {
+    const FluxArgs *f = flux_of(a);
+    char err[256];
+    if (flux_args_check(f, err, sizeof err)) die_user("model flux: %s", err);
+    flux_build(m, f, activation_checkpoint);
+}
+
+static const char *tp_check(const ModelArgs *a, int tp, int B, int T, char *err, size_t len) {
+    (void)flux_of(a), (void)B, (void)T;
+    if (tp == 1) return NULL;
+    snprintf(err, len, "model flux: parallelism.tensor_parallel_degree %d is not implemented for "
+             "FLUX yet (FSDP and HSDP only)", tp);
+    return err;
+}
+
+static int describe(const ModelArgs *a, CkptAttr *out) { return flux_describe(flux_of(a), out); }
+
+static void args_from_checkpoint(const char *path, ModelArgs *a) {
+    flux_args_from_checkpoint(path, flux_fill(a));
+}
+
+const ModelSpec FLUX_SPEC = {
+    .name = "flux",
+    .flavor = flavor,
+    .flavor_names = flux_flavor_names,
+    .shape = shape,
+    .update_from_config = update_from_config,
+    .build = build,
+    .free = flux_free,
+    .tp_check = tp_check,
+    .describe = describe,
+    .args_from_checkpoint = args_from_checkpoint,
+    .data = &FLUX_DATA,
+    .generate_main = flux_generate_main,
+};
