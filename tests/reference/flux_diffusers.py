@@ -1,8 +1,8 @@
-"""titan's FLUX prediction against diffusers' own FluxTransformer2DModel loaded with titan's weights.
+"""titan's FLUX prediction against diffusers' FluxTransformer2DModel loaded with titan's weights.
 
 Where flux_ref.py re-derives torchtitan's math, this runs the implementation most FLUX users run:
 diffusers' FluxTransformer2DModel (PyPI), built from the dump's model.* attributes and loaded
-with its /model weights renamed by DIFFUSERS_NAMES below (diffusers' own
+with its /model weights renamed by diffusers_names() below (diffusers' own
 convert_flux_transformer_checkpoint_to_diffusers and torchtitan's FluxStateDictAdapter spell the
 same renaming, but for FLUX.1's width only): qkv and linear1 split into to_q / to_k / to_v
 (/ proj_mlp), the final layer's adaLN rows swapped from (shift, scale) to diffusers' (scale,
@@ -124,6 +124,8 @@ def main(argv):
                         help="set diffusers' QK-norm eps (1e-6) to titan's (1e-5)")
     opt = parser.parse_args(argv[1:])
     torch.set_num_threads(os.cpu_count() or 1)
+    # quiet its advice against casting with to(), meant for checkpoints keeping modules in fp32
+    diffusers.utils.logging.set_verbosity_error()
     dtype = torch.float64 if opt.float64 else torch.float32
     with h5py.File(opt.dump, "r") as dump:
         a = FluxArgs.from_attrs(dump.attrs)
@@ -137,12 +139,11 @@ def main(argv):
         for module in model.modules():
             if isinstance(module, torch.nn.RMSNorm):
                 module.eps = TITAN_QK_EPS
-    diffusers.utils.logging.set_verbosity_error()  # its advice on casting with to() is for
-    model = model.to(dtype)                         # checkpoints that keep modules in fp32
+    model = model.to(dtype)
 
     x, noise, t = batch["latents"], batch["noise"], batch["t"]
     sigmas = t.view(-1, 1, 1, 1)
-    b, _, h, w_ = x.shape
+    h, w_ = x.shape[2:]
     with torch.no_grad():
         pred = model(hidden_states=pack_latents((1 - sigmas) * x + sigmas * noise).to(dtype),
                      encoder_hidden_states=batch["txt"].to(dtype),
