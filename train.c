@@ -669,7 +669,7 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
         const void *input = train_next(t);
         if (t->pipeline) {
             double stage_aux;
-            loss += trainer_pipeline_step(t, &stage_aux) / t->accum;
+            loss += trainer_pipeline_step(t, input, &stage_aux) / t->accum;
             aux += stage_aux / t->accum;
             continue;
         }

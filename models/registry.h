@@ -70,6 +70,10 @@ typedef struct {
     void (*carve)(void *data, Arena *arena);
     // The next microbatch read, drawn and handed to backend k: what StepCtx.input points to.
     const void *(*next)(void *data, const KernelOps *k);
+    // out (input_bytes) = the examples [first, first + rows) of input (next's): a pipeline
+    // microbatch's StepCtx.input, views into the same tensors.
+    size_t input_bytes;
+    void (*input_rows)(const void *data, const void *input, int first, int rows, void *out);
     // Examples consumed by all ranks together: the whole state a checkpoint saves.
     int64_t (*position)(const void *data);
     void (*set_position)(void *data, int64_t position);

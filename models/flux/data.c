@@ -44,17 +44,12 @@ static const char *check(const Config *c, char *err, size_t len) {
     char origin[512];
     bool seq_len_set = config_key_origin(c, "training.seq_len", origin, sizeof origin) &&
                        strcmp(origin, "default") != 0;
-    if (p->tensor_parallel_degree > 1 || p->context_parallel_degree > 1 ||
-        p->pipeline_parallel_degree > 1)
+    if (p->tensor_parallel_degree > 1 || p->context_parallel_degree > 1)
         snprintf(err, len, "model flux: parallelism.%s_parallel_degree %lld is not implemented "
-                 "for FLUX yet (FSDP and HSDP: data_parallel_shard_degree, "
-                 "data_parallel_replicate_degree)",
-                 p->tensor_parallel_degree > 1    ? "tensor"
-                 : p->context_parallel_degree > 1 ? "context"
-                                                  : "pipeline",
-                 (long long)(p->tensor_parallel_degree > 1    ? p->tensor_parallel_degree
-                             : p->context_parallel_degree > 1 ? p->context_parallel_degree
-                                                              : p->pipeline_parallel_degree));
+                 "for FLUX yet (FSDP, HSDP and pipeline parallel are)",
+                 p->tensor_parallel_degree > 1 ? "tensor" : "context",
+                 (long long)(p->tensor_parallel_degree > 1 ? p->tensor_parallel_degree
+                                                           : p->context_parallel_degree));
     else if (c->validation.enable)
         snprintf(err, len, "model flux: validation.enable: FLUX has no validation loop yet");
     else if (c->model.tokenizer_path)
@@ -146,6 +141,17 @@ static const void *next(void *data, const KernelOps *k) {
     return b;
 }
 
+static void input_rows(const void *data, const void *input, int first, int rows, void *out) {
+    const FluxData *d = data;
+    const FluxBatch *b = input;
+    CHECK(first >= 0 && first + rows <= d->rows);
+    size_t r = (size_t)first, latent = (size_t)d->N * d->P;
+    *(FluxBatch *)out = (FluxBatch){
+        .img = b->img + r * latent, .noise = b->noise + r * latent, .t = b->t + r,
+        .txt = b->txt + r * d->L * d->D_t5, .clip = b->clip + r * d->D_clip,
+        .guidance = b->guidance ? b->guidance + r : NULL};
+}
+
 static int64_t position(const void *data) {
     return flux_loader_position(&((const FluxData *)data)->loader);
 }
@@ -163,4 +169,5 @@ static void close_data(void *data) {
     free(d);
 }
 
-const ModelData FLUX_DATA = {check, open_data, carve, next, position, set_position, close_data};
+const ModelData FLUX_DATA = {check, open_data, carve, next, sizeof(FluxBatch), input_rows,
+                             position, set_position, close_data};
