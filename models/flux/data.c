@@ -44,12 +44,10 @@ static const char *check(const Config *c, char *err, size_t len) {
     char origin[512];
     bool seq_len_set = config_key_origin(c, "training.seq_len", origin, sizeof origin) &&
                        strcmp(origin, "default") != 0;
-    if (p->tensor_parallel_degree > 1 || p->context_parallel_degree > 1)
-        snprintf(err, len, "model flux: parallelism.%s_parallel_degree %lld is not implemented "
-                 "for FLUX yet (FSDP, HSDP and pipeline parallel are)",
-                 p->tensor_parallel_degree > 1 ? "tensor" : "context",
-                 (long long)(p->tensor_parallel_degree > 1 ? p->tensor_parallel_degree
-                                                           : p->context_parallel_degree));
+    if (p->tensor_parallel_degree > 1)
+        snprintf(err, len, "model flux: parallelism.tensor_parallel_degree %lld is not "
+                 "implemented for FLUX yet (FSDP, HSDP, context and pipeline parallel are)",
+                 (long long)p->tensor_parallel_degree);
     else if (c->validation.enable)
         snprintf(err, len, "model flux: validation.enable: FLUX has no validation loop yet");
     else if (c->model.tokenizer_path)
@@ -152,6 +150,12 @@ static void input_rows(const void *data, const void *input, int first, int rows,
         .guidance = b->guidance ? b->guidance + r : NULL};
 }
 
+static int example_rows(const ModelArgs *a, int cp) {
+    char err[256];
+    if (flux_cp_check(&a->as.flux, cp, err, sizeof err)) die_user("%s", err);
+    return flux_cp_rows(&a->as.flux, cp);
+}
+
 static int64_t position(const void *data) {
     return flux_loader_position(&((const FluxData *)data)->loader);
 }
@@ -169,5 +173,6 @@ static void close_data(void *data) {
     free(d);
 }
 
-const ModelData FLUX_DATA = {check, open_data, carve, next, sizeof(FluxBatch), input_rows,
-                             position, set_position, close_data};
+const ModelData FLUX_DATA = {check,        open_data, carve,        next,
+                             sizeof(FluxBatch), input_rows, example_rows, position,
+                             set_position, close_data};
