@@ -9,7 +9,8 @@
 // Every draw is element `position` (or a fixed offset of it) of a counter-based stream keyed by
 // (training.seed, a name): position is the example's global position in the loader's stream,
 // so a layout that splits the global batch otherwise (dp_shard, HSDP, accumulation) draws the
-// same values for each example, and a resumed run continues the same draws.
+// same values for each example, and a resumed run continues the same draws. The cp ranks of
+// a dp rank read the same examples (each computes on its share of their sequences).
 //
 // The empty prompt's encodings are zeros: the digits' stand-in encoder (README "FLUX data")
 // maps a caption to one vector per word with zero padding and CLIP to the mean of the words,
@@ -173,6 +174,8 @@ static void close_data(void *data) {
     free(d);
 }
 
-const ModelData FLUX_DATA = {check,        open_data, carve,        next,
-                             sizeof(FluxBatch), input_rows, example_rows, position,
-                             set_position, close_data};
+const ModelData FLUX_DATA = {
+    .check = check, .open = open_data, .carve = carve, .next = next,
+    .input_bytes = sizeof(FluxBatch), .input_rows = input_rows, .example_rows = example_rows,
+    .position = position, .set_position = set_position, .close = close_data,
+};
