@@ -61,6 +61,8 @@ static void setup_context_parallel(Trainer *t) {
     if (t->estimate_world_size) cp_plan(&t->cp, 0, cp, rotate);
     else cp_init(&t->cp, t->mesh.group[MESH_CP], t->mesh.cp_prev, t->mesh.cp_next, rotate);
     t->model.attn = &t->cp.hooks;
+    if (t->args.spec->parallelize_cp)
+        t->args.spec->parallelize_cp(&t->model, t->cp.rank, cp);
 }
 
 // Expert parallel: the routed experts Shard(0) over ep (before FSDP shards the rest of them
@@ -190,8 +192,9 @@ static void mark_float8_gather(Trainer *t) {
 
 // An architecture that reads its own inputs (its spec's ModelData) is checked against the
 // run and opens them, which sets the data's shapes in the args (--estimate reads no files: the
-// flavor's shapes stand); a sample's rows are then the model's whole sequence. The token
-// pipeline's data keys are refused by name when the architecture reads token batches.
+// flavor's shapes stand); a sample's rows are then the model's whole sequence (its share under
+// context parallel). The token pipeline's data keys are refused by name when the architecture
+// reads token batches.
 static void setup_model_data(Trainer *t) {
     const Config *c = &t->cfg;
     const ModelData *d = t->args.spec->data;
@@ -207,7 +210,8 @@ static void setup_model_data(Trainer *t) {
     if (!t->estimate_world_size)
         t->data = d->open(c, &t->args, mesh_dp_rank(&t->mesh), mesh_dp_size(&t->mesh.layout),
                           t->train.B);
-    t->train.T = t->train.step_T = model_shape(&t->args).max_seq_len;
+    t->train.T = model_shape(&t->args).max_seq_len;
+    t->train.step_T = d->example_rows(&t->args, t->mesh.layout.size[MESH_CP]);
 }
 
 static void setup_model(Trainer *t) {
@@ -669,7 +673,7 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
         const void *input = train_next(t);
         if (t->pipeline) {
             double stage_aux;
-            loss += trainer_pipeline_step(t, &stage_aux) / t->accum;
+            loss += trainer_pipeline_step(t, input, &stage_aux) / t->accum;
             aux += stage_aux / t->accum;
             continue;
         }

@@ -142,9 +142,10 @@ typedef struct {
 PipelineRankPlan trainer_pipeline_rank_plan(Trainer *t);
 ArenaBytes trainer_pipeline_activation_bytes(Trainer *t);
 void trainer_pipeline_start(Trainer *t);
-// One training batch: as trainer_pipeline_step's loss, and *aux_loss the mean over the
-// microbatches of the MoE balance loss of this rank's stages' layers.
-double trainer_pipeline_step(Trainer *t, double *aux_loss);
+// One training batch (train_next's, of StepCtx.input's type): its mean loss on the last
+// stage's rank, 0 on the others, and *aux_loss the mean over the microbatches of the MoE
+// balance loss of this rank's stages' layers.
+double trainer_pipeline_step(Trainer *t, const void *batch, double *aux_loss);
 // One validation batch through this rank's stages, forward only: its mean loss on the last
 // stage's rank, 0 on the others.
 double trainer_pipeline_eval(Trainer *t);

@@ -29,7 +29,9 @@ struct Pipeline {
     int n_slots;             // regions of the larger run
     ModelSlots *slots;       // (n_slots) one microbatch's blocks' slots per region
     StepCtx *ctx;            // (n_slots) its step context
-    TokenBatch *inputs;      // (n_slots) its microbatch's rows of the batch
+    const void *batch;       // the batch being run: the split's TokenBatch, or the model's
+    size_t input_bytes;      // one microbatch's input (a TokenBatch, or the model's)
+    char *inputs;            // (n_slots, input_bytes) its microbatch's rows of the batch
     double *loss;            // (the larger m) the last stage's loss per microbatch
     double aux_loss;         // the MoE balance loss of this rank's stages, summed over a batch
 };
@@ -40,9 +42,15 @@ static float *stage_forward(const PpStageFns *f, int stage, int mb, int region, 
     Trainer *t = p->t;
     const Split *sp = p->running->split;
     StepCtx *s = &p->ctx[region];
-    p->inputs[region] = token_batch_rows(&sp->batch, mb * p->rows, sp->step_T, sp->T);
-    *s = (StepCtx){.k = t->k, .act = act, .B = p->rows, .T = sp->step_T,
-                   .input = &p->inputs[region], .loss_scale = p->loss_scale};
+    void *input = p->inputs + (size_t)region * p->input_bytes;
+    if (!p->batch)  // sizing the model's own inputs: it reads none
+        input = NULL;
+    else if (t->data)
+        t->args.spec->data->input_rows(t->data, p->batch, mb * p->rows, p->rows, input);
+    else
+        *(TokenBatch *)input = token_batch_rows(p->batch, mb * p->rows, sp->step_T, sp->T);
+    *s = (StepCtx){.k = t->k, .act = act, .B = p->rows, .T = sp->step_T, .input = input,
+                   .loss_scale = p->loss_scale};
     if (p->running == &p->train && t->model.moe) s->expert_load = t->model.moe->load;
     int last = p->first[stage + 1];
     float *y = model_forward_blocks(&t->model, s, &p->slots[region], p->first[stage], last, x);
@@ -137,7 +145,8 @@ void trainer_pipeline_plan(Trainer *t) {
     p->n_slots = u->n_regions > p->eval.n_regions ? u->n_regions : p->eval.n_regions;
     p->slots = xcalloc((size_t)p->n_slots, sizeof(ModelSlots));
     p->ctx = xcalloc((size_t)p->n_slots, sizeof(StepCtx));
-    p->inputs = xcalloc((size_t)p->n_slots, sizeof(TokenBatch));
+    p->input_bytes = t->data ? t->args.spec->data->input_bytes : sizeof(TokenBatch);
+    p->inputs = xcalloc((size_t)p->n_slots, p->input_bytes);
     for (int i = 0; i < p->n_slots; i++) model_slots_init(&p->slots[i], &t->model);
     p->loss = xcalloc((size_t)(u->m > p->eval.m ? u->m : p->eval.m), sizeof(double));
 }
@@ -154,6 +163,7 @@ static size_t activation_width(const Trainer *t, const PipelineRun *u) {
 static ArenaBytes region_bytes(Trainer *t, PipelineRun *u) {
     Pipeline *p = t->pipeline;
     p->running = u;
+    p->batch = t->data ? NULL : &u->split->batch;  // the token pipeline's is always there
     return pp_region_bytes(&u->schedule, p->rank, activation_width(t, u), &p->fns);
 }
 
@@ -197,6 +207,7 @@ static void start_run(Trainer *t, PipelineRun *u) {
     const Mesh *mesh = &t->mesh;
     Pipeline *p = t->pipeline;
     p->running = u;  // the executor sizes its regions through the callbacks
+    p->batch = t->data ? NULL : &u->split->batch;
     u->exec = pp_executor_create(&u->schedule, &u->report, p->rank, mesh->pp_prev, mesh->pp_next,
                                  mesh->group[MESH_PP], activation_width(t, u), t->k, &p->fns);
 }
@@ -207,12 +218,13 @@ void trainer_pipeline_start(Trainer *t) {
     if (p->eval.m) start_run(t, &p->eval);
 }
 
-// One batch of run u's split through this rank's stages: the mean loss over its microbatches
-// on the last stage's rank, 0 on the others; *aux_loss the mean over them of its stages' MoE
-// balance loss.
-static double run_batch(Trainer *t, PipelineRun *u, double *aux_loss) {
+// One batch (the step's input, StepCtx.input's type) of run u's split through this rank's
+// stages: the mean loss over its microbatches on the last stage's rank, 0 on the others;
+// *aux_loss the mean over them of its stages' MoE balance loss.
+static double run_batch(Trainer *t, PipelineRun *u, const void *batch, double *aux_loss) {
     Pipeline *p = t->pipeline;
     p->running = u;
+    p->batch = batch;
     p->aux_loss = 0;
     for (int mb = 0; mb < u->m; mb++) p->loss[mb] = 0;
     pp_executor_step(u->exec, &t->act_arena);
@@ -222,11 +234,11 @@ static double run_batch(Trainer *t, PipelineRun *u, double *aux_loss) {
     return loss;
 }
 
-double trainer_pipeline_step(Trainer *t, double *aux_loss) {
-    return run_batch(t, &t->pipeline->train, aux_loss);
+double trainer_pipeline_step(Trainer *t, const void *batch, double *aux_loss) {
+    return run_batch(t, &t->pipeline->train, batch, aux_loss);
 }
 
 double trainer_pipeline_eval(Trainer *t) {
     double aux_loss;
-    return run_batch(t, &t->pipeline->eval, &aux_loss);
+    return run_batch(t, &t->pipeline->eval, &t->val.batch, &aux_loss);
 }

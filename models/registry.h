@@ -70,6 +70,13 @@ typedef struct {
     void (*carve)(void *data, Arena *arena);
     // The next microbatch read, drawn and handed to backend k: what StepCtx.input points to.
     const void *(*next)(void *data, const KernelOps *k);
+    // out (input_bytes) = the examples [first, first + rows) of input (next's): a pipeline
+    // microbatch's StepCtx.input, views into the same tensors.
+    size_t input_bytes;
+    void (*input_rows)(const void *data, const void *input, int first, int rows, void *out);
+    // The rows of one example's hidden state on each of cp context-parallel ranks (StepCtx.T;
+    // the model's whole sequence when cp is 1); die_user naming the key when cp cannot split it.
+    int (*example_rows)(const ModelArgs *a, int cp);
     // Examples consumed by all ranks together: the whole state a checkpoint saves.
     int64_t (*position)(const void *data);
     void (*set_position)(void *data, int64_t position);
@@ -104,6 +111,11 @@ struct ModelSpec {
     uint64_t (*tp_bytes_per_microbatch)(const ModelArgs *a, int tp, int B, int T,
                                         int recomputed_layers, bool loss_parallel,
                                         int first_block, int last_block);
+
+    // Context parallel: the architecture's own cut of each example over the size ranks of the
+    // cp group, this rank's `rank`, after build and before placing buffers (NULL: the trainer
+    // cuts the token batches' columns, parallel/cp/layout.h's head-tail chunks).
+    void (*parallelize_cp)(Model *m, int rank, int size);
 
     // Checkpoints: the architecture as "model.*" attributes (at most MODEL_MAX_ATTRS; returns
     // the count), and back (max_seq_len left to update_from_config).

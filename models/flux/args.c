@@ -165,3 +165,12 @@ void flux_args_from_checkpoint(const char *path, FluxArgs *a) {
         die_user("checkpoint %s: its FLUX model.* attributes do not make a model (%s)", path,
                  flux_args_check(a, err, sizeof err) ? err : "mlp_ratio and theta must be > 0");
 }
+
+const char *flux_cp_check(const FluxArgs *a, int cp, char *err, size_t len) {
+    int Tj = a->txt_len + flux_img_tokens(a);
+    if (Tj % (2 * cp) == 0) return NULL;
+    snprintf(err, len, "parallelism.context_parallel_degree %d: FLUX's joint sequence of %d "
+             "tokens (%d T5 + %d image patches) is not a multiple of 2 x cp = %d (each rank's "
+             "share is cut into two chunks)", cp, Tj, a->txt_len, flux_img_tokens(a), 2 * cp);
+    return err;
+}

@@ -9,7 +9,8 @@
 // Every draw is element `position` (or a fixed offset of it) of a counter-based stream keyed by
 // (training.seed, a name): position is the example's global position in the loader's stream,
 // so a layout that splits the global batch otherwise (dp_shard, HSDP, accumulation) draws the
-// same values for each example, and a resumed run continues the same draws.
+// same values for each example, and a resumed run continues the same draws. The cp ranks of
+// a dp rank read the same examples (each computes on its share of their sequences).
 //
 // The empty prompt's encodings are zeros: the digits' stand-in encoder (README "FLUX data")
 // maps a caption to one vector per word with zero padding and CLIP to the mean of the words,
@@ -44,17 +45,10 @@ static const char *check(const Config *c, char *err, size_t len) {
     char origin[512];
     bool seq_len_set = config_key_origin(c, "training.seq_len", origin, sizeof origin) &&
                        strcmp(origin, "default") != 0;
-    if (p->tensor_parallel_degree > 1 || p->context_parallel_degree > 1 ||
-        p->pipeline_parallel_degree > 1)
-        snprintf(err, len, "model flux: parallelism.%s_parallel_degree %lld is not implemented "
-                 "for FLUX yet (FSDP and HSDP: data_parallel_shard_degree, "
-                 "data_parallel_replicate_degree)",
-                 p->tensor_parallel_degree > 1    ? "tensor"
-                 : p->context_parallel_degree > 1 ? "context"
-                                                  : "pipeline",
-                 (long long)(p->tensor_parallel_degree > 1    ? p->tensor_parallel_degree
-                             : p->context_parallel_degree > 1 ? p->context_parallel_degree
-                                                              : p->pipeline_parallel_degree));
+    if (p->tensor_parallel_degree > 1)
+        snprintf(err, len, "model flux: parallelism.tensor_parallel_degree %lld is not "
+                 "implemented for FLUX yet (FSDP, HSDP, context and pipeline parallel are)",
+                 (long long)p->tensor_parallel_degree);
     else if (c->validation.enable)
         snprintf(err, len, "model flux: validation.enable: FLUX has no validation loop yet");
     else if (c->model.tokenizer_path)
@@ -146,6 +140,23 @@ static const void *next(void *data, const KernelOps *k) {
     return b;
 }
 
+static void input_rows(const void *data, const void *input, int first, int rows, void *out) {
+    const FluxData *d = data;
+    const FluxBatch *b = input;
+    CHECK(first >= 0 && first + rows <= d->rows);
+    size_t r = (size_t)first, latent = (size_t)d->N * d->P;
+    *(FluxBatch *)out = (FluxBatch){
+        .img = b->img + r * latent, .noise = b->noise + r * latent, .t = b->t + r,
+        .txt = b->txt + r * d->L * d->D_t5, .clip = b->clip + r * d->D_clip,
+        .guidance = b->guidance ? b->guidance + r : NULL};
+}
+
+static int example_rows(const ModelArgs *a, int cp) {
+    char err[256];
+    if (flux_cp_check(&a->as.flux, cp, err, sizeof err)) die_user("%s", err);
+    return flux_cp_rows(&a->as.flux, cp);
+}
+
 static int64_t position(const void *data) {
     return flux_loader_position(&((const FluxData *)data)->loader);
 }
@@ -163,4 +174,8 @@ static void close_data(void *data) {
     free(d);
 }
 
-const ModelData FLUX_DATA = {check, open_data, carve, next, position, set_position, close_data};
+const ModelData FLUX_DATA = {
+    .check = check, .open = open_data, .carve = carve, .next = next,
+    .input_bytes = sizeof(FluxBatch), .input_rows = input_rows, .example_rows = example_rows,
+    .position = position, .set_position = set_position, .close = close_data,
+};

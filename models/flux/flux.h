@@ -15,8 +15,8 @@
 // residual stream (each block adds its modulations' vec gradient to the one from above) and
 // reaches the embed block, where time_in / vector_in / guidance_in take it. So the model is a
 // list of blocks mapping (B*T, dim) -> (B*T, dim) like any other: pipeline stages send the vec
-// rows with the tokens and FSDP units need nothing new. (A layout that splits the sequence over
-// ranks, context or sequence parallel, must give every rank its samples' vec rows.)
+// rows with the tokens and FSDP units need nothing new. A layout that splits the sequence over
+// ranks gives every rank its samples' vec rows (context parallel: flux_parallelize_cp).
 #pragma once
 
 #include <stdbool.h>
@@ -77,6 +77,21 @@ static inline int flux_seq_len(const FluxArgs *a) { return 1 + a->txt_len + flux
 // checkpoint every double and single block. a must pass flux_args_check.
 void flux_build(Model *m, const FluxArgs *a, bool activation_checkpoint);
 void flux_free(Model *m);
+// Context parallel over size ranks: this rank holds, of each sample, its vec row and the
+// contiguous share [rank, rank + 1) x Tj / size of the joint sequence's Tj = txt_len +
+// img_tokens tokens (StepCtx.T = flux_cp_rows), its queries attending to every rank's keys
+// through StepCtx.attn, RoPE by global position. The attention is not causal: contiguous
+// shares are as balanced as the decoders' head-tail chunks. The vec row, the same on every
+// rank, gets a partial gradient on each (its share's), as every replicated parameter does,
+// summed by FSDP's reduction over dp_shard x cp. Before placing buffers.
+void flux_parallelize_cp(Model *m, int rank, int size);
+// Why a cannot be split over cp ranks (one line in err, returned), or NULL: 2 cp must divide
+// the joint sequence (the ring's attention cuts each share in two chunks).
+const char *flux_cp_check(const FluxArgs *a, int cp, char *err, size_t len);
+// StepCtx.T under context parallel over cp ranks: the vec row and the share's tokens.
+static inline int flux_cp_rows(const FluxArgs *a, int cp) {
+    return 1 + (a->txt_len + flux_img_tokens(a)) / cp;
+}
 
 // A microbatch (StepCtx.input) of B samples, tensors in the backend's memory. The model
 // noises the latents itself, as torchtitan's trainer does: x_t = (1 - t) img + t noise, and

@@ -7,12 +7,17 @@
 #define LAYERNORM_EPS 1e-6f  // FLUX's LayerNorm(elementwise_affine=False, eps=1e-6)
 #define QK_NORM_EPS 1e-5f    // torchtitan's QKNorm: nn.RMSNorm with RMSNorm.Config's eps
 
-FluxDims flux_dims(const FluxArgs *a, const StepCtx *s) {
-    CHECK(s->T == flux_seq_len(a) && !s->tp && !s->attn);
-    int N = flux_img_tokens(a);
-    return (FluxDims){.B = s->B, .L = a->txt_len, .N = N, .S = s->T, .Tj = a->txt_len + N,
+// The share's text tokens are those of [first, first + count) below L, its image tokens the
+// rest: a text run, then an image run, in each sample's rows.
+FluxDims flux_dims(const FluxArgs *a, const FluxRope *share, const StepCtx *s) {
+    int L = a->txt_len, first = share->first, count = share->count;
+    CHECK(s->T == 1 + count && !s->tp && (share->shares > 1) == (s->attn != NULL));
+    int end = first + count, txt_end = end < L ? end : L;
+    int l = first < txt_end ? txt_end - first : 0;
+    return (FluxDims){.B = s->B, .L = l, .N = count - l, .S = s->T, .Tj = count,
                       .D = a->hidden_size, .H = a->num_heads, .hd = flux_head_dim(a),
-                      .M = flux_mlp_hidden(a)};
+                      .M = flux_mlp_hidden(a), .l0 = first, .n0 = first + l > L ? first + l - L : 0,
+                      .L_all = L, .N_all = flux_img_tokens(a), .shares = share->shares};
 }
 
 void flux_linear_forward(const FluxLinear *l, const StepCtx *s, float *y, const float *x,
@@ -159,8 +164,10 @@ static AttnShape attn_shape(FluxDims d) {
                        .head_dim = d.hd, .mask = ATTN_NONE};
 }
 
+// Under context parallel the share's queries see every rank's keys through StepCtx.attn.
 size_t flux_attn_workspace(const StepCtx *s, FluxDims d) {
     AttnShape shape = attn_shape(d);
+    if (s->attn) return s->attn->workspace_bytes(s->attn, s, &shape);
     return s->k->attention_workspace_bytes(&shape);
 }
 
@@ -170,7 +177,10 @@ void flux_attn_forward(const StepCtx *s, FluxAttn *a, const FluxRope *rope, Flux
     s->k->rope_forward(a->q, a->q, rope->cos, rope->sin, rope->pos, rows, d.Tj, d.H, d.hd);
     s->k->rope_forward(a->k, a->k, rope->cos, rope->sin, rope->pos, rows, d.Tj, d.H, d.hd);
     AttnShape shape = attn_shape(d);
-    s->k->attention_forward(a->out, a->lse, a->q, a->k, a->v, &shape, workspace);
+    if (s->attn)
+        s->attn->forward(s->attn, s, a->out, a->lse, a->q, a->k, a->v, &shape, workspace);
+    else
+        s->k->attention_forward(a->out, a->lse, a->q, a->k, a->v, &shape, workspace);
 }
 
 void flux_attn_backward(const StepCtx *s, const FluxAttn *a, const FluxRope *rope, float *dq,
@@ -182,8 +192,12 @@ void flux_attn_backward(const StepCtx *s, const FluxAttn *a, const FluxRope *rop
     s->k->zero(scratch, 2 * n * sizeof(float));
     s->k->zero(dv, n * sizeof(float));
     AttnShape shape = attn_shape(d);
-    s->k->attention_backward(dq_rot, dk_rot, dv, dout, a->q, a->k, a->v, a->out, a->lse, &shape,
-                             workspace);
+    if (s->attn)
+        s->attn->backward(s->attn, s, dq_rot, dk_rot, dv, dout, a->q, a->k, a->v, a->out, a->lse,
+                          &shape, workspace);
+    else
+        s->k->attention_backward(dq_rot, dk_rot, dv, dout, a->q, a->k, a->v, a->out, a->lse,
+                                 &shape, workspace);
     s->k->zero(dq, n * sizeof(float));
     s->k->zero(dk, n * sizeof(float));
     s->k->rope_backward(dq, dq_rot, rope->cos, rope->sin, rope->pos, rows, d.Tj, d.H, d.hd);

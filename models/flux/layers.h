@@ -2,7 +2,7 @@
 // forward / backward pair on tensors its block carved; backward ops accumulate (kernels.h).
 // Shapes: B samples, L text tokens, N image tokens, S = 1 + L + N rows per sample in the
 // hidden state (flux.h), Tj = L + N tokens of the joint sequence, D = hidden_size, H heads of
-// hd, M = the MLP width.
+// hd, M = the MLP width. Under context parallel L, N, Tj and S count this rank's share.
 #pragma once
 
 #include "models/flux/flux.h"
@@ -10,10 +10,25 @@
 
 typedef struct {
     int B, L, N, S, Tj, D, H, hd, M;
+    int l0, n0;           // the first text and image token of the share (L, N from there)
+    int L_all, N_all;     // the whole sample's text and image tokens (the batch's rows)
+    int shares;           // ranks the joint sequence is split over (context parallel)
 } FluxDims;
 
-// The step's shapes; checks that StepCtx.T is the model's and that nothing splits the rows.
-FluxDims flux_dims(const FluxArgs *a, const StepCtx *s);
+// EmbedND's rotations and this rank's share of each sample's joint sequence: tokens
+// [first, first + count) (all Tj of them unless context parallel splits the sequence, which
+// FLUX, whose attention is not causal, cuts into contiguous shares: no load to balance). Row t
+// of cos/sin (Tj, hd/2) is token t's; pos (count) the share's tokens, first .. first+count-1
+// (the kernel's position of row r is pos[r % count]); backend memory.
+typedef struct {
+    const float *cos, *sin;
+    const int *pos;
+    int first, count, shares;
+} FluxRope;
+
+// The step's shapes on this rank's share; checks that StepCtx.T is the share's and that
+// tensor parallel does not split the rows.
+FluxDims flux_dims(const FluxArgs *a, const FluxRope *share, const StepCtx *s);
 
 // A torch nn.Linear: the weight's GEMMs through models/linear (precision by name), plus a bias.
 // Its activations are fp32 whatever StepCtx.act_dtype (bf16 activations are not done yet; the
@@ -77,13 +92,6 @@ void flux_adaln_backward(const StepCtx *s, const FluxNorm *n, float *dx, float *
 
 // ---- attention over the joint sequence ---------------------------------------------------
 
-// EmbedND's rotations: row t of cos/sin (Tj, hd/2) is token t's, pos = 0 .. Tj-1 (the kernel's
-// position of row r is pos[r % Tj]); backend memory.
-typedef struct {
-    const float *cos, *sin;
-    const int *pos;
-} FluxRope;
-
 // q, k, v (rows, D) from the first 3D columns of qkv (rows, ld), q and k through QK-norm
 // (torchtitan's QKNorm: RMSNorm over each head, eps 1e-5). q0, k0 (rows, D) and the heads'
 // 1/rms (rows*H) are kept for backward.
@@ -124,6 +132,7 @@ typedef struct {
 
 typedef struct {
     const FluxArgs *args;
+    const FluxRope *share;
     FluxLinear img_in, txt_in;
     FluxMlpEmbedder time_in, vector_in, guidance_in;  // guidance_in: with guidance_embed only
 } FluxEmbed;
@@ -153,6 +162,7 @@ typedef struct {
 // final_layer: adaln (B, 2D): shift, scale; linear to the prediction.
 typedef struct {
     const FluxArgs *args;
+    const FluxRope *share;
     FluxLinear linear, adaln;
 } FluxHead;
 

@@ -14,7 +14,7 @@ typedef struct {
     FluxDouble *doubles;         // (depth)
     FluxSingle *singles;         // (depth_single_blocks)
     FluxHead head;
-    FluxRope rope;               // the tables every block reads
+    FluxRope rope;               // the tables every block reads, and this rank's share
     void *rope_data;             // their one allocation: cos, sin (Tj, hd/2), pos (Tj)
     const KernelOps *rope_memory;  // whose memory holds them after placing; NULL: host
 } Flux;
@@ -43,7 +43,7 @@ static void rope_tables(Flux *f) {
         pos[t] = t;
     }
     f->rope_data = cos_t;
-    f->rope = (FluxRope){cos_t, sin_t, pos};
+    f->rope = (FluxRope){cos_t, sin_t, pos, .first = 0, .count = Tj, .shares = 1};
 }
 
 static size_t rope_bytes(const FluxArgs *a) {
@@ -63,7 +63,20 @@ static void place_buffers(Model *m, const KernelOps *k) {
     f->rope_data = placed;
     f->rope_memory = k;
     size_t n = (size_t)(f->rope.sin - f->rope.cos);
-    f->rope = (FluxRope){(float *)placed, (float *)placed + n, (int *)((float *)placed + 2 * n)};
+    int *pos = (int *)((float *)placed + 2 * n);
+    f->rope.cos = (float *)placed;
+    f->rope.sin = (float *)placed + n;
+    f->rope.pos = pos + f->rope.first;
+}
+
+void flux_parallelize_cp(Model *m, int rank, int size) {
+    Flux *f = m->self;
+    int Tj = f->rope.count;
+    CHECK(f->rope.shares == 1 && !f->rope_memory && Tj % (2 * size) == 0);
+    f->rope.shares = size;
+    f->rope.count = Tj / size;
+    f->rope.first = rank * f->rope.count;
+    f->rope.pos += f->rope.first;  // pos[t] = t: the share's positions start at its first
 }
 
 // ---- parameters ----------------------------------------------------------------------------
@@ -98,6 +111,7 @@ static void add_embed(Model *m, Flux *f) {
     FluxEmbed *e = &f->embed;
     int64_t D = a->hidden_size;
     e->args = a;
+    e->share = &f->rope;
     add_linear(m, &e->img_in, INIT_XAVIER_UNIFORM, 0, D, a->in_channels, true, "img_in");
     add_embedder(m, &e->time_in, FLUX_TIME_DIM, D, "time_in");
     add_embedder(m, &e->vector_in, a->vec_in_dim, D, "vector_in");
@@ -146,6 +160,7 @@ static void add_head(Model *m, Flux *f) {
     const FluxArgs *a = &f->args;
     int64_t D = a->hidden_size;
     f->head.args = a;
+    f->head.share = &f->rope;
     add_linear(m, &f->head.linear, INIT_ZEROS, 0, a->out_channels, D, true, "final_layer.linear");
     add_linear(m, &f->head.adaln, INIT_ZEROS, 0, 2 * D, D, true,
                "final_layer.adaLN_modulation.1");

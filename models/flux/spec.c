@@ -52,7 +52,7 @@ static const char *tp_check(const ModelArgs *a, int tp, int B, int T, char *err,
     (void)flux_of(a), (void)B, (void)T;
     if (tp == 1) return NULL;
     snprintf(err, len, "model flux: parallelism.tensor_parallel_degree %d is not implemented for "
-             "FLUX yet (FSDP and HSDP only)", tp);
+             "FLUX yet (FSDP, HSDP, context and pipeline parallel are)", tp);
     return err;
 }
 
@@ -71,6 +71,7 @@ const ModelSpec FLUX_SPEC = {
     .build = build,
     .free = flux_free,
     .tp_check = tp_check,
+    .parallelize_cp = flux_parallelize_cp,
     .describe = describe,
     .args_from_checkpoint = args_from_checkpoint,
     .data = &FLUX_DATA,

@@ -42,7 +42,8 @@ typedef struct {
 } DoubleSaved;
 
 // A stream's rows: where they sit in each sample of the hidden state (first) and of the joint
-// sequence (first - 1), and how many.
+// sequence (first - 1), and how many (none on a context-parallel rank whose share holds none
+// of the stream's tokens: the stream is skipped there, its weights take no gradient).
 typedef struct {
     FluxStream *w;
     StreamSaved *sv;
@@ -119,7 +120,7 @@ static void stream_out(const StepCtx *s, StreamRef r, const FluxAttn *attn, floa
 static void double_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
     FluxDouble *blk = b->self;
     DoubleSaved *sv = saved;
-    FluxDims d = flux_dims(blk->args, s);
+    FluxDims d = flux_dims(blk->args, blk->rope, s);
     StreamRef streams[2] = {stream_ref(blk, sv, d, false), stream_ref(blk, sv, d, true)};
     flux_cond_carve(s, &sv->cond, d);
     for (int i = 0; i < 2; i++) stream_carve(s, streams[i].sv, streams[i].rows, d);
@@ -131,9 +132,11 @@ static void double_forward(Block *b, StepCtx *s, void *saved, const float *x, fl
     for (int i = 0; i < 2; i++) stream_reserve(s, streams[i].w, streams[i].rows, d.B);
     if (!step_sizing(s)) {
         flux_cond_forward(s, &sv->cond, x, y, d);
-        for (int i = 0; i < 2; i++) stream_qkv(s, streams[i], &sv->cond, x, &sv->attn, d, scratch);
+        for (int i = 0; i < 2; i++)
+            if (streams[i].count) stream_qkv(s, streams[i], &sv->cond, x, &sv->attn, d, scratch);
         flux_attn_forward(s, &sv->attn, blk->rope, d, workspace);
-        for (int i = 0; i < 2; i++) stream_out(s, streams[i], &sv->attn, y, d, scratch);
+        for (int i = 0; i < 2; i++)
+            if (streams[i].count) stream_out(s, streams[i], &sv->attn, y, d, scratch);
     }
     arena_release(s->act, mark);
 }
@@ -192,7 +195,7 @@ static void double_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase,
     if (phase == BLOCK_BACKWARD_WEIGHT) return;  // taken with the input gradient
     FluxDouble *blk = b->self;
     DoubleSaved *sv = saved;
-    FluxDims d = flux_dims(blk->args, s);
+    FluxDims d = flux_dims(blk->args, blk->rope, s);
     StreamRef streams[2] = {stream_ref(blk, sv, d, false), stream_ref(blk, sv, d, true)};
     size_t joint = (size_t)d.B * d.Tj * d.D, bd = (size_t)d.B * d.D;
     int rows = d.L > d.N ? d.B * d.L : d.B * d.N;
@@ -214,12 +217,14 @@ static void double_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase,
     zero(s, dsvec, bd);
     for (int i = 0; i < 2; i++) {
         zero(s, dmod[i], bd * 6);
-        stream_out_backward(s, streams[i], dy, dmod[i], dxs[i], dattn, d, scratch);
+        if (streams[i].count)
+            stream_out_backward(s, streams[i], dy, dmod[i], dxs[i], dattn, d, scratch);
     }
     flux_attn_backward(s, &sv->attn, blk->rope, dq, dk, dv, dattn, d, workspace, scratch);
     for (int i = 0; i < 2; i++)
-        stream_qkv_backward(s, streams[i], &sv->cond, dq, dk, dv, dmod[i], dxs[i], dx, dsvec, d,
-                            scratch);
+        if (streams[i].count)
+            stream_qkv_backward(s, streams[i], &sv->cond, dq, dk, dv, dmod[i], dxs[i], dx,
+                                dsvec, d, scratch);
     flux_cond_backward(s, &sv->cond, dx, dy, dsvec, scratch, d);
 }
 
@@ -276,7 +281,7 @@ static void single_compute(const StepCtx *s, FluxSingle *blk, SingleSaved *sv, c
 static void single_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
     FluxSingle *blk = b->self;
     SingleSaved *sv = saved;
-    FluxDims d = flux_dims(blk->args, s);
+    FluxDims d = flux_dims(blk->args, blk->rope, s);
     Arena *A = s->act;
     size_t rows = (size_t)d.B * d.Tj;
     flux_cond_carve(s, &sv->cond, d);
@@ -303,7 +308,7 @@ static void single_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase,
     if (phase == BLOCK_BACKWARD_WEIGHT) return;  // taken with the input gradient
     FluxSingle *blk = b->self;
     SingleSaved *sv = saved;
-    FluxDims d = flux_dims(blk->args, s);
+    FluxDims d = flux_dims(blk->args, blk->rope, s);
     Arena *A = s->act;
     int rows = d.B * d.Tj, D = d.D, M = d.M, l1 = 3 * D + M;
     size_t n = (size_t)rows * D, nm = (size_t)rows * M, bd = (size_t)d.B * D, fw = sizeof(float);

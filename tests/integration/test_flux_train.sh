@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # FLUX training and sampling end to end on the bundled digits (flux-digits, configs/
 # flux_digits.yaml): the rectified-flow draws are the same on every layout (dp_shard 2, HSDP
-# 2x2 and gradient accumulation equal the 1-rank run within 1e-5 for 10 steps, with prompt
-# dropout on); a resumed run continues bit-identically (model, optimizer and the shards
+# 2x2, cp 2 (both rotations, and with dp_shard 2), pp 2 (1F1B, and ZBVZeroBubble's split
+# backward) and gradient accumulation equal the 1-rank run within 1e-5 for 10 steps, with
+# prompt dropout on); a resumed run continues bit-identically (model, optimizer and the shards
 # loader's position); the loss falls by half in 300 steps; samples of the trained model are
 # recognised as their prompt's digit by a nearest-class-mean classifier over the digits set far
 # more often than the untrained model's; bad shards, layouts FLUX does not run on and unknown
@@ -24,7 +25,25 @@ train_ranks fsdp 2 "${LAYOUT[@]}" --training.local_batch_size 4 \
   --parallelism.data_parallel_shard_degree 2
 train_ranks hsdp 4 "${LAYOUT[@]}" --training.local_batch_size 2 \
   --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2
-for run in accum fsdp hsdp; do
+# Context parallel: each rank holds its samples' vec row and half of the 72 joint tokens (rank
+# 0 the 8 text tokens and 28 image tokens, rank 1 36 image tokens, no text).
+P=--parallelism
+train_ranks cp 2 "${LAYOUT[@]}" --training.local_batch_size 8 $P.data_parallel_shard_degree 1 \
+  $P.context_parallel_degree 2
+train_ranks cp_ring 2 "${LAYOUT[@]}" --training.local_batch_size 8 \
+  $P.data_parallel_shard_degree 1 $P.context_parallel_degree 2 \
+  $P.context_parallel_rotate_method alltoall
+train_ranks cp_fsdp 4 "${LAYOUT[@]}" --training.local_batch_size 4 \
+  $P.data_parallel_shard_degree 2 $P.context_parallel_degree 2
+# Pipeline parallel: the vec row travels between stages with the tokens. ZBV runs 4 stages
+# (the embedding and the head alone on theirs) with the backward split into input and weight.
+PP2=($P.pipeline_parallel_degree 2 $P.pipeline_parallel_microbatch_size 2)
+train_ranks pp 2 "${LAYOUT[@]}" --training.local_batch_size 8 "${PP2[@]}" \
+  $P.pipeline_parallel_schedule 1F1B
+train_ranks pp_zbv 2 "${LAYOUT[@]}" --training.local_batch_size 8 "${PP2[@]}" \
+  $P.pipeline_parallel_schedule ZBVZeroBubble $P.pipeline_parallel_first_stage_less_layers 1 \
+  $P.pipeline_parallel_last_stage_less_layers 1
+for run in accum fsdp hsdp cp cp_ring cp_fsdp pp pp_zbv; do
   same_metrics "flux $run vs 1 rank" "$SCRATCH/one/metrics.jsonl" \
     "$SCRATCH/$run/metrics.jsonl" 1 1e-5
 done
@@ -121,18 +140,21 @@ expect_user_error "missing/0.h5.*clip_encodings" \
   $TITAN "${FLUX[@]}" --training.dataset_path "$SCRATCH/missing"
 expect_user_error "odd/0.h5.*15.*patch" \
   $TITAN "${FLUX[@]}" --training.dataset_path "$SCRATCH/odd"
-for dim in tensor context pipeline; do
-  expect_user_error "parallelism.${dim}_parallel_degree 2 is not implemented for FLUX yet" \
-    $TITAN "${FLUX[@]}" --estimate --world-size 2 --parallelism.${dim}_parallel_degree 2
-done
+expect_user_error "parallelism.tensor_parallel_degree 2 is not implemented for FLUX yet" \
+  $TITAN "${FLUX[@]}" --estimate --world-size 2 --parallelism.tensor_parallel_degree 2
+expect_user_error "context_parallel_degree 16: FLUX's joint sequence of 72 tokens .* not a multiple" \
+  $TITAN "${FLUX[@]}" --estimate --world-size 16 --parallelism.context_parallel_degree 16
 expect_user_error "training.classifier_free_guidance_prob does nothing: model llama3" \
   $TITAN "${SMALL[@]}" --training.classifier_free_guidance_prob 0.1
 expect_user_error "training.seq_len: FLUX's sequence is its data's" \
   $TITAN "${FLUX[@]}" --training.seq_len 64
 
 # --estimate plans FLUX from the flavor's shapes, reading no files.
-$TITAN "${FLUX[@]}" --training.dataset_path /nonexistent --estimate --world-size 2 \
-  >"$SCRATCH/estimate.txt" || fail "flux --estimate: $(tail -3 "$SCRATCH/estimate.txt")"
-grep -q "flux flux-digits" "$SCRATCH/estimate.txt" ||
-  fail "estimate: $(head -3 "$SCRATCH/estimate.txt")"
-echo "ok: flux --estimate"
+for layout in "" "$P.context_parallel_degree 2 $P.data_parallel_shard_degree 1" \
+    "${PP2[*]}"; do
+  $TITAN "${FLUX[@]}" --training.dataset_path /nonexistent --estimate --world-size 2 $layout \
+    >"$SCRATCH/estimate.txt" || fail "flux --estimate $layout: $(tail -3 "$SCRATCH/estimate.txt")"
+  grep -q "flux flux-digits" "$SCRATCH/estimate.txt" ||
+    fail "estimate $layout: $(head -3 "$SCRATCH/estimate.txt")"
+done
+echo "ok: flux --estimate (dp_shard, cp, pp)"
