@@ -286,6 +286,12 @@ static const KeySpec KEYS[] = {
      .help = "Flight recorder ring buffer entries; 0 = off"},
     {K_STR(comm, save_traces_folder), .def = "comm_traces",
      .help = "Flight recorder trace files location"},
+    {K_BOOL(comm, enable_debug_server), .def = "false",
+     .help = "An HTTP server on every rank: status, flight recorder, stacks, config, metrics"},
+    {K_INT(comm, debug_server_port, 1, 65535), .def = "25999",
+     .help = "The debug server's port on rank 0; rank r listens on this + r"},
+    {K_STR(comm, debug_server_host), .def = "127.0.0.1",
+     .help = "The address the debug servers listen on (0.0.0.0: every interface)"},
 
     {K_BOOL(validation, enable), .def = "false", .help = "Run validation"},
     {K_STR(validation, dataset), .def = "c4_validation", .help = "Dataset to use"},
