@@ -189,7 +189,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 // A socket listening on address:port; -1 with the reason in err.
 static int listen_on(const char *address, int port, bool *ipv6, char *err, size_t errlen) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
+                             .ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
     char service[16];
     snprintf(service, sizeof service, "%d", port);
     int rc = getaddrinfo(address, service, &hints, &ai);

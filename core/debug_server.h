@@ -27,7 +27,7 @@ typedef struct {
 } DebugServerRank;
 
 typedef struct {
-    const char *address;      // the address to listen on (a numeric IPv4 or IPv6 address)
+    const char *address;      // the address to listen on: numeric, IPv4 or IPv6
     int port;                 // this rank's port
     int rank;
     const DebugServerRank *ranks;  // (n_ranks) every rank's server; read by rank 0's index
@@ -39,8 +39,8 @@ typedef struct {
     void (*write_trace_summary)(FILE *f);
 } DebugServerConfig;
 
-// Listens and starts the server's thread; false with the reason in err when the address does
-// not parse or the port cannot be bound (in use, privileged).
+// Listens and starts the server's thread; false with the reason in err when the port cannot
+// be bound (in use, privileged, an address of no interface here).
 bool debug_server_start(const DebugServerConfig *c, char *err, size_t errlen);
 // Stops the thread and closes the port (nothing to do when none runs).
 void debug_server_stop(void);
