@@ -31,7 +31,9 @@ static long long now_ns(void) {
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-void debug_server_step(int step) { atomic_store_explicit(&current_step, step, memory_order_relaxed); }
+void debug_server_step(int step) {
+    atomic_store_explicit(&current_step, step, memory_order_relaxed);
+}
 
 void debug_server_phase(const char *phase) {
     atomic_store_explicit(&phase_since_ns, now_ns(), memory_order_relaxed);
@@ -220,7 +222,8 @@ bool debug_server_start(const DebugServerConfig *c, char *err, size_t errlen) {
     server = *c;
     server.config_yaml = strdup(c->config_yaml);
     thread_stacks_init();
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | (ipv6 ? MHD_USE_IPv6 : 0);
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    if (ipv6) flags |= MHD_USE_IPv6;
     daemon_handle = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL,
                                      MHD_OPTION_LISTEN_SOCKET, fd,
                                      MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);

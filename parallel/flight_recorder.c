@@ -170,7 +170,8 @@ void flight_write(FILE *f, const char *why) {
             "titan: rank %d: flight recorder (%s): %" PRId64 " operations, the last %" PRId64 ":\n",
             dump_rank, why, c.total, c.shown);
     for (int64_t i = 0; i < c.n; i++) {
-        if (i == c.shown) fprintf(f, "titan: rank %d: older operations still pending:\n", dump_rank);
+        if (i == c.shown)
+            fprintf(f, "titan: rank %d: older operations still pending:\n", dump_rank);
         print_entry(f, &c.entries[i], now);
     }
     free(c.entries);
