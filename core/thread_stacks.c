@@ -21,9 +21,13 @@
 #define HANDLER_FRAMES 2
 
 // A slot's life: the asker sets ASKED and signals the thread; the handler takes it (WRITING),
-// fills it and marks it DONE. An asker that gives up takes an ASKED slot back to IDLE, so a
-// handler running late finds nothing to write; one WRITING is waited for, as it ends soon.
+// fills it and marks it DONE. An asker that gives up takes an ASKED slot back to IDLE; one
+// WRITING is waited for, as it ends soon. The state also holds the request's number (state =
+// request << 2 | phase), which the signal carries too (request * MAX_THREADS + slot), so a
+// handler that runs after its asker gave up, when the slot may ask another thread, writes
+// nothing.
 enum { SLOT_IDLE, SLOT_ASKED, SLOT_WRITING, SLOT_DONE };
+#define REQUESTS (1 << 22)  // request numbers wrap so that the signal's value fits an int
 
 typedef struct {
     atomic_int state;
@@ -33,18 +37,19 @@ typedef struct {
 
 static StackSlot slots[MAX_THREADS];
 static int stack_signal;
+static int request;  // the asker's current request
 
 static void on_stack_signal(int sig, siginfo_t *info, void *context) {
     (void)sig, (void)context;
-    int i = info->si_value.sival_int;
-    if (info->si_code != SI_QUEUE || info->si_pid != getpid() || i < 0 || i >= MAX_THREADS)
-        return;  // not one of ours
-    int asked = SLOT_ASKED;
-    if (!atomic_compare_exchange_strong(&slots[i].state, &asked, SLOT_WRITING)) return;
+    int value = info->si_value.sival_int;
+    if (info->si_code != SI_QUEUE || info->si_pid != getpid() || value < 0) return;  // not ours
+    int i = value % MAX_THREADS, tag = value / MAX_THREADS << 2;
+    int asked = tag | SLOT_ASKED;
+    if (!atomic_compare_exchange_strong(&slots[i].state, &asked, tag | SLOT_WRITING)) return;
     int saved_errno = errno;
     slots[i].depth = backtrace(slots[i].frames, MAX_FRAMES);
     errno = saved_errno;
-    atomic_store(&slots[i].state, SLOT_DONE);
+    atomic_store(&slots[i].state, tag | SLOT_DONE);
 }
 
 void thread_stacks_init(void) {
@@ -77,8 +82,8 @@ static bool thread_ask(pid_t tid, int slot) {
     si.si_code = SI_QUEUE;
     si.si_pid = getpid();
     si.si_uid = getuid();
-    si.si_value.sival_int = slot;
-    atomic_store(&slots[slot].state, SLOT_ASKED);
+    si.si_value.sival_int = request * MAX_THREADS + slot;
+    atomic_store(&slots[slot].state, request << 2 | SLOT_ASKED);
     if (syscall(SYS_rt_tgsigqueueinfo, getpid(), tid, stack_signal, &si) == 0) return true;
     atomic_store(&slots[slot].state, SLOT_IDLE);  // the thread has exited since it was listed
     return false;
@@ -97,13 +102,14 @@ static void slots_wait(int n) {
         bool pending = false;
         for (int i = 0; i < n; i++) {
             int s = atomic_load(&slots[i].state);
-            pending |= s == SLOT_WRITING || (s == SLOT_ASKED && seconds_now() < deadline);
+            pending |= s == (request << 2 | SLOT_WRITING) ||
+                       (s == (request << 2 | SLOT_ASKED) && seconds_now() < deadline);
         }
         if (!pending) break;
         nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
     }
     for (int i = 0; i < n; i++) {
-        int asked = SLOT_ASKED;
+        int asked = request << 2 | SLOT_ASKED;
         atomic_compare_exchange_strong(&slots[i].state, &asked, SLOT_IDLE);
     }
 }
@@ -159,6 +165,7 @@ void thread_stacks_write(FILE *f) {
     pid_t tids[MAX_THREADS];
     int all = threads_list(tids, MAX_THREADS), n = all < MAX_THREADS ? all : MAX_THREADS;
     bool asked[MAX_THREADS];
+    request = (request + 1) % REQUESTS;
     for (int i = 0; i < n; i++) asked[i] = thread_ask(tids[i], i);
     slots_wait(n);
     Dwfl *dwfl = symbols_open();
@@ -167,7 +174,7 @@ void thread_stacks_write(FILE *f) {
         thread_name(tids[i], name, sizeof name);
         fprintf(f, "thread %d \"%s\"%s\n", (int)tids[i], name,
                 tids[i] == getpid() ? " (main)" : "");
-        if (atomic_load(&slots[i].state) != SLOT_DONE)
+        if (atomic_load(&slots[i].state) != (request << 2 | SLOT_DONE))
             fprintf(f, "  %s\n", asked[i] ? "no answer (it blocks the signal)" : "exited");
         else
             for (int j = HANDLER_FRAMES; j < slots[i].depth; j++)
