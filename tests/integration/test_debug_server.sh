@@ -33,7 +33,9 @@ RUN=("${SMALL[@]}" --training.steps 30 --parallelism.data_parallel_shard_degree 
 mpirun --oversubscribe -np 2 $TITAN "${RUN[@]}" --comm.enable_debug_server \
   --comm.debug_server_port "$PORT" --job.dump_folder "$SCRATCH/on" >"$SCRATCH/on.out" 2>&1 &
 launcher=$!
-trap 'kill -9 $launcher 2>/dev/null; rm -rf "$SCRATCH"' EXIT
+victim=
+# A failing check leaves no stopped rank behind.
+trap 'kill -9 $launcher $victim 2>/dev/null; rm -rf "$SCRATCH"' EXIT
 for _ in $(seq 300); do  # until both servers answer and training is under way
   s1=$(get "$URL1/status" 2>/dev/null) && [ "$(field "$s1" step)" -ge 3 ] && break
   sleep 0.2
@@ -101,6 +103,7 @@ echo "ok: rank 0's index links $URL0 and $URL1"
 
 kill -CONT "$victim"
 rc=0; wait "$launcher" || rc=$?
+launcher= victim=  # both gone: their pids may be reused
 [ "$rc" -eq 0 ] || fail "the job exited $rc after SIGCONT: $(tail -5 "$SCRATCH/on.out")"
 train_ranks off 2 "${RUN[@]}"
 same_metrics "resumed after SIGSTOP, server on vs off" "$SCRATCH/off/metrics.jsonl" \
