@@ -35,7 +35,7 @@ mpirun --oversubscribe -np 2 $TITAN "${RUN[@]}" --comm.enable_debug_server \
 launcher=$!
 victim=
 # A failing check leaves no stopped rank behind.
-trap 'kill -9 $launcher $victim 2>/dev/null; rm -rf "$SCRATCH"' EXIT
+trap 'kill -9 $launcher $victim 2>/dev/null || true; rm -rf "$SCRATCH"' EXIT
 for _ in $(seq 300); do  # until both servers answer and training is under way
   s1=$(get "$URL1/status" 2>/dev/null) && [ "$(field "$s1" step)" -ge 3 ] && break
   sleep 0.2
