@@ -35,7 +35,7 @@ endif
 # Debian ships OpenBLAS in a pthreads and an OpenMP flavour; titan calls BLAS from inside its
 # own OpenMP regions, which only the OpenMP flavour handles without oversubscribing cores.
 OPENBLAS_DIR := $(shell pkg-config --variable=libdir openblas 2>/dev/null | sed 's/openblas-pthread/openblas-openmp/')
-PKGS     := yaml-0.1 hdf5-openmpi libpcre2-8 jansson zlib libpng
+PKGS     := yaml-0.1 hdf5-openmpi libpcre2-8 jansson zlib libpng libmicrohttpd libdw
 CFLAGS   := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror $(OPT) -fopenmp -I. \
             $(shell pkg-config --cflags $(PKGS) openblas 2>/dev/null)
 # oneDNN (no pkg-config file in Debian) runs the bf16 GEMMs of mixed precision on cpu

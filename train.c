@@ -632,6 +632,7 @@ void trainer_data_set_position(Trainer *t, int64_t position) {
 // torchtitan's validator: the mean loss over validation.steps batches (-1: one pass over the
 // validation set) from its start, forward only.
 static double validate(Trainer *t) {
+    debug_server_phase("validation");
     Split *v = &t->val;
     int64_t batches = t->cfg.validation.steps;
     if (batches < 0) batches = token_stream_num_windows(&v->stream, v->T) / v->B;
@@ -667,6 +668,7 @@ static void balance_experts(Trainer *t, StepMetrics *m) {
 // One optimizer step over `accum` microbatches: sets m's loss, grad norm, lr and expert load.
 static void train_step(Trainer *t, int step, StepMetrics *m) {
     ParamTable *params = &t->model.params;
+    debug_server_phase("forward_backward");
     t->k->zero(params->shard_grad, params->shard_numel * sizeof(float));
     double loss = 0, aux = 0;
     for (int mb = 0; mb < t->accum; mb++) {
@@ -690,6 +692,7 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
         if (pp) aux = comm_all_reduce_double(pp, aux, COMM_SUM);
         m->aux_loss = comm_all_reduce_double(t->mesh.loss, aux, COMM_AVG);
     }
+    debug_server_phase("optimizer");
     if (!isfinite(loss)) {
         trainer_wait_checkpoint(t);  // a save in flight completes: the message promises it
         die_user("step %d: loss is %s; stopped before updating the weights (checkpoints in %s "
@@ -768,9 +771,11 @@ static void train(Trainer *t) {
         StepMetrics m = {.step = step, .aux_loss = NAN, .precision = dtype_name(t->precision),
                          .float8 = t->float8_recipe};
         profiler_step_begin(step);
+        debug_server_step(step);
         double step_started = now_seconds();
         train_step(t, step, &m);
         t->step_seconds = now_seconds() - step_started;
+        debug_server_phase("metrics");
         // torchtitan: comm.init_timeout_seconds covers setup and the first step, whose
         // collectives wait for the slowest rank's setup; then comm.train_timeout_seconds.
         if (step == first_step) comm_set_timeout((int)c->comm.train_timeout_seconds);
@@ -783,6 +788,7 @@ static void train(Trainer *t) {
             m.mfu = peak_flops > 0 ? 100 * m.tflops * 1e12 / peak_flops : NAN;
             m.peak_memory_gib = metrics_peak_rss_gib();
             metrics_write(&log, &m);
+            debug_server_metrics(&m);
             interval_start = now_seconds();
             interval_steps = 0;
         }
@@ -794,6 +800,7 @@ static void train(Trainer *t) {
         if (preempted) break;
     }
     profiler_finish();
+    debug_server_phase("done");
     trainer_close_checkpoint(t);  // the last save, if still in the background, completes
     if (preempted) log_preemption(t, (int)t->progress.step);
     metrics_close(&log);
@@ -949,12 +956,14 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (t->cfg.job.save_config_file) save_config(&t->cfg, t->cfg.job.save_config_file);
+    trainer_start_debug_server(&t->cfg);
     setup(t);
     die_user_collective(false);
     if (t->cfg.checkpoint.create_seed_checkpoint)
         trainer_create_seed_checkpoint(t);
     else
         train(t);
+    debug_server_stop();
     comm_finalize();
     return 0;
 }

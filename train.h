@@ -1,10 +1,12 @@
 // The trainer: what train.c's main() wires together (config -> mesh -> model -> parallelize
-// -> optimizer -> data -> loop), shared with its two companions: train_checkpoint.c (when to
-// save, what to load) and train_report.c (--estimate and the run summary).
+// -> optimizer -> data -> loop), shared with its companions: train_checkpoint.c (when to
+// save, what to load), train_report.c (--estimate and the run summary), train_debug.c (the
+// debug server), train_pipeline.c and train_schedule.c (pipeline parallel).
 #pragma once
 
 #include "checkpoint/train_state.h"
 #include "core/config.h"
+#include "core/debug_server.h"
 #include "core/errors.h"
 #include "core/files.h"
 #include "core/metrics.h"
@@ -113,6 +115,9 @@ void trainer_check_memory(Trainer *t);
 void trainer_write_run_summary(Trainer *t);
 // One log line at the end of a cp run: K/V transfers, bytes, and the time blocked on them.
 void trainer_log_cp_traffic(const Trainer *t, double elapsed);
+// train_debug.c: comm.enable_debug_server's server on every rank (collective over the world;
+// nothing when off). train.c publishes its step, phase and metrics to it.
+void trainer_start_debug_server(const Config *c);
 // train_schedule.c: `titan --print-schedule [--microbatches N]`, and the schedule training runs.
 void trainer_print_schedule(const Config *c, int microbatches_flag);
 void trainer_load_schedule(const Config *c, int microbatches, PpSchedule *s, PpReport *r);

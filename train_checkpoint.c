@@ -377,6 +377,7 @@ void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted) {
     if (!(preempted || step % ck->interval == 0 || last ||
           (step == 1 && ck->enable_first_step_checkpoint)))
         return;
+    debug_server_phase("checkpoint");
     char path[4096 + 64];
     make_dirs(t->ckpt_folder);
     ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);

@@ -1,5 +1,6 @@
 #include "core/config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -52,6 +53,12 @@ static bool is_positive_int(const char *t);
 
 // torchtitan's selective AC: every nth block, or "op" (per operator).
 static bool ac_option_valid(const char *t) { return !strcmp(t, "op") || is_positive_int(t); }
+
+// A numeric IPv4 or IPv6 address: a name would need a resolver, and could mean several.
+static bool ip_address_valid(const char *t) {
+    unsigned char address[16];
+    return inet_pton(AF_INET, t, address) == 1 || inet_pton(AF_INET6, t, address) == 1;
+}
 
 static const char *const OPTIMIZERS[] = {"Adam", "AdamW", NULL};
 static const char *const OPTIMIZER_IMPLS[] = {"for-loop", "foreach", "fused", NULL};
@@ -293,6 +300,13 @@ static const KeySpec KEYS[] = {
      .help = "Flight recorder ring buffer entries; 0 = off"},
     {K_STR(comm, save_traces_folder), .def = "comm_traces",
      .help = "Flight recorder trace files location"},
+    {K_BOOL(comm, enable_debug_server), .def = "false",
+     .help = "An HTTP server on every rank: status, flight recorder, stacks, config, metrics"},
+    {K_INT(comm, debug_server_port, 1, 65535), .def = "25999",
+     .help = "The debug server's port on rank 0; rank r listens on this + r"},
+    {K_STR(comm, debug_server_host), .def = "127.0.0.1", .valid = ip_address_valid,
+     .expects = "a numeric IPv4 or IPv6 address",
+     .help = "The address the debug servers listen on (0.0.0.0: every interface)"},
 
     {K_BOOL(validation, enable), .def = "false", .help = "Run validation"},
     {K_STR(validation, dataset), .def = "c4_validation", .help = "Dataset to use"},

@@ -177,6 +177,9 @@ typedef struct {
     int64_t train_timeout_seconds;
     int64_t trace_buf_size;
     char *save_traces_folder;
+    bool enable_debug_server;   // core/debug_server.h, on every rank
+    int64_t debug_server_port;  // rank r listens on this + r
+    char *debug_server_host;    // the address every rank's server binds
 } CommSection;
 
 typedef struct {

@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "core/profiler.h"
 
@@ -150,3 +151,11 @@ double comm_wait_seconds(void);
 void comm_report(void);
 // Writes the flight recorder to stderr and the trace folder (also what SIGUSR1 does).
 void comm_dump_trace(const char *why);
+// The same dump into f; and three lines "operations: N", "last operation: ...", "oldest
+// pending: ..." (or "none"). Callable from any thread while another communicates: the debug
+// server's pages (core/debug_server.h).
+void comm_write_trace(FILE *f);
+void comm_write_trace_summary(FILE *f);
+// recv (size * bytes) = every rank's send (bytes) of host memory, in rank order, over MPI on
+// both backends (setup-time exchanges such as the debug servers' addresses).
+void comm_all_gather_host(CommGroup *g, const void *send, void *recv, size_t bytes);

@@ -5,6 +5,7 @@
 #include <mpi.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "parallel/comm.h"
 
@@ -66,6 +67,10 @@ void flight_init(int rank);
 int64_t flight_start(const char *op, const char *group, uint64_t bytes, int peer);
 void flight_complete(int64_t seq);
 void flight_dump(const char *why);
+// What flight_dump prints, into f; and the newest operation and the oldest still pending, one
+// line each (comm_write_trace, comm_write_trace_summary).
+void flight_write(FILE *f, const char *why);
+void flight_write_summary(FILE *f);
 // Dumps if a SIGUSR1 arrived since the last call. Called from every comm call and from the
 // polling loop of comm_wait, which is where a hung rank sits.
 void flight_poll_signal(void);

@@ -9,9 +9,15 @@
 // comm_wait's polling loop, which is where a rank hung in communication sits. A rank stuck
 // outside communication (in compute) dumps when it next communicates: the price of not
 // formatting inside the handler. `kill -USR1` on mpirun forwards the signal to every rank.
+//
+// Threads: operations are recorded by the thread that communicates; the debug server's thread
+// (core/debug_server.h) reads the ring at any time. A mutex orders them, held by the recording
+// side for one entry's store and by a reader for a copy of the entries it shows, never while
+// formatting or writing, so a reader delays training by a copy at most.
 #include "parallel/comm_internal.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +49,7 @@ static int dump_rank;
 static struct timespec epoch;
 static volatile sig_atomic_t signal_pending;
 static char trace_folder[4096];  // "" : stderr only
+static pthread_mutex_t ring_lock = PTHREAD_MUTEX_INITIALIZER;  // ring, capacity, next_seq
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -71,21 +78,24 @@ void flight_configure(int new_capacity, const char *folder) {
     snprintf(trace_folder, sizeof trace_folder, "%s", folder ? folder : "");
     if (new_capacity == capacity) return;
     FlightEntry *resized = new_capacity ? xcalloc((size_t)new_capacity, sizeof(*resized)) : NULL;
+    pthread_mutex_lock(&ring_lock);
     int64_t kept = min64(next_seq, min64(capacity, new_capacity));
     for (int64_t s = next_seq - kept; s < next_seq; s++)
         resized[s % new_capacity] = ring[s % capacity];
     if (ring != boot_ring) free(ring);
     ring = resized;
     capacity = new_capacity;
+    pthread_mutex_unlock(&ring_lock);
 }
 
 int64_t flight_start(const char *op, const char *group, uint64_t bytes, int peer) {
-    int64_t seq = next_seq++;
-    if (capacity == 0) return seq;
-    ring[seq % capacity] = (FlightEntry){.seq = seq, .op = op, .group = group, .bytes = bytes,
-                                         .peer = peer, .state = FLIGHT_STARTED,
-                                         .start_s = flight_now()};
-    return seq;
+    FlightEntry e = {.op = op, .group = group, .bytes = bytes, .peer = peer,
+                     .state = FLIGHT_STARTED, .start_s = flight_now()};
+    pthread_mutex_lock(&ring_lock);
+    e.seq = next_seq++;
+    if (capacity > 0) ring[e.seq % capacity] = e;
+    pthread_mutex_unlock(&ring_lock);
+    return e.seq;
 }
 
 static FlightEntry *entry_of(int64_t seq) {
@@ -95,54 +105,97 @@ static FlightEntry *entry_of(int64_t seq) {
 }
 
 void flight_complete(int64_t seq) {
+    double end_s = flight_now();
+    pthread_mutex_lock(&ring_lock);
     FlightEntry *e = entry_of(seq);
-    if (!e) return;  // overwritten while pending: nothing left to update
-    e->state = FLIGHT_COMPLETED;
-    e->end_s = flight_now();
+    if (e) {  // else overwritten while pending: nothing left to update
+        e->state = FLIGHT_COMPLETED;
+        e->end_s = end_s;
+    }
+    pthread_mutex_unlock(&ring_lock);
 }
 
-// One fprintf per line, so that lines of ranks dumping at once into one stream stay whole.
-static void print_entry(FILE *f, const FlightEntry *e, double now) {
+// "seq 12 all_reduce on group world, 16 bytes, started 1.2 s, completed in 0.001 s".
+static void entry_text(char *buf, size_t n, const FlightEntry *e, double now) {
     char peer[32] = "", state[64];
     if (e->peer >= 0) snprintf(peer, sizeof(peer), " peer %d", e->peer);
     if (e->state == FLIGHT_COMPLETED)
         snprintf(state, sizeof(state), "completed in %.6f s", e->end_s - e->start_s);
     else
         snprintf(state, sizeof(state), "PENDING for %.3f s", now - e->start_s);
-    fprintf(f, "titan: rank %d:   seq %" PRId64 " %s on group %s%s, %" PRIu64
-            " bytes, started %.6f s, %s\n",
-            dump_rank, e->seq, e->op, e->group, peer, e->bytes, e->start_s, state);
+    snprintf(buf, n, "seq %" PRId64 " %s on group %s%s, %" PRIu64 " bytes, started %.6f s, %s",
+             e->seq, e->op, e->group, peer, e->bytes, e->start_s, state);
 }
 
-static void dump_to(FILE *f, const char *why) {
-    if (capacity == 0) {
+// One fprintf per line, so that lines of ranks dumping at once into one stream stay whole.
+static void print_entry(FILE *f, const FlightEntry *e, double now) {
+    char text[256];
+    entry_text(text, sizeof text, e, now);
+    fprintf(f, "titan: rank %d:   %s\n", dump_rank, text);
+}
+
+// What a dump shows, copied out of the ring under its lock: the last FLIGHT_DUMP_LAST entries,
+// then the older ones still pending, which a hang is usually about.
+typedef struct {
+    int64_t total;          // operations recorded so far
+    int64_t capacity;       // the ring's, when copied (0: the recorder is off)
+    FlightEntry *entries;   // (n) the shown entries, then the older pending ones; malloc'd
+    int64_t n, shown;
+} FlightCopy;
+
+static FlightCopy ring_copy(void) {
+    pthread_mutex_lock(&ring_lock);
+    FlightCopy c = {.total = next_seq, .capacity = capacity};
+    int64_t first_kept = next_seq - min64(next_seq, capacity);
+    int64_t first_shown = next_seq - min64(next_seq - first_kept, FLIGHT_DUMP_LAST);
+    c.entries = xmalloc(sizeof(FlightEntry) * (size_t)(next_seq - first_kept));
+    for (int64_t s = first_shown; s < next_seq; s++) c.entries[c.n++] = ring[s % capacity];
+    c.shown = c.n;
+    for (int64_t s = first_kept; s < first_shown; s++)
+        if (ring[s % capacity].state == FLIGHT_STARTED) c.entries[c.n++] = ring[s % capacity];
+    pthread_mutex_unlock(&ring_lock);
+    return c;
+}
+
+void flight_write(FILE *f, const char *why) {
+    FlightCopy c = ring_copy();
+    if (c.capacity == 0) {
         fprintf(f, "titan: rank %d: flight recorder (%s): off (comm.trace_buf_size 0)\n",
                 dump_rank, why);
+        free(c.entries);
         return;
     }
     double now = flight_now();
-    int64_t first_kept = next_seq - min64(next_seq, capacity);
-    int64_t first_shown = next_seq - min64(next_seq - first_kept, FLIGHT_DUMP_LAST);
     fprintf(f,
             "titan: rank %d: flight recorder (%s): %" PRId64 " operations, the last %" PRId64 ":\n",
-            dump_rank, why, next_seq, next_seq - first_shown);
-    for (int64_t s = first_shown; s < next_seq; s++) print_entry(f, &ring[s % capacity], now);
-    // Older operations still pending are the ones a hang is usually about.
-    bool header = false;
-    for (int64_t s = first_kept; s < first_shown; s++) {
-        const FlightEntry *e = &ring[s % capacity];
-        if (e->state != FLIGHT_STARTED) continue;
-        if (!header)
+            dump_rank, why, c.total, c.shown);
+    for (int64_t i = 0; i < c.n; i++) {
+        if (i == c.shown)
             fprintf(f, "titan: rank %d: older operations still pending:\n", dump_rank);
-        header = true;
-        print_entry(f, e, now);
+        print_entry(f, &c.entries[i], now);
     }
+    free(c.entries);
+}
+
+void flight_write_summary(FILE *f) {
+    FlightCopy c = ring_copy();
+    double now = flight_now();
+    const FlightEntry *pending = NULL;  // the oldest still pending
+    for (int64_t i = 0; i < c.n; i++)
+        if (c.entries[i].state == FLIGHT_STARTED && (!pending || c.entries[i].seq < pending->seq))
+            pending = &c.entries[i];
+    char last[256] = "none", oldest[256] = "none";
+    if (c.shown > 0) entry_text(last, sizeof last, &c.entries[c.shown - 1], now);
+    if (pending) entry_text(oldest, sizeof oldest, pending, now);
+    fprintf(f, "operations: %" PRId64 "\nlast operation: %s\noldest pending: %s\n", c.total, last,
+            oldest);
+    free(c.entries);
 }
 
 // A dump that cannot be written to the trace folder is still on stderr: a warning, never the
 // end of a run that a SIGUSR1 only asked about.
 void flight_dump(const char *why) {
-    dump_to(stderr, why);
+    flight_write(stderr, why);
     if (!trace_folder[0]) return;
     char path[4096 + 32], err[4096 + 256];
     snprintf(path, sizeof path, "%s/rank_%d.txt", trace_folder, dump_rank);
@@ -155,7 +208,7 @@ void flight_dump(const char *why) {
         log_warn("comm.save_traces_folder: cannot write %s: %s", path, strerror(errno));
         return;
     }
-    dump_to(f, why);
+    flight_write(f, why);
     if (fclose(f) != 0)
         log_warn("comm.save_traces_folder: cannot write %s: %s", path, strerror(errno));
 }

@@ -15,6 +15,7 @@ PACKAGES=(
   libjansson-dev                      # tokenizer.json, encoder.json, JSONL datasets
   zlib1g-dev                          # .jsonl.gz datasets, R data files
   libpng-dev                          # FLUX sample grids
+  libmicrohttpd-dev libdw-dev curl    # the debug server: HTTP, stack symbols; its test's client
   libcmocka-dev                       # unit tests
   clang-14 libclang-rt-14-dev libomp-14-dev   # `make fuzz`: libFuzzer, its sanitizers, OpenMP
   python3-torch python3-numpy python3-h5py python3-yaml   # the PyTorch reference tests

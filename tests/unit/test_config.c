@@ -424,6 +424,7 @@ static void value_other(ConfigKeyInfo k, const char *current, char *buf, size_t 
     case CONFIG_FLOAT: snprintf(buf, n, "%g", (k.lo + (isinf(k.hi) ? k.lo + 1 : k.hi)) / 2); break;
     case CONFIG_STRING:
         if (!strcmp(k.key, "selective_ac_option")) snprintf(buf, n, "op");
+        else if (!strcmp(k.key, "debug_server_host")) snprintf(buf, n, "0.0.0.0");
         else snprintf(buf, n, "set_%s", k.key);
         break;
     case CONFIG_ENUM:
