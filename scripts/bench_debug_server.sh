@@ -2,8 +2,9 @@
 # The debug server's cost to training: tokens/s of a 2-rank FSDP run of the debug model with
 # comm.enable_debug_server off, on and idle, and on while a client (one Python process) reads
 # both ranks' /status and /metrics every second and /flight_recorder and /stacks (which
-# interrupts every thread of the rank for its backtrace) every 5 seconds, in rounds that run
-# the three in turn.
+# interrupts every thread of the rank for its backtrace) every 5 seconds, and that with
+# TensorBoard's event files written too (metrics.enable_tensorboard: issue 16's "TensorBoard and
+# the debug server on"), in rounds that run the four in turn.
 #   scripts/bench_debug_server.sh [ROUNDS] [STEPS]   (default 5 rounds of 40 steps)
 # A run's figures: the median of its logged tokens/s (every 5 steps, the first interval left
 # out as warm-up), and the CPU seconds (user + system) the job's processes used per step, which
@@ -49,11 +50,12 @@ print(statistics.median(r["tokens_per_s"] for r in rows if "tokens_per_s" in r a
 }
 
 for round in $(seq "$rounds"); do
-  for mode in off idle polled; do
+  for mode in off idle polled tb; do
     dir=$out/$mode$round
     flags=()
     [ "$mode" = off ] || flags=(--comm.enable_debug_server --comm.debug_server_port "$port")
-    if [ "$mode" = polled ]; then poll & client=$!; fi
+    [ "$mode" = tb ] && flags+=(--metrics.enable_tensorboard)
+    if [ "$mode" = polled ] || [ "$mode" = tb ]; then poll & client=$!; fi
     cpu=$( { TIMEFORMAT='%U + %S'; time mpirun --oversubscribe -np 2 ./titan "${run[@]}" \
       "${flags[@]}" --job.dump_folder "$dir" >"$dir.log" 2>&1 || { tail -n 5 "$dir.log"; exit 1; }
     } 2>&1 )
@@ -66,13 +68,14 @@ done
 /usr/bin/python3 - "$out" <<'PY'
 import statistics, sys
 runs = {m: [list(map(float, l.split())) for l in open(f"{sys.argv[1]}/{m}")]
-        for m in ("off", "idle", "polled")}
+        for m in ("off", "idle", "polled", "tb")}
 def paired(m, k):  # the median over the rounds of this round's figure over its "off" run's
     return statistics.median(r[k] / o[k] for r, o in zip(runs[m], runs["off"]))
 for m, rows in runs.items():
     tps, cps = [r[0] for r in rows], [r[1] for r in rows]
     med = statistics.median(tps)
-    print(f"debug server {m:6s}: {med:7.0f} tok/s per device ({min(tps):.0f} .. {max(tps):.0f}, "
+    name = "polled + tensorboard" if m == "tb" else m
+    print(f"debug server {name:20s}: {med:7.0f} tok/s per device ({min(tps):.0f} .. {max(tps):.0f}, "
           f"{100 * (max(tps) - min(tps)) / med:.0f}% spread), {paired(m, 0):.3f} x off; "
           f"{statistics.median(cps):.3f} CPU s/step, {paired(m, 1):.3f} x off")
 PY
