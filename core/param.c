@@ -277,6 +277,7 @@ void param_fill(const Param *p, uint64_t seed, size_t first, size_t count, float
     case INIT_XAVIER_UNIFORM: {
         CHECK(p->ndim == 2);
         double a = sqrt(6.0 / (double)(p->global_shape[0] + p->global_shape[1]));
+#pragma omp parallel for schedule(static) if (count >= 65536)
         for (size_t j = 0; j < count; j++)
             dst[j] = (float)(a * (2 * rng_uniform(key, first + j) - 1));
         break;

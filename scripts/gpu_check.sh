@@ -7,6 +7,9 @@
 # of them within 8 minutes; a failed part does not stop the next. Ends with a PASS/FAIL line
 # per part and exits non-zero if any failed.
 #
+# On a GPU machine without titan's host libraries, run `scripts/gpu_bundle.sh pack` on a machine
+# with them first and bring .gpu/ along: this script then unpacks that bundle instead of building.
+#
 # Usage: scripts/gpu_check.sh. Outputs (the op tables, every log, the benchmark's dump folder)
 # are written under $OUT/gpu_check when OUT is set (the GPU machine's output folder), else
 # under /tmp/titan-gpu-check.
@@ -82,7 +85,11 @@ if command -v nvidia-smi >/dev/null; then
     tee "$LOGS/gpu.txt" || true
 fi
 
-part build 240 make -j16 CUDA=1 gpu
+if [ -d .gpu ]; then
+  part unpack 60 bash scripts/gpu_bundle.sh unpack
+else
+  part build 240 make -j16 CUDA=1 gpu
+fi
 part ops_bf16 90 build/cuda/tests/test_cuda_ops
 part ops_fp32 90 build/cuda/tests/test_cuda_ops fp32
 part train_cuda 120 bash tests/gpu/test_train_cuda.sh "$LOGS/train_cuda"

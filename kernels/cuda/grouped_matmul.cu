@@ -1,5 +1,8 @@
 // cuda_grouped_matmul: the non-empty groups as one cublasGemmGroupedBatchedEx call, each group
-// a problem of its own size (cuBLAS's group of one), in the compute mode cuda_matmul uses.
+// a problem of its own size (cuBLAS's group of one), in fp32 compute. Under bf16 compute each
+// group is a cuda_matmul of its own instead: cublasGemmGroupedBatchedEx refuses
+// CUBLAS_COMPUTE_32F_FAST_16BF ("the requested functionality is not supported", cuBLAS 13.1 on
+// an H200), and the bf16 numerics contract needs the operands rounded as cuda_matmul rounds them.
 // Row-major to column-major as in matmul.cu: c (M, N) = op(a) op(b) is, to cuBLAS, C^T (N, M)
 // = op(b)^T op(a)^T, so cuBLAS's A is titan's b with TRANSA = trans_b, its B is titan's a with
 // TRANSB = trans_a, and M and N swap; each leading dimension is the buffer's column count.
@@ -26,9 +29,15 @@ static void grouped_scale_empty(float *c, size_t count, float beta) {
         cuda_scale(c, count, beta);
 }
 
-// Adds titan's c (M, N) = op(a) op(b) + beta c as problem i.
-static void grouped_add(int i, float *c, const float *a, const float *b, int M, int N, int K,
-                        bool trans_a, bool trans_b, float beta) {
+// Adds titan's c (M, N) = op(a) op(b) + beta c as the next problem, or runs it now under bf16
+// compute.
+static void grouped_add(int *problems, float *c, const float *a, const float *b, int M, int N,
+                        int K, bool trans_a, bool trans_b, float beta) {
+    if (cuda_bf16_compute()) {
+        cuda_matmul(c, a, b, DTYPE_FP32, M, N, K, trans_a, trans_b, beta);
+        return;
+    }
+    int i = (*problems)++;
     args.trans_a[i] = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     args.trans_b[i] = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     args.m[i] = N, args.n[i] = M, args.k[i] = K, args.one[i] = 1;
@@ -47,10 +56,10 @@ void cuda_grouped_matmul(float *c, const float *a, const float *b, const int *of
         if (trans_a && m == 0)
             grouped_scale_empty(c + (size_t)g * k * n, (size_t)k * n, beta);
         else if (trans_a)
-            grouped_add(problems++, c + (size_t)g * k * n, a + r0 * k, b + r0 * n, k, n, m, true,
+            grouped_add(&problems, c + (size_t)g * k * n, a + r0 * k, b + r0 * n, k, n, m, true,
                         false, beta);
         else if (m > 0)
-            grouped_add(problems++, c + r0 * n, a + r0 * k, b + (size_t)g * n * k, m, n, k,
+            grouped_add(&problems, c + r0 * n, a + r0 * k, b + (size_t)g * n * k, m, n, k,
                         false, trans_b, beta);
     }
     if (problems == 0) return;
@@ -61,11 +70,9 @@ void cuda_grouped_matmul(float *c, const float *a, const float *b, const int *of
     for (int p = 0; p < 3; p++)
         CUDA_CHECK(cudaMemcpyAsync(ptrs + (size_t)p * problems, args.ptr[p], bytes,
                                    cudaMemcpyHostToDevice, cuda_stream()));
-    cublasComputeType_t compute =
-        cuda_bf16_compute() ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
     CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
         cuda_cublas(), args.trans_a, args.trans_b, args.m, args.n, args.k, args.alpha, ptrs,
         CUDA_R_32F, args.lda, ptrs + problems, CUDA_R_32F, args.ldb, args.beta,
         (void *const *)(ptrs + 2 * problems), CUDA_R_32F, args.ldc, problems, args.one,
-        compute));
+        CUBLAS_COMPUTE_32F));
 }

@@ -12,9 +12,15 @@
 // (rowwise): element (i, j) of cuBLASLt's product times A's i-th and B's j-th scale.
 // Accumulation in fp32 without the "fast accumulation" mode (torchao uses that for the forward
 // GEMM only; it is cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM, not enabled here).
+//
+// Where cuBLASLt has no outer-vector scales (13.1 on Hopper finds no algorithm with them; torch
+// runs its own CUTLASS kernel there) a rowwise GEMM runs unscaled and the scales are applied
+// around it: c = beta c / (sa_i sb_j), c = a b^T + c, c *= sa_i sb_j (float8_scale_around). The
+// rowwise recipe's scales are powers of two, so both products are exact and c equals the scaled
+// GEMM's; other scales add a rounding per element.
 #include <stdint.h>
 
-#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/device.cuh"
 
 #define MATMUL_FLOAT8_PLANS 256
 
@@ -30,6 +36,7 @@ typedef struct {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t layout_a, layout_b, layout_c;  // titan's a, b and c
     cublasLtMatmulAlgo_t algo;
+    bool scale_around;  // rowwise without outer-vector scales: scaled around the GEMM
 } Float8Plan;
 
 static Float8Plan plans[MATMUL_FLOAT8_PLANS];  // ops are issued from one host thread
@@ -49,7 +56,8 @@ static void float8_desc_set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttribu
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, value, size));
 }
 
-static cublasLtMatmulAlgo_t float8_find_algo(const Float8Plan *p) {
+// The heuristic's best algorithm for the plan into p->algo, or its failure.
+static cublasStatus_t float8_find_algo(Float8Plan *p) {
     const Float8Shape *s = &p->shape;
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -71,35 +79,74 @@ static cublasLtMatmulAlgo_t float8_find_algo(const Float8Plan *p) {
                                                        p->layout_a, p->layout_c, p->layout_c,
                                                        pref, 1, &result, &found);
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    if (rc != CUBLAS_STATUS_SUCCESS || found == 0)
-        die_internal(__FILE__, __LINE__,
-                     "cuBLASLt has no FP8 algorithm for matmul_float8 m %d n %d k %d (a %s, b %s, "
-                     "%s scales, c aligned to %u bytes): %s",
-                     s->m, s->n, s->k, s->a_kind == FLOAT8_E4M3FN ? "e4m3" : "e5m2",
-                     s->b_kind == FLOAT8_E4M3FN ? "e4m3" : "e5m2",
-                     s->rowwise ? "rowwise (outer-vector)" : "tensorwise", s->align_c,
-                     cublasLtGetStatusString(rc));
-    return result.algo;
+    if (rc == CUBLAS_STATUS_SUCCESS && found == 0) rc = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (rc == CUBLAS_STATUS_SUCCESS) p->algo = result.algo;
+    return rc;
 }
 
-static void float8_plan_init(Float8Plan *p, const Float8Shape *s) {
-    p->shape = *s;
+// The GEMM's descriptor, its scales outer vectors (rowwise) or one float each.
+static void float8_desc_create(Float8Plan *p, bool outer_vectors) {
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
     float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t);
     float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n);
-    if (s->rowwise) {
+    if (outer_vectors) {
         int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
         float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
         float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode);
     }
+}
+
+static void float8_plan_init(Float8Plan *p, const Float8Shape *s) {
+    p->shape = *s;
+    p->scale_around = false;
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->layout_a, float8_type(s->a_kind), (uint64_t)s->k,
                                             (uint64_t)s->m, (int64_t)s->k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->layout_b, float8_type(s->b_kind), (uint64_t)s->k,
                                             (uint64_t)s->n, (int64_t)s->k));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->layout_c, CUDA_R_32F, (uint64_t)s->n,
                                             (uint64_t)s->m, (int64_t)s->n));
-    p->algo = float8_find_algo(p);
+    float8_desc_create(p, s->rowwise);
+    cublasStatus_t rc = float8_find_algo(p);
+    if (rc != CUBLAS_STATUS_SUCCESS && s->rowwise) {  // no outer-vector scales here
+        CUBLAS_CHECK(cublasLtMatmulDescDestroy(p->desc));
+        p->scale_around = true;
+        float8_desc_create(p, false);
+        rc = float8_find_algo(p);
+    }
+    if (rc != CUBLAS_STATUS_SUCCESS)
+        die_internal(__FILE__, __LINE__,
+                     "cuBLASLt has no FP8 algorithm for matmul_float8 m %d n %d k %d (a %s, b %s, "
+                     "%s scales, c aligned to %u bytes): %s",
+                     s->m, s->n, s->k, s->a_kind == FLOAT8_E4M3FN ? "e4m3" : "e5m2",
+                     s->b_kind == FLOAT8_E4M3FN ? "e4m3" : "e5m2",
+                     s->rowwise ? "rowwise" : "tensorwise", s->align_c,
+                     cublasLtGetStatusString(rc));
+}
+
+// c (m, n) times row_scale[i] col_scale[j], or times beta / (row_scale[i] col_scale[j]) when
+// dividing (the unscaled GEMM then adds onto it).
+static __global__ void float8_scale_around(float *c, const float *row_scale,
+                                           const float *col_scale, int m, int n, float beta,
+                                           bool dividing) {
+    size_t count = (size_t)m * n;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < count;
+         e += (size_t)gridDim.x * blockDim.x) {
+        float s = row_scale[e / n] * col_scale[e % n];
+        c[e] = dividing ? c[e] * (beta / s) : c[e] * s;
+    }
+}
+
+// One float 1.0 in device memory: the scale pointers of a GEMM scaled around (allocated on
+// first use, for the life of the process).
+static const float *float8_device_one(void) {
+    static float *one;
+    if (!one) {
+        const float host_one = 1.0f;
+        CUDA_CHECK(cudaMalloc((void **)&one, sizeof *one));
+        CUDA_CHECK(cudaMemcpy(one, &host_one, sizeof host_one, cudaMemcpyHostToDevice));
+    }
+    return one;
 }
 
 static void float8_plan_destroy(Float8Plan *p) {
@@ -167,14 +214,28 @@ void cuda_matmul_float8(float *c, const uint8_t *a, const float *a_scale_inv, Fl
     Float8Shape shape = {m, n, k, a_kind, b_kind, rowwise, cuda_alignment(c)};
     Float8Plan *p = float8_plan(&shape);
     // cuBLASLt's A is titan's b: b's scales are its A scales.
-    float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
-                    sizeof b_scale_inv);
-    float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
-                    sizeof a_scale_inv);
+    const float *scale_a = b_scale_inv, *scale_b = a_scale_inv;
+    float gemm_beta = beta;
+    if (p->scale_around) {
+        scale_a = scale_b = float8_device_one();
+        if (beta != 0.0f) {
+            float8_scale_around<<<cuda_grid((size_t)m * n), CUDA_THREADS, 0, cuda_stream()>>>(
+                c, a_scale_inv, b_scale_inv, m, n, beta, true);
+            CUDA_LAUNCH_CHECK();
+            gemm_beta = 1.0f;
+        }
+    }
+    float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof scale_a);
+    float8_desc_set(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b);
     const float alpha = 1.0f;
     CUBLAS_CHECK(cublasLtMatmul(cuda_cublaslt(), p->desc, &alpha, b, p->layout_b, a, p->layout_a,
-                                &beta, c, p->layout_c, c, p->layout_c, &p->algo,
+                                &gemm_beta, c, p->layout_c, c, p->layout_c, &p->algo,
                                 cuda_gemm_workspace(), CUDA_GEMM_WORKSPACE, cuda_stream()));
+    if (p->scale_around) {
+        float8_scale_around<<<cuda_grid((size_t)m * n), CUDA_THREADS, 0, cuda_stream()>>>(
+            c, a_scale_inv, b_scale_inv, m, n, 1.0f, false);
+        CUDA_LAUNCH_CHECK();
+    }
 }
 
 // ---- grouped: one cuBLASLt GEMM per group ------------------------------------------------------
