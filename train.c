@@ -786,7 +786,7 @@ static void train(Trainer *t) {
             m.tokens_per_s = interval_steps * tokens_per_step / elapsed;
             m.tflops = m.tokens_per_s * t->model.flops_per_token / 1e12;
             m.mfu = peak_flops > 0 ? 100 * m.tflops * 1e12 / peak_flops : NAN;
-            m.peak_memory_gib = metrics_peak_rss_gib();
+            m.peak_memory_gib = (double)t->k->memory_peak() / (1u << 30);
             metrics_write(&log, &m);
             debug_server_metrics(&m);
             interval_start = now_seconds();

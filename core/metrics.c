@@ -4,7 +4,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "core/errors.h"
@@ -64,8 +63,8 @@ void metrics_open_tensorboard(MetricsLog *log, const Config *c, int rank, int64_
     log_info("tensorboard: events in %s", log->tb.path);
 }
 
-// The step's figures under torchtitan's tags (torchtitan/components/metrics.py); memory is
-// this process's peak resident set (torchtitan's memory/* tags are the device allocator's).
+// The step's figures under torchtitan's tags (torchtitan/components/metrics.py); memory is the
+// kernels' memory_peak (torchtitan's memory/* tags are the device allocator's).
 static void tensorboard_write(MetricsLog *log, const StepMetrics *m) {
     TbWriter *tb = &log->tb;
     tb_add_scalar(tb, "loss_metrics/global_avg_loss", m->step, m->loss);
@@ -74,7 +73,7 @@ static void tensorboard_write(MetricsLog *log, const StepMetrics *m) {
     tb_add_scalar(tb, "throughput(tps)", m->step, m->tokens_per_s);
     tb_add_scalar(tb, "tflops", m->step, m->tflops);
     if (!isnan(m->mfu)) tb_add_scalar(tb, "mfu(%)", m->step, m->mfu);
-    tb_add_scalar(tb, "memory/peak_rss(GiB)", m->step, m->peak_memory_gib);
+    tb_add_scalar(tb, "memory/peak(GiB)", m->step, m->peak_memory_gib);
     if (m->expert_load_max > 0) {
         tb_add_scalar(tb, "moe/expert_load_max", m->step, m->expert_load_max);
         tb_add_scalar(tb, "moe/expert_load_mean", m->step, m->expert_load_mean);
@@ -150,8 +149,3 @@ void metrics_close(MetricsLog *log) {
     tb_close(&log->tb);
 }
 
-double metrics_peak_rss_gib(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_maxrss / (1024.0 * 1024.0);  // ru_maxrss is in KiB on Linux
-}

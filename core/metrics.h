@@ -17,7 +17,7 @@ typedef struct {
     double tokens_per_s;      // per device
     double tflops;            // achieved model TFLOP/s per device
     double mfu;               // tflops / peak, in percent; NAN when the peak is unknown
-    double peak_memory_gib;   // resident set high-water mark of this process
+    double peak_memory_gib;   // the kernels' memory_peak: host RSS (cpu), device memory (cuda)
     // MoE (models/moe/balance.h): the step's busiest expert's load over its layer's mean (1:
     // balanced), in the worst MoE layer and averaged over them, from the global counts; 0: the
     // model has no MoE layers (and the fields are left out).
@@ -51,4 +51,3 @@ void metrics_write(MetricsLog *log, const StepMetrics *m);
 // The validation loss after `step` (torchtitan's "validate step" line).
 void metrics_write_validation(MetricsLog *log, int step, double loss);
 void metrics_close(MetricsLog *log);
-double metrics_peak_rss_gib(void);

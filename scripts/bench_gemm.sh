@@ -49,10 +49,13 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}; load average before:" \
   "$(cut -d' ' -f1-3 /proc/loadavg)"
 
-# steps: a training of that many steps under the trace, leaving $out/trace.<steps>.
+# steps: a training of that many steps under the trace, leaving $out/trace.<steps>. In fp32,
+# where every GEMM is a cblas_sgemm: under bf16 mixed precision (the default) the Linears' GEMMs
+# go to oneDNN, out of the shim's sight, and only attention's would be traced.
 trace() {
   SGEMM_TRACE="$out/trace.$1" LD_PRELOAD="$PWD/build/bench/sgemm_trace.so" OMP_NUM_THREADS=2 \
     ./titan --config configs/debug_model.yaml --model.tokenizer_path null \
+    --training.mixed_precision_param float32 \
     --training.dataset_path "$out/austen.bin" --training.steps "$1" --metrics.log_freq 1 \
     --job.dump_folder "$out/run.$1" >"$out/log.$1" 2>&1 || { tail -n 5 "$out/log.$1"; exit 1; }
 }

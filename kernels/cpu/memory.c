@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include "kernels/cpu/cpu.h"
 
@@ -110,3 +111,9 @@ static size_t meminfo_available(void) {
 }
 
 size_t cpu_memory_free(void) { return min_size(meminfo_available(), cgroups_room()); }
+
+size_t cpu_memory_peak(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (size_t)ru.ru_maxrss * 1024;  // ru_maxrss is in KiB on Linux
+}

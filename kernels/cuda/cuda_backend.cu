@@ -108,6 +108,14 @@ size_t cuda_memory_free(void) {
     return free_bytes;
 }
 
+size_t cuda_memory_peak(void) {
+    static size_t peak;  // ops are issued from one host thread
+    size_t free_bytes = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    if (total - free_bytes > peak) peak = total - free_bytes;
+    return peak;
+}
+
 // On the stream, so the bytes land after the queued work that may still read the old ones; the
 // wait is the contract (and frees the host buffer for reuse).
 void cuda_upload(void *dst, const void *host_src, size_t bytes) {

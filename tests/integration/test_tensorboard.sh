@@ -30,7 +30,7 @@ import tensorboard
 name, folder, jsonl = sys.argv[1:4]
 TAGS = {"loss": "loss_metrics/global_avg_loss", "grad_norm": "grad_norm", "lr": "lr/AdamW",
         "tokens_per_s": "throughput(tps)", "tflops": "tflops", "mfu": "mfu(%)",
-        "peak_memory_gib": "memory/peak_rss(GiB)", "expert_load_max": "moe/expert_load_max",
+        "peak_memory_gib": "memory/peak(GiB)", "expert_load_max": "moe/expert_load_max",
         "expert_load_mean": "moe/expert_load_mean", "aux_loss": "moe/aux_loss",
         "validation_loss": "validation_metrics/loss"}
 TEXT = ("step", "precision", "float8")
