@@ -370,6 +370,8 @@ static void split_open(Split *sp, const char *key, const char *path, const Token
                        const Mesh *mesh, int doc_eos) {
     if (!path) die_user("%s is not set (a text, JSONL or R data file or folder, or token shards)",
                         key);
+    if (access(path, R_OK) != 0)
+        die_user("%s %s: %s", key, path, strerror(errno));
     if (!tok && !dataset_is_tokenized(path))
         die_user("%s %s is text: set model.tokenizer_path to tokenize it", key, path);
     sp->path = path;

@@ -20,6 +20,9 @@ expect_user_error "docs.jsonl:3: no \"text\" field" $TITAN "${run[@]}" \
   --model.tokenizer_path bytes --training.dataset_path "$SCRATCH/docs.jsonl"
 expect_user_error "training.dataset_path .*doc.txt is text: set model.tokenizer_path" \
   $TITAN "${run[@]}" --training.dataset_path "$SCRATCH/doc.txt"
+# A path that is not there is named as missing (not taken for text that needs a tokenizer).
+expect_user_error "^titan: error: training.dataset_path .*absent.bin: No such file or directory$" \
+  $TITAN "${run[@]}" --training.dataset_path "$SCRATCH/absent.bin"
 expect_user_error "tokenizer .*doc.txt:1: not a \"<base64> <rank>\" line" \
   $TITAN tokenize --tokenizer "$SCRATCH/doc.txt" --out "$SCRATCH/x" "$SCRATCH/doc.txt"
 # A rank file that lost a line (rank 299) is refused at that line, not read as a vocabulary
