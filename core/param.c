@@ -107,7 +107,7 @@ static int64_t ranges_cut(ParamRanges *r, int n_cuts, const int64_t *first, cons
             int64_t hi = first[j] + len[j] < at + r->count[k] ? first[j] + len[j]
                                                               : at + r->count[k];
             if (lo >= hi) continue;
-            CHECK(out.n < PARAM_MAX_PIECES);
+            CHECK(out.n < PARAM_MAX_RANGES);
             out.start[out.n] = r->start[k] + (lo - at);
             out.count[out.n++] = hi - lo;
             extent += hi - lo;

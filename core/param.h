@@ -26,7 +26,7 @@
 #define PARAM_MAX_DIMS 3
 #define PARAM_MAX_PLACEMENTS 4
 #define PARAM_MAX_BLOCKS 4  // a blocked Shard's parts: FLUX's fused [q; k; v; mlp_in]
-#define PARAM_MAX_PIECES 8  // ranges of a box along one dim
+#define PARAM_MAX_RANGES 8  // of a box along one dim (ParamRanges)
 
 // How a parameter is initialised (torchtitan's init_weights): a (truncated) normal, ones or
 // zeros, or torch.nn.init.xavier_uniform_ of an (out, in) matrix: uniform on [-a, a], a =
@@ -43,7 +43,8 @@ typedef enum {
     // part. That is Megatron's column-parallel cut of a fused Linear (FLUX's qkv weight
     // (3D, D) = [q; k; v], blocks {D, D, D}): rank r's rows are r's rows of q, then of k, then
     // of v, the weight a tensor-parallel fused Linear computes with, which is no single box of
-    // the global tensor but one range per part along dim. A plain Shard is one block.
+    // the global tensor but one range per part along dim (along dim 1: a row-parallel Linear
+    // whose input is such parts side by side). A plain Shard is one block.
     PLACE_SHARD,
     // FSDP's Shard(dim): ceil(n / size) along dim per rank, the last ranks fewer (possibly
     // none), padded to the same length in storage and gathered before compute. Padding is
@@ -72,7 +73,7 @@ typedef struct {
 // increasing, laid out one after another along that dim of the local tensor (none: empty).
 typedef struct {
     int n;
-    int64_t start[PARAM_MAX_PIECES], count[PARAM_MAX_PIECES];
+    int64_t start[PARAM_MAX_RANGES], count[PARAM_MAX_RANGES];
 } ParamRanges;
 
 // The elements of the global tensor a rank holds: every combination of an index from each
