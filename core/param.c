@@ -166,7 +166,8 @@ static size_t shard_stored_numel(const Param *p) {
     return n;
 }
 
-// Whether Shard pl cuts an extent n into equal slices: n itself, or each of its blocks.
+// Whether Shard pl cuts an extent n into equal slices: n itself, or each of its blocks. An
+// extent of 0 (another pipeline stage's parameter, emptied by PLACE_OWNED) stays empty.
 static bool shard_divides(const Placement *pl, int64_t n) {
     if (pl->n_blocks == 0) return n % pl->size == 0;
     if (pl->n_blocks < 0 || pl->n_blocks > PARAM_MAX_BLOCKS) return false;
@@ -175,7 +176,7 @@ static bool shard_divides(const Placement *pl, int64_t n) {
         if (pl->blocks[k] < 1 || pl->blocks[k] % pl->size != 0) return false;
         sum += pl->blocks[k];
     }
-    return sum == n;
+    return sum == n || n == 0;
 }
 
 void params_place(ParamTable *t, Param *p, Placement pl) {

@@ -105,6 +105,35 @@ static void test_boxes(void **state) {
         }
 }
 
+static void count_run(size_t global_first, size_t local_first, size_t count, void *arg) {
+    (void)global_first, (void)local_first;
+    *(size_t *)arg += count;
+}
+
+// Pipeline parallel places a stage's parameters before tensor parallel does: on another
+// stage's rank the blocked Shard cuts an empty box, which stays empty.
+static void test_other_stage_is_empty(void **state) {
+    (void)state;
+    ParamTable table;
+    params_init(&table, 1);
+    params_add(&table, INIT_NORMAL, 1.0, 2, (const int64_t[]){FUSED, OTHER}, "linear1.weight");
+    Param *p = &table.items[0];
+    params_place(&table, p, (Placement){.kind = PLACE_OWNED, .group = 1, .size = 2, .rank = 0,
+                                        .owner = 1});
+    Placement tp_shard = {.kind = PLACE_SHARD, .group = TP_GROUP, .size = TP, .rank = 1,
+                          .n_blocks = PARTS};
+    memcpy(tp_shard.blocks, PART, sizeof PART);
+    params_place(&table, p, tp_shard);
+    assert_int_equal(p->numel, 0);
+    assert_int_equal(p->shard_numel, 0);
+    ParamBox b = param_box(p, true);
+    assert_int_equal(b.ranges[0].n, 0);
+    size_t covered = 0;
+    param_box_runs(p, &b, count_run, &covered);
+    assert_int_equal(covered, 0);
+    params_free(&table);
+}
+
 typedef struct {
     int which, t, f;
     int *seen;      // (FUSED * OTHER) per global element
@@ -225,6 +254,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_boxes),
         cmocka_unit_test(test_runs_cover_once),
+        cmocka_unit_test(test_other_stage_is_empty),
         cmocka_unit_test(test_initialize_is_layout_free),
         cmocka_unit_test(test_checkpoint_reshard),
     };
