@@ -106,14 +106,18 @@ static bool dataset_is_float(hid_t dset) {
 static void box_hyperslabs(hid_t space, const ParamBox *b) {
     int at[PARAM_MAX_DIMS] = {0};  // the range taken along each dim
     H5S_seloper_t op = H5S_SELECT_SET;
-    for (int d = 0; d >= 0; op = H5S_SELECT_OR) {
+    for (bool more = true; more; op = H5S_SELECT_OR) {
         hsize_t start[PARAM_MAX_DIMS], count[PARAM_MAX_DIMS];
-        for (d = 0; d < b->ndim; d++) {
+        for (int d = 0; d < b->ndim; d++) {
             start[d] = (hsize_t)b->ranges[d].start[at[d]];
             count[d] = (hsize_t)b->ranges[d].count[at[d]];
         }
         H5_CHECK(H5Sselect_hyperslab(space, op, start, NULL, count, NULL));
-        for (d = b->ndim - 1; d >= 0 && ++at[d] == b->ranges[d].n; d--) at[d] = 0;
+        more = false;  // the next combination, the last dim's range fastest
+        for (int d = b->ndim - 1; d >= 0 && !more; d--) {
+            more = ++at[d] < b->ranges[d].n;
+            if (!more) at[d] = 0;
+        }
     }
 }
 
