@@ -76,8 +76,9 @@ static void place_stages(Pipeline *p, Model *m, const MeshLayout *layout) {
     for (int st = 0; st < s->stages; st++)
         for (int b = p->first[st]; b < p->first[st + 1]; b++)
             for (int j = 0; j < m->blocks[b].n_params; j++, param++) {
-                Placement pl = {PLACE_OWNED, 0, MESH_PP, layout->size[MESH_PP], p->rank,
-                                s->stage_rank[st]};
+                Placement pl = {.kind = PLACE_OWNED, .group = MESH_PP,
+                                .size = layout->size[MESH_PP], .rank = p->rank,
+                                .owner = s->stage_rank[st]};
                 params_place(&m->params, &m->params.items[param], pl);
             }
     CHECK(param == m->params.count);

@@ -100,21 +100,42 @@ static bool dataset_is_float(hid_t dset) {
     return cls == H5T_FLOAT;
 }
 
-// The file's and memory's selections for t's box: the whole tensor, a hyperslab, or nothing
-// (an empty box: FSDP's last ranks may hold no rows; a replica that another rank writes).
-// file_space is the dataset's; *file_sel is it (with the box selected) or H5S_ALL.
+// Selects box b in space: one hyperslab per combination of a range along each dim, OR'ed.
+// HDF5 moves a selection's elements in the dataspace's row-major order, which is the box's
+// local order since each dim's ranges increase (one range per dim: one plain hyperslab).
+static void box_hyperslabs(hid_t space, const ParamBox *b) {
+    int at[PARAM_MAX_DIMS] = {0};  // the range taken along each dim
+    H5S_seloper_t op = H5S_SELECT_SET;
+    for (bool more = true; more; op = H5S_SELECT_OR) {
+        hsize_t start[PARAM_MAX_DIMS], count[PARAM_MAX_DIMS];
+        for (int d = 0; d < b->ndim; d++) {
+            start[d] = (hsize_t)b->ranges[d].start[at[d]];
+            count[d] = (hsize_t)b->ranges[d].count[at[d]];
+        }
+        H5_CHECK(H5Sselect_hyperslab(space, op, start, NULL, count, NULL));
+        more = false;  // the next combination, the last dim's range fastest
+        for (int d = b->ndim - 1; d >= 0 && !more; d--) {
+            more = ++at[d] < b->ranges[d].n;
+            if (!more) at[d] = 0;
+        }
+    }
+}
+
+// The file's and memory's selections for t's box: the whole tensor, the box's hyperslabs, or
+// nothing (an empty box: FSDP's last ranks may hold no rows; a replica that another rank
+// writes). file_space is the dataset's; *file_sel is it (with the box selected) or H5S_ALL.
 static void box_select(const CkptTensor *t, bool none, hid_t file_space, hid_t *file_sel,
                        hid_t *mem_space) {
-    hsize_t start[CKPT_MAX_DIMS], count[CKPT_MAX_DIMS];
-    hsize_t elements = 1;
-    for (int d = 0; d < t->ndim; d++) {
-        start[d] = t->start ? (hsize_t)t->start[d] : 0;
-        count[d] = t->count ? (hsize_t)t->count[d] : (hsize_t)t->shape[d];
-        elements *= count[d];
-    }
-    if (t->ndim == 0 || (!t->start && !none)) {
+    if (t->ndim == 0 || (!t->box && !none)) {
         *file_sel = *mem_space = H5S_ALL;
         return;
+    }
+    CHECK(!t->box || t->box->ndim == t->ndim);
+    hsize_t count[CKPT_MAX_DIMS];
+    hsize_t elements = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        count[d] = t->box ? (hsize_t)t->box->count[d] : (hsize_t)t->shape[d];
+        elements *= count[d];
     }
     *file_sel = file_space;
     H5_CHECK(*mem_space = H5Screate_simple(t->ndim, count, NULL));
@@ -122,7 +143,7 @@ static void box_select(const CkptTensor *t, bool none, hid_t file_space, hid_t *
         H5_CHECK(H5Sselect_none(file_space));
         H5_CHECK(H5Sselect_none(*mem_space));
     } else {
-        H5_CHECK(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, NULL, count, NULL));
+        box_hyperslabs(file_space, t->box);
     }
 }
 

@@ -35,14 +35,16 @@
 
 #include <mpi.h>
 
+#include "core/param.h"
+
 typedef struct {
     const char *path;      // dataset path inside the file, e.g. "/model/norm.weight"
     int ndim;              // 0 (scalar) .. CKPT_MAX_DIMS
     const int64_t *shape;  // (ndim) global shape
-    float *data;           // (count) the box, row-major: read from on save, written on load
-    // (ndim) each: this rank's box, elements [start[d], start[d] + count[d]) along each dim;
-    // NULL: the whole tensor.
-    const int64_t *start, *count;
+    float *data;           // (box->count) the box, row-major: read from on save, written on load
+    // this rank's box (core/param.h: one range or several along each dim, PARAM_MAX_DIMS at
+    // most), NULL: the whole tensor.
+    const ParamBox *box;
     bool replica;          // save: another rank holds the same box and writes it
 } CkptTensor;
 

@@ -35,7 +35,7 @@ static TensorList tensor_list(const ParamTable *params, const int *kinds, float 
             l.tensors[j] = (CkptTensor){.path = l.names[j], .ndim = p->ndim,
                                         .shape = p->global_shape,
                                         .data = base[k] + p->shard_offset,
-                                        .start = l.boxes[i].start, .count = l.boxes[i].count,
+                                        .box = &l.boxes[i],
                                         .replica = !param_is_primary_replica(p)};
         }
     }

@@ -64,6 +64,7 @@ int64_t placement_slice(const Placement *pl, int64_t n, int rank, int64_t *start
         *start = 0;
         return n;
     case PLACE_SHARD:
+        CHECK(pl->n_blocks == 0);
         *start = rank * (n / pl->size);
         return n / pl->size;
     case PLACE_SHARD_PADDED: {
@@ -78,15 +79,56 @@ int64_t placement_slice(const Placement *pl, int64_t n, int rank, int64_t *start
     return 0;
 }
 
+// The local positions [first[j], first[j] + len[j]) of an extent n along pl's dim that pl's
+// rank keeps, increasing (PARAM_MAX_BLOCKS at most); returns how many.
+static int placement_cuts(const Placement *pl, int64_t n, int64_t *first, int64_t *len) {
+    if (pl->kind != PLACE_SHARD || pl->n_blocks == 0) {
+        len[0] = placement_slice(pl, n, pl->rank, &first[0]);
+        return 1;
+    }
+    int64_t at = 0;
+    for (int k = 0; k < pl->n_blocks; k++) {
+        len[k] = pl->blocks[k] / pl->size;
+        first[k] = at + pl->rank * len[k];
+        at += pl->blocks[k];
+    }
+    return pl->n_blocks;
+}
+
+// r keeps only its local positions [first[j], first[j] + len[j]) (increasing), still one after
+// another; returns the new extent.
+static int64_t ranges_cut(ParamRanges *r, int n_cuts, const int64_t *first, const int64_t *len) {
+    ParamRanges out = {0};
+    int64_t extent = 0;
+    for (int j = 0; j < n_cuts; j++) {
+        int64_t at = 0;  // the local position of range k's first element
+        for (int k = 0; k < r->n; at += r->count[k++]) {
+            int64_t lo = first[j] > at ? first[j] : at;
+            int64_t hi = first[j] + len[j] < at + r->count[k] ? first[j] + len[j]
+                                                              : at + r->count[k];
+            if (lo >= hi) continue;
+            CHECK(out.n < PARAM_MAX_RANGES);
+            out.start[out.n] = r->start[k] + (lo - at);
+            out.count[out.n++] = hi - lo;
+            extent += hi - lo;
+        }
+    }
+    *r = out;
+    return extent;
+}
+
 ParamBox param_box(const Param *p, bool shard) {
     ParamBox b = {.ndim = p->ndim};
-    for (int d = 0; d < p->ndim; d++) b.count[d] = p->global_shape[d];
+    for (int d = 0; d < p->ndim; d++) {
+        b.count[d] = p->global_shape[d];
+        b.ranges[d] = (ParamRanges){.n = 1, .count = {p->global_shape[d]}};
+    }
     for (int i = 0; i < p->n_placements; i++) {
         const Placement *pl = &p->placements[i];
         if (pl->kind == PLACE_REPLICATE || (!shard && pl->kind == PLACE_SHARD_PADDED)) continue;
-        int64_t start;
-        b.count[pl->dim] = placement_slice(pl, b.count[pl->dim], pl->rank, &start);
-        b.start[pl->dim] += start;
+        int64_t first[PARAM_MAX_BLOCKS], len[PARAM_MAX_BLOCKS];
+        int n_cuts = placement_cuts(pl, b.count[pl->dim], first, len);
+        b.count[pl->dim] = ranges_cut(&b.ranges[pl->dim], n_cuts, first, len);
     }
     return b;
 }
@@ -95,6 +137,19 @@ size_t box_numel(const ParamBox *b) {
     size_t n = 1;
     for (int d = 0; d < b->ndim; d++) n *= (size_t)b->count[d];
     return n;
+}
+
+int64_t box_start(const ParamBox *b, int d) {
+    CHECK(d >= 0 && d < b->ndim && b->ranges[d].n <= 1);
+    return b->ranges[d].n ? b->ranges[d].start[0] : 0;
+}
+
+// The global index of local position at along one dim held as ranges r.
+static int64_t ranges_global(const ParamRanges *r, int64_t at) {
+    for (int k = 0; k < r->n; at -= r->count[k++])
+        if (at < r->count[k]) return r->start[k] + at;
+    CHECK(false);
+    return 0;
 }
 
 // The shard's length in storage: the compute box with each padded dim rounded up to a
@@ -111,12 +166,26 @@ static size_t shard_stored_numel(const Param *p) {
     return n;
 }
 
+// Whether Shard pl cuts an extent n into equal slices: n itself, or each of its blocks. An
+// extent of 0 (another pipeline stage's parameter, emptied by PLACE_OWNED) stays empty.
+static bool shard_divides(const Placement *pl, int64_t n) {
+    if (pl->n_blocks == 0) return n % pl->size == 0;
+    if (pl->n_blocks < 0 || pl->n_blocks > PARAM_MAX_BLOCKS) return false;
+    int64_t sum = 0;
+    for (int k = 0; k < pl->n_blocks; k++) {
+        if (pl->blocks[k] < 1 || pl->blocks[k] % pl->size != 0) return false;
+        sum += pl->blocks[k];
+    }
+    return sum == n || n == 0;
+}
+
 void params_place(ParamTable *t, Param *p, Placement pl) {
     CHECK(pl.size >= 1 && pl.rank >= 0 && pl.rank < pl.size);
     if (pl.size == 1) return;
     CHECK(p->n_placements < PARAM_MAX_PLACEMENTS && param_placement_on(p, pl.group) == NULL);
     if (pl.kind != PLACE_REPLICATE) CHECK(pl.dim >= 0 && pl.dim < p->ndim);
-    if (pl.kind == PLACE_SHARD) CHECK(p->shape[pl.dim] % pl.size == 0);
+    if (pl.kind == PLACE_SHARD) CHECK(shard_divides(&pl, p->shape[pl.dim]));
+    else CHECK(pl.n_blocks == 0);
     if (pl.kind == PLACE_OWNED) CHECK(pl.dim == 0 && pl.owner >= 0 && pl.owner < pl.size);
     bool cuts_compute = pl.kind == PLACE_SHARD || pl.kind == PLACE_OWNED;
     for (int i = 0; i < p->n_placements && cuts_compute; i++)
@@ -147,20 +216,19 @@ size_t param_global_numel(const Param *p) {
     return n;
 }
 
-size_t param_global_index(const Param *p, size_t i) {
-    ParamBox b = param_box(p, false);
+size_t param_global_index(const Param *p, const ParamBox *b, size_t i) {
     size_t global = 0, stride = 1;
     for (int d = p->ndim - 1; d >= 0; d--) {
-        size_t at = i % (size_t)b.count[d];
-        i /= (size_t)b.count[d];
-        global += ((size_t)b.start[d] + at) * stride;
+        int64_t at = (int64_t)(i % (size_t)b->count[d]);
+        i /= (size_t)b->count[d];
+        global += (size_t)ranges_global(&b->ranges[d], at) * stride;
         stride *= (size_t)p->global_shape[d];
     }
     return global;
 }
 
-// The innermost dim the box does not cover whole splits it into runs: for each index of the
-// dims before it, that dim's range times everything after it is one contiguous run.
+// The innermost dim the box does not hold whole (cut) splits it into runs: for each index of
+// the dims before it, each of cut's ranges times everything after it is one contiguous run.
 void param_box_runs(const Param *p, const ParamBox *b,
                     void (*fn)(size_t global_first, size_t local_first, size_t count, void *arg),
                     void *arg) {
@@ -169,20 +237,30 @@ void param_box_runs(const Param *p, const ParamBox *b,
     int cut = -1;
     for (int d = 0; d < p->ndim; d++)
         if (b->count[d] != p->global_shape[d]) cut = d;
-    size_t run = 1;
-    for (int d = cut < 0 ? 0 : cut; d < p->ndim; d++) run *= (size_t)b->count[d];
-    for (size_t local = 0; local < n; local += run) {
-        size_t outer = local / run, global = 0, stride = 1;
-        for (int d = p->ndim - 1; d >= 0; d--) {
-            size_t at = 0;
-            if (d < cut) {
-                at = outer % (size_t)b->count[d];
-                outer /= (size_t)b->count[d];
-            }
-            global += ((size_t)b->start[d] + at) * stride;
-            stride *= (size_t)p->global_shape[d];
+    if (cut < 0) {
+        fn(0, 0, n, arg);
+        return;
+    }
+    size_t stride[PARAM_MAX_DIMS];  // the global tensor's, per dim
+    size_t inner = 1;               // floats per index of dim cut, in both tensors
+    for (int d = p->ndim - 1; d >= 0; d--) {
+        stride[d] = d == p->ndim - 1 ? 1 : stride[d + 1] * (size_t)p->global_shape[d + 1];
+        if (d > cut) inner *= (size_t)b->count[d];
+    }
+    const ParamRanges *r = &b->ranges[cut];
+    size_t local = 0;
+    for (size_t outer = 0; local < n; outer++) {
+        size_t global = 0, rest = outer;
+        for (int d = cut - 1; d >= 0; d--) {
+            global += (size_t)ranges_global(&b->ranges[d], (int64_t)(rest % (size_t)b->count[d])) *
+                      stride[d];
+            rest /= (size_t)b->count[d];
         }
-        fn(global, local, run, arg);
+        for (int k = 0; k < r->n; k++) {
+            size_t count = (size_t)r->count[k] * inner;
+            fn(global + (size_t)r->start[k] * stride[cut], local, count, arg);
+            local += count;
+        }
     }
 }
 

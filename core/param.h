@@ -7,7 +7,8 @@
 // they were applied (tensor parallel first, then FSDP), each cutting the box of the global
 // tensor that the ones before it left this rank. A group of one rank is no placement.
 //
-// Every parameter has two local forms, each a box of the global tensor:
+// Every parameter has two local forms, each a box of the global tensor (ParamBox: along each
+// dim one range of global indices, or several when a blocked Shard cut that dim):
 // - the compute tensor (shape, numel, data, grad): what the model's blocks compute with, cut
 //   by the compute placements (Replicate, Shard) only;
 // - the shard (shard_numel floats at shard_offset in ParamTable.shard_data / shard_grad): what
@@ -24,6 +25,8 @@
 #define PARAM_NAME_MAX 96
 #define PARAM_MAX_DIMS 3
 #define PARAM_MAX_PLACEMENTS 4
+#define PARAM_MAX_BLOCKS 4  // a blocked Shard's parts: FLUX's fused [q; k; v; mlp_in]
+#define PARAM_MAX_RANGES 8  // of a box along one dim (ParamRanges)
 
 // How a parameter is initialised (torchtitan's init_weights): a (truncated) normal, ones or
 // zeros, or torch.nn.init.xavier_uniform_ of an (out, in) matrix: uniform on [-a, a], a =
@@ -34,10 +37,20 @@ typedef enum {
 
 typedef enum {
     PLACE_REPLICATE,     // Replicate(): every rank of the group holds the whole box
-    PLACE_SHARD,         // Shard(dim): `size` equal slices of the box along dim
+    // Shard(dim): `size` equal slices of the box along dim. Blocked (n_blocks > 0): the box's
+    // extent along dim is n_blocks parts of blocks[k] elements one after another, and each
+    // part is cut into `size` equal slices; rank r holds slice r of every part, part after
+    // part. That is Megatron's column-parallel cut of a fused Linear (FLUX's qkv weight
+    // (3D, D) = [q; k; v], blocks {D, D, D}): rank r's rows are r's rows of q, then of k, then
+    // of v, the weight a tensor-parallel fused Linear computes with, which is no single box of
+    // the global tensor but one range per part along dim (along dim 1: a row-parallel Linear
+    // whose input is such parts side by side). A plain Shard is one block.
+    PLACE_SHARD,
     // FSDP's Shard(dim): ceil(n / size) along dim per rank, the last ranks fewer (possibly
     // none), padded to the same length in storage and gathered before compute. Padding is
-    // never part of the box (nor of a checkpoint).
+    // never part of the box (nor of a checkpoint). It cuts the local extent the compute
+    // placements left, so after a blocked Shard of that dim a rank's slice may hold pieces of
+    // several parts (some of them cut).
     PLACE_SHARD_PADDED,
     // The whole box on one rank of the group (`owner`), nothing (an empty box) on the others:
     // a pipeline stage's parameters, held by the pp rank that runs the stage.
@@ -50,12 +63,27 @@ typedef struct {
     int group;       // which mesh group (parallel/mesh.h's MeshGroup; opaque here)
     int size, rank;  // the group's size and this rank's index in it
     int owner;       // PLACE_OWNED: the rank that holds the tensor
+    // PLACE_SHARD blocked: the parts' lengths along dim, summing to the extent it cuts (the
+    // global tensor's, for the first placement), each a multiple of size; 0: a plain Shard.
+    int n_blocks;
+    int64_t blocks[PARAM_MAX_BLOCKS];
 } Placement;
 
-// Elements [start[d], start[d] + count[d]) of the global tensor along each dim.
+// The global indices a box holds along one dim: n ranges [start[k], start[k] + count[k]),
+// increasing, laid out one after another along that dim of the local tensor (none: empty).
+typedef struct {
+    int n;
+    int64_t start[PARAM_MAX_RANGES], count[PARAM_MAX_RANGES];
+} ParamRanges;
+
+// The elements of the global tensor a rank holds: every combination of an index from each
+// dim's ranges, in row-major order of the local tensor, whose shape is count. Because each
+// dim's ranges increase, that is also their order in the global tensor: a set of elements
+// HDF5 selects as a union of hyperslabs.
 typedef struct {
     int ndim;
-    int64_t start[PARAM_MAX_DIMS], count[PARAM_MAX_DIMS];
+    int64_t count[PARAM_MAX_DIMS];      // the local extent along each dim: its ranges' total
+    ParamRanges ranges[PARAM_MAX_DIMS];
 } ParamBox;
 
 typedef struct {
@@ -112,22 +140,26 @@ __attribute__((format(printf, 6, 7))) int params_add(ParamTable *t, ParamInit in
                                                       const int64_t *shape, const char *fmt, ...);
 Param *params_find(ParamTable *t, const char *name);
 // Appends placement pl to p (nothing for a group of one rank); the local shapes and every
-// offset of the table follow. Before params_allocate. A Shard must divide its dim evenly; a
-// compute placement cannot follow a padded one (FSDP shards what the others left).
+// offset of the table follow. Before params_allocate. A Shard must divide its dim (each of
+// its blocks) evenly; a compute placement cannot follow a padded one (FSDP shards what the
+// others left).
 void params_place(ParamTable *t, Param *p, Placement pl);
 // p's placement over mesh group `group`, NULL if it has none.
 const Placement *param_placement_on(const Param *p, int group);
-// The count of n elements (along pl's dim) that rank holds under pl, starting at *start.
+// The count of n elements (along pl's dim) that rank holds under pl, starting at *start; pl
+// holds one range per rank (not a blocked Shard).
 int64_t placement_slice(const Placement *pl, int64_t n, int rank, int64_t *start);
 // This rank's box of the global tensor: the compute tensor's (shard false) or the shard's.
 ParamBox param_box(const Param *p, bool shard);
 size_t box_numel(const ParamBox *b);
+// The first global index b holds along dim d, which must be one range there (0 if empty).
+int64_t box_start(const ParamBox *b, int d);
 // Whether this rank writes p's shard when the replicas write once: it is replica 0 of every
 // Replicate placement.
 bool param_is_primary_replica(const Param *p);
 size_t param_global_numel(const Param *p);
-// The global flattened (row-major) index of p's compute-tensor element i.
-size_t param_global_index(const Param *p, size_t i);
+// The global flattened (row-major) index of element i (row-major) of p's box b.
+size_t param_global_index(const Param *p, const ParamBox *b, size_t i);
 // Carves the compute data and grad buffers (numel floats each) from the arenas and sets
 // every pointer; the shard buffers are the same ones unless the caller (FSDP) places them.
 void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena);
@@ -149,8 +181,10 @@ void params_initialize(ParamTable *t, uint64_t seed);
 // dst (count) = elements [first, first + count) of p's initial value (row-major, global
 // indices): the same numbers params_initialize writes there, so a piece is filled alone.
 void param_fill(const Param *p, uint64_t seed, size_t first, size_t count, float *dst);
-// Calls fn(global_first, local_first, count, arg) for each maximal run of box b that is
-// contiguous in the global row-major tensor of p (local indices row-major within the box).
+// Calls fn(global_first, local_first, count, arg) for each run of box b that is contiguous
+// in both the global row-major tensor of p and the box (local indices row-major within the
+// box), in local order: one per range of the innermost dim the box does not hold whole, for
+// each index of the dims before it.
 void param_box_runs(const Param *p, const ParamBox *b,
                     void (*fn)(size_t global_first, size_t local_first, size_t count, void *arg),
                     void *arg);

@@ -4,8 +4,9 @@
 
 void ddp_place(ParamTable *t, int size, int rank) {
     for (int i = 0; i < t->count; i++)
-        params_place(t, &t->items[i],
-                     (Placement){PLACE_REPLICATE, 0, MESH_DP_REPLICATE, size, rank, 0});
+        params_place(t, &t->items[i], (Placement){.kind = PLACE_REPLICATE,
+                                                  .group = MESH_DP_REPLICATE, .size = size,
+                                                  .rank = rank});
 }
 
 size_t ddp_bytes_per_step(const ParamTable *t) { return t->shard_numel * sizeof(float); }

@@ -35,7 +35,8 @@ static CommGroup *part_group(const Fsdp *f, int part) {
 // FSDP's placement of a parameter of `part` for rank `rank` of the part's group.
 static Placement fsdp_placement(const Fsdp *f, int part, int rank) {
     int group = part == PART_EXPERTS ? MESH_GROUP_EFSDP : MESH_GROUP_FSDP;
-    return (Placement){PLACE_SHARD_PADDED, 0, group, part_size(f, part), rank, 0};
+    return (Placement){.kind = PLACE_SHARD_PADDED, .group = group, .size = part_size(f, part),
+                       .rank = rank};
 }
 
 // The rows [*first, *first + count) of p's compute tensor that rank k of its part's group
@@ -113,8 +114,9 @@ static void plan_unit(Fsdp *f, FsdpUnit *u) {
         int part = part_of(f, p);
         int rank = part == PART_EXPERTS ? f->config.expert_rank : f->config.rank;
         params_place(t, p, fsdp_placement(f, part, rank));
-        params_place(t, p, (Placement){PLACE_REPLICATE, 0, MESH_DP_REPLICATE,
-                                       f->config.replicate_size, f->config.replicate_rank, 0});
+        params_place(t, p, (Placement){.kind = PLACE_REPLICATE, .group = MESH_DP_REPLICATE,
+                                       .size = f->config.replicate_size,
+                                       .rank = f->config.replicate_rank});
         u->full_numel += p->numel;
     }
 }

@@ -55,6 +55,7 @@ void tp_plan(Tp *tp, int rank, int size, bool loss_parallel) {
 
 void tp_shard(const Tp *tp, ParamTable *t, Param *p, int dim) {
     PlacementKind kind = dim == TP_REPLICATE ? PLACE_REPLICATE : PLACE_SHARD;
-    params_place(t, p, (Placement){kind, dim, MESH_TP, tp->size, tp->rank, 0});
+    params_place(t, p, (Placement){.kind = kind, .dim = dim, .group = MESH_TP, .size = tp->size,
+                                   .rank = tp->rank});
 }
 

@@ -103,7 +103,10 @@ static LinearAct grad_gathered_act(const StepCtx *s, const float *dy, float *ful
 }
 
 // First global row of a vocab-sharded table's slice (0 when it is whole).
-static int vocab_start(const Param *table) { return (int)param_box(table, false).start[0]; }
+static int vocab_start(const Param *table) {
+    ParamBox b = param_box(table, false);
+    return (int)box_start(&b, 0);
+}
 
 // ---- tok_embeddings ------------------------------------------------------------------------
 

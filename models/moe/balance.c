@@ -67,7 +67,7 @@ static void bias_add(const KernelOps *k, ParamTable *t, const Param *p, float *d
     ParamBox box = param_box(p, true);
     size_t n = box_numel(&box);
     if (n == 0) return;  // another pipeline stage's layer
-    k->upload(dev_step, step + box.start[0], n * sizeof(float));
+    k->upload(dev_step, step + box_start(&box, 0), n * sizeof(float));
     k->add(t->shard_data + p->shard_offset, dev_step, n);
 }
 

@@ -91,8 +91,8 @@ bool ep_check(const ParamTable *t, int ep, char *err, size_t errlen) {
 void ep_place(ParamTable *t, int size, int rank) {
     for (int i = 0; i < t->count; i++)
         if (t->items[i].expert)
-            params_place(t, &t->items[i],
-                         (Placement){PLACE_SHARD, 0, MESH_GROUP_EP, size, rank, 0});
+            params_place(t, &t->items[i], (Placement){.kind = PLACE_SHARD, .group = MESH_GROUP_EP,
+                                                      .size = size, .rank = rank});
 }
 
 int64_t ep_recv_rows_bound(int ep, int64_t rows, int k, int n_experts, double capacity_factor) {

@@ -198,7 +198,7 @@ static void test_check_and_place(void **state) {
     ep_place(&t, 4, 3);
     const Param *p = &t.items[w1];
     ParamBox box = param_box(p, false);
-    assert_int_equal(box.start[0], 6);
+    assert_int_equal(box_start(&box, 0), 6);
     assert_int_equal(box.count[0], 2);
     assert_int_equal(box.count[1], 4);
     assert_int_equal(p->numel, 2 * 4 * 2);
@@ -252,10 +252,11 @@ static void moe_table(ParamTable *t, int fsdp, int ep, int rank, bool fill) {
     params_add(t, INIT_NORMAL, 0.02, 3, stack, "layers.0.moe.experts.w1");
     t->items[1].expert = true;
     ep_place(t, ep, rank % ep);
-    params_place(t, &t->items[0],
-                 (Placement){PLACE_SHARD_PADDED, 0, MESH_GROUP_FSDP, fsdp, rank, 0});
-    params_place(t, &t->items[1],
-                 (Placement){PLACE_SHARD_PADDED, 0, MESH_GROUP_EFSDP, fsdp / ep, rank / ep, 0});
+    params_place(t, &t->items[0], (Placement){.kind = PLACE_SHARD_PADDED, .group = MESH_GROUP_FSDP,
+                                              .size = fsdp, .rank = rank});
+    params_place(t, &t->items[1], (Placement){.kind = PLACE_SHARD_PADDED,
+                                              .group = MESH_GROUP_EFSDP, .size = fsdp / ep,
+                                              .rank = rank / ep});
     t->shard_data = calloc(t->shard_numel + 1, sizeof(float));
     if (fill) params_initialize(t, SEED);
 }
@@ -281,7 +282,7 @@ static void test_checkpoint_reshard(void **state) {
         static const int64_t start[2][4] = {{0, 3}, {0, 3, 2, 5}};
         static const int64_t count[2][4] = {{3, 3}, {2, 2, 1, 1}};
         ParamBox b = param_box(&sharded.items[1], true);
-        assert_int_equal(b.start[0], start[n / 4][rank]);
+        assert_int_equal(box_start(&b, 0), start[n / 4][rank]);
         assert_int_equal(b.count[0], count[n / 4][rank]);
     }
     train_state_save(sharded_path, &sharded, NULL, (TrainProgress){0}, SEED, "", NULL, 0,

@@ -181,7 +181,7 @@ static void sharded_free(Sharded *sh) {
 // 1-rank tensor.
 static size_t box_of(const Param *p, size_t *first) {
     ParamBox b = param_box(p, true);
-    *first = (size_t)b.start[0] * (p->numel / (size_t)p->shape[0]);
+    *first = (size_t)box_start(&b, 0) * (p->numel / (size_t)p->shape[0]);
     return box_numel(&b);
 }
 

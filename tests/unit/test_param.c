@@ -23,9 +23,12 @@ static void place(ParamTable *table, const int64_t shape[3], int tp_dim, int tp,
     params_init(table, 1);
     params_add(table, INIT_NORMAL, 0.02, 3, shape, "experts.w1");
     Param *p = &table->items[0];
-    params_place(table, p, (Placement){PLACE_SHARD, tp_dim, TP_GROUP, tp, t, 0});
-    params_place(table, p, (Placement){PLACE_SHARD_PADDED, 0, FSDP_GROUP, fsdp, f, 0});
-    params_place(table, p, (Placement){PLACE_REPLICATE, 0, REPLICATE_GROUP, replicas, r, 0});
+    params_place(table, p, (Placement){.kind = PLACE_SHARD, .dim = tp_dim, .group = TP_GROUP,
+                                       .size = tp, .rank = t});
+    params_place(table, p, (Placement){.kind = PLACE_SHARD_PADDED, .group = FSDP_GROUP,
+                                       .size = fsdp, .rank = f});
+    params_place(table, p, (Placement){.kind = PLACE_REPLICATE, .group = REPLICATE_GROUP,
+                                       .size = replicas, .rank = r});
 }
 
 static void test_boxes_tile_the_tensor(void **state) {
@@ -42,23 +45,22 @@ static void test_boxes_tile_the_tensor(void **state) {
                     const Param *p = &table.items[0];
                     ParamBox compute = param_box(p, false), shard = param_box(p, true);
                     assert_int_equal(compute.count[tp_dim], shape[tp_dim] / TP);
-                    assert_int_equal(compute.start[tp_dim], t * shape[tp_dim] / TP);
+                    assert_int_equal(box_start(&compute, tp_dim), t * shape[tp_dim] / TP);
                     assert_int_equal(p->numel, box_numel(&compute));
                     // Rows 0-1 on fsdp rank 0, row 2 and a padding row on rank 1.
-                    assert_int_equal(shard.start[0], f * 2);
+                    assert_int_equal(box_start(&shard, 0), f * 2);
                     assert_int_equal(shard.count[0], f == 0 ? 2 : 1);
                     assert_int_equal(p->shard_numel, 2 * p->numel / 3);
                     assert_int_equal(table.shard_numel, p->shard_numel);
                     assert_true(param_is_primary_replica(p) == (r == 0));
-                    if (r == 0)
-                        for (size_t i = 0; i < box_numel(&shard); i++) {
-                            int64_t at[3], rest = (int64_t)i;
-                            for (int d = 2; d >= 0; d--) {
-                                at[d] = shard.start[d] + rest % shard.count[d];
-                                rest /= shard.count[d];
-                            }
-                            seen[(at[0] * 8 + at[1]) * 6 + at[2]]++;
+                    for (size_t i = 0; i < box_numel(&shard) && r == 0; i++) {
+                        int64_t at[3], rest = (int64_t)i;
+                        for (int d = 2; d >= 0; d--) {
+                            at[d] = box_start(&shard, d) + rest % shard.count[d];
+                            rest /= shard.count[d];
                         }
+                        seen[(at[0] * 8 + at[1]) * 6 + at[2]]++;
+                    }
                     params_free(&table);
                 }
         for (int i = 0; i < 3 * 8 * 6; i++) assert_int_equal(seen[i], 1);
@@ -111,8 +113,9 @@ static void test_initialize_fills_boxes(void **state) {
         assert_int_equal(c.compared, box_numel(&b));
         for (size_t i = box_numel(&b); i < p->shard_numel; i++)
             assert_true(table.shard_data[i] == 0.0f);
-        for (size_t i = 0; i < p->numel && f == 0; i++)
-            assert_int_equal(param_global_index(p, i) % 6 >= 3, 1);  // tp rank 1: columns 3-5
+        ParamBox compute = param_box(p, false);
+        for (size_t i = 0; i < p->numel && f == 0; i++)  // tp rank 1: columns 3-5
+            assert_int_equal(param_global_index(p, &compute, i) % 6 >= 3, 1);
         free(table.shard_data);
         params_free(&table);
     }

@@ -95,10 +95,11 @@ static bool placed_on_tp(const Param *p, int dim, int n) {
 
 static double slice_error(const Param *p, const Param *ref, bool grads) {
     const float *x = grads ? p->grad : p->data, *y = grads ? ref->grad : ref->data;
+    ParamBox b = param_box(p, false);
     double err = 0, scale = 0;
     for (size_t i = 0; i < ref->numel; i++) scale = fmax(scale, fabs(y[i]));
     for (size_t i = 0; i < p->numel; i++)
-        err = fmax(err, fabs(x[i] - y[param_global_index(p, i)]));
+        err = fmax(err, fabs(x[i] - y[param_global_index(p, &b, i)]));
     return scale > 0 ? err / scale : err;
 }
 
