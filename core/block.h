@@ -30,6 +30,7 @@ typedef struct TpHooks TpHooks;
 struct TpHooks {
     int size;            // ranks sharing the rows and the weights
     int rank;            // this rank's index: it holds rows [rank, rank + 1) * rows of B*T
+                         // (all of them under StepCtx.tp_whole_rows)
     bool loss_parallel;  // the loss reads vocab-sharded logits (else they are gathered first)
     // full (size * n) = every rank's x (n) in rank order: all-gather of rows, of type t
     // (DTYPE_FP32, or DTYPE_BF16: normed rows and gradients under bf16 mixed precision).
