@@ -154,10 +154,11 @@ void trainer_pipeline_plan(Trainer *t) {
 
 // Floats of one activation (or its gradient) between stages of run u: a microbatch's rows x
 // seq_len / cp / tp tokens (context parallel cuts the sequence over cp, sequence parallel this
-// rank's share over tp) of dim each.
+// rank's share over tp, unless the model's plan keeps the rows whole) of dim each.
 static size_t activation_width(const Trainer *t, const PipelineRun *u) {
     const Pipeline *p = t->pipeline;
-    return (size_t)p->rows * u->split->step_T / t->mesh.layout.size[MESH_TP] * t->model.dim;
+    int tp = t->model.tp_whole_rows ? 1 : t->mesh.layout.size[MESH_TP];
+    return (size_t)p->rows * u->split->step_T / tp * t->model.dim;
 }
 
 // One region of run u, by dtype (a multiple of the arena's alignment, as every carve is).

@@ -30,6 +30,7 @@ typedef struct TpHooks TpHooks;
 struct TpHooks {
     int size;            // ranks sharing the rows and the weights
     int rank;            // this rank's index: it holds rows [rank, rank + 1) * rows of B*T
+                         // (all of them under StepCtx.tp_whole_rows)
     bool loss_parallel;  // the loss reads vocab-sharded logits (else they are gathered first)
     // full (size * n) = every rank's x (n) in rank order: all-gather of rows, of type t
     // (DTYPE_FP32, or DTYPE_BF16: normed rows and gradients under bf16 mixed precision).
@@ -99,6 +100,9 @@ struct ExpertHooks {
 struct StepCtx {
     const KernelOps *k;
     const TpHooks *tp;   // NULL: one device; the generic loop sets it from Model.tp
+    // The tp plan keeps the hidden states whole on every tp rank (no sequence parallel: FLUX's
+    // Megatron plan); false: each holds its B*T / size rows (the decoder's). From Model.
+    bool tp_whole_rows;
     const AttnHooks *attn;  // NULL: whole sequences; the generic loop sets it from Model.attn
     const ExpertHooks *ep;  // NULL: all experts local; the generic loop sets it from Model.ep
     Arena *act;          // this microbatch's activations (a stack: see core/arena.h)
@@ -128,8 +132,10 @@ struct StepCtx {
 };
 
 static inline bool step_sizing(const StepCtx *s) { return s->act->base == NULL; }
-// Rows of the residual stream this rank holds between blocks (sequence parallel).
-static inline int step_rows(const StepCtx *s) { return s->B * s->T / (s->tp ? s->tp->size : 1); }
+// Rows of the residual stream this rank holds between blocks (sequence parallel splits them).
+static inline int step_rows(const StepCtx *s) {
+    return s->B * s->T / (s->tp && !s->tp_whole_rows ? s->tp->size : 1);
+}
 
 // What a call of a block does, as the code around it needs to know (FSDP gathers before each,
 // prefetches in the direction the next one goes, and reduce-scatters after the gradients).

@@ -186,6 +186,7 @@ void params_place(ParamTable *t, Param *p, Placement pl) {
     if (pl.kind != PLACE_REPLICATE) CHECK(pl.dim >= 0 && pl.dim < p->ndim);
     if (pl.kind == PLACE_SHARD) CHECK(shard_divides(&pl, p->shape[pl.dim]));
     else CHECK(pl.n_blocks == 0);
+    CHECK(!pl.grad_partial || pl.kind == PLACE_REPLICATE);
     if (pl.kind == PLACE_OWNED) CHECK(pl.dim == 0 && pl.owner >= 0 && pl.owner < pl.size);
     bool cuts_compute = pl.kind == PLACE_SHARD || pl.kind == PLACE_OWNED;
     for (int i = 0; i < p->n_placements && cuts_compute; i++)

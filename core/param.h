@@ -67,6 +67,11 @@ typedef struct {
     // global tensor's, for the first placement), each a multiple of size; 0: a plain Shard.
     int n_blocks;
     int64_t blocks[PARAM_MAX_BLOCKS];
+    // PLACE_REPLICATE over tensor parallel: each rank's gradient is a partial sum (DTensor's
+    // Partial), its rows' share under sequence parallel or its heads' share of a per-head
+    // weight, which the step sums over the group (parallel/grads.h); false: every rank
+    // computes the same whole gradient (the parameter's math runs redundantly on each).
+    bool grad_partial;
 } Placement;
 
 // The global indices a box holds along one dim: n ranges [start[k], start[k] + count[k]),

@@ -182,6 +182,7 @@ float *model_forward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int 
                             const float *x) {
     CHECK(0 <= first && first < last && last <= m->n_blocks);
     s->tp = m->tp;
+    s->tp_whole_rows = m->tp_whole_rows;
     s->attn = m->attn;
     s->ep = m->ep;
     s->act_dtype = m->act_dtype;
@@ -254,7 +255,8 @@ double model_forward_backward(Model *m, StepCtx *s) {
 ArenaBytes model_activation_bytes(Model *m, const KernelOps *k, int B, int T) {
     Arena sizing;
     arena_init_sizing(&sizing, "activations");
-    StepCtx s = {.k = k, .act = &sizing, .B = B, .T = T, .tp = m->tp, .attn = m->attn,
+    StepCtx s = {.k = k, .act = &sizing, .B = B, .T = T, .tp = m->tp,
+                 .tp_whole_rows = m->tp_whole_rows, .attn = m->attn,
                  .ep = m->ep, .act_dtype = m->act_dtype};
     model_forward_backward(m, &s);
     return sizing.peak;

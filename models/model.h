@@ -43,6 +43,7 @@ struct Model {
     ModelLinear *linears;  // (n_linears) every Linear of the blocks, added by the build
     int n_linears;
     const TpHooks *tp;   // set by the model's parallelize plan; NULL: one device
+    bool tp_whole_rows;  // set by the plan: StepCtx.tp_whole_rows (no sequence parallel)
     const AttnHooks *attn;  // context parallel's attention (parallel/cp); NULL: whole sequences
     const ExpertHooks *ep;  // expert parallel's dispatch (parallel/ep); NULL: all experts local
     const BlockHooks *hooks;  // called around every block call (FSDP); NULL: none

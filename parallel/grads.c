@@ -9,10 +9,16 @@ static bool tp_replicated(const Param *p) {
     return pl && pl->kind == PLACE_REPLICATE && !param_placement_on(p, MESH_GROUP_EP);
 }
 
+// Replicated with each rank's gradient a partial sum (the plan's TP_REPLICATE, not
+// TP_REDUNDANT, whose grads are already whole on every rank).
+static bool tp_partial(const Param *p) {
+    return tp_replicated(p) && param_placement_on(p, MESH_TP)->grad_partial;
+}
+
 size_t grads_replicated_floats(const ParamTable *t) {
     size_t n = 0;
     for (int i = 0; i < t->count; i++)
-        if (tp_replicated(&t->items[i])) n += t->items[i].shard_numel;
+        if (tp_partial(&t->items[i])) n += t->items[i].shard_numel;
     return n;
 }
 
@@ -20,7 +26,7 @@ void grads_reduce_replicated(const ParamTable *t, CommGroup *tp) {
     if (!tp) return;
     for (int i = 0; i < t->count; i++) {
         const Param *p = &t->items[i];
-        if (tp_replicated(p))
+        if (tp_partial(p))
             comm_all_reduce(tp, t->shard_grad + p->shard_offset, p->shard_numel, COMM_SUM);
     }
 }

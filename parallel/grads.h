@@ -1,6 +1,6 @@
-// The step's gradient as the parallelisms leave it on this rank, made whole: the replicated
-// parameters' grads summed over tp (each rank's are partial: its rows' share under sequence
-// parallel), and the global L2 norm for clipping counted exactly once per element of the
+// The step's gradient as the parallelisms leave it on this rank, made whole: the grads of the
+// replicated parameters whose placement says they are partial summed over tp (under sequence
+// parallel each rank's rows' share; those computed redundantly are whole already), and the global L2 norm for clipping counted exactly once per element of the
 // unsharded model (DESIGN.md "Parameters carry their layout").
 //
 // A parameter's gradient is its shard's (ParamTable.shard_grad at Param.shard_offset): FSDP's
@@ -13,7 +13,7 @@
 
 // Floats grads_reduce_replicated all-reduces over tp per step (for --estimate).
 size_t grads_replicated_floats(const ParamTable *t);
-// After the last microbatch's backward (and fsdp_finish_step).
+// After the last microbatch's backward (and fsdp_finish_step): sums the partial ones.
 void grads_reduce_replicated(const ParamTable *t, CommGroup *tp);
 // Sum over every element of the whole model's gradient of its square: this rank's shards,
 // summed over the fsdp and tp groups, each parameter divided by its replica count over them

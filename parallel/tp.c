@@ -53,9 +53,23 @@ void tp_plan(Tp *tp, int rank, int size, bool loss_parallel) {
                           .all_reduce_sum = tp_all_reduce_sum};
 }
 
+static Placement placement(const Tp *tp, int dim) {
+    bool replicate = dim == TP_REPLICATE || dim == TP_REDUNDANT;
+    return (Placement){.kind = replicate ? PLACE_REPLICATE : PLACE_SHARD,
+                       .dim = replicate ? TP_REPLICATE : dim, .group = MESH_TP, .size = tp->size,
+                       .rank = tp->rank, .grad_partial = dim == TP_REPLICATE};
+}
+
 void tp_shard(const Tp *tp, ParamTable *t, Param *p, int dim) {
-    PlacementKind kind = dim == TP_REPLICATE ? PLACE_REPLICATE : PLACE_SHARD;
-    params_place(t, p, (Placement){.kind = kind, .dim = dim, .group = MESH_TP, .size = tp->size,
-                                   .rank = tp->rank});
+    params_place(t, p, placement(tp, dim));
+}
+
+void tp_shard_blocked(const Tp *tp, ParamTable *t, Param *p, int dim, int n_blocks,
+                      const int64_t *blocks) {
+    CHECK(dim >= 0 && n_blocks > 0 && n_blocks <= PARAM_MAX_BLOCKS);
+    Placement pl = placement(tp, dim);
+    pl.n_blocks = n_blocks;
+    for (int k = 0; k < n_blocks; k++) pl.blocks[k] = blocks[k];
+    params_place(t, p, pl);
 }
 

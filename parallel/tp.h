@@ -7,8 +7,8 @@
 // Applying it, in torchtitan's order: TP (the model's plan: tp_shard on each parameter, then
 // Model.tp = &tp->hooks), before activation checkpointing, before FSDP (which then shards the
 // local tensors); then allocation and params_initialize. After each step's backward,
-// grads_reduce_replicated (parallel/grads.h) sums the replicated parameters' grads (partial
-// over each rank's rows) over the group.
+// grads_reduce_replicated (parallel/grads.h) sums the grads of the replicated parameters that
+// the plan marked partial (TP_REPLICATE) over the group.
 #pragma once
 
 #include <stdbool.h>
@@ -32,7 +32,16 @@ void tp_init(Tp *tp, CommGroup *group, const KernelOps *k, bool loss_parallel);
 // The same placement for rank of size ranks without a group (MPI-free planning: --estimate);
 // its hooks must not be called.
 void tp_plan(Tp *tp, int rank, int size, bool loss_parallel);
+// Replicate whose gradient each rank holds a partial sum of (the decoder's norms under
+// sequence parallel; a per-head weight applied to the rank's heads): summed over the group.
 #define TP_REPLICATE (-1)
+// Replicate computed redundantly: every rank runs its math on the same replicated inputs, so
+// each holds the whole gradient, which must not be summed (Megatron without sequence parallel).
+#define TP_REDUNDANT (-2)
 // Places p on the group (mesh group MESH_TP) as Shard(dim), this rank's slice `rank`, or
-// Replicate (dim TP_REPLICATE). Before params_allocate.
+// Replicate (dim TP_REPLICATE or TP_REDUNDANT). Before params_allocate.
 void tp_shard(const Tp *tp, ParamTable *t, Param *p, int dim);
+// Shard(dim) of a fused weight: its extent along dim is n_blocks parts of blocks[k] (each a
+// multiple of the group's size), each cut over the group (core/param.h's blocked Shard).
+void tp_shard_blocked(const Tp *tp, ParamTable *t, Param *p, int dim, int n_blocks,
+                      const int64_t *blocks);

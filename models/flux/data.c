@@ -41,15 +41,10 @@ typedef struct {
 } FluxData;
 
 static const char *check(const Config *c, char *err, size_t len) {
-    const ParallelismSection *p = &c->parallelism;
     char origin[512];
     bool seq_len_set = config_key_origin(c, "training.seq_len", origin, sizeof origin) &&
                        strcmp(origin, "default") != 0;
-    if (p->tensor_parallel_degree > 1)
-        snprintf(err, len, "model flux: parallelism.tensor_parallel_degree %lld is not "
-                 "implemented for FLUX yet (FSDP, HSDP, context and pipeline parallel are)",
-                 (long long)p->tensor_parallel_degree);
-    else if (c->validation.enable)
+    if (c->validation.enable)
         snprintf(err, len, "model flux: validation.enable: FLUX has no validation loop yet");
     else if (c->model.tokenizer_path)
         snprintf(err, len, "model flux: model.tokenizer_path: FLUX reads cached encodings "

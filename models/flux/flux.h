@@ -21,6 +21,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "checkpoint/checkpoint.h"
 #include "models/model.h"
@@ -92,6 +93,17 @@ const char *flux_cp_check(const FluxArgs *a, int cp, char *err, size_t len);
 static inline int flux_cp_rows(const FluxArgs *a, int cp) {
     return 1 + (a->txt_len + flux_img_tokens(a)) / cp;
 }
+
+// Tensor parallel over tp ranks (models/flux/parallelize.c, Megatron-LM without sequence
+// parallel): why a cannot be split (one line in err, returned: tp must divide the heads and
+// the MLP width), or NULL; the plan, applied to a built, unallocated model; and the bytes one
+// rank all-reduces over its tp group per microbatch of B samples of T rows (StepCtx.T) in
+// blocks [first_block, last_block), recomputed_layers of whose layers run forward twice.
+typedef struct Tp Tp;  // parallel/tp.h
+const char *flux_tp_check(const FluxArgs *a, int tp, char *err, size_t len);
+void flux_parallelize_tp(Model *m, const Tp *tp);
+uint64_t flux_tp_bytes_per_microbatch(const FluxArgs *a, int B, int T, int recomputed_layers,
+                                      int first_block, int last_block);
 
 // A microbatch (StepCtx.input) of B samples, tensors in the backend's memory. The model
 // noises the latents itself, as torchtitan's trainer does: x_t = (1 - t) img + t noise, and

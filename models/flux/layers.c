@@ -9,21 +9,36 @@
 
 // The share's text tokens are those of [first, first + count) below L, its image tokens the
 // rest: a text run, then an image run, in each sample's rows.
+// Tensor parallel splits the heads and the MLP's columns (flux_tp_check divides them).
 FluxDims flux_dims(const FluxArgs *a, const FluxRope *share, const StepCtx *s) {
     int L = a->txt_len, first = share->first, count = share->count;
-    CHECK(s->T == 1 + count && !s->tp && (share->shares > 1) == (s->attn != NULL));
+    int tp = s->tp ? s->tp->size : 1, H = a->num_heads / tp, M = flux_mlp_hidden(a) / tp;
+    CHECK(s->T == 1 + count && (share->shares > 1) == (s->attn != NULL));
+    CHECK(H * tp == a->num_heads && M * tp == flux_mlp_hidden(a));
     int end = first + count, txt_end = end < L ? end : L;
     int l = first < txt_end ? txt_end - first : 0;
     return (FluxDims){.B = s->B, .L = l, .N = count - l, .S = s->T, .Tj = count,
-                      .D = a->hidden_size, .H = a->num_heads, .hd = flux_head_dim(a),
-                      .M = flux_mlp_hidden(a), .l0 = first, .n0 = first + l > L ? first + l - L : 0,
-                      .L_all = L, .N_all = flux_img_tokens(a), .shares = share->shares};
+                      .D = a->hidden_size, .H = H, .hd = flux_head_dim(a), .M = M,
+                      .A = H * flux_head_dim(a), .l0 = first,
+                      .n0 = first + l > L ? first + l - L : 0, .L_all = L,
+                      .N_all = flux_img_tokens(a), .shares = share->shares};
 }
 
 void flux_linear_forward(const FluxLinear *l, const StepCtx *s, float *y, const float *x,
                          int rows, float beta) {
     linear_forward(&l->linear, s, y, linear_fp32(x), rows, beta);
     if (l->bias) s->k->bias_add(y, l->bias->data, rows, flux_linear_out(l));
+}
+
+void flux_linear_forward_reduced(const FluxLinear *l, const StepCtx *s, float *y, const float *x,
+                                 int rows) {
+    linear_forward(&l->linear, s, y, linear_fp32(x), rows, 0);
+    flux_tp_sum(s, y, (size_t)rows * flux_linear_out(l));
+    if (l->bias) s->k->bias_add(y, l->bias->data, rows, flux_linear_out(l));
+}
+
+void flux_tp_sum(const StepCtx *s, float *x, size_t n) {
+    if (s->tp) s->tp->all_reduce_sum(s->tp, x, n);
 }
 
 void flux_linear_backward(const FluxLinear *l, const StepCtx *s, float *dx, const float *dy,
@@ -102,31 +117,32 @@ void flux_adaln_backward(const StepCtx *s, const FluxNorm *n, float *dx, float *
 // ---- QK-norm -------------------------------------------------------------------------------
 
 void flux_qk_carve(const StepCtx *s, FluxQk *qk, int rows, FluxDims d) {
-    qk->q0 = arena_floats(s->act, (size_t)rows * d.D);
-    qk->k0 = arena_floats(s->act, (size_t)rows * d.D);
+    qk->q0 = arena_floats(s->act, (size_t)rows * d.A);
+    qk->k0 = arena_floats(s->act, (size_t)rows * d.A);
     qk->q_rstd = arena_floats(s->act, (size_t)rows * d.H);
     qk->k_rstd = arena_floats(s->act, (size_t)rows * d.H);
 }
 
-// Column block `col` (D wide) of m (rows, ld) into dst (rows, D), and back.
+// Column block `col` (w wide) of m (rows, ld) into dst (rows, w), and back.
 static void columns_get(const StepCtx *s, float *dst, const float *m, int ld, int col, int rows,
-                        int D) {
-    size_t w = (size_t)D * sizeof(float);
-    s->k->copy_rows(dst, w, m + col, (size_t)ld * sizeof(float), w, (size_t)rows);
+                        int w) {
+    size_t bytes = (size_t)w * sizeof(float);
+    s->k->copy_rows(dst, bytes, m + col, (size_t)ld * sizeof(float), bytes, (size_t)rows);
 }
 
 static void columns_put(const StepCtx *s, float *m, int ld, int col, const float *src, int rows,
-                        int D) {
-    size_t w = (size_t)D * sizeof(float);
-    s->k->copy_rows(m + col, (size_t)ld * sizeof(float), src, w, w, (size_t)rows);
+                        int w) {
+    size_t bytes = (size_t)w * sizeof(float);
+    s->k->copy_rows(m + col, (size_t)ld * sizeof(float), src, bytes, bytes, (size_t)rows);
 }
 
-// torchtitan's rearrange "B L (K H D) -> K B L H D": q, k, v are qkv's column blocks 0, D, 2D.
+// torchtitan's rearrange "B L (K H D) -> K B L H D": q, k, v are qkv's column blocks 0, A, 2A
+// (under tensor parallel the fused weight's blocked Shard gives each rank its heads of each).
 void flux_qk_forward(const StepCtx *s, FluxQk *qk, float *q, float *k, float *v, const float *qkv,
                      int ld, int rows, const Param *q_norm, const Param *k_norm, FluxDims d) {
-    columns_get(s, qk->q0, qkv, ld, 0, rows, d.D);
-    columns_get(s, qk->k0, qkv, ld, d.D, rows, d.D);
-    columns_get(s, v, qkv, ld, 2 * d.D, rows, d.D);
+    columns_get(s, qk->q0, qkv, ld, 0, rows, d.A);
+    columns_get(s, qk->k0, qkv, ld, d.A, rows, d.A);
+    columns_get(s, v, qkv, ld, 2 * d.A, rows, d.A);
     s->k->rmsnorm_forward(q, DTYPE_FP32, qk->q_rstd, qk->q0, q_norm->data, rows * d.H, d.hd,
                           QK_NORM_EPS);
     s->k->rmsnorm_forward(k, DTYPE_FP32, qk->k_rstd, qk->k0, k_norm->data, rows * d.H, d.hd,
@@ -136,22 +152,22 @@ void flux_qk_forward(const StepCtx *s, FluxQk *qk, float *q, float *k, float *v,
 void flux_qk_backward(const StepCtx *s, const FluxQk *qk, float *dqkv, int ld, const float *dq,
                       const float *dk, const float *dv, int rows, Param *q_norm, Param *k_norm,
                       FluxDims d, float *scratch) {
-    size_t n = (size_t)rows * d.D;
+    size_t n = (size_t)rows * d.A;
     float *dq0 = scratch, *dk0 = scratch + n;
     s->k->zero(scratch, 2 * n * sizeof(float));
     s->k->rmsnorm_backward(dq0, q_norm->grad, dq, qk->q0, q_norm->data, qk->q_rstd, rows * d.H,
                            d.hd);
     s->k->rmsnorm_backward(dk0, k_norm->grad, dk, qk->k0, k_norm->data, qk->k_rstd, rows * d.H,
                            d.hd);
-    columns_put(s, dqkv, ld, 0, dq0, rows, d.D);
-    columns_put(s, dqkv, ld, d.D, dk0, rows, d.D);
-    columns_put(s, dqkv, ld, 2 * d.D, dv, rows, d.D);
+    columns_put(s, dqkv, ld, 0, dq0, rows, d.A);
+    columns_put(s, dqkv, ld, d.A, dk0, rows, d.A);
+    columns_put(s, dqkv, ld, 2 * d.A, dv, rows, d.A);
 }
 
 // ---- joint attention -----------------------------------------------------------------------
 
 void flux_attn_carve(const StepCtx *s, FluxAttn *a, FluxDims d) {
-    size_t n = (size_t)d.B * d.Tj * d.D;
+    size_t n = (size_t)d.B * d.Tj * d.A;
     a->q = arena_floats(s->act, n);
     a->k = arena_floats(s->act, n);
     a->v = arena_floats(s->act, n);
@@ -187,7 +203,7 @@ void flux_attn_backward(const StepCtx *s, const FluxAttn *a, const FluxRope *rop
                         float *dk, float *dv, const float *dout, FluxDims d, void *workspace,
                         float *scratch) {
     int rows = d.B * d.Tj;
-    size_t n = (size_t)rows * d.D;
+    size_t n = (size_t)rows * d.A;
     float *dq_rot = scratch, *dk_rot = scratch + n;
     s->k->zero(scratch, 2 * n * sizeof(float));
     s->k->zero(dv, n * sizeof(float));

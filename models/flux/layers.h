@@ -2,14 +2,16 @@
 // forward / backward pair on tensors its block carved; backward ops accumulate (kernels.h).
 // Shapes: B samples, L text tokens, N image tokens, S = 1 + L + N rows per sample in the
 // hidden state (flux.h), Tj = L + N tokens of the joint sequence, D = hidden_size, H heads of
-// hd, M = the MLP width. Under context parallel L, N, Tj and S count this rank's share.
+// hd, M = the MLP width. Under context parallel L, N, Tj and S count this rank's share; under
+// tensor parallel (Megatron-LM without sequence parallel: the hidden state is whole on every
+// rank) H and M count this rank's heads and MLP columns, and A = H hd is its attention width.
 #pragma once
 
 #include "models/flux/flux.h"
 #include "models/linear.h"
 
 typedef struct {
-    int B, L, N, S, Tj, D, H, hd, M;
+    int B, L, N, S, Tj, D, H, hd, M, A;
     int l0, n0;           // the first text and image token of the share (L, N from there)
     int L_all, N_all;     // the whole sample's text and image tokens (the batch's rows)
     int shares;           // ranks the joint sequence is split over (context parallel)
@@ -26,8 +28,7 @@ typedef struct {
     int first, count, shares;
 } FluxRope;
 
-// The step's shapes on this rank's share; checks that StepCtx.T is the share's and that
-// tensor parallel does not split the rows.
+// The step's shapes on this rank's share and heads; checks that StepCtx.T is the share's.
 FluxDims flux_dims(const FluxArgs *a, const FluxRope *share, const StepCtx *s);
 
 // A torch nn.Linear: the weight's GEMMs through models/linear (precision by name), plus a bias.
@@ -47,6 +48,15 @@ void flux_linear_forward(const FluxLinear *l, const StepCtx *s, float *y, const 
 // dbias += the column sums of dy.
 void flux_linear_backward(const FluxLinear *l, const StepCtx *s, float *dx, const float *dy,
                           const float *x, int rows, float beta);
+// A row-parallel Linear (the attention's and MLP's output projections, whose weight tensor
+// parallel cuts along its input dim): y (rows, out) = the sum over the tp ranks of x (rows,
+// in: this rank's columns) W^T (its slice), then the bias once. Its backward is the plain one:
+// dy is whole on every rank, dx this rank's columns.
+void flux_linear_forward_reduced(const FluxLinear *l, const StepCtx *s, float *y, const float *x,
+                                 int rows);
+// x (n) = its sum over the tp ranks (nothing on one): the input gradient of a column-parallel
+// Linear, each rank's the share of its output columns.
+void flux_tp_sum(const StepCtx *s, float *x, size_t n);
 // Makes room for the Linears' scratch on up to rows rows (linear_reserve), after the carving.
 void flux_linears_reserve(const StepCtx *s, const FluxLinear *const *l, int n, int rows);
 
@@ -92,8 +102,8 @@ void flux_adaln_backward(const StepCtx *s, const FluxNorm *n, float *dx, float *
 
 // ---- attention over the joint sequence ---------------------------------------------------
 
-// q, k, v (rows, D) from the first 3D columns of qkv (rows, ld), q and k through QK-norm
-// (torchtitan's QKNorm: RMSNorm over each head, eps 1e-5). q0, k0 (rows, D) and the heads'
+// q, k, v (rows, A) from the first 3A columns of qkv (rows, ld), q and k through QK-norm
+// (torchtitan's QKNorm: RMSNorm over each head, eps 1e-5). q0, k0 (rows, A) and the heads'
 // 1/rms (rows*H) are kept for backward.
 typedef struct {
     float *q0, *k0, *q_rstd, *k_rstd;
@@ -102,13 +112,13 @@ typedef struct {
 void flux_qk_carve(const StepCtx *s, FluxQk *qk, int rows, FluxDims d);
 void flux_qk_forward(const StepCtx *s, FluxQk *qk, float *q, float *k, float *v, const float *qkv,
                      int ld, int rows, const Param *q_norm, const Param *k_norm, FluxDims d);
-// dqkv's first 3D columns (rows, ld) = the gradient of qkv from dq, dk (of the normed heads)
-// and dv. scratch: 2 rows D.
+// dqkv's first 3A columns (rows, ld) = the gradient of qkv from dq, dk (of the normed heads)
+// and dv. scratch: 2 rows A.
 void flux_qk_backward(const StepCtx *s, const FluxQk *qk, float *dqkv, int ld, const float *dq,
                       const float *dk, const float *dv, int rows, Param *q_norm, Param *k_norm,
                       FluxDims d, float *scratch);
 
-// The joint attention's tensors, (B*Tj, D) each as (B, Tj, H, hd); lse (B, H, Tj).
+// The joint attention's tensors, (B*Tj, A) each as (B, Tj, H, hd); lse (B, H, Tj).
 typedef struct {
     float *q, *k, *v, *out, *lse;
 } FluxAttn;
@@ -118,7 +128,7 @@ size_t flux_attn_workspace(const StepCtx *s, FluxDims d);
 // RoPE on q and k (in place), then non-causal attention of every token over every token.
 void flux_attn_forward(const StepCtx *s, FluxAttn *a, const FluxRope *rope, FluxDims d,
                        void *workspace);
-// dq, dk (of q and k before RoPE), dv (B*Tj, D) written from dout. scratch: 2 B*Tj*D.
+// dq, dk (of q and k before RoPE), dv (B*Tj, A) written from dout. scratch: 2 B*Tj*A.
 void flux_attn_backward(const StepCtx *s, const FluxAttn *a, const FluxRope *rope, float *dq,
                         float *dk, float *dv, const float *dout, FluxDims d, void *workspace,
                         float *scratch);

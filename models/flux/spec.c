@@ -2,7 +2,7 @@
 // registers its TrainSpec: flavors, build, checkpoint attributes, its own training data
 // (models/flux/data.c) and `titan generate` (infer/flux_sample.c). What FLUX has no form of in
 // titan is NULL: Hugging Face files (refused by name where a user asks), llama2.c files and
-// KV-cache decoding (its generate is the image sampler); tensor parallel is refused.
+// KV-cache decoding (its generate is the image sampler).
 #include <string.h>
 
 #include "core/errors.h"
@@ -48,12 +48,19 @@ static void build(Model *m, const ModelArgs *a, bool activation_checkpoint) {
     flux_build(m, f, activation_checkpoint);
 }
 
+// Tensor parallel cuts heads and MLP columns, never the rows (no sequence parallel): any B, T.
 static const char *tp_check(const ModelArgs *a, int tp, int B, int T, char *err, size_t len) {
-    (void)flux_of(a), (void)B, (void)T;
-    if (tp == 1) return NULL;
-    snprintf(err, len, "model flux: parallelism.tensor_parallel_degree %d is not implemented for "
-             "FLUX yet (FSDP, HSDP, context and pipeline parallel are)", tp);
-    return err;
+    (void)B, (void)T;
+    return flux_tp_check(flux_of(a), tp, err, len);
+}
+
+// No loss parallel: the loss is computed whole on every rank.
+static uint64_t tp_bytes_per_microbatch(const ModelArgs *a, int tp, int B, int T,
+                                        int recomputed_layers, bool loss_parallel,
+                                        int first_block, int last_block) {
+    (void)tp, (void)loss_parallel;
+    return flux_tp_bytes_per_microbatch(flux_of(a), B, T, recomputed_layers, first_block,
+                                        last_block);
 }
 
 static int describe(const ModelArgs *a, CkptAttr *out) { return flux_describe(flux_of(a), out); }
@@ -71,6 +78,8 @@ const ModelSpec FLUX_SPEC = {
     .build = build,
     .free = flux_free,
     .tp_check = tp_check,
+    .parallelize_tp = flux_parallelize_tp,
+    .tp_bytes_per_microbatch = tp_bytes_per_microbatch,
     .parallelize_cp = flux_parallelize_cp,
     .describe = describe,
     .args_from_checkpoint = args_from_checkpoint,

@@ -2,9 +2,11 @@
 # FLUX training and sampling end to end on the bundled digits (flux-digits, configs/
 # flux_digits.yaml): the rectified-flow draws are the same on every layout (dp_shard 2, HSDP
 # 2x2, cp 2 (both rotations, and with dp_shard 2), pp 2 (1F1B, and ZBVZeroBubble's split
-# backward) and gradient accumulation equal the 1-rank run within 1e-5 for 10 steps, with
-# prompt dropout on); a resumed run continues bit-identically (model, optimizer and the shards
-# loader's position); the loss falls by half in 300 steps; samples of the trained model are
+# backward), tp 2 (alone, with dp_shard 2 and with pp 2) and gradient accumulation equal the
+# 1-rank run within 1e-5 for 10 steps, with prompt dropout on); tp's all-reduced bytes equal
+# --estimate's; a resumed run continues bit-identically (model, optimizer and the shards
+# loader's position), and a tp 2 run's checkpoint continues on 1 rank as the tp run does; the
+# loss falls by half in 300 steps; samples of the trained model are
 # recognised as their prompt's digit by a nearest-class-mean classifier over the digits set far
 # more often than the untrained model's; bad shards, layouts FLUX does not run on and unknown
 # prompts are one line and exit 2.
@@ -43,10 +45,32 @@ train_ranks pp 2 "${LAYOUT[@]}" --training.local_batch_size 8 "${PP2[@]}" \
 train_ranks pp_zbv 2 "${LAYOUT[@]}" --training.local_batch_size 8 "${PP2[@]}" \
   $P.pipeline_parallel_schedule ZBVZeroBubble $P.pipeline_parallel_first_stage_less_layers 1 \
   $P.pipeline_parallel_last_stage_less_layers 1
-for run in accum fsdp hsdp cp cp_ring cp_fsdp pp pp_zbv; do
+# Tensor parallel (Megatron without sequence parallel): each rank computes its heads and MLP
+# columns of every block on the whole hidden state, the rest redundantly (the modulations'
+# gradients whole on each rank, not summed; the QK norms' partial, summed).
+train_ranks tp 2 "${LAYOUT[@]}" --training.local_batch_size 8 $P.data_parallel_shard_degree 1 \
+  $P.tensor_parallel_degree 2
+train_ranks tp_fsdp 4 "${LAYOUT[@]}" --training.local_batch_size 4 \
+  $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2
+train_ranks tp_pp 4 "${LAYOUT[@]}" --training.local_batch_size 8 "${PP2[@]}" \
+  $P.pipeline_parallel_schedule 1F1B $P.data_parallel_shard_degree 1 $P.tensor_parallel_degree 2
+for run in accum fsdp hsdp cp cp_ring cp_fsdp pp pp_zbv tp tp_fsdp tp_pp; do
   same_metrics "flux $run vs 1 rank" "$SCRATCH/one/metrics.jsonl" \
     "$SCRATCH/$run/metrics.jsonl" 1 1e-5
 done
+
+# tp's traffic: per microbatch, the double block all-reduces its rows 4 times, the single
+# block twice, plus the QK norms' grads and the grad norm per step (models/flux/parallelize.c).
+$TITAN "${LAYOUT[@]}" --training.local_batch_size 8 --estimate --world-size 2 \
+  $P.data_parallel_shard_degree 1 $P.tensor_parallel_degree 2 >"$SCRATCH/tp.estimate"
+$PY - "$SCRATCH/tp.estimate" "$SCRATCH/tp/run_summary.json" <<'PY'
+import json, sys
+row = next(l for l in open(sys.argv[1]) if l.split()[:1] == ["tp"])
+summary = json.load(open(sys.argv[2]))
+want, got = 10 * int(row.split()[1]), summary["comm_bytes"]["tp"]
+assert want == got and want > 0, f"flux tp: estimated {want} bytes over 10 steps, sent {got}"
+print(f"ok: flux tp 2 sent the estimated {got} bytes")
+PY
 
 # (e) Resume: the run interrupted after its step-6 checkpoint continues as the whole run.
 RESUME=(${LAYOUT[@]} --training.local_batch_size 8 --training.steps 12 --checkpoint.enable
@@ -61,6 +85,13 @@ W=/model/final_layer.linear.weight
 cmp <(h5dump -d $W "$SCRATCH/full/checkpoint/step-12.h5" | tail -n +2) \
     <(h5dump -d $W "$SCRATCH/part/checkpoint/step-12.h5" | tail -n +2) ||
   fail "the resumed run's weights differ from the whole run's"
+# A tp 2 checkpoint (its fused weights saved from each rank's blocks) resharded onto 1 rank.
+train_ranks tp_full 2 "${RESUME[@]}" $P.data_parallel_shard_degree 1 $P.tensor_parallel_degree 2
+mkdir -p "$SCRATCH/tp_part/checkpoint"
+cp "$SCRATCH/tp_full/checkpoint/step-6.h5" "$SCRATCH/tp_part/checkpoint/"
+train_ranks tp_part 1 "${RESUME[@]}"
+same_metrics "flux tp 2 checkpoint resumed on 1 rank" "$SCRATCH/tp_full/metrics.jsonl" \
+  "$SCRATCH/tp_part/metrics.jsonl" 7 1e-5
 
 # (b) Convergence: the mean loss of steps 291-300 is under half that of steps 1-10.
 train_ranks seed 1 "${FLUX[@]}" --checkpoint.enable --checkpoint.create_seed_checkpoint
@@ -140,8 +171,8 @@ expect_user_error "missing/0.h5.*clip_encodings" \
   $TITAN "${FLUX[@]}" --training.dataset_path "$SCRATCH/missing"
 expect_user_error "odd/0.h5.*15.*patch" \
   $TITAN "${FLUX[@]}" --training.dataset_path "$SCRATCH/odd"
-expect_user_error "parallelism.tensor_parallel_degree 2 is not implemented for FLUX yet" \
-  $TITAN "${FLUX[@]}" --estimate --world-size 2 --parallelism.tensor_parallel_degree 2
+expect_user_error "parallelism.tensor_parallel_degree 8 does not divide num_heads \\(4\\)" \
+  $TITAN "${FLUX[@]}" --estimate --world-size 8 --parallelism.tensor_parallel_degree 8
 expect_user_error "context_parallel_degree 16: FLUX's joint sequence of 72 tokens .* not a multiple" \
   $TITAN "${FLUX[@]}" --estimate --world-size 16 --parallelism.context_parallel_degree 16
 expect_user_error "training.classifier_free_guidance_prob does nothing: model llama3" \
@@ -151,10 +182,10 @@ expect_user_error "training.seq_len: FLUX's sequence is its data's" \
 
 # --estimate plans FLUX from the flavor's shapes, reading no files.
 for layout in "" "$P.context_parallel_degree 2 $P.data_parallel_shard_degree 1" \
-    "${PP2[*]}"; do
+    "${PP2[*]}" "$P.tensor_parallel_degree 2 $P.data_parallel_shard_degree 1"; do
   $TITAN "${FLUX[@]}" --training.dataset_path /nonexistent --estimate --world-size 2 $layout \
     >"$SCRATCH/estimate.txt" || fail "flux --estimate $layout: $(tail -3 "$SCRATCH/estimate.txt")"
   grep -q "flux flux-digits" "$SCRATCH/estimate.txt" ||
     fail "estimate $layout: $(head -3 "$SCRATCH/estimate.txt")"
 done
-echo "ok: flux --estimate (dp_shard, cp, pp)"
+echo "ok: flux --estimate (dp_shard, cp, pp, tp)"
