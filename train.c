@@ -557,6 +557,9 @@ static void setup(Trainer *t) {
                                                    : "model.tokenizer_path is not set");
     }
     setup_model(t);
+    // Microbatches add up in the grads themselves, not through FSDP's reduce-scatter after each
+    // (which takes them fresh) or a pipeline schedule's own accumulation.
+    t->model.accumulates_grads = t->accum > 1 && !t->fsdp_on && !t->pipeline;
     t->opt = (AdamW){.lr = c->optimizer.lr, .beta1 = c->optimizer.beta1,
                      .beta2 = c->optimizer.beta2, .eps = c->optimizer.eps,
                      .weight_decay = c->optimizer.weight_decay,
@@ -683,6 +686,7 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
         }
         StepCtx s = step_ctx(t, &t->train, input);
         s.loss_scale = 1.0f / t->accum;
+        s.grads_hold_sum = t->model.accumulates_grads && mb > 0;
         s.expert_load = t->model.moe ? t->model.moe->load : NULL;
         loss += model_forward_backward(&t->model, &s) / t->accum;
         aux += s.aux_loss / t->accum;

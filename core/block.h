@@ -127,6 +127,12 @@ struct StepCtx {
     float *expert_load;
     double aux_loss;     // out: the MoE layers' balance losses, added to the objective (as
                          // loss is, with loss_scale), reported apart from the cross-entropy
+    // The parameters' grads hold earlier microbatches' sum (gradient accumulation that no
+    // per-microbatch reduction takes: no FSDP). Each block's backward then computes this
+    // microbatch's gradients apart and adds the sum back, as torch's AccumulateGrad does, so
+    // that microbatches add up as ((g0 + g1) + g2) + ..., the order of FSDP's reduce-scatter
+    // over as many ranks (parallel/comm.h), rather than inside a GEMM's K blocks (beta = 1).
+    bool grads_hold_sum;
     bool recompute;      // set by the code running blocks: this forward is a checkpointed
                          // block's recompute (what it counts, it counted already)
 };

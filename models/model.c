@@ -202,6 +202,35 @@ float *model_forward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int 
     return a->hidden[last];
 }
 
+// Block i's gradients: its parameters', one after another in ParamTable.grad from *offset.
+static size_t block_grads(const Model *m, int i, size_t *offset) {
+    int first = 0;
+    for (int j = 0; j < i; j++) first += m->blocks[j].n_params;
+    const Param *p = &m->params.items[first];
+    size_t numel = 0;
+    for (int j = 0; j < m->blocks[i].n_params; j++) {
+        CHECK(p[j].offset == p[0].offset + numel);
+        numel += p[j].numel;
+    }
+    *offset = m->blocks[i].n_params > 0 ? p[0].offset : 0;
+    return numel;
+}
+
+// Block i's backward under StepCtx.grads_hold_sum: the earlier sum of its grads set aside in
+// the activation arena (released with the block's mark), its grads zeroed for this microbatch's.
+// Returns the sum; *grads, *numel: the block's grads.
+static float *set_grads_aside(Model *m, StepCtx *s, int i, float **grads, size_t *numel) {
+    size_t offset;
+    *numel = block_grads(m, i, &offset);
+    if (*numel == 0) return NULL;
+    float *sum = arena_floats(s->act, *numel);
+    if (step_sizing(s)) return sum;
+    *grads = m->params.grad + offset;
+    s->k->copy(sum, *grads, *numel * sizeof(float));
+    s->k->zero(*grads, *numel * sizeof(float));
+    return sum;
+}
+
 // The weight part: every block of the range from what its input part kept.
 static void backward_weights(Model *m, StepCtx *s, ModelSlots *a, int first, int last) {
     for (int i = last - 1; i >= first; i--) run_block(m, s, a, i, BLOCK_BACKWARD_WEIGHT, NULL);
@@ -220,6 +249,7 @@ float *model_backward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int
     // The whole backward passes the gradient between blocks through two buffers in turn and
     // gives back each block's scratch; the input part keeps all of it for the weight part.
     bool split = phase == BLOCK_BACKWARD_INPUT;
+    CHECK(!(split && s->grads_hold_sum));  // a pipeline's microbatches accumulate in its grads
     float *turns[2] = {NULL, NULL};
     if (!split) {
         turns[0] = arena_floats(s->act, width);
@@ -236,7 +266,11 @@ float *model_backward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int
         }
         if (dx && !step_sizing(s)) s->k->zero(dx, width * sizeof(float));
         a->grad[i] = dx;
+        float *grads = NULL, *earlier = NULL;
+        size_t numel = 0;
+        if (s->grads_hold_sum) earlier = set_grads_aside(m, s, i, &grads, &numel);
         run_block(m, s, a, i, phase, dx);
+        if (earlier && !step_sizing(s)) s->k->add(grads, earlier, numel);
         if (!split) arena_release(s->act, mark);
     }
     return a->grad[first];
@@ -257,7 +291,8 @@ ArenaBytes model_activation_bytes(Model *m, const KernelOps *k, int B, int T) {
     arena_init_sizing(&sizing, "activations");
     StepCtx s = {.k = k, .act = &sizing, .B = B, .T = T, .tp = m->tp,
                  .tp_whole_rows = m->tp_whole_rows, .attn = m->attn,
-                 .ep = m->ep, .act_dtype = m->act_dtype};
+                 .ep = m->ep, .act_dtype = m->act_dtype,
+                 .grads_hold_sum = m->accumulates_grads};
     model_forward_backward(m, &s);
     return sizing.peak;
 }

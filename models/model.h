@@ -47,6 +47,9 @@ struct Model {
     const AttnHooks *attn;  // context parallel's attention (parallel/cp); NULL: whole sequences
     const ExpertHooks *ep;  // expert parallel's dispatch (parallel/ep); NULL: all experts local
     const BlockHooks *hooks;  // called around every block call (FSDP); NULL: none
+    // The trainer sums several microbatches in the grads (StepCtx.grads_hold_sum): a block's
+    // backward sets the earlier sum aside in the activation arena, which is sized for it.
+    bool accumulates_grads;
     Dtype act_dtype;     // StepCtx.act_dtype of every step: DTYPE_BF16 under bf16 mixed
                          // precision (set by the trainer), else DTYPE_FP32
     // The MoE layers' expert load and routing biases (models/moe/balance.h), which the trainer

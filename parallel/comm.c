@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -104,6 +105,13 @@ static void *mpi_reduce_scatter(CommGroup *g, const void *send, void *recv, size
     return request_pack(r);
 }
 
+static void *mpi_exchange_chunks(CommGroup *g, const float *send, float *recv, size_t n) {
+    MPI_Request r;
+    MPI_CHECK(MPI_Ialltoall(send, mpi_count(n), MPI_FLOAT, recv, mpi_count(n), MPI_FLOAT, g->mpi,
+                            &r));
+    return request_pack(r);
+}
+
 static void *mpi_all_to_allv(CommGroup *g, const float *send, const int *send_counts,
                              const int *send_displs, float *recv, const int *recv_counts,
                              const int *recv_displs) {
@@ -144,6 +152,7 @@ static const CommBackend mpi_backend = {
     .all_reduce = mpi_all_reduce,
     .all_gather = mpi_all_gather,
     .reduce_scatter = mpi_reduce_scatter,
+    .exchange_chunks = mpi_exchange_chunks,
     .all_to_allv = mpi_all_to_allv,
     .broadcast = mpi_broadcast,
     .send = mpi_send,
@@ -305,11 +314,26 @@ static double waited_total;
 
 double comm_wait_seconds(void) { return waited_total; }
 
+// out = ((chunk 0 + chunk 1) + chunk 2) + ...: a reduce-scatter adds the ranks' contributions in
+// the order one rank accumulates the same microbatches (train.c), so that FSDP over n ranks
+// gives that run's gradients bit for bit. MPI's own reduce-scatter adds in its algorithm's order
+// (Open MPI's: a tree, (g0 + g1) + (g2 + g3)), which float8's casts turn into whole e4m3 steps.
+static void sum_in_rank_order(float *out, const float *chunks, size_t n, int ranks) {
+    memcpy(out, chunks, n * sizeof(float));
+    for (int q = 1; q < ranks; q++)
+        for (size_t i = 0; i < n; i++) out[i] += chunks[(size_t)q * n + i];
+}
+
 // What completing h does, once its backend request has reported done.
 static void handle_complete(CommHandle *h) {
     h->request = NULL;
     flight_complete(h->trace_id);
     profiler_collective_end(h->profile_id);
+    if (h->chunks) {
+        sum_in_rank_order(h->sum_out, h->chunks, h->sum_n, h->group->size);
+        free(h->chunks);
+        h->chunks = NULL;
+    }
     for (size_t i = 0; i < h->avg_n; i++) h->avg_buf[i] /= (float)h->group->size;
     h->avg_buf = NULL;
     h->avg_n = 0;
@@ -393,7 +417,14 @@ CommHandle comm_all_gather_bytes_start(CommGroup *g, const void *send, void *rec
 CommHandle comm_reduce_scatter_start(CommGroup *g, const float *send, float *recv, size_t n,
                                      CommOp op) {
     CommHandle h = handle_begin(g, "reduce_scatter", 4 * (uint64_t)n * (uint64_t)g->size, -1);
-    h.request = backend->reduce_scatter(g, send, recv, n, op, COMM_FLOAT32);
+    if (backend->exchange_chunks && op != COMM_MAX) {  // summed in rank order on completion
+        h.chunks = xmalloc((size_t)g->size * n * sizeof(float));
+        h.sum_out = recv;
+        h.sum_n = n;
+        h.request = backend->exchange_chunks(g, send, h.chunks, n);
+    } else {
+        h.request = backend->reduce_scatter(g, send, recv, n, op, COMM_FLOAT32);
+    }
     average_on_wait(&h, op, recv, n);
     return h;
 }

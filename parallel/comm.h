@@ -41,6 +41,11 @@ typedef struct {
     // group size on completion. NULL otherwise.
     float *avg_buf;
     size_t avg_n;
+    // A float reduce-scatter on MPI: every rank's chunk for this one (group size x sum_n floats,
+    // the handle's own), summed into sum_out in rank order on completion. NULL otherwise.
+    float *chunks;
+    float *sum_out;
+    size_t sum_n;
 } CommHandle;
 
 typedef struct {

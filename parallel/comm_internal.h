@@ -41,6 +41,11 @@ typedef struct {
     void *(*all_gather)(CommGroup *g, const void *send, void *recv, size_t n, CommDtype type);
     void *(*reduce_scatter)(CommGroup *g, const void *send, void *recv, size_t n, CommOp op,
                             CommDtype type);
+    // Sends chunk q of send (n floats each) to rank q and receives every rank's chunk for this
+    // one into recv (size x n, in rank order). A backend that has it reduce-scatters floats
+    // through it, the generic layer taking the sums in rank order (comm_reduce_scatter_start);
+    // NULL (NCCL): reduce_scatter, summed in the order of its own algorithm.
+    void *(*exchange_chunks)(CommGroup *g, const float *send, float *recv, size_t n);
     void *(*all_to_allv)(CommGroup *g, const float *send, const int *send_counts,
                          const int *send_displs, float *recv, const int *recv_counts,
                          const int *recv_displs);

@@ -105,3 +105,11 @@ also = f" and validations at {validations}" if validations else ""
 print(f"ok: {name:45s} steps {trained[0]}-{trained[-1]}{also}, worst relative difference {worst:.1e}")
 PY
 }
+
+# same_losses NAME REFERENCE RUN: two metrics.jsonl of the same steps whose losses are equal bit
+# for bit and grad norms within 1e-12 (a layout sums its grad norm's squares, in double, over
+# its own shards).
+same_losses() {
+  [ "$(losses "$2")" = "$(losses "$3")" ] || fail "$1: losses differ: $(diff <(losses "$2") <(losses "$3") | head -4)"
+  same_metrics "$1" "$2" "$3" 1 1e-12
+}

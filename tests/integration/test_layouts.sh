@@ -41,6 +41,11 @@ layout() {  # name, ranks, local batch (global 8 = local x dp x accumulation), o
 P=--parallelism
 layout dp_shard=2 2 4 $P.data_parallel_shard_degree 2
 layout dp_shard=4 4 2 $P.data_parallel_shard_degree 4
+# dp_shard 4 adds the same four microbatches as one rank accumulating them, in the same order
+# (a block's grads apart, then added; the reduce-scatter in rank order): bit for bit.
+$TITAN "${run[@]}" --training.local_batch_size 2 --job.dump_folder "$SCRATCH/ref-accum4" >/dev/null
+same_losses "dp_shard=4 = 1 rank x 4 microbatches" "$SCRATCH/ref-accum4/metrics.jsonl" \
+  "$SCRATCH/dp_shard=4/metrics.jsonl"
 layout dp_replicate=2xdp_shard=2 4 2 $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2
 layout tp=2 2 4 $P.tensor_parallel_degree 2 $P.data_parallel_shard_degree 1
 layout tp=4 4 4 $P.tensor_parallel_degree 4 $P.data_parallel_shard_degree 1

@@ -40,7 +40,7 @@ static void expect_floats(const float *got, const float *want, size_t n, const c
                           const CommGroup *g) {
     for (size_t i = 0; i < n; i++)
         if (got[i] != want[i])
-            fail("%s on %s: [%zu] = %g, want %g", what, comm_name(g), i, got[i], want[i]);
+            fail("%s on %s: [%zu] = %.9g, want %.9g", what, comm_name(g), i, got[i], want[i]);
 }
 
 typedef struct {
@@ -143,6 +143,26 @@ static void test_reduce_scatter(CommGroup *g) {
         expect_floats(recv, want, N, "reduce_scatter", g);
     }
     expect_counted(g, before, 3 * 4 * (uint64_t)N * p, 3, "reduce_scatter");
+    free(send);
+}
+
+// A float reduce-scatter adds the ranks' chunks in rank order, ((g0 + g1) + g2) + g3 (one rank's
+// accumulation of the same microbatches): rank 0 sends 1 and the others 2^-24, half an ulp of
+// 1, which each add in that order rounds away (to even) but a tree's (g0 + g1) + (g2 + g3) keeps.
+static void test_reduce_scatter_rank_order(CommGroup *g) {
+    enum { N = 3 };
+    int r = comm_rank(g), p = comm_size(g);
+    float *send = malloc(sizeof(float) * N * p), recv[N], want[N];
+    float mine = r == 0 ? 1.0f : 0x1p-24f, in_order = 1.0f;
+    for (int q = 1; q < p; q++) in_order += 0x1p-24f;
+    for (int i = 0; i < N * p; i++) send[i] = mine;
+    for (int j = 0; j < N; j++) want[j] = in_order;
+    if (p == 4) EXPECT(in_order != (1.0f + 0x1p-24f) + (0x1p-24f + 0x1p-24f));
+    comm_reduce_scatter(g, send, recv, N, COMM_SUM);
+    expect_floats(recv, want, N, "reduce_scatter in rank order", g);
+    for (int j = 0; j < N; j++) want[j] = in_order / (float)p;
+    comm_reduce_scatter(g, send, recv, N, COMM_AVG);
+    expect_floats(recv, want, N, "reduce_scatter average in rank order", g);
     free(send);
 }
 
@@ -272,6 +292,7 @@ static void test_group(CommGroup *g) {
     test_all_gather(g);
     test_all_gather_bytes(g);
     test_reduce_scatter(g);
+    test_reduce_scatter_rank_order(g);
     test_all_to_allv(g);
     test_all_to_all_ints(g);
     test_broadcast(g);
