@@ -605,7 +605,7 @@ static void setup(Trainer *t) {
     if (t->tokenizer)
         log_info("tokenizer: %s (%s, %d ids)", c->model.tokenizer_path,
                  tokenizer_format(t->tokenizer), tokenizer_vocab_size(t->tokenizer));
-    char backend[256];
+    char backend[512];
     t->k->describe(backend, sizeof backend);
     log_info("kernels: %s", backend);
     log_memory(t);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/errors.h"
+#include "core/signal_stack.h"
 
 #define MAX_THREADS 256
 #define MAX_FRAMES 64
@@ -56,7 +57,11 @@ void thread_stacks_init(void) {
     void *warm[1];
     backtrace(warm, 1);
     stack_signal = SIGRTMIN + 4;
-    struct sigaction sa = {.sa_sigaction = on_stack_signal, .sa_flags = SA_SIGINFO | SA_RESTART};
+    // SA_ONSTACK: not on the sampled thread's stack (core/signal_stack.h); backtrace() unwinds
+    // from the alternate stack through the signal frame into it.
+    signal_stack_ensure();
+    struct sigaction sa = {.sa_sigaction = on_stack_signal,
+                           .sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK};
     SYS_CHECK(sigemptyset(&sa.sa_mask));
     SYS_CHECK(sigaction(stack_signal, &sa, NULL));
 }

@@ -25,6 +25,7 @@
 
 #include "core/errors.h"
 #include "core/files.h"
+#include "core/signal_stack.h"
 
 typedef enum { FLIGHT_STARTED, FLIGHT_COMPLETED } FlightState;
 
@@ -67,8 +68,10 @@ static void on_sigusr1(int sig) {
 void flight_init(int rank) {
     dump_rank = rank;
     SYS_CHECK(clock_gettime(CLOCK_MONOTONIC, &epoch));
-    // SA_RESTART: a signal landing in a read or write elsewhere in titan must not fail it.
-    struct sigaction sa = {.sa_handler = on_sigusr1, .sa_flags = SA_RESTART};
+    // SA_RESTART: a signal landing in a read or write elsewhere in titan must not fail it;
+    // SA_ONSTACK: not on the interrupted stack (core/signal_stack.h).
+    signal_stack_ensure();
+    struct sigaction sa = {.sa_handler = on_sigusr1, .sa_flags = SA_RESTART | SA_ONSTACK};
     SYS_CHECK(sigemptyset(&sa.sa_mask));
     SYS_CHECK(sigaction(SIGUSR1, &sa, NULL));
 }

@@ -3,14 +3,16 @@
 # (configs/debug_model.yaml: llama3 debugmodel, batch 4 x seq 256), to choose titan's by
 # measurement. Two parts:
 # (a) the step's GEMMs exactly as titan calls them: one- and two-step trainings run under
-#     build/bench/sgemm_trace.so (tests/bench/sgemm_trace.c, an LD_PRELOAD shim on cblas_sgemm),
+#     build/bench/sgemm_trace.so (tests/bench/sgemm_trace.c, an LD_PRELOAD shim on dnnl_sgemm,
+#     titan's fp32 GEMM, and cblas_sgemm, attention's tiles'),
 #     and the difference of their traces is one step: every call's shape, transposes, leading
 #     dimensions, beta, whether it ran inside an OpenMP region (the attention tiles, one
 #     single-threaded GEMM per thread) and the function that asked (cpu_matmul's caller),
 #     counted per step.
 # (b) build/bench/bench_gemm (tests/bench/bench_gemm.c) times every one of those GEMMs on each
-#     THREADS (default 1 and 2) with OpenBLAS sgemm (titan's) and sbgemm, BLIS, oneDNN's
-#     dnnl_sgemm and matmul primitives (f32, bf16; plain, and with B packed once in oneDNN's
+#     THREADS (default 1 and 2) with OpenBLAS sgemm (titan's until this table chose oneDNN's
+#     dnnl_sgemm, still the baseline of the ratios) and sbgemm, BLIS, oneDNN's
+#     dnnl_sgemm (titan's) and matmul primitives (f32, bf16; plain, and with B packed once in oneDNN's
 #     layout) and libxsmm's JIT kernels (f32, bf16), checks
 #     each against a double reference, and prints GFLOP/s per GEMM and library, the
 #     step-weighted GEMM time per library and its ratio to OpenBLAS sgemm, and the kernels each
@@ -50,8 +52,8 @@ echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}; load average before:" \
   "$(cut -d' ' -f1-3 /proc/loadavg)"
 
 # steps: a training of that many steps under the trace, leaving $out/trace.<steps>. In fp32,
-# where every GEMM is a cblas_sgemm: under bf16 mixed precision (the default) the Linears' GEMMs
-# go to oneDNN, out of the shim's sight, and only attention's would be traced.
+# where every GEMM is an sgemm: under bf16 mixed precision (the default) the Linears' GEMMs go
+# to oneDNN's bf16 matmul, out of the shim's sight, and only attention's would be traced.
 trace() {
   SGEMM_TRACE="$out/trace.$1" LD_PRELOAD="$PWD/build/bench/sgemm_trace.so" OMP_NUM_THREADS=2 \
     ./titan --config configs/debug_model.yaml --model.tokenizer_path null \

@@ -39,6 +39,13 @@ float *cpu_gemm_bf16_widen(int slot, const uint16_t *x, size_t n);
 void cpu_gemm_bf16(float *c, const uint16_t *a, const uint16_t *b, int m, int n, int k,
                    bool trans_a, bool trans_b, float beta, bool runtime_rows);
 
+// ---- fp32 GEMM (sgemm.c) ---------------------------------------------------------------------
+// c (m, n) = alpha op(a) op(b) + beta c, row-major with leading dimensions as BLAS's; with
+// beta == 0 c is not read; k == 0 is an empty sum. Callable inside OpenMP regions
+// (single-threaded there).
+void cpu_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+               int lda, const float *b, int ldb, float beta, float *c, int ldc);
+
 // ---- grouped GEMM (grouped_matmul.c) ----------------------------------------------------------
 // cpu_grouped_matmul in fp32 whatever the compute dtype: the float8 emulation's GEMM of decoded
 // operands (which it keeps exact, as matmul_float8's sgemm does).

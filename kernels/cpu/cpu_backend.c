@@ -2,18 +2,45 @@
 #include <omp.h>
 #include <stdio.h>
 
+#include <oneapi/dnnl/dnnl.h>
+
+#include "core/signal_stack.h"
 #include "kernels/cpu/cpu.h"
 
-// OpenBLAS picks its kernels for the CPU at load time (or as OPENBLAS_CORETYPE forces); with
-// bf16 compute the GEMMs are oneDNN's, named by the implementation it picks on this cpu.
+// The instruction set oneDNN dispatches to on this cpu (DNNL_MAX_CPU_ISA may lower it).
+static const char *cpu_isa_name(dnnl_cpu_isa_t isa) {
+    switch (isa) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+    }
+}
+
+// The fp32 GEMMs are oneDNN's sgemm (kernels/cpu/sgemm.c), on the widest instruction set it
+// finds; attention's per-tile GEMMs OpenBLAS's, whose kernels it picks for the CPU at load time
+// (or as OPENBLAS_CORETYPE forces); with bf16 compute the GEMMs are oneDNN's bf16 matmul, named
+// by the implementation it picks on this cpu.
 void cpu_describe(char *buf, size_t len) {
     bool bf16 = cpu_gemm_bf16_on();
-    snprintf(buf, len, "cpu: %d OpenMP threads, OpenBLAS %s kernels (%s)%s%s",
-             omp_get_max_threads(), openblas_get_corename(), openblas_get_config(),
-             bf16 ? "; GEMMs: " : "", bf16 ? cpu_gemm_bf16_kernels() : "");
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(buf, len, "cpu: %d OpenMP threads, fp32 GEMMs: oneDNN %d.%d.%d sgemm (%s), "
+             "attention's: OpenBLAS %s kernels (%s)%s%s", omp_get_max_threads(), v->major,
+             v->minor, v->patch, cpu_isa_name(dnnl_get_effective_cpu_isa()),
+             openblas_get_corename(), openblas_get_config(), bf16 ? "; bf16 compute: " : "",
+             bf16 ? cpu_gemm_bf16_kernels() : "");
 }
 
 bool cpu_init(const KernelInit *init, char *why, size_t len) {
+    // Every OpenMP thread runs oneDNN's kernels, which a signal's frame on their stack would
+    // corrupt: each gets an alternate signal stack (core/signal_stack.h).
+#pragma omp parallel
+    signal_stack_ensure();
     return !init->bf16_compute || cpu_gemm_bf16_start(why, len);
 }
 

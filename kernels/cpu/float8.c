@@ -2,7 +2,6 @@
 // what the cuda kernels write; the GEMM decodes both operands to fp32 (exact) and runs one
 // sgemm with fp32 accumulation, as the tensor cores accumulate, so only the summation order
 // differs from cuBLASLt.
-#include <cblas.h>
 
 #include "kernels/cpu/cpu.h"
 
@@ -95,8 +94,7 @@ void cpu_matmul_float8(float *c, const uint8_t *a, const float *a_scale_inv, Flo
     float8_decode(a32, a, a_scale_inv, a_kind, m, k, rowwise);
     float8_decode(b32, b, b_scale_inv, b_kind, n, k, rowwise);
     float alpha = rowwise ? 1.0f : a_scale_inv[0] * b_scale_inv[0];
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, alpha, a32, k > 0 ? k : 1, b32,
-                k > 0 ? k : 1, beta, c, n);
+    cpu_sgemm(false, true, m, n, k, alpha, a32, k, b32, k, beta, c, n);
 }
 
 size_t cpu_grouped_matmul_float8_workspace_bytes(int rows, int groups, int n, int k,

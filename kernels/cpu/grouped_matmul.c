@@ -1,5 +1,4 @@
 // Grouped GEMM over experts: one sgemm per group (as torch._grouped_mm's fallback loops).
-#include <cblas.h>
 #include <omp.h>
 
 #include "kernels/cpu/cpu.h"
@@ -19,9 +18,8 @@ static void grouped_matmul_gemm(float *c, const GroupedOperands *x, size_t a0, s
         cpu_gemm_bf16(c, x->a16 + a0, x->b16 + b0, m, n, k, trans_a, trans_b, beta, true);
         return;
     }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, x->a + a0, trans_a ? m : k,
-                x->b + b0, trans_b ? k : n, beta, c, n);
+    cpu_sgemm(trans_a, trans_b, m, n, k, 1.0f, x->a + a0, trans_a ? m : k, x->b + b0,
+              trans_b ? k : n, beta, c, n);
 }
 
 // Group g's GEMM. Forward / input gradient: c rows R_g = a rows R_g times b_g (n, k) or (k, n).

@@ -1,12 +1,13 @@
 // The GEMMs of one training step on every cpu GEMM library at hand, for scripts/bench_gemm.sh:
 //   bench_gemm THREADS < shapes
-// A line of shapes is one GEMM as titan calls cblas_sgemm (row-major):
+// A line of shapes is one GEMM as titan calls its sgemm (row-major):
 //   label trans_a trans_b m n k lda ldb ldc beta in_parallel count
 // (in_parallel: titan calls it inside an OpenMP region, one single-threaded GEMM per thread, as
 // the attention tiles; count: calls per step). Each runs C = op(A) op(B) + beta C with
-// OpenBLAS sgemm (titan's), OpenBLAS sbgemm (bf16 inputs, fp32 C), BLIS bli_sgemm, oneDNN
-// dnnl_sgemm, oneDNN matmul primitives in f32 and bf16 (created once per shape: what a
-// primitive cache would hold; again with B packed once into oneDNN's own layout, untimed), and
+// OpenBLAS sgemm (the ratios' baseline; titan's attention tiles'), OpenBLAS sbgemm (bf16 inputs,
+// fp32 C), BLIS bli_sgemm, oneDNN dnnl_sgemm (titan's fp32 GEMM since this table chose it),
+// oneDNN matmul primitives in f32 and bf16 (created once per shape: what a primitive cache
+// would hold; again with B packed once into oneDNN's own layout, untimed), and
 // libxsmm's JIT kernels in f32 and bf16 (one per thread over a slab of C's rows; libxsmm has no
 // threaded GEMM of its own without a BLAS behind it; the operands its kernels cannot take as
 // titan holds them are packed once, untimed).

@@ -1,16 +1,20 @@
-// An LD_PRELOAD shim for scripts/bench_gemm.sh: every cblas_sgemm the process calls appends one
-// line to the file named by $SGEMM_TRACE, then runs OpenBLAS's. A line is
+// An LD_PRELOAD shim for scripts/bench_gemm.sh: every fp32 GEMM the process calls, cblas_sgemm
+// (OpenBLAS: attention's tiles) or dnnl_sgemm (oneDNN: titan's cpu_sgemm), appends one line to
+// the file named by $SGEMM_TRACE, then runs the library's. A line is
 //   trans_a trans_b m n k lda ldb ldc alpha beta in_parallel caller caller's_caller
-// (row-major calls, transposes 0/1; in_parallel: called inside an OpenMP region, where OpenBLAS
-// runs single-threaded; the callers: return addresses as decimal offsets within their binary,
-// which the script names from its symbol table: cpu_matmul's caller is the model function that
-// asked for the GEMM).
+// (row-major calls, transposes 0/1; in_parallel: called inside an OpenMP region, where the
+// library runs single-threaded; the callers: return addresses as decimal offsets within their
+// binary, which the script names from its symbol table: cpu_matmul's caller is the model
+// function that asked for the GEMM). For dnnl_sgemm the callers are cpu_sgemm's, titan's one
+// call site of it.
 #include <cblas.h>
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <fcntl.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -18,18 +22,23 @@
 typedef void (*SgemmFn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, blasint,
                         blasint, blasint, float, const float *, blasint, const float *, blasint,
                         float, float *, blasint);
+typedef dnnl_status_t (*DnnlSgemmFn)(char, char, dnnl_dim_t, dnnl_dim_t, dnnl_dim_t, float,
+                                     const float *, dnnl_dim_t, const float *, dnnl_dim_t, float,
+                                     float *, dnnl_dim_t);
 
 static SgemmFn real_sgemm;
+static DnnlSgemmFn real_dnnl_sgemm;
 static int trace_fd = -1;
 static pthread_once_t trace_once = PTHREAD_ONCE_INIT;
 
 // On the first call, not at load: helper processes (MPI's daemon) inherit LD_PRELOAD without
-// linking OpenBLAS.
+// linking the libraries.
 static void trace_open(void) {
     real_sgemm = (SgemmFn)dlsym(RTLD_NEXT, "cblas_sgemm");
+    real_dnnl_sgemm = (DnnlSgemmFn)dlsym(RTLD_NEXT, "dnnl_sgemm");
     const char *path = getenv("SGEMM_TRACE");
-    if (!real_sgemm || !path) {
-        fprintf(stderr, "sgemm_trace: %s\n", real_sgemm ? "set SGEMM_TRACE" : dlerror());
+    if (!path) {
+        fprintf(stderr, "sgemm_trace: set SGEMM_TRACE\n");
         exit(3);
     }
     trace_fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -45,6 +54,25 @@ static unsigned long binary_offset(void *address) {
     return (unsigned long)((char *)address - (char *)info.dli_fbase);
 }
 
+// One line; found: the library's own function was found (to run after).
+static void trace_line(bool found, bool ta, bool tb, long m, long n, long k, long lda,
+                       long ldb, long ldc, float alpha, float beta, void *caller,
+                       void *callers_caller) {
+    if (!found) {
+        fprintf(stderr, "sgemm_trace: %s\n", dlerror());
+        exit(3);
+    }
+    char line[256];
+    // One write() per line: O_APPEND keeps lines from concurrent threads whole.
+    int len = snprintf(line, sizeof line, "%d %d %ld %ld %ld %ld %ld %ld %g %g %d %lu %lu\n", ta,
+                       tb, m, n, k, lda, ldb, ldc, alpha, beta, omp_in_parallel(),
+                       binary_offset(caller), binary_offset(callers_caller));
+    if (write(trace_fd, line, (size_t)len) != len) {
+        fprintf(stderr, "sgemm_trace: short write\n");
+        exit(3);
+    }
+}
+
 void cblas_sgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta,
                  const enum CBLAS_TRANSPOSE tb, const blasint m, const blasint n, const blasint k,
                  const float alpha, const float *a, const blasint lda, const float *b,
@@ -52,15 +80,22 @@ void cblas_sgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta,
     pthread_once(&trace_once, trace_open);
     void *frames[3] = {0};
     backtrace(frames, 3);
-    char line[256];
-    // One write() per line: O_APPEND keeps lines from concurrent threads whole.
-    int len = snprintf(line, sizeof line, "%d %d %d %d %d %d %d %d %g %g %d %lu %lu\n",
-                       ta == CblasTrans, tb == CblasTrans, (int)m, (int)n, (int)k, (int)lda,
-                       (int)ldb, (int)ldc, alpha, beta, omp_in_parallel(),
-                       binary_offset(frames[1]), binary_offset(frames[2]));
-    if (order != CblasRowMajor || write(trace_fd, line, (size_t)len) != len) {
-        fprintf(stderr, "sgemm_trace: column-major call or short write\n");
+    if (order != CblasRowMajor) {
+        fprintf(stderr, "sgemm_trace: column-major call\n");
         exit(3);
     }
+    trace_line(real_sgemm != NULL, ta == CblasTrans, tb == CblasTrans, m, n, k, lda, ldb,
+               ldc, alpha, beta, frames[1], frames[2]);
     real_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+dnnl_status_t dnnl_sgemm(char ta, char tb, dnnl_dim_t m, dnnl_dim_t n, dnnl_dim_t k, float alpha,
+                         const float *a, dnnl_dim_t lda, const float *b, dnnl_dim_t ldb,
+                         float beta, float *c, dnnl_dim_t ldc) {
+    pthread_once(&trace_once, trace_open);
+    void *frames[4] = {0};  // this shim, cpu_sgemm, its caller, that one's caller
+    backtrace(frames, 4);
+    trace_line(real_dnnl_sgemm != NULL, ta == 'T' || ta == 't', tb == 'T' || tb == 't', m,
+               n, k, lda, ldb, ldc, alpha, beta, frames[2], frames[3]);
+    return real_dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
