@@ -418,6 +418,9 @@ CommHandle comm_reduce_scatter_start(CommGroup *g, const float *send, float *rec
                                      CommOp op) {
     CommHandle h = handle_begin(g, "reduce_scatter", 4 * (uint64_t)n * (uint64_t)g->size, -1);
     if (backend->exchange_chunks && op != COMM_MAX) {  // summed in rank order on completion
+        // Per call, freed on completion: the chunks are a whole FSDP unit's gradient, held only
+        // while the reduce-scatter is in flight (as MPI's own algorithm holds its temporaries);
+        // a kept buffer would hold the largest unit for the whole run.
         h.chunks = xmalloc((size_t)g->size * n * sizeof(float));
         h.sum_out = recv;
         h.sum_n = n;

@@ -8,7 +8,7 @@
 # torchtitan's debug config (filter_fqns = ["output"]). The batch is 4 x 64 tokens: at 2 x 64
 # or 4 x 32 a single batch's loss moved by 2-3% (as much as float8's rounding moves the
 # weights); at 4 x 64 the runs stay within 0.4%. One thread per run, one run at a time (side
-# by side they took longer on loaded cores): about 20 s for the fp32 run and 75 s for each
+# by side they took longer on loaded cores): about 20 s for the bf16 run and 75 s for each
 # float8 one, whose GEMMs the cpu emulates (casts, then both operands decoded for an sgemm),
 # which makes a step of the debug model's small GEMMs about 3.5x slower.
 source "$(dirname "$0")/lib.sh"
