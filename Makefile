@@ -76,7 +76,7 @@ endif
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 TOOLS    := $(patsubst tests/reference/%.c,$(BUILD)/tests/%,$(wildcard tests/reference/*.c))
 
-.PHONY: all test run setup clean check train-default gpu sanitize fuzz flux
+.PHONY: all test run setup clean check train-default gpu sanitize fuzz flux test-data
 all: $(TITAN)
 
 $(BUILD)/%.o: %.c
@@ -159,7 +159,7 @@ setup:
 	@bash scripts/setup.sh
 
 # The sanitizer build's binary, unit tests and tools, then tests/sanitize/run.sh on them.
-sanitize:
+sanitize: test-data
 	@$(MAKE) --no-print-directory SANITIZE=1 TITAN=build/sanitize/titan \
 	    build/sanitize/titan $(UNIT_TESTS:$(BUILD)/%=build/sanitize/%)
 	@bash tests/sanitize/run.sh
@@ -172,8 +172,36 @@ test: setup
 run: setup
 	@$(MAKE) --no-print-directory train-default
 
-check: $(TITAN) $(UNIT_TESTS) $(TOOLS)
+check: $(TITAN) $(UNIT_TESTS) $(TOOLS) test-data
 	@bash tests/run_all.sh
+
+# The test data (tests/data/README.md) in build/data, where the tests, fuzzers and benchmarks
+# read it: tests/data's files unpacked, Debian's Austen novels (scripts/fetch_austen.sh) and the
+# text derived from them, each file checked against tests/data/SHA256SUMS.
+TEST_DATA_SRCS := $(filter-out tests/data/README.md tests/data/SHA256SUMS tests/data/%.py, \
+                               $(shell find tests/data -type f))
+TEST_DATA := $(patsubst tests/data/%,build/data/%,$(TEST_DATA_SRCS:.gz=)) build/data/corpus/austen.txt
+
+build/data/%: tests/data/%.gz
+	@mkdir -p $(dir $@)
+	gzip -dc $< >$@.tmp && mv $@.tmp $@
+
+build/data/%: tests/data/%
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+build/data/janeaustenr.rdb: scripts/fetch_austen.sh
+	bash scripts/fetch_austen.sh $@
+
+build/data/corpus/austen.txt: build/data/janeaustenr.rdb tests/data/austen_text.py
+	@mkdir -p $(dir $@)
+	/usr/bin/python3 tests/data/austen_text.py $< $@
+
+build/data/.checked: $(TEST_DATA) tests/data/SHA256SUMS
+	cd build/data && sha256sum --quiet --strict -c ../../tests/data/SHA256SUMS
+	@touch $@
+
+test-data: build/data/.checked
 
 train-default: $(TITAN)
 	@bash scripts/run_default.sh

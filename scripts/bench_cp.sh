@@ -38,12 +38,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-8} seq=${2:-2048}
 warmup=1 layers=4 heads=8 kv_heads=4 head_dim=32  # models/llama3/args.c's small
-make -s titan build/tests/bench_cp_ring
+make -s titan build/tests/bench_cp_ring test-data
 out=$(mktemp -d /tmp/titan-bench-cp.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 cores=$(nproc)  # before OMP_NUM_THREADS, which nproc reports instead
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-./titan tokenize --tokenizer bytes --out "$out/data" ../shared/data/corpus/austen.txt >/dev/null
+./titan tokenize --tokenizer bytes --out "$out/data" build/data/corpus/austen.txt >/dev/null
 P=--parallelism
 common=(--config configs/debug_model.yaml --model.flavor small --model.tokenizer_path null
         --training.dataset_path "$out/data" --training.seq_len "$seq" --training.local_batch_size 1

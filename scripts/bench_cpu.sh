@@ -7,10 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${1:-2}
 steps=${2:-30}
-make -s titan
+make -s titan test-data
 out=$(mktemp -d /tmp/titan-bench.XXXXXX)
 trap 'rm -rf "$out"' EXIT
-./titan tokenize --tokenizer bytes --out "$out/austen.bin" ../shared/data/corpus/austen.txt >/dev/null
+./titan tokenize --tokenizer bytes --out "$out/austen.bin" build/data/corpus/austen.txt >/dev/null
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"

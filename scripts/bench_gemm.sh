@@ -29,7 +29,7 @@ cd "$(dirname "$0")/.."
 threads=("$@")
 if [ $# -eq 0 ]; then threads=(1 2); fi
 bash scripts/setup.sh libblis-openmp-dev libdnnl-dev libxsmm-dev
-make -s titan
+make -s titan test-data
 mkdir -p build/bench
 openblas=$(pkg-config --variable=libdir openblas | sed 's/openblas-pthread/openblas-openmp/')
 blis=/usr/lib/x86_64-linux-gnu/blis-openmp
@@ -43,7 +43,7 @@ gcc "${flags[@]}" -isystem /usr/include/x86_64-linux-gnu/blis-openmp tests/bench
   -lxsmm -lxsmmnoblas -lpthread -lrt -ldl -lm -o build/bench/bench_gemm
 out=$(mktemp -d /tmp/titan-bench-gemm.XXXXXX)
 trap 'rm -rf "$out"' EXIT
-./titan tokenize --tokenizer bytes --out "$out/austen.bin" ../shared/data/corpus/austen.txt \
+./titan tokenize --tokenizer bytes --out "$out/austen.bin" build/data/corpus/austen.txt \
   >/dev/null
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \

@@ -25,14 +25,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${1:-2} steps=${2:-6} repeats=${REPEATS:-2}
-make -s titan build/tests/bench_grouped_matmul
+make -s titan build/tests/bench_grouped_matmul test-data
 out=$(mktemp -d /tmp/titan-bench-moe.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 export OMP_NUM_THREADS=$threads
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
   "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, OMP_NUM_THREADS=$threads"
-./titan tokenize --tokenizer bytes --out "$out/austen.bin" ../shared/data/corpus/austen.txt >/dev/null
+./titan tokenize --tokenizer bytes --out "$out/austen.bin" build/data/corpus/austen.txt >/dev/null
 
 # name, flavor: trains it, leaving $out/name.log and $out/name/metrics.jsonl.
 train() {

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# titan against the real torchtitan on this cpu (../shared/peer: torchtitan 0.3.0, torch
+# titan against the real torchtitan on this cpu (scripts/peer: torchtitan 0.3.0, torch
 # 2.15, the same debug model, tokenizer, documents and batch 8 x 256 per rank), as issue 14
 # measures it: ROUNDS back-to-back rounds of torchtitan compiled, titan fp32 and titan bf16
 # (training.mixed_precision_param), then per setup the median tokens/s (steady state, steps
 # 4-30) and peak RSS, and titan's ratios to torchtitan of the same round. titan is built with
 # NATIVE=1 (-O3 -march=native, as the peer's compiled kernels are for this cpu).
 #   scripts/bench_peer.sh [RANKS [THREADS [ROUNDS]]]     (default 1 2 3)
-# Needs the peer's venv (../shared/peer/setup_venv.sh) and a quiet machine: the ratios are
+# Needs the peer's venv (scripts/peer/setup_venv.sh) and a quiet machine: the ratios are
 # only meaningful when nothing else runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RANKS=${1:-1}; THREADS=${2:-2}; ROUNDS=${3:-3}
-PEER=$(cd ../shared/peer && pwd)
+PEER=$PWD/scripts/peer
 OUT=$(mktemp -d /tmp/titan-bench-peer.XXXXXX)
 make -s -j"$(nproc)" NATIVE=1 TITAN=build/native/titan build/native/titan
+bash "$PEER/make_assets.sh" >/dev/null
 # peer_titan.sh reads configs/ beside the binary.
 mkdir -p "$OUT/bin" && cp build/native/titan "$OUT/bin/titan" && ln -s "$PWD/configs" "$OUT/bin/configs"
 export OUTDIR=$OUT OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -28,12 +28,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-40}
 warmup=2
-make -s titan
+make -s titan test-data
 out=$(mktemp -d /tmp/titan-bench-pp.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 cores=$(nproc)  # before OMP_NUM_THREADS, which nproc reports instead
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-./titan tokenize --tokenizer bytes --out "$out/data" ../shared/data/corpus/austen.txt >/dev/null
+./titan tokenize --tokenizer bytes --out "$out/data" build/data/corpus/austen.txt >/dev/null
 seq=256 batch=8 P=--parallelism
 model=(--config configs/debug_model.yaml --model.flavor small --model.tokenizer_path null)
 common=("${model[@]}" --training.dataset_path "$out/data" --training.seq_len $seq

@@ -7,9 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 chunks=${1:-64}
-tokenizer=../shared/data/tokenizers/llama3/tokenizer.model
-corpus=../shared/data/corpus/austen.txt
-make -s build/tests/bench_tokenizer
+tokenizer=build/data/tokenizers/llama3/tokenizer.model
+corpus=build/data/corpus/austen.txt
+make -s build/tests/bench_tokenizer test-data
 python3 -c 'import tiktoken' 2>/dev/null || python3 -m pip install --quiet tiktoken
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"

@@ -10,9 +10,10 @@
 # torch and transformers from PyPI (about 6 GB) into $VENV (default build/venv-transformers),
 # since Qwen3 needs transformers >= 4.51, which needs a newer torch than Debian's.
 #
-#   bash scripts/check_hf_transformers.sh   (after make and make build/tests/dump_step)
+#   bash scripts/check_hf_transformers.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+make -s titan build/tests/dump_step test-data
 VENV=${VENV:-build/venv-transformers}
 if ! "$VENV/bin/python" -c "import transformers, safetensors, h5py" 2>/dev/null; then
   /usr/bin/python3 -m venv "$VENV"
@@ -20,7 +21,7 @@ if ! "$VENV/bin/python" -c "import transformers, safetensors, h5py" 2>/dev/null;
 fi
 SCRATCH=$(mktemp -d /tmp/titan-hf.XXXXXX)
 trap 'rm -rf "$SCRATCH"' EXIT
-./titan tokenize --tokenizer bytes --out "$SCRATCH/austen.bin" ../shared/data/corpus/austen.txt >/dev/null
+./titan tokenize --tokenizer bytes --out "$SCRATCH/austen.bin" build/data/corpus/austen.txt >/dev/null
 run=(--config configs/debug_model.yaml --training.dataset_path "$SCRATCH/austen.bin"
      --model.tokenizer_path null --training.seq_len 64 --training.local_batch_size 4
      --model.flavor small --training.steps 3 --checkpoint.enable --checkpoint.interval 3)

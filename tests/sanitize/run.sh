@@ -15,7 +15,6 @@ mkdir -p "$LOGS"
 SCRATCH=$(mktemp -d /tmp/titan-sanitize.XXXXXX)
 trap 'rm -rf "$SCRATCH"' EXIT
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-bash scripts/fetch_austen.sh build/data/janeaustenr.rdb >/dev/null
 export TITAN_AUSTEN_RDB=build/data/janeaustenr.rdb
 
 failed=0
@@ -39,7 +38,7 @@ for t in "$BUILD"/tests/test_*; do
   esac
 done
 DATA=$SCRATCH/austen.bin
-step tokenize "$TITAN" tokenize --tokenizer bytes --out "$DATA" ../shared/data/corpus/austen.txt
+step tokenize "$TITAN" tokenize --tokenizer bytes --out "$DATA" build/data/corpus/austen.txt
 TRAIN=(--config configs/debug_model.yaml --training.dataset_path "$DATA"
        --model.tokenizer_path null --training.seq_len 64 --training.local_batch_size 2
        --training.steps 3 --metrics.log_freq 1 --metrics.enable_tensorboard
