@@ -20,9 +20,6 @@ run() {  # name, command...
 }
 
 mkdir -p build/test-logs/unit build/test-logs/integration
-# The real R data file that test_dataset reads the Austen novels from (Debian's package), which
-# `make test-data` fetched with the rest of build/data (tests/data/README.md).
-export TITAN_AUSTEN_RDB=build/data/janeaustenr.rdb
 for t in build/tests/test_*; do run "unit/$(basename "$t")" "$t"; done
 for t in tests/integration/test_*.sh; do run "integration/$(basename "$t" .sh)" bash "$t"; done
 

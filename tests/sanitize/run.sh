@@ -15,7 +15,6 @@ mkdir -p "$LOGS"
 SCRATCH=$(mktemp -d /tmp/titan-sanitize.XXXXXX)
 trap 'rm -rf "$SCRATCH"' EXIT
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export TITAN_AUSTEN_RDB=build/data/janeaustenr.rdb
 
 failed=0
 step() {  # name, command...: its output in $LOGS/name.log, shown when it fails
