@@ -11,6 +11,7 @@
 #include <yaml.h>
 
 #include "core/errors.h"
+#include "core/files.h"
 
 typedef struct {
     const char *section;
@@ -866,32 +867,15 @@ bool config_parse_text(Config *c, const char *name, const char *text, size_t len
     return ok;
 }
 
-// The whole file, or NULL with the reason in err; reading stops one byte past the size limit.
-static char *file_read_limited(const char *path, size_t *len, char *err, size_t errlen) {
-    char shown[PATH_SHOWN_MAX];
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        error_set(err, errlen, "%s: cannot open config file: %s",
-                  error_escape(shown, sizeof shown, path), strerror(errno));
-        return NULL;
-    }
-    char *text = xmalloc(CONFIG_MAX_BYTES + 1);
-    *len = fread(text, 1, CONFIG_MAX_BYTES + 1, f);
-    bool failed = ferror(f);
-    fclose(f);
-    if (failed) {
-        free(text);
-        error_set(err, errlen, "%s: cannot read config file: %s",
-                  error_escape(shown, sizeof shown, path), strerror(errno));
-        return NULL;
-    }
-    return text;
-}
-
+// Reading stops one byte past the size limit, which config_parse_text then refuses.
 bool config_parse_file(Config *c, const char *path, char *err, size_t errlen) {
+    char *text, shown[PATH_SHOWN_MAX];
     size_t len;
-    char *text = file_read_limited(path, &len, err, errlen);
-    if (!text) return false;
+    FileReadResult r = file_read_all(path, CONFIG_MAX_BYTES + 1, &text, &len);
+    if (r != FILE_READ_OK)
+        return error_set(err, errlen, "%s: cannot %s config file: %s",
+                         error_escape(shown, sizeof shown, path),
+                         r == FILE_OPEN_FAILED ? "open" : "read", strerror(errno));
     bool ok = config_parse_text(c, path, text, len, err, errlen);
     free(text);
     return ok;
