@@ -16,7 +16,7 @@
 // its line in the registry's table (registry.c). core/config.c accepts any model.name; the
 // trainer looks it up here as soon as the config is read. A step's inputs and its loss are the
 // architecture's too: StepCtx.input has the type its blocks read (the decoder's, a TokenBatch),
-// and its head computes its objective into StepCtx.loss (core/block.h).
+// and its head computes its objective into StepCtx.loss (protocols/block.h).
 #pragma once
 
 #include <stdbool.h>
