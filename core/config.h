@@ -1,8 +1,8 @@
 // Configuration: torchtitan's job config, read from YAML and `--section.key value` overrides.
 //
 // Sections, key names and defaults follow torchtitan's JobConfig so that a torchtitan config
-// translates key for key. One table in config.c describes every key (type, range, default,
-// allowed values, help); parsing, defaults, overrides, printing, --help-config and typo
+// translates key for key. One table, core/config_keys.def, describes every key (type, range,
+// default, allowed values, help); parsing, defaults, overrides, printing, --help-config and typo
 // suggestions all walk it, so a new key is one struct field plus one table line. Values are
 // checked against their range as they are read, so errors name file:line:col or the flag; each
 // key remembers where its value came from, which the later checks name.

@@ -7,21 +7,16 @@
 #include <unistd.h>
 
 #include "core/errors.h"
+#include "core/files.h"
 #include "data/tokenizer_impl.h"
 
 char *tokenizer_read_file(const char *path, size_t *len, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return error_set(err, errlen, "tokenizer %s: %s", path, strerror(errno)), NULL;
-    struct stat st;
-    CHECK(fstat(fileno(f), &st) == 0);
-    char *text = xmalloc((size_t)st.st_size + 1);
-    *len = fread(text, 1, (size_t)st.st_size, f);
-    fclose(f);
-    if (*len != (size_t)st.st_size) {
-        free(text);
+    char *text;
+    FileReadResult r = file_read_all(path, SIZE_MAX, &text, len);
+    if (r == FILE_OPEN_FAILED)
+        return error_set(err, errlen, "tokenizer %s: %s", path, strerror(errno)), NULL;
+    if (r == FILE_READ_FAILED)
         return error_set(err, errlen, "tokenizer %s: cannot read it whole", path), NULL;
-    }
-    text[*len] = '\0';
     return text;
 }
 

@@ -5,7 +5,7 @@
 #include "models/model.h"
 
 // argv[0] is "generate"; returns the exit status (user errors exit 2 through die_user). A
-// checkpoint whose architecture has its own generate (ModelSpec.generate_main) goes there.
+// checkpoint whose architecture has its own generate (FLUX's, below) goes there.
 int generate_main(int argc, char **argv);
 // FLUX's: images from prompts (infer/flux_sample.c, usage there).
 int flux_generate_main(int argc, char **argv);

@@ -25,7 +25,7 @@ static LinearPrecision recipe_precision(const char *recipe) {
 
 // torchao's _auto_filter_for_tensorwise / _auto_filter_for_rowwise: GEMMs too small for float8
 // to pay for its casts on an H100, with N = out and K = in (the weight's shape). torchao has
-// no thresholds for rowwise_with_gw_hp (config.c refuses that pair).
+// no thresholds for rowwise_with_gw_hp (core/config_check.c refuses that pair).
 static bool too_small_for_float8(LinearPrecision p, int64_t N, int64_t K) {
     if (p == LINEAR_FLOAT8_TENSORWISE) return K <= 4096 && N <= 1024;
     CHECK(p == LINEAR_FLOAT8_ROWWISE);

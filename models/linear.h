@@ -7,7 +7,7 @@
 // the same forms the kernels' matmul and grouped_matmul take (kernels/ops.def).
 #pragma once
 
-#include "core/block.h"
+#include "protocols/block.h"
 #include "core/config.h"
 #include "core/param.h"
 

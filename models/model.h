@@ -1,5 +1,5 @@
 // A model is an ordered list of blocks over one parameter table (DESIGN.md "Blocks"; the block
-// interface is core/block.h). This file runs them: one microbatch at a time over all blocks
+// interface is protocols/block.h). This file runs them: one microbatch at a time over all blocks
 // (model_forward_backward), or over a range of blocks for a microbatch whose activations live
 // in caller-owned slots (a pipeline stage with several microbatches in flight).
 #pragma once
@@ -7,7 +7,7 @@
 #include <stdbool.h>
 
 #include "core/arena.h"
-#include "core/block.h"
+#include "protocols/block.h"
 #include "core/param.h"
 #include "kernels/kernels.h"
 #include "models/linear.h"

@@ -16,7 +16,7 @@
 // its line in the registry's table (registry.c). core/config.c accepts any model.name; the
 // trainer looks it up here as soon as the config is read. A step's inputs and its loss are the
 // architecture's too: StepCtx.input has the type its blocks read (the decoder's, a TokenBatch),
-// and its head computes its objective into StepCtx.loss (core/block.h).
+// and its head computes its objective into StepCtx.loss (protocols/block.h).
 #pragma once
 
 #include <stdbool.h>
@@ -147,9 +147,8 @@ struct ModelSpec {
 
     // The training data it reads itself (NULL: token batches, see ModelData).
     const ModelData *data;
-    // `titan generate` for an architecture that does not decode tokens (NULL: the KV-cache
-    // decoding above): the whole command, argv[0] "generate" (e.g. FLUX's image sampler).
-    int (*generate_main)(int argc, char **argv);
+    // (`titan generate` of an architecture that decodes no tokens, FLUX's image sampler, is
+    // infer/'s to find: infer/generate.c's table, so that models/ stays below infer/.)
 };
 
 // Each architecture's spec, defined in its folder (models/llama3/spec.c, ...).

@@ -43,7 +43,7 @@
 #include <stdint.h>
 
 #include "core/arena.h"
-#include "core/block.h"
+#include "protocols/block.h"
 #include "core/param.h"
 #include "kernels/kernels.h"
 #include "parallel/comm.h"

@@ -15,7 +15,7 @@
 
 #include "core/param.h"
 #include "kernels/kernels.h"
-#include "core/block.h"
+#include "protocols/block.h"
 #include "parallel/comm.h"
 #include "parallel/mesh.h"
 

@@ -6,7 +6,7 @@
 // `depth_single_blocks` single-stream blocks (one fused linear1 / linear2 over the joint
 // sequence), and the head (the final adaLN layer and the rectified-flow loss).
 //
-// The hidden state between blocks (core/block.h's x, (B*T, dim) with StepCtx.T =
+// The hidden state between blocks (protocols/block.h's x, (B*T, dim) with StepCtx.T =
 // flux_seq_len) carries, for each sample, T = 1 + txt_len + img_tokens rows:
 //   row 0            vec, the conditioning vector (B, hidden) every block's modulation reads;
 //   rows 1 .. L      the text tokens (L = txt_len);

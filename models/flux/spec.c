@@ -1,12 +1,11 @@
 // FLUX's entry in the model registry (models/registry.h), as torchtitan's models/flux/__init__.py
 // registers its TrainSpec: flavors, build, checkpoint attributes, its own training data
-// (models/flux/data.c) and `titan generate` (infer/flux_sample.c). What FLUX has no form of in
-// titan is NULL: Hugging Face files (refused by name where a user asks), llama2.c files and
-// KV-cache decoding (its generate is the image sampler).
+// (models/flux/data.c). What FLUX has no form of in titan is NULL: Hugging Face files (refused
+// by name where a user asks), llama2.c files and KV-cache decoding (its `titan generate` is
+// the image sampler, infer/flux_sample.c, which infer/generate.c dispatches to).
 #include <string.h>
 
 #include "core/errors.h"
-#include "infer/generate.h"
 #include "models/registry.h"
 
 extern const ModelData FLUX_DATA;  // models/flux/data.c
@@ -84,5 +83,4 @@ const ModelSpec FLUX_SPEC = {
     .describe = describe,
     .args_from_checkpoint = args_from_checkpoint,
     .data = &FLUX_DATA,
-    .generate_main = flux_generate_main,
 };

@@ -21,7 +21,7 @@
 
 #include <stdbool.h>
 
-#include "core/block.h"
+#include "protocols/block.h"
 #include "core/config.h"
 #include "core/param.h"
 #include "models/linear.h"

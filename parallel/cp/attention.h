@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/block.h"
+#include "protocols/block.h"
 
 // One call's sizes and its workspace, carved in one order for sizing and for use. A unit is
 // what travels: one rank's K and V in chunk-major order [k head | k tail | v head | v tail],

@@ -17,7 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "core/block.h"
+#include "protocols/block.h"
 #include "parallel/comm.h"
 
 typedef enum { CP_ALLGATHER, CP_ALLTOALL } CpRotate;

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/block.h"
+#include "protocols/block.h"
 #include "core/param.h"
 #include "parallel/comm.h"
 

@@ -17,7 +17,7 @@
 #include <stddef.h>
 
 #include "core/arena.h"
-#include "core/block.h"
+#include "protocols/block.h"
 #include "kernels/kernels.h"
 #include "parallel/comm.h"
 #include "parallel/pp/schedule.h"

@@ -99,7 +99,7 @@ static void check(CpRotate rotate, AttnMask mask) {
     Cp c;
     cp_init(&c, world, (rank + cp - 1) % cp, (rank + 1) % cp, rotate);
     StepCtx s = {.k = k, .B = B, .T = Tl};
-    // The hooks get the whole sequences' document ids as the keys' (core/block.h).
+    // The hooks get the whole sequences' document ids as the keys' (protocols/block.h).
     AttnShape shape = {.B = B, .Tq = Tl, .Tk = Tl, .n_heads = H, .n_kv_heads = KV,
                        .head_dim = HD, .mask = mask,
                        .kv_doc = mask == ATTN_DOCUMENT ? doc : NULL};

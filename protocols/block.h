@@ -1,5 +1,7 @@
 // The block interface (DESIGN.md "Blocks"): what models/ implements and parallel/ runs in
-// pieces (FSDP units, pipeline stages), so that neither includes the other.
+// pieces (FSDP units, pipeline stages), so that neither includes the other. It sits in
+// protocols/ (torchtitan's name for its interfaces), a layer above kernels/, whose KernelOps
+// a step carries, and below models/ and parallel/: core/ includes only core/.
 //
 // Every block maps hidden states x (rows, dim) to y (rows, dim), rows = step_rows (B*T on one
 // device): the embedding reads token ids instead of x, the head writes the loss instead of y.
