@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/errors.h"
+#include "core/files.h"
 #include "core/h5_string.h"
 
 // HDF5 prints its whole error stack on every failure; titan reports one line of its own.
@@ -329,20 +330,6 @@ static void dir_of(const char *path, char *out, size_t n) {
     else snprintf(out, n, "%.*s", (int)len, path);
 }
 
-// mkdir -p: the checkpoint folder (e.g. outputs/checkpoint) need not exist before the first save.
-static void dir_create(const char *dir) {
-    char partial[1024];
-    size_t len = strlen(dir);
-    CHECK(len < sizeof(partial));
-    for (size_t i = 1; i <= len; i++) {
-        if (dir[i] != '/' && dir[i] != '\0') continue;
-        memcpy(partial, dir, i);
-        partial[i] = '\0';
-        if (mkdir(partial, 0777) != 0 && errno != EEXIST)
-            die_user("cannot create checkpoint folder %s: %s", partial, strerror(errno));
-    }
-}
-
 static void fsync_path(const char *path) {
     int fd = open(path, O_RDONLY);
     SYS_CHECK(fd);
@@ -380,7 +367,9 @@ void ckpt_tmp_prepare(const char *path, char *tmp, size_t tmplen) {
     char dir[1024];
     dir_of(path, dir, sizeof(dir));
     CHECK(snprintf(tmp, tmplen, "%s.tmp", path) < (int)tmplen);
-    dir_create(dir);
+    // mkdir -p: the checkpoint folder (e.g. outputs/checkpoint) need not exist before the first save.
+    char err[4096 + 256];
+    if (!try_make_dirs(dir, err, sizeof err)) die_user("checkpoint: %s", err);
     // A stale .tmp is a save that crashed; it is garbage, never a checkpoint.
     if (unlink(tmp) != 0 && errno != ENOENT)
         die_user("cannot remove stale %s: %s", tmp, strerror(errno));

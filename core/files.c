@@ -16,7 +16,7 @@ bool try_make_dirs(const char *path, char *err, size_t errlen) {
         if (*p != '/' && *p != '\0') continue;
         char c = *p;
         *p = '\0';
-        if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+        if (mkdir(buf, 0777) < 0 && errno != EEXIST)
             return error_set(err, errlen, "cannot create directory %s: %s", buf, strerror(errno));
         *p = c;
         if (c == '\0') return true;

@@ -165,6 +165,16 @@ char **dataset_folder_files(const char *folder, bool (*keep)(const char *path), 
 
 bool dataset_file_is_shard(const char *path) { return name_ends(path, ".bin"); }
 
+int dataset_shard_find(const int64_t *first, int n_shards, int64_t i) {
+    int lo = 0, hi = n_shards - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (first[mid] <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 static bool text_keep(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);

@@ -40,6 +40,11 @@ uint64_t dataset_bytes(const char *path);
 // the token datasets so that both read a folder in one order.
 char **dataset_folder_files(const char *folder, bool (*keep)(const char *path), int *n);
 
+// The shard that holds item i of a sharded dataset, whose shard k starts at item first[k]
+// (first ascending, first[0] = 0): the last shard whose first item is at or before i, so the
+// empty shards before it are skipped. Shared by the token shards and the FLUX shards.
+int dataset_shard_find(const int64_t *first, int n_shards, int64_t i);
+
 // The .rdb reader (data/rdata.c): calls fn on each character vector of the database in the
 // bytes data[0, len) read from file (named in messages), passing bytes_read on.
 void rdata_for_each_document(const char *file, const uint8_t *data, size_t len,

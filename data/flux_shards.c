@@ -377,21 +377,10 @@ static void shard_acquire(FluxShards *s, int k) {
     }
 }
 
-// The last shard whose first example is at or before i (skipping empty shards before it).
-static int shard_find(const FluxShards *s, int64_t i) {
-    int lo = 0, hi = s->n_shards - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (s->first[mid] <= i) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 // Opens example i's shard; returns its index within the shard.
 static hsize_t example_locate(FluxShards *s, int64_t i) {
     CHECK(i >= 0 && i < s->n);
-    int k = shard_find(s, i);
+    int k = dataset_shard_find(s->first, s->n_shards, i);
     shard_acquire(s, k);
     return (hsize_t)(i - s->first[k]);
 }

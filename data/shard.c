@@ -154,19 +154,8 @@ int64_t token_stream_num_windows(const TokenStream *s, int seq_len) {
     return n;
 }
 
-// The last shard whose first token is at or before t (so empty shards before it are skipped).
-static int shard_find(const TokenStream *s, int64_t t) {
-    int lo = 0, hi = s->n_shards - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (s->first[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 static void tokens_copy(const TokenStream *s, int64_t start, int64_t count, int32_t *out) {
-    for (int i = shard_find(s, start); count > 0; i++) {
+    for (int i = dataset_shard_find(s->first, s->n_shards, start); count > 0; i++) {
         CHECK(i < s->n_shards);
         int64_t offset = start - s->first[i], take = s->first[i + 1] - start;
         if (take > count) take = count;

@@ -317,3 +317,16 @@ void model_allocate(Model *m, ArenaBytes activation_bytes, Arena *params, Arena 
 void model_place_buffers(Model *m, const KernelOps *k) {
     if (m->place_buffers) m->place_buffers(m, k);
 }
+
+void model_buffer_free(void *data, const KernelOps *memory) {
+    if (memory) memory->free(data);
+    else free(data);
+}
+
+void model_free_parts(Model *m) {
+    free(m->blocks);
+    free(m->block_flops_per_token);
+    model_slots_free(&m->slots);
+    model_linears_free(m);
+    params_free(&m->params);
+}

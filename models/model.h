@@ -74,6 +74,12 @@ void model_allocate(Model *m, ArenaBytes activation_bytes, Arena *params, Arena 
                     Arena *acts, const ArenaMemory *memory);
 // Once per model, before its first step: its constant tables into backend k's memory.
 void model_place_buffers(Model *m, const KernelOps *k);
+// Frees one of those tables (e.g. the RoPE tables) wherever it is: in memory's (the backend
+// its place_buffers moved it to), or the host's (memory NULL: as the build allocated it).
+void model_buffer_free(void *data, const KernelOps *memory);
+// Frees what a build allocated in m itself (blocks, per-block FLOPs, slots, Linears, parameter
+// table): the end of every architecture's free, after its own state (m->self).
+void model_free_parts(Model *m);
 
 // The build's: adds l, a Linear of the blocks, as module (NULL: its weight's name without
 // ".weight"). model_linears_free frees the list.

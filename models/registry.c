@@ -94,3 +94,13 @@ const ModelSpec *model_spec_llama2c(void) {
         if (SPECS[i]->args_from_llama2c) return SPECS[i];
     die_internal(__FILE__, __LINE__, "no architecture reads llama2.c files");
 }
+
+void *model_args_fill(ModelArgs *a, const ModelSpec *spec) {
+    a->spec = spec;
+    return &a->as;
+}
+
+const void *model_args_of(const ModelArgs *a, const ModelSpec *spec) {
+    CHECK(a->spec == spec);
+    return &a->as;
+}

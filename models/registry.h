@@ -175,3 +175,34 @@ void model_spec_require_hf(const ModelSpec *spec, const char *what);
 const ModelSpec *model_spec_llama2c(void);
 
 static inline ModelShape model_shape(const ModelArgs *a) { return a->spec->shape(a); }
+
+// ---- for an architecture's spec (its spec.c) -----------------------------------------------
+
+// a's member for spec, which spec's reader is about to fill (it sets a->spec), and the member
+// filled by it, for everything else (checked: the args are spec's).
+void *model_args_fill(ModelArgs *a, const ModelSpec *spec);
+const void *model_args_of(const ModelArgs *a, const ModelSpec *spec);
+
+// The slots that only hand a's member to the architecture's own function of the same name
+// (arch_flavor(name, LlamaArgs *), ...), defined once for every spec.c: MODEL_SPEC_READERS
+// defines its static flavor and args_from_checkpoint, MODEL_SPEC_HF its try_args_from_hf,
+// load_hf and save_hf, for its ModelSpec SPEC.
+#define MODEL_SPEC_READERS(arch, SPEC)                                                         \
+    static bool flavor(const char *name, ModelArgs *a) {                                       \
+        return arch##_flavor(name, model_args_fill(a, &SPEC));                                 \
+    }                                                                                          \
+    static void args_from_checkpoint(const char *path, ModelArgs *a) {                         \
+        arch##_args_from_checkpoint(path, model_args_fill(a, &SPEC));                          \
+    }
+
+#define MODEL_SPEC_HF(arch, SPEC)                                                              \
+    static bool try_args_from_hf(const char *dir, ModelArgs *a, char *err, size_t len) {       \
+        return arch##_try_args_from_hf(dir, model_args_fill(a, &SPEC), err, len);              \
+    }                                                                                          \
+    static void load_hf(const char *path, const ModelArgs *a, ParamTable *params) {            \
+        arch##_load_hf(path, model_args_of(a, &SPEC), params);                                 \
+    }                                                                                          \
+    static void save_hf(const char *dir, const ModelArgs *a, const ParamTable *params,         \
+                        SafetensorsDtype dtype) {                                              \
+        arch##_save_hf(dir, model_args_of(a, &SPEC), params, dtype);                           \
+    }

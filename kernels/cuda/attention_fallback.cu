@@ -81,6 +81,32 @@ static __device__ __forceinline__ float attn_dot(const float *a, const float *b,
     return s;
 }
 
+// The key tiles that query rows [q0, q0 + ATTN_Q_ROWS) of one head may see, walked alike by the
+// forward and the dQ kernels: each tile of ATTN_KEYS rows of K and V (kv head kvh) into ks and
+// vs (pitch attn_pitch(D)), then tile(r, row, sees, n) for each of this warp's rows r that
+// exists: row its index in the block (query q0 + row), sees whether it sees this lane's key of
+// the tile, n the tile's keys. The first barrier also waits for the rows the caller loaded.
+template <typename Tile>
+static __device__ __forceinline__ void attn_key_tiles(const AttnShape &s, const float *k,
+                                                      const float *v, float *ks, float *vs,
+                                                      int b, int kvh, int q0, Tile tile) {
+    int D = s.head_dim, pitch = attn_pitch(D), Tq = s.Tq, KV = s.n_kv_heads;
+    int n_keys = attn_keys_end(s, min(q0 + ATTN_Q_ROWS, Tq));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int k0 = 0; k0 < n_keys; k0 += ATTN_KEYS) {
+        __syncthreads();  // the previous tile is consumed (and, at first, the rows are loaded)
+        attn_load_rows(ks, pitch, ATTN_KEYS, k, b, k0, kvh, s.Tk, KV, D);
+        attn_load_rows(vs, pitch, ATTN_KEYS, v, b, k0, kvh, s.Tk, KV, D);
+        __syncthreads();
+        int j = k0 + lane, n = min(ATTN_KEYS, n_keys - k0);
+#pragma unroll
+        for (int r = 0; r < ATTN_ROWS_PER_WARP; r++) {
+            int row = warp * ATTN_ROWS_PER_WARP + r, i = q0 + row;
+            if (i < Tq) tile(r, row, j < n_keys && attn_sees(s, b, i, j), n);
+        }
+    }
+}
+
 // ---- forward ---------------------------------------------------------------------------------
 
 // acc (this lane's columns lane + 32c of D) += sum over the tile's first n rows of w_j row_j,
@@ -146,21 +172,9 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
         for (int c = 0; c < NC; c++) acc[r][c] = 0.0f;
     }
     attn_load_rows(qs, D, ATTN_Q_ROWS, q, b, q0, h, Tq, H, D);
-    int n_keys = attn_keys_end(s, min(q0 + ATTN_Q_ROWS, Tq)), lane = threadIdx.x & 31;
-    for (int k0 = 0; k0 < n_keys; k0 += ATTN_KEYS) {
-        __syncthreads();  // the previous tile is consumed (and, at first, Q is loaded)
-        attn_load_rows(ks, pitch, ATTN_KEYS, k, b, k0, kvh, s.Tk, KV, D);
-        attn_load_rows(vs, pitch, ATTN_KEYS, v, b, k0, kvh, s.Tk, KV, D);
-        __syncthreads();
-        int j = k0 + lane, n = min(ATTN_KEYS, n_keys - k0);
-#pragma unroll
-        for (int r = 0; r < ATTN_ROWS_PER_WARP; r++) {
-            int row = warp * ATTN_ROWS_PER_WARP + r, i = q0 + row;
-            if (i < Tq)
-                attn_forward_tile<NC>(&m[r], &l[r], acc[r], qs + row * D, ks, vs, D,
-                                      j < n_keys && attn_sees(s, b, i, j), n, scale);
-        }
-    }
+    attn_key_tiles(s, k, v, ks, vs, b, kvh, q0, [&](int r, int row, bool sees, int n) {
+        attn_forward_tile<NC>(&m[r], &l[r], acc[r], qs + row * D, ks, vs, D, sees, n, scale);
+    });
 #pragma unroll
     for (int r = 0; r < ATTN_ROWS_PER_WARP; r++) {
         int i = q0 + warp * ATTN_ROWS_PER_WARP + r;
@@ -306,22 +320,11 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
     }
     attn_load_rows(qs, D, ATTN_Q_ROWS, q, b, q0, h, Tq, H, D);
     attn_load_rows(gs, D, ATTN_Q_ROWS, dout, b, q0, h, Tq, H, D);
-    int n_keys = attn_keys_end(s, min(q0 + ATTN_Q_ROWS, Tq)), lane = threadIdx.x & 31;
-    for (int k0 = 0; k0 < n_keys; k0 += ATTN_KEYS) {
-        __syncthreads();
-        attn_load_rows(ks, pitch, ATTN_KEYS, k, b, k0, kvh, s.Tk, KV, D);
-        attn_load_rows(vs, pitch, ATTN_KEYS, v, b, k0, kvh, s.Tk, KV, D);
-        __syncthreads();
-        int j = k0 + lane, n = min(ATTN_KEYS, n_keys - k0);
-#pragma unroll
-        for (int r = 0; r < ATTN_ROWS_PER_WARP; r++) {
-            int row = warp * ATTN_ROWS_PER_WARP + r, i = q0 + row;
-            if (i < Tq)
-                attn_dq_tile<NC>(acc[r], qs + row * D, gs + row * D, ks, vs, D,
-                                 j < n_keys && attn_sees(s, b, i, j), n, row_lse[r], row_d[r],
-                                 scale);
-        }
-    }
+    attn_key_tiles(s, k, v, ks, vs, b, kvh, q0, [&](int r, int row, bool sees, int n) {
+        attn_dq_tile<NC>(acc[r], qs + row * D, gs + row * D, ks, vs, D, sees, n, row_lse[r],
+                         row_d[r], scale);
+    });
+    int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < ATTN_ROWS_PER_WARP; r++) {
         int i = q0 + warp * ATTN_ROWS_PER_WARP + r;

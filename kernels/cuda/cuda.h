@@ -37,6 +37,14 @@ void *cuda_scratch(void);
 // The largest power of two dividing the address, capped at cuBLASLt's assumed 256 (and at least
 // 4): what a GEMM plan promises cuBLASLt's heuristic about an operand (matmul.cu).
 uint32_t cuda_alignment(const void *p);
+// The preference and heuristic every cuBLASLt GEMM plan runs (matmul.cu, matmul_float8.cu): the
+// best algorithm for desc over cuBLASLt's A, B and C = D layouts within the GEMM workspace, for
+// its A, B and C = D aligned to align_a, align_b and align_c bytes. CUBLAS_STATUS_SUCCESS with
+// *algo, or why not (CUBLAS_STATUS_NOT_SUPPORTED when the heuristic finds none).
+cublasStatus_t cuda_gemm_algo(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                              uint32_t align_a, uint32_t align_b, uint32_t align_c,
+                              cublasLtMatmulAlgo_t *algo);
 
 // ---- ops (one .cu file each concern; the memory section in cuda_backend.cu) -----------------
 // cuda_NAME for each op NAME of kernels/ops.def.

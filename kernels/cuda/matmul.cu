@@ -67,38 +67,49 @@ static cublasLtMatrixLayout_t matmul_layout(cudaDataType_t type, int rows, int c
     return layout;
 }
 
-static void matmul_set_preference(cublasLtMatmulPreference_t pref,
-                                  cublasLtMatmulPreferenceAttributes_t attr, uint32_t value) {
+static void gemm_set_preference(cublasLtMatmulPreference_t pref,
+                                cublasLtMatmulPreferenceAttributes_t attr, uint32_t value) {
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
+}
+
+cublasStatus_t cuda_gemm_algo(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                              uint32_t align_a, uint32_t align_b, uint32_t align_c,
+                              cublasLtMatmulAlgo_t *algo) {
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t workspace = CUDA_GEMM_WORKSPACE;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+    gemm_set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+    gemm_set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+    gemm_set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
+    gemm_set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
+    cublasLtMatmulHeuristicResult_t result = {};
+    int found = 0;
+    cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(cuda_cublaslt(), desc, a, b, c, c, pref, 1,
+                                                       &result, &found);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (rc == CUBLAS_STATUS_SUCCESS && found == 0) rc = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (rc == CUBLAS_STATUS_SUCCESS) *algo = result.algo;
+    return rc;
 }
 
 // The heuristic's best algorithm within the backend's workspace, for operands as aligned as
 // this call's (cuBLASLt's A is titan's b, its B titan's a).
 static cublasLtMatmulAlgo_t matmul_find_algo(const MatmulPlan *p) {
     const MatmulShape *s = &p->shape;
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t workspace = CUDA_GEMM_WORKSPACE;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
-    matmul_set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, s->align_b);
-    matmul_set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, s->align_a);
-    matmul_set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, s->align_c);
-    matmul_set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, s->align_c);
-    cublasLtMatmulHeuristicResult_t result = {};
-    int found = 0;
-    cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(cuda_cublaslt(), p->desc, p->layout_b,
-                                                       p->layout_a, p->layout_c, p->layout_c,
-                                                       pref, 1, &result, &found);
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    if (rc != CUBLAS_STATUS_SUCCESS || found == 0)
+    cublasLtMatmulAlgo_t algo = {};
+    cublasStatus_t rc = cuda_gemm_algo(p->desc, p->layout_b, p->layout_a, p->layout_c, s->align_b,
+                                       s->align_a, s->align_c, &algo);
+    if (rc != CUBLAS_STATUS_SUCCESS)
         die_internal(__FILE__, __LINE__,
                      "cuBLASLt has no algorithm for matmul m %d n %d k %d trans_a %d trans_b %d "
                      "(%s compute, alignment a %u b %u c %u bytes): %s",
                      s->m, s->n, s->k, s->trans_a, s->trans_b,
                      s->compute == CUBLAS_COMPUTE_32F ? "fp32" : "bf16", s->align_a, s->align_b,
                      s->align_c, cublasLtGetStatusString(rc));
-    return result.algo;
+    return algo;
 }
 
 static void matmul_plan_init(MatmulPlan *p, const MatmulShape *s) {

@@ -56,32 +56,11 @@ static void float8_desc_set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttribu
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, value, size));
 }
 
-// The heuristic's best algorithm for the plan into p->algo, or its failure.
+// The heuristic's best algorithm for the plan into p->algo, or its failure (cuBLASLt's A is
+// titan's b, its B titan's a: both float8, 16-byte aligned).
 static cublasStatus_t float8_find_algo(Float8Plan *p) {
-    const Float8Shape *s = &p->shape;
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t workspace = CUDA_GEMM_WORKSPACE;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
-    uint32_t align_ab = 16, align_c = s->align_c;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_ab, sizeof align_ab));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_ab, sizeof align_ab));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
-    cublasLtMatmulHeuristicResult_t result = {};
-    int found = 0;
-    cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(cuda_cublaslt(), p->desc, p->layout_b,
-                                                       p->layout_a, p->layout_c, p->layout_c,
-                                                       pref, 1, &result, &found);
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    if (rc == CUBLAS_STATUS_SUCCESS && found == 0) rc = CUBLAS_STATUS_NOT_SUPPORTED;
-    if (rc == CUBLAS_STATUS_SUCCESS) p->algo = result.algo;
-    return rc;
+    return cuda_gemm_algo(p->desc, p->layout_b, p->layout_a, p->layout_c, 16, 16,
+                          p->shape.align_c, &p->algo);
 }
 
 // The GEMM's descriptor, its scales outer vectors (rowwise) or one float each.

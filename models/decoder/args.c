@@ -1,4 +1,8 @@
-// What every decoder's args derive (the FFN width) and record in a checkpoint.
+// What every decoder's args derive (the FFN width), list (flavor names) and record in a
+// checkpoint.
+#include <stdio.h>
+#include <string.h>
+
 #include "core/errors.h"
 #include "models/decoder/decoder.h"
 
@@ -11,6 +15,16 @@ int decoder_hidden_dim(const DecoderArgs *a) {
     hidden = (int)(2 * hidden / 3);
     if (a->ffn_dim_multiplier > 0) hidden = (int)(a->ffn_dim_multiplier * hidden);
     return a->multiple_of * ((hidden + a->multiple_of - 1) / a->multiple_of);
+}
+
+const char *decoder_flavor_names(char *out, size_t len, const char *const *names, size_t stride,
+                                 int n) {
+    if (!out[0])
+        for (int i = 0; i < n; i++) {
+            const char *name = *(const char *const *)((const char *)names + (size_t)i * stride);
+            snprintf(out + strlen(out), len - strlen(out), "%s%s", i ? ", " : "", name);
+        }
+    return out;
 }
 
 // A head width other than Llama 3's dim / n_heads.

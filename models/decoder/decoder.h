@@ -52,7 +52,14 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
 // Frees what decoder_build allocated (not the arenas).
 void decoder_free(Model *m);
 
-// ---- checkpoint attributes (args.c) ------------------------------------------------------
+// ---- flavors and checkpoint attributes (args.c) -------------------------------------------
+
+// "debugmodel, small, ...": the n flavor names at names, names + stride bytes, ... (the name
+// column of an architecture's flavor table: &FLAVORS[0].name, sizeof FLAVORS[0]), joined into
+// out (len bytes) on the first call and returned as they are after; for messages and help.
+const char *decoder_flavor_names(char *out, size_t len, const char *const *names, size_t stride,
+                                 int n);
+
 
 // The architecture as checkpoint attributes ("model.dim", ...), so that any reader (the PyTorch
 // reference, a converter) rebuilds the model from the file alone; returns the count. head_dim

@@ -21,3 +21,12 @@ void *decoder_spec_kv_cache_new(const Model *m, int max_ctx);
 const float *decoder_spec_decode_step(const Model *m, void *cache, const KernelOps *k, int token,
                                       int pos);
 void decoder_spec_kv_cache_free(void *cache);
+
+// Those functions' slots, for a decoder architecture's ModelSpec initializer (beside its own:
+// name, flavors, update_from_config, checkpoint formats).
+#define DECODER_SPEC_SLOTS                                                                     \
+    .shape = decoder_spec_shape, .build = decoder_spec_build, .free = decoder_free,            \
+    .tp_check = decoder_spec_tp_check, .parallelize_tp = decoder_parallelize_tp,               \
+    .tp_bytes_per_microbatch = decoder_spec_tp_bytes_per_microbatch,                           \
+    .describe = decoder_spec_describe, .kv_cache_new = decoder_spec_kv_cache_new,              \
+    .decode_step = decoder_spec_decode_step, .kv_cache_free = decoder_spec_kv_cache_free

@@ -219,18 +219,11 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
 
 void decoder_free(Model *m) {
     Decoder *l = m->self;
-    if (l->rope_memory)
-        l->rope_memory->free(l->rope_cos);
-    else
-        free(l->rope_cos);
+    model_buffer_free(l->rope_cos, l->rope_memory);
     for (int i = 0; l->moe && i < l->args.n_layers; i++) moe_layer_free(&l->moe[i]);
     if (l->moe) moe_balance_free(&l->balance, l->moe_memory);
     free(l->moe);
     free(l->layers);
     free(l);
-    free(m->blocks);
-    free(m->block_flops_per_token);
-    model_slots_free(&m->slots);
-    model_linears_free(m);
-    params_free(&m->params);
+    model_free_parts(m);
 }

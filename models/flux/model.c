@@ -258,16 +258,9 @@ void flux_build(Model *m, const FluxArgs *args, bool activation_checkpoint) {
 
 void flux_free(Model *m) {
     Flux *f = m->self;
-    if (f->rope_memory)
-        f->rope_memory->free(f->rope_data);
-    else
-        free(f->rope_data);
+    model_buffer_free(f->rope_data, f->rope_memory);
     free(f->doubles);
     free(f->singles);
     free(f);
-    free(m->blocks);
-    free(m->block_flops_per_token);
-    model_slots_free(&m->slots);
-    model_linears_free(m);
-    params_free(&m->params);
+    model_free_parts(m);
 }

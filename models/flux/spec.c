@@ -10,17 +10,10 @@
 
 extern const ModelData FLUX_DATA;  // models/flux/data.c
 
-static FluxArgs *flux_fill(ModelArgs *a) {
-    a->spec = &FLUX_SPEC;
-    return &a->as.flux;
-}
+// flavor, args_from_checkpoint: registry.h's pass-throughs to flux_flavor, ...
+MODEL_SPEC_READERS(flux, FLUX_SPEC)
 
-static const FluxArgs *flux_of(const ModelArgs *a) {
-    CHECK(a->spec == &FLUX_SPEC);
-    return &a->as.flux;
-}
-
-static bool flavor(const char *name, ModelArgs *a) { return flux_flavor(name, flux_fill(a)); }
+static const FluxArgs *flux_of(const ModelArgs *a) { return model_args_of(a, &FLUX_SPEC); }
 
 static ModelShape shape(const ModelArgs *a) {
     const FluxArgs *f = flux_of(a);
@@ -63,10 +56,6 @@ static uint64_t tp_bytes_per_microbatch(const ModelArgs *a, int tp, int B, int T
 }
 
 static int describe(const ModelArgs *a, CkptAttr *out) { return flux_describe(flux_of(a), out); }
-
-static void args_from_checkpoint(const char *path, ModelArgs *a) {
-    flux_args_from_checkpoint(path, flux_fill(a));
-}
 
 const ModelSpec FLUX_SPEC = {
     .name = "flux",

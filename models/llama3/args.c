@@ -1,4 +1,3 @@
-#include <stdio.h>
 #include <string.h>
 
 #include "core/errors.h"
@@ -50,11 +49,8 @@ bool llama3_flavor(const char *name, LlamaArgs *args) {
 
 const char *llama3_flavor_names(void) {
     static char names[128];
-    if (!names[0])
-        for (int i = 0; i < N_FLAVORS; i++)
-            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
-                     FLAVORS[i].name);
-    return names;
+    return decoder_flavor_names(names, sizeof names, &FLAVORS[0].name, sizeof FLAVORS[0],
+                                N_FLAVORS);
 }
 
 void llama3_args_from_checkpoint(const char *path, LlamaArgs *a) {

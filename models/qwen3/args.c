@@ -1,4 +1,3 @@
-#include <stdio.h>
 #include <string.h>
 
 #include "core/errors.h"
@@ -75,11 +74,8 @@ bool qwen3_flavor(const char *name, Qwen3Args *args) {
 
 const char *qwen3_flavor_names(void) {
     static char names[256];
-    if (!names[0])
-        for (int i = 0; i < N_FLAVORS; i++)
-            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
-                     FLAVORS[i].name);
-    return names;
+    return decoder_flavor_names(names, sizeof names, &FLAVORS[0].name, sizeof FLAVORS[0],
+                                N_FLAVORS);
 }
 
 void qwen3_args_from_checkpoint(const char *path, Qwen3Args *args) {

@@ -4,25 +4,16 @@
 #include "core/errors.h"
 #include "models/decoder/decoder_spec.h"
 
-// For a reader that fills the args: from here on they are qwen3's.
-static Qwen3Args *qwen3_fill(ModelArgs *a) {
-    a->spec = &QWEN3_SPEC;
-    return &a->as.qwen3;
-}
-
-// For everything else: args some qwen3 reader filled.
-static const Qwen3Args *qwen3_of(const ModelArgs *a) {
-    CHECK(a->spec == &QWEN3_SPEC);
-    return &a->as.qwen3;
-}
-
-static bool flavor(const char *name, ModelArgs *a) { return qwen3_flavor(name, qwen3_fill(a)); }
+// flavor, args_from_checkpoint, try_args_from_hf, load_hf, save_hf: registry.h's
+// pass-throughs to qwen3_flavor, ...
+MODEL_SPEC_READERS(qwen3, QWEN3_SPEC)
+MODEL_SPEC_HF(qwen3, QWEN3_SPEC)
 
 // The flavor decides tied embeddings (0.6B to 4B tie), model.tie_word_embeddings ties any
 // other; Llama 3.1's RoPE scaling is not Qwen3's.
 static void update_from_config(ModelArgs *a, const ModelSection *config, int vocab_size,
                                int max_seq_len) {
-    DecoderArgs *d = &((Qwen3Args *)qwen3_of(a))->decoder;
+    DecoderArgs *d = &((Qwen3Args *)model_args_of(a, &QWEN3_SPEC))->decoder;
     if (vocab_size) d->vocab_size = vocab_size;
     d->max_seq_len = max_seq_len;
     if (!config) return;
@@ -32,41 +23,15 @@ static void update_from_config(ModelArgs *a, const ModelSection *config, int voc
     if (decoder_has_moe(d)) moe_args_from_config(&d->moe, config);
 }
 
-static void args_from_checkpoint(const char *path, ModelArgs *a) {
-    qwen3_args_from_checkpoint(path, qwen3_fill(a));
-}
-
-static bool try_args_from_hf(const char *dir, ModelArgs *a, char *err, size_t len) {
-    return qwen3_try_args_from_hf(dir, qwen3_fill(a), err, len);
-}
-
-static void load_hf(const char *path, const ModelArgs *a, ParamTable *params) {
-    qwen3_load_hf(path, qwen3_of(a), params);
-}
-
-static void save_hf(const char *dir, const ModelArgs *a, const ParamTable *params,
-                    SafetensorsDtype dtype) {
-    qwen3_save_hf(dir, qwen3_of(a), params, dtype);
-}
-
 const ModelSpec QWEN3_SPEC = {
     .name = "qwen3",
     .flavor = flavor,
     .flavor_names = qwen3_flavor_names,
-    .shape = decoder_spec_shape,
     .update_from_config = update_from_config,
-    .build = decoder_spec_build,
-    .free = decoder_free,
-    .tp_check = decoder_spec_tp_check,
-    .parallelize_tp = decoder_parallelize_tp,
-    .tp_bytes_per_microbatch = decoder_spec_tp_bytes_per_microbatch,
-    .describe = decoder_spec_describe,
+    DECODER_SPEC_SLOTS,
     .args_from_checkpoint = args_from_checkpoint,
     .try_args_from_hf = try_args_from_hf,
     .hf_model_types = (const char *const[]){"qwen3", "qwen3_moe", NULL},
     .load_hf = load_hf,
     .save_hf = save_hf,
-    .kv_cache_new = decoder_spec_kv_cache_new,
-    .decode_step = decoder_spec_decode_step,
-    .kv_cache_free = decoder_spec_kv_cache_free,
 };
