@@ -1,4 +1,4 @@
-// A background checkpoint writer (checkpoint.async_mode async, DESIGN.md "Checkpoints"): the
+// A background checkpoint writer (checkpoint.async_mode async, docs/design.md "Checkpoints"): the
 // caller copies the state into its own staging memory at a step boundary, then hands a write
 // function to one background thread and goes on training while it runs.
 //

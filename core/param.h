@@ -1,7 +1,7 @@
 // Parameters: one table of named, shaped tensors drives allocation, gradients, optimizer state
 // and checkpoints by offset arithmetic (llm.c's ParameterTensors, made data instead of code).
 //
-// A parameter is a DTensor in C (DESIGN.md "Parameters carry their layout"): its torchtitan /
+// A parameter is a DTensor in C (docs/design.md "Parameters carry their layout"): its torchtitan /
 // Hugging Face-convertible fully-qualified name ("layers.3.attention.wq.weight"), a global shape,
 // and the placements the parallelisms gave it, one per mesh group it is laid over, in the order
 // they were applied (tensor parallel first, then FSDP), each cutting the box of the global

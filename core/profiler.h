@@ -1,5 +1,5 @@
 // Per-rank Chrome traces of chosen steps, and per-step memory snapshots (the profiling.* keys,
-// torchtitan's; DESIGN.md "Observability").
+// torchtitan's; docs/design.md "Observability").
 //
 // Traces (profiling.enable_profiling): torchtitan's schedule. With profile_freq F and
 // profiler_active A, the A steps that end at each multiple of F are recorded, and after step

@@ -1,4 +1,4 @@
-// A model is an ordered list of blocks over one parameter table (DESIGN.md "Blocks"; the block
+// A model is an ordered list of blocks over one parameter table (docs/design.md "Blocks"; the block
 // interface is protocols/block.h). This file runs them: one microbatch at a time over all blocks
 // (model_forward_backward), or over a range of blocks for a microbatch whose activations live
 // in caller-owned slots (a pipeline stage with several microbatches in flight).

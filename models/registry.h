@@ -53,7 +53,7 @@ typedef struct {
     const MoeArgs *moe;        // every block's FFN is this MoE layer (into the args); NULL: dense
 } ModelShape;
 
-// A model's own training inputs (DESIGN.md "Models": StepCtx inputs and the loss belong to the
+// A model's own training inputs (docs/design.md "Models": StepCtx inputs and the loss belong to the
 // model), for an architecture that does not read token batches. A spec without one (NULL) is
 // fed by the trainer's token pipeline (data/loader.h: text, JSONL, token shards, the TokenBatch
 // the decoders read). The state is the architecture's; the trainer holds it as void *.

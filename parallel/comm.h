@@ -1,4 +1,4 @@
-// The one door to collectives (DESIGN.md "Communication"). Backends: MPI (the cpu backend's
+// The one door to collectives (docs/design.md "Communication"). Backends: MPI (the cpu backend's
 // collective library, and the bootstrap for everything) and NCCL (built with CUDA=1; ids are
 // broadcast over MPI, groups made by ncclCommSplit).
 //

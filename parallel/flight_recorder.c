@@ -1,4 +1,4 @@
-// The flight recorder (DESIGN.md "Communication"): a ring of this rank's last operations,
+// The flight recorder (docs/design.md "Communication"): a ring of this rank's last operations,
 // dumped to stderr on a timeout or SIGUSR1 so that a hang names the rank, the collective and
 // the group it is stuck in, and the sequence numbers line up the ranks against each other.
 // Each dump also goes to <comm.save_traces_folder>/rank_<r>.txt (appended: one file per rank,

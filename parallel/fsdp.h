@@ -1,4 +1,4 @@
-// FSDP (ZeRO-3) and HSDP over the blocks of a model (DESIGN.md "Parallelisms", "Memory").
+// FSDP (ZeRO-3) and HSDP over the blocks of a model (docs/design.md "Parallelisms", "Memory").
 //
 // Placement: every parameter gets FSDP's padded Shard(0) over the fsdp group (dp_shard x cp)
 // of n ranks (core/param.h's PLACE_SHARD_PADDED, after tensor parallel's placements): its

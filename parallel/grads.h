@@ -1,7 +1,7 @@
 // The step's gradient as the parallelisms leave it on this rank, made whole: the grads of the
 // replicated parameters whose placement says they are partial summed over tp (under sequence
 // parallel each rank's rows' share; those computed redundantly are whole already), and the global L2 norm for clipping counted exactly once per element of the
-// unsharded model (DESIGN.md "Parameters carry their layout").
+// unsharded model (docs/design.md "Parameters carry their layout").
 //
 // A parameter's gradient is its shard's (ParamTable.shard_grad at Param.shard_offset): FSDP's
 // shard when FSDP placed it, else its compute tensor's. fsdp / tp NULL: no such group.

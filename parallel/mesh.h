@@ -1,4 +1,4 @@
-// The device mesh (DESIGN.md "The mesh"): dims pp, dp_replicate, dp_shard, cp, tp, outermost
+// The device mesh (docs/design.md "The mesh"): dims pp, dp_replicate, dp_shard, cp, tp, outermost
 // first (torchtitan's order: tp varies fastest, so a tp group shares a node). The world size
 // must equal the product; data_parallel_shard_degree -1 takes what is left. Every dim and the
 // flattened groups dp = dp_replicate x dp_shard, fsdp = dp_shard x cp, loss = dp x cp have a

@@ -1,4 +1,4 @@
-// The block interface (DESIGN.md "Blocks"): what models/ implements and parallel/ runs in
+// The block interface (docs/design.md "Blocks"): what models/ implements and parallel/ runs in
 // pieces (FSDP units, pipeline stages), so that neither includes the other. It sits in
 // protocols/ (torchtitan's name for its interfaces), a layer above kernels/, whose KernelOps
 // a step carries, and below models/ and parallel/: core/ includes only core/.
@@ -23,7 +23,7 @@
 #include "core/arena.h"
 #include "kernels/kernels.h"
 
-// Tensor parallelism as the model sees it (DESIGN.md "Parallelisms", Megatron-LM with sequence
+// Tensor parallelism as the model sees it (docs/design.md "Parallelisms", Megatron-LM with sequence
 // parallel, Korthikanti et al. 2022): between blocks the residual stream holds this rank's
 // contiguous 1/size of the B*T rows; column- and row-parallel weights are their Params' local
 // slices (the local shapes tell the widths); these calls, implemented by parallel/tp.c over
@@ -50,7 +50,7 @@ struct TpHooks {
 
 typedef struct StepCtx StepCtx;
 
-// Attention as the model sees it (DESIGN.md "Parallelisms"): the model computes this rank's
+// Attention as the model sees it (docs/design.md "Parallelisms"): the model computes this rank's
 // queries, keys and values and calls attention through these hooks when the sequence is split
 // over ranks (context parallel, parallel/cp); StepCtx.attn NULL: the whole sequence is local
 // and the model calls the kernel itself. `local` is the shape of this rank's share (its Tq =

@@ -1,4 +1,4 @@
-// Context parallel's attention math on one rank, without communication (DESIGN.md
+// Context parallel's attention math on one rank, without communication (docs/design.md
 // "Parallelisms"): a call's workspace, this rank's tokens in chunk-major order, and its two
 // query chunks (head and tail, parallel/cp/layout.h) against one rank's "unit" of key/value
 // chunks, the partial results merged by their log-sum-exp (KernelOps.attention_merge);

@@ -1,4 +1,4 @@
-// Context parallel (DESIGN.md "Parallelisms"; Liu et al. 2023's ring attention, torchtitan's
+// Context parallel (docs/design.md "Parallelisms"; Liu et al. 2023's ring attention, torchtitan's
 // context_parallel): each sequence is split over the cp group in the head-tail layout
 // (parallel/cp/layout.h), and attention, the one op that mixes positions, runs as AttnHooks
 // that bring every other rank's keys and values to this rank's queries:

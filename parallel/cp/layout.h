@@ -1,4 +1,4 @@
-// Context parallel's sequence layout (DESIGN.md "Parallelisms", torchtitan's head-tail load
+// Context parallel's sequence layout (docs/design.md "Parallelisms", torchtitan's head-tail load
 // balancing): a sequence of T tokens is cut into 2 * cp chunks of T / (2 cp); cp rank r holds
 // chunk r and its mirror 2cp - 1 - r, so under a causal mask every rank does the same work
 // (an early chunk sees few keys, its mirror many). Pure host code.

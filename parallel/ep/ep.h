@@ -1,4 +1,4 @@
-// Expert parallel (DESIGN.md "Parallelisms"; torchtitan's ExpertParallel and
+// Expert parallel (docs/design.md "Parallelisms"; torchtitan's ExpertParallel and
 // AllToAllTokenDispatcher): a MoE layer's E routed experts are split over the ep group of the
 // sparse mesh (parallel/mesh.h), E / ep consecutive experts to a rank, and the tokens' slots
 // travel to the rank that holds their expert and back with all-to-all-v.
@@ -12,7 +12,7 @@
 // (source rank, local expert) to (local expert, source rank), runs its E / ep experts as one
 // grouped GEMM and sends the outputs back the same way (the backward runs the duals).
 //
-// Memory bound (DESIGN.md "Memory": data-dependent sizes need a stated bound): a token sends
+// Memory bound (docs/design.md "Memory": data-dependent sizes need a stated bound): a token sends
 // one slot to each of its k distinct experts, so at most min(k, E / ep) to one rank; a rank
 // then receives at most ep * rows * min(k, E / ep) rows, rows the tokens a rank routes per
 // microbatch (step_rows). With a capacity factor c each source keeps at most

@@ -1,4 +1,4 @@
-// Pipeline stages: which contiguous blocks each virtual stage runs (DESIGN.md "Blocks": a
+// Pipeline stages: which contiguous blocks each virtual stage runs (docs/design.md "Blocks": a
 // stage is a slice of the block list embed, layers.0 .. layers.{L-1}, head). Pure host code.
 #pragma once
 
