@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "train.h"
+#include "train/train.h"
 
 // <dump_folder>/run_summary.json: what this run allocated and sent (rank 0's view), in the
 // terms `titan --estimate` predicts, so the two can be compared.

@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "checkpoint/async.h"
-#include "train.h"
+#include "train/train.h"
 
 // The trained state (every parameter's shard, its AdamW moments and its average when kept)
 // as host memory, which initialisation and checkpoints read and write: the tensors themselves

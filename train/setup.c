@@ -17,7 +17,7 @@
 #include "data/tokenize.h"
 #include "infer/generate.h"
 #include "parallel/cp/layout.h"
-#include "train.h"
+#include "train/train.h"
 
 static double now_seconds(void) {
     struct timespec ts;

@@ -6,7 +6,7 @@
 #include "parallel/pp/executor.h"
 #include "parallel/pp/schedule.h"
 #include "parallel/pp/stage.h"
-#include "train.h"
+#include "train/train.h"
 
 // The microbatch count a pipeline step runs: training.local_batch_size rows in microbatches of
 // pipeline_parallel_microbatch_size (or `--microbatches N`).
