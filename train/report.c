@@ -1,3 +1,6 @@
+// What the trainer reports about its plan and its run: `titan --estimate` (each pp rank's
+// memory, FLOPs and traffic per step), the memory check before the arenas are allocated, the
+// context-parallel K/V traffic line and <dump_folder>/run_summary.json after a run.
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>

@@ -1,3 +1,6 @@
+// The pipeline schedule the trainer runs: generated from parallelism.pipeline_parallel_schedule
+// or read from its CSV file, checked (parallel/pp/check.c); and `titan --print-schedule
+// [--microbatches N]`, which prints it without training.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
