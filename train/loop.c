@@ -213,7 +213,7 @@ void trainer_train(Trainer *t) {
     int first_step = (int)t->progress.step + 1;
     bool preempted = false;
     for (int step = first_step; step <= c->training.steps; step++) {
-        StepMetrics m = {.step = step, .aux_loss = NAN, .precision = dtype_name(t->precision),
+        StepMetrics m = {.step = step, .aux_loss = NAN, .precision = dtype_name(t->precision.param),
                          .float8 = t->float8_recipe};
         profiler_step_begin(step);
         debug_server_step(step);

@@ -103,7 +103,7 @@ static void build_model(Trainer *t) {
         (t->val.B > 0 && spec->tp_check(&t->args, tp, t->val.B, t->val.step_T, why, sizeof why)))
         die_user("%s", why);
     spec->build(&t->model, &t->args, false);
-    t->model.act_dtype = t->precision;  // bf16 mixed precision stores bf16 activations
+    t->model.precision = t->precision;  // bf16 mixed precision stores bf16 activations
     if (config_converts(c, "float8")) trainer_convert_float8(t);
     if (c->float8.enable_fsdp_float8_all_gather) trainer_mark_float8_gather(t);
     check_moe_keys(t);
@@ -155,9 +155,7 @@ static void allocate_fsdp(Trainer *t, ArenaBytes act_bytes, bool commit) {
             config.expert_size = mesh_sparse_size(l) / l->ep;
             config.expert_rank = mesh_sparse_index(l, t->mesh.coord) / l->ep;
         }
-        // torchtitan's MixedPrecisionPolicy, on every backend
-        config.bf16_params = t->precision == DTYPE_BF16;
-        config.bf16_reduce = strcmp(t->cfg.training.mixed_precision_reduce, "bfloat16") == 0;
+        config.precision = t->precision;  // torchtitan's MixedPrecisionPolicy, on every backend
         config.reduce_once_per_step = t->pipeline != NULL;
         config.float8_precompute = t->cfg.float8.precompute_float8_dynamic_scale_for_fsdp;
         fsdp_plan(f, &t->model.params, t->model.blocks, t->model.n_blocks, &config);
@@ -280,11 +278,18 @@ static int accumulation_steps(const TrainingSection *tr, int dp) {
     return (int)(global / per_microbatch);
 }
 
+// torchtitan's MixedPrecisionPolicy from training.mixed_precision_param and
+// mixed_precision_reduce ("bfloat16" or "float32", which the config checks).
+static MixedPrecisionPolicy mixed_precision(const TrainingSection *tr) {
+    return (MixedPrecisionPolicy){
+        .param = strcmp(tr->mixed_precision_param, "bfloat16") == 0 ? DTYPE_BF16 : DTYPE_FP32,
+        .reduce = strcmp(tr->mixed_precision_reduce, "bfloat16") == 0 ? DTYPE_BF16 : DTYPE_FP32};
+}
+
 // training.device's backend, started on this rank's device; device memory brings NCCL in as
 // the collective library. --estimate sizes with the cpu backend and starts nothing.
 static void setup_backend(Trainer *t) {
     const TrainingSection *tr = &t->cfg.training;
-    t->precision = strcmp(tr->mixed_precision_param, "bfloat16") == 0 ? DTYPE_BF16 : DTYPE_FP32;
     t->k = kernels_backend(t->estimate_world_size ? "cpu" : tr->device);
     if (!t->k)
         die_user("training.device %s: this titan was built without it (build with `make CUDA=1`)",
@@ -299,8 +304,7 @@ static void setup_backend(Trainer *t) {
         t->k = kernels_traced(t->k);
     t->memory = (ArenaMemory){t->k->alloc, t->k->free};
     if (t->estimate_world_size) return;
-    KernelInit init = {.local_rank = comm_local_rank(),
-                       .bf16_compute = t->precision == DTYPE_BF16};
+    KernelInit init = {.local_rank = comm_local_rank(), .precision = t->precision};
     char why[512];
     if (!t->k->init(&init, why, sizeof why)) die_user("training.device %s: %s", tr->device, why);
     if (!t->k->host_memory) comm_use_nccl(t->k->queue());
@@ -332,7 +336,7 @@ static void log_setup(Trainer *t) {
              t->train.B, t->train.T, t->accum, size[MESH_PP], size[MESH_DP_REPLICATE],
              size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP]);
     log_info("precision: %s compute (training.mixed_precision_param %s), fp32 master weights and "
-             "optimizer state", dtype_name(t->precision), c->training.mixed_precision_param);
+             "optimizer state", dtype_name(t->precision.param), c->training.mixed_precision_param);
     if (config_converts(c, "float8")) trainer_log_float8(t);
     if (t->mesh.layout.ep > 1)
         log_info("experts: ep %d x efsdp %d over dp_shard x cp x tp", t->mesh.layout.ep,
@@ -355,6 +359,7 @@ static void log_setup(Trainer *t) {
 
 void trainer_setup(Trainer *t) {
     const Config *c = &t->cfg;
+    t->precision = mixed_precision(&c->training);  // read by the kernels, the model and FSDP
     setup_backend(t);
     setup_mesh(t);
     trainer_shape_batches(t);

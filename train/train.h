@@ -54,8 +54,9 @@ typedef struct Pipeline Pipeline;    // pipeline.c's
 typedef struct {
     Config cfg;
     const KernelOps *k;           // the kernels backend (training.device)
-    Dtype precision;              // what it computes in (training.mixed_precision_param): bf16
-                                  // or fp32; master weights and optimizer state stay fp32
+    MixedPrecisionPolicy precision;  // what it computes in (training.mixed_precision_param:
+                                     // bf16 or fp32) and FSDP reduces in; master weights and
+                                     // optimizer state stay fp32
     ArenaMemory memory;           // its memory, which every arena below is committed in
     ModelArgs args;               // model.name's architecture, model.flavor's args
     Model model;
