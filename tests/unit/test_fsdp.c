@@ -116,7 +116,7 @@ typedef struct {
     FsdpReshard reshard;
     bool activation_checkpoint;
     int microbatches;
-    bool validate_first;  // a forward-only pass before the step (train.c's validation)
+    bool validate_first;  // a forward-only pass before the step (train/loop.c's validation)
     const char *name;
     bool bf16_params, bf16_reduce;  // FsdpConfig.precision: param, reduce bf16
     bool experts;  // w1, w3 as experts over efsdp (the fsdp ranks reversed)
