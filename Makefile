@@ -102,7 +102,7 @@ build/fuzz/obj/kernels/traced.o: FUZZ_CFLAGS += -I$(BUILD)/gen
 $(BUILD)/libtitan.a: $(LIB_OBJS)
 	ar rcs $@ $^
 
-TRAIN_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard train*.c))
+TRAIN_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard train/*.c))
 
 $(TITAN): $(TRAIN_OBJS) $(BUILD)/libtitan.a
 	@mkdir -p $(dir $@)

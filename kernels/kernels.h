@@ -9,8 +9,8 @@
 //   counts) live in the same memory, unless an op says otherwise.
 // - Ops run in issue order on the backend's one queue (a CUDA stream on cuda) and may return
 //   before they finish; download, sum and sum_squares wait for everything queued.
-// - Numerics: fp32 storage and reductions on both backends. When KernelInit.bf16_compute is
-//   set (torchtitan's mixed_precision_param: bfloat16) matmul and grouped_matmul round their
+// - Numerics: fp32 storage and reductions on both backends. When KernelInit.precision.param is
+//   bf16 (torchtitan's mixed_precision_param: bfloat16) matmul and grouped_matmul round their
 //   inputs to bf16 (nearest even) and accumulate in fp32 on both backends (cuBLASLt; oneDNN on
 //   cpu); cuda's attention is then cuDNN's bf16 flash attention for plain causal blocks, cpu's
 //   stays fp32 (kernels/cpu/attention.c). Otherwise everything computes in fp32.
@@ -35,8 +35,10 @@ extern "C" {
 
 // What a backend is started with.
 typedef struct {
-    int local_rank;     // this process's index among the ranks of its node: picks the device
-    bool bf16_compute;  // GEMMs and attention in bf16 (fp32 accumulation) where supported
+    int local_rank;  // this process's index among the ranks of its node: picks the device
+    // The run's mixed precision: param bf16 runs GEMMs and attention in bf16 (fp32
+    // accumulation) where supported; the kernels read nothing else of it.
+    MixedPrecisionPolicy precision;
 } KernelInit;
 
 // Which keys a query sees, by global sequence position (query row i is at q_start + i, key

@@ -1,6 +1,7 @@
 // kernels_traced: a KernelOps table that times each op of a backend's table for the profiler
-// (core/profiler.h). train.c runs on it whenever profiling.enable_profiling is set; outside the
-// profiled steps an op costs one more call and the test of a flag.
+// (core/profiler.h). The trainer runs on it (train/setup.c) whenever
+// profiling.enable_profiling is set; outside the profiled steps an op costs one more call and
+// the test of a flag.
 //
 // Each op is one wrapper with the op's own parameters that calls the backend's op with them.
 // The C preprocessor cannot take the types off a parameter list, so the Makefile writes the list

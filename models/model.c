@@ -185,7 +185,7 @@ float *model_forward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int 
     s->tp_whole_rows = m->tp_whole_rows;
     s->attn = m->attn;
     s->ep = m->ep;
-    s->act_dtype = m->act_dtype;
+    s->act_dtype = m->precision.param;
     size_t width = (size_t)step_rows(s) * m->dim;
     a->hidden[first] = (float *)x;
     for (int i = first; i < last; i++) {
@@ -291,7 +291,7 @@ ArenaBytes model_activation_bytes(Model *m, const KernelOps *k, int B, int T) {
     arena_init_sizing(&sizing, "activations");
     StepCtx s = {.k = k, .act = &sizing, .B = B, .T = T, .tp = m->tp,
                  .tp_whole_rows = m->tp_whole_rows, .attn = m->attn,
-                 .ep = m->ep, .act_dtype = m->act_dtype,
+                 .ep = m->ep, .act_dtype = m->precision.param,
                  .grads_hold_sum = m->accumulates_grads};
     model_forward_backward(m, &s);
     return sizing.peak;

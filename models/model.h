@@ -50,8 +50,9 @@ struct Model {
     // The trainer sums several microbatches in the grads (StepCtx.grads_hold_sum): a block's
     // backward sets the earlier sum aside in the activation arena, which is sized for it.
     bool accumulates_grads;
-    Dtype act_dtype;     // StepCtx.act_dtype of every step: DTYPE_BF16 under bf16 mixed
-                         // precision (set by the trainer), else DTYPE_FP32
+    // The run's mixed precision (set by the trainer): its param dtype is StepCtx.act_dtype of
+    // every step, DTYPE_BF16 under bf16 mixed precision (bf16 activations), else DTYPE_FP32.
+    MixedPrecisionPolicy precision;
     // The MoE layers' expert load and routing biases (models/moe/balance.h), which the trainer
     // sums over ranks and updates before each optimizer step; NULL: no MoE layers.
     struct MoeBalance *moe;

@@ -315,7 +315,7 @@ static double waited_total;
 double comm_wait_seconds(void) { return waited_total; }
 
 // out = ((chunk 0 + chunk 1) + chunk 2) + ...: a reduce-scatter adds the ranks' contributions in
-// the order one rank accumulates the same microbatches (train.c), so that FSDP over n ranks
+// the order one rank accumulates the same microbatches (train/loop.c), so that FSDP over n ranks
 // gives that run's gradients bit for bit. MPI's own reduce-scatter adds in its algorithm's order
 // (Open MPI's: a tree, (g0 + g1) + (g2 + g3)), which float8's casts turn into whole e4m3 steps.
 static void sum_in_rank_order(float *out, const float *chunks, size_t n, int ranks) {

@@ -60,13 +60,13 @@ void comm_init(int *argc, char ***argv);
 // May be called again; the recorder keeps its newest entries across a resize. The folder is
 // created when a dump first writes to it.
 void comm_configure(const CommConfig *config);
-// The collective timeout from now on (train.c: comm.train_timeout_seconds once the first step
+// The collective timeout from now on (train/loop.c: comm.train_timeout_seconds once the first step
 // is done); <= 0 waits forever.
 void comm_set_timeout(int seconds);
 // Selects the NCCL backend for every group, existing and future (collective over the world;
 // call after cudaSetDevice). compute_stream: the cudaStream_t whose queued work each
 // collective waits for, NULL for the legacy default stream. Without it a run uses MPI; a build
-// without CUDA=1 reports a user error. train.c calls it when the kernels backend keeps its
+// without CUDA=1 reports a user error. train/setup.c calls it when the kernels backend keeps its
 // tensors in device memory (training.device cuda).
 void comm_use_nccl(void *compute_stream);
 // Whether MPI lets several threads call it at once (MPI_THREAD_MULTIPLE was granted): what a

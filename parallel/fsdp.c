@@ -78,9 +78,14 @@ static size_t row_numel(const Param *p) {
     return n;
 }
 
+// The mixed-precision policy's two choices (FsdpConfig.precision): the compute weights
+// all-gathered in bf16, the grads reduce-scattered in bf16.
+static bool gathers_bf16(const Fsdp *f) { return f->config.precision.param == DTYPE_BF16; }
+static bool reduces_bf16(const Fsdp *f) { return f->config.precision.reduce == DTYPE_BF16; }
+
 // The bytes per element p travels in on a unit's wire (FsdpUnit.wire_bytes).
 static size_t wire_size(const Fsdp *f, const Param *p) {
-    return p->gather_float8 ? 1 : f->config.bf16_params ? 2 : 4;
+    return p->gather_float8 ? 1 : gathers_bf16(f) ? 2 : 4;
 }
 
 // u's float8 weights and its dense part's bytes on the wire (once the shards are placed).
@@ -226,11 +231,11 @@ void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
     f->scatter_send = arena_floats(comm, rank_major);
     f->scatter_recv = arena_floats(comm, f->max_shard_numel);
     if (f->experts_apart) f->packed = arena_floats(comm, f->max_shard_numel);
-    if (f->config.bf16_params) {
+    if (gathers_bf16(f)) {
         f->gather_send16 = arena_tensor(comm, f->max_shard_numel, DTYPE_BF16);
         f->gather_recv16 = arena_tensor(comm, rank_major, DTYPE_BF16);
     }
-    if (f->config.bf16_reduce) {
+    if (reduces_bf16(f)) {
         f->scatter_send16 = arena_tensor(comm, rank_major, DTYPE_BF16);
         f->scatter_recv16 = arena_tensor(comm, f->max_shard_numel, DTYPE_BF16);
     }
@@ -256,7 +261,7 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
     arena_init_sizing(&grads, "grads");
     arena_init_sizing(&comm, "comm");
     fsdp_allocate(&sized, &params, &grads, &comm);
-    uint64_t gathered = f->config.bf16_params ? 2 : 4, reduced = f->config.bf16_reduce ? 2 : 4;
+    uint64_t gathered = gathers_bf16(f) ? 2 : 4, reduced = reduces_bf16(f) ? 2 : 4;
     FsdpVolume v[N_PARTS] = {{0}};
     for (int i = 0; i < f->n_units; i++) {
         const FsdpUnit *u = &f->units[i];
@@ -400,7 +405,7 @@ static void wire_gather_start(Fsdp *f, FsdpUnit *u, const float *shard) {
         const float *mine = shard + packed_offset(f, u, j);
         uint8_t *out = f->wire_send + wire_offset(f, u, j);
         if (p->gather_float8) float8_shard_cast(f, u, j, mine, out);
-        else if (f->config.bf16_params) k->to_bf16((uint16_t *)out, mine, p->shard_numel);
+        else if (gathers_bf16(f)) k->to_bf16((uint16_t *)out, mine, p->shard_numel);
         else k->copy(out, mine, p->shard_numel * sizeof(float));
     }
     f->gather[PART_DENSE] =
@@ -419,7 +424,7 @@ static void param_unwire(const Fsdp *f, const FsdpUnit *u, int j) {
         size_t n = (size_t)rows * row, skip = (size_t)first * row;
         float *whole = u->full + (p->offset - u->table_offset) + skip;
         if (p->gather_float8) k_->copy(p->float8_data + skip, wire, n);
-        else if (f->config.bf16_params) k_->from_bf16(whole, (const uint16_t *)wire, n);
+        else if (gathers_bf16(f)) k_->from_bf16(whole, (const uint16_t *)wire, n);
         else k_->copy(whole, wire, n * sizeof(float));
     }
 }
@@ -430,7 +435,7 @@ static void param_unwire(const Fsdp *f, const FsdpUnit *u, int j) {
 // gather_buf, or gather_recv16 (bf16), or for the compute weights of a unit with float8
 // weights, its dense part into wire_recv. compute false: fp32 masters (fsdp_gather_full).
 static void parts_gather_start(Fsdp *f, FsdpUnit *u, bool compute) {
-    bool bf16 = compute && f->config.bf16_params;
+    bool bf16 = compute && gathers_bf16(f);
     const float *shard = f->data + u->shard_offset;
     if (u->part_numel[PART_EXPERTS] > 0) {
         unit_pack(f, u, f->data + u->shard_offset, f->packed, true);
@@ -471,7 +476,7 @@ static void gather_finish(Fsdp *f) {
     for (int j = 0; j < f->n_units; j++)
         if (f->units[j].full == u->full) f->units[j].gathered = false;
     size_t wired = u->wire_bytes ? rank_major_start(f, u, PART_EXPERTS) : 0;  // not in bf16
-    if (f->config.bf16_params)
+    if (gathers_bf16(f))
         f->config.k->from_bf16(f->gather_buf + wired, f->gather_recv16 + wired,
                                rank_major_numel(f, u) - wired);
     for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
@@ -518,7 +523,7 @@ static void scatter_finish(Fsdp *f) {
     parts_wait(f->scatter);
     f->scattering = -1;
     float divide = 1.0f / (float)f->config.size;
-    if (f->config.bf16_reduce) {  // a bf16 sum: the average is taken in fp32
+    if (reduces_bf16(f)) {  // a bf16 sum: the average is taken in fp32
         k->from_bf16(f->scatter_recv, f->scatter_recv16, u->shard_numel);
         k->scale(f->scatter_recv, u->shard_numel, divide);
     } else if (u->part_numel[PART_EXPERTS] > 0) {
@@ -534,12 +539,12 @@ static void scatter_finish(Fsdp *f) {
 static void scatter_start(Fsdp *f, FsdpUnit *u) {
     scatter_finish(f);  // it overlapped this unit's backward; its buffers are needed now
     unit_copy(f, u, f->full_grad + u->grad_offset, f->scatter_send, false);
-    if (f->config.bf16_reduce)
+    if (reduces_bf16(f))
         f->config.k->to_bf16(f->scatter_send16, f->scatter_send, rank_major_numel(f, u));
     for (int q = 0; q < N_PARTS; q++) {
         size_t n = u->part_numel[q], at = packed_start(u, q), in = rank_major_start(f, u, q);
         if (q == PART_EXPERTS && n == 0) continue;
-        if (f->config.bf16_reduce) {
+        if (reduces_bf16(f)) {
             f->scatter[q] = comm_reduce_scatter_bf16_start(
                 part_group(f, q), f->scatter_send16 + in, f->scatter_recv16 + at, n);
         } else {

@@ -62,10 +62,11 @@ typedef struct {
     int replicate_size;        // dp_replicate: > 1 is HSDP
     int replicate_rank;        // this rank's index in it
     FsdpReshard reshard;
-    // Mixed precision (torchtitan's MixedPrecisionPolicy): all-gather the compute weights in
-    // bf16 (the model then computes with bf16-rounded weights; the masters stay fp32), and
-    // reduce-scatter the grads in bf16 instead of fp32. The HSDP all-reduce stays fp32.
-    bool bf16_params, bf16_reduce;
+    // The run's mixed precision (torchtitan's MixedPrecisionPolicy): param bf16 all-gathers
+    // the compute weights in bf16 (the model then computes with bf16-rounded weights; the
+    // masters stay fp32), reduce bf16 reduce-scatters the grads in bf16 instead of fp32. The
+    // HSDP all-reduce stays fp32.
+    MixedPrecisionPolicy precision;
     // Pipeline parallel: a stage's microbatches interleave with the other stages' and their
     // backward may come in two parts (input, then weight), so every unit keeps its own full
     // gradient, summed over the step's microbatches, and reduce-scatters it once, in
@@ -132,8 +133,8 @@ struct Fsdp {
     float *scatter_recv;            // (max_shard_numel) reduce-scatter output, packed
     float *packed;                  // (max_shard_numel) a unit's shard packed by part
                                     // (experts_apart; else NULL)
-    // bf16 copies of the shard sent and the rank-major buffer received (bf16_params), and of
-    // the reduce-scatter's input and output (bf16_reduce); NULL otherwise.
+    // bf16 copies of the shard sent and the rank-major buffer received (param bf16), and of
+    // the reduce-scatter's input and output (reduce bf16); NULL otherwise.
     uint16_t *gather_send16, *gather_recv16, *scatter_send16, *scatter_recv16;
     int n_float8;                   // weights gathered in float8, over all units
     size_t max_wire_bytes;          // the largest unit's wire_bytes

@@ -4,7 +4,7 @@
 // storing the (Tq, Tk) matrix. A tile's keys are the span any of its rows sees (the causal
 // bound, narrowed to its rows' documents); a tile that sees no key skips its GEMMs.
 //
-// fp32 under bf16 compute too (KernelInit.bf16_compute), unlike cuda's cuDNN flash attention,
+// fp32 under bf16 compute too (KernelInit.precision bf16), unlike cuda's cuDNN flash attention,
 // which rounds q, k, v, P, dO and its outputs to bf16. Chosen because the attention's precision
 // is not one numeric contract even on cuda: every mask but plain causal, context parallel's
 // chunk pairs and shapes cuDNN declines run cuda's fp32 fallback kernels; and rounding just the

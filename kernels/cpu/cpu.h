@@ -15,7 +15,7 @@ extern const KernelOps kernels_cpu;
 #include "kernels/ops.def"
 
 // ---- bf16 compute (gemm_bf16.c) ----------------------------------------------------------
-// Starts oneDNN for KernelInit.bf16_compute: from then on matmul and grouped_matmul round their
+// Starts oneDNN for KernelInit.precision bf16: from then on matmul and grouped_matmul round their
 // inputs to bf16 and accumulate in fp32. false with a one-line reason when it cannot.
 bool cpu_gemm_bf16_start(char *why, size_t len);
 bool cpu_gemm_bf16_on(void);

@@ -41,7 +41,7 @@ bool cpu_init(const KernelInit *init, char *why, size_t len) {
     // corrupt: each gets an alternate signal stack (core/signal_stack.h).
 #pragma omp parallel
     signal_stack_ensure();
-    return !init->bf16_compute || cpu_gemm_bf16_start(why, len);
+    return init->precision.param != DTYPE_BF16 || cpu_gemm_bf16_start(why, len);
 }
 
 void *cpu_queue(void) { return NULL; }

@@ -1,4 +1,4 @@
-// The cpu backend's bf16 GEMMs (KernelInit.bf16_compute): the numerics of cuBLASLt's
+// The cpu backend's bf16 GEMMs (KernelInit.precision bf16): the numerics of cuBLASLt's
 // CUBLAS_COMPUTE_32F_FAST_16BF on cuda, bf16 inputs rounded to nearest even (core/bf16.h) and
 // fp32 accumulation, through oneDNN's bf16 matmul primitive (AMX or avx512_bf16 kernels where
 // the cpu has them). Measured by scripts/bench_gemm.sh on the debug model's step: 0.31 of

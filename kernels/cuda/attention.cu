@@ -1,5 +1,5 @@
 // Grouped-query attention. Plain causal attention of a block against itself, with bf16 compute
-// (KernelInit.bf16_compute), runs cuDNN's fused flash attention through the backend graph API:
+// (KernelInit.precision bf16), runs cuDNN's fused flash attention through the backend graph API:
 // q, k, v (and out, dout) are cast to bf16 copies in the workspace, one execution plan per
 // shape and direction runs, built the first time the shape is seen and cached, and the results
 // are cast back (backward adding them into dq, dk, dv). fp32 compute, offsets, Tq != Tk, the

@@ -20,7 +20,7 @@ extern const KernelOps kernels_cuda;
 
 // ---- shared state (cuda_backend.cu), valid after kernels_cuda.init ---------------------------
 cudaStream_t cuda_stream(void);  // the one compute stream every op is issued on
-bool cuda_bf16_compute(void);    // KernelInit.bf16_compute
+bool cuda_bf16_compute(void);    // KernelInit.precision bf16
 int cuda_sm_count(void);         // multiprocessors of the device: sizes grid-stride launches
 cublasLtHandle_t cuda_cublaslt(void);
 // cuBLAS (the grouped GEMM), bound to cuda_stream(), sharing the GEMM workspace below.

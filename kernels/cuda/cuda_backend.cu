@@ -58,7 +58,7 @@ bool cuda_init(const KernelInit *init, char *why, size_t len) {
     CUBLAS_CHECK(cublasSetWorkspace(state.cublas, state.gemm_workspace, CUDA_GEMM_WORKSPACE));
     CUDA_CHECK(cudaDeviceGetAttribute(&state.sm_count, cudaDevAttrMultiProcessorCount,
                                       state.device));
-    state.bf16_compute = init->bf16_compute;
+    state.bf16_compute = init->precision.param == DTYPE_BF16;
     state.ready = true;
     return true;
 }

@@ -7,7 +7,7 @@
 #include "parallel/cp/attention.h"
 
 // MPI matches the ring's two kinds of message by tag (NCCL, which ignores tags, is not used
-// for the ring: see train.c).
+// for the ring: see train/setup.c).
 enum { TAG_KV = 1, TAG_DKV = 2 };
 
 static double now_seconds(void) {

@@ -1,7 +1,7 @@
 // The schedule checker: every rank's action list runs as a process. Compute and sends never
 // block (a send is buffered until its recv takes it); a recv blocks until its matching send
 // was made. Ranks run round-robin until each is done or blocked; when none can move, the
-// blocked ones are deadlocked. Times follow the cost model in schedule.h with free
+// blocked ones are deadlocked. Times follow the cost model (cost.c) with free
 // communication: a recv finishes at max(its rank's clock, the send's time).
 //
 // With a region count per rank it also plays the executor's memory (executor.h): a (stage,
@@ -35,8 +35,6 @@ typedef struct {
 typedef enum { STEP_DONE, STEP_BLOCKED, STEP_ERROR } Step;
 
 #define FAIL(...) (error_set(err, n, __VA_ARGS__), STEP_ERROR)
-
-int pp_action_cost(PpActionKind k) { return k == PP_BACKWARD ? 2 : k <= PP_BACKWARD_WEIGHT; }
 
 // Whether stage st's input (forward) or output gradient (backward) is on rank r: made there
 // by the neighbouring stage, or received.

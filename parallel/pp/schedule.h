@@ -78,7 +78,8 @@ bool pp_sends_message(const PpAction *send, const PpAction *recv);
 // false with one line naming the rank and action of the first receive out of order.
 bool pp_schedule_channels_in_order(const PpSchedule *s, char *err, size_t n);
 
-// The cost model's time of one action: 2 for B, 1 for F, I and W, 0 for sends and recvs.
+// The cost model's time of one action (cost.c): 2 for B, 1 for F, I and W, 0 for sends and
+// recvs.
 int pp_action_cost(PpActionKind k);
 
 // Runs every rank's list as a process: compute and sends never block (sends are buffered),

@@ -1772,7 +1772,7 @@ static void backends_start(bool bf16) {
         exit(77);
     }
     if (table_holes(side[CPU]) + table_holes(side[GPU])) exit(1);
-    KernelInit init = {.local_rank = 0, .bf16_compute = bf16};
+    KernelInit init = {.local_rank = 0, .precision.param = bf16 ? DTYPE_BF16 : DTYPE_FP32};
     char why[256] = "";
     if (!side[GPU]->init(&init, why, sizeof why)) {
         printf("SKIP: %s\n", why);

@@ -30,7 +30,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 [ -x "$TITAN" ] || fail "$TITAN not found: build it with make CUDA=1"
 
 DATA=$RUNS/repo.bin
-$TITAN tokenize --tokenizer bytes --out "$DATA" README.md train*.c core/*.c data/*.c \
+$TITAN tokenize --tokenizer bytes --out "$DATA" README.md train/*.c core/*.c data/*.c \
   models/llama3/*.c kernels/cpu/*.c >/dev/null
 
 SMALL=(--config configs/debug_model.yaml --model.flavor small --model.tokenizer_path null

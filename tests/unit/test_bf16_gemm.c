@@ -1,4 +1,4 @@
-// The cpu backend's bf16 compute (KernelInit.bf16_compute, kernels/cpu/gemm_bf16.c): matmul and
+// The cpu backend's bf16 compute (KernelInit.precision bf16, kernels/cpu/gemm_bf16.c): matmul and
 // grouped_matmul must equal an exact emulation of cuda's contract, the inputs rounded to bf16
 // (nearest even, core/bf16.h) and the products summed in double, within fp32 summation-order
 // error (FWD_TOL, normalised); and must differ from the unrounded product by bf16's rounding,
@@ -248,7 +248,7 @@ static void test_bf16_linear(void **state) {
 static int setup_bf16(void **state) {
     (void)state;
     ops = kernels_backend("cpu");
-    KernelInit init = {.bf16_compute = true};
+    KernelInit init = {.precision.param = DTYPE_BF16};
     char why[256];
     if (!ops || !ops->init(&init, why, sizeof why)) return -1;
     return 0;

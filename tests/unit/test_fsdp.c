@@ -116,9 +116,9 @@ typedef struct {
     FsdpReshard reshard;
     bool activation_checkpoint;
     int microbatches;
-    bool validate_first;  // a forward-only pass before the step (train.c's validation)
+    bool validate_first;  // a forward-only pass before the step (train/loop.c's validation)
     const char *name;
-    bool bf16_params, bf16_reduce;  // FsdpConfig's mixed precision
+    bool bf16_params, bf16_reduce;  // FsdpConfig.precision: param, reduce bf16
     bool experts;  // w1, w3 as experts over efsdp (the fsdp ranks reversed)
 } Case;
 
@@ -146,7 +146,9 @@ static void sharded_build(Sharded *sh, const Mesh *mesh, const Case *c, int rows
     FsdpConfig config = {.size = comm_size(mesh->fsdp), .rank = comm_rank(mesh->fsdp),
                          .replicate_size = replicate,
                          .replicate_rank = mesh->coord[MESH_DP_REPLICATE], .reshard = c->reshard,
-                         .bf16_params = c->bf16_params, .bf16_reduce = c->bf16_reduce, .k = k};
+                         .precision = {.param = c->bf16_params ? DTYPE_BF16 : DTYPE_FP32,
+                                       .reduce = c->bf16_reduce ? DTYPE_BF16 : DTYPE_FP32},
+                         .k = k};
     if (c->experts) {
         config.expert_size = comm_size(efsdp);
         config.expert_rank = comm_rank(efsdp);

@@ -31,7 +31,7 @@ static int32_t window_token(int64_t w, int k) {
     return token_at((w % windows) * T + k);
 }
 
-// With dp = 1, microbatch s reads windows s*B .. s*B + B-1, as train.c always has.
+// With dp = 1, microbatch s reads windows s*B .. s*B + B-1, as train/data.c always has.
 static void test_single_rank_windows(void **state) {
     (void)state;
     TokenStream s;

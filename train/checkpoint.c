@@ -1,3 +1,7 @@
+// Checkpoints in the trainer, torchtitan's policy over checkpoint/train_state.h: what a run
+// starts from (its own latest checkpoint, checkpoint.initial_load_path, or the seed), when it
+// saves and which it keeps, the background saves of async_mode async, HF exports, and the
+// seed checkpoint (checkpoint.create_seed_checkpoint).
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,7 +10,7 @@
 #include <unistd.h>
 
 #include "checkpoint/async.h"
-#include "train.h"
+#include "train/train.h"
 
 // The trained state (every parameter's shard, its AdamW moments and its average when kept)
 // as host memory, which initialisation and checkpoints read and write: the tensors themselves

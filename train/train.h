@@ -1,7 +1,9 @@
-// The trainer: what train.c's main() wires together (config -> mesh -> model -> parallelize
-// -> optimizer -> data -> loop), shared with its companions: train_checkpoint.c (when to
-// save, what to load), train_report.c (--estimate and the run summary), train_debug.c (the
-// debug server), train_pipeline.c and train_schedule.c (pipeline parallel).
+// The trainer's internal header: the Trainer that main.c wires together (config -> mesh ->
+// model -> parallelize -> optimizer -> data -> loop) and what its files give each other:
+// setup.c (the setup), data.c (the batches), float8.c (the float8 conversion), loop.c (the
+// training loop), checkpoint.c (when to save, what to load), report.c (--estimate and the run
+// summary), debug.c (the debug server), pipeline.c and schedule.c (pipeline parallel). Only
+// train/ includes it.
 #pragma once
 
 #include "checkpoint/train_state.h"
@@ -46,14 +48,15 @@ typedef struct {
     TokenBatch batch;        // the step's inputs: the step_* tensors, as the model reads them
 } Split;
 
-typedef struct AsyncSave AsyncSave;  // train_checkpoint.c's
-typedef struct Pipeline Pipeline;    // train_pipeline.c's
+typedef struct AsyncSave AsyncSave;  // checkpoint.c's
+typedef struct Pipeline Pipeline;    // pipeline.c's
 
 typedef struct {
     Config cfg;
     const KernelOps *k;           // the kernels backend (training.device)
-    Dtype precision;              // what it computes in (training.mixed_precision_param): bf16
-                                  // or fp32; master weights and optimizer state stay fp32
+    MixedPrecisionPolicy precision;  // what it computes in (training.mixed_precision_param:
+                                     // bf16 or fp32) and FSDP reduces in; master weights and
+                                     // optimizer state stay fp32
     ArenaMemory memory;           // its memory, which every arena below is committed in
     ModelArgs args;               // model.name's architecture, model.flavor's args
     Model model;
@@ -90,14 +93,42 @@ typedef struct {
     AsyncSave *async_save;        // checkpoint.async_mode async: the background save (NULL: off)
 } Trainer;
 
+// setup.c: everything before the first step (or, under --estimate, up to the arenas' sizes),
+// from t->cfg and the flags main.c set.
+void trainer_setup(Trainer *t);
 // The args of the model the config names (model.name, model.flavor), before the run's
 // settings: die_user naming the key that names none.
 void trainer_model_args(const Config *c, ModelArgs *args);
+// data.c. shape_batches: each split's rows, sequence length and this rank's share of it under
+// context parallel (checked); load_tokenizer: model.tokenizer_path's, and the token that ends
+// a document under training.document_masking (t->doc_eos).
+void trainer_shape_batches(Trainer *t);
+void trainer_load_tokenizer(Trainer *t);
+// An architecture that reads its own data (its spec's ModelData): checked and opened, which
+// sets train's shapes; the token pipeline's keys refused by name for the others.
+void trainer_open_model_data(Trainer *t);
+// The token splits' files (training, and validation when enabled) opened; then each split's
+// inputs carved in the backend's memory (input_arena), or the model's own data's.
+void trainer_open_data(Trainer *t);
+void trainer_allocate_inputs(Trainer *t);
+// The split's next batch handed to the backend (sp->batch); the next training microbatch as
+// the model reads it (StepCtx.input).
+void trainer_split_next(Trainer *t, Split *sp);
+const void *trainer_next_batch(Trainer *t);
 // The training data's position (examples or windows consumed by all ranks): a checkpoint's
 // data-loader state, and back.
 int64_t trainer_data_position(const Trainer *t);
 void trainer_data_set_position(Trainer *t, int64_t position);
-// train_checkpoint.c: torchtitan's checkpoint policy over checkpoint/train_state.h.
+// float8.c: model.converters' float8 after the build (each Linear's precision, t->float8_recipe,
+// refusing what float8 cannot run); float8.enable_fsdp_float8_all_gather's weights marked for
+// FSDP; the log line naming which Linears run float8.
+void trainer_convert_float8(Trainer *t);
+void trainer_mark_float8_gather(Trainer *t);
+void trainer_log_float8(const Trainer *t);
+// loop.c: training.steps steps from t->progress.step, with metrics, validation, checkpoints
+// and preemption, then the run's summary.
+void trainer_train(Trainer *t);
+// checkpoint.c: torchtitan's checkpoint policy over checkpoint/train_state.h.
 void trainer_load_or_initialize(Trainer *t);
 void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted);
 // A background save in flight (async_mode async) is waited for; close also ends the writer
@@ -107,7 +138,7 @@ void trainer_close_checkpoint(Trainer *t);
 // The host memory an async save's staging takes on this rank (0 when saves are synchronous).
 size_t trainer_checkpoint_staging_bytes(const Trainer *t);
 void trainer_create_seed_checkpoint(Trainer *t);
-// train_report.c: `titan --estimate`, the memory check before the arenas are allocated, and
+// report.c: `titan --estimate`, the memory check before the arenas are allocated, and
 // after a run <dump_folder>/run_summary.json and, under context parallel, the K/V traffic line.
 // print_estimate: the plans of pp ranks 0 .. n - 1 (n = pipeline_parallel_degree).
 void trainer_print_estimate(Trainer *ranks, int n);
@@ -115,15 +146,15 @@ void trainer_check_memory(Trainer *t);
 void trainer_write_run_summary(Trainer *t);
 // One log line at the end of a cp run: K/V transfers, bytes, and the time blocked on them.
 void trainer_log_cp_traffic(const Trainer *t, double elapsed);
-// train_debug.c: comm.enable_debug_server's server on every rank (collective over the world;
-// nothing when off). train.c publishes its step, phase and metrics to it.
+// debug.c: comm.enable_debug_server's server on every rank (collective over the world;
+// nothing when off). loop.c publishes its step, phase and metrics to it.
 void trainer_start_debug_server(const Config *c);
-// train_schedule.c: `titan --print-schedule [--microbatches N]`, and the schedule training runs.
+// schedule.c: `titan --print-schedule [--microbatches N]`, and the schedule training runs.
 void trainer_print_schedule(const Config *c, int microbatches_flag);
 void trainer_load_schedule(const Config *c, int microbatches, PpSchedule *s, PpReport *r);
 // The microbatches of a pipeline step: local_batch_size / pipeline_parallel_microbatch_size.
 int trainer_schedule_microbatches(const Config *c);
-// train_pipeline.c: pipeline parallel. plan: after the model is built, before TP (the schedule,
+// pipeline.c: pipeline parallel. plan: after the model is built, before TP (the schedule,
 // each stage's blocks, its parameters placed on its rank); activation_bytes: the regions'
 // bytes (sizing pass); start: the executor on the committed activation arena; step: one
 // batch's microbatches through this rank's stages, returning the mean loss on the last
@@ -147,7 +178,7 @@ typedef struct {
 PipelineRankPlan trainer_pipeline_rank_plan(Trainer *t);
 ArenaBytes trainer_pipeline_activation_bytes(Trainer *t);
 void trainer_pipeline_start(Trainer *t);
-// One training batch (train_next's, of StepCtx.input's type): its mean loss on the last
+// One training batch (trainer_next_batch's, of StepCtx.input's type): its mean loss on the last
 // stage's rank, 0 on the others, and *aux_loss the mean over the microbatches of the MoE
 // balance loss of this rank's stages' layers.
 double trainer_pipeline_step(Trainer *t, const void *batch, double *aux_loss);

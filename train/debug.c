@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "core/debug_server.h"
-#include "train.h"
+#include "train/train.h"
 
 // The address a browser on the rank's machine reaches its server at: the bound address, or
 // the host name when every interface is bound.

@@ -1,10 +1,13 @@
+// What the trainer reports about its plan and its run: `titan --estimate` (each pp rank's
+// memory, FLOPs and traffic per step), the memory check before the arenas are allocated, the
+// context-parallel K/V traffic line and <dump_folder>/run_summary.json after a run.
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "train.h"
+#include "train/train.h"
 
 // <dump_folder>/run_summary.json: what this run allocated and sent (rank 0's view), in the
 // terms `titan --estimate` predicts, so the two can be compared.

@@ -5,7 +5,7 @@
 
 #include "parallel/pp/executor.h"
 #include "parallel/pp/stage.h"
-#include "train.h"
+#include "train/train.h"
 
 // One schedule the pipeline runs: training's, or evaluation's (forward only, validation).
 typedef struct {

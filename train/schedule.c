@@ -1,3 +1,6 @@
+// The pipeline schedule the trainer runs: generated from parallelism.pipeline_parallel_schedule
+// or read from its CSV file, checked (parallel/pp/check.c); and `titan --print-schedule
+// [--microbatches N]`, which prints it without training.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,7 +9,7 @@
 #include "parallel/pp/executor.h"
 #include "parallel/pp/schedule.h"
 #include "parallel/pp/stage.h"
-#include "train.h"
+#include "train/train.h"
 
 // The microbatch count a pipeline step runs: training.local_batch_size rows in microbatches of
 // pipeline_parallel_microbatch_size (or `--microbatches N`).

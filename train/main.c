@@ -1,0 +1,189 @@
+// titan's entry point: config -> model -> optimizer -> data -> training loop (DESIGN.md
+// "Layout"). The command line (titan's own flags, then the config), the subcommands,
+// `--print-schedule` and `--estimate`, which plan without MPI, and training: setup (setup.c),
+// then the loop (loop.c) or a seed checkpoint (checkpoint.c).
+//
+//   titan --config configs/debug_model.yaml [--section.key value ...] [--print-config]
+//   titan tokenize --tokenizer T --out DIR FILE...
+//   titan tokenizer train --vocab-size N --out FILE.tiktoken FILE...
+//   titan generate --checkpoint C [--tokenizer T] --prompt "..."
+//   titan convert --to hf|titan FROM TO
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "convert/convert.h"
+#include "data/bpe_train.h"
+#include "data/tokenize.h"
+#include "infer/generate.h"
+#include "train/train.h"
+
+static void save_config(const Config *c, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) die_user("job.save_config_file: cannot write %s: %s", path, strerror(errno));
+    config_print_yaml(c, f);
+    if (fclose(f) != 0) die_user("job.save_config_file: cannot write %s: %s", path, strerror(errno));
+}
+
+// The usage of every command; each subcommand's own --help prints its line in full.
+static const char USAGE[] =
+    "usage: titan --config FILE.yaml [--section.key VALUE ...]   train a model\n"
+    "       titan tokenize --tokenizer T --out DIR [--shard-tokens N] DATASET...\n"
+    "       titan tokenizer train --vocab-size N --out FILE.tiktoken [--threads T] FILE...\n"
+    "       titan generate --checkpoint C [--tokenizer T] --prompt TEXT [...]\n"
+    "       titan convert --to hf [--dtype float32|bfloat16] CHECKPOINT.h5 OUT_DIR\n"
+    "       titan convert --to titan HF_DIR OUT.h5\n"
+    "       mpirun -np N titan --config FILE.yaml ...      train on N ranks\n"
+    "\n"
+    "Training flags:\n"
+    "  --config FILE          torchtitan's job config in YAML; see configs/ (debug_model.yaml,\n"
+    "                         llama3_8b.yaml, llama3_70b.yaml, llama3_405b.yaml)\n"
+    "  --section.key VALUE    override one config key, e.g. --training.steps 100\n"
+    "  --print-config         print the resolved config as YAML and exit\n"
+    "  --device cpu|cuda      short for --training.device\n"
+    "  --estimate [--world-size N]  print each rank's memory and FLOPs plan and exit\n"
+    "  --print-schedule [--microbatches N]  check the pipeline schedule, print it and exit\n"
+    "  --help-config          list every config key: type, default, meaning\n"
+    "  -h, --help             this text; `titan COMMAND --help` for a command's\n"
+    "\n"
+    "Exit status: 0 done, 2 a problem with your input (one line says which), 3 a bug in titan.\n"
+    "More in README.md.";
+
+// titan's own flags, removed from argv before the config parses the rest: `--estimate
+// [--world-size N]`; `--print-schedule [--microbatches N]`; and the short forms
+// `--print-config` (`--job.print_config`) and `--device D` (`--training.device D`).
+// `--help-config` prints the config keys and exits.
+static int parse_titan_flags(int argc, char **argv, Trainer *t) {
+    int kept = 1;
+    bool estimate = false;
+    int world = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help-config") == 0) {
+            config_print_help(stdout);
+            exit(0);
+        } else if (strcmp(argv[i], "--estimate") == 0) {
+            estimate = true;
+        } else if (strcmp(argv[i], "--print-schedule") == 0) {
+            t->print_schedule = true;
+        } else if (strcmp(argv[i], "--world-size") == 0 ||
+                   strcmp(argv[i], "--microbatches") == 0) {
+            char *end = NULL, quoted[160];
+            long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+            if (!end || *end || v < 1 || v > INT32_MAX)  // ranks and microbatches are ints
+                die_user("%s expects an integer in [1, %d], got %s", argv[i], INT32_MAX,
+                         i + 1 < argc ? error_quote(quoted, sizeof quoted, argv[i + 1]) : "none");
+            *(strcmp(argv[i], "--world-size") == 0 ? &world : &t->schedule_microbatches) = (int)v;
+            i++;
+        } else {
+            argv[kept++] = strcmp(argv[i], "--print-config") == 0 ? "--job.print_config"
+                           : strcmp(argv[i], "--device") == 0       ? "--training.device"
+                                                                    : argv[i];
+        }
+    }
+    if (world && !estimate) die_user("--world-size is only for --estimate");
+    if (t->schedule_microbatches && !t->print_schedule)
+        die_user("--microbatches is only for --print-schedule");
+    if (estimate) t->estimate_world_size = world ? world : 1;
+    return kept;
+}
+
+// The config, with the choices core/config.c cannot know (the registry's models and their
+// flavors) checked as soon as it is read: before --print-config prints it and before anything
+// starts.
+static void config_load(Config *c, int argc, char **argv) {
+    config_load_or_die(c, argc, argv);
+    ModelArgs args;
+    trainer_model_args(c, &args);
+}
+
+// The commands other than training, each with its own flags: true with *status their exit
+// status when argv names one.
+static bool run_command(int argc, char **argv, int *status) {
+    if (strcmp(argv[1], "tokenize") == 0) *status = tokenize_main(argc - 1, argv + 1);
+    else if (argc > 2 && strcmp(argv[1], "tokenizer") == 0 && strcmp(argv[2], "train") == 0)
+        *status = tokenizer_train_main(argc - 2, argv + 2);
+    else if (strcmp(argv[1], "generate") == 0) *status = generate_main(argc - 1, argv + 1);
+    else if (strcmp(argv[1], "convert") == 0) *status = convert_main(argc - 1, argv + 1);
+    else return false;
+    return true;
+}
+
+// `--print-schedule`, like --estimate: no MPI, nothing allocated but the schedule. The config
+// is parsed but not checked against what training implements: planning a pipeline that
+// training refuses today (pipeline_parallel_degree > 1) is the point.
+static void print_schedule(Trainer *t, int argc, char **argv) {
+    char err[1024];
+    config_defaults(&t->cfg);
+    if (!config_parse_args(&t->cfg, argc, argv, err, sizeof err)) die_user("%s", err);
+    trainer_print_schedule(&t->cfg, t->schedule_microbatches);
+}
+
+// `--estimate`, planning only: no MPI, no files, no allocation. One plan per pp rank, each
+// holding only its stages' blocks; the other coordinates are 0 (their ranks hold the same
+// amounts).
+static void print_estimate(Trainer *t, int argc, char **argv) {
+    config_load(&t->cfg, argc, argv);
+    int pp = (int)t->cfg.parallelism.pipeline_parallel_degree;
+    Trainer *ranks = xcalloc((size_t)pp, sizeof(Trainer));
+    for (int r = 0; r < pp; r++) {
+        ranks[r] = (Trainer){.cfg = t->cfg, .estimate_world_size = t->estimate_world_size,
+                             .estimate_pp_rank = r};
+        trainer_setup(&ranks[r]);
+    }
+    trainer_print_estimate(ranks, pp);
+}
+
+// The comm.* keys the communication layer reads: the setup timeout and the flight recorder's
+// traces, in torchtitan's <dump_folder>/<save_traces_folder>.
+static void configure_comm(const Config *c) {
+    const CommSection *cs = &c->comm;
+    char traces[8192];
+    snprintf(traces, sizeof traces, "%s/%s", c->job.dump_folder, cs->save_traces_folder);
+    comm_configure(&(CommConfig){.timeout_seconds = (int)cs->init_timeout_seconds,
+                                 .trace_buf_size = (int)cs->trace_buf_size,
+                                 .trace_folder = traces});
+}
+
+int main(int argc, char **argv) {
+    if (argc == 1) {  // no config: say what titan takes rather than train the defaults
+        fprintf(stderr, "%s\n", USAGE);
+        return EXIT_USER_ERROR;
+    }
+    int status;
+    if (run_command(argc, argv, &status)) return status;
+    help_exit_if_asked(argc, argv, USAGE);
+    // The trainer lives as long as the process: static, so nothing it holds is lost when a
+    // path below returns from main.
+    static Trainer trainer;
+    Trainer *t = &trainer;
+    argc = parse_titan_flags(argc, argv, t);
+    if (t->print_schedule) {
+        print_schedule(t, argc, argv);
+        return 0;
+    }
+    if (t->estimate_world_size) {
+        print_estimate(t, argc, argv);
+        return 0;
+    }
+    comm_init(&argc, &argv);
+    preempt_install();  // from here a SIGTERM, even during setup, stops after the next step
+    log_set_rank(comm_rank(comm_world()));
+    die_user_collective(true);  // every rank reads the same config and plans the same mesh
+    config_load(&t->cfg, argc, argv);
+    configure_comm(&t->cfg);
+    if (t->cfg.job.print_config) {
+        config_print_yaml(&t->cfg, stdout);
+        return 0;
+    }
+    if (t->cfg.job.save_config_file) save_config(&t->cfg, t->cfg.job.save_config_file);
+    trainer_start_debug_server(&t->cfg);
+    trainer_setup(t);
+    die_user_collective(false);
+    if (t->cfg.checkpoint.create_seed_checkpoint)
+        trainer_create_seed_checkpoint(t);
+    else
+        trainer_train(t);
+    debug_server_stop();
+    comm_finalize();
+    return 0;
+}
