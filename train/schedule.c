@@ -2,10 +2,12 @@
 // or read from its CSV file, checked (parallel/pp/check.c); and `titan --print-schedule
 // [--microbatches N]`, which prints it without training.
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/files.h"
 #include "parallel/pp/executor.h"
 #include "parallel/pp/schedule.h"
 #include "parallel/pp/stage.h"
@@ -23,18 +25,15 @@ static int schedule_microbatches(const Config *c, int flag) {
 }
 
 static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) die_user("parallelism.pipeline_parallel_schedule_csv: cannot open %s: %s", path,
-                     strerror(errno));
-    size_t cap = 4096, len = 0;
-    char *text = xmalloc(cap);
-    for (size_t got; (got = fread(text + len, 1, cap - 1 - len, f)) > 0;) {
-        len += got;
-        if (len + 1 == cap) text = xgrow(text, &cap, 2 * cap, 1);
+    char *text;
+    size_t len;
+    switch (file_read_all(path, SIZE_MAX, &text, &len)) {
+    case FILE_OPEN_FAILED:
+        die_user("parallelism.pipeline_parallel_schedule_csv: cannot open %s: %s", path,
+                 strerror(errno));
+    case FILE_READ_FAILED: die_user("cannot read %s: %s", path, strerror(errno));
+    case FILE_READ_OK: break;
     }
-    if (ferror(f)) die_user("cannot read %s: %s", path, strerror(errno));
-    fclose(f);
-    text[len] = 0;
     return text;
 }
 
