@@ -74,12 +74,6 @@ static const char *const FLOAT8_RECIPES[] = {"tensorwise", "rowwise", "rowwise_w
 const KeySpec KEYS[] = {
 #include "core/config_keys.def"
 };
-#undef KEY_BOOL
-#undef KEY_INT
-#undef KEY_FLOAT
-#undef KEY_STR
-#undef KEY_ENUM
-#undef KEY_LIST
 
 // ---- field access --------------------------------------------------------------------------
 

@@ -41,12 +41,6 @@ enum {
     KEY_COUNT
 };
 #undef KEY_INDEX
-#undef KEY_BOOL
-#undef KEY_INT
-#undef KEY_FLOAT
-#undef KEY_STR
-#undef KEY_ENUM
-#undef KEY_LIST
 
 extern const KeySpec KEYS[KEY_COUNT];
 
