@@ -8,8 +8,7 @@
 #include "data/dataset.h"
 #include "data/pretokenize.h"
 
-#define USAGE \
-    "usage: titan tokenizer train --vocab-size N --out FILE.tiktoken [--threads T] FILE..."
+#define USAGE TOKENIZER_TRAIN_USAGE
 
 // Documents are cut into chunks of about this many bytes so that one long document still
 // spreads over the threads; the size is fixed so the chunks never depend on the thread count.

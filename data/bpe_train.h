@@ -66,4 +66,6 @@ void bpe_vocab_free(BpeVocab *v);
 
 // argv[0] is "train"; FILES are datasets (data/dataset.h: text, JSONL, R data, folders).
 // Returns 0; bad usage, unreadable or empty inputs die_user.
+#define TOKENIZER_TRAIN_USAGE \
+    "usage: titan tokenizer train --vocab-size N --out FILE.tiktoken [--threads T] FILE..."
 int tokenizer_train_main(int argc, char **argv);

@@ -35,6 +35,9 @@
     "usage: titan generate --checkpoint C [--tokenizer T] (--prompt TEXT | --prompt-ids 1,2,3) " \
     "[--max-new-tokens N] [--temperature t] [--top-p p] [--seed s] [--max-context N] [--ids] "  \
     "[--ema]"
+// --help without a FLUX checkpoint: the decoders' usage, and where FLUX's sampler's is.
+#define HELP                                                                                   \
+    USAGE "\n       titan generate --checkpoint FLUX.h5 --help   a FLUX checkpoint's sampler flags"
 #define TITAN_DEFAULT_CONTEXT 2048
 
 typedef struct {
@@ -98,7 +101,7 @@ static bool set_option(GenOptions *o, const char *f, const char *value) {
 }
 
 static void parse_options(GenOptions *o, int argc, char **argv) {
-    help_exit_if_asked(argc, argv, USAGE);
+    help_exit_if_asked(argc, argv, HELP);
     *o = (GenOptions){.max_new_tokens = 100, .temperature = 0.8, .top_p = 0.9};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--ids") == 0)

@@ -1,4 +1,4 @@
-// titan's entry point: config -> model -> optimizer -> data -> training loop (DESIGN.md
+// titan's entry point: config -> model -> optimizer -> data -> training loop (docs/design.md
 // "Layout"). The command line (titan's own flags, then the config), the subcommands,
 // `--print-schedule` and `--estimate`, which plan without MPI, and training: setup (setup.c),
 // then the loop (loop.c) or a seed checkpoint (checkpoint.c).
@@ -22,7 +22,8 @@ static void save_config(const Config *c, const char *path) {
     FILE *f = fopen(path, "w");
     if (!f) die_user("job.save_config_file: cannot write %s: %s", path, strerror(errno));
     config_print_yaml(c, f);
-    if (fclose(f) != 0) die_user("job.save_config_file: cannot write %s: %s", path, strerror(errno));
+    if (fclose(f) != 0)
+        die_user("job.save_config_file: cannot write %s: %s", path, strerror(errno));
 }
 
 // The usage of every command; each subcommand's own --help prints its line in full.
@@ -37,7 +38,8 @@ static const char USAGE[] =
     "\n"
     "Training flags:\n"
     "  --config FILE          torchtitan's job config in YAML; see configs/ (debug_model.yaml,\n"
-    "                         llama3_8b.yaml, llama3_70b.yaml, llama3_405b.yaml)\n"
+    "                         llama3_8b.yaml, llama3_70b.yaml, llama3_405b.yaml,\n"
+    "                         flux_digits.yaml)\n"
     "  --section.key VALUE    override one config key, e.g. --training.steps 100\n"
     "  --print-config         print the resolved config as YAML and exit\n"
     "  --device cpu|cuda      short for --training.device\n"
@@ -96,12 +98,20 @@ static void config_load(Config *c, int argc, char **argv) {
     trainer_model_args(c, &args);
 }
 
+// `titan tokenizer train ...`, the one tokenizer command so far; `titan tokenizer --help` is
+// its help.
+static int tokenizer_main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "train") == 0) return tokenizer_train_main(argc - 1, argv + 1);
+    help_exit_if_asked(argc, argv, TOKENIZER_TRAIN_USAGE);
+    die_user("tokenizer: unknown command %s; " TOKENIZER_TRAIN_USAGE,
+             argc > 1 ? argv[1] : "(none)");
+}
+
 // The commands other than training, each with its own flags: true with *status their exit
 // status when argv names one.
 static bool run_command(int argc, char **argv, int *status) {
     if (strcmp(argv[1], "tokenize") == 0) *status = tokenize_main(argc - 1, argv + 1);
-    else if (argc > 2 && strcmp(argv[1], "tokenizer") == 0 && strcmp(argv[2], "train") == 0)
-        *status = tokenizer_train_main(argc - 2, argv + 2);
+    else if (strcmp(argv[1], "tokenizer") == 0) *status = tokenizer_main(argc - 1, argv + 1);
     else if (strcmp(argv[1], "generate") == 0) *status = generate_main(argc - 1, argv + 1);
     else if (strcmp(argv[1], "convert") == 0) *status = convert_main(argc - 1, argv + 1);
     else return false;

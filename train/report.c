@@ -206,7 +206,7 @@ static void print_rank_plan(Trainer *t) {
     }
 }
 
-// "0 (blocks 0-3: embed, layers.0-2)": a stage and its blocks, named as DESIGN.md's block list
+// "0 (blocks 0-3: embed, layers.0-2)": a stage and its blocks, named as docs/design.md's block list
 // (embed, layers.0 .. layers.{L-1}, head).
 static void print_stage(int stage, int first, int last, int n_blocks) {
     printf("%d (blocks %d-%d:", stage, first, last - 1);

@@ -33,7 +33,16 @@ $TITAN --config configs/debug_model.yaml --training.steps 3 -h | cmp -s - "$SCRA
 $TITAN tokenize --help | grep -q "^usage: titan tokenize --tokenizer" || fail "tokenize --help"
 $TITAN tokenizer train --help | grep -q "^usage: titan tokenizer train --vocab-size" ||
   fail "tokenizer train --help"
+$TITAN tokenizer --help | grep -q "^usage: titan tokenizer train --vocab-size" ||
+  fail "tokenizer --help"
+expect_user_error "^titan: error: tokenizer: unknown command tain; usage: titan tokenizer train" \
+  $TITAN tokenizer tain
 $TITAN generate --help | grep -q "^usage: titan generate --checkpoint" || fail "generate --help"
+$TITAN generate --help | grep -qF -- "--checkpoint FLUX.h5 --help" ||
+  fail "generate --help does not say where a FLUX checkpoint's flags are"
+for c in configs/*.yaml; do
+  grep -qF "$(basename "$c")" "$SCRATCH/help.txt" || fail "titan --help does not list $c"
+done
 $TITAN convert --help | grep -q "^usage: titan convert --to hf" || fail "convert --help"
 rc=0; $TITAN >/dev/null 2>"$SCRATCH/alone.txt" || rc=$?
 [ "$rc" -eq 2 ] || fail "titan alone exited $rc, not 2"
