@@ -206,7 +206,7 @@ test-data: build/data/.checked
 train-default: $(TITAN)
 	@bash scripts/run_default.sh
 
-# FLUX on the bundled digits (README "FLUX training"): the shards, flux-digits trained for 600
+# FLUX on the bundled digits (docs/flux.md): the shards, flux-digits trained for 600
 # steps, then a grid of 8 samples of each digit.
 FLUX_PROMPTS := $(foreach d,0 1 2 3 4 5 6 7 8 9,--prompt "a handwritten digit $(d)")
 flux: $(TITAN)

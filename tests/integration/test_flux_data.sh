@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# FLUX data: scripts/flux_preprocess.py --digits writes the shards README describes (checked
-# with h5py against scikit-learn's digits and an independent recomputation of the stand-in
+# FLUX data: scripts/flux_preprocess.py --digits writes the shards docs/flux.md describes
+# (checked with h5py against scikit-learn's digits and an independent recomputation of the stand-in
 # encoder), twice the same; titan's reader (build/tests/flux_shards_info) sees the same
 # examples; a shard with a missing encoding, mismatched shapes or an image size the patch
 # does not divide is one line and exit 2; so is the real-image path without its packages.
@@ -51,7 +51,7 @@ for y in range(16):  # nearest 2x: pixel (y, x) is source pixel (y // 2, x // 2)
     for x in range(16):
         assert np.array_equal(lat[:, 0, y, x], (d.images[:, y // 2, x // 2] / 8 - 1).astype(np.float32))
 
-# The stand-in, recomputed from its definition in the README: words -> sha256 -> RandomState.
+# The stand-in, recomputed from its definition in docs/flux.md: words -> sha256 -> RandomState.
 def word(w):
     seed = int.from_bytes(hashlib.sha256(w.encode()).digest()[:4], "little")
     return np.random.RandomState(seed).standard_normal(64).astype(np.float32)

@@ -121,7 +121,7 @@ import numpy as np
 from PIL import Image
 from sklearn.datasets import load_digits
 scratch = sys.argv[1]
-d = load_digits()  # the shards' pixels: 2x nearest upscaling, v / 8 - 1 (README "FLUX data")
+d = load_digits()  # the shards' pixels: 2x nearest, v / 8 - 1 (docs/flux.md "The digits set")
 pixels = (np.kron(d.images, np.ones((2, 2))) / 8 - 1).reshape(len(d.images), -1)
 means = np.stack([pixels[d.target == k].mean(0) for k in range(10)])
 def accuracy(name):

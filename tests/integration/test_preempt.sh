@@ -21,7 +21,7 @@ srun -n $RANKS $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/whole" >"$SCRATCH/
   fail "the uninterrupted run failed: $(tail -n 5 "$SCRATCH/whole.out")"
 echo "ok: uninterrupted run of $STEPS steps in $((SECONDS - start)) s"
 
-# The user's batch script (README "Slurm and preemption"): srun in the foreground.
+# The user's batch script (docs/slurm.md): srun in the foreground.
 cat >"$SCRATCH/job.sh" <<EOF
 #!/bin/bash
 #SBATCH --signal=TERM@120
