@@ -12,10 +12,10 @@
 // same values for each example, and a resumed run continues the same draws. The cp ranks of
 // a dp rank read the same examples (each computes on its share of their sequences).
 //
-// The empty prompt's encodings are zeros: the digits' stand-in encoder (docs/flux.md, "The
-// digits set") maps a caption to one vector per word with zero padding and CLIP to the mean of
-// the words, so the empty caption has no word rows and a zero pooled vector. (Real T5 / CLIP encode ""
-// to non-zero vectors; shards from them would carry those, which the format does not yet.)
+// The empty prompt's encodings are zeros: the digits' stand-in encoder (docs/flux.md, "The digits
+// set") maps a caption to one vector per word with zero padding and CLIP to the mean of the words,
+// so the empty caption has no word rows and a zero pooled vector. (Real T5 / CLIP encode "" to
+// non-zero vectors; shards from them would carry those, which the format does not yet.)
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

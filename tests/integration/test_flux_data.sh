@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# FLUX data: scripts/flux_preprocess.py --digits writes the shards docs/flux.md describes
-# (checked with h5py against scikit-learn's digits and an independent recomputation of the stand-in
-# encoder), twice the same; titan's reader (build/tests/flux_shards_info) sees the same
-# examples; a shard with a missing encoding, mismatched shapes or an image size the patch
-# does not divide is one line and exit 2; so is the real-image path without its packages.
+# FLUX data: scripts/flux_preprocess.py --digits writes the shards docs/flux.md describes (checked
+# with h5py against scikit-learn's digits and an independent recomputation of the stand-in encoder),
+# twice the same; titan's reader (build/tests/flux_shards_info) sees the same examples; a shard with
+# a missing encoding, mismatched shapes or an image size the patch does not divide is one line and
+# exit 2; so is the real-image path without its packages.
 source "$(dirname "$0")/lib.sh"
 INFO=build/tests/flux_shards_info
 [ -x $INFO ] || fail "$INFO is not built (make $INFO)"
