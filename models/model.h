@@ -7,10 +7,10 @@
 #include <stdbool.h>
 
 #include "core/arena.h"
-#include "protocols/block.h"
 #include "core/param.h"
 #include "kernels/kernels.h"
 #include "models/linear.h"
+#include "protocols/block.h"
 
 // One microbatch in flight through a model's blocks: each block's saved state and the hidden
 // states between blocks, pointing into the microbatch's activation arena (StepCtx.act).
