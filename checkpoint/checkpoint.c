@@ -367,7 +367,8 @@ void ckpt_tmp_prepare(const char *path, char *tmp, size_t tmplen) {
     char dir[1024];
     dir_of(path, dir, sizeof(dir));
     CHECK(snprintf(tmp, tmplen, "%s.tmp", path) < (int)tmplen);
-    // mkdir -p: the checkpoint folder (e.g. outputs/checkpoint) need not exist before the first save.
+    // mkdir -p: the checkpoint folder (e.g. outputs/checkpoint) need not exist before the
+    // first save.
     char err[4096 + 256];
     if (!try_make_dirs(dir, err, sizeof err)) die_user("checkpoint: %s", err);
     // A stale .tmp is a save that crashed; it is garbage, never a checkpoint.

@@ -267,7 +267,7 @@ static bool number_set(void *f, const KeySpec *s, const char *text, bool *range_
 // Sets one key from its text form (a YAML scalar or a command-line value). On failure the
 // field is untouched and why says what was expected.
 bool value_set(Config *c, const KeySpec *s, const char *text, bool is_null, char *why,
-                      size_t n) {
+               size_t n) {
     if (is_null) return set_null(c, s, why, n);
     char quoted[160];
     if (!utf8_valid(text)) {

@@ -1,7 +1,7 @@
-// What the config's files share: the key table (core/config_keys.def, expanded in config.c)
-// and the helpers that find a key and read, set and show its value. config.c holds them; the
-// YAML form is config_yaml.c's, the command line config_override.c's, the checks across keys
-// config_check.c's. The rest of titan sees core/config.h only.
+// What the config's files share: the key table (core/config_keys.def: each key's index here,
+// the KEYS table in config.c) and the helpers that find a key and read, set and show its value.
+// config.c holds them; the YAML form is config_yaml.c's, the command line config_override.c's,
+// the checks across keys config_check.c's. The rest of titan sees core/config.h only.
 #pragma once
 
 #include <stdbool.h>

@@ -35,12 +35,13 @@ static inline const char *dtype_name(Dtype t) {
     return t < DTYPE_COUNT ? names[t] : "?";
 }
 
-// torchtitan's MixedPrecisionPolicy, decided once by the trainer from training.
-// mixed_precision_param and mixed_precision_reduce, and read by the kernels (KernelInit), the
-// model (Model.precision) and FSDP (FsdpConfig.precision). param: the dtype the compute reads
-// its weights and activations in (bf16: GEMMs on bf16-rounded inputs with fp32 accumulation,
-// bf16 activations, FSDP's all-gather in bf16); reduce: the one FSDP reduce-scatters gradients
-// in. Master weights, optimizer state and every other reduction stay fp32. Zeroed: all fp32.
+// torchtitan's MixedPrecisionPolicy, decided once by the trainer from
+// training.mixed_precision_param and training.mixed_precision_reduce, and read by the kernels
+// (KernelInit), the model (Model.precision) and FSDP (FsdpConfig.precision). param: the dtype
+// the compute reads its weights and activations in (bf16: GEMMs on bf16-rounded inputs with
+// fp32 accumulation, bf16 activations, FSDP's all-gather in bf16); reduce: the one FSDP
+// reduce-scatters gradients in. Master weights, optimizer state and every other reduction stay
+// fp32. Zeroed: all fp32.
 typedef struct {
     Dtype param;   // DTYPE_FP32 or DTYPE_BF16
     Dtype reduce;  // DTYPE_FP32 or DTYPE_BF16

@@ -64,8 +64,9 @@ BpeVocab bpe_train(const BpeTrainInput *in, int64_t vocab_size, int threads,
 void bpe_vocab_write(const BpeVocab *v, const char *path);
 void bpe_vocab_free(BpeVocab *v);
 
-// argv[0] is "train"; FILES are datasets (data/dataset.h: text, JSONL, R data, folders).
-// Returns 0; bad usage, unreadable or empty inputs die_user.
+// `titan tokenizer train`'s usage line, which its --help and `titan tokenizer --help` print.
 #define TOKENIZER_TRAIN_USAGE \
     "usage: titan tokenizer train --vocab-size N --out FILE.tiktoken [--threads T] FILE..."
+// argv[0] is "train"; FILES are datasets (data/dataset.h: text, JSONL, R data, folders).
+// Returns 0; bad usage, unreadable or empty inputs die_user.
 int tokenizer_train_main(int argc, char **argv);

@@ -58,7 +58,9 @@ static void file_check(gzFile f, const char *path) {
     die_user("cannot read dataset file %s: %s", path, reason);
 }
 
-static uint8_t *file_read_all(const char *path, uint64_t size, size_t *len) {
+// The whole of FILE or FILE.gz, decompressed, from size (its bytes on disk) up: zlib's
+// counterpart of core/files.h's file_read_all, which reads plain files only.
+static uint8_t *gz_read_all(const char *path, uint64_t size, size_t *len) {
     gzFile f = file_open(path);
     size_t cap = size + 1, n = 0;  // exact for a plain file; a .gz grows
     uint8_t *buf = xmalloc(cap);
@@ -134,7 +136,7 @@ static uint64_t file_size(const char *path) {
 // A whole-file format: one document, or the .rdb's character vectors.
 static void file_read_whole(const char *path, uint64_t size, Reader *r) {
     size_t len;
-    uint8_t *data = file_read_all(path, size, &len);
+    uint8_t *data = gz_read_all(path, size, &len);
     if (format_is(path, ".rdb")) rdata_for_each_document(path, data, len, size, document_emit, r);
     else document_emit((const char *)data, len, size, r);
     free(data);

@@ -7,9 +7,9 @@
 // the same forms the kernels' matmul and grouped_matmul take (kernels/ops.def).
 #pragma once
 
-#include "protocols/block.h"
 #include "core/config.h"
 #include "core/param.h"
+#include "protocols/block.h"
 
 typedef enum {
     // The backend's GEMM: fp32 math, or with bf16 activations (StepCtx.act_dtype) bf16

@@ -21,12 +21,6 @@ void model_linear_add(Model *m, Linear *l, const char *module) {
     e->module[n] = '\0';
 }
 
-void model_linears_free(Model *m) {
-    free(m->linears);
-    m->linears = NULL;
-    m->n_linears = 0;
-}
-
 void model_convert_float8(Model *m, const Float8Section *float8) {
     for (int i = 0; i < m->n_linears; i++) {
         ModelLinear *e = &m->linears[i];
@@ -327,6 +321,6 @@ void model_free_parts(Model *m) {
     free(m->blocks);
     free(m->block_flops_per_token);
     model_slots_free(&m->slots);
-    model_linears_free(m);
+    free(m->linears);
     params_free(&m->params);
 }

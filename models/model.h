@@ -7,10 +7,10 @@
 #include <stdbool.h>
 
 #include "core/arena.h"
-#include "protocols/block.h"
 #include "core/param.h"
 #include "kernels/kernels.h"
 #include "models/linear.h"
+#include "protocols/block.h"
 
 // One microbatch in flight through a model's blocks: each block's saved state and the hidden
 // states between blocks, pointing into the microbatch's activation arena (StepCtx.act).
@@ -83,9 +83,8 @@ void model_buffer_free(void *data, const KernelOps *memory);
 void model_free_parts(Model *m);
 
 // The build's: adds l, a Linear of the blocks, as module (NULL: its weight's name without
-// ".weight"). model_linears_free frees the list.
+// ".weight"). model_free_parts frees the list.
 void model_linear_add(Model *m, Linear *l, const char *module);
-void model_linears_free(Model *m);
 // torchtitan's float8 converter (model.converters: [float8]), after the build and before
 // any parallelism: each Linear's precision by linear_precision_for under float8.
 void model_convert_float8(Model *m, const Float8Section *float8);

@@ -43,11 +43,11 @@
 #include <stdint.h>
 
 #include "core/arena.h"
-#include "protocols/block.h"
 #include "core/param.h"
 #include "kernels/kernels.h"
 #include "parallel/comm.h"
 #include "parallel/mesh.h"
+#include "protocols/block.h"
 
 // parallelism.fsdp_reshard_after_forward. ALWAYS frees a unit's full params after its
 // forward (and gathers them again for backward); NEVER keeps every unit gathered from forward

@@ -49,19 +49,45 @@ static void check_float8_tokens(const Trainer *t) {
     }
 }
 
-// torchtitan's float8 converter (model.converters: [float8]): after the build, before the
-// parallelisms, each Linear's precision by its module name and shape.
-void trainer_convert_float8(Trainer *t) {
+// The recipe the metrics name (t->float8_recipe): the Linears', or the experts' own when only
+// they run float8; NULL when no Linear does.
+static void set_float8_recipe(Trainer *t) {
     const Float8Section *f = &t->cfg.float8;
-    model_convert_float8(&t->model, f);
-    check_float8_experts(t);
     char none[8];
     int dense = model_linears_describe(&t->model, LINEARS_FLOAT8, none, sizeof none);
     if (!dense && !model_linears_describe(&t->model, LINEARS_FLOAT8_EXPERTS, none, sizeof none))
         return;
-    // The recipe the metrics name: the Linears', or the experts' own when only they run float8.
     t->float8_recipe = !dense ? "rowwise" : f->recipe_name ? f->recipe_name : "tensorwise";
     if (dense) check_float8_tokens(t);
+}
+
+// float8.enable_fsdp_float8_all_gather (torchao's WeightWithDynamicFloat8CastTensor): FSDP
+// gathers the weights of the tensorwise float8 Linears as float8 (Param.gather_float8).
+// torchtitan ignores the key without FSDP; here it would do nothing, so it is refused.
+static void mark_float8_gather(Trainer *t) {
+    if (!t->fsdp_on) {
+        char origin[512];
+        CHECK(config_key_origin(&t->cfg, "float8.enable_fsdp_float8_all_gather", origin,
+                                sizeof origin));
+        die_user("%s: float8.enable_fsdp_float8_all_gather does nothing without FSDP (an fsdp "
+                 "group of dp_shard %d x cp %d ranks)", origin,
+                 t->mesh.layout.size[MESH_DP_SHARD], t->mesh.layout.size[MESH_CP]);
+    }
+    for (int i = 0; i < t->model.n_linears; i++) {
+        const Linear *l = t->model.linears[i].linear;
+        if (l->precision == LINEAR_FLOAT8_TENSORWISE)
+            params_find(&t->model.params, l->weight->name)->gather_float8 = true;
+    }
+}
+
+// torchtitan's float8 converter (model.converters: [float8]): after the build, before the
+// parallelisms, each Linear's precision by its module name and shape, and, as torchao's
+// conversion does, the float8 all-gather of FSDP's weights when asked for.
+void trainer_convert_float8(Trainer *t) {
+    model_convert_float8(&t->model, &t->cfg.float8);
+    check_float8_experts(t);
+    set_float8_recipe(t);
+    if (t->cfg.float8.enable_fsdp_float8_all_gather) mark_float8_gather(t);
 }
 
 // Which Linears run float8 and which keep the backend's precision, by module; the experts'
@@ -81,23 +107,4 @@ void trainer_log_float8(const Trainer *t) {
         log_info("float8: %s recipe on %d linears (%s); rowwise grouped GEMMs on %d expert "
                  "weights (%s); %d at the backend's precision (%s)",
                  recipe, n_on, on, n_experts, experts, n_off, off);
-}
-
-// float8.enable_fsdp_float8_all_gather (torchao's WeightWithDynamicFloat8CastTensor): FSDP
-// gathers the weights of the tensorwise float8 Linears as float8 (Param.gather_float8).
-// torchtitan ignores the key without FSDP; here it would do nothing, so it is refused.
-void trainer_mark_float8_gather(Trainer *t) {
-    if (!t->fsdp_on) {
-        char origin[512];
-        CHECK(config_key_origin(&t->cfg, "float8.enable_fsdp_float8_all_gather", origin,
-                                sizeof origin));
-        die_user("%s: float8.enable_fsdp_float8_all_gather does nothing without FSDP (an fsdp "
-                 "group of dp_shard %d x cp %d ranks)", origin,
-                 t->mesh.layout.size[MESH_DP_SHARD], t->mesh.layout.size[MESH_CP]);
-    }
-    for (int i = 0; i < t->model.n_linears; i++) {
-        const Linear *l = t->model.linears[i].linear;
-        if (l->precision == LINEAR_FLOAT8_TENSORWISE)
-            params_find(&t->model.params, l->weight->name)->gather_float8 = true;
-    }
 }

@@ -105,7 +105,6 @@ static void build_model(Trainer *t) {
     spec->build(&t->model, &t->args, false);
     t->model.precision = t->precision;  // bf16 mixed precision stores bf16 activations
     if (config_converts(c, "float8")) trainer_convert_float8(t);
-    if (c->float8.enable_fsdp_float8_all_gather) trainer_mark_float8_gather(t);
     check_moe_keys(t);
 }
 

@@ -120,10 +120,9 @@ const void *trainer_next_batch(Trainer *t);
 int64_t trainer_data_position(const Trainer *t);
 void trainer_data_set_position(Trainer *t, int64_t position);
 // float8.c: model.converters' float8 after the build (each Linear's precision, t->float8_recipe,
-// refusing what float8 cannot run); float8.enable_fsdp_float8_all_gather's weights marked for
-// FSDP; the log line naming which Linears run float8.
+// float8.enable_fsdp_float8_all_gather's weights marked for FSDP, refusing what float8 cannot
+// run); the log line naming which Linears run float8.
 void trainer_convert_float8(Trainer *t);
-void trainer_mark_float8_gather(Trainer *t);
 void trainer_log_float8(const Trainer *t);
 // loop.c: training.steps steps from t->progress.step, with metrics, validation, checkpoints
 // and preemption, then the run's summary.

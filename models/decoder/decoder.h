@@ -60,7 +60,6 @@ void decoder_free(Model *m);
 const char *decoder_flavor_names(char *out, size_t len, const char *const *names, size_t stride,
                                  int n);
 
-
 // The architecture as checkpoint attributes ("model.dim", ...), so that any reader (the PyTorch
 // reference, a converter) rebuilds the model from the file alone; returns the count. head_dim
 // and qk_norm are written only when they are not Llama 3's (dim / n_heads, none), so Llama 3's

@@ -21,10 +21,10 @@
 
 #include <stdbool.h>
 
-#include "protocols/block.h"
 #include "core/config.h"
 #include "core/param.h"
 #include "models/linear.h"
+#include "protocols/block.h"
 
 typedef struct {
     int dim, hidden;          // D; F: each routed expert's hidden width

@@ -23,9 +23,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "protocols/block.h"
 #include "core/param.h"
 #include "parallel/comm.h"
+#include "protocols/block.h"
 
 typedef struct Ep {
     ExpertHooks hooks;  // first: the hooks' implementations find the Ep from the pointer

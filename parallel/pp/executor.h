@@ -17,10 +17,10 @@
 #include <stddef.h>
 
 #include "core/arena.h"
-#include "protocols/block.h"
 #include "kernels/kernels.h"
 #include "parallel/comm.h"
 #include "parallel/pp/schedule.h"
+#include "protocols/block.h"
 
 // What the executor calls to compute. region: the index of the (stage, microbatch)'s region,
 // whose arena is act (the microbatch's StepCtx.act); it stays the same from forward to the end
