@@ -175,33 +175,35 @@ run: setup
 check: $(TITAN) $(UNIT_TESTS) $(TOOLS) test-data
 	@bash tests/run_all.sh
 
-# The test data (tests/data/README.md) in build/data, where the tests, fuzzers and benchmarks
-# read it: tests/data's files unpacked, Debian's Austen novels (scripts/fetch_austen.sh) and the
-# text derived from them, each file checked against tests/data/SHA256SUMS.
+# The test data (tests/data/README.md) in build/test-data, where the tests, fuzzers and
+# benchmarks read it: tests/data's files unpacked, Debian's Austen novels (scripts/
+# fetch_austen.sh) and the text derived from them, each file checked against
+# tests/data/SHA256SUMS.
 TEST_DATA_SRCS := $(filter-out tests/data/README.md tests/data/SHA256SUMS tests/data/%.py, \
                                $(shell find tests/data -type f))
-TEST_DATA := $(patsubst tests/data/%,build/data/%,$(TEST_DATA_SRCS:.gz=)) build/data/corpus/austen.txt
+TEST_DATA := $(patsubst tests/data/%,build/test-data/%,$(TEST_DATA_SRCS:.gz=)) \
+             build/test-data/corpus/austen.txt
 
-build/data/%: tests/data/%.gz
+build/test-data/%: tests/data/%.gz
 	@mkdir -p $(dir $@)
 	gzip -dc $< >$@.tmp && mv $@.tmp $@
 
-build/data/%: tests/data/%
+build/test-data/%: tests/data/%
 	@mkdir -p $(dir $@)
 	cp $< $@
 
-build/data/janeaustenr.rdb: scripts/fetch_austen.sh
+build/test-data/janeaustenr.rdb: scripts/fetch_austen.sh
 	bash scripts/fetch_austen.sh $@
 
-build/data/corpus/austen.txt: build/data/janeaustenr.rdb tests/data/austen_text.py
+build/test-data/corpus/austen.txt: build/test-data/janeaustenr.rdb tests/data/austen_text.py
 	@mkdir -p $(dir $@)
 	/usr/bin/python3 tests/data/austen_text.py $< $@
 
-build/data/.checked: $(TEST_DATA) tests/data/SHA256SUMS
-	cd build/data && sha256sum --quiet --strict -c ../../tests/data/SHA256SUMS
+build/test-data/.checked: $(TEST_DATA) tests/data/SHA256SUMS
+	cd build/test-data && sha256sum --quiet --strict -c ../../tests/data/SHA256SUMS
 	@touch $@
 
-test-data: build/data/.checked
+test-data: build/test-data/.checked
 
 train-default: $(TITAN)
 	@bash scripts/run_default.sh

@@ -15,7 +15,7 @@ make -s titan test-data
 out=$(mktemp -d "${1:-/tmp}/titan-bench-ckpt.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-./titan tokenize --tokenizer bytes --out "$out/data" build/data/corpus/austen.txt >/dev/null
+./titan tokenize --tokenizer bytes --out "$out/data" build/test-data/corpus/austen.txt >/dev/null
 common=(--config configs/debug_model.yaml --model.flavor small --model.tokenizer_path null
         --training.dataset_path "$out/data" --training.seq_len 256 --training.global_batch_size 8
         --lr_scheduler.warmup_steps 2 --checkpoint.enable --checkpoint.last_save_model_only false

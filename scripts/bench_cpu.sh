@@ -10,7 +10,7 @@ steps=${2:-30}
 make -s titan test-data
 out=$(mktemp -d /tmp/titan-bench.XXXXXX)
 trap 'rm -rf "$out"' EXIT
-./titan tokenize --tokenizer bytes --out "$out/austen.bin" build/data/corpus/austen.txt >/dev/null
+./titan tokenize --tokenizer bytes --out "$out/austen.bin" build/test-data/corpus/austen.txt >/dev/null
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"

@@ -20,7 +20,7 @@ out=$(mktemp -d /tmp/titan-bench-debug.XXXXXX)
 client=
 trap '[ -n "$client" ] && kill "$client" 2>/dev/null; rm -rf "$out"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-./titan tokenize --tokenizer bytes --out "$out/data" build/data/corpus/austen.txt >/dev/null
+./titan tokenize --tokenizer bytes --out "$out/data" build/test-data/corpus/austen.txt >/dev/null
 port=$((30000 + RANDOM % 20000))
 run=(--config configs/debug_model.yaml --model.tokenizer_path null --training.dataset_path "$out/data"
      --training.seq_len 128 --training.local_batch_size 4 --training.steps "$steps"

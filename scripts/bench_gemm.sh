@@ -43,7 +43,7 @@ gcc "${flags[@]}" -isystem /usr/include/x86_64-linux-gnu/blis-openmp tests/bench
   -lxsmm -lxsmmnoblas -lpthread -lrt -ldl -lm -o build/bench/bench_gemm
 out=$(mktemp -d /tmp/titan-bench-gemm.XXXXXX)
 trap 'rm -rf "$out"' EXIT
-./titan tokenize --tokenizer bytes --out "$out/austen.bin" build/data/corpus/austen.txt \
+./titan tokenize --tokenizer bytes --out "$out/austen.bin" build/test-data/corpus/austen.txt \
   >/dev/null
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \

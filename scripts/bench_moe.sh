@@ -32,7 +32,7 @@ export OMP_NUM_THREADS=$threads
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
   "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, OMP_NUM_THREADS=$threads"
-./titan tokenize --tokenizer bytes --out "$out/austen.bin" build/data/corpus/austen.txt >/dev/null
+./titan tokenize --tokenizer bytes --out "$out/austen.bin" build/test-data/corpus/austen.txt >/dev/null
 
 # name, flavor: trains it, leaving $out/name.log and $out/name/metrics.jsonl.
 train() {

@@ -11,7 +11,7 @@ make -s titan test-data
 out=$(mktemp -d /tmp/titan-scaling.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-./titan tokenize --tokenizer bytes --out "$out/data" build/data/corpus/austen.txt >/dev/null
+./titan tokenize --tokenizer bytes --out "$out/data" build/test-data/corpus/austen.txt >/dev/null
 common=(--config configs/debug_model.yaml --model.flavor small --model.tokenizer_path null
         --training.dataset_path "$out/data" --training.seq_len 256 --training.global_batch_size 8
         --training.steps "$steps" --lr_scheduler.warmup_steps 5 --metrics.log_freq 5)

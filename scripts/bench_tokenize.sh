@@ -7,8 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 chunks=${1:-64}
-tokenizer=build/data/tokenizers/llama3/tokenizer.model
-corpus=build/data/corpus/austen.txt
+tokenizer=build/test-data/tokenizers/llama3/tokenizer.model
+corpus=build/test-data/corpus/austen.txt
 make -s build/tests/bench_tokenizer test-data
 python3 -c 'import tiktoken' 2>/dev/null || python3 -m pip install --quiet tiktoken
 

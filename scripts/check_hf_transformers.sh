@@ -21,7 +21,7 @@ if ! "$VENV/bin/python" -c "import transformers, safetensors, h5py" 2>/dev/null;
 fi
 SCRATCH=$(mktemp -d /tmp/titan-hf.XXXXXX)
 trap 'rm -rf "$SCRATCH"' EXIT
-./titan tokenize --tokenizer bytes --out "$SCRATCH/austen.bin" build/data/corpus/austen.txt >/dev/null
+./titan tokenize --tokenizer bytes --out "$SCRATCH/austen.bin" build/test-data/corpus/austen.txt >/dev/null
 run=(--config configs/debug_model.yaml --training.dataset_path "$SCRATCH/austen.bin"
      --model.tokenizer_path null --training.seq_len 64 --training.local_batch_size 4
      --model.flavor small --training.steps 3 --checkpoint.enable --checkpoint.interval 3)

@@ -22,7 +22,7 @@ shard_seed() {  # file -> stdout
   tail -c +$((256 * 4 + 1)) "$1"
 }
 mkdir -p build/fuzz/seeds
-head -c 3000 build/data/corpus/austen.txt >build/fuzz/seeds/austen.txt
+head -c 3000 build/test-data/corpus/austen.txt >build/fuzz/seeds/austen.txt
 rm -rf build/fuzz/seeds/austen
 ./titan tokenize --tokenizer bytes --out build/fuzz/seeds/austen build/fuzz/seeds/austen.txt \
   >/dev/null
@@ -30,9 +30,9 @@ rm -rf build/fuzz/seeds/austen
 # Small tokenizers cut from the real ones, as seeds that load in microseconds: the first 600
 # ranks of Llama 3's tiktoken file (contiguous, all 256 bytes among them), and GPT-2's first
 # 400 merges with the encoder's ids they reach.
-head -n 600 build/data/tokenizers/llama3/tokenizer.model >build/fuzz/seeds/small.tiktoken
+head -n 600 build/test-data/tokenizers/llama3/tokenizer.model >build/fuzz/seeds/small.tiktoken
 mkdir -p build/fuzz/seeds/gpt2-small
-/usr/bin/python3 - build/data/tokenizers/gpt2 build/fuzz/seeds/gpt2-small 400 <<'PY'
+/usr/bin/python3 - build/test-data/tokenizers/gpt2 build/fuzz/seeds/gpt2-small 400 <<'PY'
 import json, sys
 src, dst, merges = sys.argv[1], sys.argv[2], int(sys.argv[3])
 encoder = json.load(open(f"{src}/encoder.json", encoding="utf-8"))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The peer's inputs, made from the repository's own test data (build/data) and titan, into
+# The peer's inputs, made from the repository's own test data (build/test-data) and titan, into
 # PEER_ASSETS (default build/peer/assets), where peer_titan.sh and peer_torchtitan.sh read them:
 #   austen_docs/data.jsonl  the Austen text in 74 documents of 1,000 lines (torchtitan's c4_test
 #                           JSONL loader reads a folder of them)
@@ -13,15 +13,15 @@ cd "$(dirname "$0")/../.."
 out=${PEER_ASSETS:-build/peer/assets}
 make -s titan test-data
 mkdir -p "$out/austen_docs"
-/usr/bin/python3 - build/data/corpus/austen.txt "$out/austen_docs/data.jsonl" <<'PY'
+/usr/bin/python3 - build/test-data/corpus/austen.txt "$out/austen_docs/data.jsonl" <<'PY'
 import json, sys
 lines = open(sys.argv[1], encoding="utf-8").read().split("\n")
 with open(sys.argv[2], "w", encoding="utf-8") as f:
     for i in range(0, len(lines), 1000):
         f.write(json.dumps({"text": "\n".join(lines[i:i + 1000])}) + "\n")
 PY
-./titan tokenizer train --vocab-size 2048 --out "$out/austen.tiktoken" build/data/corpus/austen.txt \
-  >/dev/null
+./titan tokenizer train --vocab-size 2048 --out "$out/austen.tiktoken" \
+  build/test-data/corpus/austen.txt >/dev/null
 /usr/bin/python3 scripts/peer/hf_tokenizer.py "$out/austen.tiktoken" "$out/austen_tok"
 (cd "$out" && sha256sum --quiet --strict -c) <<'SUMS'
 49197ee9c91b8dd5c76912c546b46eb14cdbea736e2cf6aa53208ce8d6c2e992  austen_docs/data.jsonl

@@ -3,7 +3,7 @@ r-cran-janeaustenr's data/Rdata.rdb, each its lines joined by "\n", joined by "\
 
     /usr/bin/python3 tests/data/austen_text.py Rdata.rdb austen.txt
 
-The tests' corpus (build/data/corpus/austen.txt). Independent of titan's own reader
+The tests' corpus (build/test-data/corpus/austen.txt). Independent of titan's own reader
 (data/rdata.c), which test_dataset checks against this file. The .rdb is a sequence of
 records, each a 4-byte big-endian length and a zlib stream of one R object serialized in
 XDR ("X\n", R Internals, "Serialization Formats"); the novels are the character vectors

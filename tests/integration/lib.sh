@@ -6,8 +6,8 @@ TITAN=${TITAN:-./titan}  # CI also runs some suites with the CUDA=1 build
 PY=/usr/bin/python3  # Debian's interpreter, the one with torch, numpy and h5py
 SCRATCH=$(mktemp -d /tmp/titan-test.XXXXXX)
 trap 'rm -rf "$SCRATCH"' EXIT
-make -s test-data  # the test data in build/data (tests/data/README.md), when not there yet
-CORPUS=build/data/corpus/austen.txt
+make -s test-data  # the test data in build/test-data (tests/data/README.md), when not there yet
+CORPUS=build/test-data/corpus/austen.txt
 DATA=$SCRATCH/austen.bin
 $TITAN tokenize --tokenizer bytes --out "$DATA" "$CORPUS" >/dev/null
 

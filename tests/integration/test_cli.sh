@@ -58,7 +58,7 @@ done <"$SCRATCH/key_names.txt"
 grep -qF -- "  --training.steps: an integer in [0, 2147483646]; default 10000" "$SCRATCH/keys.txt" ||
   fail "--help-config does not give training.steps' range and default"
 # generate ends its text with a newline before the summary, also when both go to one file.
-$TITAN generate --checkpoint build/data/models/stories260K.bin --prompt-ids 1 \
+$TITAN generate --checkpoint build/test-data/models/stories260K.bin --prompt-ids 1 \
   --max-new-tokens 5 --temperature 0 --ids >"$SCRATCH/gen.txt" 2>&1
 grep -q "^generate: 1 prompt + 5 new tokens" "$SCRATCH/gen.txt" ||
   fail "generate's summary does not start a line: $(cat "$SCRATCH/gen.txt")"

@@ -4,7 +4,7 @@
 # trained on (tests/unit/test_tokenizer.c checks that such text decodes back to its bytes).
 source "$(dirname "$0")/lib.sh"
 
-TOK=build/data/tokenizers/llama3/tokenizer.model
+TOK=build/test-data/tokenizers/llama3/tokenizer.model
 printf 'Some text.\n' >"$SCRATCH/doc.txt"
 run=(${SMALL[@]} --training.steps 1 --job.dump_folder "$SCRATCH/run")
 

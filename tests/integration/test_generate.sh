@@ -6,7 +6,7 @@
 # 2 with one line.
 source "$(dirname "$0")/lib.sh"
 
-MODEL=build/data/models/stories260K.bin
+MODEL=build/test-data/models/stories260K.bin
 GEN=($TITAN generate --checkpoint "$MODEL" --prompt-ids 1 --max-new-tokens 200)
 
 "${GEN[@]}" --temperature 0 --ids >"$SCRATCH/greedy.txt" 2>"$SCRATCH/greedy.err"

@@ -37,7 +37,7 @@ for t in "$BUILD"/tests/test_*; do
   esac
 done
 DATA=$SCRATCH/austen.bin
-step tokenize "$TITAN" tokenize --tokenizer bytes --out "$DATA" build/data/corpus/austen.txt
+step tokenize "$TITAN" tokenize --tokenizer bytes --out "$DATA" build/test-data/corpus/austen.txt
 TRAIN=(--config configs/debug_model.yaml --training.dataset_path "$DATA"
        --model.tokenizer_path null --training.seq_len 64 --training.local_batch_size 2
        --training.steps 3 --metrics.log_freq 1 --metrics.enable_tensorboard

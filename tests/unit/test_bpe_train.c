@@ -18,7 +18,7 @@
 
 #include "tests/unit/test_support.h"
 
-#define AUSTEN "build/data/corpus/austen.txt"
+#define AUSTEN "build/test-data/corpus/austen.txt"
 
 static BpeVocab train_text(const char *text, int64_t vocab_size, int threads, BpeTrainStats *st) {
     BpeDocument doc = {text, strlen(text)};

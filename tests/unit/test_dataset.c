@@ -1,5 +1,5 @@
 // Dataset tests: documents from .txt, .jsonl, .jsonl.gz and R's .rdb (a synthetic database,
-// and Debian's Austen novels against build/data/corpus/austen.txt), folder order, the
+// and Debian's Austen novels against build/test-data/corpus/austen.txt), folder order, the
 // one-line errors; tokenizing them (BOS/EOS wrapping, the same tokens on any thread count);
 // and `titan tokenize`, whose shards read back as the in-memory stream.
 #include <stdarg.h>
@@ -21,9 +21,9 @@
 
 #include "tests/unit/test_support.h"
 
-#define AUSTEN_RDB "build/data/janeaustenr.rdb"
-#define AUSTEN_TXT "build/data/corpus/austen.txt"
-#define LLAMA3 "build/data/tokenizers/llama3/tokenizer.json"
+#define AUSTEN_RDB "build/test-data/janeaustenr.rdb"
+#define AUSTEN_TXT "build/test-data/corpus/austen.txt"
+#define LLAMA3 "build/test-data/tokenizers/llama3/tokenizer.json"
 #define LLAMA3_BOS 128000
 #define LLAMA3_EOS 128001
 

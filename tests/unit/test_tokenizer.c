@@ -18,7 +18,7 @@
 
 #include "tests/unit/test_support.h"
 
-#define TOKENIZERS "build/data/tokenizers/"
+#define TOKENIZERS "build/test-data/tokenizers/"
 
 enum { GPT2, CL100K, LLAMA3_TIKTOKEN, LLAMA3_JSON, N_REFERENCE };
 
