@@ -27,6 +27,8 @@ static const Implemented IMPLEMENTED[] = {
     {"parallelism.expert_tensor_parallel_degree", {"1"}},
     {"checkpoint.async_mode", {"disabled", "async"}},
     {"checkpoint.load_only", {"false"}},
+    {"checkpoint.export_dtype", {"float32", "bfloat16"}},  // no F16 safetensors writer yet
+    {"model.print_after_conversion", {"false"}},
     {"metrics.enable_wandb", {"false"}},
 };
 

@@ -22,6 +22,11 @@ expect_user_error "error: training.device cuda: (this titan was built without it
   $TITAN "${SMALL[@]}" --device cuda
 expect_user_error "training.device.*'tpu'" $TITAN "${SMALL[@]}" --device tpu
 expect_user_error "expert_tensor_parallel_degree = 2 is not implemented yet" $TITAN "${SMALL[@]}" --parallelism.expert_tensor_parallel_degree 2
+# Keys titan has nothing behind yet are refused, not ignored.
+expect_user_error "model.print_after_conversion = true is not implemented yet" \
+  $TITAN "${SMALL[@]}" --model.print_after_conversion
+expect_user_error "checkpoint.export_dtype = 'float16' is not implemented yet" $TITAN "${SMALL[@]}" \
+  --checkpoint.last_save_in_hf --checkpoint.export_dtype float16
 expect_user_error "parallelism.expert_parallel_degree = 2 must divide dp_shard 1 x cp 1 x tp 1 = 1" \
   $TITAN "${SMALL[@]}" --parallelism.expert_parallel_degree 2
 expect_user_error "parallelism.expert_parallel_degree = 2: the model has no routed experts to shard" \
