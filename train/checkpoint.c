@@ -336,12 +336,30 @@ static void initial_load(Trainer *t, HostState *h) {
     }
 }
 
+static void checkpoint_folder_set(Trainer *t) {
+    snprintf(t->ckpt_folder, sizeof t->ckpt_folder, "%s/%s", t->cfg.job.dump_folder,
+             t->cfg.checkpoint.folder);
+}
+
+bool trainer_run_finished(Trainer *t) {
+    const CheckpointSection *ck = &t->cfg.checkpoint;
+    excluded(t, "");  // its names are checked whether or not there is anything to load
+    if (!ck->enable || ck->load_step >= 0 || ck->create_seed_checkpoint) return false;
+    checkpoint_folder_set(t);
+    int64_t step = ckpt_latest_step(t->ckpt_folder);
+    if (step < t->cfg.training.steps) return false;
+    log_info("checkpoint: %s/step-%lld.h5 is at training.steps %lld: this run has finished, "
+             "nothing to train", t->ckpt_folder, (long long)step,
+             (long long)t->cfg.training.steps);
+    return true;
+}
+
 // torchtitan's order: resume from this run's own checkpoint folder (checkpoint.load_step, or
 // the latest step), else start from checkpoint.initial_load_path, else initialise from seed.
 // Each rank reads its own shards, whatever layout saved them.
 void trainer_load_or_initialize(Trainer *t) {
     const CheckpointSection *ck = &t->cfg.checkpoint;
-    snprintf(t->ckpt_folder, sizeof t->ckpt_folder, "%s/%s", t->cfg.job.dump_folder, ck->folder);
+    checkpoint_folder_set(t);
     char path[4096 + 64];
     int64_t step = -1;
     if (ck->enable && ck->load_step >= 0) {
@@ -354,7 +372,6 @@ void trainer_load_or_initialize(Trainer *t) {
         step = ckpt_latest_step(t->ckpt_folder);
         ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
     }
-    excluded(t, "");  // its names are checked whether or not there is anything to load
     if (async_on(t) && !comm_threads_concurrent())
         die_user("checkpoint.async_mode async: this MPI library does not grant "
                  "MPI_THREAD_MULTIPLE, which the background writer needs; use disabled");

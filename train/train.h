@@ -128,6 +128,11 @@ void trainer_log_float8(const Trainer *t);
 // and preemption, then the run's summary.
 void trainer_train(Trainer *t);
 // checkpoint.c: torchtitan's checkpoint policy over checkpoint/train_state.h.
+// True (saying so) when this run's newest checkpoint is at training.steps or beyond: the same
+// command run again (a second `make run`, a requeued job that had finished) has nothing to
+// train, rather than resuming its model-only last save. checkpoint.load_step resumes as asked.
+// Checks checkpoint.exclude_from_loading's names first, which trainer_load_or_initialize reads.
+bool trainer_run_finished(Trainer *t);
 void trainer_load_or_initialize(Trainer *t);
 void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted);
 // A background save in flight (async_mode async) is waited for; close also ends the writer

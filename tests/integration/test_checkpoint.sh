@@ -22,6 +22,17 @@ cmp <(h5dump -d /model/norm.weight "$SCRATCH/full/checkpoint/step-12.h5" | tail 
   fail "final weights differ after resume"
 ls "$SCRATCH/full/checkpoint" | grep -q tmp && fail "a temporary checkpoint file was left"
 
+# The same command again after the run finished (a second `make run`, a requeued job): one line
+# saying so, exit 0, the folder and the metrics untouched.
+before=$(ls -l --time-style=full-iso "$SCRATCH/full" "$SCRATCH/full/checkpoint" | md5sum)
+$TITAN "${run[@]}" --job.dump_folder "$SCRATCH/full" >"$SCRATCH/again.log" 2>&1 ||
+  fail "running the finished job again failed: $(tail -n 3 "$SCRATCH/again.log")"
+grep -q "checkpoint: .*/step-12.h5 is at training.steps 12: this run has finished, nothing to train" \
+  "$SCRATCH/again.log" || fail "the finished run is not recognised: $(cat "$SCRATCH/again.log")"
+[ "$(ls -l --time-style=full-iso "$SCRATCH/full" "$SCRATCH/full/checkpoint" | md5sum)" = "$before" ] ||
+  fail "running the finished job again changed its folder"
+echo "ok: the finished job run again says so and exits 0"
+
 # The step-6 file is a full training state; the last one holds the model only
 # (checkpoint.last_save_model_only, true by default as in torchtitan).
 $PY - "$SCRATCH/full/checkpoint/step-6.h5" "$SCRATCH/full/checkpoint/step-12.h5" <<'PY'
