@@ -308,6 +308,17 @@ void model_allocate(Model *m, ArenaBytes activation_bytes, Arena *params, Arena 
     params_allocate(&m->params, params, grads);
 }
 
+// Block i (1..n_blocks-2) is the transformer's i-th counted from 1, torchtitan's count in
+// _apply_ac_to_transformer_block (incremented before its modulo test).
+void model_set_checkpointing(Model *m, const char *mode, const char *selective_option) {
+    bool selective = !strcmp(mode, "selective"), op = !strcmp(selective_option, "op");
+    int every = !strcmp(mode, "full") ? 1 : selective && !op ? atoi(selective_option) : 0;
+    for (int i = 1; i + 1 < m->n_blocks; i++) {
+        m->blocks[i].checkpointed = every > 0 && i % every == 0;
+        m->blocks[i].recompute_cheap = selective && op;
+    }
+}
+
 void model_place_buffers(Model *m, const KernelOps *k) {
     if (m->place_buffers) m->place_buffers(m, k);
 }

@@ -73,6 +73,11 @@ void model_size(Model *m, ArenaBytes activation_bytes, Arena *params, Arena *gra
 // parameters are zero until initialised or loaded.
 void model_allocate(Model *m, ArenaBytes activation_bytes, Arena *params, Arena *grads,
                     Arena *acts, const ArenaMemory *memory);
+// Activation checkpointing of the transformer blocks (all but the first and the last) under
+// activation_checkpoint.mode, torchtitan's: full re-runs each one's forward in backward;
+// selective with an integer n does so for every n-th, counting blocks from 1 (the n-th, the
+// 2n-th, ...); selective with `op` has each keep only its GEMMs' and attention's outputs.
+void model_set_checkpointing(Model *m, const char *mode, const char *selective_option);
 // Once per model, before its first step: its constant tables into backend k's memory.
 void model_place_buffers(Model *m, const KernelOps *k);
 // Frees one of those tables (e.g. the RoPE tables) wherever it is: in memory's (the backend

@@ -15,18 +15,6 @@ static DecayType decay_type_of(const char *name) {
                                        : DECAY_LINEAR;
 }
 
-// Activation checkpointing of the transformer blocks under `mode`, torchtitan's: full re-runs
-// each one's forward in backward; selective with an integer n does so for every n-th (as its
-// count of blocks from 1), with `op` has each keep only its GEMMs' and attention's outputs.
-static void set_checkpointing(Model *m, const char *mode, const char *selective_option) {
-    bool selective = !strcmp(mode, "selective"), op = !strcmp(selective_option, "op");
-    int every = !strcmp(mode, "full") ? 1 : selective && !op ? atoi(selective_option) : 0;
-    for (int i = 1; i + 1 < m->n_blocks; i++) {
-        m->blocks[i].checkpointed = every > 0 && i % every == 0;
-        m->blocks[i].recompute_cheap = selective && op;
-    }
-}
-
 // Context parallel: each sequence split over the cp ranks, attention through parallel/cp.
 static void setup_context_parallel(Trainer *t) {
     const ParallelismSection *p = &t->cfg.parallelism;
@@ -123,7 +111,7 @@ static void parallelize_model(Trainer *t) {
     }
     if (t->cp_on) setup_context_parallel(t);
     if (t->mesh.layout.ep > 1) setup_expert_parallel(t);
-    set_checkpointing(&t->model, c->activation_checkpoint.mode,
+    model_set_checkpointing(&t->model, c->activation_checkpoint.mode,
                       c->activation_checkpoint.selective_ac_option);
     if (t->fsdp_on && model_shape(&t->args).tie_word_embeddings)
         die_user("model.tie_word_embeddings cannot be trained with FSDP (fsdp group of %d ranks): "
@@ -196,10 +184,10 @@ static void allocate_arenas(Trainer *t, bool commit) {
     }
     const ActivationCheckpointSection *ac = &t->cfg.activation_checkpoint;
     for (int i = 0; i < 3; i++) {
-        set_checkpointing(m, AC_MODES[i], ac->selective_ac_option);
+        model_set_checkpointing(m, AC_MODES[i], ac->selective_ac_option);
         t->act_bytes_ac[i] = train_activation_bytes(t).total;
     }
-    set_checkpointing(m, ac->mode, ac->selective_ac_option);
+    model_set_checkpointing(m, ac->mode, ac->selective_ac_option);
     ArenaBytes act_bytes = train_activation_bytes(t);
     if (t->val.B > 0 && !t->pipeline) {  // a pipeline's counts its validation runs
         ArenaBytes val_bytes = model_activation_bytes(m, t->k, t->val.B, t->val.step_T);

@@ -3,7 +3,7 @@
 # uninterrupted run (model, AdamW moments, step, data position all restored); the file is a
 # plain HDF5 view (h5py reads global-shaped tensors and the attributes); no temporary file is
 # left behind; keep_latest_k and enable_first_step_checkpoint behave as torchtitan's, and so do
-# exclude_from_loading and initial_load_model_only false.
+# exclude_from_loading (each of its three states) and initial_load_model_only false.
 source "$(dirname "$0")/lib.sh"
 
 run=(${SMALL[@]} --training.steps 12 --checkpoint.enable --checkpoint.interval 6)
@@ -62,8 +62,17 @@ $TITAN "${SMALL[@]}" --training.steps 3 --checkpoint.enable --checkpoint.interva
 # checkpoint.exclude_from_loading: a resume from step 6 leaving the data loader fresh reads
 # from the first window again (its step-12 file counts 6 steps of windows, not 12); leaving
 # the LR schedule fresh restarts its warmup (step 7's lr is the uninterrupted run's step 1's);
+# leaving the optimizer fresh starts AdamW from zero moments and step 0 even though the file
+# holds them: from step 8 its losses leave the uninterrupted run's and equal those of a resume
+# of the same file with its /optimizer deleted, and its step-12 file counts 6 AdamW steps;
 # a state titan does not save is refused in one line.
-for state in dataloader lr_scheduler; do
+mkdir -p "$SCRATCH/model-only/checkpoint"
+cp "$SCRATCH/full/checkpoint/step-6.h5" "$SCRATCH/model-only/checkpoint/"
+$PY -c 'import h5py, sys; del h5py.File(sys.argv[1], "r+")["optimizer"]' \
+  "$SCRATCH/model-only/checkpoint/step-6.h5"
+$TITAN "${run[@]}" --checkpoint.exclude_from_loading optimizer \
+  --job.dump_folder "$SCRATCH/model-only" >/dev/null
+for state in dataloader lr_scheduler optimizer; do
   mkdir -p "$SCRATCH/no-$state/checkpoint"
   cp "$SCRATCH/full/checkpoint/step-6.h5" "$SCRATCH/no-$state/checkpoint/"
   $TITAN "${run[@]}" --checkpoint.last_save_model_only false \
@@ -76,7 +85,13 @@ assert h5py.File(f"{s}/no-dataloader/checkpoint/step-12.h5", "r").attrs["data_wi
 lr = lambda p: {r["step"]: r["lr"] for r in map(json.loads, open(p)) if "lr" in r}
 full, fresh = lr(f"{s}/full/metrics.jsonl"), lr(f"{s}/no-lr_scheduler/metrics.jsonl")
 assert fresh[7] == full[1] and fresh[12] == full[6], (fresh, full)
-print("ok: exclude_from_loading dataloader restarts the data, lr_scheduler the schedule")
+loss = lambda p: [r["loss"] for r in map(json.loads, open(p)) if "loss" in r]
+full, fresh = loss(f"{s}/full/metrics.jsonl")[6:], loss(f"{s}/no-optimizer/metrics.jsonl")
+assert fresh[0] == full[0] and all(a != b for a, b in zip(fresh[1:], full[1:])), (fresh, full)
+assert fresh == loss(f"{s}/model-only/metrics.jsonl"), fresh
+assert h5py.File(f"{s}/no-optimizer/checkpoint/step-12.h5", "r").attrs["optimizer_step"] == 6
+print("ok: exclude_from_loading dataloader restarts the data, lr_scheduler the schedule, "
+      "optimizer AdamW")
 PY
 # initial_load_model_only false: a new run starts from another run's whole state, as a resume.
 $TITAN "${run[@]}" --checkpoint.initial_load_path "$SCRATCH/full/checkpoint/step-6.h5" \

@@ -2,7 +2,9 @@
 // every rank of the job in the head-tail layout, both rotate methods, causal and document
 // masks, against the kernel on the whole sequences. Each rank's out and lse must equal the
 // whole run's rows at its positions, and its dq, dk, dv the whole run's gradients there
-// (dk, dv summed over every rank's queries), within 1e-5 of the largest reference value.
+// (dk, dv summed over every rank's queries), within 1e-5 of the largest reference value. The
+// ring is the mesh's (cp over every rank): its cp_prev and cp_next, which at cp 2 are one rank
+// and only from cp 4 on tell the direction apart.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,15 +12,17 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "parallel/cp/cp.h"
 #include "parallel/cp/layout.h"
+#include "parallel/mesh.h"
 
 enum { B = 2, H = 4, KV = 2, HD = 8 };
 
-static CommGroup *world;
+static Mesh mesh;  // cp over every rank
 
 typedef struct {
     float *q, *k, *v, *dout;  // (B, T, heads, HD) inputs
@@ -71,7 +75,8 @@ static void assert_close(const float *got, const float *want, size_t n, const ch
 
 static void check(CpRotate rotate, AttnMask mask) {
     const KernelOps *k = kernels_backend("cpu");
-    int cp = comm_size(world), rank = comm_rank(world), T = 8 * cp, Tl = T / cp;
+    CommGroup *group = mesh.group[MESH_CP];
+    int cp = comm_size(group), rank = comm_rank(group), T = 8 * cp, Tl = T / cp;
     // Documents of 5 tokens (the last one shorter): boundaries fall inside chunks.
     int *doc = malloc((size_t)B * T * sizeof(int)), *pos = malloc((size_t)Tl * sizeof(int));
     for (int b = 0; b < B; b++)
@@ -97,7 +102,7 @@ static void check(CpRotate rotate, AttnMask mask) {
     select_rows(local.v, whole.v, T, pos, Tl, KV * HD);
     select_rows(local.dout, whole.dout, T, pos, Tl, H * HD);
     Cp c;
-    cp_init(&c, world, (rank + cp - 1) % cp, (rank + 1) % cp, rotate);
+    cp_init(&c, group, mesh.cp_prev, mesh.cp_next, rotate);
     StepCtx s = {.k = k, .B = B, .T = Tl};
     // The hooks get the whole sequences' document ids as the keys' (protocols/block.h).
     AttnShape shape = {.B = B, .Tq = Tl, .Tk = Tl, .n_heads = H, .n_kv_heads = KV,
@@ -144,7 +149,11 @@ static void test_alltoall_documents(void **state) {
 
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
-    world = comm_world();
+    MeshLayout layout;
+    char err[256];
+    int n = comm_size(comm_world()), degrees[MESH_NDIMS] = {1, 1, 1, n, 1};
+    if (!mesh_plan(&layout, degrees, n, err, sizeof err)) return fprintf(stderr, "%s\n", err), 1;
+    mesh_build(&mesh, &layout);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_allgather_causal),
         cmocka_unit_test(test_alltoall_causal),

@@ -1,14 +1,16 @@
 // Expert parallel (MPI; also a plain unit test on 1 rank): the sparse mesh's ep and efsdp
 // groups against hand-written membership tables for every layout the world size allows, the
 // ExpertHooks' dispatch and combine of tagged rows over the ep group, the checks, placements
-// and memory bound of parallel/ep, and checkpoints of expert weights resharded between the
-// world's layout and one rank's.
+// and memory bound of parallel/ep, checkpoints of expert weights resharded between the
+// world's layout and one rank's, and a MoE layer (models/moe) with its experts split over the
+// world against the whole layer.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 #include "checkpoint/train_state.h"
+#include "models/moe/moe.h"
 
 #include "parallel/ep/ep.h"
 #include "parallel/mesh.h"
@@ -308,6 +311,115 @@ static void test_checkpoint_reshard(void **state) {
     table_free(&sharded), table_free(&whole), table_free(&want_whole), table_free(&loaded);
 }
 
+// ---- a MoE layer under expert parallel ---------------------------------------------------
+
+enum { MOE_SEQS = 2, MOE_SEQ_LEN = 6, MOE_ROWS = MOE_SEQS * MOE_SEQ_LEN, MOE_DIM = 6,
+       MOE_HIDDEN = 5 };
+
+typedef struct {
+    MoeArgs args;
+    MoeLayer m;
+    ParamTable t;
+    Arena params, grads, act;
+} EpLayer;
+
+static StepCtx ep_layer_step(EpLayer *L, const Ep *ep) {
+    return (StepCtx){.k = kernels_backend("cpu"), .act = &L->act, .B = MOE_SEQS,
+                     .T = MOE_SEQ_LEN, .loss_scale = 1, .ep = ep ? &ep->hooks : NULL};
+}
+
+// E experts, top 2 of softmax scores, weights of std 0.5 (routing far from ties); under ep
+// only this rank's E / ep experts (ep_place), their weights copied from whole's.
+static void ep_layer_make(EpLayer *L, const Ep *ep, const EpLayer *whole) {
+    memset(L, 0, sizeof *L);
+    L->args = (MoeArgs){.dim = MOE_DIM, .hidden = MOE_HIDDEN,
+                        .router = {.n_experts = E, .top_k = 2, .score_func = MOE_SCORE_SOFTMAX,
+                                   .route_scale = 1}};
+    params_init(&L->t, moe_param_count(&L->args));
+    moe_layer_init(&L->m, &L->args, 0, &L->t, "layers.0.", INIT_NORMAL, 0.5, 0.5);
+    if (ep) ep_place(&L->t, ep->size, ep->rank);
+    arena_init_sizing(&L->params, "params");
+    arena_init_sizing(&L->grads, "grads");
+    params_allocate(&L->t, &L->params, &L->grads);
+    arena_commit(&L->params, NULL);
+    arena_commit(&L->grads, NULL);
+    params_allocate(&L->t, &L->params, &L->grads);
+    if (!whole) params_initialize(&L->t, 11);
+    for (int i = 0; whole && i < L->t.count; i++) {
+        Param *p = &L->t.items[i];
+        size_t at = p->expert ? (size_t)ep->rank * p->numel : 0;
+        memcpy(p->data, whole->t.items[i].data + at, p->numel * sizeof(float));
+    }
+    arena_init_sizing(&L->act, "act");
+    StepCtx s = ep_layer_step(L, ep);
+    MoeSaved sv;
+    moe_forward(&L->m, &s, &sv, NULL, NULL, MOE_ROWS);
+    moe_backward(&L->m, &s, &sv, NULL, NULL, NULL, MOE_ROWS);
+    arena_commit(&L->act, NULL);
+}
+
+// y = the layer on x, dx and the weights' grads (zeroed first) of sum(y * r).
+static void ep_layer_run(EpLayer *L, const Ep *ep, const float *x, const float *r, float *y,
+                         float *dx) {
+    StepCtx s = ep_layer_step(L, ep);
+    MoeSaved sv;
+    memset(y, 0, MOE_ROWS * MOE_DIM * sizeof(float));
+    memset(dx, 0, MOE_ROWS * MOE_DIM * sizeof(float));
+    for (int i = 0; i < L->t.count; i++)
+        memset(L->t.items[i].grad, 0, L->t.items[i].numel * sizeof(float));
+    moe_forward(&L->m, &s, &sv, x, y, MOE_ROWS);
+    moe_backward(&L->m, &s, &sv, x, r, dx, MOE_ROWS);
+    arena_release(&L->act, 0);
+}
+
+static void ep_layer_free(EpLayer *L) {
+    moe_layer_free(&L->m);
+    params_free(&L->t);
+    arena_free(&L->params), arena_free(&L->grads), arena_free(&L->act);
+}
+
+static void assert_near(const float *got, const float *want, size_t n, const char *what) {
+    for (size_t i = 0; i < n; i++)
+        if (fabsf(got[i] - want[i]) > 1e-5f * (1 + fabsf(want[i])))
+            fail_msg("rank %d, %s[%zu]: %g, expected %g", comm_rank(world), what, i, got[i],
+                     want[i]);
+}
+
+// Every rank routes its own tokens through a MoE layer whose E experts are split over the
+// world (2 local experts each on 4 ranks, fed by all 4): y and dx equal the whole layer's on
+// the same tokens, the router's grads too, and the experts' grads the whole layer's summed
+// over every rank's tokens. The rows arrive (source rank, local expert) and the grouped GEMMs
+// take them (local expert, source rank): a slip there moves rows between experts.
+static void test_moe_layer_under_ep(void **state) {
+    (void)state;
+    CommGroup *group = comm_split(world, 0, comm_rank(world), "ep");
+    Ep ep;
+    ep_init(&ep, group);
+    EpLayer whole, split;
+    ep_layer_make(&whole, NULL, NULL);
+    ep_layer_make(&split, &ep, &whole);
+    float x[MOE_ROWS * MOE_DIM], r[MOE_ROWS * MOE_DIM], y[MOE_ROWS * MOE_DIM],
+        dx[MOE_ROWS * MOE_DIM], want_y[MOE_ROWS * MOE_DIM], want_dx[MOE_ROWS * MOE_DIM];
+    uint64_t seed = 7 + (uint64_t)ep.rank;
+    for (int i = 0; i < MOE_ROWS * MOE_DIM; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((double)(seed >> 11) / (double)(1ull << 53) * 2 - 1);
+        r[i] = (float)(seed >> 40 & 0xff) / 128 - 1;
+    }
+    ep_layer_run(&whole, NULL, x, r, want_y, want_dx);
+    ep_layer_run(&split, &ep, x, r, y, dx);
+    assert_near(y, want_y, MOE_ROWS * MOE_DIM, "y");
+    assert_near(dx, want_dx, MOE_ROWS * MOE_DIM, "dx");
+    for (int i = 0; i < whole.t.count; i++) {
+        Param *w = &whole.t.items[i], *p = &split.t.items[i];
+        if (w->expert) comm_all_reduce(world, w->grad, w->numel, COMM_SUM);
+        size_t at = w->expert ? (size_t)ep.rank * p->numel : 0;
+        assert_near(p->grad, w->grad + at, p->numel, p->name);
+    }
+    ep_layer_free(&whole), ep_layer_free(&split);
+    ep_free(&ep);
+}
+
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     world = comm_world();
@@ -318,6 +430,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_check_and_place),
         cmocka_unit_test(test_recv_bound),
         cmocka_unit_test(test_checkpoint_reshard),
+        cmocka_unit_test(test_moe_layer_under_ep),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     comm_finalize();

@@ -1,9 +1,9 @@
 // Model-level tests: torchtitan's initialisation statistics, seed determinism, the activation
 // arena sized by the sizing pass equals what a real step uses, activation checkpointing
-// shrinks it, the chunked head (logits recomputed in backward) gives the one-chunk step's
-// loss and grads in less memory, document masking keeps a packed window's documents apart,
-// the LR schedule's values on a hand-computed case, and Qwen3's QK-norm gradients against
-// finite differences.
+// shrinks it and re-runs the blocks torchtitan's every-n-th count picks, the chunked head
+// (logits recomputed in backward) gives the one-chunk step's loss and grads in less memory,
+// document masking keeps a packed window's documents apart, the LR schedule's values on a
+// hand-computed case, and Qwen3's QK-norm gradients against finite differences.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -139,6 +139,39 @@ static void test_checkpointing_saves_memory(void **state) {
     assert_true(full.acts.size < none.acts.size / 2);
     unbuild(&none);
     unbuild(&full);
+}
+
+// Which transformer blocks activation checkpointing re-runs, against torchtitan's count in
+// _apply_ac_to_transformer_block (from 1, incremented before the modulo): selective 4 on 6
+// layers is the 4th alone (a count from 0 would take the 1st and the 5th), 2 is the 2nd,
+// 4th and 6th; full takes all, `op` none (each keeps its GEMMs' outputs instead).
+static void expect_checkpointed(Model *m, const char *mode, const char *option,
+                                const char *want) {
+    model_set_checkpointing(m, mode, option);
+    char got[16] = "";
+    for (int i = 1; i + 1 < m->n_blocks; i++) strcat(got, m->blocks[i].checkpointed ? "x" : ".");
+    if (strcmp(got, want)) fail_msg("%s %s: blocks %s, not %s", mode, option, got, want);
+    assert_false(m->blocks[0].checkpointed || m->blocks[m->n_blocks - 1].checkpointed);
+}
+
+static void test_checkpointing_every_nth_counts_from_one(void **state) {
+    (void)state;
+    LlamaArgs args;
+    Model m;
+    assert_true(llama3_flavor("debugmodel", &args));
+    decoder_build(&m, &args, false);
+    assert_int_equal(m.n_blocks, 6 + 2);
+    expect_checkpointed(&m, "selective", "4", "...x..");
+    expect_checkpointed(&m, "selective", "2", ".x.x.x");
+    expect_checkpointed(&m, "selective", "1", "xxxxxx");
+    expect_checkpointed(&m, "selective", "7", "......");
+    expect_checkpointed(&m, "full", "4", "xxxxxx");
+    expect_checkpointed(&m, "none", "4", "......");
+    expect_checkpointed(&m, "selective", "op", "......");
+    assert_true(m.blocks[3].recompute_cheap);
+    expect_checkpointed(&m, "selective", "4", "...x..");
+    assert_false(m.blocks[3].recompute_cheap);
+    decoder_free(&m);
 }
 
 // Chunks of 5 of the 32 rows (the last one short): the same loss and grads as the logits of
@@ -321,6 +354,7 @@ int main(void) {
         cmocka_unit_test(test_seed_determines_weights),
         cmocka_unit_test(test_activation_sizing_is_exact),
         cmocka_unit_test(test_checkpointing_saves_memory),
+        cmocka_unit_test(test_checkpointing_every_nth_counts_from_one),
         cmocka_unit_test(test_chunked_head_matches_one_chunk),
         cmocka_unit_test(test_document_masking_isolates_documents),
         cmocka_unit_test(test_lr_schedule_values),

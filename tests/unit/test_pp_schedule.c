@@ -345,6 +345,13 @@ static void test_csv(void **state) {
     csv_expect("0F0,0F0,0B0\n", "rank 0, action 1 (F0.0): runs a second time");
     // an I without its W
     csv_expect("0F0,0SEND_F0,0RECV_B0,0I0\n1RECV_F0,1F0,1B0,1SEND_B0\n", "rank 0 never runs W0.0");
+    // a W before its I, and a B or an I before its F
+    csv_expect("0F0,0SEND_F0,0RECV_B0,0W0,0I0\n1RECV_F0,1F0,1B0,1SEND_B0\n",
+               "rank 0, action 3 (W0.0): runs before its backward-input (I)");
+    csv_expect("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1B0,1F0,1SEND_B0\n",
+               "rank 1, action 1 (B1.0): runs before its forward");
+    csv_expect("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1I0,1F0,1W0,1SEND_B0\n",
+               "rank 1, action 1 (I1.0): runs before its forward");
     // a send nobody receives
     csv_expect("0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n",
                "rank 0's SEND_F0.1 is never received by rank 1");
