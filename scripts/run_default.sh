@@ -5,7 +5,9 @@
 # thread each); the loss falls visibly within the first 50 steps. It ends the way a user wants
 # to see a run: the path of a PNG of its loss, learning rate and throughput (scripts/
 # plot_metrics) and a sample of Austen-like text from the model it just trained (its last
-# checkpoint, through titan generate).
+# checkpoint, through titan generate). Run again, it finds its run finished (titan says so) and
+# shows the plot and a sample again. mpirun -q: a titan error is its one line, without Open
+# MPI's banner about the exit status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +24,7 @@ for i in "${!args[@]}"; do
   [ "${args[$i]}" = --job.dump_folder ] && dump=${args[$((i + 1))]}
 done
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ranks > 0 ? $(nproc) / ranks : 1 ))} \
-  mpirun --oversubscribe -np "$ranks" -x OMP_NUM_THREADS ./titan --config configs/debug_model.yaml \
+  mpirun -q --oversubscribe -np "$ranks" -x OMP_NUM_THREADS ./titan --config configs/debug_model.yaml \
   --checkpoint.enable true "$@"
 
 /usr/bin/python3 scripts/plot_metrics "$dump" -o "$dump/metrics.png" >/dev/null
