@@ -409,6 +409,16 @@ const char *closest_section(const char *name) {
     return close_enough(best_d, name) ? best : NULL;
 }
 
+const char *config_closest_name(const char *name, const char *const *names, size_t count) {
+    const char *best = NULL;
+    size_t best_d = SIZE_MAX;
+    for (size_t i = 0; i < count; i++) {
+        size_t d = edit_distance(name, names[i]);
+        if (d < best_d) best = names[i], best_d = d;
+    }
+    return close_enough(best_d, name) ? best : NULL;
+}
+
 // " (did you mean 'PREFIXsection.key'?)" or "" when nothing is close.
 void suggest_key(const char *full, const char *prefix, char *buf, size_t n) {
     const KeySpec *s = closest_key(full);

@@ -260,5 +260,8 @@ bool config_key_origin(const Config *c, const char *name, char *buf, size_t n);
 // null). False for an unknown name.
 bool config_value_text(const Config *c, const char *name, char *buf, size_t n);
 size_t config_key_count(void);
+// Of count names, the one nearest to name by edit distance, as the keys' "did you mean"
+// chooses; NULL when none is close (titan's own flags use it for --confg).
+const char *config_closest_name(const char *name, const char *const *names, size_t count);
 ConfigKeyInfo config_key_info(size_t i);  // i < config_key_count()
 void config_free(Config *c);

@@ -134,6 +134,19 @@ static bool relations_check(const Config *c, char *err, size_t n) {
            degrees_fit(c, err, n);
 }
 
+// "... is not implemented yet (implemented: AdamW)"; a boolean's one value goes unsaid.
+static bool not_implemented_error(const Config *c, const Implemented *r, char *err, size_t n) {
+    char what[256] = "is not implemented yet";
+    if (spec_must_find(r->name)->type != CONFIG_BOOL) {
+        size_t used = strlen(what);
+        for (size_t j = 0; j < 3 && r->accepted[j] && used < sizeof what; j++)
+            used += (size_t)snprintf(what + used, sizeof what - used, "%s%s",
+                                     j ? ", " : " (implemented: ", r->accepted[j]);
+        if (used < sizeof what) snprintf(what + used, sizeof what - used, ")");
+    }
+    return setting_error(c, r->name, what, err, n);
+}
+
 static bool implemented_check(const Config *c, char *err, size_t n) {
     for (size_t i = 0; i < sizeof IMPLEMENTED / sizeof IMPLEMENTED[0]; i++) {
         const Implemented *r = &IMPLEMENTED[i];
@@ -141,7 +154,7 @@ static bool implemented_check(const Config *c, char *err, size_t n) {
         value_format(c, spec_must_find(r->name), text, sizeof text);
         bool ok = false;
         for (size_t j = 0; j < 3 && r->accepted[j]; j++) ok = ok || !strcmp(text, r->accepted[j]);
-        if (!ok) return setting_error(c, r->name, "is not implemented yet", err, n);
+        if (!ok) return not_implemented_error(c, r, err, n);
     }
     return true;
 }

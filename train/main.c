@@ -37,9 +37,12 @@ static const char USAGE[] =
     "       mpirun -np N titan --config FILE.yaml ...      train on N ranks\n"
     "\n"
     "Training flags:\n"
-    "  --config FILE          torchtitan's job config in YAML; see configs/ (debug_model.yaml,\n"
-    "                         llama3_8b.yaml, llama3_70b.yaml, llama3_405b.yaml,\n"
-    "                         flux_digits.yaml)\n"
+    "  --config FILE          torchtitan's job config in YAML; see configs/:\n"
+    "                         debug models: debug_model.yaml (llama3), qwen3_debug.yaml,\n"
+    "                         qwen3_moe_debug.yaml (expert parallel), flux_digits.yaml,\n"
+    "                         flux_debug.yaml; real sizes: llama3_8b.yaml, llama3_70b.yaml,\n"
+    "                         llama3_405b.yaml, qwen3_0.6b.yaml, qwen3_8b.yaml, qwen3_32b.yaml,\n"
+    "                         qwen3_30b_a3b.yaml (MoE)\n"
     "  --section.key VALUE    override one config key, e.g. --training.steps 100\n"
     "  --print-config         print the resolved config as YAML and exit\n"
     "  --device cpu|cuda      short for --training.device\n"
@@ -50,6 +53,21 @@ static const char USAGE[] =
     "\n"
     "Exit status: 0 done, 2 a problem with your input (one line says which), 3 a bug in titan.\n"
     "More in README.md.";
+
+// titan's own flags and --config: a misspelt one (`--confg`) is named with its nearest, as
+// the config's keys are. A flag with no dot near none of them is left for the config to refuse.
+static void refuse_misspelt_flag(const char *arg) {
+    static const char *const FLAGS[] = {"config",       "print-config", "device",
+                                        "estimate",     "world-size",   "print-schedule",
+                                        "microbatches", "help-config",  "help"};
+    char name[64];
+    if (strncmp(arg, "--", 2) != 0 || strchr(arg, '.')) return;
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(arg + 2, "="), arg + 2);
+    const char *near = config_closest_name(name, FLAGS, sizeof FLAGS / sizeof FLAGS[0]);
+    char quoted[160];
+    if (near && strcmp(near, name) != 0) die_user("unknown option %s (did you mean '--%s'?)",
+                       error_quote(quoted, sizeof quoted, arg), near);
+}
 
 // titan's own flags, removed from argv before the config parses the rest: `--estimate
 // [--world-size N]`; `--print-schedule [--microbatches N]`; and the short forms
@@ -77,6 +95,7 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
             *(strcmp(argv[i], "--world-size") == 0 ? &world : &t->schedule_microbatches) = (int)v;
             i++;
         } else {
+            refuse_misspelt_flag(argv[i]);
             argv[kept++] = strcmp(argv[i], "--print-config") == 0 ? "--job.print_config"
                            : strcmp(argv[i], "--device") == 0       ? "--training.device"
                                                                     : argv[i];

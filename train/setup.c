@@ -226,7 +226,27 @@ static void log_memory(const Trainer *t) {
              t->act_bytes_ac[2] / MiB);
 }
 
-// The mesh from the parallelism degrees, checked before anything is allocated.
+static bool layout_plan(MeshLayout *layout, const int degrees[MESH_NDIMS], int ep, int world,
+                        char *err, size_t n) {
+    return mesh_plan(layout, degrees, world, err, n) && mesh_plan_experts(layout, ep, err, n);
+}
+
+// The fewest ranks the layout plans on, 0 if none: the product of its given degrees, times
+// at most ep when dp_shard (-1) is inferred and must hold the experts' ep.
+static int layout_world_needed(const int degrees[MESH_NDIMS], int ep) {
+    int64_t fixed = 1;
+    for (int d = 0; d < MESH_NDIMS; d++) fixed *= degrees[d] > 0 ? degrees[d] : 1;
+    for (int64_t k = 1; k <= ep && fixed * k <= INT32_MAX; k++) {
+        MeshLayout layout;
+        char err[512];
+        if (layout_plan(&layout, degrees, ep, (int)(fixed * k), err, sizeof err))
+            return (int)(fixed * k);
+    }
+    return 0;
+}
+
+// The mesh from the parallelism degrees, checked before anything is allocated. --estimate
+// plans 1 rank unless told otherwise: a layout that needs more names the --world-size it takes.
 static void setup_mesh(Trainer *t) {
     const Config *c = &t->cfg;
     const ParallelismSection *p = &c->parallelism;
@@ -234,12 +254,16 @@ static void setup_mesh(Trainer *t) {
                                (int)p->data_parallel_replicate_degree,
                                (int)p->data_parallel_shard_degree,
                                (int)p->context_parallel_degree, (int)p->tensor_parallel_degree};
+    int ep = (int)p->expert_parallel_degree;
     MeshLayout layout;
     char err[512];
     int world = t->estimate_world_size ? t->estimate_world_size : comm_size(comm_world());
-    if (!mesh_plan(&layout, degrees, world, err, sizeof err) ||
-        !mesh_plan_experts(&layout, (int)p->expert_parallel_degree, err, sizeof err))
+    if (!layout_plan(&layout, degrees, ep, world, err, sizeof err)) {
+        int needed = t->estimate_world_size ? layout_world_needed(degrees, ep) : 0;
+        if (needed && needed != world)
+            die_user("%s; try --estimate --world-size %d", err, needed);
         die_user("%s", err);
+    }
     if (t->estimate_world_size) {
         t->mesh = (Mesh){.layout = layout, .coord[MESH_PP] = t->estimate_pp_rank};  // no groups
     } else {

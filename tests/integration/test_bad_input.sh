@@ -36,6 +36,19 @@ expect_user_error "parallelism.expert_parallel_degree = 3 must divide the model'
   $TITAN "${SMALL[@]}" "${MOE[@]}" --world-size 6 --parallelism.expert_parallel_degree 3
 expect_user_error "parallelism: pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 = 2 ranks, but the job has 1" \
   $TITAN "${SMALL[@]}" --parallelism.data_parallel_shard_degree 2
+# titan's own flags and the implemented values are named; --estimate names the ranks it needs.
+expect_user_error "^titan: error: unknown option '--confg' \(did you mean '--config'\?\)$" \
+  $TITAN --confg configs/debug_model.yaml
+expect_user_error "^titan: error: unknown option '--print-confg' \(did you mean '--print-config'\?\)$" \
+  $TITAN "${SMALL[@]}" --print-confg
+expect_user_error "^titan: error: unknown option '--estimat' \(did you mean '--estimate'\?\)$" \
+  $TITAN "${SMALL[@]}" --estimat
+expect_user_error "^titan: error: --optimizer.name: optimizer.name = 'Adam' is not implemented yet \(implemented: AdamW\)$" \
+  $TITAN "${SMALL[@]}" --optimizer.name Adam
+expect_user_error "^titan: error: parallelism: 1 ranks cannot be split into pp x dp_replicate x cp x tp = 8 groups to infer data_parallel_shard_degree; try --estimate --world-size 8$" \
+  $TITAN --estimate --config configs/llama3_70b.yaml
+expect_user_error "must divide dp_shard 1 x cp 1 x tp 1 = 1: .*; try --estimate --world-size 2$" \
+  $TITAN "${SMALL[@]}" "${MOE[@]}" --parallelism.expert_parallel_degree 2
 expect_user_error "model.flavor 'tiny' is not a llama3 flavor" $TITAN "${SMALL[@]}" --model.flavor tiny
 expect_user_error "$SCRATCH/nothing.bin" $TITAN "${SMALL[@]}" --training.dataset_path "$SCRATCH/nothing.bin"
 expect_user_error "cannot open config file" $TITAN --config "$SCRATCH/absent.yaml"

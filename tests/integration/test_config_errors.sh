@@ -47,7 +47,7 @@ expect_user_error "unknown option '--training.st\\\\neps'" $TITAN "${R[@]}" $'--
 
 # Checks made after reading name where the value came from: file:line:col or the flag.
 printf 'parallelism:\n  expert_tensor_parallel_degree: 2\n' >"$SCRATCH/ep.yaml"
-expect_user_error "^titan: error: $SCRATCH/ep.yaml:2:34: parallelism.expert_tensor_parallel_degree = 2 is not implemented yet$" \
+expect_user_error "^titan: error: $SCRATCH/ep.yaml:2:34: parallelism.expert_tensor_parallel_degree = 2 is not implemented yet \(implemented: 1\)$" \
   $TITAN --config "$SCRATCH/ep.yaml"
 expect_user_error "^titan: error: --checkpoint.keep_latest_k: checkpoint.keep_latest_k = 1 must be 0" \
   $TITAN "${R[@]}" --checkpoint.keep_latest_k 1

@@ -318,12 +318,19 @@ static void test_check_supported(void **state) {
 
     supported_error_is("--parallelism.expert_tensor_parallel_degree=2",
                        "--parallelism.expert_tensor_parallel_degree: "
-                       "parallelism.expert_tensor_parallel_degree = 2 is not implemented yet");
+                       "parallelism.expert_tensor_parallel_degree = 2 is not implemented yet "
+                       "(implemented: 1)");
     supported_error_is("--float8.recipe_name=rowwise",
                        "--float8.recipe_name: float8.recipe_name = 'rowwise' does nothing: "
                        "model.converters has no float8");
     supported_error_is("--model.converters=mx",
-                       "--model.converters: model.converters = [mx] is not implemented yet");
+                       "--model.converters: model.converters = [mx] is not implemented yet "
+                       "(implemented: [], [float8])");
+    supported_error_is("--optimizer.name=Adam",
+                       "--optimizer.name: optimizer.name = 'Adam' is not implemented yet "
+                       "(implemented: AdamW)");
+    supported_error_is("--training.compile",
+                       "--training.compile: training.compile = true is not implemented yet");
     supported_error_is("--training.global_batch_size=12",
                        "training.global_batch_size = 12 (--training.global_batch_size) must be -1 "
                        "or a multiple of training.local_batch_size = 8 (default)");
@@ -590,7 +597,8 @@ static void test_origins_are_named(void **state) {
     assert_false(config_key_origin(&c, "training.nope", origin, sizeof origin));
     assert_false(config_check_supported(&c, err, sizeof err));
     snprintf(expected, sizeof expected,
-             "%s:4:34: parallelism.expert_tensor_parallel_degree = 2 is not implemented yet",
+             "%s:4:34: parallelism.expert_tensor_parallel_degree = 2 is not implemented yet "
+             "(implemented: 1)",
              path);
     assert_string_equal(err, expected);
     config_free(&c);
