@@ -73,14 +73,16 @@ static LayerInit layer_init(const DecoderArgs *a, int i) {
         // _LINEAR_INIT; _build_qwen3_moe_layers gives wo _residual_output_init(n_layers) and
         // the experts _moe_experts_init(n_layers) (w2_EDF scaled), the router _LINEAR_INIT.
         double out = decoder_has_moe(a) ? 0.02 / sqrt(2.0 * a->n_layers) : 0.02;
-        return (LayerInit){INIT_NORMAL, 0.02, out, 0.02, 0.02,
-                           {.kind = INIT_NORMAL, .gate = 0.02, .w1 = 0.02, .w2 = out, .w3 = 0.02}};
+        return (LayerInit){
+            .kind = INIT_NORMAL, .in = 0.02, .wo = out, .w2 = 0.02, .w3 = 0.02,
+            .moe = {.kind = INIT_NORMAL, .gate = 0.02, .w1 = 0.02, .w2 = out, .w3 = 0.02}};
     }
     // torchtitan's llama3: _depth_init(layer_id) on wo, w2, w3 (and, as its MoE layers had
     // it, the router and the experts' w2, w3).
     double out = 0.02 / sqrt(2.0 * (a->depth_init ? i + 1 : a->n_layers));
-    return (LayerInit){INIT_TRUNC_NORMAL, 0.02, out, out, out,
-                       {.kind = INIT_TRUNC_NORMAL, .gate = out, .w1 = 0.02, .w2 = out, .w3 = out}};
+    return (LayerInit){
+        .kind = INIT_TRUNC_NORMAL, .in = 0.02, .wo = out, .w2 = out, .w3 = out,
+        .moe = {.kind = INIT_TRUNC_NORMAL, .gate = out, .w1 = 0.02, .w2 = out, .w3 = out}};
 }
 
 static void add_layer(Decoder *l, ParamTable *t, int i) {
