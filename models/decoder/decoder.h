@@ -14,6 +14,24 @@
 #include "models/model.h"
 #include "models/moe/moe.h"
 
+// Whose init_weights the weights follow: the architecture's, never a config key (norms are ones,
+// expert biases zeros under both).
+typedef enum {
+    // torchtitan's llama3 (models/llama3/__init__.py: _LINEAR_INIT, _EMBEDDING_INIT,
+    // _depth_init, _output_linear_init; Transformer.init_weights before 0.3.0): tok_embeddings
+    // N(0, 1); wq, wk, wv, w1 N(0, 0.02) truncated at +-2; wo, w2, w3 (the experts' gate, w2,
+    // w3) the same with std 0.02 / sqrt(2 (layer + 1)) under depth_init, else
+    // 0.02 / sqrt(2 n_layers); output N(0, 1 / sqrt(dim)) truncated at 3 std. A tied output is
+    // the std-1 embedding.
+    DECODER_INIT_LLAMA3,
+    // torchtitan 0.3.0's qwen3 (models/qwen3/__init__.py: _LINEAR_INIT, _EMBEDDING_INIT,
+    // _residual_output_init, _moe_experts_init): every weight N(0, 0.02), untruncated, the
+    // embedding and the output head too (a tied one is lm_head's, so 0.02 as well); with MoE
+    // layers wo and the experts' w2 N(0, 0.02 / sqrt(2 n_layers)) (Megatron's scaled init),
+    // the router and the experts' w1, w3 0.02.
+    DECODER_INIT_QWEN3,
+} DecoderInit;
+
 typedef struct {
     int dim, n_layers, n_heads, n_kv_heads, vocab_size;
     int head_dim;                // width of one attention head; 0: dim / n_heads
@@ -27,7 +45,8 @@ typedef struct {
     double rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_pos;
     int max_seq_len;             // RoPE table length
-    bool depth_init;             // output projections' init std shrinks with layer depth
+    DecoderInit init;            // whose initialisation (llama3's when zero)
+    bool depth_init;             // llama3's init: output projections' std shrinks with depth
     bool tie_word_embeddings;    // output.weight is tok_embeddings.weight
     int loss_chunk_rows;         // rows of logits the head holds at once; 0: as its budget allows
     // moe.router.n_experts > 0: every block's FFN is this mixture of experts (models/moe), on

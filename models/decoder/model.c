@@ -59,23 +59,47 @@ static Param *add_vector(ParamTable *t, int64_t n, const char *name, int layer) 
     return &t->items[params_add(t, INIT_ONES, 0, 1, &n, name, layer)];
 }
 
-// torchtitan's init_weights (llama3's, and qwen3's before models/common): inputs of each
-// sublayer N(0, 0.02) truncated at +-2, the output projections (wo, w2, w3) with std
-// 0.02 / sqrt(2 (layer + 1)) under depth_init, norms (QK-norm's too) ones.
+// The distributions of layer i's weights (DecoderInit, decoder.h, says whose): `in` for wq, wk,
+// wv, w1.
+typedef struct {
+    ParamInit kind;
+    double in, wo, w2, w3;
+    MoeInit moe;
+} LayerInit;
+
+static LayerInit layer_init(const DecoderArgs *a, int i) {
+    if (a->init == DECODER_INIT_QWEN3) {
+        // torchtitan 0.3.0 models/qwen3/__init__.py: _build_qwen3_layers gives every linear
+        // _LINEAR_INIT; _build_qwen3_moe_layers gives wo _residual_output_init(n_layers) and
+        // the experts _moe_experts_init(n_layers) (w2_EDF scaled), the router _LINEAR_INIT.
+        double out = decoder_has_moe(a) ? 0.02 / sqrt(2.0 * a->n_layers) : 0.02;
+        return (LayerInit){
+            .kind = INIT_NORMAL, .in = 0.02, .wo = out, .w2 = 0.02, .w3 = 0.02,
+            .moe = {.kind = INIT_NORMAL, .gate = 0.02, .w1 = 0.02, .w2 = out, .w3 = 0.02}};
+    }
+    // torchtitan's llama3: _depth_init(layer_id) on wo, w2, w3 (and, as its MoE layers had
+    // it, the router and the experts' w2, w3).
+    double out = 0.02 / sqrt(2.0 * (a->depth_init ? i + 1 : a->n_layers));
+    return (LayerInit){
+        .kind = INIT_TRUNC_NORMAL, .in = 0.02, .wo = out, .w2 = out, .w3 = out,
+        .moe = {.kind = INIT_TRUNC_NORMAL, .gate = out, .w1 = 0.02, .w2 = out, .w3 = out}};
+}
+
 static void add_layer(Decoder *l, ParamTable *t, int i) {
     const DecoderArgs *a = &l->args;
     DecoderLayer *L = &l->layers[i];
     int hd = decoder_head_dim(a), H = decoder_hidden_dim(a);
-    double out_std = 0.02 / sqrt(2.0 * (a->depth_init ? i + 1 : a->n_layers));
+    LayerInit init = layer_init(a, i);
+    ParamInit k = init.kind;
     *L = (DecoderLayer){.args = a, .layer_id = i, .rope_cos = l->rope_cos, .rope_sin = l->rope_sin};
     L->attention_norm = add_vector(t, a->dim, "layers.%d.attention_norm.weight", i);
-    L->wq = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, (int64_t)a->n_heads * hd, a->dim,
+    L->wq = add_matrix(t, k, init.in, (int64_t)a->n_heads * hd, a->dim,
                        "layers.%d.attention.wq.weight", i);
-    L->wk = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, (int64_t)a->n_kv_heads * hd, a->dim,
+    L->wk = add_matrix(t, k, init.in, (int64_t)a->n_kv_heads * hd, a->dim,
                        "layers.%d.attention.wk.weight", i);
-    L->wv = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, (int64_t)a->n_kv_heads * hd, a->dim,
+    L->wv = add_matrix(t, k, init.in, (int64_t)a->n_kv_heads * hd, a->dim,
                        "layers.%d.attention.wv.weight", i);
-    L->wo = add_matrix(t, INIT_TRUNC_NORMAL, out_std, a->dim, (int64_t)a->n_heads * hd,
+    L->wo = add_matrix(t, k, init.wo, a->dim, (int64_t)a->n_heads * hd,
                        "layers.%d.attention.wo.weight", i);
     if (a->qk_norm) {
         L->q_norm = add_vector(t, hd, "layers.%d.attention.q_norm.weight", i);
@@ -86,15 +110,12 @@ static void add_layer(Decoder *l, ParamTable *t, int i) {
         char prefix[32];
         snprintf(prefix, sizeof prefix, "layers.%d.", i);
         L->moe = &l->moe[i];
-        moe_layer_init(L->moe, &a->moe, i, t, prefix, INIT_TRUNC_NORMAL, 0.02, out_std);
+        moe_layer_init(L->moe, &a->moe, i, t, prefix, &init.moe);
         l->balance.bias[i] = L->moe->expert_bias;
     } else {
-        L->w1 = add_matrix(t, INIT_TRUNC_NORMAL, 0.02, H, a->dim,
-                           "layers.%d.feed_forward.w1.weight", i);
-        L->w2 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, a->dim, H,
-                           "layers.%d.feed_forward.w2.weight", i);
-        L->w3 = add_matrix(t, INIT_TRUNC_NORMAL, out_std, H, a->dim,
-                           "layers.%d.feed_forward.w3.weight", i);
+        L->w1 = add_matrix(t, k, init.in, H, a->dim, "layers.%d.feed_forward.w1.weight", i);
+        L->w2 = add_matrix(t, k, init.w2, a->dim, H, "layers.%d.feed_forward.w2.weight", i);
+        L->w3 = add_matrix(t, k, init.w3, H, a->dim, "layers.%d.feed_forward.w3.weight", i);
         L->linear.w1 = linear_of(L->w1);
         L->linear.w2 = linear_of(L->w2);
         L->linear.w3 = linear_of(L->w3);
@@ -103,6 +124,25 @@ static void add_layer(Decoder *l, ParamTable *t, int i) {
     L->linear.wk = linear_of(L->wk);
     L->linear.wv = linear_of(L->wv);
     L->linear.wo = linear_of(L->wo);
+}
+
+// tok_embeddings.weight: llama3's N(0, 1), qwen3's N(0, 0.02) (_EMBEDDING_INIT; a tied
+// flavor's _EMBEDDING_SKIP_INIT leaves the shared matrix to lm_head's _LINEAR_INIT, also 0.02).
+static Param *add_embedding(ParamTable *t, const DecoderArgs *a) {
+    int64_t shape[2] = {a->vocab_size, a->dim};
+    double std = a->init == DECODER_INIT_QWEN3 ? 0.02 : 1.0;
+    return &t->items[params_add(t, INIT_NORMAL, std, 2, shape, "tok_embeddings.weight")];
+}
+
+// An untied output.weight: llama3's N(0, 1 / sqrt(dim)) truncated at 3 std, qwen3's
+// _LINEAR_INIT N(0, 0.02).
+static Param *add_output(ParamTable *t, const DecoderArgs *a) {
+    if (a->init == DECODER_INIT_QWEN3)
+        return add_matrix(t, INIT_NORMAL, 0.02, a->vocab_size, a->dim, "output.weight", -1);
+    double std = 1 / sqrt((double)a->dim);
+    Param *p = add_matrix(t, INIT_TRUNC_NORMAL, std, a->vocab_size, a->dim, "output.weight", -1);
+    p->init_cutoff = 3 * std;
+    return p;
 }
 
 // The blocks' Linears, in the order of the parameters, into Model.linears.
@@ -187,21 +227,12 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
     }
     params_init(t, layer_params * a->n_layers + 3);
 
-    int64_t emb_shape[2] = {a->vocab_size, a->dim};
     l->embed = (DecoderEmbed){.args = a};
-    l->embed.tok_embeddings = &t->items[params_add(t, INIT_NORMAL, 1.0, 2, emb_shape,
-                                                   "tok_embeddings.weight")];
+    l->embed.tok_embeddings = add_embedding(t, a);
     for (int i = 0; i < a->n_layers; i++) add_layer(l, t, i);
     l->head = (DecoderHead){.args = a};
     l->head.norm = add_vector(t, a->dim, "norm.weight", -1);
-    if (a->tie_word_embeddings) {
-        l->head.output = l->embed.tok_embeddings;
-    } else {
-        double std = 1 / sqrt((double)a->dim);
-        l->head.output = add_matrix(t, INIT_TRUNC_NORMAL, std, a->vocab_size, a->dim,
-                                    "output.weight", -1);
-        l->head.output->init_cutoff = 3 * std;
-    }
+    l->head.output = a->tie_word_embeddings ? l->embed.tok_embeddings : add_output(t, a);
     l->head.linear = linear_of(l->head.output);
     add_linears(m, l);
 

@@ -26,23 +26,26 @@ int moe_param_count(const MoeArgs *args) {
 }
 
 void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
-                    const char *prefix, ParamInit init, double std, double out_std) {
+                    const char *prefix, const MoeInit *init) {
     int64_t E = args->router.n_experts, D = args->dim, F = args->hidden;
     int64_t Fs = args->shared_hidden;
+    ParamInit k = init->kind;
     *m = (MoeLayer){.args = args, .index = index};
-    m->gate = add_param(t, init, out_std, 2, E, D, 0, prefix, "moe.router.gate.weight");
-    m->w1 = add_param(t, init, std, 3, E, F, D, prefix, "moe.routed_experts.inner_experts.w1_EFD");
-    m->w2 = add_param(t, init, out_std, 3, E, D, F, prefix,
+    m->gate = add_param(t, k, init->gate, 2, E, D, 0, prefix, "moe.router.gate.weight");
+    m->w1 = add_param(t, k, init->w1, 3, E, F, D, prefix,
+                      "moe.routed_experts.inner_experts.w1_EFD");
+    m->w2 = add_param(t, k, init->w2, 3, E, D, F, prefix,
                       "moe.routed_experts.inner_experts.w2_EDF");
-    m->w3 = add_param(t, init, out_std, 3, E, F, D, prefix,
+    m->w3 = add_param(t, k, init->w3, 3, E, F, D, prefix,
                       "moe.routed_experts.inner_experts.w3_EFD");
     m->w1->expert = m->w2->expert = m->w3->expert = true;
     if (Fs > 0) {
-        m->shared_w1 = add_param(t, init, std, 2, Fs, D, 0, prefix, "moe.shared_experts.w1.weight");
+        m->shared_w1 =
+            add_param(t, k, init->w1, 2, Fs, D, 0, prefix, "moe.shared_experts.w1.weight");
         m->shared_w2 =
-            add_param(t, init, out_std, 2, D, Fs, 0, prefix, "moe.shared_experts.w2.weight");
+            add_param(t, k, init->w2, 2, D, Fs, 0, prefix, "moe.shared_experts.w2.weight");
         m->shared_w3 =
-            add_param(t, init, out_std, 2, Fs, D, 0, prefix, "moe.shared_experts.w3.weight");
+            add_param(t, k, init->w3, 2, Fs, D, 0, prefix, "moe.shared_experts.w3.weight");
         m->linear.shared_w1 = linear_of(m->shared_w1);
         m->linear.shared_w2 = linear_of(m->shared_w2);
         m->linear.shared_w3 = linear_of(m->shared_w3);

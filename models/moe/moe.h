@@ -75,15 +75,20 @@ typedef struct {
     float *frac;              // (2, B, E) the balance loss's f then P per sequence (NULL: off)
 } MoeSaved;
 
+// How a layer's weights start: `kind` (a normal or truncated normal) of these stds, the shared
+// experts' w1, w2, w3 as the routed experts'. The architecture decides them (models/decoder).
+typedef struct {
+    ParamInit kind;
+    double gate, w1, w2, w3;
+} MoeInit;
+
 // Adds the layer's parameters to t under prefix ("layers.3."), with torchtitan's names
 // (moe.router.gate.weight, moe.routed_experts.inner_experts.w1_EFD / w2_EDF / w3_EFD,
 // moe.shared_experts.w1/w2/w3.weight; with a load_balance_coeff the buffer moe.expert_bias_E,
-// zeros), initialised as init says (a normal or truncated
-// normal) as torchtitan's MoE.init_weights(init_std) with a dense FFN's widths: std for w1
-// (and the shared experts' w1), out_std (init_std, which shrinks with depth) for the gate, w2
-// and w3. The layer keeps args (not copied). Allocates the host scratch.
+// zeros), initialised as init says. The layer keeps args (not copied). Allocates the host
+// scratch.
 void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
-                    const char *prefix, ParamInit init, double std, double out_std);
+                    const char *prefix, const MoeInit *init);
 // The model.moe_* keys over a flavor's MoE settings (an architecture's update_from_config):
 // the balancing coefficient (null: 0, no bias), the balance loss weight, the capacity factor
 // (null: 0, none dropped).

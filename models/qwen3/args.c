@@ -3,11 +3,12 @@
 #include "core/errors.h"
 #include "models/qwen3/qwen3.h"
 
-// torchtitan's qwen3 settings every flavor shares (models/qwen3/__init__.py; its init is
-// llama3's, as torchtitan's qwen3 before models/common).
+// torchtitan's qwen3 settings every flavor shares (models/qwen3/__init__.py), its init
+// torchtitan 0.3.0's: N(0, 0.02) throughout, MoE flavors' residual outputs scaled by depth
+// (DECODER_INIT_QWEN3, models/decoder/decoder.h).
 static const DecoderArgs DEFAULTS = {
     .qk_norm = true, .norm_eps = 1e-6, .rope_theta = 1e6, .max_seq_len = 40960,
-    .depth_init = true,
+    .init = DECODER_INIT_QWEN3,
 };
 
 typedef struct {

@@ -1,4 +1,5 @@
-// Model-level tests: torchtitan's initialisation statistics, seed determinism, the activation
+// Model-level tests: torchtitan's initialisation statistics (llama3's; every qwen3 flavor's per
+// tensor, and a tied one's first loss near ln(vocab)), seed determinism, the activation
 // arena sized by the sizing pass equals what a real step uses, activation checkpointing
 // shrinks it and re-runs the blocks torchtitan's every-n-th count picks, the chunked head
 // (logits recomputed in backward) gives the one-chunk step's loss and grads in less memory,
@@ -85,6 +86,104 @@ static void test_init_matches_torchtitan(void **state) {
     }
     Param *norm = params_find(&b.m.params, "layers.2.ffn_norm.weight");
     for (size_t i = 0; i < norm->numel; i++) assert_true(norm->data[i] == 1.0f);
+    unbuild(&b);
+}
+
+// torchtitan 0.3.0's qwen3 init (models/qwen3/__init__.py), written out again here: every
+// weight N(0, 0.02) untruncated; in MoE flavors wo and the experts' w2_EDF N(0, 0.02 /
+// sqrt(2 n_layers)); norms ones (std 0 here), expert biases zeros (-1 here).
+static double qwen3_expected_std(const char *name, int n_layers, bool moe) {
+    size_t n = strlen(name);
+    if (n >= 11 && !strcmp(name + n - 11, "norm.weight")) return 0;
+    if (strstr(name, "expert_bias")) return -1;
+    if (moe && (strstr(name, "attention.wo.") || strstr(name, ".w2_EDF")))
+        return 0.02 / sqrt(2.0 * n_layers);
+    return 0.02;
+}
+
+// Every parameter of every qwen3 flavor, from its first n <= SAMPLES values (param_fill fills
+// any piece as params_initialize would, so even 235B-A22B is built without its weights): the
+// std within 5 standard errors (1 / sqrt(2n) relative) of torchtitan's, the mean within 6, and
+// of SAMPLES values one past 3 std (no truncation there, as llama3's output head's; ~11
+// expected); norms ones, expert biases zeros.
+// Tied flavors share one matrix of std 0.02.
+static void test_qwen3_init_matches_torchtitan(void **state) {
+    (void)state;
+    enum { SAMPLES = 4096 };
+    const char *flavors[] = {"debugmodel", "small", "0.6B", "1.7B", "4B", "8B", "14B", "32B",
+                             "small_moe", "debugmodel_moe", "debugmodel_moe_dense", "30B-A3B",
+                             "235B-A22B"};
+    const char *tied[] = {"debugmodel", "0.6B", "1.7B", "4B"};
+    float *x = malloc(SAMPLES * sizeof(float));
+    for (size_t f = 0; f < sizeof flavors / sizeof flavors[0]; f++) {
+        Qwen3Args q;
+        assert_true(qwen3_flavor(flavors[f], &q));
+        q.decoder.max_seq_len = 16;
+        Model m;
+        decoder_build(&m, &q.decoder, false);
+        bool moe = decoder_has_moe(&q.decoder), is_tied = false;
+        for (size_t t = 0; t < sizeof tied / sizeof tied[0]; t++)
+            is_tied |= !strcmp(flavors[f], tied[t]);
+        assert_int_equal(params_find(&m.params, "output.weight") == NULL, is_tied);
+        int scaled = 0;
+        for (int i = 0; i < m.params.count; i++) {
+            const Param *p = &m.params.items[i];
+            double want = qwen3_expected_std(p->name, q.decoder.n_layers, moe);
+            size_t n = param_global_numel(p) < SAMPLES ? param_global_numel(p) : SAMPLES;
+            param_fill(p, 11, 0, n, x);
+            if (want <= 0) {
+                for (size_t j = 0; j < n; j++)
+                    if (x[j] != (want == 0 ? 1.0f : 0.0f))
+                        fail_msg("%s %s: element %zu is %g", flavors[f], p->name, j, x[j]);
+                continue;
+            }
+            double s = 0, s2 = 0, max_abs = 0;
+            for (size_t j = 0; j < n; j++) {
+                s += x[j];
+                s2 += (double)x[j] * x[j];
+                max_abs = fmax(max_abs, fabs(x[j]));
+            }
+            double mean = s / n, std = sqrt(s2 / n - mean * mean);
+            bool tails = n < SAMPLES || max_abs > 3 * want;
+            if (!(fabs(std / want - 1) < 5 / sqrt(2.0 * n) && fabs(mean) < 6 * want / sqrt(n) &&
+                  tails))
+                fail_msg("%s %s: std %.5g (torchtitan's %.5g), mean %.3g, max |x| %.3g",
+                         flavors[f], p->name, std, want, mean, max_abs);
+            scaled += want < 0.02;
+        }
+        assert_int_equal(scaled, moe ? 2 * q.decoder.n_layers : 0);
+        decoder_free(&m);
+    }
+    free(x);
+}
+
+// A tied flavor's first loss is that of near-uniform logits, ln(vocab) (llama3's std-1
+// embedding as its output head gave ~238 on qwen3's debugmodel).
+static void test_qwen3_tied_first_loss_is_log_vocab(void **state) {
+    (void)state;
+    enum { B = 2, T = 32 };
+    Qwen3Args q;
+    assert_true(qwen3_flavor("debugmodel", &q));
+    assert_true(q.decoder.tie_word_embeddings);
+    Built b = {.args = q.decoder};
+    b.args.max_seq_len = T;
+    decoder_build(&b.m, &b.args, false);
+    model_allocate(&b.m, model_activation_bytes(&b.m, kernels_backend("cpu"), B, T), &b.params,
+                   &b.grads, &b.acts, NULL);
+    params_initialize(&b.m.params, 0);
+    int tokens[B * T], targets[B * T], pos[T];
+    for (int i = 0; i < B * T; i++) {
+        tokens[i] = (i * 37 + 11) % b.args.vocab_size;
+        targets[i] = (i * 53 + 7) % b.args.vocab_size;
+    }
+    for (int i = 0; i < T; i++) pos[i] = i;
+    TokenBatch batch = {.tokens = tokens, .targets = targets, .pos = pos};
+    StepCtx s = {.k = kernels_backend("cpu"), .act = &b.acts, .B = B, .T = T, .input = &batch,
+                 .loss_scale = 1};
+    double loss = model_forward(&b.m, &s);
+    if (!(fabs(loss - log(b.args.vocab_size)) < 0.5))
+        fail_msg("qwen3 debugmodel's first loss %.4g, not near ln(%d) = %.4g", loss,
+                 b.args.vocab_size, log(b.args.vocab_size));
     unbuild(&b);
 }
 
@@ -351,6 +450,8 @@ static void test_lr_schedule_values(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_init_matches_torchtitan),
+        cmocka_unit_test(test_qwen3_init_matches_torchtitan),
+        cmocka_unit_test(test_qwen3_tied_first_loss_is_log_vocab),
         cmocka_unit_test(test_seed_determines_weights),
         cmocka_unit_test(test_activation_sizing_is_exact),
         cmocka_unit_test(test_checkpointing_saves_memory),

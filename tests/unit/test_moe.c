@@ -55,7 +55,8 @@ static void layer_make(Layer *L, MoeScoreFunc score, bool route_norm, int shared
                         .router = {.n_experts = EXPERTS, .top_k = TOPK, .score_func = score,
                                    .route_norm = route_norm, .route_scale = 1.5f}};
     params_init(&L->t, moe_param_count(&L->args));
-    moe_layer_init(&L->m, &L->args, 0, &L->t, "layers.0.", INIT_NORMAL, 0.5, 0.5);
+    moe_layer_init(&L->m, &L->args, 0, &L->t, "layers.0.",
+                   &(MoeInit){INIT_NORMAL, 0.5, 0.5, 0.5, 0.5});
     arena_init_sizing(&L->params, "params");
     arena_init_sizing(&L->grads, "grads");
     params_allocate(&L->t, &L->params, &L->grads);
