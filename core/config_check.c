@@ -165,19 +165,38 @@ bool config_converts(const Config *c, const char *converter) {
     return false;
 }
 
-// Without the float8 converter every float8.* key must keep its default: it would do nothing.
-static bool float8_keys_unused(const Config *c, char *err, size_t n) {
+// True when key s holds a value other than its default (as value_format spells both).
+static bool setting_changed(const Config *c, const KeySpec *s) {
     Config d;
     config_defaults(&d);
-    const KeySpec *changed = NULL;
-    for (size_t i = 0; i < KEY_COUNT && !changed; i++) {
-        char mine[512], def[512];
-        if (strcmp(KEYS[i].section, "float8") != 0) continue;
-        value_format(c, &KEYS[i], mine, sizeof mine);
-        value_format(&d, &KEYS[i], def, sizeof def);
-        if (strcmp(mine, def) != 0) changed = &KEYS[i];
-    }
+    char mine[512], def[512];
+    value_format(c, s, mine, sizeof mine);
+    value_format(&d, s, def, sizeof def);
     config_free(&d);
+    return strcmp(mine, def) != 0;
+}
+
+// torchtitan's training.dataset and validation.dataset name a registered dataset (c4, c4_test,
+// ...); titan has no such registry and reads only the dataset_path beside them, so any other
+// value than the default would be ignored.
+static bool dataset_names_unused(const Config *c, char *err, size_t n) {
+    static const char *const sections[] = {"training", "validation"};
+    for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++) {
+        char name[64], what[256];
+        snprintf(name, sizeof name, "%s.dataset", sections[i]);
+        if (!setting_changed(c, spec_must_find(name))) continue;
+        snprintf(what, sizeof what, "does nothing: titan has no named datasets and reads the "
+                 "files %s.dataset_path names", sections[i]);
+        return setting_error(c, name, what, err, n);
+    }
+    return true;
+}
+
+// Without the float8 converter every float8.* key must keep its default: it would do nothing.
+static bool float8_keys_unused(const Config *c, char *err, size_t n) {
+    const KeySpec *changed = NULL;
+    for (size_t i = 0; i < KEY_COUNT && !changed; i++)
+        if (!strcmp(KEYS[i].section, "float8") && setting_changed(c, &KEYS[i])) changed = &KEYS[i];
     if (!changed) return true;
     char name[NAME_MAX_LEN + 16];
     snprintf(name, sizeof name, "float8.%s", changed->key);
@@ -222,5 +241,5 @@ static bool float8_check(const Config *c, char *err, size_t n) {
 
 bool config_check_supported(const Config *c, char *err, size_t errlen) {
     return relations_check(c, err, errlen) && implemented_check(c, err, errlen) &&
-           float8_check(c, err, errlen);
+           dataset_names_unused(c, err, errlen) && float8_check(c, err, errlen);
 }

@@ -321,6 +321,17 @@ static void setup_backend(Trainer *t) {
     if (!t->k->host_memory) comm_use_nccl(t->k->queue());
 }
 
+// A warmup longer than the run is cut to the run (lr_schedule_make, as torchtitan, which warns
+// too): one line, naming both keys and their origins.
+static void warn_warmup_cut(const Config *c) {
+    char warmup[512], steps[512];
+    CHECK(config_key_origin(c, "lr_scheduler.warmup_steps", warmup, sizeof warmup));
+    CHECK(config_key_origin(c, "training.steps", steps, sizeof steps));
+    log_warn("lr_scheduler.warmup_steps = %lld (%s) is more than training.steps = %lld (%s): "
+             "the warmup is cut to %lld steps", (long long)c->lr_scheduler.warmup_steps, warmup,
+             (long long)c->training.steps, steps, (long long)c->training.steps);
+}
+
 // The optimizer (AdamW, with the parameters' average under training.ema_decay) and its lr
 // schedule.
 static void setup_optimizer(Trainer *t) {
@@ -397,6 +408,10 @@ void trainer_setup(Trainer *t) {
     allocate_arenas(t, true);
     trainer_load_or_initialize(t);
     log_setup(t);
+    // After every setup error, which stays a run's one line of stderr.
+    if (c->lr_scheduler.warmup_steps > c->training.steps && c->training.steps > 0 &&
+        t->mesh.world_rank == 0)
+        warn_warmup_cut(c);
 }
 
 void trainer_model_args(const Config *c, ModelArgs *args) {

@@ -67,6 +67,18 @@ expect_user_error "^titan: error: $SCRATCH/flavor.yaml:2:11: model.flavor 'nope'
 expect_user_error "activation_checkpoint.selective_ac_option: expects op or an integer in \[1, 2147483647\], got 'sometimes'" \
   $TITAN "${R[@]}" --activation_checkpoint.selective_ac_option sometimes --print-config
 
+# torchtitan's named datasets (c4, ...): titan has no registry of them and reads dataset_path, so
+# a name other than the default would be ignored; the default, written out, is accepted.
+for split in training validation; do
+  expect_user_error "^titan: error: --$split.dataset: $split.dataset = 'c4' does nothing: titan has no named datasets and reads the files $split.dataset_path names\$" \
+    $TITAN "${R[@]}" "--$split.dataset" c4 --print-config
+done
+printf 'training:\n  dataset: c4\n' >"$SCRATCH/dataset.yaml"
+expect_user_error "^titan: error: $SCRATCH/dataset.yaml:2:12: training.dataset = 'c4' does nothing" \
+  $TITAN --config "$SCRATCH/dataset.yaml" --print-config
+$TITAN "${R[@]}" --training.dataset c4_test --validation.dataset c4_validation --print-config \
+  >/dev/null || fail "the default dataset names, written out, were refused"
+
 # Too deep or too large: refused before libyaml builds it (100,000 levels used to take 25 s).
 { printf 'training:\n  steps: '; head -c 100000 /dev/zero | tr '\0' '['; echo; } >"$SCRATCH/deep.yaml"
 start=$(date +%s%N)
