@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The tokenizer of a Hugging Face export: a run trained with a titan-trained tiktoken tokenizer,
+# exported (convert --to hf, and the trainer's checkpoint.last_save_in_hf), gives a
+# tokenizer.json byte for byte what scripts/peer/hf_tokenizer.py writes for the same rank file,
+# with tokenizer_config.json, generation_config.json and config.json's BOS/EOS ids; the
+# `tokenizers` package (PyPI) encodes texts with it to titan's own ids (`titan tokenize`); a
+# tokenizer.json is copied as it is; a byte-level run exports none and says so; a named
+# --tokenizer that is missing is refused in one line.
+source "$(dirname "$0")/lib.sh"
+
+TOK=$SCRATCH/austen.tiktoken
+$TITAN tokenizer train --vocab-size 2048 --out "$TOK" "$CORPUS" >/dev/null
+$TITAN tokenize --tokenizer "$TOK" --out "$SCRATCH/tok.bin" "$CORPUS" >/dev/null
+run=(${SMALL[@]} --training.dataset_path "$SCRATCH/tok.bin" --model.tokenizer_path "$TOK"
+     --training.steps 2 --checkpoint.enable --checkpoint.interval 2)
+$TITAN "${run[@]}" --job.dump_folder "$SCRATCH/run" >/dev/null
+$TITAN "${run[@]}" --checkpoint.last_save_in_hf --job.dump_folder "$SCRATCH/last" \
+  >"$SCRATCH/last.log"
+grep -q "checkpoint: saved .*step-2-hf (Hugging Face, float32) with tokenizer.json (tiktoken" \
+  "$SCRATCH/last.log" || fail "last_save_in_hf: no tokenizer in its log line"
+
+OUT=$SCRATCH/hf
+$TITAN convert --to hf "$SCRATCH/run/checkpoint/step-2.h5" "$OUT" >"$SCRATCH/convert.log"
+grep -q "config.json and tokenizer.json (tiktoken $TOK), generation_config.json$" \
+  "$SCRATCH/convert.log" || fail "convert's line: $(cat "$SCRATCH/convert.log")"
+$PY scripts/peer/hf_tokenizer.py "$TOK" "$SCRATCH/peer"
+for dir in "$OUT" "$SCRATCH/last/checkpoint/step-2-hf"; do
+  for f in tokenizer.json tokenizer_config.json; do
+    cmp "$SCRATCH/peer/$f" "$dir/$f" || fail "$dir/$f differs from hf_tokenizer.py's"
+  done
+done
+$PY - "$OUT" <<'PY'
+import json, sys
+d = sys.argv[1]
+tok, cfg, gen, config = (json.load(open(f"{d}/{n}.json")) for n in
+                         ("tokenizer", "tokenizer_config", "generation_config", "config"))
+ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+bos, eos = ids[cfg["bos_token"]], ids[cfg["eos_token"]]
+assert (bos, eos) == (2046, 2047) and len(tok["model"]["vocab"]) == 2046, (bos, eos)
+assert (gen["bos_token_id"], gen["eos_token_id"]) == (bos, eos), gen
+assert (config["bos_token_id"], config["eos_token_id"]) == (bos, eos), config
+print(f"ok: BOS {bos} and EOS {eos} in tokenizer_config, generation_config and config.json")
+PY
+
+# The ids: Hugging Face's `tokenizers` in a venv next to the build (as test_hf.sh installs
+# safetensors) against titan's shards of each text, one document each (BOS ... EOS).
+texts=("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife."
+       $'Mr. Bennet\'s   reply:\n\n\t"I\'LL see 1234567 of them!"  \r\n  ok  '
+       "naïve café — “quotes”, 日本語 and 🙂 emoji; x²+y² = 3.14159")
+for i in "${!texts[@]}"; do
+  printf '%s' "${texts[$i]}" >"$SCRATCH/text$i.txt"
+done
+head -c 20000 "$CORPUS" >"$SCRATCH/text3.txt"
+for i in 0 1 2 3; do
+  $TITAN tokenize --tokenizer "$TOK" --out "$SCRATCH/text$i" "$SCRATCH/text$i.txt" >/dev/null
+done
+VENV=build/venv-tokenizers
+if ! $VENV/bin/python -c "import tokenizers" 2>/dev/null; then
+  $PY -m venv --system-site-packages "$VENV" &&
+    $VENV/bin/pip install -q tokenizers >"$SCRATCH/pip.log" 2>&1 ||
+    { echo "SKIP ids check: cannot install tokenizers from PyPI: $(tail -n 1 "$SCRATCH/pip.log")"; exit 0; }
+fi
+$VENV/bin/python - "$OUT/tokenizer.json" "$SCRATCH" 4 <<'PY'
+import sys
+import numpy as np
+from tokenizers import Tokenizer
+tok, scratch, n = Tokenizer.from_file(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+for i in range(n):
+    text = open(f"{scratch}/text{i}.txt", encoding="utf-8", newline="").read()
+    raw = open(f"{scratch}/text{i}/shard_000000.bin", "rb").read()
+    magic, version, count = np.frombuffer(raw[:12], dtype="<i4")
+    assert magic == 20240520 and version in (1, 2), (magic, version)
+    titan = np.frombuffer(raw[1024:], dtype="<u2" if version == 1 else "<u4").tolist()
+    assert len(titan) == count, (len(titan), count)
+    assert titan[0] == 2046 and titan[-1] == 2047, titan[:3]
+    hf = tok.encode(text).ids
+    assert hf == titan[1:-1], f"text {i}: tokenizers {hf[:20]}... != titan {titan[1:21]}..."
+    assert tok.decode(hf) == text, f"text {i} does not decode back"
+print(f"ok: tokenizers encodes {n} texts to titan's ids and decodes them back")
+PY
+
+# A tokenizer.json is copied (with the tokenizer_config.json beside it); a byte-level run
+# has none; a missing --tokenizer is refused.
+$TITAN convert --to hf --tokenizer "$SCRATCH/peer/tokenizer.json" \
+  "$SCRATCH/run/checkpoint/step-2.h5" "$SCRATCH/copied" >/dev/null
+cmp "$SCRATCH/peer/tokenizer.json" "$SCRATCH/copied/tokenizer.json" || fail "tokenizer.json not copied"
+cmp "$SCRATCH/peer/tokenizer_config.json" "$SCRATCH/copied/tokenizer_config.json" ||
+  fail "tokenizer_config.json not copied"
+grep -q '"eos_token_id": 2047' "$SCRATCH/copied/generation_config.json" ||
+  fail "the copied tokenizer's EOS is not in generation_config.json"
+$TITAN ${SMALL[@]} --training.steps 1 --checkpoint.enable --checkpoint.interval 1 \
+  --job.dump_folder "$SCRATCH/bytes" >/dev/null
+$TITAN convert --to hf "$SCRATCH/bytes/checkpoint/step-1.h5" "$SCRATCH/bytes-hf" \
+  >"$SCRATCH/bytes.log"
+grep -q "config.json and no tokenizer (the run's data is pre-tokenized shards)$" "$SCRATCH/bytes.log" ||
+  fail "byte-level export's line: $(cat "$SCRATCH/bytes.log")"
+[ -e "$SCRATCH/bytes-hf/tokenizer.json" ] && fail "a byte-level run exported a tokenizer.json"
+expect_user_error "^titan: error: --tokenizer $SCRATCH/nothing.tiktoken: No such file or directory$" \
+  $TITAN convert --to hf --tokenizer "$SCRATCH/nothing.tiktoken" \
+  "$SCRATCH/run/checkpoint/step-2.h5" "$SCRATCH/x"
+echo "ok: tokenizer.json copied, none for a byte-level run, a missing --tokenizer refused"
