@@ -1,7 +1,8 @@
 // titan convert: a titan checkpoint as a Hugging Face model and back, through the model
 // registry (llama3 and qwen3: models/decoder/hf.c has the mapping).
 //
-//   titan convert --to hf [--dtype float32|bfloat16] [--ema] [--tokenizer PATH] CHECKPOINT.h5 OUT_DIR
+//   titan convert --to hf [--dtype float32|bfloat16] [--ema] [--tokenizer PATH]
+//                         CHECKPOINT.h5 OUT_DIR
 //   titan convert --to titan HF_PATH OUT.h5
 //
 // To HF: OUT_DIR gets model.safetensors and config.json, whose max_position_embeddings is the

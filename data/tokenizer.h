@@ -43,6 +43,7 @@ const char *tokenizer_token_bytes(const Tokenizer *t, int32_t id, size_t *len);
 
 // Writes a tiktoken rank file's tokenizer as Hugging Face's dir/tokenizer.json (byte-level BPE,
 // merges recovered from the ranks as transformers' TikTokenConverter does, cl100k's pattern,
-// the special tokens after the ranks) and dir/tokenizer_config.json; byte for byte what
-// scripts/peer/hf_tokenizer.py writes. False with a reason for another format or a write error.
+// the special tokens after the ranks), byte for byte what scripts/peer/hf_tokenizer.py writes,
+// and dir/tokenizer_config.json (hf_tokenizer.py's keys and Llama 3's model_input_names).
+// False with a reason for another format or a write error.
 bool tokenizer_write_hf(const Tokenizer *t, const char *dir, char *err, size_t errlen);

@@ -151,8 +151,11 @@ bool tokenizer_write_hf(const Tokenizer *t, const char *dir, char *err, size_t e
         return error_set(err, errlen, "only a tiktoken rank file converts to tokenizer.json, "
                          "not a %s tokenizer", t->format);
     if (!dump(tokenizer_json(t), dir, "tokenizer.json", err, errlen)) return false;
-    json_t *config = json_pack("{s:o, s:o, s:b, s:b, s:s}", "bos_token", special_json(t, t->bos),
-                               "eos_token", special_json(t, t->eos), "add_bos_token", 0,
-                               "add_eos_token", 0, "tokenizer_class", "PreTrainedTokenizerFast");
+    // model_input_names as Llama 3's: without it PreTrainedTokenizerFast also returns
+    // token_type_ids, which generate(**tokenizer(text)) refuses for a causal LM.
+    json_t *config = json_pack(
+        "{s:o, s:o, s:b, s:b, s:s, s:[s, s]}", "bos_token", special_json(t, t->bos), "eos_token",
+        special_json(t, t->eos), "add_bos_token", 0, "add_eos_token", 0, "tokenizer_class",
+        "PreTrainedTokenizerFast", "model_input_names", "input_ids", "attention_mask");
     return dump(config, dir, "tokenizer_config.json", err, errlen);
 }

@@ -251,7 +251,8 @@ void trainer_close_checkpoint(Trainer *t) {
 // <folder>/step-<N>-hf (model.safetensors in checkpoint.export_dtype, config.json, the run's
 // tokenizer: convert_hf_tokenizer) in place of step-<N>.h5; the name keeps it apart from the
 // step files that resuming reads. HF files hold whole tensors, which no one rank has: every
-// rank saves its shards into the step file as usual, then rank 0 reads the whole tensors back from it, writes the folder and removes it.
+// rank saves its shards into the step file as usual, then rank 0 reads the whole tensors back
+// from it, writes the folder and removes it.
 static void save_hf(Trainer *t, int step, const char *path) {
     save_checkpoint(t, path, false, false);
     if (t->mesh.world_rank != 0) return;

@@ -2,10 +2,10 @@
 # The tokenizer of a Hugging Face export: a run trained with a titan-trained tiktoken tokenizer,
 # exported (convert --to hf, and the trainer's checkpoint.last_save_in_hf), gives a
 # tokenizer.json byte for byte what scripts/peer/hf_tokenizer.py writes for the same rank file,
-# with tokenizer_config.json, generation_config.json and config.json's BOS/EOS ids; the
-# `tokenizers` package (PyPI) encodes texts with it to titan's own ids (`titan tokenize`); a
-# tokenizer.json is copied as it is; a byte-level run exports none and says so; a named
-# --tokenizer that is missing is refused in one line.
+# with tokenizer_config.json (hf_tokenizer.py's and model_input_names), generation_config.json
+# and config.json's BOS/EOS ids; the `tokenizers` package (PyPI) encodes texts with it to
+# titan's own ids (`titan tokenize`); a tokenizer.json is copied as it is; a byte-level run
+# exports none and says so; a named --tokenizer that is missing is refused in one line.
 source "$(dirname "$0")/lib.sh"
 
 TOK=$SCRATCH/austen.tiktoken
@@ -25,9 +25,13 @@ grep -q "config.json and tokenizer.json (tiktoken $TOK), generation_config.json$
   "$SCRATCH/convert.log" || fail "convert's line: $(cat "$SCRATCH/convert.log")"
 $PY scripts/peer/hf_tokenizer.py "$TOK" "$SCRATCH/peer"
 for dir in "$OUT" "$SCRATCH/last/checkpoint/step-2-hf"; do
-  for f in tokenizer.json tokenizer_config.json; do
-    cmp "$SCRATCH/peer/$f" "$dir/$f" || fail "$dir/$f differs from hf_tokenizer.py's"
-  done
+  cmp "$SCRATCH/peer/tokenizer.json" "$dir/tokenizer.json" ||
+    fail "$dir/tokenizer.json differs from hf_tokenizer.py's"
+  # hf_tokenizer.py's keys, and model_input_names for generate(**tokenizer(text))
+  $PY -c "import json, sys; a, b = (json.load(open(p)) for p in sys.argv[1:]); \
+    assert b.pop('model_input_names') == ['input_ids', 'attention_mask'] and a == b, (a, b)" \
+    "$SCRATCH/peer/tokenizer_config.json" "$dir/tokenizer_config.json" ||
+    fail "$dir/tokenizer_config.json is not hf_tokenizer.py's"
 done
 $PY - "$OUT" <<'PY'
 import json, sys
@@ -44,7 +48,8 @@ PY
 
 # The ids: Hugging Face's `tokenizers` in a venv next to the build (as test_hf.sh installs
 # safetensors) against titan's shards of each text, one document each (BOS ... EOS).
-texts=("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife."
+texts=("It is a truth universally acknowledged, that a single man in possession of a good
+fortune, must be in want of a wife."
        $'Mr. Bennet\'s   reply:\n\n\t"I\'LL see 1234567 of them!"  \r\n  ok  '
        "naïve café — “quotes”, 日本語 and 🙂 emoji; x²+y² = 3.14159")
 for i in "${!texts[@]}"; do
@@ -58,7 +63,8 @@ VENV=build/venv-tokenizers
 if ! $VENV/bin/python -c "import tokenizers" 2>/dev/null; then
   $PY -m venv --system-site-packages "$VENV" &&
     $VENV/bin/pip install -q tokenizers >"$SCRATCH/pip.log" 2>&1 ||
-    { echo "SKIP ids check: cannot install tokenizers from PyPI: $(tail -n 1 "$SCRATCH/pip.log")"; exit 0; }
+    { echo "SKIP ids check: cannot install tokenizers from PyPI: $(tail -n 1 "$SCRATCH/pip.log")"
+      exit 0; }
 fi
 $VENV/bin/python - "$OUT/tokenizer.json" "$SCRATCH" 4 <<'PY'
 import sys
@@ -81,10 +87,10 @@ PY
 
 # A tokenizer.json is copied (with the tokenizer_config.json beside it); a byte-level run
 # has none; a missing --tokenizer is refused.
-$TITAN convert --to hf --tokenizer "$SCRATCH/peer/tokenizer.json" \
+$TITAN convert --to hf --tokenizer "$OUT/tokenizer.json" \
   "$SCRATCH/run/checkpoint/step-2.h5" "$SCRATCH/copied" >/dev/null
-cmp "$SCRATCH/peer/tokenizer.json" "$SCRATCH/copied/tokenizer.json" || fail "tokenizer.json not copied"
-cmp "$SCRATCH/peer/tokenizer_config.json" "$SCRATCH/copied/tokenizer_config.json" ||
+cmp "$OUT/tokenizer.json" "$SCRATCH/copied/tokenizer.json" || fail "tokenizer.json not copied"
+cmp "$OUT/tokenizer_config.json" "$SCRATCH/copied/tokenizer_config.json" ||
   fail "tokenizer_config.json not copied"
 grep -q '"eos_token_id": 2047' "$SCRATCH/copied/generation_config.json" ||
   fail "the copied tokenizer's EOS is not in generation_config.json"
@@ -92,10 +98,11 @@ $TITAN ${SMALL[@]} --training.steps 1 --checkpoint.enable --checkpoint.interval 
   --job.dump_folder "$SCRATCH/bytes" >/dev/null
 $TITAN convert --to hf "$SCRATCH/bytes/checkpoint/step-1.h5" "$SCRATCH/bytes-hf" \
   >"$SCRATCH/bytes.log"
-grep -q "config.json and no tokenizer (the run's data is pre-tokenized shards)$" "$SCRATCH/bytes.log" ||
+grep -q "config.json and no tokenizer (the run's data is pre-tokenized shards)$" \
+  "$SCRATCH/bytes.log" ||
   fail "byte-level export's line: $(cat "$SCRATCH/bytes.log")"
 [ -e "$SCRATCH/bytes-hf/tokenizer.json" ] && fail "a byte-level run exported a tokenizer.json"
-expect_user_error "^titan: error: --tokenizer $SCRATCH/nothing.tiktoken: No such file or directory$" \
+expect_user_error "^titan: error: --tokenizer $SCRATCH/nothing.tiktoken: No such file" \
   $TITAN convert --to hf --tokenizer "$SCRATCH/nothing.tiktoken" \
   "$SCRATCH/run/checkpoint/step-2.h5" "$SCRATCH/x"
 echo "ok: tokenizer.json copied, none for a byte-level run, a missing --tokenizer refused"
