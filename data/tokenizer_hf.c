@@ -101,14 +101,20 @@ static json_t *model_json(const Tokenizer *t, const ByteChars *c, int32_t n_rank
                      "merges", merges_json(t, c, n_ranks));
 }
 
+// The special tokens after the ranks. Hugging Face's tokenizers numbers added tokens densely
+// from the vocabulary's end whatever ids the file gives, so each id no token has (cl100k's 17
+// holes) gets a placeholder that keeps the later ids where tiktoken has them.
 static json_t *added_tokens_json(const Tokenizer *t, int32_t n_ranks) {
     json_t *added = json_array();
     for (int32_t id = n_ranks; id < t->n_ids; id++) {
-        if (t->len[id] < 0) continue;  // cl100k's holes
+        char hole[64];
+        int n = snprintf(hole, sizeof hole, "<|titan_unused_id_%d|>", (int)id);
+        bool has = t->len[id] >= 0;
         json_array_append_new(
             added, json_pack("{s:i, s:s%, s:b, s:b, s:b, s:b, s:b}", "id", id, "content",
-                             t->blob + t->start[id], (size_t)t->len[id], "single_word", 0,
-                             "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1));
+                             has ? t->blob + t->start[id] : hole,
+                             has ? (size_t)t->len[id] : (size_t)n, "single_word", 0, "lstrip", 0,
+                             "rstrip", 0, "normalized", 0, "special", 1));
     }
     return added;
 }

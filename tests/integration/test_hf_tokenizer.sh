@@ -24,6 +24,11 @@ $TITAN convert --to hf "$SCRATCH/run/checkpoint/step-2.h5" "$OUT" >"$SCRATCH/con
 grep -q "config.json and tokenizer.json (tiktoken $TOK), generation_config.json$" \
   "$SCRATCH/convert.log" || fail "convert's line: $(cat "$SCRATCH/convert.log")"
 $PY scripts/peer/hf_tokenizer.py "$TOK" "$SCRATCH/peer"
+# Meta's Llama 3 tokenizer.model and cl100k (special ids with holes between them), for below.
+VEC=build/test-data/tokenizers
+ckpt=$SCRATCH/run/checkpoint/step-2.h5
+$TITAN convert --to hf --tokenizer $VEC/llama3/tokenizer.model "$ckpt" "$SCRATCH/llama3" >/dev/null
+$TITAN convert --to hf --tokenizer $VEC/cl100k_base.tiktoken "$ckpt" "$SCRATCH/cl100k" >/dev/null
 for dir in "$OUT" "$SCRATCH/last/checkpoint/step-2-hf"; do
   cmp "$SCRATCH/peer/tokenizer.json" "$dir/tokenizer.json" ||
     fail "$dir/tokenizer.json differs from hf_tokenizer.py's"
@@ -83,6 +88,37 @@ for i in range(n):
     assert hf == titan[1:-1], f"text {i}: tokenizers {hf[:20]}... != titan {titan[1:21]}..."
     assert tok.decode(hf) == text, f"text {i} does not decode back"
 print(f"ok: tokenizers encodes {n} texts to titan's ids and decodes them back")
+PY
+$VENV/bin/python - "$SCRATCH" $VEC/vectors <<'PY'
+import json, sys
+from tokenizers import Tokenizer
+scratch, vectors = sys.argv[1:]
+for name, vec, eos in (("llama3", "llama3", 128001), ("cl100k", "cl100k_base", 100257)):
+    tok = Tokenizer.from_file(f"{scratch}/{name}/tokenizer.json")
+    assert tok.token_to_id(tok.id_to_token(eos)) == eos and tok.id_to_token(eos).startswith("<|e")
+    cases = [json.loads(l) for l in open(f"{vectors}/{vec}.jsonl")]
+    # tiktoken reads special tokens in text as text; Hugging Face as the special token
+    cases = [c for c in cases if "<|" not in c["text"]]
+    bad = [c["text"] for c in cases if tok.encode(c["text"]).ids != c["ids"]]
+    assert not bad, f"{name}: {len(bad)} of {len(cases)} differ, first {bad[0]!r}"
+    print(f"ok: {name}'s export encodes {len(cases)} test vectors to tiktoken's ids, EOS {eos}")
+PY
+
+# Llama 3's tokenizer.model converts to Meta's own tokenizer.json (vocabulary, merges, pattern,
+# special tokens); cl100k keeps its special ids across its holes, and both encode the test
+# vectors (tests/data) to tiktoken's ids.
+$PY - "$SCRATCH/llama3/tokenizer.json" $VEC/llama3/tokenizer.json <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+def merges(t):  # tokenizers >= 0.20 writes pairs, older ones "a b" strings
+    return [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in t["model"]["merges"]]
+assert a["model"]["vocab"] == b["model"]["vocab"], "vocabulary"
+assert merges(a) == merges(b), "merges"
+assert [(t["id"], t["content"]) for t in a["added_tokens"]] == \
+    [(t["id"], t["content"]) for t in b["added_tokens"]], "special tokens"
+split = lambda t: t["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+assert split(a) == split(b), "pattern"
+print(f"ok: Llama 3's tokenizer.model exports as Meta's tokenizer.json ({len(merges(a))} merges)")
 PY
 
 # A tokenizer.json is copied (with the tokenizer_config.json beside it); a byte-level run
