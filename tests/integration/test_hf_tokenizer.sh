@@ -5,7 +5,8 @@
 # with tokenizer_config.json (hf_tokenizer.py's and model_input_names), generation_config.json
 # and config.json's BOS/EOS ids; the `tokenizers` package (PyPI) encodes texts with it to
 # titan's own ids (`titan tokenize`); a tokenizer.json is copied as it is; a byte-level run
-# exports none and says so; a named --tokenizer that is missing is refused in one line.
+# or one whose stored tokenizer is gone exports none and says so; a named --tokenizer that is
+# missing is refused in one line.
 source "$(dirname "$0")/lib.sh"
 
 TOK=$SCRATCH/austen.tiktoken
@@ -141,4 +142,11 @@ grep -q "config.json and no tokenizer (the run's data is pre-tokenized shards)$"
 expect_user_error "^titan: error: --tokenizer $SCRATCH/nothing.tiktoken: No such file" \
   $TITAN convert --to hf --tokenizer "$SCRATCH/nothing.tiktoken" \
   "$SCRATCH/run/checkpoint/step-2.h5" "$SCRATCH/x"
-echo "ok: tokenizer.json copied, none for a byte-level run, a missing --tokenizer refused"
+# The stored model.tokenizer_path gone (the checkpoint moved): the export goes on without it.
+mv "$TOK" "$SCRATCH/moved.tiktoken"
+$TITAN convert --to hf "$SCRATCH/run/checkpoint/step-2.h5" "$SCRATCH/gone" >"$SCRATCH/gone.log"
+grep -q "config.json and no tokenizer (tokenizer $TOK: No such file or directory)$" \
+  "$SCRATCH/gone.log" || fail "export without the stored tokenizer: $(cat "$SCRATCH/gone.log")"
+[ -e "$SCRATCH/gone/tokenizer.json" ] && fail "a tokenizer.json from a tokenizer that is gone"
+echo "ok: tokenizer.json copied, none for a byte-level run or a stored tokenizer that is gone, a"\
+  "missing --tokenizer refused"
