@@ -1,12 +1,16 @@
 // titan convert: a titan checkpoint as a Hugging Face model and back, through the model
 // registry (llama3 and qwen3: models/decoder/hf.c has the mapping).
 //
-//   titan convert --to hf [--dtype float32|bfloat16] [--ema] CHECKPOINT.h5 OUT_DIR
+//   titan convert --to hf [--dtype float32|bfloat16] [--ema] [--tokenizer PATH]
+//                         CHECKPOINT.h5 OUT_DIR
 //   titan convert --to titan HF_PATH OUT.h5
 //
 // To HF: OUT_DIR gets model.safetensors and config.json, whose max_position_embeddings is the
 // training.seq_len of the config stored in the checkpoint (titan's RoPE tables are that long);
-// with --ema, its weights are the checkpoint's average of them (training.ema_decay).
+// with --ema, its weights are the checkpoint's average of them (training.ema_decay). The
+// tokenizer (--tokenizer, else the stored config's model.tokenizer_path where it exists) adds
+// tokenizer.json, tokenizer_config.json, generation_config.json and config.json's BOS/EOS ids
+// (convert/hf_tokenizer.c).
 // To titan: HF_PATH is a folder with config.json and model.safetensors or a sharded index;
 // OUT.h5 is a model-only checkpoint as create_seed_checkpoint writes (step 0, no optimizer),
 // for checkpoint.initial_load_path, generate and the reference tools, its stored config only
@@ -15,9 +19,11 @@
 // ways, so titan -> HF (float32) -> titan gives back every tensor bit for bit.
 #include "convert/convert.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint/train_state.h"
 #include "core/config.h"
@@ -25,11 +31,13 @@
 #include "models/registry.h"
 
 #define USAGE                                                                                  \
-    "usage: titan convert --to hf [--dtype float32|bfloat16] [--ema] CHECKPOINT.h5 OUT_DIR\n"  \
+    "usage: titan convert --to hf [--dtype float32|bfloat16] [--ema] [--tokenizer PATH]\n"     \
+    "                         CHECKPOINT.h5 OUT_DIR\n"                                          \
     "       titan convert --to titan HF_DIR OUT.h5"
 
 typedef struct {
     const char *to, *dtype, *from, *out;
+    const char *tokenizer;  // --to hf: NULL for the checkpoint's model.tokenizer_path
     bool ema;  // --to hf: the average of the weights, not the weights
 } ConvertOptions;
 
@@ -39,9 +47,10 @@ static void parse_options(ConvertOptions *o, int argc, char **argv) {
     const char **positional[] = {&o->from, &o->out};
     int n = 0;
     for (int i = 1; i < argc; i++) {
-        bool to = !strcmp(argv[i], "--to"), dtype = !strcmp(argv[i], "--dtype");
-        if ((to || dtype) && i + 1 == argc) die_user("%s needs a value", argv[i]);
-        if (to || dtype) *(to ? &o->to : &o->dtype) = argv[++i];
+        bool to = !strcmp(argv[i], "--to"), dtype = !strcmp(argv[i], "--dtype"),
+             tok = !strcmp(argv[i], "--tokenizer");
+        if ((to || dtype || tok) && i + 1 == argc) die_user("%s needs a value", argv[i]);
+        if (to || dtype || tok) *(to ? &o->to : dtype ? &o->dtype : &o->tokenizer) = argv[++i];
         else if (!strcmp(argv[i], "--ema")) o->ema = true;
         else if (!strncmp(argv[i], "--", 2) || n == 2)
             die_user("convert: unexpected argument '%s'; " USAGE, argv[i]);
@@ -56,6 +65,10 @@ static void parse_options(ConvertOptions *o, int argc, char **argv) {
         die_user("--dtype applies to --to hf: titan checkpoints are float32");
     if (!strcmp(o->to, "titan") && o->ema)
         die_user("--ema applies to --to hf: a Hugging Face folder has no average of the weights");
+    if (!strcmp(o->to, "titan") && o->tokenizer)
+        die_user("--tokenizer applies to --to hf: titan checkpoints hold no tokenizer");
+    if (o->tokenizer && strcmp(o->tokenizer, "bytes") && access(o->tokenizer, R_OK) != 0)
+        die_user("--tokenizer %s: %s", o->tokenizer, strerror(errno));
 }
 
 // The parameter table of args over zeroed host memory (*data, to free with the table).
@@ -72,6 +85,9 @@ static void to_hf(const ConvertOptions *o) {
     ModelArgs args;
     spec->args_from_checkpoint(o->from, &args);
     spec->update_from_config(&args, NULL, 0, (int)trained.training.seq_len);
+    const char *path = o->tokenizer ? o->tokenizer : trained.model.tokenizer_path;
+    char tokenizer[4096];
+    if (path) CHECK(snprintf(tokenizer, sizeof tokenizer, "%s", path) < (int)sizeof tokenizer);
     config_free(&trained);
     Model m;
     ParamTable params;
@@ -81,8 +97,10 @@ static void to_hf(const ConvertOptions *o) {
     else train_state_load(o->from, &params, NULL, NULL);
     bool bf16 = !strcmp(o->dtype, "bfloat16");
     spec->save_hf(o->out, &args, &params, bf16 ? SAFETENSORS_BF16 : SAFETENSORS_F32);
-    printf("convert: %s -> %s/model.safetensors (%s) and config.json\n", o->from, o->out,
-           o->dtype);
+    char note[1024];
+    convert_hf_tokenizer(path ? tokenizer : NULL, o->out, note, sizeof note);
+    printf("convert: %s -> %s/model.safetensors (%s), config.json and %s\n", o->from, o->out,
+           o->dtype, note);
     params_free(&params);
     free(data);
     spec->free(&m);

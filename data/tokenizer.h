@@ -40,3 +40,10 @@ size_t tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_
 char *tokenizer_decode(const Tokenizer *t, const int32_t *ids, size_t n, size_t *len);
 // The bytes of one id (no NUL; *len set), pointing into the tokenizer: for streaming decode.
 const char *tokenizer_token_bytes(const Tokenizer *t, int32_t id, size_t *len);
+
+// Writes a tiktoken rank file's tokenizer as Hugging Face's dir/tokenizer.json (byte-level BPE,
+// merges recovered from the ranks as transformers' TikTokenConverter does, cl100k's pattern,
+// the special tokens after the ranks), byte for byte what scripts/peer/hf_tokenizer.py writes,
+// and dir/tokenizer_config.json (hf_tokenizer.py's keys and Llama 3's model_input_names).
+// False with a reason for another format or a write error.
+bool tokenizer_write_hf(const Tokenizer *t, const char *dir, char *err, size_t errlen);

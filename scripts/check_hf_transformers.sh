@@ -6,7 +6,9 @@
 # printed. Llama 3: grouped-query attention, and RoPE scaling with tied embeddings; Qwen3:
 # QK-norm and head_dim != dim / n_heads, untied and tied; Qwen3-MoE (small_moe, loaded as
 # Qwen3MoeForCausalLM), whose titan logits are those of its checkpoint converted back from the
-# export: HF has no expert biases, so the export leaves the trained ones behind. Not part of `make test`: it installs
+# export: HF has no expert biases, so the export leaves the trained ones behind. Then the
+# tokenizer: a run trained with a titan-trained BPE, exported, loaded with AutoTokenizer, greedy
+# generate gives `titan generate`'s ids. Not part of `make test`: it installs
 # torch and transformers from PyPI (about 6 GB) into $VENV (default build/venv-transformers),
 # since Qwen3 needs transformers >= 4.51, which needs a newer torch than Debian's.
 #
@@ -59,3 +61,32 @@ print(f"{'PASS' if ok else 'FAIL'} {name}: transformers {transformers.__version_
 sys.exit(0 if ok else 1)
 PY
 done
+
+# The tokenizer end to end: a run trained with a titan-trained BPE, exported with its tokenizer,
+# loaded with AutoTokenizer and AutoModelForCausalLM: greedy generate from a prompt that starts
+# with BOS (as titan's documents and `titan generate` do) gives titan generate's ids.
+tok=$SCRATCH/austen.tiktoken
+./titan tokenizer train --vocab-size 2048 --out "$tok" build/test-data/corpus/austen.txt >/dev/null
+./titan tokenize --tokenizer "$tok" --out "$SCRATCH/bpe" build/test-data/corpus/austen.txt \
+  >/dev/null
+./titan "${run[@]}" --training.dataset_path "$SCRATCH/bpe" --model.tokenizer_path "$tok" \
+  --job.dump_folder "$SCRATCH/bpe-run" >/dev/null
+./titan convert --to hf "$SCRATCH/bpe-run/checkpoint/step-3.h5" "$SCRATCH/bpe-hf" >/dev/null
+prompt="It is a truth universally acknowledged"
+titan_ids=$(./titan generate --checkpoint "$SCRATCH/bpe-run/checkpoint/step-3.h5" \
+  --tokenizer "$tok" --prompt "$prompt" --max-new-tokens 8 --temperature 0 --ids 2>/dev/null | tail -n 1)
+$VENV/bin/python - "$SCRATCH/bpe-hf" "$prompt" "$titan_ids" <<'PY'
+import sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+hf_dir, prompt, titan = sys.argv[1], sys.argv[2], [int(i) for i in sys.argv[3].split()]
+tok = AutoTokenizer.from_pretrained(hf_dir)
+model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+inputs = tok(tok.bos_token + prompt, return_tensors="pt")
+out = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+ids = out[0, inputs["input_ids"].shape[1]:].tolist()
+ok = ids == titan and inputs["input_ids"][0, 0].item() == tok.bos_token_id
+print(f"{'PASS' if ok else 'FAIL'} tokenizer: AutoTokenizer + generate gives {ids} "
+      f"({tok.decode(ids)!r}); titan generate {titan}")
+sys.exit(0 if ok else 1)
+PY

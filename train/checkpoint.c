@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "checkpoint/async.h"
+#include "convert/convert.h"
 #include "train/train.h"
 
 // The trained state (every parameter's shard, its AdamW moments and its average when kept)
@@ -247,10 +248,11 @@ void trainer_close_checkpoint(Trainer *t) {
 }
 
 // torchtitan's last_save_in_hf: the last, model-only save as a Hugging Face folder
-// <folder>/step-<N>-hf (model.safetensors in checkpoint.export_dtype, config.json) in place of
-// step-<N>.h5; the name keeps it apart from the step files that resuming reads. HF files hold
-// whole tensors, which no one rank has: every rank saves its shards into the step file as
-// usual, then rank 0 reads the whole tensors back from it, writes the folder and removes it.
+// <folder>/step-<N>-hf (model.safetensors in checkpoint.export_dtype, config.json, the run's
+// tokenizer: convert_hf_tokenizer) in place of step-<N>.h5; the name keeps it apart from the
+// step files that resuming reads. HF files hold whole tensors, which no one rank has: every
+// rank saves its shards into the step file as usual, then rank 0 reads the whole tensors back
+// from it, writes the folder and removes it.
 static void save_hf(Trainer *t, int step, const char *path) {
     save_checkpoint(t, path, false, false);
     if (t->mesh.world_rank != 0) return;
@@ -265,7 +267,9 @@ static void save_hf(Trainer *t, int step, const char *path) {
     SYS_CHECK(unlink(path));
     free(global.data);
     params_free(&global);
-    log_info("checkpoint: saved %s (Hugging Face, %s)", dir, dtype);
+    char note[1024];
+    convert_hf_tokenizer(t->cfg.model.tokenizer_path, dir, note, sizeof note);
+    log_info("checkpoint: saved %s (Hugging Face, %s) with %s", dir, dtype, note);
 }
 
 // checkpoint.exclude_from_loading names torchtitan's state keys; titan's state has these.

@@ -3,6 +3,8 @@ tokenizer_config.json), the form torchtitan's HuggingFaceTokenizer loads.
 
     python3 scripts/peer/hf_tokenizer.py austen.tiktoken OUT_DIR
 
+titan's `convert --to hf` writes the same tokenizer.json byte for byte (data/tokenizer_hf.c).
+
 The ranks become a byte-level BPE vocabulary (GPT-2's byte-to-unicode map) and its merges are
 recovered from the ranks as transformers' TikTokenConverter does: every split of a token into
 two tokens of the vocabulary, ordered by the token's rank, then by the parts' ranks. The
@@ -77,4 +79,7 @@ def main(tiktoken_path, out_dir):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        print(__doc__.strip())
+        sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
     main(*sys.argv[1:])
