@@ -9,6 +9,16 @@
 #include "core/errors.h"
 #include "core/files.h"
 
+static bool env_set(const char *name) {
+    const char *v = getenv(name);
+    return v && *v;
+}
+
+bool metrics_use_color(bool disabled, bool launched) {
+    if (disabled || env_set("NO_COLOR") || !isatty(STDOUT_FILENO)) return false;
+    return !launched || env_set("FORCE_COLOR");
+}
+
 // A complete row (newline-terminated: a crash may have cut the last one) of a step up to
 // `through`. Every row, training or validation, starts with its step.
 static bool row_kept(const char *line, int64_t through) {

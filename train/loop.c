@@ -144,7 +144,7 @@ static void start_profiler(Trainer *t) {
 static void open_metrics(const Trainer *t, MetricsLog *log) {
     const Config *c = &t->cfg;
     int rank = t->mesh.world_rank;
-    *log = (MetricsLog){.color = !c->metrics.disable_color_printing && isatty(STDOUT_FILENO)};
+    *log = (MetricsLog){.color = metrics_use_color(c->metrics.disable_color_printing, comm_launched())};
     if (rank == 0 || c->metrics.save_for_all_ranks) {
         metrics_open(log, c->job.dump_folder, rank, t->progress.step);
         if (c->metrics.enable_tensorboard)
