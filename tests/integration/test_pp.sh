@@ -72,7 +72,7 @@ activations() {  # schedule, microbatches
     $P.pipeline_parallel_degree 2 $P.pipeline_parallel_microbatch_size 1 \
     $P.pipeline_parallel_schedule "$1" --training.local_batch_size "$2" \
     --job.dump_folder "$SCRATCH/mem-$1-$2" 2>&1 |
-    sed -n 's/.*memory per rank: .* activations \([0-9.]*\) MiB .*/\1/p'
+    sed -n 's/.*memory per rank: activations \([0-9.]*\) MiB .*/\1/p'
 }
 f4=$(activations 1F1B 4) f16=$(activations 1F1B 16) g4=$(activations GPipe 4) g16=$(activations GPipe 16)
 [ -n "$f4" ] && [ "$f4" = "$f16" ] || fail "1F1B stage 0 activations ${f4} MiB at 4 microbatches, ${f16} MiB at 16"
