@@ -199,7 +199,7 @@ static void finish(Trainer *t, MetricsLog *log, bool preempted, double started,
     log_info("comm: %.2f s of %.2f s of training waiting on collectives (%.1f%%)", waited, elapsed,
              elapsed > 0 ? 100 * waited / elapsed : 0.0);
     if (t->cp_on) trainer_log_cp_traffic(t, elapsed);
-    comm_report();
+    if (t->mesh.layout.world_size > 1) comm_report();  // one rank talks to no one
     if (t->mesh.world_rank == 0) trainer_write_run_summary(t);
 }
 

@@ -69,6 +69,10 @@ grep -q "step *1" "$SCRATCH/plain.out" || fail "no step line: $(cat -v "$SCRATCH
 grep -q "$ESC\[" "$SCRATCH/plain.out" && fail "colors despite metrics.disable_color_printing"
 $TITAN "${SMALL[@]}" --training.steps 2 --job.dump_folder "$SCRATCH/pipe" >"$SCRATCH/pipe.out"
 grep -q "$ESC\[" "$SCRATCH/pipe.out" && fail "colors on a pipe"
+# (One rank has no one to talk to: its log has no per-group comm lines; test_profiling reads a
+# 2-rank run's.)
+grep -q "^comm: .* waiting on collectives" "$SCRATCH/pipe.out" || fail "no comm summary line"
+grep -q "^comm: group" "$SCRATCH/pipe.out" && fail "a 1-rank run printed comm-group lines"
 # NO_COLOR set and non-empty disables colour on a terminal (no-color.org); empty, it does not.
 NO_COLOR=1 on_tty "$TITAN ${SMALL[*]} --training.steps 1 --job.dump_folder $SCRATCH/tty" >"$SCRATCH/nocolor.out"
 grep -q "step *1" "$SCRATCH/nocolor.out" || fail "no step line: $(cat -v "$SCRATCH/nocolor.out")"
