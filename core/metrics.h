@@ -15,6 +15,7 @@ typedef struct {
     int step;
     double loss, grad_norm, lr;
     double tokens_per_s;      // per device
+    double images_per_s;      // per device, for a model of images (FLUX); 0: left out
     double tflops;            // achieved model TFLOP/s per device
     double mfu;               // tflops / peak, in percent; NAN when the peak is unknown
     double peak_memory_gib;   // the kernels' memory_peak: host RSS (cpu), device memory (cuda)

@@ -177,6 +177,8 @@ static Interval interval_start(const Trainer *t) {
 static void log_step(const Trainer *t, Interval *in, MetricsLog *log, StepMetrics *m) {
     double elapsed = now_seconds() - in->start;
     m->tokens_per_s = in->steps * in->tokens_per_step / elapsed;
+    const ModelData *data = t->args.spec->data;  // an image is one example of T tokens
+    m->images_per_s = data && data->images ? m->tokens_per_s / t->train.T : 0;
     m->tflops = m->tokens_per_s * t->model.flops_per_token / 1e12;
     m->mfu = in->peak_flops > 0 ? 100 * m->tflops * 1e12 / in->peak_flops : NAN;
     m->peak_memory_gib = (double)t->k->memory_peak() / (1u << 30);

@@ -371,11 +371,14 @@ static void log_setup(Trainer *t) {
     const Config *c = &t->cfg;
     const int *size = t->mesh.layout.size;
     ModelShape shape = model_shape(&t->args);
-    log_info("model: %s %s, %d layers, dim %d, vocab %d; batch %d x %d tokens x %d "
-             "microbatches per rank; mesh pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d",
-             t->args.spec->name, c->model.flavor, shape.n_layers, shape.dim, shape.vocab_size,
-             t->train.B, t->train.T, t->accum, size[MESH_PP], size[MESH_DP_REPLICATE],
-             size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP]);
+    char vocab[32] = "";  // a model without a vocabulary (FLUX) has none to name
+    if (shape.vocab_size > 0) snprintf(vocab, sizeof vocab, ", vocab %d", shape.vocab_size);
+    // A step is `accum` batches per rank; pp splits each batch into microbatches (below).
+    log_info("model: %s %s, %d layers, dim %d%s; batch %d x %d tokens per rank, %d gradient "
+             "accumulation step%s; mesh pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d",
+             t->args.spec->name, c->model.flavor, shape.n_layers, shape.dim, vocab, t->train.B,
+             t->train.T, t->accum, t->accum == 1 ? "" : "s", size[MESH_PP],
+             size[MESH_DP_REPLICATE], size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP]);
     log_info("precision: %s compute (training.mixed_precision_param %s), fp32 master weights and "
              "optimizer state", dtype_name(t->precision.param), c->training.mixed_precision_param);
     if (config_converts(c, "float8")) trainer_log_float8(t);
@@ -384,10 +387,10 @@ static void log_setup(Trainer *t) {
                  size[MESH_DP_SHARD] * size[MESH_CP] * size[MESH_TP] / t->mesh.layout.ep);
     if (t->pipeline) {
         const char *csv = c->parallelism.pipeline_parallel_schedule_csv;
-        log_info("pipeline: %s, %d microbatches of %lld rows per batch",
-                 csv && *csv ? csv : c->parallelism.pipeline_parallel_schedule,
-                 trainer_schedule_microbatches(c),
-                 (long long)c->parallelism.pipeline_parallel_microbatch_size);
+        long long rows = (long long)c->parallelism.pipeline_parallel_microbatch_size;
+        log_info("pipeline: %s, each batch of %d rows in %d microbatches of %lld row%s",
+                 csv && *csv ? csv : c->parallelism.pipeline_parallel_schedule, t->train.B,
+                 trainer_schedule_microbatches(c), rows, rows == 1 ? "" : "s");
     }
     if (t->tokenizer)
         log_info("tokenizer: %s (%s, %d ids)", c->model.tokenizer_path,

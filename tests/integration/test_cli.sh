@@ -47,6 +47,17 @@ $TITAN generate --help | grep -qF -- "--checkpoint FLUX.h5 --help" ||
 $TITAN --config configs/flux_digits.yaml --training.dataset_path "$SCRATCH/digits" \
   --checkpoint.enable --checkpoint.create_seed_checkpoint --job.dump_folder "$SCRATCH/flux" \
   >"$SCRATCH/flux.log" 2>&1 || fail "FLUX seed checkpoint: $(tail -1 "$SCRATCH/flux.log")"
+# A FLUX run's log speaks of images: no vocabulary, images/s on the step line and in
+# metrics.jsonl (beside tokens_per_s, which stays).
+$TITAN --config configs/flux_digits.yaml --training.dataset_path "$SCRATCH/digits" \
+  --training.steps 1 --job.dump_folder "$SCRATCH/flux1" >"$SCRATCH/flux1.log" 2>&1 ||
+  fail "FLUX step: $(tail -1 "$SCRATCH/flux1.log")"
+grep -q "^model: flux flux-digits, 2 layers, dim 64; batch" "$SCRATCH/flux1.log" ||
+  fail "FLUX's model line: $(grep "^model:" "$SCRATCH/flux1.log")"
+grep -q "^step *1 .* img/s *[0-9.]*  TFLOP/s" "$SCRATCH/flux1.log" ||
+  fail "FLUX's step line: $(grep "^step" "$SCRATCH/flux1.log")"
+grep -q '"tokens_per_s": [0-9.e+]*, "images_per_s": [0-9.e+]*,' "$SCRATCH/flux1/metrics.jsonl" ||
+  fail "FLUX's metrics.jsonl: $(cat "$SCRATCH/flux1/metrics.jsonl")"
 for ckpt in build/test-data/models/stories260K.bin "$SCRATCH/flux/checkpoint/step-0.h5"; do
   $TITAN generate --checkpoint "$ckpt" --help >"$SCRATCH/gen_help.txt" ||
     fail "generate --checkpoint $ckpt --help"

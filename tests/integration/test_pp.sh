@@ -30,6 +30,12 @@ same_as_one_rank "pp=2 Interleaved1F1B, 4 stages per rank" 2 "${PP2[@]}" \
 # Gradient accumulation: two batches of 4 rows per step, each through the pipeline.
 same_as_one_rank "pp=2, 2 accumulation steps" 2 "${PP2[@]}" --training.local_batch_size 4 \
   --training.global_batch_size 8
+# Its log says so once: the accumulation steps, then how pp splits each batch.
+grep -q "^model: .*; batch 4 x [0-9]* tokens per rank, 2 gradient accumulation steps;" \
+  "$SCRATCH/pp=2, 2 accumulation steps.log" &&
+  grep -q "^pipeline: 1F1B, each batch of 4 rows in 2 microbatches of 2 rows$" \
+    "$SCRATCH/pp=2, 2 accumulation steps.log" ||
+  fail "the log's batch lines: $(grep "^model:\|^pipeline:" "$SCRATCH/pp=2, 2 accumulation steps.log")"
 # A hand-written CSV (compute only; the sends and receives are added): rank 1 splits its
 # backward into I and W and defers the weight parts, which no generator does in this order.
 cat >"$SCRATCH/split.csv" <<'CSV'
