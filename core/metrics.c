@@ -9,6 +9,16 @@
 #include "core/errors.h"
 #include "core/files.h"
 
+static bool env_set(const char *name) {
+    const char *v = getenv(name);
+    return v && *v;
+}
+
+bool metrics_use_color(bool disabled, bool launched) {
+    if (disabled || env_set("NO_COLOR") || !isatty(STDOUT_FILENO)) return false;
+    return !launched || env_set("FORCE_COLOR");
+}
+
 // A complete row (newline-terminated: a crash may have cut the last one) of a step up to
 // `through`. Every row, training or validation, starts with its step.
 static bool row_kept(const char *line, int64_t through) {
@@ -115,20 +125,28 @@ void metrics_write(MetricsLog *log, const StepMetrics *m) {
         snprintf(load + n, sizeof load - n, "  float8 %s", m->float8);
         snprintf(load_json + nj, sizeof load_json - nj, ", \"float8\": \"%s\"", m->float8);
     }
+    // The throughput in the model's unit: images for an image model, tokens otherwise.
+    char rate[32], images_json[64] = "";
+    if (m->images_per_s > 0) {
+        snprintf(rate, sizeof rate, "img/s %9.1f", m->images_per_s);
+        snprintf(images_json, sizeof images_json, ", \"images_per_s\": %.17g", m->images_per_s);
+    } else {
+        snprintf(rate, sizeof rate, "tok/s %9.0f", m->tokens_per_s);
+    }
     const char *c[N_COLORS];
     for (size_t i = 0; i < N_COLORS; i++) c[i] = log->color ? COLORS[i] : "";
-    log_info("%sstep %5d  %sloss %8.4f  %sgrad_norm %7.4f  %slr %.3e  %stok/s %9.0f  "
+    log_info("%sstep %5d  %sloss %8.4f  %sgrad_norm %7.4f  %slr %.3e  %s%s  "
              "%sTFLOP/s %6.3f  %sMFU %s  %smem %.2f GiB%s%s",
-             c[0], m->step, c[1], m->loss, c[2], m->grad_norm, c[3], m->lr, c[4], m->tokens_per_s,
+             c[0], m->step, c[1], m->loss, c[2], m->grad_norm, c[3], m->lr, c[4], rate,
              c[5], m->tflops, c[6], mfu, c[7], m->peak_memory_gib, c[8], load);
     if (!log->jsonl) return;  // not a logging rank
     if (log->tb.file) tensorboard_write(log, m);
     fprintf(log->jsonl,
             "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
-            "\"tokens_per_s\": %.17g, \"tflops\": %.17g, \"mfu\": %s, "
+            "\"tokens_per_s\": %.17g%s, \"tflops\": %.17g, \"mfu\": %s, "
             "\"peak_memory_gib\": %.17g%s}\n",
-            m->step, m->loss, m->grad_norm, m->lr, m->tokens_per_s, m->tflops, mfu_json,
-            m->peak_memory_gib, load_json);
+            m->step, m->loss, m->grad_norm, m->lr, m->tokens_per_s, images_json, m->tflops,
+            mfu_json, m->peak_memory_gib, load_json);
     fflush(log->jsonl);
 }
 

@@ -15,6 +15,7 @@ typedef struct {
     int step;
     double loss, grad_norm, lr;
     double tokens_per_s;      // per device
+    double images_per_s;      // per device, for a model of images (FLUX); 0: left out
     double tflops;            // achieved model TFLOP/s per device
     double mfu;               // tflops / peak, in percent; NAN when the peak is unknown
     double peak_memory_gib;   // the kernels' memory_peak: host RSS (cpu), device memory (cuda)
@@ -41,6 +42,12 @@ typedef struct {
 // Opens rank's file in dump_folder. A run resumed at step `resumed_step` keeps the file's
 // rows of steps up to it (the history before the checkpoint) and drops those after it, which
 // the run writes again; resumed_step 0 (a fresh run) starts an empty file.
+// Whether the console line is coloured: never with metrics.disable_color_printing
+// (`disabled`) or NO_COLOR set and non-empty (no-color.org); otherwise when stdout is a
+// terminal, except under an MPI launcher (`launched`: comm_launched), whose ranks' stdout may
+// be a pty however mpirun's own output is redirected: there only with FORCE_COLOR set and
+// non-empty (force-color.org).
+bool metrics_use_color(bool disabled, bool launched);
 void metrics_open(MetricsLog *log, const char *dump_folder, int rank, int64_t resumed_step);
 // The same figures as TensorBoard scalars, under torchtitan's tags, in an events file of
 // <dump_folder>/<metrics.save_tb_folder> (in its rank_<r> subfolder for every rank under

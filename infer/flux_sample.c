@@ -34,6 +34,26 @@
 #define USAGE                                                                                 \
     "usage: titan generate --checkpoint C --data SHARDS --prompt TEXT [--prompt TEXT ...] "   \
     "[--samples N] [--steps N] [--seed s] [--cfg-scale g] [--guidance g] [--out FILE.png]"
+#define HELP                                                                                  \
+    USAGE "\n"                                                                                \
+    "\n"                                                                                      \
+    "Flags (a FLUX checkpoint's sampler):\n"                                                  \
+    "  --checkpoint C        a titan HDF5 checkpoint of a FLUX model\n"                        \
+    "  --data SHARDS         the preprocessed shards (scripts/flux_preprocess.py) whose cached\n" \
+    "                        T5 and CLIP encodings the prompts take\n"                         \
+    "  --prompt TEXT         a caption of --data (exactly); repeat for more prompts, one grid\n" \
+    "                        row each (at most 64)\n"                                            \
+    "  --samples N           images per prompt, one grid column each (default 8)\n"             \
+    "  --steps N             Euler steps from noise (t = 1) to the image (t = 0) (default 50)\n" \
+    "  --seed s              seeds the starting noise: one seed, one grid (default 0)\n"        \
+    "  --cfg-scale g         classifier-free guidance: v = v_empty + g (v_prompt - v_empty); 1\n" \
+    "                        is off (default 1)\n"                                               \
+    "  --guidance g          the guidance_in value of a model that has one (flux-dev) (default\n" \
+    "                        3.5)\n"                                                             \
+    "  --out FILE.png        the PNG grid's path (default samples.png)\n"                       \
+    "  -h, --help            this text\n"                                                        \
+    "\n"                                                                                      \
+    "A summary line (samples, steps, seconds, the PNG's path) goes to stderr."
 #define MAX_PROMPTS 64
 
 typedef struct {
@@ -73,7 +93,7 @@ static bool set_option(SampleOptions *o, const char *f, const char *value) {
 }
 
 static void parse_options(SampleOptions *o, int argc, char **argv) {
-    help_exit_if_asked(argc, argv, USAGE);
+    help_exit_if_asked(argc, argv, HELP);
     *o = (SampleOptions){.out = "samples.png", .samples = 8, .steps = 50, .cfg_scale = 1,
                          .guidance = 3.5};
     for (int i = 1; i < argc; i++)

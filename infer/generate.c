@@ -35,9 +35,34 @@
     "usage: titan generate --checkpoint C [--tokenizer T] (--prompt TEXT | --prompt-ids 1,2,3) " \
     "[--max-new-tokens N] [--temperature t] [--top-p p] [--seed s] [--max-context N] [--ids] "  \
     "[--ema]"
-// --help without a FLUX checkpoint: the decoders' usage, and where FLUX's sampler's is.
+// --help without a FLUX checkpoint: the decoders' usage and flags, and where FLUX's sampler's
+// are.
 #define HELP                                                                                   \
-    USAGE "\n       titan generate --checkpoint FLUX.h5 --help   a FLUX checkpoint's sampler flags"
+    USAGE "\n"                                                                                \
+    "       titan generate --checkpoint FLUX.h5 --help   a FLUX checkpoint's sampler flags\n"    \
+    "\n"                                                                                      \
+    "Flags:\n"                                                                                \
+    "  --checkpoint C        a titan HDF5 checkpoint (its stored config names the model) or a\n" \
+    "                        llama2.c .bin\n"                                                   \
+    "  --tokenizer T         encodes --prompt and prints the continuation as text, EOS ending\n" \
+    "                        it: a .tiktoken file, a tokenizer.json, a folder with one, `bytes`\n" \
+    "  --prompt TEXT         the prompt as text, after the tokenizer's BOS (needs --tokenizer)\n" \
+    "  --prompt-ids 1,2,3    the prompt as token ids (no tokenizer needed)\n"                    \
+    "  --max-new-tokens N    at most N tokens after the prompt (default 100)\n"                  \
+    "  --temperature t       softmax temperature; 0 is greedy, the lowest id on ties (default " \
+    "0.8)\n"                                                                                   \
+    "  --top-p p             nucleus sampling: draw from the likeliest ids whose probabilities\n" \
+    "                        sum to p (default 0.9)\n"                                           \
+    "  --seed s              the sampler's random seed: one seed, one output (default 0)\n"      \
+    "  --max-context N       prompt plus continuation stay within N positions (default: a\n"   \
+    "                        llama2.c file's seq_len, 2048 for a titan checkpoint)\n"            \
+    "  --ids                 print the continuation as space-separated ids, even with a\n"       \
+    "                        tokenizer\n"                                                        \
+    "  --ema                 use the checkpoint's average of the weights (training.ema_decay)\n" \
+    "  -h, --help            this text\n"                                                        \
+    "\n"                                                                                      \
+    "The continuation goes to stdout and ends with a newline; the summary line (tokens, steps,\n" \
+    "tokens/s) goes to stderr."
 #define TITAN_DEFAULT_CONTEXT 2048
 
 typedef struct {

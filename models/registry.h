@@ -73,6 +73,7 @@ typedef struct {
     // out (input_bytes) = the examples [first, first + rows) of input (next's): a pipeline
     // microbatch's StepCtx.input, views into the same tensors.
     size_t input_bytes;
+    bool images;  // an example is an image: the step line reports images/s, not tokens/s
     void (*input_rows)(const void *data, const void *input, int first, int rows, void *out);
     // The rows of one example's hidden state on each of cp context-parallel ranks (StepCtx.T;
     // the model's whole sequence when cp is 1); die_user naming the key when cp cannot split it.

@@ -177,8 +177,14 @@ static CommGroup *group_add(MPI_Comm mpi, CommGroup *parent, int color, int key,
     return g;
 }
 
+// Read before MPI_Init: Open MPI's singleton init sets OMPI_COMM_WORLD_* in the process too.
+static bool launched;
+
+bool comm_launched(void) { return launched; }
+
 void comm_init(int *argc, char ***argv) {
     if (n_groups > 0) return;
+    launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
     int initialized = 0;
     MPI_CHECK(MPI_Initialized(&initialized));
     if (!initialized) {

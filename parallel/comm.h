@@ -57,6 +57,9 @@ typedef struct {
 // MPI_Init (asking for MPI_THREAD_MULTIPLE), the world group, the SIGUSR1 handler. Idempotent.
 // Until comm_configure, waits have no timeout and the recorder keeps the last 64 operations.
 void comm_init(int *argc, char ***argv);
+// Whether an MPI launcher (mpirun: Open MPI's OMPI_COMM_WORLD_SIZE, PMIx's PMIX_RANK, MPICH's
+// PMI_RANK) started this process, not a singleton run.
+bool comm_launched(void);
 // May be called again; the recorder keeps its newest entries across a resize. The folder is
 // created when a dump first writes to it.
 void comm_configure(const CommConfig *config);

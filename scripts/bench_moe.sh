@@ -65,7 +65,7 @@ for ((r = 0; r < repeats; r++)); do
 done
 read -r moe_tps moe_flops <<<"$moe"
 read -r dense_tps dense_flops <<<"$dense"
-echo "$(grep -m1 '^kernels' "$out/moe.log")"
+echo "$(grep '^kernels' "$out/moe.log")"
 echo
 echo "| model | FLOPs/token | tokens/s | TFLOP/s |"
 echo "|---|---|---|---|"

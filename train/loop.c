@@ -144,7 +144,7 @@ static void start_profiler(Trainer *t) {
 static void open_metrics(const Trainer *t, MetricsLog *log) {
     const Config *c = &t->cfg;
     int rank = t->mesh.world_rank;
-    *log = (MetricsLog){.color = !c->metrics.disable_color_printing && isatty(STDOUT_FILENO)};
+    *log = (MetricsLog){.color = metrics_use_color(c->metrics.disable_color_printing, comm_launched())};
     if (rank == 0 || c->metrics.save_for_all_ranks) {
         metrics_open(log, c->job.dump_folder, rank, t->progress.step);
         if (c->metrics.enable_tensorboard)
@@ -177,6 +177,8 @@ static Interval interval_start(const Trainer *t) {
 static void log_step(const Trainer *t, Interval *in, MetricsLog *log, StepMetrics *m) {
     double elapsed = now_seconds() - in->start;
     m->tokens_per_s = in->steps * in->tokens_per_step / elapsed;
+    const ModelData *data = t->args.spec->data;  // an image is one example of T tokens
+    m->images_per_s = data && data->images ? m->tokens_per_s / t->train.T : 0;
     m->tflops = m->tokens_per_s * t->model.flops_per_token / 1e12;
     m->mfu = in->peak_flops > 0 ? 100 * m->tflops * 1e12 / in->peak_flops : NAN;
     m->peak_memory_gib = (double)t->k->memory_peak() / (1u << 30);
@@ -199,7 +201,7 @@ static void finish(Trainer *t, MetricsLog *log, bool preempted, double started,
     log_info("comm: %.2f s of %.2f s of training waiting on collectives (%.1f%%)", waited, elapsed,
              elapsed > 0 ? 100 * waited / elapsed : 0.0);
     if (t->cp_on) trainer_log_cp_traffic(t, elapsed);
-    comm_report();
+    if (t->mesh.layout.world_size > 1) comm_report();  // one rank talks to no one
     if (t->mesh.world_rank == 0) trainer_write_run_summary(t);
 }
 

@@ -202,28 +202,58 @@ static void allocate_arenas(Trainer *t, bool commit) {
     adamw_allocate(&t->opt, m->params.shard_numel, &t->optim_arena);
 }
 
-// "memory per rank: params 10.0 MiB (fp32 10.00), ..., activations 12.0 MiB (bf16 8.00,
-// fp32 4.00; activation_checkpoint none: 12.0 MiB, selective op: 9.0 MiB, full: 6.0 MiB)":
-// each arena, split by the dtypes it holds at its peak.
+// "name 10.0 MiB (bf16 8.00, fp32 2.00)": an arena's size, split by the dtypes it holds at its
+// peak, in MiB.
+static void format_arena(char *buf, size_t n, const char *name, const Arena *a) {
+    const double MiB = 1024.0 * 1024.0;
+    char dtypes[160];
+    arena_bytes_format(a->peak, MiB, 2, dtypes, sizeof dtypes);
+    snprintf(buf, n, "%s %.1f MiB%s%s%s", name, a->size / MiB, *dtypes ? " (" : "", dtypes,
+             *dtypes ? ")" : "");
+}
+
+// Each arena, split by dtype, two a line, then the activations' size under each
+// activation_checkpoint mode (selective with the configured selective_ac_option):
+//   memory per rank: params 10.0 MiB (fp32 10.00), grads 10.0 MiB (fp32 10.00)
+//   memory per rank: optimizer 20.0 MiB (fp32 20.00), comm 0.0 MiB
+//   memory per rank: activations 12.0 MiB (bf16 8.00, fp32 4.00)
+//   memory per rank: activations by activation_checkpoint: none 12.0 MiB, selective op 9.0 MiB,
+//   full 6.0 MiB
 static void log_memory(const Trainer *t) {
     const double MiB = 1024.0 * 1024.0;
-    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->comm_arena};
-    const char *names[] = {"params", "grads", "optimizer", "comm"};
-    char line[1024], dtypes[160];
-    int n = 0;
-    for (int i = 0; i < 4; i++) {
-        arena_bytes_format(arenas[i]->peak, MiB, 2, dtypes, sizeof dtypes);
-        n += snprintf(line + n, sizeof line - (size_t)n, "%s %.1f MiB%s%s%s, ", names[i],
-                      arenas[i]->size / MiB, *dtypes ? " (" : "", dtypes, *dtypes ? ")" : "");
+    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->comm_arena,
+                             &t->act_arena};
+    const char *names[] = {"params", "grads", "optimizer", "comm", "activations"};
+    char one[200], two[200];
+    for (int i = 0; i < 4; i += 2) {
+        format_arena(one, sizeof one, names[i], arenas[i]);
+        format_arena(two, sizeof two, names[i + 1], arenas[i + 1]);
+        log_info("memory per rank: %s, %s", one, two);
     }
-    // The activations' parentheses also hold their size under each activation_checkpoint mode
-    // (selective with the configured selective_ac_option).
-    arena_bytes_format(t->act_arena.peak, MiB, 2, dtypes, sizeof dtypes);
-    log_info("memory per rank: %sactivations %.1f MiB (%s%sactivation_checkpoint none: %.1f MiB, "
-             "selective %s: %.1f MiB, full: %.1f MiB)", line, t->act_arena.size / MiB, dtypes,
-             *dtypes ? "; " : "", t->act_bytes_ac[0] / MiB,
+    format_arena(one, sizeof one, names[4], arenas[4]);
+    log_info("memory per rank: %s", one);
+    log_info("memory per rank: activations by activation_checkpoint: none %.1f MiB, selective %s "
+             "%.1f MiB, full %.1f MiB", t->act_bytes_ac[0] / MiB,
              t->cfg.activation_checkpoint.selective_ac_option, t->act_bytes_ac[1] / MiB,
              t->act_bytes_ac[2] / MiB);
+}
+
+// The backend's description, one "kernels:" line per part: the parts are separated by "; "
+// outside parentheses (kernels/ops.def).
+static void log_kernels(const KernelOps *k) {
+    char text[512];
+    k->describe(text, sizeof text);
+    int depth = 0;
+    char *part = text;
+    for (char *c = text; *c; c++) {
+        depth += (*c == '(') - (*c == ')');
+        if (depth == 0 && c[0] == ';' && c[1] == ' ') {
+            *c = '\0';
+            log_info("kernels: %s", part);
+            part = c + 2;
+        }
+    }
+    log_info("kernels: %s", part);
 }
 
 static bool layout_plan(MeshLayout *layout, const int degrees[MESH_NDIMS], int ep, int world,
@@ -352,11 +382,14 @@ static void log_setup(Trainer *t) {
     const Config *c = &t->cfg;
     const int *size = t->mesh.layout.size;
     ModelShape shape = model_shape(&t->args);
-    log_info("model: %s %s, %d layers, dim %d, vocab %d; batch %d x %d tokens x %d "
-             "microbatches per rank; mesh pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d",
-             t->args.spec->name, c->model.flavor, shape.n_layers, shape.dim, shape.vocab_size,
-             t->train.B, t->train.T, t->accum, size[MESH_PP], size[MESH_DP_REPLICATE],
-             size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP]);
+    char vocab[32] = "";  // a model without a vocabulary (FLUX) has none to name
+    if (shape.vocab_size > 0) snprintf(vocab, sizeof vocab, ", vocab %d", shape.vocab_size);
+    // A step is `accum` batches per rank; pp splits each batch into microbatches (below).
+    log_info("model: %s %s, %d layers, dim %d%s; batch %d x %d tokens per rank, %d gradient "
+             "accumulation step%s; mesh pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d",
+             t->args.spec->name, c->model.flavor, shape.n_layers, shape.dim, vocab, t->train.B,
+             t->train.T, t->accum, t->accum == 1 ? "" : "s", size[MESH_PP],
+             size[MESH_DP_REPLICATE], size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP]);
     log_info("precision: %s compute (training.mixed_precision_param %s), fp32 master weights and "
              "optimizer state", dtype_name(t->precision.param), c->training.mixed_precision_param);
     if (config_converts(c, "float8")) trainer_log_float8(t);
@@ -365,17 +398,15 @@ static void log_setup(Trainer *t) {
                  size[MESH_DP_SHARD] * size[MESH_CP] * size[MESH_TP] / t->mesh.layout.ep);
     if (t->pipeline) {
         const char *csv = c->parallelism.pipeline_parallel_schedule_csv;
-        log_info("pipeline: %s, %d microbatches of %lld rows per batch",
-                 csv && *csv ? csv : c->parallelism.pipeline_parallel_schedule,
-                 trainer_schedule_microbatches(c),
-                 (long long)c->parallelism.pipeline_parallel_microbatch_size);
+        long long rows = (long long)c->parallelism.pipeline_parallel_microbatch_size;
+        log_info("pipeline: %s, each batch of %d rows in %d microbatches of %lld row%s",
+                 csv && *csv ? csv : c->parallelism.pipeline_parallel_schedule, t->train.B,
+                 trainer_schedule_microbatches(c), rows, rows == 1 ? "" : "s");
     }
     if (t->tokenizer)
         log_info("tokenizer: %s (%s, %d ids)", c->model.tokenizer_path,
                  tokenizer_format(t->tokenizer), tokenizer_vocab_size(t->tokenizer));
-    char backend[512];
-    t->k->describe(backend, sizeof backend);
-    log_info("kernels: %s", backend);
+    log_kernels(t->k);
     log_memory(t);
 }
 

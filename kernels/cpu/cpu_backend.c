@@ -29,7 +29,7 @@ static const char *cpu_isa_name(dnnl_cpu_isa_t isa) {
 void cpu_describe(char *buf, size_t len) {
     bool bf16 = cpu_gemm_bf16_on();
     const dnnl_version_t *v = dnnl_version();
-    snprintf(buf, len, "cpu: %d OpenMP threads, fp32 GEMMs: oneDNN %d.%d.%d sgemm (%s), "
+    snprintf(buf, len, "cpu: %d OpenMP threads, fp32 GEMMs: oneDNN %d.%d.%d sgemm (%s); "
              "attention's: OpenBLAS %s kernels (%s)%s%s", omp_get_max_threads(), v->major,
              v->minor, v->patch, cpu_isa_name(dnnl_get_effective_cpu_isa()),
              openblas_get_corename(), openblas_get_config(), bf16 ? "; bf16 compute: " : "",

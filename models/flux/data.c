@@ -172,5 +172,5 @@ static void close_data(void *data) {
 const ModelData FLUX_DATA = {
     .check = check, .open = open_data, .carve = carve, .next = next,
     .input_bytes = sizeof(FluxBatch), .input_rows = input_rows, .example_rows = example_rows,
-    .position = position, .set_position = set_position, .close = close_data,
+    .position = position, .set_position = set_position, .close = close_data, .images = true,
 };

@@ -497,8 +497,8 @@ bool pp_schedule_load_csv(PpSchedule *s, const char *text, const char *path, cha
     return ok;
 }
 
-// One row per time unit of the cost model; a cell names the compute action that starts then,
-// "~" its second unit (a full B), "." an idle rank. Sends and recvs take no time: not shown.
+// A legend, then one row per time unit of the cost model; a cell names the compute action that
+// starts then, "~" its second unit (a full B), "." an idle rank. Sends and recvs take no time: not shown.
 void pp_schedule_print(const PpSchedule *s, const PpReport *r, FILE *out) {
     int T = (int)r->makespan;
     int *cell = xcalloc((size_t)T * (size_t)s->ranks, sizeof(int));  // (T, ranks) action or -1
@@ -508,6 +508,8 @@ void pp_schedule_print(const PpSchedule *s, const PpReport *r, FILE *out) {
             for (int64_t t = r->start[q][i];
                  t < r->start[q][i] + pp_action_cost(s->actions[q][i].kind); t++)
                 cell[t * s->ranks + q] = i;
+    fprintf(out, "legend: Fs.m forward of stage s, microbatch m; B backward (2 units); I, W its "
+            "input and weight halves; ~ a B's second unit; . idle\n");
     fprintf(out, "step");
     for (int q = 0; q < s->ranks; q++)
         fprintf(out, q + 1 < s->ranks ? "  rank %-3d" : "  rank %d", q);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The command line: --print-config prints the resolved config (file + overrides) as YAML that
 # titan reads back to the same config (job.config_file and job.print_config aside); job.save_config_file writes that same text.
-# --help for titan and each command, --help-config, titan alone; generate's summary line.
+# --help for titan and each command (generate's and FLUX's sampler's: every flag described),
+# --help-config, titan alone; generate's summary line.
 source "$(dirname "$0")/lib.sh"
 
 $TITAN --config configs/llama3_8b.yaml --training.steps 7 --print-config >"$SCRATCH/a.yaml"
@@ -40,6 +41,31 @@ expect_user_error "^titan: error: tokenizer: unknown command tain; usage: titan 
 $TITAN generate --help | grep -q "^usage: titan generate --checkpoint" || fail "generate --help"
 $TITAN generate --help | grep -qF -- "--checkpoint FLUX.h5 --help" ||
   fail "generate --help does not say where a FLUX checkpoint's flags are"
+# generate --help describes every flag of its usage line, one line per flag; so does FLUX's
+# sampler's (a FLUX checkpoint's --help).
+/usr/bin/python3 scripts/flux_preprocess.py --digits --out "$SCRATCH/digits" >/dev/null
+$TITAN --config configs/flux_digits.yaml --training.dataset_path "$SCRATCH/digits" \
+  --checkpoint.enable --checkpoint.create_seed_checkpoint --job.dump_folder "$SCRATCH/flux" \
+  >"$SCRATCH/flux.log" 2>&1 || fail "FLUX seed checkpoint: $(tail -1 "$SCRATCH/flux.log")"
+# A FLUX run's log speaks of images: no vocabulary, images/s on the step line and in
+# metrics.jsonl (beside tokens_per_s, which stays).
+$TITAN --config configs/flux_digits.yaml --training.dataset_path "$SCRATCH/digits" \
+  --training.steps 1 --job.dump_folder "$SCRATCH/flux1" >"$SCRATCH/flux1.log" 2>&1 ||
+  fail "FLUX step: $(tail -1 "$SCRATCH/flux1.log")"
+grep -q "^model: flux flux-digits, 2 layers, dim 64; batch" "$SCRATCH/flux1.log" ||
+  fail "FLUX's model line: $(grep "^model:" "$SCRATCH/flux1.log")"
+grep -q "^step *1 .* img/s *[0-9.]*  TFLOP/s" "$SCRATCH/flux1.log" ||
+  fail "FLUX's step line: $(grep "^step" "$SCRATCH/flux1.log")"
+grep -q '"tokens_per_s": [0-9.e+]*, "images_per_s": [0-9.e+]*,' "$SCRATCH/flux1/metrics.jsonl" ||
+  fail "FLUX's metrics.jsonl: $(cat "$SCRATCH/flux1/metrics.jsonl")"
+for ckpt in build/test-data/models/stories260K.bin "$SCRATCH/flux/checkpoint/step-0.h5"; do
+  $TITAN generate --checkpoint "$ckpt" --help >"$SCRATCH/gen_help.txt" ||
+    fail "generate --checkpoint $ckpt --help"
+  for flag in $(head -1 "$SCRATCH/gen_help.txt" | grep -o -- "--[a-z-]*" | sort -u); do
+    grep -Eq -- "^  (-h, )?$flag( [^ ]+)?  +[^ ]" "$SCRATCH/gen_help.txt" ||
+      fail "generate --checkpoint $ckpt --help does not describe $flag"
+  done
+done
 for c in configs/*.yaml; do
   grep -qF "$(basename "$c")" "$SCRATCH/help.txt" || fail "titan --help does not list $c"
 done

@@ -69,7 +69,27 @@ grep -q "step *1" "$SCRATCH/plain.out" || fail "no step line: $(cat -v "$SCRATCH
 grep -q "$ESC\[" "$SCRATCH/plain.out" && fail "colors despite metrics.disable_color_printing"
 $TITAN "${SMALL[@]}" --training.steps 2 --job.dump_folder "$SCRATCH/pipe" >"$SCRATCH/pipe.out"
 grep -q "$ESC\[" "$SCRATCH/pipe.out" && fail "colors on a pipe"
-echo "ok: colored step line on a terminal only, unless disabled"
+# (One rank has no one to talk to: its log has no per-group comm lines; test_profiling reads a
+# 2-rank run's.)
+grep -q "^comm: .* waiting on collectives" "$SCRATCH/pipe.out" || fail "no comm summary line"
+grep -q "^comm: group" "$SCRATCH/pipe.out" && fail "a 1-rank run printed comm-group lines"
+# NO_COLOR set and non-empty disables colour on a terminal (no-color.org); empty, it does not.
+NO_COLOR=1 on_tty "$TITAN ${SMALL[*]} --training.steps 1 --job.dump_folder $SCRATCH/tty" >"$SCRATCH/nocolor.out"
+grep -q "step *1" "$SCRATCH/nocolor.out" || fail "no step line: $(cat -v "$SCRATCH/nocolor.out")"
+grep -q "$ESC\[" "$SCRATCH/nocolor.out" && fail "colors despite NO_COLOR=1"
+NO_COLOR= on_tty "$TITAN ${SMALL[*]} --training.steps 1 --job.dump_folder $SCRATCH/tty" >"$SCRATCH/emptync.out"
+grep -q "$ESC\[31mstep" "$SCRATCH/emptync.out" || fail "an empty NO_COLOR disabled colour"
+# Under mpirun a rank's stdout is a pty even when mpirun's output is redirected: no colour
+# there unless FORCE_COLOR asks for it.
+timeout 300 mpirun --oversubscribe -np 1 $TITAN "${SMALL[@]}" --training.steps 1 \
+  --job.dump_folder "$SCRATCH/mpi_tty" >"$SCRATCH/mpi.out" 2>&1
+grep -q "step *1" "$SCRATCH/mpi.out" || fail "no step line under mpirun: $(cat -v "$SCRATCH/mpi.out")"
+grep -q "$ESC\[" "$SCRATCH/mpi.out" && fail "colors in mpirun's redirected output"
+FORCE_COLOR=1 timeout 300 mpirun --oversubscribe -np 1 -x FORCE_COLOR $TITAN "${SMALL[@]}" \
+  --training.steps 1 --job.dump_folder "$SCRATCH/mpi_tty" >"$SCRATCH/mpi_force.out" 2>&1
+grep -q "$ESC\[31mstep" "$SCRATCH/mpi_force.out" ||
+  fail "no colour under mpirun with FORCE_COLOR=1: $(cat -v "$SCRATCH/mpi_force.out")"
+echo "ok: colored step line on a terminal only, unless disabled (NO_COLOR too); under mpirun only with FORCE_COLOR"
 
 # training.deterministic: the cpu backend is deterministic, so it trains as without the key.
 $TITAN "${SMALL[@]}" --training.steps 2 --training.deterministic --job.dump_folder "$SCRATCH/det" >/dev/null

@@ -30,6 +30,12 @@ same_as_one_rank "pp=2 Interleaved1F1B, 4 stages per rank" 2 "${PP2[@]}" \
 # Gradient accumulation: two batches of 4 rows per step, each through the pipeline.
 same_as_one_rank "pp=2, 2 accumulation steps" 2 "${PP2[@]}" --training.local_batch_size 4 \
   --training.global_batch_size 8
+# Its log says so once: the accumulation steps, then how pp splits each batch.
+grep -q "^model: .*; batch 4 x [0-9]* tokens per rank, 2 gradient accumulation steps;" \
+  "$SCRATCH/pp=2, 2 accumulation steps.log" &&
+  grep -q "^pipeline: 1F1B, each batch of 4 rows in 2 microbatches of 2 rows$" \
+    "$SCRATCH/pp=2, 2 accumulation steps.log" ||
+  fail "the log's batch lines: $(grep "^model:\|^pipeline:" "$SCRATCH/pp=2, 2 accumulation steps.log")"
 # A hand-written CSV (compute only; the sends and receives are added): rank 1 splits its
 # backward into I and W and defers the weight parts, which no generator does in this order.
 cat >"$SCRATCH/split.csv" <<'CSV'
@@ -72,7 +78,7 @@ activations() {  # schedule, microbatches
     $P.pipeline_parallel_degree 2 $P.pipeline_parallel_microbatch_size 1 \
     $P.pipeline_parallel_schedule "$1" --training.local_batch_size "$2" \
     --job.dump_folder "$SCRATCH/mem-$1-$2" 2>&1 |
-    sed -n 's/.*memory per rank: .* activations \([0-9.]*\) MiB .*/\1/p'
+    sed -n 's/.*memory per rank: activations \([0-9.]*\) MiB .*/\1/p'
 }
 f4=$(activations 1F1B 4) f16=$(activations 1F1B 16) g4=$(activations GPipe 4) g16=$(activations GPipe 16)
 [ -n "$f4" ] && [ "$f4" = "$f16" ] || fail "1F1B stage 0 activations ${f4} MiB at 4 microbatches, ${f16} MiB at 16"

@@ -65,7 +65,9 @@ print(f"ok: every arena's dtypes sum to its bytes; comm on 2 FSDP ranks: float32
 # The run's memory line: each arena as the estimate split it, in MiB.
 MiB = 2 ** 20
 log = open(f"{scratch}/bf16.log").read()
-line = re.search(r"^memory per rank: (.*)$", log, re.M).group(1)
+lines = re.findall(r"^memory per rank: (.*)$", log, re.M)  # a few lines of at most ~120 chars
+assert lines and all(len(l) <= 120 for l in lines), f"memory lines: {lines}"
+line = ", ".join(lines)
 for arena in ARENAS:
     total, parts = plans["bf16"][arena]
     want = f"{arena} {total / MiB:.1f} MiB"

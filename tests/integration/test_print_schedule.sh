@@ -9,6 +9,8 @@ PP=(--config configs/debug_model.yaml --parallelism.pipeline_parallel_degree 4)
 $TITAN "${PP[@]}" --print-schedule --microbatches 8 >"$SCRATCH/1f1b.txt" ||
   fail "--print-schedule 1F1B did not exit 0"
 grep -q "^step  rank 0    rank 1    rank 2    rank 3$" "$SCRATCH/1f1b.txt" || fail "no table header"
+grep -q "^legend: Fs.m forward of stage s, microbatch m; .*; ~ a B's second unit; . idle$" \
+  "$SCRATCH/1f1b.txt" || fail "no legend for the table's ~ and ."
 grep -Eq "^   0  F0.0 " "$SCRATCH/1f1b.txt" || fail "rank 0 does not start with F0.0"
 grep -q "^ok: deadlock-free" "$SCRATCH/1f1b.txt" || fail "no verdict"
 grep -q "^bubble: 0.2727 " "$SCRATCH/1f1b.txt" || fail "1F1B pp=4 m=8 bubble is not 3/11"
