@@ -39,15 +39,47 @@ typedef struct {
     Arena params, grads, acts;
 } Built;
 
+// b->args' model for B x T tokens, its arenas allocated.
+static void build_args(Built *b, bool ac, int B, int T) {
+    b->args.max_seq_len = T;
+    decoder_build(&b->m, &b->args, ac);
+    model_allocate(&b->m, model_activation_bytes(&b->m, kernels_backend("cpu"), B, T), &b->params,
+                   &b->grads, &b->acts, NULL);
+}
+
 // loss_chunk_rows: LlamaArgs' (0: the head's own budget).
 static void build_chunked(Built *b, const char *flavor, bool ac, int B, int T,
                           int loss_chunk_rows) {
     assert_true(llama3_flavor(flavor, &b->args));
-    b->args.max_seq_len = T;
     b->args.loss_chunk_rows = loss_chunk_rows;
-    decoder_build(&b->m, &b->args, ac);
-    model_allocate(&b->m, model_activation_bytes(&b->m, kernels_backend("cpu"), B, T), &b->params,
-                   &b->grads, &b->acts, NULL);
+    build_args(b, ac, B, T);
+}
+
+static void build_qwen3(Built *b, const char *flavor, int B, int T) {
+    Qwen3Args q;
+    assert_true(qwen3_flavor(flavor, &q));
+    b->args = q.decoder;
+    build_args(b, false, B, T);
+}
+
+// A fixed batch of at most FIXED_TOKENS tokens: token i is (37 i + 11) mod vocab, its target
+// (53 i + 7) mod vocab, positions 0..T-1; the StepCtx that runs it on the cpu backend.
+enum { FIXED_TOKENS = 256 };
+typedef struct {
+    int tokens[FIXED_TOKENS], targets[FIXED_TOKENS], pos[FIXED_TOKENS];
+    TokenBatch batch;
+} FixedBatch;
+
+static StepCtx fixed_step(Built *b, FixedBatch *f, int B, int T) {
+    assert_true(B * T <= FIXED_TOKENS);
+    for (int i = 0; i < B * T; i++) {
+        f->tokens[i] = (i * 37 + 11) % b->args.vocab_size;
+        f->targets[i] = (i * 53 + 7) % b->args.vocab_size;
+    }
+    for (int i = 0; i < T; i++) f->pos[i] = i;
+    f->batch = (TokenBatch){.tokens = f->tokens, .targets = f->targets, .pos = f->pos};
+    return (StepCtx){.k = kernels_backend("cpu"), .act = &b->acts, .B = B, .T = T,
+                     .input = &f->batch, .loss_scale = 1};
 }
 
 static void build(Built *b, const char *flavor, bool ac, int B, int T) {
@@ -162,24 +194,12 @@ static void test_qwen3_init_matches_torchtitan(void **state) {
 static void test_qwen3_tied_first_loss_is_log_vocab(void **state) {
     (void)state;
     enum { B = 2, T = 32 };
-    Qwen3Args q;
-    assert_true(qwen3_flavor("debugmodel", &q));
-    assert_true(q.decoder.tie_word_embeddings);
-    Built b = {.args = q.decoder};
-    b.args.max_seq_len = T;
-    decoder_build(&b.m, &b.args, false);
-    model_allocate(&b.m, model_activation_bytes(&b.m, kernels_backend("cpu"), B, T), &b.params,
-                   &b.grads, &b.acts, NULL);
+    Built b;
+    build_qwen3(&b, "debugmodel", B, T);
+    assert_true(b.args.tie_word_embeddings);
     params_initialize(&b.m.params, 0);
-    int tokens[B * T], targets[B * T], pos[T];
-    for (int i = 0; i < B * T; i++) {
-        tokens[i] = (i * 37 + 11) % b.args.vocab_size;
-        targets[i] = (i * 53 + 7) % b.args.vocab_size;
-    }
-    for (int i = 0; i < T; i++) pos[i] = i;
-    TokenBatch batch = {.tokens = tokens, .targets = targets, .pos = pos};
-    StepCtx s = {.k = kernels_backend("cpu"), .act = &b.acts, .B = B, .T = T, .input = &batch,
-                 .loss_scale = 1};
+    FixedBatch batch;
+    StepCtx s = fixed_step(&b, &batch, B, T);
     double loss = model_forward(&b.m, &s);
     if (!(fabs(loss - log(b.args.vocab_size)) < 0.5))
         fail_msg("qwen3 debugmodel's first loss %.4g, not near ln(%d) = %.4g", loss,
@@ -284,18 +304,11 @@ static void test_chunked_head_matches_one_chunk(void **state) {
     build_chunked(&chunked, "small", false, B, T, 5);
     params_initialize(&one.m.params, 3);
     params_initialize(&chunked.m.params, 3);
-    int tokens[B * T], targets[B * T], pos[T];
-    for (int i = 0; i < B * T; i++) {
-        tokens[i] = (i * 37 + 11) % one.args.vocab_size;
-        targets[i] = (i * 53 + 7) % one.args.vocab_size;
-    }
-    for (int i = 0; i < T; i++) pos[i] = i;
     Built *runs[2] = {&one, &chunked};
     double loss[2];
     for (int r = 0; r < 2; r++) {
-        TokenBatch batch = {.tokens = tokens, .targets = targets, .pos = pos};
-        StepCtx s = {.k = kernels_backend("cpu"), .act = &runs[r]->acts, .B = B, .T = T,
-                     .input = &batch, .loss_scale = 1};
+        FixedBatch batch;
+        StepCtx s = fixed_step(runs[r], &batch, B, T);
         loss[r] = model_forward_backward(&runs[r]->m, &s);
     }
     assert_true(fabs(loss[1] - loss[0]) <= 1e-6 * loss[0]);
@@ -400,13 +413,8 @@ static void check_directional_derivative(Built *b, StepCtx *s, const char *name)
 static void test_qk_norm_gradients_match_finite_differences(void **state) {
     (void)state;
     enum { B = 2, T = 16 };
-    Qwen3Args q;
-    assert_true(qwen3_flavor("small", &q));
-    Built b = {.args = q.decoder};
-    b.args.max_seq_len = T;
-    decoder_build(&b.m, &b.args, false);
-    model_allocate(&b.m, model_activation_bytes(&b.m, kernels_backend("cpu"), B, T), &b.params,
-                   &b.grads, &b.acts, NULL);
+    Built b;
+    build_qwen3(&b, "small", B, T);
     params_initialize(&b.m.params, 5);
     const char *norms[] = {"layers.0.attention.q_norm.weight", "layers.0.attention.k_norm.weight",
                            "layers.1.attention.q_norm.weight", "layers.1.attention.k_norm.weight"};
@@ -415,15 +423,8 @@ static void test_qk_norm_gradients_match_finite_differences(void **state) {
         assert_int_equal(p->numel, b.args.head_dim);
         for (size_t i = 0; i < p->numel; i++) p->data[i] = (float)(1 + 0.5 * sin(3.0 * i + n));
     }
-    int tokens[B * T], targets[B * T], pos[T];
-    for (int i = 0; i < B * T; i++) {
-        tokens[i] = (i * 37 + 11) % b.args.vocab_size;
-        targets[i] = (i * 53 + 7) % b.args.vocab_size;
-    }
-    for (int i = 0; i < T; i++) pos[i] = i;
-    TokenBatch batch = {.tokens = tokens, .targets = targets, .pos = pos};
-    StepCtx s = {.k = kernels_backend("cpu"), .act = &b.acts, .B = B, .T = T, .input = &batch,
-                 .loss_scale = 1};
+    FixedBatch batch;
+    StepCtx s = fixed_step(&b, &batch, B, T);
     model_forward_backward(&b.m, &s);
     for (int n = 0; n < 4; n++) check_directional_derivative(&b, &s, norms[n]);
     check_directional_derivative(&b, &s, "layers.0.attention.wq.weight");
