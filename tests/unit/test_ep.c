@@ -336,7 +336,8 @@ static void ep_layer_make(EpLayer *L, const Ep *ep, const EpLayer *whole) {
                         .router = {.n_experts = E, .top_k = 2, .score_func = MOE_SCORE_SOFTMAX,
                                    .route_scale = 1}};
     params_init(&L->t, moe_param_count(&L->args));
-    moe_layer_init(&L->m, &L->args, 0, &L->t, "layers.0.", INIT_NORMAL, 0.5, 0.5);
+    moe_layer_init(&L->m, &L->args, 0, &L->t, "layers.0.",
+                   &(MoeInit){INIT_NORMAL, 0.5, 0.5, 0.5, 0.5});
     if (ep) ep_place(&L->t, ep->size, ep->rank);
     arena_init_sizing(&L->params, "params");
     arena_init_sizing(&L->grads, "grads");
