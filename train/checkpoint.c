@@ -345,19 +345,6 @@ static void checkpoint_folder_set(Trainer *t) {
              t->cfg.checkpoint.folder);
 }
 
-bool trainer_run_finished(Trainer *t) {
-    const CheckpointSection *ck = &t->cfg.checkpoint;
-    excluded(t, "");  // its names are checked whether or not there is anything to load
-    if (!ck->enable || ck->load_step >= 0 || ck->create_seed_checkpoint) return false;
-    checkpoint_folder_set(t);
-    int64_t step = ckpt_latest_step(t->ckpt_folder);
-    if (step < t->cfg.training.steps) return false;
-    log_info("checkpoint: %s/step-%lld.h5 is at training.steps %lld: this run has finished, "
-             "nothing to train", t->ckpt_folder, (long long)step,
-             (long long)t->cfg.training.steps);
-    return true;
-}
-
 // torchtitan's order: resume from this run's own checkpoint folder (checkpoint.load_step, or
 // the latest step), else start from checkpoint.initial_load_path, else initialise from seed.
 // Each rank reads its own shards, whatever layout saved them.
@@ -375,6 +362,14 @@ void trainer_load_or_initialize(Trainer *t) {
     } else if (ck->enable) {
         step = ckpt_latest_step(t->ckpt_folder);
         ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);
+    }
+    excluded(t, "");  // its names are checked whether or not there is anything to load
+    if (ck->load_step < 0 && step >= t->cfg.training.steps && !ck->create_seed_checkpoint) {
+        run_attrs_check(t, path, true, true);  // this run's own checkpoint, not another job's
+        log_info("checkpoint: %s is at training.steps %lld: this run has finished, nothing to "
+                 "train", path, (long long)t->cfg.training.steps);
+        t->finished = true;
+        return;
     }
     if (async_on(t) && !comm_threads_concurrent())
         die_user("checkpoint.async_mode async: this MPI library does not grant "

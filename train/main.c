@@ -206,14 +206,12 @@ int main(int argc, char **argv) {
     }
     if (t->cfg.job.save_config_file) save_config(&t->cfg, t->cfg.job.save_config_file);
     trainer_start_debug_server(&t->cfg);
-    if (!trainer_run_finished(t)) {
-        trainer_setup(t);
-        die_user_collective(false);
-        if (t->cfg.checkpoint.create_seed_checkpoint)
-            trainer_create_seed_checkpoint(t);
-        else
-            trainer_train(t);
-    }
+    trainer_setup(t);
+    die_user_collective(false);
+    if (t->cfg.checkpoint.create_seed_checkpoint)
+        trainer_create_seed_checkpoint(t);
+    else if (!t->finished)
+        trainer_train(t);
     debug_server_stop();
     comm_finalize();
     return 0;

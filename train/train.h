@@ -91,6 +91,7 @@ typedef struct {
     char ckpt_folder[4096];
     double step_seconds;          // the last step's time: what a checkpoint's stall is set against
     AsyncSave *async_save;        // checkpoint.async_mode async: the background save (NULL: off)
+    bool finished;                // the newest checkpoint is at training.steps: nothing to train
 } Trainer;
 
 // setup.c: everything before the first step (or, under --estimate, up to the arenas' sizes),
@@ -128,11 +129,10 @@ void trainer_log_float8(const Trainer *t);
 // and preemption, then the run's summary.
 void trainer_train(Trainer *t);
 // checkpoint.c: torchtitan's checkpoint policy over checkpoint/train_state.h.
-// True (saying so) when this run's newest checkpoint is at training.steps or beyond: the same
-// command run again (a second `make run`, a requeued job that had finished) has nothing to
-// train, rather than resuming its model-only last save. checkpoint.load_step resumes as asked.
-// Checks checkpoint.exclude_from_loading's names first, which trainer_load_or_initialize reads.
-bool trainer_run_finished(Trainer *t);
+// When this run's newest checkpoint is at training.steps or beyond, it loads nothing and sets
+// t->finished (saying so): the same command run again (a second `make run`, a requeued job that
+// had finished) has nothing to train, rather than resuming its model-only last save.
+// checkpoint.load_step resumes as asked.
 void trainer_load_or_initialize(Trainer *t);
 void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted);
 // A background save in flight (async_mode async) is waited for; close also ends the writer

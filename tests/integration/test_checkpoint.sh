@@ -32,6 +32,9 @@ grep -q "checkpoint: .*/step-12.h5 is at training.steps 12: this run has finishe
 [ "$(ls -l --time-style=full-iso "$SCRATCH/full" "$SCRATCH/full/checkpoint" | md5sum)" = "$before" ] ||
   fail "running the finished job again changed its folder"
 echo "ok: the finished job run again says so and exits 0"
+# Finished is said of this job only: another job's settings in its folder are still refused.
+expect_user_error "full/checkpoint/step-12.h5 was written with training.seq_len 64, this run has 32" \
+  $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/full" --training.seq_len 32
 
 # The step-6 file is a full training state; the last one holds the model only
 # (checkpoint.last_save_model_only, true by default as in torchtitan).
