@@ -47,17 +47,20 @@ pp_ARGS=(2 $P.pipeline_parallel_degree 2 $P.pipeline_parallel_microbatch_size 2
          $P.pipeline_parallel_schedule ZBVZeroBubble)
 same pp OP EVERY2
 
-# "activations 25.1 MiB (fp32 25.11, bytes 0.03; activation_checkpoint none: 31.4 MiB,
-# selective op: 25.1 MiB, full: 11.6 MiB)": the run's arena, then each mode's.
-# --estimate prints the same three in bytes.
-memory() { grep -o 'activations [0-9.]* MiB (.*' "$SCRATCH/$1.log" | tail -1; }
+# "activations 25.7 MiB (fp32 23.61, bf16 2.00, bytes 0.06)" then "activations by
+# activation_checkpoint: none 28.8 MiB, selective op 25.7 MiB, full 12.1 MiB": the run's arena,
+# then each mode's. --estimate prints the same three in bytes.
+memory() {
+  grep -o 'activations [0-9.]* MiB (.*\|activations by activation_checkpoint: .*' \
+    "$SCRATCH/$1.log" | tail -n 2 | tr '\n' ' '
+}
 estimate=$($TITAN --estimate "${run[@]}" "${OP[@]}" | grep '^  activation_checkpoint none')
 $PY - "$(memory one.OP)" "$(memory one.EVERY2)" "$(memory one.none)" "$(memory one.FULL)" \
   "$(memory bf16.OP)" "$estimate" <<'PY'
 import re, sys
 def parse(line):
     own = float(re.match(r"activations ([0-9.]+) MiB", line).group(1))
-    modes = dict(re.findall(r"(none|selective \w+|full): ([0-9.]+) MiB", line))
+    modes = dict(re.findall(r"(none|selective \w+|full):? ([0-9.]+) MiB", line))
     return own, {k: float(v) for k, v in modes.items()}
 op, every2, none, full, bf16 = map(parse, sys.argv[1:6])
 estimate = {k: round(int(v) / 2**20, 1)
