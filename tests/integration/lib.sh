@@ -37,6 +37,18 @@ train_ranks() {
     >"$SCRATCH/$name.log" 2>&1 || { tail -5 "$SCRATCH/$name.log"; fail "$name: run failed"; }
 }
 
+# in_background CMD...: CMD (a train_ranks, say) in the background; wait_background waits for
+# every one started and fails the test if any failed (train_ranks has shown its log's end).
+# For runs of one thread each, two side by side on two cores.
+BACKGROUND=()
+in_background() { "$@" & BACKGROUND+=($!); }
+wait_background() {
+  local pid failed=0
+  for pid in "${BACKGROUND[@]}"; do wait "$pid" || failed=1; done
+  BACKGROUND=()
+  [ "$failed" -eq 0 ] || fail "a run in the background failed"
+}
+
 # unit_test_on_ranks NAME NP: the cmocka test build/tests/NAME (which also runs on one rank as
 # a plain unit test) on NP MPI ranks, one thread each: every rank must pass.
 unit_test_on_ranks() {

@@ -7,6 +7,7 @@
 # save in flight when the loss diverges, complete before the run exits; keep_latest_k keeps
 # the newest; the staging counts in the memory check; an async mode titan does not implement
 # is refused in one line.
+# run_all: alone (tests/run_all.sh): it times signals and timeouts
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 

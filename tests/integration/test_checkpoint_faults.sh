@@ -5,6 +5,7 @@
 # under a checkpoint's name, keep_latest_k never takes the newest complete one, each restart
 # resumes from the newest complete one, and the chain of killed and resumed runs ends with the
 # uninterrupted run's losses bit for bit.
+# run_all: alone (tests/run_all.sh): it times signals and timeouts
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 started=$SECONDS

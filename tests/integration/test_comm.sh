@@ -3,6 +3,7 @@
 # byte counts (build/tests/test_comm, which run_all.sh also runs on one rank), then the flight
 # recorder: a SIGUSR1 to one rank dumps its trace with the pending operation, and a rank that
 # skips a collective makes the others time out and abort the job instead of hanging.
+# run_all: alone (tests/run_all.sh): it times signals and timeouts
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BIN=build/tests/test_comm

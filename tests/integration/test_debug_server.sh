@@ -6,6 +6,7 @@
 # equals metrics.jsonl's, rank 0's index links both ranks; after SIGCONT the job finishes
 # normally with the losses of a run without the server. A port in use and ports past 65535
 # are refused with one line.
+# run_all: alone (tests/run_all.sh): it times signals and timeouts
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 

@@ -34,15 +34,19 @@ expect_user_error "^titan: error: --float8.precompute_float8_dynamic_scale_for_f
 expect_user_error "^titan: error: --float8.enable_fsdp_float8_all_gather: float8.enable_fsdp_float8_all_gather does nothing without FSDP \(an fsdp group of dp_shard 1 x cp 1 ranks\)$" \
   $TITAN "${R[@]}" "${GATHER[@]}"
 
-# ---- numerics: 10 steps of a global batch of 8 rows ---------------------------------------------
-RUN=(${SMALL[@]} "${F8[@]}" --training.steps 10 --training.global_batch_size 8
+# ---- numerics: 6 steps of a global batch of 8 rows ----------------------------------------------
+RUN=(${SMALL[@]} "${F8[@]}" --training.steps 6 --training.global_batch_size 8
      --lr_scheduler.warmup_steps 2)
 same() {  # name, reference run, run: losses and grad norms bit for bit
   same_metrics "$1" "$SCRATCH/$2/metrics.jsonl" "$SCRATCH/$3/metrics.jsonl" 1 0
 }
+# The 1-rank references (one thread each) side by side.
+for rows in 4 2; do
+  in_background train_ranks one-$((8 / rows)) 1 "${RUN[@]}" --training.local_batch_size "$rows"
+done
+wait_background
 for spec in 2:4 4:2; do  # ranks:rows per rank
   IFS=: read -r np rows <<<"$spec"
-  train_ranks one-$np 1 "${RUN[@]}" --training.local_batch_size "$rows"
   train_ranks fp32-$np "$np" "${RUN[@]}" --training.local_batch_size "$rows" $P "$np"
   train_ranks gather-$np "$np" "${RUN[@]}" --training.local_batch_size "$rows" $P "$np" "${GATHER[@]}"
   same "float8 all-gather, $np ranks = fp32 gather" fp32-$np gather-$np

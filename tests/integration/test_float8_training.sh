@@ -7,10 +7,10 @@
 # GEMMs, on the cpu too, as torchtitan's reference bf16 run), compared explicitly below. The output layer stays high precision as in
 # torchtitan's debug config (filter_fqns = ["output"]). The batch is 4 x 64 tokens: at 2 x 64
 # or 4 x 32 a single batch's loss moved by 2-3% (as much as float8's rounding moves the
-# weights); at 4 x 64 the runs stay within 0.4%. One thread per run, one run at a time (side
-# by side they took longer on loaded cores): about 20 s for the bf16 run and 75 s for each
-# float8 one, whose GEMMs the cpu emulates (casts, then both operands decoded for an sgemm),
-# which makes a step of the debug model's small GEMMs about 3.5x slower.
+# weights); at 4 x 64 the runs stay within 0.4%. One thread per run, the two float8 runs side
+# by side: about 20 s for the bf16 run and 75 s for each float8 one, whose GEMMs the cpu
+# emulates (casts, then both operands decoded for an sgemm), which makes a step of the debug
+# model's small GEMMs about 3.5x slower.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -50,10 +50,13 @@ echo "ok: the log names the float8 layers, the metrics the recipe"
 # ---- convergence against the high-precision run -------------------------------------------------
 RUN=(--config configs/debug_model.yaml --training.dataset_path "$DATA" --model.tokenizer_path null
      --training.seq_len 64 --training.local_batch_size 4 --training.steps 150 --metrics.log_freq 1)
-train_ranks high 1 "${RUN[@]}"
+# The two float8 runs side by side (one thread each, on CI's two cores), then the bf16 one.
 for recipe in tensorwise rowwise; do
-  train_ranks $recipe 1 "${RUN[@]}" "${F8[@]}" --float8.recipe_name $recipe --float8.filter_fqns output
+  in_background train_ranks $recipe 1 "${RUN[@]}" "${F8[@]}" --float8.recipe_name $recipe \
+    --float8.filter_fqns output
 done
+wait_background
+train_ranks high 1 "${RUN[@]}"
 grep -q '"float8"' "$SCRATCH/high/metrics.jsonl" && fail "the high-precision run's metrics name float8"
 $PY - "$SCRATCH" <<'PY'
 import json, sys

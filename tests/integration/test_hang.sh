@@ -3,6 +3,7 @@
 # the other's next collective outlives comm.train_timeout_seconds (3 s), it prints which
 # collective on which group timed out and its flight recorder, and the job exits non-zero
 # instead of hanging.
+# run_all: alone (tests/run_all.sh): it times signals and timeouts
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 

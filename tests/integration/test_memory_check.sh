@@ -2,6 +2,7 @@
 # Out of memory is a message, not a kill: before allocating its arenas, a run whose arenas (plus
 # a 5% margin) exceed the memory free to each rank exits 2 at once with one line giving both
 # figures and the closest fix; ranks of one node split its free host memory between them.
+# run_all: alone (tests/run_all.sh): it reads the host's free memory and times a refusal
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 

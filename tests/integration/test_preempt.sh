@@ -4,6 +4,7 @@
 # before the limit) saves a checkpoint at the step it was in and exits 0; resubmitted, it
 # resumes there, and its losses equal an uninterrupted run's bit for bit. A second SIGTERM
 # while the first is being honoured ends the job at once.
+# run_all: alone (tests/run_all.sh): it times signals and timeouts
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/slurm.sh"
 
