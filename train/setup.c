@@ -358,8 +358,9 @@ static void warn_warmup_cut(const Config *c) {
     CHECK(config_key_origin(c, "lr_scheduler.warmup_steps", warmup, sizeof warmup));
     CHECK(config_key_origin(c, "training.steps", steps, sizeof steps));
     log_warn("lr_scheduler.warmup_steps = %lld (%s) is more than training.steps = %lld (%s): "
-             "the warmup is cut to %lld steps", (long long)c->lr_scheduler.warmup_steps, warmup,
-             (long long)c->training.steps, steps, (long long)c->training.steps);
+             "the warmup is cut to %lld step%s", (long long)c->lr_scheduler.warmup_steps, warmup,
+             (long long)c->training.steps, steps, (long long)c->training.steps,
+             c->training.steps == 1 ? "" : "s");
 }
 
 // The optimizer (AdamW, with the parameters' average under training.ema_decay) and its lr
