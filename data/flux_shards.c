@@ -10,18 +10,32 @@
 #include "core/h5_string.h"
 #include "data/dataset.h"
 
+// The largest size of each dimension after N, and of an example (their product): what a shard
+// may say before titan sizes anything by it. Far beyond any real model (FLUX's autoencoder:
+// 16 channels, 128 x 128 latents for 1024 px; T5 512 x 4096; CLIP 768), and small enough that
+// every size derived from them (image tokens, packed patches, an example's floats) fits an int.
+#define FLUX_MAX_DIM 65536
+#define FLUX_MAX_CHANNELS 4096
+#define FLUX_MAX_EXAMPLE ((hsize_t)1 << 30)  // elements of one example in one dataset
+#define FLUX_MAX_IMAGE_SIZE (1 << 20)        // pixels per side of the source images
+
 typedef struct {
     const char *name;
     int rank;
     H5T_class_t cls;   // float32, int32 or any string
     const char *dims;  // the shape's names, for messages
     bool required;
+    const char *dim_names[4];
+    hsize_t max[4];    // each dimension's limit after N
 } DatasetSpec;
 
 static const DatasetSpec specs[FLUX_N_DATASETS] = {
-    [FLUX_LATENTS] = {"latents", 4, H5T_FLOAT, "(N, C, H, W)", true},
-    [FLUX_T5] = {"t5_encodings", 3, H5T_FLOAT, "(N, L, D_t5)", true},
-    [FLUX_CLIP] = {"clip_encodings", 2, H5T_FLOAT, "(N, D_clip)", true},
+    [FLUX_LATENTS] = {"latents", 4, H5T_FLOAT, "(N, C, H, W)", true, {"N", "C", "H", "W"},
+                      {0, FLUX_MAX_CHANNELS, FLUX_MAX_DIM, FLUX_MAX_DIM}},
+    [FLUX_T5] = {"t5_encodings", 3, H5T_FLOAT, "(N, L, D_t5)", true, {"N", "L", "D_t5"},
+                 {0, FLUX_MAX_DIM, FLUX_MAX_DIM}},
+    [FLUX_CLIP] = {"clip_encodings", 2, H5T_FLOAT, "(N, D_clip)", true, {"N", "D_clip"},
+                   {0, FLUX_MAX_DIM}},
     [FLUX_CAPTIONS] = {"captions", 1, H5T_STRING, "(N)", false},
     [FLUX_LABELS] = {"labels", 1, H5T_INTEGER, "(N)", false},
 };
@@ -149,23 +163,31 @@ static void shape_format(char *out, size_t n, const hsize_t *dims, int rank, boo
     if (used < n) snprintf(out + used, n - used, ")");
 }
 
-// Every dataset's N equals the latents'; every dimension but N at least 1 and within int.
+// Every dataset's N equals the latents'; every dimension after N from 1 to its limit, and an
+// example's elements (their product, each factor already bounded) at most FLUX_MAX_EXAMPLE.
 static bool shapes_check(const char *file, const ShardInfo *info, char *err, size_t errlen) {
     for (int d = 0; d < FLUX_N_DATASETS; d++) {
         if (!info->present[d]) continue;
         const hsize_t *dims = info->dims[d];
+        const DatasetSpec *sp = &specs[d];
         if (dims[0] != info->dims[FLUX_LATENTS][0])
             return error_set(err, errlen, "flux shard %s: dataset '%s' holds %" PRIu64
-                             " examples, but 'latents' holds %" PRIu64, file, specs[d].name,
+                             " examples, but 'latents' holds %" PRIu64, file, sp->name,
                              (uint64_t)dims[0], (uint64_t)info->dims[FLUX_LATENTS][0]);
-        for (int k = 1; k < specs[d].rank; k++)
-            if (dims[k] < 1 || dims[k] > INT32_MAX) {
-                char shape[128];
-                shape_format(shape, sizeof(shape), dims, specs[d].rank, false);
-                return error_set(err, errlen, "flux shard %s: dataset '%s' has shape %s: each "
-                                 "dimension after N must be 1 to 2^31-1", file, specs[d].name,
-                                 shape);
-            }
+        char shape[128];
+        shape_format(shape, sizeof(shape), dims, sp->rank, false);
+        hsize_t example = 1;
+        for (int k = 1; k < sp->rank; k++) {
+            if (dims[k] < 1 || dims[k] > sp->max[k])
+                return error_set(err, errlen, "flux shard %s: dataset '%s' %s has shape %s: %s "
+                                 "must be 1 to %" PRIu64, file, sp->name, sp->dims, shape,
+                                 sp->dim_names[k], (uint64_t)sp->max[k]);
+            example *= dims[k];  // at most 4096 x 65536 x 65536: no overflow
+        }
+        if (example > FLUX_MAX_EXAMPLE)
+            return error_set(err, errlen, "flux shard %s: dataset '%s' has shape %s: %" PRIu64
+                             " elements per example, more than the limit of 2^30", file,
+                             sp->name, shape, (uint64_t)example);
     }
     return true;
 }
@@ -204,11 +226,15 @@ static bool attrs_read(hid_t f, const char *file, ShardInfo *info, char *err, si
     }
     hid_t attr = attr_open(f, file, "image_size", H5T_INTEGER, 2, err, errlen);
     if (attr < 0) return false;
-    herr_t rc = H5Aread(attr, H5T_NATIVE_INT, info->image_size);
+    // As 64-bit integers: HDF5 would clip a larger value to INT_MAX when converting to int.
+    long long size[2];
+    herr_t rc = H5Aread(attr, H5T_NATIVE_LLONG, size);
     H5_CHECK(H5Aclose(attr));
-    if (rc < 0 || info->image_size[0] < 1 || info->image_size[1] < 1)
-        return error_set(err, errlen, "flux shard %s: attribute 'image_size' is not 2 positive "
-                         "integers (height, width)", file);
+    if (rc < 0 || size[0] < 1 || size[1] < 1 || size[0] > FLUX_MAX_IMAGE_SIZE ||
+        size[1] > FLUX_MAX_IMAGE_SIZE)
+        return error_set(err, errlen, "flux shard %s: attribute 'image_size' is not 2 integers "
+                         "(height, width) from 1 to 2^20", file);
+    info->image_size[0] = (int)size[0], info->image_size[1] = (int)size[1];
     return true;
 }
 

@@ -18,7 +18,8 @@
 // Opening validates every shard against the first: the three encodings present, float32,
 // of the ranks above, with one N per shard; C, H, W, L, D_t5, D_clip, the attributes and the
 // presence of captions and labels equal to the first shard's; H and W divisible by the
-// model's patch size. Any violation is one line naming the file and the dataset or attribute,
+// model's patch size; every size within its limit (data/flux_shards.c: FLUX_MAX_*), so that
+// the sizes titan derives from them fit an int. Any violation is one line naming the file and the dataset or attribute,
 // exit 2 (die_user). Shards are read with the serial HDF5 API, one open shard at a time.
 #pragma once
 

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "core/errors.h"
+#include "core/host_memory.h"
 #include "core/rng.h"
 #include "data/flux_loader.h"
 #include "models/registry.h"
@@ -77,6 +78,16 @@ static void *open_data(const Config *c, ModelArgs *a, int dp_rank, int dp_size, 
     d->key_t = rng_key(seed, "flux.timestep");
     d->key_noise = rng_key(seed, "flux.noise");
     d->key_drop = rng_key(seed, "flux.prompt_dropout");
+    // The shard reader bounds an example's sizes (data/flux_shards.c); the microbatch's buffers
+    // must fit the host before they are taken (the memory check, after the data opens, then
+    // counts them as used). In double: rows x an example's floats may pass 2^64 bytes.
+    double example = 4.0 * s->C * s->H * s->W + 2.0 + (double)s->L * s->D_t5 + s->D_clip;
+    double host = example * rows * sizeof(float), room = (double)host_memory_free();
+    if (host > room)
+        die_user("flux dataset %s: a microbatch of %d examples (latents %dx%dx%d, T5 %dx%d, "
+                 "CLIP %d) needs %.2f GiB of host memory for its inputs, but %.2f GiB is free",
+                 c->training.dataset_path, rows, s->C, s->H, s->W, s->L, s->D_t5, s->D_clip,
+                 host / 1073741824.0, room / 1073741824.0);
     size_t latent = (size_t)rows * s->C * s->H * s->W;
     d->latents = xmalloc(4 * latent * sizeof(float));
     d->noise = d->latents + latent, d->img = d->noise + latent;

@@ -103,6 +103,45 @@ expect_user_error "^titan: error: flux shard .*/shape/digits-00001.h5: dataset '
 expect_user_error "^titan: error: flux shard .*/a/digits-00000.h5: dataset 'latents' holds 16x16 images, not divisible by the model's patch size 3$" \
   $INFO "$SCRATCH/a" 3
 
+# Hostile shapes (issue 30): chunked datasets cost nothing until written, so a small file can
+# claim any size. Each is refused in one line before anything is sized by it, by the reader
+# and by a training run: a dimension past its limit, an example past 2^30 elements, an
+# image_size HDF5 would clip to INT_MAX, and a shape within the limits whose microbatch does
+# not fit the host's memory.
+$PY - "$SCRATCH" <<'EOF'
+import os, sys, h5py
+def shard(name, latents=(64, 1, 16, 16), t5=(64, 8, 64), clip=(64, 32), image_size=(16, 16)):
+    os.makedirs(f"{sys.argv[1]}/{name}")
+    with h5py.File(f"{sys.argv[1]}/{name}/x.h5", "w") as f:
+        for key, shape in (("latents", latents), ("t5_encodings", t5), ("clip_encodings", clip)):
+            f.create_dataset(key, shape=shape, dtype="f4", chunks=(1,) * len(shape))
+        for key in ("t5_encoder", "clip_encoder", "autoencoder"):
+            f.attrs[key] = "x"
+        f.attrs["image_size"] = image_size
+shard("wraps", latents=(64, 2, 2**30, 2**26))  # the probe's: rows*C*H*W wrapped size_t
+shard("int", latents=(64, 1, 2**31 - 2, 2**31 - 2))  # flux_img_tokens overflowed an int
+shard("example", latents=(4, 1024, 2048, 2048))
+shard("t5", t5=(64, 2**20, 64))
+shard("image_size", image_size=(2**40, 16))
+shard("host", latents=(64, 16, 8192, 8192))  # 4 GiB per example and buffer
+EOF
+F=$SCRATCH/
+expect_user_error "^titan: error: flux shard ${F}wraps/x.h5: dataset 'latents' \(N, C, H, W\) has shape \(64, 2, 1073741824, 67108864\): H must be 1 to 65536$" \
+  $INFO "$SCRATCH/wraps" 2
+expect_user_error "^titan: error: flux shard ${F}int/x.h5: dataset 'latents' \(N, C, H, W\) has shape \(64, 1, 2147483646, 2147483646\): H must be 1 to 65536$" \
+  $INFO "$SCRATCH/int" 2
+expect_user_error "^titan: error: flux shard ${F}example/x.h5: dataset 'latents' has shape \(4, 1024, 2048, 2048\): 4294967296 elements per example, more than the limit of 2\^30$" \
+  $INFO "$SCRATCH/example" 2
+expect_user_error "^titan: error: flux shard ${F}t5/x.h5: dataset 't5_encodings' \(N, L, D_t5\) has shape \(64, 1048576, 64\): L must be 1 to 65536$" \
+  $INFO "$SCRATCH/t5" 2
+expect_user_error "^titan: error: flux shard ${F}image_size/x.h5: attribute 'image_size' is not 2 integers \(height, width\) from 1 to 2\^20$" \
+  $INFO "$SCRATCH/image_size" 2
+FLUX=($TITAN --config configs/flux_digits.yaml --training.local_batch_size 8 --training.steps 2)
+expect_user_error "^titan: error: flux shard ${F}wraps/x.h5: dataset 'latents' .*: H must be 1 to 65536$" \
+  "${FLUX[@]}" --training.dataset_path "$SCRATCH/wraps" --job.dump_folder "$SCRATCH/out"
+expect_user_error "^titan: error: flux dataset ${F}host: a microbatch of 8 examples \(latents 16x8192x8192, T5 8x64, CLIP 32\) needs 128\.00 GiB of host memory for its inputs, but [0-9.]+ GiB is free$" \
+  "${FLUX[@]}" --training.dataset_path "$SCRATCH/host" --job.dump_folder "$SCRATCH/out"
+
 # The script's own errors, and the real path where its packages or weights are missing.
 expect_user_error "^flux_preprocess: give exactly one of --digits and --images DIR$" \
   $PY scripts/flux_preprocess.py --out "$SCRATCH/c"
