@@ -88,9 +88,16 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
     }
     debug_server_phase("optimizer");
     if (!isfinite(loss)) {
-        trainer_wait_checkpoint(t);  // a save in flight completes: the message promises it
-        die_user("step %d: loss is %s; stopped before updating the weights (checkpoints in %s "
-                 "are intact)", step, isnan(loss) ? "NaN" : "infinite", t->ckpt_folder);
+        trainer_wait_checkpoint(t);  // a save in flight completes: the message names it
+        char kept[4400] = "no checkpoint was saved";
+        int64_t latest = ckpt_latest_step(t->ckpt_folder);
+        if (latest >= 0) {
+            char path[4200];
+            ckpt_path_for_step(path, sizeof path, t->ckpt_folder, latest);
+            snprintf(kept, sizeof kept, "the latest checkpoint, %s, is intact", path);
+        }
+        die_user("step %d: loss is %s; stopped before updating the weights (%s)", step,
+                 isnan(loss) ? "NaN" : "infinite", kept);
     }
     if (t->fsdp_on) fsdp_finish_step(&t->fsdp);
     if (t->ddp_on) ddp_finish_step(params, t->mesh.group[MESH_DP_REPLICATE]);

@@ -67,10 +67,13 @@ expect_user_error "checkpoint.load_step 7" \
 # checkpoint it already wrote (a full one, which a longer run may extend).
 $TITAN "${SMALL[@]}" --training.steps 2 --checkpoint.enable --checkpoint.interval 2 \
   --checkpoint.last_save_model_only false --job.dump_folder "$SCRATCH/nan" >/dev/null
-expect_user_error "step [0-9]+: loss is (NaN|infinite); stopped before updating" $TITAN "${SMALL[@]}" --training.steps 40 \
-  --optimizer.lr 1e30 --lr_scheduler.warmup_steps 0 --checkpoint.enable --checkpoint.interval 100 \
-  --job.dump_folder "$SCRATCH/nan"
+DIVERGE=(${SMALL[@]} --training.steps 40 --optimizer.lr 1e30 --lr_scheduler.warmup_steps 0)
+expect_user_error "step [0-9]+: loss is (NaN|infinite); stopped before updating the weights \(the latest checkpoint, $SCRATCH/nan/checkpoint/step-2.h5, is intact\)$" \
+  $TITAN "${DIVERGE[@]}" --checkpoint.enable --checkpoint.interval 100 --job.dump_folder "$SCRATCH/nan"
 [ -f "$SCRATCH/nan/checkpoint/step-2.h5" ] || fail "the NaN run lost the existing checkpoint"
+# Without a checkpoint it says so, not that a folder that does not exist is intact.
+expect_user_error "step [0-9]+: loss is (NaN|infinite); stopped before updating the weights \(no checkpoint was saved\)$" \
+  $TITAN "${DIVERGE[@]}" --job.dump_folder "$SCRATCH/nan-none"
 
 # A warmup longer than the run is cut to the run, as torchtitan does, and said in one warning
 # line (debug_model.yaml's warmup_steps 10 over 2 steps: step 1's lr is half the peak, 4e-4).
