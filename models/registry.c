@@ -32,10 +32,9 @@ const ModelSpec *model_spec_of_checkpoint(const char *path, Config *trained) {
     char *yaml = ckpt_read_string(path, "config"), err[1024];
     Config c;
     config_defaults(&c);
-    if (!config_parse_text(&c, path, yaml, strlen(yaml), err, sizeof err)) {
-        config_free(&c);
-        config_defaults(&c);
-    }
+    // The model's shapes come from it: defaults in its place would describe another model.
+    if (!config_parse_text(&c, "attribute config", yaml, strlen(yaml), err, sizeof err))
+        die_user("checkpoint %s: %s", path, err);
     free(yaml);
     char where[4096 + 16];
     snprintf(where, sizeof where, "checkpoint %s", path);

@@ -306,6 +306,15 @@ static void load_full(Trainer *t, HostState *h, const char *path) {
 // Resuming this run's own step file: it must be the checkpoint its name says.
 static void resume(Trainer *t, HostState *h, const char *path, int64_t step) {
     run_attrs_check(t, path, true, true);
+    // A model with a data module of its own (FLUX) draws its data order and noise from the
+    // seed at each position, so a new seed resumed at a position is another run's stream,
+    // which only a restarted data position may take. (Token batches use it only to initialise.)
+    int64_t seed = ckpt_read_int(path, "seed");
+    if (t->args.spec->data && seed != t->cfg.training.seed && !excluded(t, "dataloader"))
+        die_user("checkpoint %s was written with training.seed %lld, this run has %lld: use the "
+                 "seed it was trained with, or add dataloader to "
+                 "checkpoint.exclude_from_loading to start a new data order", path,
+                 (long long)seed, (long long)t->cfg.training.seed);
     int64_t saved = ckpt_read_int_in(path, "step", 0, INT_MAX);
     if (saved != step)
         die_user("checkpoint %s records step %lld, not the %lld of its name (a renamed or "

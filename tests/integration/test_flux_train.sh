@@ -85,6 +85,14 @@ W=/model/final_layer.linear.weight
 cmp <(h5dump -d $W "$SCRATCH/full/checkpoint/step-12.h5" | tail -n +2) \
     <(h5dump -d $W "$SCRATCH/part/checkpoint/step-12.h5" | tail -n +2) ||
   fail "the resumed run's weights differ from the whole run's"
+# Another seed would resume another data order and other noise from step 6: refused, unless
+# the data position restarts.
+mkdir -p "$SCRATCH/reseed/checkpoint"
+cp "$SCRATCH/full/checkpoint/step-6.h5" "$SCRATCH/reseed/checkpoint/"
+expect_user_error "^titan: error: checkpoint $SCRATCH/reseed/checkpoint/step-6.h5 was written with training.seed 0, this run has 7: use the seed it was trained with, or add dataloader to checkpoint.exclude_from_loading to start a new data order$" \
+  $TITAN "${RESUME[@]}" --training.seed 7 --job.dump_folder "$SCRATCH/reseed"
+train_ranks reseed 1 "${RESUME[@]}" --training.seed 7 --training.steps 7 \
+  --checkpoint.exclude_from_loading dataloader
 # A tp 2 checkpoint (its fused weights saved from each rank's blocks) resharded onto 1 rank.
 train_ranks tp_full 2 "${RESUME[@]}" $P.data_parallel_shard_degree 1 $P.tensor_parallel_degree 2
 mkdir -p "$SCRATCH/tp_part/checkpoint"

@@ -164,6 +164,13 @@ expect_user_error "safetensors .*cut/model.safetensors: header length [0-9]+ doe
 expect_user_error "^titan: error: Hugging Face config: unable to open .*/x.h5/config.json" \
   $TITAN convert --to titan "$SCRATCH/x.h5" "$SCRATCH/y.h5"
 expect_user_error "^titan: error: --to expects hf or titan, got 'gguf'$" $TITAN convert --to gguf a b
+# A checkpoint whose config attribute does not parse has no model shapes to export: refused,
+# not exported with the defaults' (a 2048-token context where the run trained 64).
+cp "$gqa" "$SCRATCH/garbled.h5"
+$PY -c 'import h5py, sys; h5py.File(sys.argv[1], "a").attrs["config"] = "model: [\x01 garbage"' \
+  "$SCRATCH/garbled.h5"
+expect_user_error "^titan: error: checkpoint $SCRATCH/garbled.h5: attribute config: control characters are not allowed \(at byte 8\)$" \
+  $TITAN convert --to hf "$SCRATCH/garbled.h5" "$SCRATCH/garbled-hf"
 # config.json keys titan's Llama cannot be are refused naming the file and key.
 edit_config() {  # PYTHON-STATEMENT [HF_DIR]: applied to HF_DIR's (gqa-hf's) config dict c,
   local from=${2:-$SCRATCH/gqa-hf}  # written to $SCRATCH/edit
