@@ -165,25 +165,35 @@ static double rank_flops_per_token(Trainer *t) {
     return flops;
 }
 
-// One rank's arenas (each split by the dtypes it holds at its peak), FLOPs and per-group
-// bytes per step.
+// "  params      17835520   0.017  fp32 17835520": a row of the arena table, its name indented
+// further for a part of the row above.
+static void print_bytes_row(const char *indent, const char *name, ArenaBytes b) {
+    char dtypes[160];
+    arena_bytes_format(b, 1, 0, dtypes, sizeof dtypes);
+    printf("  %s%-*s %16zu %12.3f  %s\n", indent, 12 - (int)strlen(indent), name, b.total,
+           b.total / (1024.0 * 1024.0 * 1024.0), dtypes);
+}
+
+// One rank's arenas (each split by the dtypes it holds at its peak; under FSDP the params
+// also into shards and unsharded slots), FLOPs and per-group bytes per step.
 static void print_rank_plan(Trainer *t) {
     const double GiB = 1024.0 * 1024.0 * 1024.0;
     const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
                              &t->comm_arena};
     ArenaBytes total = {0};
-    char dtypes[160];
     printf("  %-12s %16s %12s  %s\n", "arena", "bytes per rank", "GiB", "bytes by dtype");
     for (int i = 0; i < 5; i++) {
         ArenaBytes peak = arenas[i]->peak;
-        arena_bytes_format(peak, 1, 0, dtypes, sizeof dtypes);
-        printf("  %-12s %16zu %12.3f  %s\n", arenas[i]->name ? arenas[i]->name : "comm",
-               peak.total, peak.total / GiB, dtypes);
+        print_bytes_row("", arenas[i]->name ? arenas[i]->name : "comm", peak);
+        if (i == 0 && t->fsdp_on) {  // FSDP's params: the rank's shards, the gathered units
+            FsdpEstimate e = fsdp_estimate(&t->fsdp);
+            print_bytes_row("  ", "shards", e.param_shards);
+            print_bytes_row("  ", "unsharded", e.param_unsharded);
+        }
         total.total += peak.total;
         for (int d = 0; d < DTYPE_COUNT; d++) total.by[d] += peak.by[d];
     }
-    arena_bytes_format(total, 1, 0, dtypes, sizeof dtypes);
-    printf("  %-12s %16zu %12.3f  %s\n", "total", total.total, total.total / GiB, dtypes);
+    print_bytes_row("", "total", total);
     printf("  activation_checkpoint none: %zu, selective %s: %zu, full: %zu bytes of a training "
            "step's activations\n", t->act_bytes_ac[0],
            t->cfg.activation_checkpoint.selective_ac_option, t->act_bytes_ac[1],

@@ -11,7 +11,9 @@
 # the bubble is --print-schedule's. Under context parallel the cp group's bytes are every layer's
 # K/V traffic (forward, recompute, backward) for both rotate methods, and the end-of-run log's
 # K/V line reports the bytes the comm report counts for the cp group. Under expert parallel the
-# ep group's all-to-all bytes (data-dependent) lie under the estimate's bound.
+# ep group's all-to-all bytes (data-dependent) lie under the estimate's bound. Under FSDP the
+# params row's parts (shards, unsharded slots) sum to it and are what the run's memory line
+# prints.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -36,13 +38,22 @@ check() {  # name, ranks, overrides...: estimate vs a 3-step real run
   $TITAN --estimate --world-size "$np" "${args[@]}" >"$SCRATCH/$name.estimate"
   mpirun --oversubscribe -np "$np" $TITAN "${args[@]}" --job.dump_folder "$SCRATCH/$name" \
     >"$SCRATCH/$name.log" 2>&1 || { tail -5 "$SCRATCH/$name.log"; fail "$name: run failed"; }
-  $PY - "$name" "$SCRATCH/$name.estimate" "$SCRATCH/$name/run_summary.json" <<'PY'
+  $PY - "$name" "$SCRATCH/$name.estimate" "$SCRATCH/$name/run_summary.json" "$SCRATCH/$name.log" <<'PY'
 import json, sys
 name, estimate, summary = sys.argv[1], open(sys.argv[2]).read().splitlines(), json.load(open(sys.argv[3]))
 estimate = estimate[:next((i for i, l in enumerate(estimate) if l.startswith("pp rank 1:")), None)]  # rank 0's
 rows = {l.split()[0]: int(l.split()[1]) for l in estimate if l.startswith("  ") and l.split()[1].isdigit()}
 for arena, got in summary["arena_bytes"].items():
     assert rows[arena] == got, f"{name}: {arena} estimated {rows[arena]}, allocated {got}"
+# Under FSDP the params row's two parts (the rank's shards, the units' unsharded slots) sum to
+# it, and the run's memory line prints them; without FSDP there are no parts.
+parts = [rows.get("shards"), rows.get("unsharded")]
+if "fsdp" in rows or "efsdp" in rows:
+    assert None not in parts and sum(parts) == rows["params"], f"{name}: params {rows['params']} != {parts}"
+    line = "shards %.2f MiB, unsharded %.2f MiB" % tuple(p / 2**20 for p in parts)
+    assert line in open(sys.argv[4]).read(), f"{name}: the run's memory line lacks '{line}'"
+else:
+    assert parts == [None, None], f"{name}: no FSDP, yet params split into {parts}"
 bound = [int(l.split("at most ")[1].split()[0]) for l in estimate if l.startswith("  ep all-to-all")]
 for group, got in summary["comm_bytes"].items():
     if group == "ep":  # where the tokens go is data-dependent: under the bound, not equal
@@ -67,6 +78,11 @@ check qwen3-moe,dp_shard=2xtp=2,AC 4 $P.data_parallel_shard_degree 2 \
 # gather, or one all-reduce of every amax a step with precomputed scales.
 F8=(--model.converters float8 --float8.filter_fqns output --float8.enable_fsdp_float8_all_gather)
 check float8-all-gather,dp_shard=2 2 $P.data_parallel_shard_degree 2 "${F8[@]}"
+# The gathered float8 weights (bytes) are unsharded slots; the shards are the fp32 masters.
+f8="$SCRATCH/float8-all-gather,dp_shard=2.estimate"
+grep -Eq '^    shards +[0-9]+ +[0-9.]+  fp32 [0-9]+$' "$f8" &&
+  grep -Eq '^    unsharded +[0-9]+ +[0-9.]+  fp32 [0-9]+, bytes [0-9]+$' "$f8" ||
+  fail "float8 all-gather: its float8 slots are not unsharded params: $(grep -A2 '^  params' "$f8")"
 check float8-precompute,dp_shard=2,bf16 2 $P.data_parallel_shard_degree 2 "${F8[@]}" \
   --float8.precompute_float8_dynamic_scale_for_fsdp --training.mixed_precision_param bfloat16
 # Expert parallel: its all-to-alls' bytes lie under the estimate's bound (the ep row assumes
