@@ -221,10 +221,20 @@ static void point_params(Fsdp *f) {
     }
 }
 
+// The params arena's two parts: this rank's shards (the optimizer's master weights) and the
+// unsharded slots the units are gathered into (fsdp_estimate sizes them apart).
+static void carve_params(Fsdp *f, Arena *shards, Arena *unsharded) {
+    f->data = arena_floats(shards, f->numel);
+    f->full_params = arena_floats(unsharded, slot_offset(f, f->n_units, false));
+    if (f->n_float8 > 0) {
+        f->full8_params = arena_alloc(unsharded, slot_offset(f, f->n_units, true));
+        f->float8_scale_inv = arena_floats(unsharded, (size_t)f->n_float8);
+    }
+}
+
 void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
     size_t rank_major = f->max_rank_major;
-    f->data = arena_floats(params, f->numel);
-    f->full_params = arena_floats(params, slot_offset(f, f->n_units, false));
+    carve_params(f, params, params);
     f->grad = arena_floats(grads, f->numel);
     f->full_grad = arena_floats(grads, f->grad_numel);
     f->gather_buf = arena_floats(comm, rank_major);
@@ -240,8 +250,6 @@ void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
         f->scatter_recv16 = arena_tensor(comm, f->max_shard_numel, DTYPE_BF16);
     }
     if (f->n_float8 > 0) {
-        f->full8_params = arena_alloc(params, slot_offset(f, f->n_units, true));
-        f->float8_scale_inv = arena_floats(params, (size_t)f->n_float8);
         f->float8_amax = arena_floats(comm, (size_t)f->n_float8);
         f->wire_send = arena_alloc(comm, f->max_wire_bytes);
         f->wire_recv = arena_alloc(comm, (size_t)f->config.size * f->max_wire_bytes);
@@ -261,6 +269,10 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
     arena_init_sizing(&grads, "grads");
     arena_init_sizing(&comm, "comm");
     fsdp_allocate(&sized, &params, &grads, &comm);
+    Arena shards, unsharded;
+    arena_init_sizing(&shards, "params");
+    arena_init_sizing(&unsharded, "params");
+    carve_params(&sized, &shards, &unsharded);
     uint64_t gathered = gathers_bf16(f) ? 2 : 4, reduced = reduces_bf16(f) ? 2 : 4;
     FsdpVolume v[N_PARTS] = {{0}};
     for (int i = 0; i < f->n_units; i++) {
@@ -277,7 +289,8 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
             v[PART_DENSE].float8_amax += (uint64_t)gathers * u->n_float8 * sizeof(float);
     }
     return (FsdpEstimate){
-        .param_bytes = params.peak.total, .grad_bytes = grads.peak.total,
+        .param_bytes = params.peak.total, .param_shards = shards.peak,
+        .param_unsharded = unsharded.peak, .grad_bytes = grads.peak.total,
         .comm_bytes = comm.peak.total,
         .fsdp = v[PART_DENSE], .efsdp = v[PART_EXPERTS],
         .replicate_all_reduce = f->config.replicate_size > 1 ? f->numel * sizeof(float) : 0,

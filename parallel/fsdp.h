@@ -159,6 +159,9 @@ typedef struct {
 // Per-rank bytes fsdp_allocate carves, and what this rank sends.
 typedef struct {
     size_t param_bytes, grad_bytes, comm_bytes;
+    // param_bytes' two parts: this rank's shards, and the slots the units' full (unsharded)
+    // parameters are gathered into, float8 bytes and their scales included
+    ArenaBytes param_shards, param_unsharded;
     FsdpVolume fsdp;                // the fsdp group's: the dense parameters
     FsdpVolume efsdp;               // the efsdp group's: the experts (zero without)
     uint64_t replicate_all_reduce;  // per step, dp_replicate group (HSDP)

@@ -9,8 +9,10 @@
 //   titan generate --checkpoint C [--tokenizer T] --prompt "..."
 //   titan convert --to hf|titan FROM TO
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "convert/convert.h"
 #include "data/bpe_train.h"
@@ -46,7 +48,9 @@ static const char USAGE[] =
     "  --section.key VALUE    override one config key, e.g. --training.steps 100\n"
     "  --print-config         print the resolved config as YAML and exit\n"
     "  --device cpu|cuda      short for --training.device\n"
-    "  --estimate [--world-size N]  print each rank's memory and FLOPs plan and exit\n"
+    "  --estimate [--world-size N] [--device-memory SIZE]  print each rank's memory and FLOPs\n"
+    "                         plan and exit; with SIZE (80GiB, 80GB, 512MiB), whether each\n"
+    "                         rank's peak fits a device of that memory\n"
     "  --print-schedule [--microbatches N]  check the pipeline schedule, print it and exit\n"
     "  --help-config          list every config key: type, default, meaning\n"
     "  -h, --help             this text; `titan COMMAND --help` for a command's\n"
@@ -57,9 +61,10 @@ static const char USAGE[] =
 // titan's own flags and --config: a misspelt one (`--confg`) is named with its nearest, as
 // the config's keys are. A flag with no dot near none of them is left for the config to refuse.
 static void refuse_misspelt_flag(const char *arg) {
-    static const char *const FLAGS[] = {"config",       "print-config", "device",
-                                        "estimate",     "world-size",   "print-schedule",
-                                        "microbatches", "help-config",  "help"};
+    static const char *const FLAGS[] = {"config",        "print-config", "device",
+                                        "estimate",      "world-size",   "device-memory",
+                                        "print-schedule", "microbatches", "help-config",
+                                        "help"};
     char name[64];
     if (strncmp(arg, "--", 2) != 0 || strchr(arg, '.')) return;
     snprintf(name, sizeof name, "%.*s", (int)strcspn(arg + 2, "="), arg + 2);
@@ -69,9 +74,26 @@ static void refuse_misspelt_flag(const char *arg) {
                        error_quote(quoted, sizeof quoted, arg), near);
 }
 
+// `--device-memory SIZE`: a number and a unit, decimal (KB, MB, GB, TB: powers of 1000, as
+// vendors label GPUs) or binary (KiB, MiB, GiB, TiB), case-insensitive; 0 when s is not one.
+static double parse_memory_size(const char *s) {
+    static const struct {
+        const char *unit;
+        double bytes;
+    } UNITS[] = {{"B", 1},      {"KB", 1e3},       {"MB", 1e6},        {"GB", 1e9},
+                 {"TB", 1e12},  {"KiB", 0x1p10},   {"MiB", 0x1p20},    {"GiB", 0x1p30},
+                 {"TiB", 0x1p40}};
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (end == s || !(v > 0) || !isfinite(v)) return 0;
+    for (size_t i = 0; i < sizeof UNITS / sizeof UNITS[0]; i++)
+        if (strcasecmp(end, UNITS[i].unit) == 0) return v * UNITS[i].bytes;
+    return 0;
+}
+
 // titan's own flags, removed from argv before the config parses the rest: `--estimate
-// [--world-size N]`; `--print-schedule [--microbatches N]`; and the short forms
-// `--print-config` (`--job.print_config`) and `--device D` (`--training.device D`).
+// [--world-size N] [--device-memory SIZE]`; `--print-schedule [--microbatches N]`; and the
+// short forms `--print-config` (`--job.print_config`) and `--device D` (`--training.device D`).
 // `--help-config` prints the config keys and exits.
 static int parse_titan_flags(int argc, char **argv, Trainer *t) {
     int kept = 1;
@@ -94,6 +116,13 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
                          i + 1 < argc ? error_quote(quoted, sizeof quoted, argv[i + 1]) : "none");
             *(strcmp(argv[i], "--world-size") == 0 ? &world : &t->schedule_microbatches) = (int)v;
             i++;
+        } else if (strcmp(argv[i], "--device-memory") == 0) {
+            char quoted[160];
+            if (i + 1 >= argc || !(t->estimate_device_memory = parse_memory_size(argv[i + 1])))
+                die_user("--device-memory expects a size such as 80GiB, 80GB or 512MiB (units B, "
+                         "KB, MB, GB, TB, KiB, MiB, GiB, TiB), got %s",
+                         i + 1 < argc ? error_quote(quoted, sizeof quoted, argv[i + 1]) : "none");
+            i++;
         } else {
             refuse_misspelt_flag(argv[i]);
             argv[kept++] = strcmp(argv[i], "--print-config") == 0 ? "--job.print_config"
@@ -102,6 +131,11 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
         }
     }
     if (world && !estimate) die_user("--world-size is only for --estimate");
+    // A run checks its arenas against the memory its device reports free (the memory check),
+    // which a named size could only contradict.
+    if (t->estimate_device_memory && !estimate)
+        die_user("--device-memory is only for --estimate (a run checks the memory its device "
+                 "reports free)");
     if (t->schedule_microbatches && !t->print_schedule)
         die_user("--microbatches is only for --print-schedule");
     if (estimate) t->estimate_world_size = world ? world : 1;
@@ -156,7 +190,8 @@ static void print_estimate(Trainer *t, int argc, char **argv) {
     Trainer *ranks = xcalloc((size_t)pp, sizeof(Trainer));
     for (int r = 0; r < pp; r++) {
         ranks[r] = (Trainer){.cfg = t->cfg, .estimate_world_size = t->estimate_world_size,
-                             .estimate_pp_rank = r};
+                             .estimate_pp_rank = r,
+                             .estimate_device_memory = t->estimate_device_memory};
         trainer_setup(&ranks[r]);
     }
     trainer_print_estimate(ranks, pp);

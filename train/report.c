@@ -165,25 +165,35 @@ static double rank_flops_per_token(Trainer *t) {
     return flops;
 }
 
-// One rank's arenas (each split by the dtypes it holds at its peak), FLOPs and per-group
-// bytes per step.
+// "  params      17835520   0.017  fp32 17835520": a row of the arena table, its name indented
+// further for a part of the row above.
+static void print_bytes_row(const char *indent, const char *name, ArenaBytes b) {
+    char dtypes[160];
+    arena_bytes_format(b, 1, 0, dtypes, sizeof dtypes);
+    printf("  %s%-*s %16zu %12.3f  %s\n", indent, 12 - (int)strlen(indent), name, b.total,
+           b.total / (1024.0 * 1024.0 * 1024.0), dtypes);
+}
+
+// One rank's arenas (each split by the dtypes it holds at its peak; under FSDP the params
+// also into shards and unsharded slots), FLOPs and per-group bytes per step.
 static void print_rank_plan(Trainer *t) {
     const double GiB = 1024.0 * 1024.0 * 1024.0;
     const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
                              &t->comm_arena};
     ArenaBytes total = {0};
-    char dtypes[160];
     printf("  %-12s %16s %12s  %s\n", "arena", "bytes per rank", "GiB", "bytes by dtype");
     for (int i = 0; i < 5; i++) {
         ArenaBytes peak = arenas[i]->peak;
-        arena_bytes_format(peak, 1, 0, dtypes, sizeof dtypes);
-        printf("  %-12s %16zu %12.3f  %s\n", arenas[i]->name ? arenas[i]->name : "comm",
-               peak.total, peak.total / GiB, dtypes);
+        print_bytes_row("", arenas[i]->name ? arenas[i]->name : "comm", peak);
+        if (i == 0 && t->fsdp_on) {  // FSDP's params: the rank's shards, the gathered units
+            FsdpEstimate e = fsdp_estimate(&t->fsdp);
+            print_bytes_row("  ", "shards", e.param_shards);
+            print_bytes_row("  ", "unsharded", e.param_unsharded);
+        }
         total.total += peak.total;
         for (int d = 0; d < DTYPE_COUNT; d++) total.by[d] += peak.by[d];
     }
-    arena_bytes_format(total, 1, 0, dtypes, sizeof dtypes);
-    printf("  %-12s %16zu %12.3f  %s\n", "total", total.total, total.total / GiB, dtypes);
+    print_bytes_row("", "total", total);
     printf("  activation_checkpoint none: %zu, selective %s: %zu, full: %zu bytes of a training "
            "step's activations\n", t->act_bytes_ac[0],
            t->cfg.activation_checkpoint.selective_ac_option, t->act_bytes_ac[1],
@@ -245,6 +255,71 @@ static void print_pipeline_rank(Trainer *t) {
            (unsigned long long)pl.grad_bytes_sent);
 }
 
+// The closest change that makes the run fit in `room` bytes per rank: activation checkpointing
+// when it is off and would be enough, a smaller batch when activations are most of the need
+// (a batch of one row: fewer tokens per rank, by context parallel or a shorter sequence), else
+// more ranks to shard the weights, gradients and optimizer state over (FSDP).
+static void memory_fix(const Trainer *t, double need, double room, char *out, size_t len) {
+    const double GiB = 1024.0 * 1024.0 * 1024.0;
+    double act = (double)t->act_arena.peak.total, act_ac = (double)t->act_bytes_ac[2];
+    if (strcmp(t->cfg.activation_checkpoint.mode, "full") && need - act + act_ac <= room)
+        snprintf(out, len, "activation_checkpoint.mode full (activations %.2f GiB -> %.2f GiB)",
+                 act / GiB, act_ac / GiB);
+    else if (act > need / 2 && t->cfg.training.local_batch_size > 1)
+        snprintf(out, len, "a smaller training.local_batch_size (activations are %.2f GiB)",
+                 act / GiB);
+    else if (act > need / 2)
+        snprintf(out, len, "a larger parallelism.context_parallel_degree or a shorter "
+                 "training.seq_len (activations are %.2f GiB)", act / GiB);
+    else
+        snprintf(out, len, "more ranks with FSDP (parallelism.data_parallel_shard_degree: "
+                 "params, grads and optimizer are %.2f GiB)", (need - act) / GiB);
+}
+
+// What the memory check adds to the arenas: a 5% margin for what lives outside them
+// (libraries, thread stacks, a synchronous save's staging on a device).
+static const double MEMORY_MARGIN = 1.05;
+
+// The bytes per rank the memory check compares: every arena's peak, and an async checkpoint's
+// host staging copies where the arenas are host memory too.
+static double memory_need(const Trainer *t, bool host_memory) {
+    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
+                             &t->comm_arena};
+    double need = host_memory ? (double)trainer_checkpoint_staging_bytes(t) : 0;
+    for (int i = 0; i < 5; i++) need += (double)arenas[i]->peak.total;
+    return need;
+}
+
+// `--device-memory`: whether the memory check would pass on a device with `room` bytes free
+// per rank, judged on the rank that needs most (pp ranks differ), with the closest fix if not.
+static void print_verdict(const Trainer *ranks, int n, double room) {
+    const double GiB = 1024.0 * 1024.0 * 1024.0;
+    bool host = strcmp(ranks[0].cfg.training.device, "cpu") == 0;
+    int worst = 0;
+    for (int r = 1; r < n; r++)
+        if (memory_need(&ranks[r], host) > memory_need(&ranks[worst], host)) worst = r;
+    double need = memory_need(&ranks[worst], host);
+    // which rank, and what the arenas' total row does not show
+    double staging = host ? (double)trainer_checkpoint_staging_bytes(&ranks[worst]) : 0;
+    char rank[32] = "", staged[64] = "", where[128] = "";
+    if (n > 1) snprintf(rank, sizeof rank, "pp rank %d", worst);
+    if (staging > 0)
+        snprintf(staged, sizeof staged, "async checkpoint staging %.2f GiB included",
+                 staging / GiB);
+    if (*rank || *staged)
+        snprintf(where, sizeof where, " (%s%s%s)", rank, *rank && *staged ? ", " : "", staged);
+    if (need * MEMORY_MARGIN <= room) {
+        printf("fits: peak %.2f GiB per rank%s of %.4g GiB (%.0f%%; %.0f%% with the memory "
+               "check's 5%% margin)\n", need / GiB, where, room / GiB, 100 * need / room,
+               100 * MEMORY_MARGIN * need / room);
+        return;
+    }
+    char fix[256];
+    memory_fix(&ranks[worst], need, room / MEMORY_MARGIN, fix, sizeof fix);
+    printf("does not fit: peak %.2f GiB per rank%s plus the memory check's 5%% margin > %.4g GiB; "
+           "try %s\n", need / GiB, where, room / GiB, fix);
+}
+
 // `titan --estimate`: every arena per rank, FLOPs and communication per step, for any flavor
 // and layout, from the sizing passes of the real allocation (nothing is allocated); under
 // pipeline parallel, for each pp rank (ranks[r] plans pp rank r), whose stages differ.
@@ -260,23 +335,7 @@ void trainer_print_estimate(Trainer *ranks, int n) {
         if (ranks[r].pipeline) print_pipeline_rank(&ranks[r]);
         print_rank_plan(&ranks[r]);
     }
-}
-
-// The closest change that makes the run fit in `room` bytes per rank: activation checkpointing
-// when it is off and would be enough, a smaller batch when activations are most of the need,
-// else more ranks to shard the weights, gradients and optimizer state over (FSDP).
-static void memory_fix(const Trainer *t, double need, double room, char *out, size_t len) {
-    const double GiB = 1024.0 * 1024.0 * 1024.0;
-    double act = (double)t->act_arena.peak.total, act_ac = (double)t->act_bytes_ac[2];
-    if (strcmp(t->cfg.activation_checkpoint.mode, "full") && need - act + act_ac <= room)
-        snprintf(out, len, "activation_checkpoint.mode full (activations %.2f GiB -> %.2f GiB)",
-                 act / GiB, act_ac / GiB);
-    else if (act > need / 2)
-        snprintf(out, len, "a smaller training.local_batch_size (activations are %.2f GiB)",
-                 act / GiB);
-    else
-        snprintf(out, len, "more ranks with FSDP (parallelism.data_parallel_shard_degree: "
-                 "params, grads and optimizer are %.2f GiB)", (need - act) / GiB);
+    if (t->estimate_device_memory > 0) print_verdict(ranks, n, t->estimate_device_memory);
 }
 
 // Over-committed memory is granted page by page, so a run whose arenas cannot fit would
@@ -289,13 +348,9 @@ static void memory_fix(const Trainer *t, double need, double room, char *out, si
 // save's staging on a device). Every rank decides on the worst rank's figures, so all refuse
 // together.
 void trainer_check_memory(Trainer *t) {
-    const double GiB = 1024.0 * 1024.0 * 1024.0, margin = 1.05;
-    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->act_arena,
-                             &t->comm_arena};
-    double need = 0;
-    for (int i = 0; i < 5; i++) need += (double)arenas[i]->peak.total;
+    const double GiB = 1024.0 * 1024.0 * 1024.0, margin = MEMORY_MARGIN;
+    double need = memory_need(t, t->k->host_memory);
     double staging = t->k->host_memory ? (double)trainer_checkpoint_staging_bytes(t) : 0;
-    need += staging;
     int sharing = t->k->host_memory ? comm_local_size() : 1;
     size_t free_bytes = t->k->memory_free();
     double room = free_bytes == SIZE_MAX ? INFINITY : (double)free_bytes / sharing;

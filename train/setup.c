@@ -212,25 +212,33 @@ static void format_arena(char *buf, size_t n, const char *name, const Arena *a) 
              *dtypes ? ")" : "");
 }
 
-// Each arena, split by dtype, two a line, then the activations' size under each
-// activation_checkpoint mode (selective with the configured selective_ac_option):
-//   memory per rank: params 10.0 MiB (fp32 10.00), grads 10.0 MiB (fp32 10.00)
-//   memory per rank: optimizer 20.0 MiB (fp32 20.00), comm 0.0 MiB
-//   memory per rank: activations 12.0 MiB (bf16 8.00, fp32 4.00)
-//   memory per rank: activations by activation_checkpoint: none 12.0 MiB, selective op 9.0 MiB,
-//   full 6.0 MiB
+// Each arena, split by dtype, on lines of at most ~120 characters: params (under FSDP also
+// split into this rank's shards and the units' unsharded slots), grads and optimizer, comm,
+// activations, then the activations' size under each activation_checkpoint mode (selective
+// with the configured selective_ac_option):
+//   memory per rank: params 17.0 MiB (fp32 17.01): shards 4.25 MiB, unsharded 12.76 MiB
+//   memory per rank: grads 15.0 MiB (fp32 15.01), optimizer 23.5 MiB (fp32 23.51)
+//   memory per rank: comm 10.6 MiB (fp32 8.13, bf16 2.44)
+//   memory per rank: activations 101.6 MiB (fp32 94.43, bf16 6.88, bytes 0.25)
+//   memory per rank: activations by activation_checkpoint: none 114.1 MiB, selective op
+//   101.6 MiB, full 47.2 MiB
 static void log_memory(const Trainer *t) {
     const double MiB = 1024.0 * 1024.0;
-    const Arena *arenas[] = {&t->param_arena, &t->grad_arena, &t->optim_arena, &t->comm_arena,
-                             &t->act_arena};
-    const char *names[] = {"params", "grads", "optimizer", "comm", "activations"};
     char one[200], two[200];
-    for (int i = 0; i < 4; i += 2) {
-        format_arena(one, sizeof one, names[i], arenas[i]);
-        format_arena(two, sizeof two, names[i + 1], arenas[i + 1]);
-        log_info("memory per rank: %s, %s", one, two);
+    format_arena(one, sizeof one, "params", &t->param_arena);
+    if (t->fsdp_on) {
+        FsdpEstimate e = fsdp_estimate(&t->fsdp);
+        log_info("memory per rank: %s: shards %.2f MiB, unsharded %.2f MiB", one,
+                 e.param_shards.total / MiB, e.param_unsharded.total / MiB);
+    } else {
+        log_info("memory per rank: %s", one);
     }
-    format_arena(one, sizeof one, names[4], arenas[4]);
+    format_arena(one, sizeof one, "grads", &t->grad_arena);
+    format_arena(two, sizeof two, "optimizer", &t->optim_arena);
+    log_info("memory per rank: %s, %s", one, two);
+    format_arena(one, sizeof one, "comm", &t->comm_arena);
+    log_info("memory per rank: %s", one);
+    format_arena(one, sizeof one, "activations", &t->act_arena);
     log_info("memory per rank: %s", one);
     log_info("memory per rank: activations by activation_checkpoint: none %.1f MiB, selective %s "
              "%.1f MiB, full %.1f MiB", t->act_bytes_ac[0] / MiB,

@@ -72,6 +72,8 @@ typedef struct {
     Pipeline *pipeline;           // pipeline_parallel_degree > 1; NULL: off
     int estimate_world_size;      // > 0: `--estimate`: plan and size for that many ranks only
     int estimate_pp_rank;         // the pp coordinate it plans (every other coordinate is 0)
+    double estimate_device_memory;  // > 0: `--device-memory`: the bytes per rank its verdict
+                                    // compares the peak with
     bool print_schedule;          // `--print-schedule`: check and print the pipeline schedule only
     int schedule_microbatches;    // `--microbatches N` for it (0: from the batch config)
     Arena param_arena, grad_arena, optim_arena, act_arena, comm_arena;

@@ -11,7 +11,10 @@
 # the bubble is --print-schedule's. Under context parallel the cp group's bytes are every layer's
 # K/V traffic (forward, recompute, backward) for both rotate methods, and the end-of-run log's
 # K/V line reports the bytes the comm report counts for the cp group. Under expert parallel the
-# ep group's all-to-all bytes (data-dependent) lie under the estimate's bound.
+# ep group's all-to-all bytes (data-dependent) lie under the estimate's bound. Under FSDP the
+# params row's parts (shards, unsharded slots) sum to it and are what the run's memory line
+# prints. --device-memory's verdict (fits / does not fit, with the memory check's 5% margin and
+# fix) is exact at the margin; a bad size, or the flag on a run, is one line and exit 2.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -30,19 +33,79 @@ for spec in 8b:8B:64:8 70b:70B:512:8 405b:405B:2048:8; do
     fail "$name estimate differs from the closed forms"
 done
 
+# --device-memory: the verdict on the peak per rank (the total row: every arena) against the
+# named size with the memory check's 5% margin, exact to the byte at the margin; the fix named
+# where it does not fit; pp ranks judged on the one that needs most. A size that is not one, or
+# the flag on a run (whose memory check reads the device), is one line and exit 2.
+total=$(awk '$1 == "total" {print $2}' "$SCRATCH/8b.txt")
+at_margin=$((total * 105 / 100))  # total x 1.05 rounded down, then up: one byte each side
+[ $((total * 105 % 100)) -eq 0 ] || at_margin=$((at_margin + 1))
+estimate_8b=($TITAN --estimate --config configs/llama3_8b.yaml --world-size 64
+             --parallelism.tensor_parallel_degree 8)
+verdict() { "${estimate_8b[@]}" "$@" | tail -1; }
+v=$(verdict --device-memory 80GiB)
+want=$(awk -v t="$total" 'BEGIN {printf "fits: peak %.2f GiB per rank of 80 GiB (%.0f%%; %.0f%% with the memory check'"'"'s 5%% margin)", t / 2^30, 100 * t / 2^30 / 80, 105 * t / 2^30 / 80}')
+[ "$v" = "$want" ] || fail "8B on 80GiB: '$v', want '$want'"
+echo "ok: $v"
+[[ "$(verdict --device-memory "${at_margin}B")" == "fits: "* ]] ||
+  fail "8B at exactly its peak plus 5% ($at_margin bytes) does not fit: $(verdict --device-memory "${at_margin}B")"
+v=$(verdict --device-memory "$((at_margin - 1))B")
+[[ "$v" == "does not fit: peak "*" GiB per rank plus the memory check's 5% margin > "*" GiB; try "* ]] ||
+  fail "8B a byte under its peak plus 5% ($((at_margin - 1)) bytes): '$v'"
+v=$(verdict --device-memory 2GiB)
+act=$(awk '$1 == "activations" {printf "%.2f", $2 / 2^30}' "$SCRATCH/8b.txt")
+[[ "$v" == "does not fit: "*"; try a larger parallelism.context_parallel_degree or a shorter training.seq_len (activations are $act GiB)" ]] ||
+  fail "8B on 2GiB (a row per rank, activations most of it): '$v'"
+echo "ok: $v"
+[[ "$(verdict --device-memory 80GB)" == "fits: "*" of 74.51 GiB "* ]] ||
+  fail "80GB is not 80e9 bytes: $(verdict --device-memory 80GB)"
+$TITAN --estimate --config configs/llama3_70b.yaml --world-size 128 --device-memory 40GiB \
+  --parallelism.pipeline_parallel_degree 2 >"$SCRATCH/70b-pp.txt"
+worst=$(awk '/^pp rank/ {r = $3 + 0} $1 == "total" {if ($2 > max) {max = $2; w = r}} END {print w}' "$SCRATCH/70b-pp.txt")
+grep -q "^fits: peak [0-9.]* GiB per rank (pp rank $worst) of 40 GiB" "$SCRATCH/70b-pp.txt" ||
+  fail "70B pp 2: the verdict is not pp rank $worst's: $(tail -1 "$SCRATCH/70b-pp.txt")"
+echo "ok: $(tail -1 "$SCRATCH/70b-pp.txt")"
+"${estimate_8b[@]}" | grep -Eq '^(fits|does not fit)' && fail "a verdict without --device-memory"
+# An async checkpoint's staging copies (params and AdamW's two moments: 1.5 x the optimizer row)
+# count where the arenas are host memory, as in the memory check: on cpu, not on cuda.
+async=($TITAN --estimate --config configs/debug_model.yaml --model.tokenizer_path null
+       --checkpoint.enable --checkpoint.async_mode async --device-memory 1GiB)
+staging=$("${async[@]}" | awk '$1 == "optimizer" {printf "%.2f", 1.5 * $2 / 2^30}')
+"${async[@]}" | tail -1 | grep -q "^fits: peak [0-9.]* GiB per rank (async checkpoint staging $staging GiB included) of 1 GiB" ||
+  fail "async checkpoint on cpu: the verdict does not count $staging GiB of staging: $("${async[@]}" | tail -1)"
+"${async[@]}" --device cuda | tail -1 | grep -q "^fits: peak [0-9.]* GiB per rank of 1 GiB" ||
+  fail "async checkpoint on cuda: the verdict counts host staging: $("${async[@]}" --device cuda | tail -1)"
+echo "ok: async checkpoint staging ($staging GiB) in the cpu verdict, not in the cuda one"
+for bad in 80 80G 0GiB -1GiB nan abc; do
+  expect_user_error "^titan: error: --device-memory expects a size such as 80GiB, 80GB or 512MiB \(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB\), got '$bad'$" \
+    "${estimate_8b[@]}" --device-memory "$bad"
+done
+expect_user_error "^titan: error: --device-memory expects a size .*, got none$" "${estimate_8b[@]}" --device-memory
+expect_user_error "^titan: error: --device-memory is only for --estimate" \
+  $TITAN --config configs/llama3_8b.yaml --device-memory 80GiB
+
 check() {  # name, ranks, overrides...: estimate vs a 3-step real run
   local name=$1 np=$2; shift 2
   local args=(${SMALL[@]} --training.steps 3 "$@")
   $TITAN --estimate --world-size "$np" "${args[@]}" >"$SCRATCH/$name.estimate"
   mpirun --oversubscribe -np "$np" $TITAN "${args[@]}" --job.dump_folder "$SCRATCH/$name" \
     >"$SCRATCH/$name.log" 2>&1 || { tail -5 "$SCRATCH/$name.log"; fail "$name: run failed"; }
-  $PY - "$name" "$SCRATCH/$name.estimate" "$SCRATCH/$name/run_summary.json" <<'PY'
+  $PY - "$name" "$SCRATCH/$name.estimate" "$SCRATCH/$name/run_summary.json" "$SCRATCH/$name.log" <<'PY'
 import json, sys
 name, estimate, summary = sys.argv[1], open(sys.argv[2]).read().splitlines(), json.load(open(sys.argv[3]))
 estimate = estimate[:next((i for i, l in enumerate(estimate) if l.startswith("pp rank 1:")), None)]  # rank 0's
 rows = {l.split()[0]: int(l.split()[1]) for l in estimate if l.startswith("  ") and l.split()[1].isdigit()}
 for arena, got in summary["arena_bytes"].items():
     assert rows[arena] == got, f"{name}: {arena} estimated {rows[arena]}, allocated {got}"
+# Under FSDP the params row's two parts (the rank's shards, the units' unsharded slots) sum to
+# it, and the run's memory line prints them; without FSDP there are no parts.
+parts = [rows.get("shards"), rows.get("unsharded")]
+if "fsdp" in rows or "efsdp" in rows:
+    assert None not in parts and sum(parts) == rows["params"], f"{name}: params {rows['params']} != {parts}"
+    line = "shards %.2f MiB, unsharded %.2f MiB" % tuple(p / 2**20 for p in parts)
+    assert line in open(sys.argv[4]).read(), f"{name}: the run's memory line lacks '{line}'"
+else:
+    assert parts == [None, None], f"{name}: no FSDP, yet params split into {parts}"
 bound = [int(l.split("at most ")[1].split()[0]) for l in estimate if l.startswith("  ep all-to-all")]
 for group, got in summary["comm_bytes"].items():
     if group == "ep":  # where the tokens go is data-dependent: under the bound, not equal
@@ -67,6 +130,11 @@ check qwen3-moe,dp_shard=2xtp=2,AC 4 $P.data_parallel_shard_degree 2 \
 # gather, or one all-reduce of every amax a step with precomputed scales.
 F8=(--model.converters float8 --float8.filter_fqns output --float8.enable_fsdp_float8_all_gather)
 check float8-all-gather,dp_shard=2 2 $P.data_parallel_shard_degree 2 "${F8[@]}"
+# The gathered float8 weights (bytes) are unsharded slots; the shards are the fp32 masters.
+f8="$SCRATCH/float8-all-gather,dp_shard=2.estimate"
+grep -Eq '^    shards +[0-9]+ +[0-9.]+  fp32 [0-9]+$' "$f8" &&
+  grep -Eq '^    unsharded +[0-9]+ +[0-9.]+  fp32 [0-9]+, bytes [0-9]+$' "$f8" ||
+  fail "float8 all-gather: its float8 slots are not unsharded params: $(grep -A2 '^  params' "$f8")"
 check float8-precompute,dp_shard=2,bf16 2 $P.data_parallel_shard_degree 2 "${F8[@]}" \
   --float8.precompute_float8_dynamic_scale_for_fsdp --training.mixed_precision_param bfloat16
 # Expert parallel: its all-to-alls' bytes lie under the estimate's bound (the ep row assumes

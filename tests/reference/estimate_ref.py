@@ -16,7 +16,8 @@ Per rank, in floats (each arena allocation rounded up to 64 bytes):
   fsdp:      every tp-local tensor cut into dp row blocks of ceil(rows / dp) rows (the last
              ranks padded); one unit per block (embedding, each layer, head);
   params  =  the shard (sum over tensors of ceil(rows / dp) * row_numel) + the largest
-             resharded unit gathered + the head gathered (kept from forward to backward);
+             resharded unit gathered + the head gathered (kept from forward to backward),
+             the two parts also printed apart (its "shards" and "unsharded" rows);
   grads   =  the shard + the largest unit gathered (backward's full grads);
   optimizer = AdamW's two moments of the shard;
   comm    =  all-gather receive and reduce-scatter send buffers of dp x the largest unit
@@ -81,6 +82,8 @@ def main():
     numel = sum(shard)
     fp32 = {
         "params": aligned(numel) + aligned(max(full[:-1]) + full[-1]),
+        "shards": aligned(numel),  # the params row's two parts
+        "unsharded": aligned(max(full[:-1]) + full[-1]),
         "grads": aligned(numel) + aligned(max(full)),
         "optimizer": 2 * aligned(numel),
         "comm": 2 * aligned(dp * max(shard)) + aligned(max(shard)),
