@@ -3,10 +3,12 @@
 # TP train the same model as one rank: loss and grad norm within 1e-5 relative at each of 10
 # steps, and the validation loss (forward only through the stages) at steps 5 and 10; FSDP's
 # gradients are reduce-scattered once per step, not per microbatch. The activation memory of stage 0 is flat in the microbatch count under 1F1B and grows
-# under GPipe. A schedule that needs what the model cannot give is refused in one line.
+# under GPipe. A schedule that needs what the model cannot give is refused in one line. The
+# executor's unit test (a chain of one-weight stages) runs on 2 and 4 ranks.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 P=--parallelism
+for np in 2 4; do unit_test_on_ranks test_pp_executor "$np"; done
 # local batch 8 rows: on one rank in one microbatch, on pp ranks in microbatches of 2 (or 1).
 # Validation every 5 steps, forward only through the stages: 4 rows (2 per dp rank under
 # dp_shard 2).

@@ -32,7 +32,7 @@ step() {  # name, command...: its output in $LOGS/name.log, shown when it fails
 # The unit tests that start MPI unwind fully, so that lsan.supp recognises OpenMPI's leaks.
 for t in "$BUILD"/tests/test_*; do
   case $t in
-    */test_blocked_shard|*/test_comm|*/test_cp|*/test_ep|*/test_fsdp|*/test_tp) step "$(basename "$t")" env "$MPI_UNWIND" "$t" ;;
+    */test_blocked_shard|*/test_comm|*/test_cp|*/test_ep|*/test_fsdp|*/test_pp_executor|*/test_tp) step "$(basename "$t")" env "$MPI_UNWIND" "$t" ;;
     *) step "$(basename "$t")" "$t" ;;
   esac
 done

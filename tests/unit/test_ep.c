@@ -18,10 +18,10 @@
 #include <unistd.h>
 
 #include "checkpoint/train_state.h"
-#include "models/moe/moe.h"
-
 #include "parallel/ep/ep.h"
 #include "parallel/mesh.h"
+
+#include "moe_support.h"
 
 static CommGroup *world;
 
@@ -316,47 +316,30 @@ static void test_checkpoint_reshard(void **state) {
 enum { MOE_SEQS = 2, MOE_SEQ_LEN = 6, MOE_ROWS = MOE_SEQS * MOE_SEQ_LEN, MOE_DIM = 6,
        MOE_HIDDEN = 5 };
 
-typedef struct {
-    MoeArgs args;
-    MoeLayer m;
-    ParamTable t;
-    Arena params, grads, act;
-} EpLayer;
+typedef MoeBare EpLayer;
 
 static StepCtx ep_layer_step(EpLayer *L, const Ep *ep) {
     return (StepCtx){.k = kernels_backend("cpu"), .act = &L->act, .B = MOE_SEQS,
                      .T = MOE_SEQ_LEN, .loss_scale = 1, .ep = ep ? &ep->hooks : NULL};
 }
 
-// E experts, top 2 of softmax scores, weights of std 0.5 (routing far from ties); under ep
-// only this rank's E / ep experts (ep_place), their weights copied from whole's.
+// E experts, top 2 of softmax scores (moe_bare_init's weights: routing far from ties); under
+// ep only this rank's E / ep experts (ep_place), their weights copied from whole's.
 static void ep_layer_make(EpLayer *L, const Ep *ep, const EpLayer *whole) {
     memset(L, 0, sizeof *L);
     L->args = (MoeArgs){.dim = MOE_DIM, .hidden = MOE_HIDDEN,
                         .router = {.n_experts = E, .top_k = 2, .score_func = MOE_SCORE_SOFTMAX,
                                    .route_scale = 1}};
-    params_init(&L->t, moe_param_count(&L->args));
-    moe_layer_init(&L->m, &L->args, 0, &L->t, "layers.0.",
-                   &(MoeInit){INIT_NORMAL, 0.5, 0.5, 0.5, 0.5});
+    moe_bare_init(L);
     if (ep) ep_place(&L->t, ep->size, ep->rank);
-    arena_init_sizing(&L->params, "params");
-    arena_init_sizing(&L->grads, "grads");
-    params_allocate(&L->t, &L->params, &L->grads);
-    arena_commit(&L->params, NULL);
-    arena_commit(&L->grads, NULL);
-    params_allocate(&L->t, &L->params, &L->grads);
+    moe_bare_allocate(L);
     if (!whole) params_initialize(&L->t, 11);
     for (int i = 0; whole && i < L->t.count; i++) {
         Param *p = &L->t.items[i];
         size_t at = p->expert ? (size_t)ep->rank * p->numel : 0;
         memcpy(p->data, whole->t.items[i].data + at, p->numel * sizeof(float));
     }
-    arena_init_sizing(&L->act, "act");
-    StepCtx s = ep_layer_step(L, ep);
-    MoeSaved sv;
-    moe_forward(&L->m, &s, &sv, NULL, NULL, MOE_ROWS);
-    moe_backward(&L->m, &s, &sv, NULL, NULL, NULL, MOE_ROWS);
-    arena_commit(&L->act, NULL);
+    moe_bare_commit_act(L, ep_layer_step(L, ep), MOE_ROWS);
 }
 
 // y = the layer on x, dx and the weights' grads (zeroed first) of sum(y * r).
@@ -371,12 +354,6 @@ static void ep_layer_run(EpLayer *L, const Ep *ep, const float *x, const float *
     moe_forward(&L->m, &s, &sv, x, y, MOE_ROWS);
     moe_backward(&L->m, &s, &sv, x, r, dx, MOE_ROWS);
     arena_release(&L->act, 0);
-}
-
-static void ep_layer_free(EpLayer *L) {
-    moe_layer_free(&L->m);
-    params_free(&L->t);
-    arena_free(&L->params), arena_free(&L->grads), arena_free(&L->act);
 }
 
 static void assert_near(const float *got, const float *want, size_t n, const char *what) {
@@ -417,7 +394,7 @@ static void test_moe_layer_under_ep(void **state) {
         size_t at = w->expert ? (size_t)ep.rank * p->numel : 0;
         assert_near(p->grad, w->grad + at, p->numel, p->name);
     }
-    ep_layer_free(&whole), ep_layer_free(&split);
+    moe_bare_free(&whole), moe_bare_free(&split);
     ep_free(&ep);
 }
 

@@ -1,7 +1,8 @@
 // FLUX model tests (the PyTorch parity is tests/integration/test_flux_parity.sh): the flavors'
 // parameter counts (FLUX.1-dev's published 11,901,408,320) and torchtitan's names, init
 // statistics and the prediction of a freshly initialised model (zero: the final layer starts at
-// zero), the sizing pass equal to a real step's arena, activation checkpointing and the split
+// zero), the rectified flow's noised input and velocity target (their sign), the sizing pass
+// equal to a real step's arena, activation checkpointing and the split
 // backward giving the same bits, latent packing against torchtitan's index formula, and the
 // argument checks.
 #include <setjmp.h>
@@ -200,6 +201,61 @@ static void test_checkpointing_and_split_backward_match(void **state) {
     for (int r = 0; r < 3; r++) unbuild(all[r]);
 }
 
+// The rectified flow of torchtitan's flux trainer: the model sees x_t = (1 - t) img + t noise
+// and learns the velocity noise - img. Both read here: with img_in the identity into the first
+// in_channels columns, the embed's image rows are x_t; with final_layer.linear's weight zero
+// the prediction is its bias b, and the loss the mean of (b - (noise - img))^2, whose gradient
+// in b is 2 (b - (noise - img)) / (B N C) summed over the rows.
+static void test_flow_target(void **state) {
+    (void)state;
+    Built b;
+    build(&b, false, 2, false);
+    init_perturbed(&b);
+    const FluxArgs *a = &b.args;
+    int C = a->in_channels, N = flux_img_tokens(a), L = a->txt_len, D = a->hidden_size;
+    Param *img_in = params_find(&b.m.params, "img_in.weight");
+    memset(img_in->data, 0, img_in->numel * sizeof(float));
+    for (int c = 0; c < C; c++) img_in->data[c * C + c] = 1;  // (D, C): row c picks channel c
+    memset(params_find(&b.m.params, "img_in.bias")->data, 0, (size_t)D * sizeof(float));
+    StepCtx s = step_ctx(&b);
+    const float *h = model_forward_blocks(&b.m, &s, &b.m.slots, 0, 1, NULL);
+    for (int i = 0; i < b.B; i++)
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < C; c++) {
+                size_t at = ((size_t)i * N + n) * C + c;
+                double want = (1 - b.t[i]) * b.img[at] + b.t[i] * b.noise[at];
+                float got = h[((size_t)i * (1 + L + N) + 1 + L + n) * D + c];
+                if (fabs(got - want) > 1e-6)
+                    fail_msg("sample %d token %d channel %d: x_t %g, (1 - t) img + t noise %g",
+                             i, n, c, got, want);
+            }
+    arena_release(&b.acts, 0);
+    Param *w = params_find(&b.m.params, "final_layer.linear.weight");
+    Param *bias = params_find(&b.m.params, "final_layer.linear.bias");
+    memset(w->data, 0, w->numel * sizeof(float));
+    for (int c = 0; c < C; c++) bias->data[c] = 0.5f - 0.1f * (float)c;
+    memset(b.m.params.grad, 0, b.m.params.numel * sizeof(float));
+    s = step_ctx(&b);
+    double loss = model_forward_backward(&b.m, &s), want = 0, flipped = 0;
+    size_t elements = (size_t)b.B * N * C;
+    double *dbias = calloc((size_t)C, sizeof(double));
+    for (size_t j = 0; j < elements; j++) {
+        double v = (double)b.noise[j] - b.img[j], pred = bias->data[j % C];
+        want += (pred - v) * (pred - v) / elements;
+        flipped += (pred + v) * (pred + v) / elements;
+        dbias[j % C] += 2 * (pred - v) / elements;
+    }
+    assert_true(fabs(flipped - want) > 0.01 * want);  // the data tells the two signs apart
+    if (fabs(loss - want) > 1e-6 * want)
+        fail_msg("loss %.9g, mean (b - (noise - img))^2 %.9g (with img - noise: %.9g)", loss,
+                 want, flipped);
+    for (int c = 0; c < C; c++)
+        if (fabs(bias->grad[c] - dbias[c]) > 1e-6)
+            fail_msg("final_layer.linear.bias grad[%d] %g, want %g", c, bias->grad[c], dbias[c]);
+    free(dbias);
+    unbuild(&b);
+}
+
 // torchtitan's pack_latents: (b, c, y, x) -> token (y/2)(W/2) + x/2, channel (2c + y%2) 2 + x%2.
 static void test_pack_latents(void **state) {
     (void)state;
@@ -243,6 +299,7 @@ int main(void) {
         cmocka_unit_test(test_init_matches_torchtitan),
         cmocka_unit_test(test_activation_sizing_is_exact),
         cmocka_unit_test(test_checkpointing_and_split_backward_match),
+        cmocka_unit_test(test_flow_target),
         cmocka_unit_test(test_pack_latents),
         cmocka_unit_test(test_args_check),
     };

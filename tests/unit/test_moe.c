@@ -16,8 +16,9 @@
 #include <string.h>
 
 #include "models/moe/balance.h"
-#include "models/moe/moe.h"
 #include "optim/optim.h"
+
+#include "moe_support.h"
 
 #define SEQS 2
 #define SEQ_LEN 4
@@ -29,10 +30,7 @@
 #define SHARED 3
 
 typedef struct {
-    MoeArgs args;
-    MoeLayer m;
-    ParamTable t;
-    Arena params, grads, act;
+    MoeBare moe;
     float load[EXPERTS];
     float x[ROWS * DIM], y[ROWS * DIM], r[ROWS * DIM], dx[ROWS * DIM];
     int counts[EXPERTS];  // of the last forward
@@ -44,51 +42,25 @@ static double uniform(uint64_t *s) {
     return (double)(*s >> 11) / (double)(1ull << 53) * 2 - 1;
 }
 
-// A layer with random weights of std 0.5 (large enough that the routing is far from ties and
-// the experts far from linear), random x and r.
+// A layer with random weights (moe_bare_init's), random x and r.
 static void layer_make(Layer *L, MoeScoreFunc score, bool route_norm, int shared,
                        double capacity_factor, double aux_alpha) {
     memset(L, 0, sizeof *L);
-    L->args = (MoeArgs){.dim = DIM, .hidden = HIDDEN, .shared_hidden = shared,
-                        .capacity_factor = capacity_factor, .load_balance_coeff = 1e-3,
-                        .aux_loss_alpha = aux_alpha,
-                        .router = {.n_experts = EXPERTS, .top_k = TOPK, .score_func = score,
-                                   .route_norm = route_norm, .route_scale = 1.5f}};
-    params_init(&L->t, moe_param_count(&L->args));
-    moe_layer_init(&L->m, &L->args, 0, &L->t, "layers.0.",
-                   &(MoeInit){INIT_NORMAL, 0.5, 0.5, 0.5, 0.5});
-    arena_init_sizing(&L->params, "params");
-    arena_init_sizing(&L->grads, "grads");
-    params_allocate(&L->t, &L->params, &L->grads);
-    arena_commit(&L->params, NULL);
-    arena_commit(&L->grads, NULL);
-    params_allocate(&L->t, &L->params, &L->grads);
-    params_initialize(&L->t, 11);
+    L->moe.args = (MoeArgs){.dim = DIM, .hidden = HIDDEN, .shared_hidden = shared,
+                            .capacity_factor = capacity_factor, .load_balance_coeff = 1e-3,
+                            .aux_loss_alpha = aux_alpha,
+                            .router = {.n_experts = EXPERTS, .top_k = TOPK, .score_func = score,
+                                       .route_norm = route_norm, .route_scale = 1.5f}};
+    moe_bare_init(&L->moe);
+    moe_bare_allocate(&L->moe);
+    params_initialize(&L->moe.t, 11);
     uint64_t s = 5;
     for (int i = 0; i < ROWS * DIM; i++) L->x[i] = (float)uniform(&s), L->r[i] = (float)uniform(&s);
 }
 
-static void layer_free(Layer *L) {
-    moe_layer_free(&L->m);
-    params_free(&L->t);
-    arena_free(&L->params);
-    arena_free(&L->grads);
-    arena_free(&L->act);
-}
-
 static StepCtx step(Layer *L) {
-    return (StepCtx){.k = kernels_backend("cpu"), .act = &L->act, .B = SEQS, .T = SEQ_LEN,
+    return (StepCtx){.k = kernels_backend("cpu"), .act = &L->moe.act, .B = SEQS, .T = SEQ_LEN,
                      .loss_scale = 1, .expert_load = L->load};
-}
-
-// Sizes the activation arena by a forward and backward, then commits it.
-static void act_commit(Layer *L) {
-    arena_init_sizing(&L->act, "act");
-    StepCtx s = step(L);
-    MoeSaved sv;
-    moe_forward(&L->m, &s, &sv, NULL, NULL, ROWS);
-    moe_backward(&L->m, &s, &sv, NULL, NULL, NULL, ROWS);
-    arena_commit(&L->act, NULL);
 }
 
 // y = MoE(x); with backward, dx and the parameter grads (zeroed first) of sum(y * r).
@@ -97,15 +69,15 @@ static void layer_run(Layer *L, bool backward, bool recompute) {
     s.recompute = recompute;
     MoeSaved sv;
     memset(L->y, 0, sizeof L->y);
-    moe_forward(&L->m, &s, &sv, L->x, L->y, ROWS);
+    moe_forward(&L->moe.m, &s, &sv, L->x, L->y, ROWS);
     memcpy(L->counts, sv.counts, sizeof L->counts);
     L->aux = s.aux_loss;
     if (backward) {
         memset(L->dx, 0, sizeof L->dx);
-        memset(L->t.grad, 0, L->t.numel * sizeof(float));
-        moe_backward(&L->m, &s, &sv, L->x, L->r, L->dx, ROWS);
+        memset(L->moe.t.grad, 0, L->moe.t.numel * sizeof(float));
+        moe_backward(&L->moe.m, &s, &sv, L->x, L->r, L->dx, ROWS);
     }
-    arena_release(&L->act, 0);
+    arena_release(&L->moe.act, 0);
 }
 
 // ---- the naive reference -----------------------------------------------------------------
@@ -115,7 +87,7 @@ static double silu(double g) { return g / (1 + exp(-g)); }
 // Token t's chosen experts (descending by score + bias, ties to the lower id), weights and
 // scores normalised to sum 1 (normed).
 static void ref_route(const Layer *L, int t, int *chosen, double *weight, double *normed) {
-    const float *x = L->x + t * DIM, *g = L->m.gate->data, *bias = L->m.expert_bias->data;
+    const float *x = L->x + t * DIM, *g = L->moe.m.gate->data, *bias = L->moe.m.expert_bias->data;
     double sc[EXPERTS], mx = -INFINITY, sum = 0;
     for (int e = 0; e < EXPERTS; e++) {
         sc[e] = 0;
@@ -123,14 +95,14 @@ static void ref_route(const Layer *L, int t, int *chosen, double *weight, double
         mx = fmax(mx, sc[e]);
     }
     for (int e = 0; e < EXPERTS; e++) {
-        if (L->args.router.score_func == MOE_SCORE_SIGMOID) {
+        if (L->moe.args.router.score_func == MOE_SCORE_SIGMOID) {
             sc[e] = 1 / (1 + exp(-sc[e]));
         } else {
             sc[e] = exp(sc[e] - mx);
             sum += sc[e];
         }
     }
-    if (L->args.router.score_func == MOE_SCORE_SOFTMAX)
+    if (L->moe.args.router.score_func == MOE_SCORE_SOFTMAX)
         for (int e = 0; e < EXPERTS; e++) sc[e] /= sum;
     double total = 0;
     for (int e = 0; e < EXPERTS; e++) total += sc[e];
@@ -147,8 +119,8 @@ static void ref_route(const Layer *L, int t, int *chosen, double *weight, double
         norm += sc[best];
     }
     for (int j = 0; j < TOPK; j++) {
-        if (L->args.router.route_norm) weight[j] /= norm + 1e-20;
-        weight[j] *= L->args.router.route_scale;
+        if (L->moe.args.router.route_norm) weight[j] /= norm + 1e-20;
+        weight[j] *= L->moe.args.router.route_scale;
     }
 }
 
@@ -172,9 +144,9 @@ static void ref_ffn(double *y, const float *x, const float *w1, const float *w3,
 // y (ROWS, DIM), the counts of the routed slots per expert (slots dropped in slot order past
 // the capacity) and the balance loss: alpha * the mean over sequences of sum_i f_i P_i.
 static void ref_forward(const Layer *L, double *y, int *counts, double *aux) {
-    const MoeLayer *m = &L->m;
-    int cap = L->args.capacity_factor > 0
-                  ? (int)ceil(L->args.capacity_factor * ROWS * TOPK / EXPERTS) : ROWS * TOPK;
+    const MoeLayer *m = &L->moe.m;
+    int cap = L->moe.args.capacity_factor > 0
+                  ? (int)ceil(L->moe.args.capacity_factor * ROWS * TOPK / EXPERTS) : ROWS * TOPK;
     int kept[EXPERTS] = {0};
     memset(counts, 0, EXPERTS * sizeof(int));
     memset(y, 0, ROWS * DIM * sizeof(double));
@@ -195,13 +167,14 @@ static void ref_forward(const Layer *L, double *y, int *counts, double *aux) {
             ref_ffn(y + t * DIM, x, m->w1->data + e * ef, m->w3->data + e * ef,
                     m->w2->data + e * ef, HIDDEN, weight[j]);
         }
-        if (L->args.shared_hidden)
+        if (L->moe.args.shared_hidden)
             ref_ffn(y + t * DIM, x, m->shared_w1->data, m->shared_w3->data, m->shared_w2->data,
                     SHARED, 1);
     }
     *aux = 0;
     for (int b = 0; b < SEQS; b++)
-        for (int e = 0; e < EXPERTS; e++) *aux += L->args.aux_loss_alpha * f[b][e] * P[b][e] / SEQS;
+        for (int e = 0; e < EXPERTS; e++)
+            *aux += L->moe.args.aux_loss_alpha * f[b][e] * P[b][e] / SEQS;
 }
 
 static void check_forward(Layer *L) {
@@ -258,8 +231,8 @@ static void check_backward(Layer *L) {
     float dx[ROWS * DIM];
     memcpy(dx, L->dx, sizeof dx);
     check_grad(L, L->x, dx, ROWS * DIM, "x");  // the probing runs leave the grads as they are
-    for (int i = 0; i < L->t.count; i++) {
-        Param *p = &L->t.items[i];
+    for (int i = 0; i < L->moe.t.count; i++) {
+        Param *p = &L->moe.t.items[i];
         if (p->buffer) {  // the expert bias steers the choice only: no gradient
             for (size_t j = 0; j < p->numel; j++) assert_true(p->grad[j] == 0);
             continue;
@@ -272,10 +245,10 @@ static void run_case(MoeScoreFunc score, bool route_norm, int shared, double cap
                      double aux_alpha) {
     Layer *L = malloc(sizeof *L);
     layer_make(L, score, route_norm, shared, capacity, aux_alpha);
-    act_commit(L);
+    moe_bare_commit_act(&L->moe, step(L), ROWS);
     check_forward(L);
     check_backward(L);
-    layer_free(L);
+    moe_bare_free(&L->moe);
     free(L);
 }
 
@@ -302,13 +275,13 @@ static void test_capacity_drops(void **state) {
     (void)state;
     Layer *L = malloc(sizeof *L);
     layer_make(L, MOE_SCORE_SOFTMAX, true, 0, 0.5, 0);
-    act_commit(L);
+    moe_bare_commit_act(&L->moe, step(L), ROWS);
     check_forward(L);
     int most = 0;
     for (int e = 0; e < EXPERTS; e++) most = L->counts[e] > most ? L->counts[e] : most;
     assert_true(most > 2);
     check_backward(L);
-    layer_free(L);
+    moe_bare_free(&L->moe);
     free(L);
 }
 
@@ -317,17 +290,18 @@ static void test_expert_without_tokens(void **state) {
     (void)state;
     Layer *L = malloc(sizeof *L);
     layer_make(L, MOE_SCORE_SOFTMAX, true, 0, 0, 0);
-    L->m.expert_bias->data[3] = -10;
-    act_commit(L);
+    L->moe.m.expert_bias->data[3] = -10;
+    moe_bare_commit_act(&L->moe, step(L), ROWS);
     check_forward(L);
     assert_int_equal(L->counts[3], 0);
     layer_run(L, true, false);
     size_t ef = (size_t)HIDDEN * DIM;
     for (size_t i = 3 * ef; i < 4 * ef; i++) {
-        assert_true(L->m.w1->grad[i] == 0 && L->m.w2->grad[i] == 0 && L->m.w3->grad[i] == 0);
+        const MoeLayer *m = &L->moe.m;
+        assert_true(m->w1->grad[i] == 0 && m->w2->grad[i] == 0 && m->w3->grad[i] == 0);
     }
     check_backward(L);
-    layer_free(L);
+    moe_bare_free(&L->moe);
     free(L);
 }
 
@@ -336,14 +310,14 @@ static void test_recompute_not_counted(void **state) {
     (void)state;
     Layer *L = malloc(sizeof *L);
     layer_make(L, MOE_SCORE_SOFTMAX, true, 0, 0, 0);
-    act_commit(L);
+    moe_bare_commit_act(&L->moe, step(L), ROWS);
     memset(L->load, 0, sizeof L->load);
     layer_run(L, false, false);
     layer_run(L, false, true);
     float total = 0;
     for (int e = 0; e < EXPERTS; e++) total += L->load[e];
     assert_true(total == ROWS * TOPK);
-    layer_free(L);
+    moe_bare_free(&L->moe);
     free(L);
 }
 

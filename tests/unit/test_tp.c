@@ -4,7 +4,9 @@
 // within 1e-5 (relative to the largest 1-rank grad of that parameter), with and without loss
 // parallel and activation checkpointing; the tp init is the 1-rank init's slices exactly, the
 // grad norm helper gives the 1-rank norm, the tp group's bytes are the documented volume, and
-// the activation arena's sizing pass counts a tp step exactly.
+// the activation arena's sizing pass counts a tp step exactly. A MoE layer's grads laid out
+// under ep x tp (and FSDP) sum over tp and give the 1-rank norm: an expert weight sharded over
+// ep is no tp replica.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,12 +14,16 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "data/token_batch.h"
 #include "models/llama3/llama3.h"
+#include "parallel/ep/ep.h"
 #include "parallel/grads.h"
 #include "parallel/tp.h"
+
+#include "moe_support.h"
 
 #define ROWS_B 2
 #define SEQ_T 16
@@ -201,6 +207,110 @@ static void test_init_shapes_and_norm(void **state) {
     unrun(&tp);
 }
 
+// ---- a MoE layer's gradient under ep x tp ---------------------------------------------------
+
+// Layouts (world, dp_shard, tp, ep): the sparse region dp_shard x tp cut into ep x efsdp, ep
+// within tp, equal to it, or across dp_shard.
+static const struct { int world, dp_shard, tp, ep; } EP_TP[] = {
+    {2, 1, 2, 2}, {4, 2, 2, 2}, {4, 2, 2, 4}, {4, 1, 4, 2}};
+
+// The step's whole gradient of parameter i's element `global`: the same on every layout.
+static float whole_grad(int i, size_t global) {
+    return (float)((global * 2654435761u + (size_t)i * 40503u) % 2001) / 1000.0f - 1.0f;
+}
+
+// A MoE layer's parameters (router, routed and shared experts) laid out as the trainer lays
+// them on mesh: the decoder's plan replicates them all over tp with partial grads
+// (models/decoder/parallelize.c), expert parallel shards the routed experts over ep (rank:
+// the sparse index % ep), FSDP the dense ones over fsdp and the experts over efsdp.
+static void moe_place(MoeBare *b, const Mesh *mesh) {
+    const MeshLayout *l = &mesh->layout;
+    Tp tp;
+    tp_plan(&tp, mesh->coord[MESH_TP], l->size[MESH_TP], true);
+    Param *params[MOE_MAX_PARAMS];
+    int n = moe_layer_params(&b->m, params);
+    for (int i = 0; i < n; i++) tp_shard(&tp, &b->t, params[i], TP_REPLICATE);
+    int sparse = mesh_sparse_index(l, mesh->coord);
+    ep_place(&b->t, l->ep, sparse % l->ep);
+    for (int i = 0; i < b->t.count; i++) {
+        Param *p = &b->t.items[i];
+        Placement dense = {.kind = PLACE_SHARD_PADDED, .group = MESH_GROUP_FSDP,
+                           .size = l->size[MESH_DP_SHARD], .rank = comm_rank(mesh->fsdp)};
+        Placement expert = {.kind = PLACE_SHARD_PADDED, .group = MESH_GROUP_EFSDP,
+                            .size = mesh_sparse_size(l) / l->ep, .rank = sparse / l->ep};
+        params_place(&b->t, p, p->expert ? expert : dense);
+    }
+}
+
+// Each element of this rank's shards as the backward and FSDP's reduce-scatter leave it: a
+// routed expert's whole (every token routed to it came through the ep group), a dense
+// parameter's this tp rank's share (its rows' under sequence parallel), the shares summing to
+// the whole. *want (laid out as the shards, padding 0): the whole gradient's elements.
+static float *moe_shard_grads(const ParamTable *t, int tp_rank, int tp, float **want) {
+    float *g = calloc(t->shard_numel + 1, sizeof(float));
+    *want = calloc(t->shard_numel + 1, sizeof(float));
+    float share = (float)(tp_rank + 1) / (float)(tp * (tp + 1) / 2);
+    for (int i = 0; i < t->count; i++) {
+        const Param *p = &t->items[i];
+        ParamBox box = param_box(p, true);
+        for (size_t j = 0; j < box_numel(&box); j++) {
+            float whole = whole_grad(i, param_global_index(p, &box, j));
+            (*want)[p->shard_offset + j] = whole;
+            g[p->shard_offset + j] = p->expert ? whole : whole * share;
+        }
+    }
+    return g;
+}
+
+// On every layout the world allows, the tp sum of the replicated grads leaves each shard the
+// whole gradient's, and the global norm (grads_sum_squares over fsdp and tp) counts each
+// element of the 1-rank layer's gradient once: an expert weight is no tp replica (ep took tp's
+// ranks), so it is neither summed over tp nor divided by its size.
+static void test_moe_grad_norm_under_ep(void **state) {
+    (void)state;
+    const KernelOps *k = kernels_backend("cpu");
+    MoeBare whole = {.args = {.dim = 4, .hidden = 3, .shared_hidden = 2,
+                              .router = {.n_experts = 8, .top_k = 2,
+                                         .score_func = MOE_SCORE_SOFTMAX, .route_scale = 1}}};
+    moe_bare_init(&whole);
+    double want = 0;
+    for (int i = 0; i < whole.t.count; i++)
+        for (size_t j = 0; j < whole.t.items[i].numel; j++)
+            want += (double)whole_grad(i, j) * whole_grad(i, j);
+    int checked = 0;
+    for (size_t c = 0; c < sizeof EP_TP / sizeof EP_TP[0]; c++) {
+        if (EP_TP[c].world != comm_size(world)) continue;
+        MeshLayout layout;
+        char err[256];
+        int degrees[MESH_NDIMS] = {1, 1, EP_TP[c].dp_shard, 1, EP_TP[c].tp};
+        assert_true(mesh_plan(&layout, degrees, EP_TP[c].world, err, sizeof err));
+        assert_true(mesh_plan_experts(&layout, EP_TP[c].ep, err, sizeof err));
+        Mesh mesh;
+        mesh_build(&mesh, &layout);
+        MoeBare b = {.args = whole.args};
+        moe_bare_init(&b);
+        moe_place(&b, &mesh);
+        float *want_shard;
+        b.t.shard_grad = moe_shard_grads(&b.t, mesh.coord[MESH_TP], EP_TP[c].tp, &want_shard);
+        CommGroup *tp = mesh.group[MESH_TP];
+        grads_reduce_replicated(&b.t, tp);
+        for (size_t j = 0; j < b.t.shard_numel; j++)
+            if (fabsf(b.t.shard_grad[j] - want_shard[j]) > 1e-6f)
+                fail_msg("dp_shard %d x tp %d, ep %d: rank %d's shard grad[%zu] %g, whole %g",
+                         EP_TP[c].dp_shard, EP_TP[c].tp, EP_TP[c].ep, comm_rank(world), j,
+                         b.t.shard_grad[j], want_shard[j]);
+        double got = grads_sum_squares(k, &b.t, mesh.fsdp, tp, NULL);
+        if (fabs(got - want) > 1e-6 * want)
+            fail_msg("dp_shard %d x tp %d, ep %d: squared grad norm %.9g, 1-rank %.9g",
+                     EP_TP[c].dp_shard, EP_TP[c].tp, EP_TP[c].ep, got, want);
+        free(b.t.shard_grad), free(want_shard);
+        moe_bare_free(&b);
+        checked++;
+    }
+    assert_true(checked > 0 || comm_size(world) == 1);
+    moe_bare_free(&whole);
+}
+
 static void test_divisibility(void **state) {
     (void)state;
     LlamaArgs a;
@@ -220,6 +330,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_divisibility),
         cmocka_unit_test(test_init_shapes_and_norm),
+        cmocka_unit_test(test_moe_grad_norm_under_ep),
         cmocka_unit_test(test_small),
         cmocka_unit_test(test_small_no_loss_parallel),
         cmocka_unit_test(test_small_checkpointed),
