@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -325,10 +326,53 @@ static void resume(Trainer *t, HostState *h, const char *path, int64_t step) {
              (long long)t->progress.step, now_ms() - started);
 }
 
+// checkpoint.initial_load_in_hf: the folder's config.json, read as `convert --to titan` reads
+// it, must describe this run's model: the model.* attributes a titan checkpoint is checked on,
+// but for those HF has no key for (MoE's expert bias, a training buffer titan adds) and RoPE
+// scaling's factors where neither scales. A lone .safetensors file is checked against the
+// config.json beside it, when there is one.
+static void hf_config_check(const Trainer *t, const char *path) {
+    char dir[4096], config[4096 + 16];
+    snprintf(dir, sizeof dir, "%s", path);
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+        else snprintf(dir, sizeof dir, ".");
+        snprintf(config, sizeof config, "%s/config.json", dir);
+        if (access(config, F_OK) != 0) return;
+    }
+    ModelArgs hf;
+    char why[1024];
+    if (!t->args.spec->try_args_from_hf(dir, &hf, why, sizeof why)) die_user("%s", why);
+    CkptAttr want[MODEL_MAX_ATTRS], have[MODEL_MAX_ATTRS];
+    int n = t->args.spec->describe(&t->args, want), m = t->args.spec->describe(&hf, have);
+    bool scaled = false;
+    for (int i = 0; i < n; i++) {
+        const CkptAttr *a = &want[i], *b = NULL;
+        for (int j = 0; j < m && !b; j++)
+            if (!strcmp(have[j].name, a->name)) b = &have[j];
+        if (!strcmp(a->name, "model.rope_scaling")) scaled = a->i || (b && b->i);
+        if (!strcmp(a->name, "model.moe_expert_bias") ||
+            (!scaled && !strncmp(a->name, "model.rope_", 11) && strcmp(a->name, "model.rope_theta")))
+            continue;
+        if (b && (a->type == CKPT_INT ? a->i == b->i : a->d == b->d)) continue;
+        char there[64] = "nothing", here[64];
+        if (a->type == CKPT_INT) snprintf(here, sizeof here, "%lld", (long long)a->i);
+        else snprintf(here, sizeof here, "%.10g", a->d);
+        if (b && b->type == CKPT_INT) snprintf(there, sizeof there, "%lld", (long long)b->i);
+        else if (b) snprintf(there, sizeof there, "%.10g", b->d);
+        die_user("checkpoint.initial_load_path %s/config.json describes another model: %s %s "
+                 "there, %s in this run (use the model.* settings it was trained with)", dir,
+                 a->name, there, here);
+    }
+}
+
 static void initial_load(Trainer *t, HostState *h) {
     const CheckpointSection *ck = &t->cfg.checkpoint;
     const char *path = ck->initial_load_path;
     if (ck->initial_load_in_hf) {  // whole tensors: each rank keeps its shards of them
+        hf_config_check(t, path);
         ParamTable global;
         params_global_view(&global, &t->model.params);
         t->args.spec->load_hf(path, &t->args, &global);

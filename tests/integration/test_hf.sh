@@ -154,7 +154,7 @@ expect_user_error "last_save_in_hf = true .* needs checkpoint.last_save_model_on
   $TITAN "${run[@]}" --checkpoint.last_save_in_hf --checkpoint.last_save_model_only false
 expect_user_error "export_dtype = 'bfloat16' .* applies to the Hugging Face export" \
   $TITAN "${run[@]}" --checkpoint.export_dtype bfloat16
-expect_user_error "safetensors .*/model.safetensors: tensor model.layers.0.self_attn.k_proj.weight has shape \(128, 256\) but the model expects \(256, 256\)$" \
+expect_user_error "checkpoint.initial_load_path .*/gqa-hf/config.json describes another model: model.n_layers 4 there, 6 in this run" \
   $TITAN "${start[@]}" --model.flavor debugmodel --checkpoint.initial_load_path "$SCRATCH/gqa-hf" \
   --checkpoint.initial_load_in_hf
 mkdir "$SCRATCH/cut" && cp "$SCRATCH/gqa-hf/config.json" "$SCRATCH/cut/"
@@ -196,6 +196,18 @@ refused "c['decoder_sparse_step'] = 2" \
 refused "c['num_experts'] = 4" \
   "model.safetensors: tensor 'model.layers.0.mlp.experts.4.gate_proj.weight' is not a weight of this Qwen3-MoE \(2 layers\)$" \
   "$SCRATCH/moe-hf"
+# checkpoint.initial_load_in_hf reads config.json as convert does, and the model it describes
+# must be this run's (it trained whatever the run's model.* said, the file's keys unread).
+load_refused() {  # PYTHON-STATEMENT PATTERN: training from the edited gqa-hf config is refused
+  edit_config "$1"
+  expect_user_error "$2" $TITAN "${start[@]}" --checkpoint.initial_load_path "$SCRATCH/edit" \
+    --checkpoint.initial_load_in_hf --job.dump_folder "$SCRATCH/edit-run"
+}
+load_refused "c['hidden_act'] = 'gelu'" "config.json: hidden_act is 'gelu'; titan's Llama has silu$"
+load_refused "c['model_type'] = 'gpt2'" "config.json: model_type is 'gpt2'; titan's Llama has llama$"
+load_refused "c['rope_theta'] = 1e-300" \
+  "^titan: error: checkpoint.initial_load_path $SCRATCH/edit/config.json describes another model: model.rope_theta 1e-300 there, [0-9]+ in this run \(use the model.\* settings it was trained with\)$"
+load_refused "c['rms_norm_eps'] = 1e-3" "describes another model: model.norm_eps 0.001 there, 1e-05 in this run"
 
 # The export as transformers reads it: the `safetensors` package (PyPI) in a venv next to the
 # build, on top of Debian's interpreter for torch and h5py.
