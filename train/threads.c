@@ -73,7 +73,7 @@ void trainer_log_threads(const Trainer *t) {
     gethostname(host, sizeof host);
     host[sizeof host - 1] = '\0';
     int share = p->node_cores / p->local_ranks;
-    log_warn("%d ranks x %d OpenMP threads exceed the %d cores of %s, slowing every rank: "
-             "unset OMP_NUM_THREADS or set it to %d", p->local_ranks, p->threads, p->node_cores,
-             host, share < 1 ? 1 : share);
+    log_warn("%d ranks x %d OpenMP threads oversubscribe the %d cores of %s: unset "
+             "OMP_NUM_THREADS or set it to %d", p->local_ranks, p->threads, p->node_cores, host,
+             share < 1 ? 1 : share);
 }

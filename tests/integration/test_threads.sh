@@ -49,6 +49,6 @@ run many 4 -x OMP_NUM_THREADS=$many -x OMP_WAIT_POLICY=passive
 expect_threads many 4 "$many" "OMP_NUM_THREADS=$many"
 warn=$(grep '^titan: warning: ' "$SCRATCH/many.err" || true)
 [ "$(printf '%s' "$warn" | grep -c .)" -eq 1 ] || fail "expected one warning line, got: $warn"
-[[ $warn == *"4 ranks x $many OpenMP threads exceed the $cores cores of "*"unset OMP_NUM_THREADS or set it to $share"* ]] ||
+[[ $warn == *"4 ranks x $many OpenMP threads oversubscribe the $cores cores of "*"unset OMP_NUM_THREADS or set it to $share"* ]] ||
   fail "the warning does not name the numbers and the fix: $warn"
 echo "ok: $warn"
