@@ -386,7 +386,7 @@ static void setup_optimizer(Trainer *t) {
 }
 
 // What the run set up, a line each: the model and mesh, the precision, float8, the experts,
-// the pipeline, the tokenizer, the kernels, the memory.
+// the pipeline, the tokenizer, the threads, the kernels, the memory.
 static void log_setup(Trainer *t) {
     const Config *c = &t->cfg;
     const int *size = t->mesh.layout.size;
@@ -415,6 +415,7 @@ static void log_setup(Trainer *t) {
     if (t->tokenizer)
         log_info("tokenizer: %s (%s, %d ids)", c->model.tokenizer_path,
                  tokenizer_format(t->tokenizer), tokenizer_vocab_size(t->tokenizer));
+    trainer_log_threads(t);
     log_kernels(t->k);
     log_memory(t);
 }
@@ -422,6 +423,7 @@ static void log_setup(Trainer *t) {
 void trainer_setup(Trainer *t) {
     const Config *c = &t->cfg;
     t->precision = mixed_precision(&c->training);  // read by the kernels, the model and FSDP
+    if (!t->estimate_world_size) trainer_plan_threads(t);  // before the backend's first region
     setup_backend(t);
     setup_mesh(t);
     trainer_shape_batches(t);

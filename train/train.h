@@ -2,8 +2,8 @@
 // model -> parallelize -> optimizer -> data -> loop) and what its files give each other:
 // setup.c (the setup), data.c (the batches), float8.c (the float8 conversion), loop.c (the
 // training loop), checkpoint.c (when to save, what to load), report.c (--estimate and the run
-// summary), debug.c (the debug server), pipeline.c and schedule.c (pipeline parallel). Only
-// train/ includes it.
+// summary), debug.c (the debug server), pipeline.c and schedule.c (pipeline parallel),
+// threads.c (OpenMP threads per rank). Only train/ includes it.
 #pragma once
 
 #include "checkpoint/train_state.h"
@@ -48,11 +48,22 @@ typedef struct {
     TokenBatch batch;        // the step's inputs: the step_* tensors, as the model reads them
 } Split;
 
+// This rank's OpenMP threads and why (threads.c).
+typedef struct {
+    int threads;           // OpenMP threads each rank of this node runs
+    int local_rank;        // this rank's index among its node's ranks
+    int local_ranks;       // the ranks on this node
+    int node_cores;        // the cpus they may run on together (their affinity masks' union)
+    int node_online;       // the cpus this node has online
+    const char *env;       // OMP_NUM_THREADS as set, taken as is; NULL: unset, titan's share
+} ThreadPlan;
+
 typedef struct AsyncSave AsyncSave;  // checkpoint.c's
 typedef struct Pipeline Pipeline;    // pipeline.c's
 
 typedef struct {
     Config cfg;
+    ThreadPlan threads;           // OpenMP threads per rank, set before the first parallel region
     const KernelOps *k;           // the kernels backend (training.device)
     MixedPrecisionPolicy precision;  // what it computes in (training.mixed_precision_param:
                                      // bf16 or fp32) and FSDP reduces in; master weights and
@@ -127,6 +138,11 @@ void trainer_data_set_position(Trainer *t, int64_t position);
 // run); the log line naming which Linears run float8.
 void trainer_convert_float8(Trainer *t);
 void trainer_log_float8(const Trainer *t);
+// threads.c: each rank's OpenMP threads, its share of the node's cores unless OMP_NUM_THREADS
+// is set (collective over the world; before any OpenMP region); the startup line naming them,
+// and a warning where a node's ranks run more threads than it has cores.
+void trainer_plan_threads(Trainer *t);
+void trainer_log_threads(const Trainer *t);
 // loop.c: training.steps steps from t->progress.step, with metrics, validation, checkpoints
 // and preemption, then the run's summary.
 void trainer_train(Trainer *t);
