@@ -28,6 +28,7 @@
 #include "checkpoint/train_state.h"
 #include "core/config.h"
 #include "core/errors.h"
+#include "core/host_memory.h"
 #include "models/registry.h"
 
 #define USAGE                                                                                  \
@@ -71,9 +72,15 @@ static void parse_options(ConvertOptions *o, int argc, char **argv) {
         die_user("--tokenizer %s: %s", o->tokenizer, strerror(errno));
 }
 
-// The parameter table of args over zeroed host memory (*data, to free with the table).
+// The parameter table of args over zeroed host memory (*data, to free with the table), which
+// must fit the host's free memory.
 static void table_build(Model *m, const ModelArgs *args, ParamTable *params, float **data) {
     args->spec->build(m, args, false);
+    double need = (double)m->params.numel * sizeof(float), room = (double)host_memory_free();
+    if (need > room)
+        die_user("convert: the model's %.3g parameters need %.2f GiB of host memory in fp32, but "
+                 "%.2f GiB is free", (double)m->params.numel, need / 1073741824.0,
+                 room / 1073741824.0);
     *data = xcalloc(m->params.numel, sizeof(float));
     params_view(params, &m->params, *data);
 }

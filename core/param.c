@@ -47,9 +47,11 @@ int params_add(ParamTable *t, ParamInit init, double init_std, int ndim, const i
         p->numel *= (size_t)shape[d];
     }
     p->shard_numel = p->numel;
-    t->count++;
-    table_layout(t);
-    return t->count - 1;
+    // Laid out after the others (table_layout's order), in constant time: a table is built
+    // one parameter at a time.
+    p->offset = t->numel, p->shard_offset = t->shard_numel;
+    t->numel += p->numel, t->shard_numel += p->shard_numel;
+    return t->count++;
 }
 
 Param *params_find(ParamTable *t, const char *name) {

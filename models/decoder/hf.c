@@ -203,13 +203,13 @@ bool hf_config_refuse(const HfConfig *r, const char *key, const char *why) {
 
 static bool shape_read(const HfConfig *r, DecoderArgs *a, bool head_dim_free) {
     int head_dim;
-    if (!hf_config_int(r, "hidden_size", 1, INT32_MAX, 0, &a->dim) ||
-        !hf_config_int(r, "intermediate_size", 1, INT32_MAX, 0, &a->hidden_dim) ||
-        !hf_config_int(r, "num_hidden_layers", 1, INT32_MAX, 0, &a->n_layers) ||
-        !hf_config_int(r, "num_attention_heads", 1, INT32_MAX, 0, &a->n_heads) ||
-        !hf_config_int(r, "num_key_value_heads", 1, INT32_MAX, a->n_heads, &a->n_kv_heads) ||
-        !hf_config_int(r, "vocab_size", 1, INT32_MAX, 0, &a->vocab_size) ||
-        !hf_config_int(r, "head_dim", 1, INT32_MAX, a->dim / a->n_heads, &head_dim))
+    if (!hf_config_int(r, "hidden_size", 1, HF_MAX_WIDTH, 0, &a->dim) ||
+        !hf_config_int(r, "intermediate_size", 1, HF_MAX_FFN, 0, &a->hidden_dim) ||
+        !hf_config_int(r, "num_hidden_layers", 1, HF_MAX_LAYERS, 0, &a->n_layers) ||
+        !hf_config_int(r, "num_attention_heads", 1, HF_MAX_HEADS, 0, &a->n_heads) ||
+        !hf_config_int(r, "num_key_value_heads", 1, HF_MAX_HEADS, a->n_heads, &a->n_kv_heads) ||
+        !hf_config_int(r, "vocab_size", 1, HF_MAX_VOCAB, 0, &a->vocab_size) ||
+        !hf_config_int(r, "head_dim", 1, HF_MAX_HEAD_DIM, a->dim / a->n_heads, &head_dim))
         return false;
     bool heads_of_dim = a->dim % a->n_heads == 0 && head_dim == a->dim / a->n_heads;
     if (a->n_heads % a->n_kv_heads || head_dim % 2 || (!head_dim_free && !heads_of_dim))
@@ -235,11 +235,18 @@ bool decoder_hf_config_read(const HfConfig *r, DecoderArgs *a, const char *model
         return error_set(r->err, r->errlen, "%s: attention_bias / mlp_bias are true; titan's "
                          "%s has no biases", r->path, r->model);
     // transformers' config defaults for what the file leaves out
-    return shape_read(r, a, head_dim_free) &&
-           hf_config_real(r, r->root, "rms_norm_eps", 1e-6, &a->norm_eps) &&
-           hf_config_real(r, r->root, "rope_theta", 10000, &a->rope_theta) &&
-           hf_config_bool(r, "tie_word_embeddings", false, &a->tie_word_embeddings) &&
-           hf_config_int(r, "max_position_embeddings", 1, INT32_MAX, max_pos, &a->max_seq_len);
+    if (!shape_read(r, a, head_dim_free) ||
+        !hf_config_real(r, r->root, "rms_norm_eps", 1e-6, &a->norm_eps) ||
+        !hf_config_real(r, r->root, "rope_theta", 10000, &a->rope_theta) ||
+        !hf_config_bool(r, "tie_word_embeddings", false, &a->tie_word_embeddings) ||
+        !hf_config_int(r, "max_position_embeddings", 1, HF_MAX_POSITIONS, max_pos,
+                       &a->max_seq_len))
+        return false;
+    if ((int64_t)a->max_seq_len * decoder_head_dim(a) > HF_MAX_ROPE_TABLE)
+        return error_set(r->err, r->errlen, "%s: max_position_embeddings %d x head_dim %d is "
+                         "more than 2^28 (RoPE's tables)", r->path, a->max_seq_len,
+                         decoder_head_dim(a));
+    return true;
 }
 
 json_t *decoder_hf_config_json(const DecoderArgs *a, const char *architecture,

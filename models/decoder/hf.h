@@ -19,6 +19,20 @@
 #include "checkpoint/safetensors.h"
 #include "models/decoder/decoder.h"
 
+// The largest sizes config.json may give, checked as it is read, before anything is sized by
+// them: far beyond any released model (Llama 3.1 405B: hidden 16384, FFN 53248, 126 layers,
+// 128 heads, 128k vocabulary and positions), and small enough that the products titan forms
+// from them stay within their types.
+#define HF_MAX_WIDTH 65536        // hidden_size
+#define HF_MAX_HEAD_DIM 1024
+#define HF_MAX_FFN 1048576        // intermediate_size, moe_intermediate_size
+#define HF_MAX_LAYERS 1024
+#define HF_MAX_HEADS 1024
+#define HF_MAX_EXPERTS 4096
+#define HF_MAX_VOCAB 16777216
+#define HF_MAX_POSITIONS 1048576  // max_position_embeddings
+#define HF_MAX_ROPE_TABLE (1 << 28)  // max_position_embeddings x head_dim: RoPE's tables' floats
+
 // config.json being read: err gets one line naming the file and the key. model: the
 // architecture's name in messages ("Llama", "Qwen3").
 typedef struct {

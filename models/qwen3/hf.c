@@ -21,9 +21,9 @@ static bool moe_config_read(const HfConfig *r, DecoderArgs *a) {
     MoeArgs *m = &a->moe;
     int sparse_step;
     const json_t *dense = json_object_get(r->root, "mlp_only_layers");
-    if (!hf_config_int(r, "num_experts", 1, INT32_MAX, 128, &m->router.n_experts) ||
+    if (!hf_config_int(r, "num_experts", 1, HF_MAX_EXPERTS, 128, &m->router.n_experts) ||
         !hf_config_int(r, "num_experts_per_tok", 1, m->router.n_experts, 8, &m->router.top_k) ||
-        !hf_config_int(r, "moe_intermediate_size", 1, INT32_MAX, 768, &m->hidden) ||
+        !hf_config_int(r, "moe_intermediate_size", 1, HF_MAX_FFN, 768, &m->hidden) ||
         !hf_config_bool(r, "norm_topk_prob", false, &m->router.route_norm) ||
         !hf_config_int(r, "decoder_sparse_step", 1, INT32_MAX, 1, &sparse_step))
         return false;

@@ -196,6 +196,20 @@ refused "c['decoder_sparse_step'] = 2" \
 refused "c['num_experts'] = 4" \
   "model.safetensors: tensor 'model.layers.0.mlp.experts.4.gate_proj.weight' is not a weight of this Qwen3-MoE \(2 layers\)$" \
   "$SCRATCH/moe-hf"
+
+# Sizes past their limits are refused as config.json is read, before anything is sized by them
+# (they were "out of memory" exits, and 100000 layers spent minutes registering parameters);
+# a model within them that does not fit the host is refused before its table is allocated.
+for key in hidden_size intermediate_size num_hidden_layers num_attention_heads vocab_size \
+           max_position_embeddings head_dim; do
+  refused "c['$key'] = 2**31 - 1" "config.json: $key must be an integer in \[1, [0-9]+\]$"
+done
+refused "c['num_hidden_layers'] = 100000" "config.json: num_hidden_layers must be an integer in \[1, 1024\]$"
+refused "c.update(hidden_size=1024, num_attention_heads=1, num_key_value_heads=1, head_dim=1024, max_position_embeddings=2**20)" \
+  "config.json: max_position_embeddings 1048576 x head_dim 1024 is more than 2\^28 \(RoPE's tables\)$"
+refused "c.update(hidden_size=65536, num_attention_heads=512, num_key_value_heads=512, head_dim=128, intermediate_size=2**20, num_hidden_layers=1024)" \
+  "^titan: error: convert: the model's 2.29e\+14 parameters need 851969.50 GiB of host memory in fp32, but [0-9.]+ GiB is free$"
+
 # checkpoint.initial_load_in_hf reads config.json as convert does, and the model it describes
 # must be this run's (it trained whatever the run's model.* said, the file's keys unread).
 load_refused() {  # PYTHON-STATEMENT PATTERN: training from the edited gqa-hf config is refused
