@@ -63,9 +63,10 @@ trap 'stop 2' INT
 trap 'stop 1' HUP
 
 # A session of its own, so that a Ctrl-C, which the terminal sends to its whole foreground
-# process group, reaches this script alone and mpirun hears of it as a SIGUSR2; stdin from
-# /dev/null (mpirun would otherwise forward the terminal's input to rank 0).
-setsid mpirun "${args[@]}" "${extra[@]}" "$titan" "$@" </dev/null &
+# process group, reaches this script alone and mpirun hears of it as a SIGUSR2; a SIGTERM to
+# mpirun if this script dies without passing a signal on (a SIGKILL), so that no run outlives
+# it; stdin from /dev/null (mpirun would otherwise forward the terminal's input to rank 0).
+setsid setpriv --pdeathsig TERM mpirun "${args[@]}" "${extra[@]}" "$titan" "$@" </dev/null &
 pid=$!
 
 # A trapped signal interrupts `wait` (status 128 + the signal) while mpirun still runs: wait

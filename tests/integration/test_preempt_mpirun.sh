@@ -4,7 +4,7 @@
 # sends) each end the run with a checkpoint at the step it was in and exit 0; resumed, the run's
 # losses equal an uninterrupted run's bit for bit. A save left unfinished (step-K.h5.tmp) is
 # removed at start with one line. A titan error through the launcher is titan's one line and
-# its exit status 2, without Open MPI's banner.
+# its exit status 2, without Open MPI's banner. A SIGKILLed launcher leaves no run behind.
 source "$(dirname "$0")/lib.sh"
 
 export NPROC=2 OMP_NUM_THREADS=1
@@ -55,10 +55,13 @@ echo "ok: kill $pid (SIGTERM) preempted the run at step $step of $STEPS, exit 0 
 touch "$SCRATCH/preempted/checkpoint/step-2.h5.tmp" "$SCRATCH/preempted/checkpoint/notes.tmp"
 
 # Resumed, then a Ctrl-C. Job control (set -m) gives the launcher a process group of its own,
-# as a terminal's foreground job has, and leaves its SIGINT at the default (a background job
-# of a script ignores SIGINT); the whole group gets the SIGINT, as from a terminal.
+# as a terminal's foreground job has, and the whole group gets the SIGINT, as from a terminal.
+# env puts SIGINT back to its default: a background job of a script (this test under
+# run_all.sh &, or nohup) starts with SIGINT ignored, and bash cannot trap what it inherits
+# ignored.
 set -m
-TITAN=$TITAN ./run_train.sh "${run[@]}" --job.dump_folder "$SCRATCH/preempted" >"$SCRATCH/int.out" 2>&1 &
+TITAN=$TITAN env --default-signal=INT ./run_train.sh "${run[@]}" --job.dump_folder "$SCRATCH/preempted" \
+  >"$SCRATCH/int.out" 2>&1 &
 pid=$!
 set +m
 wait_for 60 logged_steps "$SCRATCH/preempted/metrics.jsonl" $((step + 3)) ||
@@ -92,3 +95,16 @@ out=$(TITAN=$TITAN ./run_train.sh "${SMALL[@]}" --training.stepz 3 2>&1) || rc=$
 [ "$out" = "titan: error: unknown option '--training.stepz' (did you mean '--training.steps'?)" ] ||
   fail "a config error through run_train.sh printed: $out"
 echo "ok: a config error through run_train.sh: one line, exit 2"
+
+# A launcher killed outright (SIGKILL: nothing to pass on) takes its run with it: mpirun, in a
+# session of its own, hears of it through its parent-death signal.
+TITAN=$TITAN ./run_train.sh "${run[@]}" --training.steps 1000 --job.dump_folder "$SCRATCH/killed" \
+  >"$SCRATCH/killed.out" 2>&1 &
+pid=$!
+wait_for 60 logged_steps "$SCRATCH/killed/metrics.jsonl" 1 ||
+  fail "no first step: $(tail -n 5 "$SCRATCH/killed.out")"
+kill -KILL "$pid"
+wait "$pid" 2>/dev/null || true
+alive() { pgrep -f -- "--job.dump_folder $SCRATCH/killed" >/dev/null; }
+wait_for 10 eval '! alive' || fail "mpirun or a rank outlived its killed launcher: $(pgrep -af -- "$SCRATCH/killed")"
+echo "ok: a SIGKILLed launcher's mpirun and ranks ended with it"
