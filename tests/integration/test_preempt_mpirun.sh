@@ -106,5 +106,9 @@ wait_for 60 logged_steps "$SCRATCH/killed/metrics.jsonl" 1 ||
 kill -KILL "$pid"
 wait "$pid" 2>/dev/null || true
 alive() { pgrep -f -- "--job.dump_folder $SCRATCH/killed" >/dev/null; }
-wait_for 10 eval '! alive' || fail "mpirun or a rank outlived its killed launcher: $(pgrep -af -- "$SCRATCH/killed")"
+if ! wait_for 10 eval '! alive'; then
+  left=$(pgrep -f -- "--job.dump_folder $SCRATCH/killed" | grep -vx $$ | xargs)
+  kill $left 2>/dev/null  # not to leave them running
+  fail "mpirun or a rank (pids $left) outlived its killed launcher"
+fi
 echo "ok: a SIGKILLed launcher's mpirun and ranks ended with it"
