@@ -3,7 +3,8 @@
 # does through torchrun:
 #
 #   NPROC=4 ./run_train.sh --config configs/debug_model.yaml [titan arguments]
-#   NPROC=16 MPIRUN_ARGS="--hostfile hosts" ./run_train.sh --config configs/llama3_8b.yaml --device cuda
+#   NPROC=16 MPIRUN_ARGS="--hostfile hosts" ./run_train.sh --config configs/llama3_8b.yaml \
+#     --device cuda
 #
 # NPROC: ranks (default 1). MPIRUN_ARGS: more mpirun arguments (hostfile, mapping), split on
 # spaces. OMP_NUM_THREADS, when set, goes to every rank; otherwise titan picks its threads.
@@ -52,7 +53,8 @@ stop() {
   signals=$((signals + 1))
   [ -n "${pid:-}" ] || exit $((128 + $1))  # before mpirun started
   if [ "$signals" -eq 1 ]; then
-    echo "run_train.sh: stopping: every rank saves after its step (another signal ends it now)" >&2
+    echo "run_train.sh: stopping after this step, saving a checkpoint (checkpoint.enable);" \
+      "another signal ends the run now" >&2
     kill -USR2 "$pid" 2>/dev/null
   else
     kill -TERM "$pid" 2>/dev/null
