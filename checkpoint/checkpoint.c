@@ -501,6 +501,42 @@ static int64_t kth_latest_step(const char *folder, int k) {
 
 int64_t ckpt_latest_step(const char *folder) { return kth_latest_step(folder, 1); }
 
+// "step-<digits>.h5.tmp", the name ckpt_save writes before it publishes: a save that never
+// finished (its process killed mid-write).
+static bool unfinished_parse(const char *name) {
+    size_t n = strlen(name);
+    char stem[256];
+    int64_t step;
+    if (n <= 4 || n - 4 >= sizeof stem || strcmp(name + n - 4, ".tmp") != 0) return false;
+    memcpy(stem, name, n - 4);
+    stem[n - 4] = '\0';
+    return step_parse(stem, &step);
+}
+
+int ckpt_remove_unfinished(const char *folder, char *names, size_t nameslen) {
+    int rank, removed = 0;
+    job_ranks(&rank);
+    if (nameslen) names[0] = '\0';
+    if (rank != 0) return 0;
+    DIR *dir = opendir(folder);
+    if (!dir) {
+        if (errno == ENOENT) return 0;
+        die_user("cannot read checkpoint folder %s: %s", folder, strerror(errno));
+    }
+    char path[4096];
+    for (struct dirent *e; (e = readdir(dir));) {
+        if (!unfinished_parse(e->d_name)) continue;
+        CHECK(snprintf(path, sizeof path, "%s/%s", folder, e->d_name) < (int)sizeof path);
+        if (unlink(path) != 0)
+            die_user("cannot remove the unfinished save %s: %s", path, strerror(errno));
+        size_t used = strlen(names);
+        snprintf(names + used, nameslen - used, "%s%s", removed ? ", " : "", e->d_name);
+        removed++;
+    }
+    SYS_CHECK(closedir(dir));
+    return removed;
+}
+
 // Every rank of a job calls this after the same save; rank 0 alone deletes, as it alone
 // publishes, so that two ranks never race to unlink the same file.
 void ckpt_keep_latest(const char *folder, int keep) {

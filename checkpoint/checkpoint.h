@@ -101,6 +101,10 @@ void ckpt_path_for_step(char *out, size_t outlen, const char *folder, int64_t st
 // Highest N with a complete <folder>/step-<N>.h5; -1 if none or no folder. Temporary files
 // (step-N.h5.tmp) and other names are ignored.
 int64_t ckpt_latest_step(const char *folder);
+// Deletes the step-<N>.h5.tmp files in folder, saves a killed process left unfinished (every
+// rank of a job calls it; rank 0 deletes). Returns how many rank 0 removed (0 elsewhere) and
+// their names, comma-separated, in names (cut short to fit).
+int ckpt_remove_unfinished(const char *folder, char *names, size_t nameslen);
 // Deletes every complete step file but the `keep` latest (checkpoint.keep_latest_k); in a job
 // of several ranks, every rank calls it and rank 0 deletes.
 void ckpt_keep_latest(const char *folder, int keep);

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # `make run`: the embedded default. Fetches six Jane Austen novels (Debian's r-cran-janeaustenr,
 # read as R data), trains a 2048-token BPE tokenizer on them with titan's trainer, and trains
-# configs/debug_model.yaml on the text with FSDP over TITAN_RANKS ranks (default 2, one OpenMP
-# thread each); the loss falls visibly within the first 50 steps. It ends the way a user wants
+# configs/debug_model.yaml on the text with FSDP over TITAN_RANKS ranks (default 2) through
+# ./run_train.sh; the loss falls visibly within the first 50 steps. It ends the way a user wants
 # to see a run: the path of a PNG of its loss, learning rate and throughput (scripts/
 # plot_metrics) and a sample of Austen-like text from the model it just trained (its last
 # checkpoint, through titan generate). Run again, it finds its run finished (titan says so) and
-# shows the plot and a sample again. mpirun -q: a titan error is its one line, without Open
-# MPI's banner about the exit status.
+# shows the plot and a sample again. A Ctrl-C saves a checkpoint (./run_train.sh), and the
+# next `make run` resumes from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,17 +15,13 @@ corpus=outputs/data/janeaustenr.rdb
 tokenizer=outputs/data/austen.tiktoken
 bash scripts/fetch_austen.sh "$corpus"
 [ -f "$tokenizer" ] || ./titan tokenizer train --vocab-size 2048 --out "$tokenizer" "$corpus"
-ranks=${TITAN_RANKS:-2}
-if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 # The run's dump folder: the config's, unless the arguments name another.
 dump=outputs/debug_model
 args=("$@")
 for i in "${!args[@]}"; do
   [ "${args[$i]}" = --job.dump_folder ] && dump=${args[$((i + 1))]}
 done
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ranks > 0 ? $(nproc) / ranks : 1 ))} \
-  mpirun -q --oversubscribe -np "$ranks" -x OMP_NUM_THREADS ./titan --config configs/debug_model.yaml \
-  --checkpoint.enable true "$@"
+NPROC=${TITAN_RANKS:-2} ./run_train.sh --config configs/debug_model.yaml --checkpoint.enable true "$@"
 
 /usr/bin/python3 scripts/plot_metrics "$dump" -o "$dump/metrics.png" >/dev/null
 last=$(ls -v "$dump"/checkpoint/step-*.h5 | tail -n 1)

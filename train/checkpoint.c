@@ -398,12 +398,23 @@ static void checkpoint_folder_set(Trainer *t) {
              t->cfg.checkpoint.folder);
 }
 
+// A save killed mid-write (a SIGKILL, a crash) leaves its step-N.h5.tmp; each can be as large as
+// a checkpoint. None can be this run's own: its first save, async or not, starts after step 1.
+static void remove_unfinished_saves(Trainer *t) {
+    char names[1024];
+    int n = ckpt_remove_unfinished(t->ckpt_folder, names, sizeof names);
+    if (n > 0)
+        log_info("checkpoint: removed %d unfinished save%s left by an earlier run: %s", n,
+                 n > 1 ? "s" : "", names);
+}
+
 // torchtitan's order: resume from this run's own checkpoint folder (checkpoint.load_step, or
 // the latest step), else start from checkpoint.initial_load_path, else initialise from seed.
 // Each rank reads its own shards, whatever layout saved them.
 void trainer_load_or_initialize(Trainer *t) {
     const CheckpointSection *ck = &t->cfg.checkpoint;
     checkpoint_folder_set(t);
+    if (ck->enable) remove_unfinished_saves(t);
     char path[4096 + 64];
     int64_t step = -1;
     if (ck->enable && ck->load_step >= 0) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The documentation stays true: README.md and every docs/*.md page, checked against the binary
 # and the tree. For every fenced sh block:
-#   - a titan command (`./titan`, `titan`, after mpirun/srun/&&) names only flags that exist:
+#   - a titan command (`./titan`, `titan`, `./run_train.sh`, after mpirun/srun/&&) names only
+#     flags that exist:
 #     `titan --help` and `--help-config` for training, `titan COMMAND --help` for a command
 #     (FLUX's sampler prints its own usage for a FLUX checkpoint, made here in seconds);
 #   - every training command parses as written: it runs with --print-config appended (or as it
@@ -156,7 +157,8 @@ def check_command(tokens, at, line, execute=True):
         cmd, args = args[i], args[i + 1:]
     if cmd in ("bash", "/usr/bin/python3", "python3") and args:
         cmd, args = args[0], args[1:]
-    if cmd in ("./titan", "titan") or cmd.endswith("/titan"):
+    # ./run_train.sh passes its arguments to titan under mpirun
+    if cmd in ("./titan", "titan", "./run_train.sh") or cmd.endswith("/titan"):
         check_titan(args, at, line, execute)
     elif cmd == "make":
         check_make(args, at, line)
@@ -206,10 +208,10 @@ for page in PAGES:
                 except ValueError as e:
                     errors.append(f"{where(page, n)}: `{raw}`: {e}")
                     continue
-                # one command per && or ; (a line of a sh block is one shell line)
+                # one command per && ; || & (a line of a sh block is one shell line)
                 cmd = []
                 for t in tokens + ["&&"]:
-                    if t in ("&&", ";", "||"):
+                    if t in ("&&", ";", "||", "&"):
                         check_command(cmd, where(page, n), " ".join(raw.split()))
                         commands_seen += 1
                         cmd = []
