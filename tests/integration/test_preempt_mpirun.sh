@@ -5,6 +5,7 @@
 # losses equal an uninterrupted run's bit for bit. A save left unfinished (step-K.h5.tmp) is
 # removed at start with one line. A titan error through the launcher is titan's one line and
 # its exit status 2, without Open MPI's banner. A SIGKILLed launcher leaves no run behind.
+# run_all: alone (tests/run_all.sh): it times signals and timeouts
 source "$(dirname "$0")/lib.sh"
 
 export NPROC=2 OMP_NUM_THREADS=1
