@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -129,14 +130,18 @@ static int by_begin(const void *pa, const void *pb) {
     return a->end < b->end ? -1 : a->end > b->end;
 }
 
-// No two of the file's tensors (st->tensors[first..]) share a byte.
-static bool overlap_check(const char *path, const Safetensors *st, int first, char *err,
-                          size_t errlen) {
+// The file's tensors (st->tensors[first..]) tile its data section exactly, as the format
+// requires (and Hugging Face's reader checks): no two share a byte, and no byte is none's,
+// neither between them (a hole) nor after the last (trailing bytes), which would let a file
+// carry a second content unseen.
+static bool layout_check(const char *path, const Safetensors *st, int first, uint64_t data_bytes,
+                         char *err, size_t errlen) {
     int n = st->n_tensors - first;
     SafetensorsTensor **order = xcalloc((size_t)n + 1, sizeof *order);
     for (int i = 0; i < n; i++) order[i] = &st->tensors[first + i];
     qsort(order, (size_t)n, sizeof *order, by_begin);
     const SafetensorsTensor *reach = NULL;  // the tensor ending furthest so far
+    uint64_t covered = 0;                   // the data's bytes up to reach's end
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {
         char a[256], b[256];
@@ -144,9 +149,16 @@ static bool overlap_check(const char *path, const Safetensors *st, int first, ch
             ok = error_set(err, errlen, "safetensors %s: tensors %s and %s overlap", path,
                            error_quote(a, sizeof a, reach->name),
                            error_quote(b, sizeof b, order[i]->name));
-        if (!reach || order[i]->end > reach->end) reach = order[i];
+        else if (order[i]->begin > covered)
+            ok = error_set(err, errlen, "safetensors %s: data bytes %" PRIu64 " to %" PRIu64
+                           " belong to no tensor (before %s)", path, covered, order[i]->begin,
+                           error_quote(b, sizeof b, order[i]->name));
+        if (!reach || order[i]->end > reach->end) reach = order[i], covered = reach->end;
     }
     free(order);
+    if (ok && covered != data_bytes)
+        ok = error_set(err, errlen, "safetensors %s: %" PRIu64 " bytes after the last tensor's "
+                       "data belong to no tensor", path, data_bytes - covered);
     return ok;
 }
 
@@ -163,9 +175,13 @@ static bool header_parse(const char *path, const json_t *root, uint64_t data_byt
     const json_t *v;
     json_object_foreach((json_t *)root, name, v) {
         if (!strcmp(name, "__metadata__")) {
-            if (!json_is_object(v))
-                return error_set(err, errlen, "safetensors %s: __metadata__ is not an object",
-                                 path);
+            const char *key;
+            const json_t *value;
+            bool strings = json_is_object(v);
+            json_object_foreach((json_t *)v, key, value) strings = strings && json_is_string(value);
+            if (!strings)
+                return error_set(err, errlen, "safetensors %s: __metadata__ is not an object of "
+                                 "strings", path);
             continue;
         }
         char q[256];
@@ -178,23 +194,28 @@ static bool header_parse(const char *path, const json_t *root, uint64_t data_byt
         if (!tensor_parse(path, name, v, data_bytes, t, err, errlen)) return false;
         st->n_tensors++;
     }
-    return overlap_check(path, st, first, err, errlen);
+    return layout_check(path, st, first, data_bytes, err, errlen);
 }
 
 // Opens one .safetensors file into st (its header validated, its tensors added).
 static bool file_open(const char *path, Safetensors *st, char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO in its place must not block the open (refused below).
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0 && errno == ENOENT)
         return error_set(err, errlen, "safetensors file %s does not exist", path);
     if (fd < 0) return error_set(err, errlen, "cannot open safetensors file %s: %s", path,
                                  strerror(errno));
+    struct stat s;
+    SYS_CHECK(fstat(fd, &s));
+    if (!S_ISREG(s.st_mode)) {
+        close(fd);
+        return error_set(err, errlen, "safetensors %s is not a regular file", path);
+    }
     st->files = realloc(st->files, (st->n_files + 1) * sizeof *st->files);
     CHECK(st->files != NULL);
     SafetensorsFile *f = &st->files[st->n_files++];
     *f = (SafetensorsFile){.path = xmalloc(strlen(path) + 1), .fd = fd};
     strcpy(f->path, path);
-    struct stat s;
-    SYS_CHECK(fstat(fd, &s));
     uint64_t size = (uint64_t)s.st_size, n = 0;
     uint8_t le[8];
     if (size < 8 || !pread_all(fd, le, 8, 0))
@@ -346,6 +367,14 @@ bool safetensors_try_read(const Safetensors *st, const char *name, int ndim, con
     if (!data_read(f, t, out))
         return error_set(err, errlen, "safetensors %s is truncated (reading tensor %s failed)",
                          f->path, name);
+    // A NaN or infinity loads as it is (the file says so), but training on it stops at the
+    // first step's loss: said here, where the tensor is named.
+    size_t numel = 1, bad = 0;
+    for (int d = 0; d < ndim; d++) numel *= (size_t)shape[d];
+    for (size_t i = 0; i < numel; i++) bad += !isfinite(out[i]);
+    if (bad)
+        log_warn_shared("safetensors %s: tensor %s has %zu non-finite values (NaN or infinity) "
+                        "of %zu", f->path, name, bad, numel);
     return true;
 }
 

@@ -107,6 +107,14 @@ void log_warn(const char *fmt, ...) {
     va_end(ap);
 }
 
+void log_warn_shared(const char *fmt, ...) {
+    if (log_rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    log_line(stderr, "titan: warning: ", fmt, ap);
+    va_end(ap);
+}
+
 void *xmalloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
     if (!p) die_internal(__FILE__, __LINE__, "out of memory allocating %zu bytes", bytes);

@@ -30,6 +30,8 @@ void log_set_rank(int rank);
 void die_user_collective(bool collective);
 bool die_user_is_collective(void);
 __attribute__((format(printf, 1, 2))) void log_warn(const char *fmt, ...);
+// A warning every rank would give alike (about a file they all read): rank 0 prints it.
+__attribute__((format(printf, 1, 2))) void log_warn_shared(const char *fmt, ...);
 
 // For the try_* forms that report a user error instead of dying: formats the one-line
 // message into err and returns false, so a check reads `return error_set(err, n, ...)`.

@@ -171,6 +171,52 @@ $PY -c 'import h5py, sys; h5py.File(sys.argv[1], "a").attrs["config"] = "model: 
   "$SCRATCH/garbled.h5"
 expect_user_error "^titan: error: checkpoint $SCRATCH/garbled.h5: attribute config: control characters are not allowed \(at byte 8\)$" \
   $TITAN convert --to hf "$SCRATCH/garbled.h5" "$SCRATCH/garbled-hf"
+# The safetensors format's rules, as Hugging Face's reader checks them: the tensors tile the
+# data section (no hole, no trailing bytes: a file cannot carry a second content unseen) and
+# __metadata__ maps strings to strings; the file is a regular one (a FIFO would block the
+# read); a NaN or infinity is converted but said, naming the tensor.
+$PY - "$SCRATCH/gqa-hf" "$SCRATCH" <<'PY'
+import json, os, shutil, struct, sys
+src, scratch = sys.argv[1], sys.argv[2]
+blob = open(f"{src}/model.safetensors", "rb").read()
+n = struct.unpack("<Q", blob[:8])[0]
+header, data = json.loads(blob[8:8 + n]), blob[8 + n:]
+def variant(name, header, data):
+    os.makedirs(f"{scratch}/{name}")
+    shutil.copy(f"{src}/config.json", f"{scratch}/{name}/")
+    text = json.dumps(header).encode()
+    open(f"{scratch}/{name}/model.safetensors", "wb").write(struct.pack("<Q", len(text)) + text + data)
+variant("trailing", header, data + bytes(16))
+shifted = {k: v if k == "__metadata__" else dict(v, data_offsets=[o + 8 for o in v["data_offsets"]])
+           for k, v in header.items()}
+variant("hole", shifted, bytes(8) + data)
+variant("metadata", dict(header, __metadata__={"format": 1}), data)
+first = min((v["data_offsets"][0], k) for k, v in header.items() if k != "__metadata__")
+nan = bytearray(data)
+nan[first[0]:first[0] + 4] = struct.pack("<f", float("nan"))
+variant("nan", header, bytes(nan))
+PY
+for kind in fifo folder; do
+  mkdir "$SCRATCH/$kind" && cp "$SCRATCH/gqa-hf/config.json" "$SCRATCH/$kind/"
+done
+mkfifo "$SCRATCH/fifo/model.safetensors"
+mkdir "$SCRATCH/folder/model.safetensors"
+expect_user_error "safetensors .*/trailing/model.safetensors: 16 bytes after the last tensor's data belong to no tensor$" \
+  $TITAN convert --to titan "$SCRATCH/trailing" "$SCRATCH/x.h5"
+expect_user_error "safetensors .*/hole/model.safetensors: data bytes 0 to 8 belong to no tensor \(before '.*'\)$" \
+  $TITAN convert --to titan "$SCRATCH/hole" "$SCRATCH/x.h5"
+expect_user_error "safetensors .*/metadata/model.safetensors: __metadata__ is not an object of strings$" \
+  $TITAN convert --to titan "$SCRATCH/metadata" "$SCRATCH/x.h5"
+for kind in fifo folder; do
+  expect_user_error "safetensors .*/$kind/model.safetensors is not a regular file$" \
+    timeout 20 $TITAN convert --to titan "$SCRATCH/$kind" "$SCRATCH/x.h5"
+done
+$TITAN convert --to titan "$SCRATCH/nan" "$SCRATCH/nan.h5" 2>"$SCRATCH/nan.err" >/dev/null ||
+  fail "a NaN weight failed the conversion: $(cat "$SCRATCH/nan.err")"
+grep -Eqx "titan: warning: safetensors .*/nan/model.safetensors: tensor [a-z_.0-9]+ has 1 non-finite values \(NaN or infinity\) of [0-9]+" \
+  "$SCRATCH/nan.err" || fail "no warning for the NaN weight: $(cat "$SCRATCH/nan.err")"
+echo "ok: a NaN weight converted with one warning naming its tensor"
+
 # config.json keys titan's Llama cannot be are refused naming the file and key.
 edit_config() {  # PYTHON-STATEMENT [HF_DIR]: applied to HF_DIR's (gqa-hf's) config dict c,
   local from=${2:-$SCRATCH/gqa-hf}  # written to $SCRATCH/edit

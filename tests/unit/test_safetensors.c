@@ -187,7 +187,16 @@ static void test_malformed_headers(void **state) {
     expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                    "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
                    "header is not JSON (byte 57: duplicate object key near '\"a\"')");
-    expect_refused("{\"__metadata__\":3}", "__metadata__ is not an object");
+    expect_refused("{\"__metadata__\":3}", "__metadata__ is not an object of strings");
+    expect_refused("{\"__metadata__\":{\"format\":1}}", "__metadata__ is not an object of strings");
+    // The tensors tile the data section: no hole before, between or after them.
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                   "data bytes 0 to 4 belong to no tensor (before 'a')");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+                   "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                   "data bytes 0 to 4 belong to no tensor (before 'b')");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+                   "4 bytes after the last tensor's data belong to no tensor");
 }
 
 static void test_bad_lengths(void **state) {
