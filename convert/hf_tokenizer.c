@@ -15,10 +15,12 @@
 #include "models/decoder/hf.h"
 
 static void file_copy(const char *from, const char *dir, const char *name) {
-    char *text, path[4096];
+    char *text, path[4096], why[256];
     size_t len;
-    if (file_read_all(from, SIZE_MAX, &text, &len) != FILE_READ_OK)
-        die_user("cannot read %s: %s", from, strerror(errno));
+    FileReadResult r = file_read_all(from, TOKENIZER_MAX_BYTES, &text, &len);
+    if (r != FILE_READ_OK)
+        die_user("%s %s", from,
+                 file_read_why(r, TOKENIZER_MAX_BYTES, "a tokenizer file", why, sizeof why));
     CHECK(snprintf(path, sizeof path, "%s/%s", dir, name) < (int)sizeof path);
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(text, 1, len, f) != len || fclose(f) != 0) die_user("cannot write %s", path);

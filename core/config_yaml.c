@@ -208,15 +208,21 @@ bool config_parse_text(Config *c, const char *name, const char *text, size_t len
     return ok;
 }
 
-// Reading stops one byte past the size limit, which config_parse_text then refuses.
+// A file past the size limit is refused as config_parse_text refuses such a text.
 bool config_parse_file(Config *c, const char *path, char *err, size_t errlen) {
-    char *text, shown[PATH_SHOWN_MAX];
+    char *text, shown[PATH_SHOWN_MAX], why[256];
     size_t len;
-    FileReadResult r = file_read_all(path, CONFIG_MAX_BYTES + 1, &text, &len);
-    if (r != FILE_READ_OK)
-        return error_set(err, errlen, "%s: cannot %s config file: %s",
-                         error_escape(shown, sizeof shown, path),
+    FileReadResult r = file_read_all(path, CONFIG_MAX_BYTES, &text, &len);
+    error_escape(shown, sizeof shown, path);
+    if (r == FILE_TOO_LARGE)
+        return error_set(err, errlen, "%s: larger than the %d bytes a config may have", shown,
+                         CONFIG_MAX_BYTES);
+    if (r == FILE_OPEN_FAILED || r == FILE_READ_FAILED)
+        return error_set(err, errlen, "%s: cannot %s config file: %s", shown,
                          r == FILE_OPEN_FAILED ? "open" : "read", strerror(errno));
+    if (r != FILE_READ_OK)
+        return error_set(err, errlen, "%s: config file %s", shown,
+                         file_read_why(r, CONFIG_MAX_BYTES, "a config", why, sizeof why));
     bool ok = config_parse_text(c, path, text, len, err, errlen);
     free(text);
     return ok;

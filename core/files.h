@@ -10,10 +10,18 @@ void make_dirs(const char *path);
 // The same, returning false with the one-line reason in err instead of dying.
 bool try_make_dirs(const char *path, char *err, size_t errlen);
 
-// What file_read_all could not do; errno then says why. Each caller words its own message.
-typedef enum { FILE_READ_OK, FILE_OPEN_FAILED, FILE_READ_FAILED } FileReadResult;
+// What file_read_all could not do; errno says why an open or a read failed.
+typedef enum {
+    FILE_READ_OK,
+    FILE_OPEN_FAILED,
+    FILE_READ_FAILED,
+    FILE_NOT_REGULAR,  // a folder, a FIFO (whose read could block forever), a device
+    FILE_TOO_LARGE,    // more than max bytes
+} FileReadResult;
 
-// The whole file at path into *text (malloc'd, a '\0' after its *len bytes), reading at most
-// max bytes of it (SIZE_MAX: no limit): a caller that refuses files over a size passes one
-// byte more and sees a larger file as one. On failure *text is NULL.
+// The whole regular file at path into *text (malloc'd, a '\0' after its *len bytes), if it
+// has at most max bytes. On failure *text is NULL.
 FileReadResult file_read_all(const char *path, size_t max, char **text, size_t *len);
+// Why file_read_all failed, for the caller's one line: "cannot open it: ...", "is not a
+// regular file", "has more than the N bytes ... may have" (what: "a config", "a tokenizer").
+const char *file_read_why(FileReadResult r, size_t max, const char *what, char *buf, size_t n);

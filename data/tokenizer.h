@@ -15,6 +15,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The largest tokenizer file titan reads, far above any real one (Llama 3's tokenizer.json:
+// 9 MB; a 1M-token vocabulary's about 60 MB).
+#define TOKENIZER_MAX_BYTES (1u << 30)
+
 typedef struct Tokenizer Tokenizer;
 
 // The tokenizer at path; die_user naming the file on a missing or malformed one.

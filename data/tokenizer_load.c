@@ -11,12 +11,14 @@
 #include "data/tokenizer_impl.h"
 
 char *tokenizer_read_file(const char *path, size_t *len, char *err, size_t errlen) {
-    char *text;
-    FileReadResult r = file_read_all(path, SIZE_MAX, &text, len);
+    char *text, why[256];
+    FileReadResult r = file_read_all(path, TOKENIZER_MAX_BYTES, &text, len);
     if (r == FILE_OPEN_FAILED)
         return error_set(err, errlen, "tokenizer %s: %s", path, strerror(errno)), NULL;
-    if (r == FILE_READ_FAILED)
-        return error_set(err, errlen, "tokenizer %s: cannot read it whole", path), NULL;
+    if (r != FILE_READ_OK)
+        return error_set(err, errlen, "tokenizer %s %s", path,
+                         file_read_why(r, TOKENIZER_MAX_BYTES, "a tokenizer", why, sizeof why)),
+               NULL;
     return text;
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/errors.h"
+#include "models/decoder/hf.h"
 
 static const ModelSpec *const SPECS[] = {&LLAMA3_SPEC, &QWEN3_SPEC, &FLUX_SPEC};
 #define N_SPECS (int)(sizeof SPECS / sizeof SPECS[0])
@@ -47,9 +48,9 @@ const ModelSpec *model_spec_of_checkpoint(const char *path, Config *trained) {
 // The model_type string of dir/config.json, or NULL (no such key, an unreadable file: the
 // readers then say why).
 static const ModelSpec *spec_of_hf_model_type(const char *dir) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    json_t *root = json_load_file(path, 0, NULL);
+    char path[4096], err[64];
+    json_t *root;
+    if (!hf_config_load(dir, &root, path, sizeof path, err, sizeof err)) return NULL;
     const char *type = json_string_value(json_object_get(root, "model_type"));
     const ModelSpec *spec = NULL;
     for (int i = 0; type && i < N_SPECS && !spec; i++)

@@ -24,16 +24,20 @@ static int schedule_microbatches(const Config *c, int flag) {
     return (int)(b / mb);
 }
 
+// A schedule's CSV: rows of actions, far below the cap (8 ranks x 64 microbatches of
+// 1F1B take 20 KB).
+#define SCHEDULE_CSV_MAX_BYTES (64u << 20)
+
 static char *read_text(const char *path) {
-    char *text;
+    char *text, why[256];
     size_t len;
-    switch (file_read_all(path, SIZE_MAX, &text, &len)) {
-    case FILE_OPEN_FAILED:
-        die_user("parallelism.pipeline_parallel_schedule_csv: cannot open %s: %s", path,
-                 strerror(errno));
-    case FILE_READ_FAILED: die_user("cannot read %s: %s", path, strerror(errno));
-    case FILE_READ_OK: break;
-    }
+    FileReadResult r = file_read_all(path, SCHEDULE_CSV_MAX_BYTES, &text, &len);
+    if (r != FILE_READ_OK)
+        die_user("parallelism.pipeline_parallel_schedule_csv %s %s", path,
+                 file_read_why(r, SCHEDULE_CSV_MAX_BYTES, "a schedule", why, sizeof why));
+    if (strlen(text) != len)
+        die_user("parallelism.pipeline_parallel_schedule_csv %s has a NUL byte at byte %zu",
+                 path, strlen(text));
     return text;
 }
 

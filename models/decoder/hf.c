@@ -1,7 +1,9 @@
 // What the decoder's Hugging Face checkpoints share (hf.h): the weights' names, the per-head
 // RoPE row permutation, and config.json's common keys.
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/errors.h"
 #include "core/files.h"
@@ -139,15 +141,25 @@ static float *rope_scratch(const DecoderArgs *a) {
 
 // ---- config.json ---------------------------------------------------------------------------
 
+// A config.json is a few KB; the cap only keeps a hostile file from being read whole.
+#define HF_CONFIG_MAX_BYTES (16u << 20)
+
 bool hf_config_load(const char *dir, json_t **root, char *path, size_t pathlen, char *err,
                     size_t errlen) {
-    char why[4 * JSON_ERROR_TEXT_LENGTH];
+    char why[4 * JSON_ERROR_TEXT_LENGTH], *text;
+    size_t len;
     snprintf(path, pathlen, "%s/%s", dir, CONFIG_NAME);
+    *root = NULL;
+    FileReadResult r = file_read_all(path, HF_CONFIG_MAX_BYTES, &text, &len);
+    if (r == FILE_OPEN_FAILED)
+        return error_set(err, errlen, "Hugging Face config: unable to open %s: %s", path,
+                         strerror(errno));
+    if (r != FILE_READ_OK)
+        return error_set(err, errlen, "Hugging Face config %s %s", path,
+                         file_read_why(r, HF_CONFIG_MAX_BYTES, "a config.json", why, sizeof why));
     json_error_t e;
-    *root = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
-    if (!*root && e.line < 0)  // not read at all: jansson's text says why (e.g. no such file)
-        return error_set(err, errlen, "Hugging Face config: %s",
-                         error_escape(why, sizeof why, e.text));
+    *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &e);
+    free(text);
     if (!*root)
         return error_set(err, errlen, "Hugging Face config %s: invalid JSON at line %d, column "
                          "%d: %s", path, e.line, e.column, error_escape(why, sizeof why, e.text));

@@ -402,8 +402,14 @@ static bool csv_cell(PpSchedule *s, int r, const char *cell, size_t len, int *st
                      const char *where, char *err, size_t n) {
     static const char *const TYPES[] = {"F", "I", "W", "B", "SEND_F", "RECV_F", "SEND_B",
                                         "RECV_B"};
+    // The longest action: a 4-digit stage, RECV_B, a 7-digit microbatch. A longer cell is
+    // refused whole, not cut to its start.
     char buf[64], q[96];
-    if (len >= sizeof buf) len = sizeof buf - 1;
+    if (len >= sizeof buf) {
+        memcpy(buf, cell, sizeof buf - 1), buf[sizeof buf - 1] = 0;
+        return error_set(err, n, "%s: a cell of %zu characters (%s...) is not an action like "
+                         "0F1 or 1SEND_B0", where, len, error_quote(q, sizeof q, buf));
+    }
     memcpy(buf, cell, len), buf[len] = 0;
     char *p = buf, *end;
     long st = strtol(p, &end, 10);
@@ -411,7 +417,9 @@ static bool csv_cell(PpSchedule *s, int r, const char *cell, size_t len, int *st
     if (end == p || tl == 0)
         return error_set(err, n, "%s: %s is not an action like 0F1 or 1SEND_B0", where,
                          error_quote(q, sizeof q, buf));
-    if (!strncmp(end, "UNSHARD", tl) || !strncmp(end, "RESHARD", tl)) return true;
+    // torch's _Action: <stage>UNSHARD or <stage>RESHARD, a microbatch index optional.
+    bool fsdp_hint = tl == 7 && (!strncmp(end, "UNSHARD", 7) || !strncmp(end, "RESHARD", 7));
+    if (fsdp_hint && strspn(end + tl, "0123456789") == strlen(end + tl)) return true;
     int kind = -1;
     for (int k = 0; k < 8; k++)
         if (strlen(TYPES[k]) == tl && !strncmp(end, TYPES[k], tl)) kind = k;

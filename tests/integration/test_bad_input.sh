@@ -86,3 +86,25 @@ grep -q "step *1 .*lr 4.000e-04" "$SCRATCH/warm.out" || fail "step 1's lr is not
 $TITAN "${SMALL[@]}" --training.steps 2 --lr_scheduler.warmup_steps 2 --job.dump_folder "$SCRATCH/warm2" \
   2>&1 >/dev/null | grep warning && fail "a warning for a warmup that fits"
 echo "ok: the warmup cut to the run, with one warning line"
+
+# Every file titan reads whole is a regular file within a size cap: a FIFO would block the read
+# forever and /dev/zero never end; a NUL byte would hide the rest of a schedule. Each is one
+# line (under a timeout: a hang fails the test).
+mkfifo "$SCRATCH/fifo"
+printf '0F0,0B0\0garbage\n' >"$SCRATCH/nul.csv"
+CSV=(--estimate --world-size 2 "${SMALL[@]}" --parallelism.pipeline_parallel_degree 2
+     --parallelism.pipeline_parallel_schedule_csv)
+expect_user_error "^titan: error: parallelism.pipeline_parallel_schedule_csv /dev/zero is not a regular file$" \
+  timeout 20 $TITAN "${CSV[@]}" /dev/zero
+expect_user_error "^titan: error: parallelism.pipeline_parallel_schedule_csv $SCRATCH/fifo is not a regular file$" \
+  timeout 20 $TITAN "${CSV[@]}" "$SCRATCH/fifo"
+expect_user_error "^titan: error: parallelism.pipeline_parallel_schedule_csv $SCRATCH/nul.csv has a NUL byte at byte 7$" \
+  timeout 20 $TITAN "${CSV[@]}" "$SCRATCH/nul.csv"
+expect_user_error "^titan: error: $SCRATCH/fifo: config file is not a regular file$" \
+  timeout 20 $TITAN --config "$SCRATCH/fifo"
+expect_user_error "^titan: error: tokenizer $SCRATCH/fifo is not a regular file$" \
+  timeout 20 $TITAN "${SMALL[@]}" --model.tokenizer_path "$SCRATCH/fifo" --job.dump_folder "$SCRATCH/t"
+mkdir "$SCRATCH/hf" && mkfifo "$SCRATCH/hf/config.json"
+expect_user_error "^titan: error: Hugging Face config $SCRATCH/hf/config.json is not a regular file$" \
+  timeout 20 $TITAN convert --to titan "$SCRATCH/hf" "$SCRATCH/x.h5"
+echo "ok: FIFOs, devices and NUL bytes where files are read whole: one line each"

@@ -356,6 +356,12 @@ static void test_csv(void **state) {
     csv_expect("0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n",
                "rank 0's SEND_F0.1 is never received by rank 1");
     csv_expect("0F0,0X0\n", "t.csv:1:5: '0X0' is not an action");
+    // a prefix of UNSHARD or RESHARD is no hint; a long cell is refused whole, not cut
+    csv_expect("0F0,0U7,0B0\n", "t.csv:1:5: '0U7' is not an action");
+    csv_expect("0F0,0R9,0B0\n", "t.csv:1:5: '0R9' is not an action");
+    csv_expect("0F0,0RESHARD1,0B0\n", NULL);
+    csv_expect("0F0,0B000000000000000000000000000000000000000000000000000000000003GARBAGE!!\n",
+               "t.csv:1:5: a cell of 71 characters ('0B0000");
     csv_expect("0F0,0B0\n0F1\n", "t.csv:2:1: stage 0 is on rank 0 and rank 1");
 }
 
