@@ -36,8 +36,8 @@ static const DatasetSpec specs[FLUX_N_DATASETS] = {
                  {0, FLUX_MAX_DIM, FLUX_MAX_DIM}},
     [FLUX_CLIP] = {"clip_encodings", 2, H5T_FLOAT, "(N, D_clip)", true, {"N", "D_clip"},
                    {0, FLUX_MAX_DIM}},
-    [FLUX_CAPTIONS] = {"captions", 1, H5T_STRING, "(N)", false},
-    [FLUX_LABELS] = {"labels", 1, H5T_INTEGER, "(N)", false},
+    [FLUX_CAPTIONS] = {"captions", 1, H5T_STRING, "(N)", false, {"N"}, {0}},
+    [FLUX_LABELS] = {"labels", 1, H5T_INTEGER, "(N)", false, {"N"}, {0}},
 };
 
 static const char *const string_attrs[] = {"t5_encoder", "clip_encoder", "autoencoder"};

@@ -42,6 +42,43 @@ lines = open(f"{src}/vocab.bpe", encoding="utf-8").read().split("\n")
 open(f"{dst}/vocab.bpe", "w", encoding="utf-8").write("\n".join(lines[:1 + merges]) + "\n")
 PY
 
+# Issue 30's readers: a small safetensors file (an F32 and a BF16 tensor), Llama's and
+# Qwen3-MoE's config.json, schedule CSVs (compute only, and with sends and receives), and
+# descriptions of FLUX shards (fuzz_flux_shard.c: the digits' shapes, and a 2^30 x 2^26 latent).
+/usr/bin/python3 - build/fuzz/seeds <<'PY'
+import json, struct, sys
+out = sys.argv[1]
+header = {"__metadata__": {"format": "pt"},
+          "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+          "b": {"dtype": "BF16", "shape": [3], "data_offsets": [16, 22]}}
+text = json.dumps(header).encode()
+open(f"{out}/small.safetensors", "wb").write(struct.pack("<Q", len(text)) + text + bytes(22))
+llama = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768,
+         "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 4,
+         "vocab_size": 2048, "max_position_embeddings": 64, "rope_theta": 500000,
+         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+json.dump(llama, open(f"{out}/llama.json", "w"))
+qwen3 = {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 768,
+         "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
+         "head_dim": 64, "vocab_size": 2048, "max_position_embeddings": 64, "num_experts": 8,
+         "num_experts_per_tok": 2, "moe_intermediate_size": 128, "norm_topk_prob": True,
+         "tie_word_embeddings": True}
+json.dump(qwen3, open(f"{out}/qwen3_moe.json", "w"))
+open(f"{out}/compute.csv", "w").write("0F0,0F1,,0B0,0B1\n,1F0,1B0,1F1,1B1\n")
+open(f"{out}/comms.csv", "w").write(
+    "0UNSHARD,0F0,0SEND_F0,0RECV_B0,0I0,0W0,0RESHARD\n1RECV_F0,1F0,1B0,1SEND_B0\n")
+small = lambda v: struct.pack("<Q", v << 2)                 # fuzz_flux_shard.c's scale 0
+huge = lambda v: struct.pack("<Q", (v << 2) | 3)            # its scale 3: up to 2^40
+def shard(latents, t5, clip, size):
+    return (small(8) + b"\0" + b"".join(latents) + b"\0" + b"".join(t5) + b"\0" +
+            b"".join(clip) + struct.pack("<qq", *size))
+open(f"{out}/digits.flux", "wb").write(
+    shard([small(1), small(16), small(16)], [small(8), small(64)], [small(32)], (16, 16)))
+open(f"{out}/huge.flux", "wb").write(
+    shard([small(2), huge(2**30), huge(2**26)], [small(8), small(64)], [small(32)], (16, 16)))
+PY
+
 # A folder listed in a .seeds file is one seed: its files joined in name order (GPT-2's
 # encoder.json then vocab.bpe, as fuzz_gpt2.c splits them).
 seeds_prepare() {  # name
