@@ -268,7 +268,7 @@ int flux_generate_main(int argc, char **argv) {
     double seconds = now_seconds() - start;
     float *images = xmalloc((size_t)n * p.C * p.H * p.W * sizeof(float));
     flux_unpack_latents(images, x, n, p.C, p.H, p.W);
-    png_grid_write(o.out, images, n, p.C, p.H, p.W, o.n_prompts);
+    png_grid_write(o.out, images, n, p.C, p.H, p.W, o.n_prompts, png_grid_scale(p.H, p.W));
     fprintf(stderr, "generate: %d samples of %d prompts, %ld steps in %.3f s -> %s\n", n,
             o.n_prompts, o.steps, seconds, o.out);
     free(images), free(x), free(f.host), free(p.t5), free(p.clip);

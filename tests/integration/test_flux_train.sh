@@ -134,11 +134,12 @@ pixels = (np.kron(d.images, np.ones((2, 2))) / 8 - 1).reshape(len(d.images), -1)
 means = np.stack([pixels[d.target == k].mean(0) for k in range(10)])
 def accuracy(name):
     grid = np.asarray(Image.open(f"{scratch}/{name}.png").convert("L"), np.float64) / 127.5 - 1
-    assert grid.shape == (10 * 18 - 2, 8 * 18 - 2), grid.shape  # 16x16 cells, 2 px gutters
+    # 16x16 images drawn 6x (96x96 cells, infer/png_grid.h), 2 px gutters
+    assert grid.shape == (10 * 98 - 2, 8 * 98 - 2), grid.shape
     right = 0
     for digit in range(10):
         for s in range(8):
-            x = grid[digit * 18:digit * 18 + 16, s * 18:s * 18 + 16].reshape(-1)
+            x = grid[digit * 98:digit * 98 + 96:6, s * 98:s * 98 + 96:6].reshape(-1)
             right += np.argmin(((means - x) ** 2).sum(1)) == digit
     return right / 80
 untrained, trained = accuracy("seed"), accuracy("trained")

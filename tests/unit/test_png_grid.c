@@ -41,8 +41,9 @@ static uint8_t *png_read(const char *path, int C, int *width, int *height) {
     return pixels;
 }
 
-// n images in a grid of rows rows: every pixel of the PNG is its image's byte or gutter grey.
-static void grid_check(int n, int C, int rows) {
+// n images in a grid of rows rows, each pixel drawn as a scale x scale block: every pixel of
+// the PNG is its image's byte or gutter grey.
+static void grid_check(int n, int C, int rows, int scale) {
     float *images = malloc((size_t)n * C * H * W * sizeof(float));
     for (int k = 0; k < n; k++)
         for (int c = 0; c < C; c++)
@@ -52,18 +53,19 @@ static void grid_check(int n, int C, int rows) {
     images[0] = NAN;  // image 0's first value: taken as -1
     char path[512];
     path_make(path, sizeof(path), "grid.png");
-    png_grid_write(path, images, n, C, H, W, rows);
-    int cols = (n + rows - 1) / rows, width, height;
+    png_grid_write(path, images, n, C, H, W, rows, scale);
+    int cols = (n + rows - 1) / rows, width, height, SH = H * scale, SW = W * scale;
     uint8_t *pixels = png_read(path, C, &width, &height);
-    assert_int_equal(width, cols * W + (cols - 1) * G);
-    assert_int_equal(height, rows * H + (rows - 1) * G);
+    assert_int_equal(width, cols * SW + (cols - 1) * G);
+    assert_int_equal(height, rows * SH + (rows - 1) * G);
     for (int py = 0; py < height; py++)
         for (int px = 0; px < width; px++)
             for (int c = 0; c < C; c++) {
-                int y = py % (H + G), x = px % (W + G), k = py / (H + G) * cols + px / (W + G);
+                int y = py % (SH + G), x = px % (SW + G), k = py / (SH + G) * cols + px / (SW + G);
                 uint8_t want = 128;  // gutter or empty cell
-                if (y < H && x < W && k < n) want = byte_expected(value(k, c, y, x));
-                if (y == 0 && x == 0 && k == 0 && c == 0) want = 0;  // the NaN
+                if (y < SH && x < SW && k < n)
+                    want = byte_expected(value(k, c, y / scale, x / scale));
+                if (y < scale && x < scale && k == 0 && c == 0) want = 0;  // the NaN
                 assert_int_equal(pixels[((size_t)py * width + px) * C + c], want);
             }
     free(pixels);
@@ -72,13 +74,24 @@ static void grid_check(int n, int C, int rows) {
 
 static void test_grey_grid(void **state) {
     (void)state;
-    grid_check(5, 1, 2);  // 2 rows of 3: the last cell empty
-    grid_check(1, 1, 1);  // one image, no gutter
+    grid_check(5, 1, 2, 1);  // 2 rows of 3: the last cell empty
+    grid_check(1, 1, 1, 1);  // one image, no gutter
+    grid_check(5, 1, 2, 3);  // each pixel a 3 x 3 block
 }
 
 static void test_rgb_grid(void **state) {
     (void)state;
-    grid_check(6, 3, 3);
+    grid_check(6, 3, 3, 1);
+    grid_check(6, 3, 3, 2);
+}
+
+// Small images are drawn at least PNG_GRID_MIN_CELL on their longer side; large ones 1:1.
+static void test_scale(void **state) {
+    (void)state;
+    assert_int_equal(png_grid_scale(16, 16), 6);  // the digits: 96 x 96 cells
+    assert_int_equal(png_grid_scale(16, 48), 2);
+    assert_int_equal(png_grid_scale(96, 10), 1);
+    assert_int_equal(png_grid_scale(1024, 1024), 1);
 }
 
 // The rounding's fixed points: -1, 0 and 1 are 0, 128 and 255.
@@ -88,7 +101,7 @@ static void test_levels(void **state) {
     float levels[3] = {-1.0f, 0.0f, 1.0f};
     char path[512];
     path_make(path, sizeof(path), "levels.png");
-    png_grid_write(path, levels, 3, 1, 1, 1, 1);
+    png_grid_write(path, levels, 3, 1, 1, 1, 1, 1);
     int width, height;
     uint8_t *pixels = png_read(path, 1, &width, &height);
     assert_int_equal(width, 3 + 2 * G);
@@ -100,7 +113,7 @@ static void test_levels(void **state) {
 
 static void grid_write_to(const char *path) {
     float x = 0;
-    png_grid_write(path, &x, 1, 1, 1, 1, 1);
+    png_grid_write(path, &x, 1, 1, 1, 1, 1, 1);
 }
 
 static void test_unwritable(void **state) {
@@ -116,6 +129,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grey_grid),
         cmocka_unit_test(test_rgb_grid),
+        cmocka_unit_test(test_scale),
         cmocka_unit_test(test_levels),
         cmocka_unit_test(test_unwritable),
     };
