@@ -534,11 +534,13 @@ void comm_all_gather_host(CommGroup *g, const void *send, void *recv, size_t byt
 
 // ---- reports --------------------------------------------------------------------------------
 
-// The mesh names every group once, so a line per group is a line per name.
+// The mesh names every group once, so a line per group is a line per name. The mesh makes
+// every group; the ones used are reported, but a group of one rank (the experts' efsdp when ep
+// takes all of dp_shard, say), whose operations are local copies that move nothing.
 void comm_report(void) {
     if (n_groups == 0 || groups[0].rank != 0) return;
     for (int i = 0; i < n_groups; i++)
-        if (groups[i].ops > 0)  // the mesh makes every group; report the ones used
+        if (groups[i].ops > 0 && groups[i].size > 1)
             log_info("comm: group %-14s %10" PRIu64 " ops %16" PRIu64 " bytes (%.1f MiB)",
                  groups[i].name, groups[i].ops, groups[i].bytes,
                  (double)groups[i].bytes / (1024.0 * 1024.0));

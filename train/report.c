@@ -26,9 +26,10 @@ void trainer_write_run_summary(Trainer *t) {
                            t->mesh.group[MESH_CP], t->mesh.group[MESH_PP], t->mesh.loss,
                            t->mesh.efsdp, t->mesh.ep};
     fprintf(f, "}, \"comm_bytes\": {");
-    for (int i = 0; i < (t->mesh.layout.ep > 1 ? 8 : 6); i++)  // the sparse mesh's with ep
+    // The sparse mesh's groups with ep; a group of one moves nothing (comm_report).
+    for (int i = 0; i < (t->mesh.layout.ep > 1 ? 8 : 6); i++)
         fprintf(f, "%s\"%s\": %llu", i ? ", " : "", comm_name(groups[i]),
-                (unsigned long long)comm_bytes(groups[i]));
+                (unsigned long long)(comm_size(groups[i]) > 1 ? comm_bytes(groups[i]) : 0));
     fprintf(f, "}}\n");
     if (fclose(f) != 0) die_user("cannot write %s: %s", path, strerror(errno));
 }
@@ -109,7 +110,10 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
         FsdpEstimate e = fsdp_estimate(&t->fsdp);
         const FsdpVolume *v[2] = {&e.fsdp, &e.efsdp};
         const char *names[2] = {"fsdp", "efsdp"};
-        for (int g = 0; g < (t->mesh.layout.ep > 1 ? 2 : 1); g++) {
+        // efsdp: the experts' FSDP, over dp_shard x cp x tp / ep ranks; none when that is one.
+        const MeshLayout *l = &t->mesh.layout;
+        int efsdp = l->ep > 1 ? mesh_sparse_size(l) / l->ep : 1;
+        for (int g = 0; g < (efsdp > 1 ? 2 : 1); g++) {
             uint64_t gathers = passes * (v[g]->all_gather_forward + v[g]->all_gather_backward +
                                          v[g]->float8_amax);
             uint64_t reduces = (t->pipeline ? 1 : passes) * v[g]->reduce_scatter;

@@ -141,6 +141,12 @@ check float8-precompute,dp_shard=2,bf16 2 $P.data_parallel_shard_degree 2 "${F8[
 # even routing); the experts' FSDP traffic goes over efsdp, the rest of the model's over fsdp.
 check qwen3-moe,ep=2 2 $P.data_parallel_shard_degree 2 $P.expert_parallel_degree 2 \
   --model.name qwen3 --model.flavor small_moe
+# There ep takes both ranks: the experts' efsdp is a group of one, which moves nothing.
+grep -q "^  efsdp " "$SCRATCH/qwen3-moe,ep=2.estimate" && fail "an efsdp row for a group of one"
+grep -q "^comm: group efsdp" "$SCRATCH/qwen3-moe,ep=2.log" && fail "a group of one reports traffic"
+$PY -c 'import json, sys; assert json.load(open(sys.argv[1]))["comm_bytes"]["efsdp"] == 0' \
+  "$SCRATCH/qwen3-moe,ep=2/run_summary.json" || fail "run_summary.json counts efsdp bytes"
+echo "ok: efsdp of one rank: no row, no traffic"
 check qwen3-moe,ep=2xtp=2,AC 2 $P.tensor_parallel_degree 2 $P.data_parallel_shard_degree 1 \
   $P.expert_parallel_degree 2 --model.name qwen3 --model.flavor small_moe \
   --activation_checkpoint.mode full
