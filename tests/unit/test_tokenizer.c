@@ -15,6 +15,7 @@
 
 #include "core/errors.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_impl.h"  // tokenizer_lookup, for the naive reference merge
 
 #include "tests/unit/test_support.h"
 
@@ -239,6 +240,96 @@ static void test_folder_and_merges_file_load(void **state) {
     free(ids);
 }
 
+// tiktoken's byte_pair_merge as first published, written out independently of titan's pair
+// table: rescan every boundary for the pair whose joined bytes have the lowest rank (a rank
+// file's rank is the id), join it, repeat until no joined pair is a token. O(n^2).
+static size_t naive_merge(const Tokenizer *t, const char *s, size_t n, int32_t *ids) {
+    size_t *cut = malloc((n + 1) * sizeof(size_t)), m = n + 1;  // the part boundaries
+    for (size_t i = 0; i <= n; i++) cut[i] = i;
+    for (;;) {
+        size_t best = 0;
+        int32_t best_rank = INT32_MAX;
+        for (size_t i = 0; i + 2 < m; i++) {
+            int32_t rank = tokenizer_lookup(t, s + cut[i], cut[i + 2] - cut[i]);
+            if (rank >= 0 && rank < best_rank) best_rank = rank, best = i;
+        }
+        if (best_rank == INT32_MAX) break;
+        memmove(&cut[best + 1], &cut[best + 2], (m - best - 2) * sizeof(size_t));
+        m--;
+    }
+    for (size_t i = 0; i + 1 < m; i++)
+        ids[i] = tokenizer_lookup(t, s + cut[i], cut[i + 1] - cut[i]);
+    free(cut);
+    return m - 1;
+}
+
+// One long word (letters only, so one piece) of about len bytes into text: runs of one letter
+// (equal ranks side by side: the leftmost must merge first) and random letters, some of them
+// two or three bytes long. Returns its length.
+static size_t long_word(char *text, size_t len, unsigned seed) {
+    static const char *const LETTERS[] = {"a", "e", "t", "s", "q", "z", "\xc3\xa9", "\xc3\x9f",
+                                          "\xd0\x96", "\xe4\xb8\xad", "\xe6\x96\x87"};
+    const size_t n_letters = sizeof LETTERS / sizeof LETTERS[0];
+    size_t at = 0;
+    srand(seed);
+    while (at + 3 * 40 < len) {
+        bool run = rand() % 3 == 0;
+        const char *letter = LETTERS[(size_t)rand() % n_letters];
+        for (int i = 1 + rand() % 40; i > 0; i--) {
+            if (!run) letter = LETTERS[(size_t)rand() % n_letters];
+            at += (size_t)sprintf(text + at, "%s", letter);
+        }
+    }
+    return at;
+}
+
+// A piece thousands of bytes long (which titan merges with a heap, in O(n log n)) gives the
+// ids of the naive rescan, for both rank files; and Llama 3's tokenizer.json (merge-list
+// ranks) gives its rank file's ids on a longer one.
+static void test_long_piece_merges_as_tiktoken(void **state) {
+    (void)state;
+    static char text[40000];
+    static int32_t want[40000];
+    int32_t *ids = NULL;
+    size_t cap = 0;
+    for (int which = CL100K; which <= LLAMA3_TIKTOKEN; which++) {
+        size_t len = long_word(text, 3000, (unsigned)which);
+        size_t n = naive_merge(reference[which], text, len, want);
+        assert_true(n > 100);
+        expect_encoding(reference[which], text, len, want, n);
+    }
+    size_t len = long_word(text, sizeof text, 7);
+    size_t n = tokenizer_encode(reference[LLAMA3_TIKTOKEN], text, len, &ids, &cap);
+    memcpy(want, ids, n * sizeof(int32_t));
+    expect_encoding(reference[LLAMA3_JSON], text, len, want, n);
+    free(ids);
+}
+
+// A piece longer than TOKENIZER_PIECE_MAX merges in chunks of at most that many bytes, cut
+// before a character that would straddle the cut: the ids are those of the chunks, each
+// encoded on its own.
+static void test_piece_cap(void **state) {
+    (void)state;
+    const size_t max = TOKENIZER_PIECE_MAX, len = 2 * max + 1000;
+    char *text = malloc(len);
+    srand(3);
+    for (size_t i = 0; i < len; i++) text[i] = (char)('a' + rand() % 26);
+    memcpy(text + max - 1, "\xc3\xa9", 2);  // the first cut falls inside this é
+    memset(text + 2 * max - 500, 'a', 1001);   // the second inside a run, which merges pairwise
+    const size_t cuts[] = {0, max - 1, 2 * max - 1, len};
+    int32_t *want = NULL, *ids = NULL;
+    size_t n = 0, cap = 0;
+    for (int i = 0; i < 3; i++) {
+        size_t got = tokenizer_encode(reference[CL100K], text + cuts[i], cuts[i + 1] - cuts[i],
+                                      &ids, &cap);
+        want = realloc(want, (n + got) * sizeof(int32_t));
+        memcpy(want + n, ids, got * sizeof(int32_t));
+        n += got;
+    }
+    expect_encoding(reference[CL100K], text, len, want, n);
+    free(text), free(want), free(ids);
+}
+
 static void test_bytes(void **state) {
     (void)state;
     Tokenizer *t = tokenizer_load("bytes");
@@ -308,16 +399,24 @@ static char *byte_vocab(char *text, int skip, const char *more) {
     return text + sprintf(text, "%s}", more);
 }
 
-// A tokenizer.json with that vocab, the merges (a JSON array's members) and an added token 258.
-static void huggingface_write(const char *name, int skip, const char *vocab, const char *merges,
-                              char *path, size_t pathlen) {
+// A tokenizer.json with that vocab, the merges (a JSON array's members), the pre_tokenizer
+// object pre and an added token 258.
+static void huggingface_write_pre(const char *name, int skip, const char *vocab,
+                                  const char *merges, const char *pre, char *path,
+                                  size_t pathlen) {
     char text[8192], *at = text;
     at += sprintf(at, "{\"model\": {\"type\": \"BPE\", \"vocab\": ");
     at = byte_vocab(at, skip, vocab);
-    sprintf(at, ", \"merges\": [%s]}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, "
+    sprintf(at, ", \"merges\": [%s]}, \"pre_tokenizer\": %s, "
                 "\"added_tokens\": [{\"id\": 258, \"content\": \"<|endoftext|>\", "
-                "\"special\": true}]}", merges);
+                "\"special\": true}]}", merges, pre);
     file_write(name, text, path, pathlen);
+}
+
+// The same with GPT-2's pre-tokenizer, a lone ByteLevel.
+static void huggingface_write(const char *name, int skip, const char *vocab, const char *merges,
+                              char *path, size_t pathlen) {
+    huggingface_write_pre(name, skip, vocab, merges, "{\"type\": \"ByteLevel\"}", path, pathlen);
 }
 
 // " a" and " ab" in byte-level spelling, and their merges in the two spellings of a merge.
@@ -489,6 +588,8 @@ int main(void) {
         cmocka_unit_test(test_invalid_utf8_round_trip),
         cmocka_unit_test(test_two_threads_agree),
         cmocka_unit_test(test_folder_and_merges_file_load),
+        cmocka_unit_test(test_long_piece_merges_as_tiktoken),
+        cmocka_unit_test(test_piece_cap),
     };
     const struct CMUnitTest file_tests[] = {
         cmocka_unit_test(test_bytes),
