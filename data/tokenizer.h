@@ -38,9 +38,15 @@ const char *tokenizer_format(const Tokenizer *t);  // "tiktoken", "huggingface",
 
 // Writes the ids of text[0, len) (no special tokens are recognised in it) to (*ids)[0..),
 // growing *ids with realloc as needed (*cap is its capacity in ids); returns their number.
-// Thread-safe: several threads may encode with one Tokenizer at once.
+// Thread-safe: several threads may encode with one Tokenizer at once. A pre-tokenizer regex
+// whose match fails with a PCRE2 error on this text (a match limit it sets) is a user error
+// (exit 2) naming the tokenizer file.
 size_t tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
                         size_t *cap);
+// tokenizer_encode without dying: false and the one-line reason in err on such a failed match
+// (*n then counts the ids of the text before it).
+bool tokenizer_try_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
+                          size_t *cap, size_t *n, char *err, size_t errlen);
 // The bytes of ids (special tokens as their text), malloc'd and NUL-terminated; *len is set
 // to the byte count. Ids outside [0, vocab size) are a caller bug (exit 3); an id inside it
 // that no token has (cl100k leaves 17 such holes, as tiktoken does) decodes to no bytes, so a

@@ -22,7 +22,7 @@ typedef struct {
 } Candidate;
 
 // Pieces are words, numbers of up to three digits or runs of punctuation or space, so nearly
-// all fit here; a longer one (a long run of spaces) takes the heap, once per call.
+// all fit here; a longer one (a long run of spaces) takes malloc'd arrays, grown once per call.
 #define LOCAL_PARTS 256
 
 // The pieces that are not tokens themselves cost most (merging), and they repeat (inflected
@@ -197,15 +197,25 @@ static void encode_piece(const char *piece, size_t len, void *ctx) {
     }
 }
 
-size_t tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
-                        size_t *cap) {
+bool tokenizer_try_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
+                          size_t *cap, size_t *n, char *err, size_t errlen) {
     Encoder e = {.t = t, .ids = ids, .cap = cap};
     if (!t->pretok) {  // the bytes tokenizer: one token per byte
         encoder_reserve(&e, len);
         for (size_t i = 0; i < len; i++) (*ids)[i] = t->byte_ids[(unsigned char)text[i]];
-        return len;
+        *n = len;
+        return true;
     }
-    pretokenizer_split(t->pretok, text, len, encode_piece, &e);
+    int rc = pretokenizer_try_split(t->pretok, text, len, encode_piece, &e);
     free(e.parts), free(e.heap);
-    return e.n;
+    *n = e.n;
+    return rc == 0 || pretokenizer_split_error(t->pretok, rc, err, errlen);
+}
+
+size_t tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
+                        size_t *cap) {
+    char err[512];
+    size_t n;
+    if (!tokenizer_try_encode(t, text, len, ids, cap, &n, err, sizeof err)) die_user("%s", err);
+    return n;
 }

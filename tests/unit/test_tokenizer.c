@@ -513,6 +513,49 @@ static void test_errors(void **state) {
     expect_load_error("short.tiktoken", "IQ== 0\n", " has no token for the byte 0x00");
 }
 
+// A Split pre-tokenizer with this regex (a JSON string's content).
+#define SPLIT(regex) "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"" regex "\"}}"
+
+static void encode_or_die(const char *path) {
+    Tokenizer *t = tokenizer_load(path);
+    int32_t *ids = NULL;
+    size_t cap = 0;
+    const char *text = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa c";
+    tokenizer_encode(t, text, strlen(text), &ids, &cap);
+}
+
+// A regex whose match fails with a PCRE2 error (here a match limit it sets itself) is refused
+// in one line, never read as "no match" (which would make the rest of the text one piece):
+// at load when it fails on a sample text, else on the text where it fails.
+static void test_regex_match_errors(void **state) {
+    (void)state;
+    char path[300], want[512];
+    huggingface_write_pre("limit.json", -1, HF_VOCAB, HF_MERGES,
+                          SPLIT("(*LIMIT_MATCH=1)\\\\s+(?!\\\\S)|\\\\s+|\\\\S+"), path, sizeof path);
+    expect_path_error(path, ": pre-tokenizer regex fails to match: match limit exceeded");
+    // Fine on the sample (no 'a' in it), exponential on a run of 'a' without a 'b'.
+    huggingface_write_pre("backtrack.json", -1, HF_VOCAB, HF_MERGES,
+                          SPLIT("(*LIMIT_MATCH=100000)(?:a+)+b|\\\\s+|[^a\\\\s]+|a"), path,
+                          sizeof path);
+    Tokenizer *t = tokenizer_load(path);
+    int32_t *ids = NULL;
+    size_t cap = 0, n;
+    char err[512];
+    assert_true(tokenizer_try_encode(t, "a b", 3, &ids, &cap, &n, err, sizeof err));
+    assert_int_equal(n, 3);
+    const char *text = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa c";
+    assert_false(tokenizer_try_encode(t, text, strlen(text), &ids, &cap, &n, err, sizeof err));
+    snprintf(want, sizeof want,
+             "tokenizer %s: the pre-tokenizer regex fails to match a text: match limit exceeded",
+             path);
+    assert_string_equal(err, want);
+    tokenizer_free(t);
+    free(ids);
+    char line[600];
+    snprintf(line, sizeof line, "titan: error: %s\n", want);
+    expect_die_user(encode_or_die, path, line);
+}
+
 #define RANKS_IN_ORDER " was expected (ranks run 0, 1, 2, ... in order, without gaps or repeats)"
 
 // A rank file must give ranks 0, 1, 2, ...: a gap (a line lost, a file cut at its start) or a
@@ -550,6 +593,9 @@ static void test_huggingface_gaps(void **state) {
     expect_path_error(path, ": vocab entry \"\" is not byte-level text");
     huggingface_write("merge.json", -1, HF_VOCAB, "\"\xc4\xa0 a\", \"a x\"", path, sizeof path);
     expect_path_error(path, ": merge 1 is not a pair of vocab tokens");
+    huggingface_write("repeat.json", -1, HF_VOCAB, HF_MERGES ", \"\xc4\xa0 a\"", path,
+                      sizeof path);
+    expect_path_error(path, ": merge 2 repeats merge 0");
     huggingface_write("byte.json", 'x', HF_VOCAB ", \"xx\": 120", "", path, sizeof path);
     expect_path_error(path, " has no token for the byte 0x78");
 }
@@ -570,6 +616,10 @@ static void test_gpt2_gaps(void **state) {
                sizeof path);
     snprintf(encoder, sizeof encoder, "%s/vocab.bpe", path);
     expect_path_error(encoder, ":3: not a merge of two vocab tokens");
+    gpt2_write("repeat", -1, HF_VOCAB ", \"<|endoftext|>\": 258",
+               "\xc4\xa0 a\n\xc4\xa0" "a b\n\n\xc4\xa0" "a b\n", path, sizeof path);
+    snprintf(encoder, sizeof encoder, "%s/vocab.bpe", path);
+    expect_path_error(encoder, ":5: repeats merge 1 (counting from 0 after the #version line)");
     gpt2_write("byte", 0, HF_VOCAB ", \"<|endoftext|>\": 258, \"\xc4\x80\xc4\x80\": 0", "",
                path, sizeof path);
     snprintf(encoder, sizeof encoder, "%s/encoder.json", path);
@@ -600,6 +650,7 @@ int main(void) {
         cmocka_unit_test(test_rank_file_gaps),
         cmocka_unit_test(test_huggingface_gaps),
         cmocka_unit_test(test_gpt2_gaps),
+        cmocka_unit_test(test_regex_match_errors),
     };
     return cmocka_run_group_tests(reference_tests, reference_load, reference_free) |
            cmocka_run_group_tests(file_tests, dir_setup, dir_teardown);
