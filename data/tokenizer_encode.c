@@ -56,7 +56,7 @@ typedef struct {
     size_t *cap, n;
     Part local_parts[LOCAL_PARTS], *parts;
     Candidate local_heap[3 * LOCAL_PARTS], *heap;
-    size_t heap_cap;  // parts the heap arrays hold
+    size_t parts_cap;  // malloc'd parts hold this many, heap 3x as many candidates
 } Encoder;
 
 static bool candidate_before(Candidate a, Candidate b) {
@@ -121,14 +121,14 @@ static size_t bpe_merge(Merge *m, const unsigned char *s, size_t n, int32_t *ids
     return count;
 }
 
-// The merge state for a piece of n bytes: the encoder's own arrays, or the heap's, grown once.
+// The merge state for a piece of n bytes: the encoder's own arrays, or malloc'd ones grown once.
 static Merge encoder_merge(Encoder *e, size_t n) {
     if (n <= LOCAL_PARTS) return (Merge){e->t, e->local_parts, e->local_heap, 0};
-    if (n > e->heap_cap) {
+    if (n > e->parts_cap) {
         free(e->parts), free(e->heap);
-        e->heap_cap = 2 * n;
-        e->parts = xmalloc(e->heap_cap * sizeof(Part));
-        e->heap = xmalloc(3 * e->heap_cap * sizeof(Candidate));
+        e->parts_cap = 2 * n;
+        e->parts = xmalloc(e->parts_cap * sizeof(Part));
+        e->heap = xmalloc(3 * e->parts_cap * sizeof(Candidate));
     }
     return (Merge){e->t, e->parts, e->heap, 0};
 }
@@ -199,7 +199,9 @@ static void encode_piece(const char *piece, size_t len, void *ctx) {
 
 bool tokenizer_try_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
                           size_t *cap, size_t *n, char *err, size_t errlen) {
-    Encoder e = {.t = t, .ids = ids, .cap = cap};
+    Encoder e;  // fields one by one: an initializer would zero the local arrays each call
+    e.t = t, e.ids = ids, e.cap = cap, e.n = 0;
+    e.parts = NULL, e.heap = NULL, e.parts_cap = 0;
     if (!t->pretok) {  // the bytes tokenizer: one token per byte
         encoder_reserve(&e, len);
         for (size_t i = 0; i < len; i++) (*ids)[i] = t->byte_ids[(unsigned char)text[i]];

@@ -531,7 +531,8 @@ static void test_regex_match_errors(void **state) {
     (void)state;
     char path[300], want[512];
     huggingface_write_pre("limit.json", -1, HF_VOCAB, HF_MERGES,
-                          SPLIT("(*LIMIT_MATCH=1)\\\\s+(?!\\\\S)|\\\\s+|\\\\S+"), path, sizeof path);
+                          SPLIT("(*LIMIT_MATCH=1)\\\\s+(?!\\\\S)|\\\\s+|\\\\S+"), path,
+                          sizeof path);
     expect_path_error(path, ": pre-tokenizer regex fails to match: match limit exceeded");
     // Fine on the sample (no 'a' in it), exponential on a run of 'a' without a 'b'.
     huggingface_write_pre("backtrack.json", -1, HF_VOCAB, HF_MERGES,
