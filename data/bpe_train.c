@@ -123,7 +123,8 @@ static void piece_count(const char *piece, size_t len, void *table) {
 static BytesTable pieces_count(const BpeTrainInput *in, int threads) {
     char err[256];
     Pretokenizer *pre;
-    CHECK(pretokenizer_try_create(&pre, PRETOKENIZE_CL100K, err, sizeof(err)));
+    CHECK(pretokenizer_try_create(&pre, PRETOKENIZE_CL100K, "the cl100k pattern", err,
+                                  sizeof(err)));
     size_t n_chunks;
     BpeDocument *chunks = chunks_split(in, &n_chunks);
     BytesTable *local = xcalloc((size_t)threads, sizeof(BytesTable));

@@ -21,12 +21,23 @@
 typedef struct Pretokenizer Pretokenizer;
 typedef void (*PieceFn)(const char *piece, size_t len, void *ctx);
 
-// Compiles (and JIT-compiles) the pattern; false with a one-line reason on a bad pattern.
-bool pretokenizer_try_create(Pretokenizer **out, const char *pattern, char *err, size_t errlen);
+// Compiles (and JIT-compiles) the pattern; false with a one-line reason on a bad pattern or
+// one that fails to match (a PCRE2 error such as a match limit) on a short sample text. name
+// (the tokenizer file: "tokenizer <path>") leads the error line of a later failed match.
+bool pretokenizer_try_create(Pretokenizer **out, const char *pattern, const char *name,
+                             char *err, size_t errlen);
 void pretokenizer_free(Pretokenizer *p);
 // Calls fn on each piece of text[0, len) in order; the pieces tile the text exactly.
-// Thread-safe: several threads may split with one Pretokenizer at once.
+// Thread-safe: several threads may split with one Pretokenizer at once. A match that fails
+// with a PCRE2 error (a match or depth limit the pattern sets) is a user error (exit 2)
+// naming the pattern's source and PCRE2's message, never read as "no match".
 void pretokenizer_split(const Pretokenizer *p, const char *text, size_t len, PieceFn fn,
                         void *ctx);
+// pretokenizer_split, but returns the PCRE2 error code (< 0) that stopped it, 0 when whole.
+int pretokenizer_try_split(const Pretokenizer *p, const char *text, size_t len, PieceFn fn,
+                           void *ctx);
+// The one-line reason for pretokenizer_try_split's error rc, naming the pattern's source;
+// returns false (error_set's convention).
+bool pretokenizer_split_error(const Pretokenizer *p, int rc, char *err, size_t errlen);
 // Length of the longest prefix of s[0, len) that is valid UTF-8.
 size_t utf8_valid_prefix(const char *s, size_t len);

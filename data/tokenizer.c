@@ -1,5 +1,7 @@
 // The vocabulary tables every loader fills (data/tokenizer_impl.h) and the accessors.
 // Encoding lives in data/tokenizer_encode.c, the file formats in data/tokenizer_load.c.
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,15 +95,16 @@ static uint64_t pair_key(int32_t left, int32_t right) {
     return (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
 }
 
-void tokenizer_add_merge(Tokenizer *t, int32_t left, int32_t right, int32_t rank,
-                         int32_t merged) {
+int32_t tokenizer_add_merge(Tokenizer *t, int32_t left, int32_t right, int32_t rank,
+                            int32_t merged) {
     PairTable *p = &t->pairs;
     if (2 * (p->count + 1) > p->mask + 1) pairtable_grow(p);
     uint64_t key = pair_key(left, right);
     size_t i = pairtable_slot(p, key);
-    if (p->slots[i].key == key) return;
+    if (p->slots[i].key == key) return p->slots[i].rank;
     p->slots[i] = (PairSlot){key, rank, merged};
     p->count++;
+    return -1;
 }
 
 bool tokenizer_pair_find(const Tokenizer *t, int32_t left, int32_t right, int32_t *rank,
@@ -123,7 +126,8 @@ void tokenizer_merges_from_ranks(Tokenizer *t) {
         for (size_t cut = 1; cut < n; cut++) {
             int32_t left = tokenizer_lookup(t, s, cut);
             int32_t right = tokenizer_lookup(t, s + cut, n - cut);
-            if (left >= 0 && right >= 0) tokenizer_add_merge(t, left, right, id, id);
+            // distinct tokens' splits are distinct pairs: bytes name one token
+            if (left >= 0 && right >= 0) CHECK(tokenizer_add_merge(t, left, right, id, id) < 0);
         }
     }
 }
@@ -184,8 +188,9 @@ bool tokenizer_finish(Tokenizer *t, const char *pattern, const char *path, char 
                              b);
     }
     if (!pattern) return true;
-    char why[256];
-    if (!pretokenizer_try_create(&t->pretok, pattern, why, sizeof why))
+    char why[256], name[PATH_MAX + 16];
+    snprintf(name, sizeof name, "tokenizer %s", path);
+    if (!pretokenizer_try_create(&t->pretok, pattern, name, why, sizeof why))
         return error_set(err, errlen, "tokenizer %s: %s", path, why);
     return true;
 }

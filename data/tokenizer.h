@@ -32,11 +32,25 @@ int tokenizer_bos_id(const Tokenizer *t);      // -1 when the vocabulary has non
 int tokenizer_eos_id(const Tokenizer *t);      // -1 when the vocabulary has none
 const char *tokenizer_format(const Tokenizer *t);  // "tiktoken", "huggingface", "gpt2"
 
+// The longest piece (a run of text the pre-tokenizer keeps together) merged whole: a longer
+// one is merged in chunks of at most this many bytes, cut at a character boundary, so that a
+// pathological document (a regex that keeps it whole, a megabyte without a space) costs
+// bounded memory; merging is O(n log n) in the chunk. Above 4 x 25,000, so a piece that Meta's
+// Llama 3 tokenizer keeps whole (it cuts runs at 25,000 characters) is merged whole here too;
+// tiktoken and Hugging Face merge any length whole, so only pieces over 256 KiB can differ.
+#define TOKENIZER_PIECE_MAX (1 << 18)
+
 // Writes the ids of text[0, len) (no special tokens are recognised in it) to (*ids)[0..),
 // growing *ids with realloc as needed (*cap is its capacity in ids); returns their number.
-// Thread-safe: several threads may encode with one Tokenizer at once.
+// Thread-safe: several threads may encode with one Tokenizer at once. A pre-tokenizer regex
+// whose match fails with a PCRE2 error on this text (a match limit it sets) is a user error
+// (exit 2) naming the tokenizer file.
 size_t tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
                         size_t *cap);
+// tokenizer_encode without dying: false and the one-line reason in err on such a failed match
+// (*n then counts the ids of the text before it).
+bool tokenizer_try_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
+                          size_t *cap, size_t *n, char *err, size_t errlen);
 // The bytes of ids (special tokens as their text), malloc'd and NUL-terminated; *len is set
 // to the byte count. Ids outside [0, vocab size) are a caller bug (exit 3); an id inside it
 // that no token has (cl100k leaves 17 such holes, as tiktoken does) decodes to no bytes, so a

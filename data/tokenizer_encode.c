@@ -6,14 +6,23 @@
 #include "core/thread_exit.h"
 #include "data/tokenizer_impl.h"
 
-// One part of a piece being merged: its id, and the merge with the part after it (rank
-// INT32_MAX when that pair never merges).
+// One part of a piece being merged, a node of a doubly linked list over the piece's bytes
+// (indices; -1 ends it). `merged` is the id its pair with the next part merges into, valid while
+// `stamp` equals the stamp of the candidate that carries the pair's rank.
 typedef struct {
-    int32_t id, rank, merged;
+    int32_t id, merged, prev, next;
+    uint32_t stamp;
 } Part;
 
+// A candidate merge: the pair (part `at`, its next part) of this rank. It is stale (and
+// skipped) once the part's stamp moved on: the part merged away or a neighbour changed.
+typedef struct {
+    int32_t rank, at;
+    uint32_t stamp;
+} Candidate;
+
 // Pieces are words, numbers of up to three digits or runs of punctuation or space, so nearly
-// all fit here; a longer one (a long run of spaces) takes the heap, once per call.
+// all fit here; a longer one (a long run of spaces) takes malloc'd arrays, grown once per call.
 #define LOCAL_PARTS 256
 
 // The pieces that are not tokens themselves cost most (merging), and they repeat (inflected
@@ -32,47 +41,96 @@ typedef struct {
 
 static _Thread_local MemoSlot *thread_memo;  // (MEMO_SLOTS), made on a thread's first use
 
+// The merge state of one piece: its parts and a binary min-heap of candidates ordered by
+// (rank, at). Each merge adds at most two candidates, so 3 * (parts) bound the heap.
+typedef struct {
+    const Tokenizer *t;
+    Part *parts;
+    Candidate *heap;
+    size_t n_heap;
+} Merge;
+
 typedef struct {
     const Tokenizer *t;
     int32_t **ids;
     size_t *cap, n;
-    Part local[LOCAL_PARTS], *heap;
-    size_t heap_cap;
+    Part local_parts[LOCAL_PARTS], *parts;
+    Candidate local_heap[3 * LOCAL_PARTS], *heap;
+    size_t parts_cap;  // malloc'd parts hold this many, heap 3x as many candidates
 } Encoder;
 
-static void part_link(const Tokenizer *t, Part *p, const Part *next) {
-    if (!next || !tokenizer_pair_find(t, p->id, next->id, &p->rank, &p->merged))
-        p->rank = INT32_MAX;
+static bool candidate_before(Candidate a, Candidate b) {
+    return a.rank < b.rank || (a.rank == b.rank && a.at < b.at);
+}
+
+static void heap_push(Merge *m, Candidate c) {
+    size_t i = m->n_heap++;
+    for (; i > 0 && candidate_before(c, m->heap[(i - 1) / 2]); i = (i - 1) / 2)
+        m->heap[i] = m->heap[(i - 1) / 2];
+    m->heap[i] = c;
+}
+
+static Candidate heap_pop(Merge *m) {
+    Candidate top = m->heap[0], last = m->heap[--m->n_heap];
+    size_t i = 0, n = m->n_heap;
+    for (size_t child; (child = 2 * i + 1) < n; i = child) {
+        if (child + 1 < n && candidate_before(m->heap[child + 1], m->heap[child])) child++;
+        if (!candidate_before(m->heap[child], last)) break;
+        m->heap[i] = m->heap[child];
+    }
+    if (n > 0) m->heap[i] = last;
+    return top;
+}
+
+// The pair of part `at` and its next changed: older candidates for it go stale, and a new one
+// joins when the pair merges.
+static void part_relink(Merge *m, int32_t at) {
+    Part *p = &m->parts[at];
+    int32_t rank;
+    p->stamp++;
+    if (p->next >= 0 && tokenizer_pair_find(m->t, p->id, m->parts[p->next].id, &rank, &p->merged))
+        heap_push(m, (Candidate){rank, at, p->stamp});
 }
 
 // Repeatedly merges the adjacent pair of lowest rank (the leftmost on a tie) until no pair
-// merges; O(n^2) in the piece length, as tiktoken's, which is cheap for pieces this short.
-// Returns the number of parts left.
-static size_t bpe_merge(const Tokenizer *t, const unsigned char *s, size_t n, Part *parts) {
-    for (size_t i = 0; i < n; i++) parts[i].id = t->byte_ids[s[i]];
-    for (size_t i = 0; i < n; i++) part_link(t, &parts[i], i + 1 < n ? &parts[i + 1] : NULL);
-    while (n > 1) {
-        size_t best = 0;
-        for (size_t i = 1; i + 1 < n; i++)
-            if (parts[i].rank < parts[best].rank) best = i;
-        if (parts[best].rank == INT32_MAX) break;
-        parts[best].id = parts[best].merged;
-        memmove(&parts[best + 1], &parts[best + 2], (n - best - 2) * sizeof(Part));
-        n--;
-        if (best > 0) part_link(t, &parts[best - 1], &parts[best]);
-        part_link(t, &parts[best], best + 1 < n ? &parts[best + 1] : NULL);
+// merges, as tiktoken's byte_pair_merge and Hugging Face's BPE do. Candidates are ordered by
+// (rank, position of the left part), and parts keep the position of their first byte, so the
+// heap's minimum is exactly the pair a rescan would pick: O(n log n) in the piece length
+// instead of a rescan's O(n^2). Writes the ids left to ids (at most n); returns their number.
+static size_t bpe_merge(Merge *m, const unsigned char *s, size_t n, int32_t *ids) {
+    Part *parts = m->parts;
+    for (size_t i = 0; i < n; i++)
+        parts[i] = (Part){m->t->byte_ids[s[i]], -1, (int32_t)i - 1, i + 1 < n ? (int32_t)i + 1 : -1,
+                          0};
+    m->n_heap = 0;
+    for (size_t i = 0; i + 1 < n; i++) part_relink(m, (int32_t)i);
+    while (m->n_heap > 0) {
+        Candidate c = heap_pop(m);
+        Part *p = &parts[c.at];
+        if (p->stamp != c.stamp) continue;
+        Part *gone = &parts[p->next];
+        p->id = p->merged;
+        p->next = gone->next;
+        gone->stamp++;  // its own candidate is now stale
+        if (p->next >= 0) parts[p->next].prev = c.at;
+        part_relink(m, c.at);
+        if (p->prev >= 0) part_relink(m, p->prev);
     }
-    return n;
+    size_t count = 0;
+    for (int32_t at = 0; at >= 0; at = parts[at].next) ids[count++] = parts[at].id;
+    return count;
 }
 
-static Part *encoder_parts(Encoder *e, size_t n) {
-    if (n <= LOCAL_PARTS) return e->local;
-    if (n > e->heap_cap) {
-        free(e->heap);
-        e->heap_cap = 2 * n;
-        e->heap = xmalloc(e->heap_cap * sizeof(Part));
+// The merge state for a piece of n bytes: the encoder's own arrays, or malloc'd ones grown once.
+static Merge encoder_merge(Encoder *e, size_t n) {
+    if (n <= LOCAL_PARTS) return (Merge){e->t, e->local_parts, e->local_heap, 0};
+    if (n > e->parts_cap) {
+        free(e->parts), free(e->heap);
+        e->parts_cap = 2 * n;
+        e->parts = xmalloc(e->parts_cap * sizeof(Part));
+        e->heap = xmalloc(3 * e->parts_cap * sizeof(Candidate));
     }
-    return e->heap;
+    return (Merge){e->t, e->parts, e->heap, 0};
 }
 
 static void encoder_reserve(Encoder *e, size_t more) {
@@ -95,8 +153,17 @@ static MemoSlot *memo_slot(uint64_t hash, size_t len) {
     return &thread_memo[(hash >> 32) & (MEMO_SLOTS - 1)];
 }
 
-static void encode_piece(const char *piece, size_t len, void *ctx) {
-    Encoder *e = ctx;
+// Where to cut a piece longer than TOKENIZER_PIECE_MAX: at most that many bytes, ending on a
+// UTF-8 character boundary (a valid piece's continuation bytes follow a lead within 3 bytes).
+static size_t piece_chunk(const char *piece, size_t len) {
+    if (len <= TOKENIZER_PIECE_MAX) return len;
+    size_t cut = TOKENIZER_PIECE_MAX;
+    for (int back = 0; back < 3 && ((unsigned char)piece[cut] & 0xc0) == 0x80; back++) cut--;
+    return ((unsigned char)piece[cut] & 0xc0) == 0x80 ? TOKENIZER_PIECE_MAX : cut;
+}
+
+// Byte-pair merges one chunk of a piece, through the memo when the chunk is short.
+static void encode_chunk(Encoder *e, const char *piece, size_t len) {
     uint64_t hash = tokenizer_hash(piece, len);
     int32_t id = tokenizer_lookup_hashed(e->t, piece, len, hash);
     if (id >= 0) {  // a piece that is a token maps to it directly, as in tiktoken
@@ -109,10 +176,9 @@ static void encode_piece(const char *piece, size_t len, void *ctx) {
         encoder_push(e, memo->ids, memo->n_ids);
         return;
     }
-    Part *parts = encoder_parts(e, len);
-    size_t n = bpe_merge(e->t, (const unsigned char *)piece, len, parts);
-    encoder_reserve(e, n);
-    for (size_t i = 0; i < n; i++) (*e->ids)[e->n + i] = parts[i].id;
+    Merge m = encoder_merge(e, len);
+    encoder_reserve(e, len);
+    size_t n = bpe_merge(&m, (const unsigned char *)piece, len, *e->ids + e->n);
     if (memo && n <= MEMO_IDS) {
         *memo = (MemoSlot){.serial = e->t->serial, .len = (uint8_t)len, .n_ids = (uint8_t)n};
         memcpy(memo->bytes, piece, len);
@@ -121,15 +187,37 @@ static void encode_piece(const char *piece, size_t len, void *ctx) {
     e->n += n;
 }
 
-size_t tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
-                        size_t *cap) {
-    Encoder e = {.t = t, .ids = ids, .cap = cap};
+// A piece longer than TOKENIZER_PIECE_MAX is merged in chunks of at most that many bytes, so
+// that one piece's working memory stays bounded (data/tokenizer.h).
+static void encode_piece(const char *piece, size_t len, void *ctx) {
+    while (len > 0) {
+        size_t chunk = piece_chunk(piece, len);
+        encode_chunk(ctx, piece, chunk);
+        piece += chunk, len -= chunk;
+    }
+}
+
+bool tokenizer_try_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
+                          size_t *cap, size_t *n, char *err, size_t errlen) {
+    Encoder e;  // fields one by one: an initializer would zero the local arrays each call
+    e.t = t, e.ids = ids, e.cap = cap, e.n = 0;
+    e.parts = NULL, e.heap = NULL, e.parts_cap = 0;
     if (!t->pretok) {  // the bytes tokenizer: one token per byte
         encoder_reserve(&e, len);
         for (size_t i = 0; i < len; i++) (*ids)[i] = t->byte_ids[(unsigned char)text[i]];
-        return len;
+        *n = len;
+        return true;
     }
-    pretokenizer_split(t->pretok, text, len, encode_piece, &e);
-    free(e.heap);
-    return e.n;
+    int rc = pretokenizer_try_split(t->pretok, text, len, encode_piece, &e);
+    free(e.parts), free(e.heap);
+    *n = e.n;
+    return rc == 0 || pretokenizer_split_error(t->pretok, rc, err, errlen);
+}
+
+size_t tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
+                        size_t *cap) {
+    char err[512];
+    size_t n;
+    if (!tokenizer_try_encode(t, text, len, ids, cap, &n, err, sizeof err)) die_user("%s", err);
+    return n;
 }

@@ -65,9 +65,11 @@ int32_t tokenizer_lookup_hashed(const Tokenizer *t, const char *s, size_t n, uin
 uint64_t tokenizer_hash(const char *s, size_t n);
 // Any id (special ones included) whose bytes are s[0, n), or -1; a scan, for loading only.
 int32_t tokenizer_scan(const Tokenizer *t, const char *s, size_t n);
-// Records that the pair (left, right) merges into `merged` with this rank; the first record
-// of a pair wins, as the first line of a merge list does.
-void tokenizer_add_merge(Tokenizer *t, int32_t left, int32_t right, int32_t rank, int32_t merged);
+// Records that the pair (left, right) merges into `merged` with this rank and returns -1; a
+// pair recorded before keeps its merge and its rank is returned (a merge list that repeats a
+// pair is refused: GPT-2's bpe.py and Hugging Face let the last repeat win, titan the first).
+int32_t tokenizer_add_merge(Tokenizer *t, int32_t left, int32_t right, int32_t rank,
+                            int32_t merged);
 // The merge of the pair (left, right): false when the pair never merges.
 bool tokenizer_pair_find(const Tokenizer *t, int32_t left, int32_t right, int32_t *rank,
                          int32_t *merged);

@@ -115,36 +115,45 @@ static bool ids_dense(const Tokenizer *t, const char *path, char *err, size_t er
     return true;
 }
 
-// The merge left + right of this rank; false unless both and their concatenation are tokens.
+// The merge left + right of this rank; false unless both and their concatenation are tokens
+// and the pair has no merge yet (*earlier: that merge's rank, -1 for the other reasons).
 static bool merge_add(Tokenizer *t, ByteLevel *b, const char *left, size_t nl,
-                      const char *right, size_t nr, int32_t rank) {
+                      const char *right, size_t nr, int32_t rank, int32_t *earlier) {
     size_t cut = 0, n;
+    *earlier = -1;
     if (!bytelevel_decode(b, left, nl, &cut)) return false;
     n = cut;
     if (!bytelevel_decode(b, right, nr, &n)) return false;
     int32_t l = tokenizer_lookup(t, b->buf, cut), r = tokenizer_lookup(t, b->buf + cut, n - cut);
     int32_t merged = tokenizer_lookup(t, b->buf, n);
     if (l < 0 || r < 0 || merged < 0) return false;
-    tokenizer_add_merge(t, l, r, rank, merged);
-    return true;
+    *earlier = tokenizer_add_merge(t, l, r, rank, merged);
+    return *earlier < 0;
 }
 
 // A tokenizer.json merge is "left right" (byte-level text has no spaces) or [left, right].
-static bool hf_merge_add(Tokenizer *t, ByteLevel *b, const json_t *m, int32_t rank) {
+static bool hf_merge_add(Tokenizer *t, ByteLevel *b, const json_t *m, int32_t rank,
+                         int32_t *earlier) {
     const char *l = json_string_value(m), *r = l ? strchr(l, ' ') : NULL;
-    if (r) return merge_add(t, b, l, (size_t)(r - l), r + 1, strlen(r + 1), rank);
+    *earlier = -1;
+    if (r) return merge_add(t, b, l, (size_t)(r - l), r + 1, strlen(r + 1), rank, earlier);
     l = json_string_value(json_array_get(m, 0)), r = json_string_value(json_array_get(m, 1));
-    return l && r && json_array_size(m) == 2 && merge_add(t, b, l, strlen(l), r, strlen(r), rank);
+    return l && r && json_array_size(m) == 2 &&
+           merge_add(t, b, l, strlen(l), r, strlen(r), rank, earlier);
 }
 
 static bool hf_merges_add(Tokenizer *t, ByteLevel *b, const json_t *merges, const char *path,
                           char *err, size_t errlen) {
     size_t i;
     json_t *m;
+    int32_t earlier;
     json_array_foreach(merges, i, m) {
-        if (!hf_merge_add(t, b, m, (int32_t)i))
-            return error_set(err, errlen, "tokenizer %s: merge %zu is not a pair of vocab tokens",
-                             path, i);
+        if (hf_merge_add(t, b, m, (int32_t)i, &earlier)) continue;
+        if (earlier >= 0)
+            return error_set(err, errlen, "tokenizer %s: merge %zu repeats merge %d", path, i,
+                             earlier);
+        return error_set(err, errlen, "tokenizer %s: merge %zu is not a pair of vocab tokens",
+                         path, i);
     }
     return true;
 }
@@ -255,23 +264,29 @@ static Tokenizer *load_huggingface(json_t *root, const char *path, char *err,
     return ok ? t : NULL;
 }
 
-static bool gpt2_merge_add(Tokenizer *t, ByteLevel *b, const char *line, size_t n, int32_t rank) {
+static bool gpt2_merge_add(Tokenizer *t, ByteLevel *b, const char *line, size_t n, int32_t rank,
+                           int32_t *earlier) {
     const char *space = memchr(line, ' ', n);
     size_t nl = space ? (size_t)(space - line) : 0;
-    return space && merge_add(t, b, line, nl, space + 1, n - nl - 1, rank);
+    *earlier = -1;
+    return space && merge_add(t, b, line, nl, space + 1, n - nl - 1, rank, earlier);
 }
 
 // vocab.bpe: a "#version" line, then one "left right" merge a line in rank order.
 static bool gpt2_merges_add(Tokenizer *t, ByteLevel *b, const char *text, const char *path,
                             char *err, size_t errlen) {
-    int32_t rank = 0;
+    int32_t rank = 0, earlier;
     const char *line = text;
     for (int lineno = 1; *line; lineno++) {
         const char *eol = strchrnul(line, '\n');
         size_t n = (size_t)(eol - line);
-        if (lineno > 1 && n > 0 && !gpt2_merge_add(t, b, line, n, rank++))
+        if (lineno > 1 && n > 0 && !gpt2_merge_add(t, b, line, n, rank++, &earlier)) {
+            if (earlier >= 0)
+                return error_set(err, errlen, "tokenizer %s:%d: repeats merge %d (counting from "
+                                 "0 after the #version line)", path, lineno, earlier);
             return error_set(err, errlen, "tokenizer %s:%d: not a merge of two vocab tokens",
                              path, lineno);
+        }
         line = *eol ? eol + 1 : eol;
     }
     return true;

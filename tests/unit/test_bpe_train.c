@@ -266,7 +266,8 @@ static void test_austen(void **state) {
 
     Pretokenizer *pre;
     char err[256];
-    assert_true(pretokenizer_try_create(&pre, PRETOKENIZE_CL100K, err, sizeof(err)));
+    assert_true(pretokenizer_try_create(&pre, PRETOKENIZE_CL100K, "the cl100k pattern", err,
+                                        sizeof(err)));
     EncodeRun run = {.ranks = &r, .decoded = malloc(len)};
     pretokenizer_split(pre, text, len, piece_check, &run);
     assert_int_equal(run.bytes, len);

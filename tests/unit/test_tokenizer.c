@@ -15,6 +15,7 @@
 
 #include "core/errors.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_impl.h"  // tokenizer_lookup, for the naive reference merge
 
 #include "tests/unit/test_support.h"
 
@@ -239,6 +240,96 @@ static void test_folder_and_merges_file_load(void **state) {
     free(ids);
 }
 
+// tiktoken's byte_pair_merge as first published, written out independently of titan's pair
+// table: rescan every boundary for the pair whose joined bytes have the lowest rank (a rank
+// file's rank is the id), join it, repeat until no joined pair is a token. O(n^2).
+static size_t naive_merge(const Tokenizer *t, const char *s, size_t n, int32_t *ids) {
+    size_t *cut = malloc((n + 1) * sizeof(size_t)), m = n + 1;  // the part boundaries
+    for (size_t i = 0; i <= n; i++) cut[i] = i;
+    for (;;) {
+        size_t best = 0;
+        int32_t best_rank = INT32_MAX;
+        for (size_t i = 0; i + 2 < m; i++) {
+            int32_t rank = tokenizer_lookup(t, s + cut[i], cut[i + 2] - cut[i]);
+            if (rank >= 0 && rank < best_rank) best_rank = rank, best = i;
+        }
+        if (best_rank == INT32_MAX) break;
+        memmove(&cut[best + 1], &cut[best + 2], (m - best - 2) * sizeof(size_t));
+        m--;
+    }
+    for (size_t i = 0; i + 1 < m; i++)
+        ids[i] = tokenizer_lookup(t, s + cut[i], cut[i + 1] - cut[i]);
+    free(cut);
+    return m - 1;
+}
+
+// One long word (letters only, so one piece) of about len bytes into text: runs of one letter
+// (equal ranks side by side: the leftmost must merge first) and random letters, some of them
+// two or three bytes long. Returns its length.
+static size_t long_word(char *text, size_t len, unsigned seed) {
+    static const char *const LETTERS[] = {"a", "e", "t", "s", "q", "z", "\xc3\xa9", "\xc3\x9f",
+                                          "\xd0\x96", "\xe4\xb8\xad", "\xe6\x96\x87"};
+    const size_t n_letters = sizeof LETTERS / sizeof LETTERS[0];
+    size_t at = 0;
+    srand(seed);
+    while (at + 3 * 40 < len) {
+        bool run = rand() % 3 == 0;
+        const char *letter = LETTERS[(size_t)rand() % n_letters];
+        for (int i = 1 + rand() % 40; i > 0; i--) {
+            if (!run) letter = LETTERS[(size_t)rand() % n_letters];
+            at += (size_t)sprintf(text + at, "%s", letter);
+        }
+    }
+    return at;
+}
+
+// A piece thousands of bytes long (which titan merges with a heap, in O(n log n)) gives the
+// ids of the naive rescan, for both rank files; and Llama 3's tokenizer.json (merge-list
+// ranks) gives its rank file's ids on a longer one.
+static void test_long_piece_merges_as_tiktoken(void **state) {
+    (void)state;
+    static char text[40000];
+    static int32_t want[40000];
+    int32_t *ids = NULL;
+    size_t cap = 0;
+    for (int which = CL100K; which <= LLAMA3_TIKTOKEN; which++) {
+        size_t len = long_word(text, 3000, (unsigned)which);
+        size_t n = naive_merge(reference[which], text, len, want);
+        assert_true(n > 100);
+        expect_encoding(reference[which], text, len, want, n);
+    }
+    size_t len = long_word(text, sizeof text, 7);
+    size_t n = tokenizer_encode(reference[LLAMA3_TIKTOKEN], text, len, &ids, &cap);
+    memcpy(want, ids, n * sizeof(int32_t));
+    expect_encoding(reference[LLAMA3_JSON], text, len, want, n);
+    free(ids);
+}
+
+// A piece longer than TOKENIZER_PIECE_MAX merges in chunks of at most that many bytes, cut
+// before a character that would straddle the cut: the ids are those of the chunks, each
+// encoded on its own.
+static void test_piece_cap(void **state) {
+    (void)state;
+    const size_t max = TOKENIZER_PIECE_MAX, len = 2 * max + 1000;
+    char *text = malloc(len);
+    srand(3);
+    for (size_t i = 0; i < len; i++) text[i] = (char)('a' + rand() % 26);
+    memcpy(text + max - 1, "\xc3\xa9", 2);  // the first cut falls inside this é
+    memset(text + 2 * max - 500, 'a', 1001);   // the second inside a run, which merges pairwise
+    const size_t cuts[] = {0, max - 1, 2 * max - 1, len};
+    int32_t *want = NULL, *ids = NULL;
+    size_t n = 0, cap = 0;
+    for (int i = 0; i < 3; i++) {
+        size_t got = tokenizer_encode(reference[CL100K], text + cuts[i], cuts[i + 1] - cuts[i],
+                                      &ids, &cap);
+        want = realloc(want, (n + got) * sizeof(int32_t));
+        memcpy(want + n, ids, got * sizeof(int32_t));
+        n += got;
+    }
+    expect_encoding(reference[CL100K], text, len, want, n);
+    free(text), free(want), free(ids);
+}
+
 static void test_bytes(void **state) {
     (void)state;
     Tokenizer *t = tokenizer_load("bytes");
@@ -308,16 +399,24 @@ static char *byte_vocab(char *text, int skip, const char *more) {
     return text + sprintf(text, "%s}", more);
 }
 
-// A tokenizer.json with that vocab, the merges (a JSON array's members) and an added token 258.
-static void huggingface_write(const char *name, int skip, const char *vocab, const char *merges,
-                              char *path, size_t pathlen) {
+// A tokenizer.json with that vocab, the merges (a JSON array's members), the pre_tokenizer
+// object pre and an added token 258.
+static void huggingface_write_pre(const char *name, int skip, const char *vocab,
+                                  const char *merges, const char *pre, char *path,
+                                  size_t pathlen) {
     char text[8192], *at = text;
     at += sprintf(at, "{\"model\": {\"type\": \"BPE\", \"vocab\": ");
     at = byte_vocab(at, skip, vocab);
-    sprintf(at, ", \"merges\": [%s]}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, "
+    sprintf(at, ", \"merges\": [%s]}, \"pre_tokenizer\": %s, "
                 "\"added_tokens\": [{\"id\": 258, \"content\": \"<|endoftext|>\", "
-                "\"special\": true}]}", merges);
+                "\"special\": true}]}", merges, pre);
     file_write(name, text, path, pathlen);
+}
+
+// The same with GPT-2's pre-tokenizer, a lone ByteLevel.
+static void huggingface_write(const char *name, int skip, const char *vocab, const char *merges,
+                              char *path, size_t pathlen) {
+    huggingface_write_pre(name, skip, vocab, merges, "{\"type\": \"ByteLevel\"}", path, pathlen);
 }
 
 // " a" and " ab" in byte-level spelling, and their merges in the two spellings of a merge.
@@ -414,6 +513,50 @@ static void test_errors(void **state) {
     expect_load_error("short.tiktoken", "IQ== 0\n", " has no token for the byte 0x00");
 }
 
+// A Split pre-tokenizer with this regex (a JSON string's content).
+#define SPLIT(regex) "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"" regex "\"}}"
+
+static void encode_or_die(const char *path) {
+    Tokenizer *t = tokenizer_load(path);
+    int32_t *ids = NULL;
+    size_t cap = 0;
+    const char *text = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa c";
+    tokenizer_encode(t, text, strlen(text), &ids, &cap);
+}
+
+// A regex whose match fails with a PCRE2 error (here a match limit it sets itself) is refused
+// in one line, never read as "no match" (which would make the rest of the text one piece):
+// at load when it fails on a sample text, else on the text where it fails.
+static void test_regex_match_errors(void **state) {
+    (void)state;
+    char path[300], want[512];
+    huggingface_write_pre("limit.json", -1, HF_VOCAB, HF_MERGES,
+                          SPLIT("(*LIMIT_MATCH=1)\\\\s+(?!\\\\S)|\\\\s+|\\\\S+"), path,
+                          sizeof path);
+    expect_path_error(path, ": pre-tokenizer regex fails to match: match limit exceeded");
+    // Fine on the sample (no 'a' in it), exponential on a run of 'a' without a 'b'.
+    huggingface_write_pre("backtrack.json", -1, HF_VOCAB, HF_MERGES,
+                          SPLIT("(*LIMIT_MATCH=100000)(?:a+)+b|\\\\s+|[^a\\\\s]+|a"), path,
+                          sizeof path);
+    Tokenizer *t = tokenizer_load(path);
+    int32_t *ids = NULL;
+    size_t cap = 0, n;
+    char err[512];
+    assert_true(tokenizer_try_encode(t, "a b", 3, &ids, &cap, &n, err, sizeof err));
+    assert_int_equal(n, 3);
+    const char *text = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa c";
+    assert_false(tokenizer_try_encode(t, text, strlen(text), &ids, &cap, &n, err, sizeof err));
+    snprintf(want, sizeof want,
+             "tokenizer %s: the pre-tokenizer regex fails to match a text: match limit exceeded",
+             path);
+    assert_string_equal(err, want);
+    tokenizer_free(t);
+    free(ids);
+    char line[600];
+    snprintf(line, sizeof line, "titan: error: %s\n", want);
+    expect_die_user(encode_or_die, path, line);
+}
+
 #define RANKS_IN_ORDER " was expected (ranks run 0, 1, 2, ... in order, without gaps or repeats)"
 
 // A rank file must give ranks 0, 1, 2, ...: a gap (a line lost, a file cut at its start) or a
@@ -451,6 +594,9 @@ static void test_huggingface_gaps(void **state) {
     expect_path_error(path, ": vocab entry \"\" is not byte-level text");
     huggingface_write("merge.json", -1, HF_VOCAB, "\"\xc4\xa0 a\", \"a x\"", path, sizeof path);
     expect_path_error(path, ": merge 1 is not a pair of vocab tokens");
+    huggingface_write("repeat.json", -1, HF_VOCAB, HF_MERGES ", \"\xc4\xa0 a\"", path,
+                      sizeof path);
+    expect_path_error(path, ": merge 2 repeats merge 0");
     huggingface_write("byte.json", 'x', HF_VOCAB ", \"xx\": 120", "", path, sizeof path);
     expect_path_error(path, " has no token for the byte 0x78");
 }
@@ -471,6 +617,10 @@ static void test_gpt2_gaps(void **state) {
                sizeof path);
     snprintf(encoder, sizeof encoder, "%s/vocab.bpe", path);
     expect_path_error(encoder, ":3: not a merge of two vocab tokens");
+    gpt2_write("repeat", -1, HF_VOCAB ", \"<|endoftext|>\": 258",
+               "\xc4\xa0 a\n\xc4\xa0" "a b\n\n\xc4\xa0" "a b\n", path, sizeof path);
+    snprintf(encoder, sizeof encoder, "%s/vocab.bpe", path);
+    expect_path_error(encoder, ":5: repeats merge 1 (counting from 0 after the #version line)");
     gpt2_write("byte", 0, HF_VOCAB ", \"<|endoftext|>\": 258, \"\xc4\x80\xc4\x80\": 0", "",
                path, sizeof path);
     snprintf(encoder, sizeof encoder, "%s/encoder.json", path);
@@ -489,6 +639,8 @@ int main(void) {
         cmocka_unit_test(test_invalid_utf8_round_trip),
         cmocka_unit_test(test_two_threads_agree),
         cmocka_unit_test(test_folder_and_merges_file_load),
+        cmocka_unit_test(test_long_piece_merges_as_tiktoken),
+        cmocka_unit_test(test_piece_cap),
     };
     const struct CMUnitTest file_tests[] = {
         cmocka_unit_test(test_bytes),
@@ -499,6 +651,7 @@ int main(void) {
         cmocka_unit_test(test_rank_file_gaps),
         cmocka_unit_test(test_huggingface_gaps),
         cmocka_unit_test(test_gpt2_gaps),
+        cmocka_unit_test(test_regex_match_errors),
     };
     return cmocka_run_group_tests(reference_tests, reference_load, reference_free) |
            cmocka_run_group_tests(file_tests, dir_setup, dir_teardown);
