@@ -110,10 +110,13 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
         FsdpEstimate e = fsdp_estimate(&t->fsdp);
         const FsdpVolume *v[2] = {&e.fsdp, &e.efsdp};
         const char *names[2] = {"fsdp", "efsdp"};
-        // efsdp: the experts' FSDP, over dp_shard x cp x tp / ep ranks; none when that is one.
+        // Over fsdp (dp_shard x cp ranks) and the experts' efsdp (dp_shard x cp x tp / ep):
+        // a group of one moves nothing (a pipeline's stages without dp_shard, ep = dp_shard).
         const MeshLayout *l = &t->mesh.layout;
-        int efsdp = l->ep > 1 ? mesh_sparse_size(l) / l->ep : 1;
-        for (int g = 0; g < (efsdp > 1 ? 2 : 1); g++) {
+        int ranks[2] = {size[MESH_DP_SHARD] * size[MESH_CP],
+                        l->ep > 1 ? mesh_sparse_size(l) / l->ep : 1};
+        for (int g = 0; g < (l->ep > 1 ? 2 : 1); g++) {
+            if (ranks[g] == 1) continue;
             uint64_t gathers = passes * (v[g]->all_gather_forward + v[g]->all_gather_backward +
                                          v[g]->float8_amax);
             uint64_t reduces = (t->pipeline ? 1 : passes) * v[g]->reduce_scatter;
@@ -144,7 +147,9 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
         out[n++] = (GroupBytes){"pp", t->accum * sent + 2 * sizeof(double) + aux};
     }
     if (ep_on(t)) out[n++] = (GroupBytes){"ep", ep_per_step(t).expected_bytes};
-    out[n++] = (GroupBytes){"loss", sizeof(double) + aux};  // the step's mean loss
+    // The step's mean loss, over the data ranks (dp x cp): none when they are one.
+    if (mesh_dp_size(&t->mesh.layout) * size[MESH_CP] > 1)
+        out[n++] = (GroupBytes){"loss", sizeof(double) + aux};
     return n;
 }
 

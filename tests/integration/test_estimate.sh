@@ -99,13 +99,15 @@ for arena, got in summary["arena_bytes"].items():
     assert rows[arena] == got, f"{name}: {arena} estimated {rows[arena]}, allocated {got}"
 # Under FSDP the params row's two parts (the rank's shards, the units' unsharded slots) sum to
 # it, and the run's memory line prints them; without FSDP there are no parts.
-parts = [rows.get("shards"), rows.get("unsharded")]
-if "fsdp" in rows or "efsdp" in rows:
+# (FSDP over a group of one, a pipeline's stages without dp_shard, splits them too, but moves
+# nothing: no fsdp row.)
+parts, log = [rows.get("shards"), rows.get("unsharded")], open(sys.argv[4]).read()
+if "fsdp" in rows or "efsdp" in rows or None not in parts:
     assert None not in parts and sum(parts) == rows["params"], f"{name}: params {rows['params']} != {parts}"
     line = "shards %.2f MiB, unsharded %.2f MiB" % tuple(p / 2**20 for p in parts)
-    assert line in open(sys.argv[4]).read(), f"{name}: the run's memory line lacks '{line}'"
+    assert line in log, f"{name}: the run's memory line lacks '{line}'"
 else:
-    assert parts == [None, None], f"{name}: no FSDP, yet params split into {parts}"
+    assert parts == [None, None] and "unsharded" not in log, f"{name}: no FSDP, yet params split"
 bound = [int(l.split("at most ")[1].split()[0]) for l in estimate if l.startswith("  ep all-to-all")]
 for group, got in summary["comm_bytes"].items():
     if group == "ep":  # where the tokens go is data-dependent: under the bound, not equal
