@@ -180,6 +180,7 @@ typedef struct {
     bool enable_debug_server;   // core/debug_server.h, on every rank
     int64_t debug_server_port;  // rank r listens on this + r
     char *debug_server_host;    // the address every rank's server binds
+    bool debug_server_allow_remote;  // a host other than loopback: unauthenticated to all
 } CommSection;
 
 typedef struct {

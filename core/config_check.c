@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/config_impl.h"
+#include "core/debug_server.h"
 #include "core/errors.h"
 
 // Keys of which this build implements only the listed values (as value_format spells them);
@@ -102,6 +103,19 @@ static bool degrees_fit(const Config *c, char *err, size_t n) {
     return true;
 }
 
+// The debug server's pages carry paths, pids, host names and stack addresses, unauthenticated:
+// other hosts see them only when asked for by name.
+static bool debug_server_check(const Config *c, char *err, size_t n) {
+    const CommSection *cs = &c->comm;
+    if (!cs->enable_debug_server || cs->debug_server_allow_remote ||
+        debug_server_address_is_loopback(cs->debug_server_host))
+        return true;
+    return setting_error(c, "comm.debug_server_host",
+                         "lets other hosts read every debug page (paths, pids, host names, "
+                         "stacks) without authentication; set comm.debug_server_allow_remote "
+                         "to allow that, or listen on 127.0.0.1", err, n);
+}
+
 // Relations between keys that no single range expresses.
 static bool relations_check(const Config *c, char *err, size_t n) {
     const TrainingSection *t = &c->training;
@@ -131,7 +145,7 @@ static bool relations_check(const Config *c, char *err, size_t n) {
     const ValidationSection *v = &c->validation;
     return tokens_fit(c, "training", t->local_batch_size, t->seq_len, err, n) &&
            tokens_fit(c, "validation", v->local_batch_size, v->seq_len, err, n) &&
-           degrees_fit(c, err, n);
+           degrees_fit(c, err, n) && debug_server_check(c, err, n);
 }
 
 // "... is not implemented yet (implemented: AdamW)"; a boolean's one value goes unsaid.

@@ -1,9 +1,11 @@
 #include "core/debug_server.h"
 
+#include <arpa/inet.h>
 #include <math.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -14,6 +16,25 @@
 
 #include "core/errors.h"
 #include "core/thread_stacks.h"
+
+// Bounds on what clients can take (issue 30): a request that blocks (a /stacks capture) holds
+// one of the pool's threads, so the rest still answer; the connection limits keep a client or a
+// crowd from exhausting the process's descriptors; past MAX_CONNECTIONS new connections wait in
+// the kernel's listen queue (libmicrohttpd stops accepting) rather than being refused, and past
+// a client's share they are closed at once.
+#define SERVER_THREADS 4
+#define MAX_CONNECTIONS 64
+#define MAX_CONNECTIONS_PER_CLIENT 8
+#define LISTEN_BACKLOG 256
+// A connection must send its request and be answered within this of opening (the server
+// closes each connection after its answer); libmicrohttpd's own timeout is an idle one, which
+// a client sending a byte now and then (slow-loris) never trips.
+#define REQUEST_SECONDS 10
+// Concurrent /stacks askers share one capture; one that started less than this ago is served
+// again. Below a person's reload interval, so a person always sees a new one; a storm of
+// askers costs training at most 1 s / STACKS_REUSE_NS captures a second (each interrupts every
+// thread once).
+#define STACKS_REUSE_NS 100000000LL
 
 // ---- what training publishes --------------------------------------------------------------
 
@@ -62,13 +83,14 @@ static void write_status(FILE *f);
 static void write_trace(FILE *f) { server.write_trace(f); }
 static void write_config(FILE *f) { fputs(server.config_yaml, f); }
 static void write_metrics(FILE *f);
+static void write_stacks(FILE *f);
 
 static const Page PAGES[] = {
     {"/", "text/html; charset=utf-8", "this page", write_index},
     {"/status", "text/plain; charset=utf-8", "step, phase, the last and the oldest pending "
      "collective", write_status},
     {"/flight_recorder", "text/plain; charset=utf-8", "the flight recorder", write_trace},
-    {"/stacks", "text/plain; charset=utf-8", "every thread's stack", thread_stacks_write},
+    {"/stacks", "text/plain; charset=utf-8", "every thread's stack", write_stacks},
     {"/config", "text/plain; charset=utf-8", "the resolved config (YAML)", write_config},
     {"/metrics", "text/plain; version=0.0.4; charset=utf-8", "Prometheus metrics",
      write_metrics},
@@ -104,6 +126,77 @@ static void write_index(FILE *f) {
     fputs("</body></html>\n", f);
 }
 
+// ---- libmicrohttpd's messages -------------------------------------------------------------------
+// A bad request makes libmicrohttpd say so; on titan's stderr a client could flood the job's
+// log. titan's log has no debug level, so they stay here, counted, the last shown in /status.
+
+static pthread_mutex_t server_log_lock = PTHREAD_MUTEX_INITIALIZER;
+static long long server_log_count;
+static char server_log_last[256];  // escaped: one line
+
+static void on_server_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char line[256];
+    vsnprintf(line, sizeof line, fmt, ap);
+    line[strcspn(line, "\n")] = 0;
+    pthread_mutex_lock(&server_log_lock);
+    server_log_count++;
+    error_escape(server_log_last, sizeof server_log_last, line);
+    pthread_mutex_unlock(&server_log_lock);
+}
+
+static void write_server_log(FILE *f) {
+    pthread_mutex_lock(&server_log_lock);
+    fprintf(f, "server_messages: %lld\n", server_log_count);
+    if (server_log_count) fprintf(f, "server_last_message: %s\n", server_log_last);
+    pthread_mutex_unlock(&server_log_lock);
+}
+
+// ---- /stacks: one capture for concurrent askers ---------------------------------------------
+// The first asker captures (thread_stacks_write takes one caller at a time); askers arriving
+// meanwhile wait for that capture (generation counter) instead of queueing for captures of
+// their own; a capture that started less than STACKS_REUSE_NS ago is served as it is.
+
+static pthread_mutex_t stacks_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t stacks_done = PTHREAD_COND_INITIALIZER;
+static char *stacks_text;  // the newest capture; NULL before the first
+static size_t stacks_len;
+static long long stacks_started_ns;  // of stacks_text
+static unsigned long stacks_generation;  // captures finished
+static bool stacks_capturing;
+
+static void stacks_capture(void) {  // called and returns with stacks_lock held
+    stacks_capturing = true;
+    long long started = now_ns();
+    pthread_mutex_unlock(&stacks_lock);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    CHECK(m != NULL);
+    thread_stacks_write(m);
+    CHECK(fclose(m) == 0);
+    pthread_mutex_lock(&stacks_lock);
+    free(stacks_text);
+    stacks_text = text, stacks_len = len, stacks_started_ns = started;
+    stacks_generation++;
+    stacks_capturing = false;
+    pthread_cond_broadcast(&stacks_done);
+}
+
+static void write_stacks(FILE *f) {
+    pthread_mutex_lock(&stacks_lock);
+    if (stacks_capturing) {
+        unsigned long generation = stacks_generation;
+        while (stacks_generation == generation) pthread_cond_wait(&stacks_done, &stacks_lock);
+    } else if (!stacks_text || now_ns() - stacks_started_ns >= STACKS_REUSE_NS) {
+        stacks_capture();
+    }
+    fprintf(f, "capture %lu, started %.3f s ago\n\n", stacks_generation,
+            1e-9 * (double)(now_ns() - stacks_started_ns));
+    fwrite(stacks_text, 1, stacks_len, f);
+    pthread_mutex_unlock(&stacks_lock);
+}
+
 static void write_status(FILE *f) {
     const DebugServerRank *me = &server.ranks[server.rank];
     double in_phase = 1e-9 * (double)(now_ns() - atomic_load(&phase_since_ns));
@@ -111,6 +204,7 @@ static void write_status(FILE *f) {
             server.rank, me->pid, me->host, atomic_load(&current_step),
             atomic_load(&current_phase), in_phase);
     server.write_trace_summary(f);
+    write_server_log(f);
 }
 
 // One gauge: its HELP and TYPE lines, then its sample labelled with the rank.
@@ -188,6 +282,97 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                    len);
 }
 
+// ---- connection deadlines -------------------------------------------------------------------
+// Every open connection, with the time by which it must be answered. A thread of ours shuts
+// down the socket of one past it; libmicrohttpd then sees the end of the stream and closes the
+// connection itself. It reports the close (NOTIFY_CLOSED, which takes the lock the cut takes)
+// before it closes the descriptor, so a descriptor reused since is never cut.
+
+typedef struct {
+    bool open, cut;
+    int fd;
+    long long deadline_ns;
+} Deadline;
+
+static pthread_mutex_t deadlines_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t deadlines_wake;  // CLOCK_MONOTONIC: stop, or the next look
+static Deadline deadlines[MAX_CONNECTIONS];
+static bool deadlines_stop;
+static pthread_t deadlines_thread;
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    (void)cls;
+    pthread_mutex_lock(&deadlines_lock);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *info =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        for (int i = 0; i < MAX_CONNECTIONS && info; i++) {
+            if (deadlines[i].open) continue;
+            deadlines[i] = (Deadline){.open = true, .fd = info->connect_fd,
+                                      .deadline_ns = now_ns() + REQUEST_SECONDS * 1000000000LL};
+            *socket_context = &deadlines[i];
+            break;
+        }
+    } else if (*socket_context) {
+        ((Deadline *)*socket_context)->open = false;
+        *socket_context = NULL;
+    }
+    pthread_mutex_unlock(&deadlines_lock);
+}
+
+static void *deadlines_main(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&deadlines_lock);
+    while (!deadlines_stop) {
+        long long now = now_ns();
+        for (int i = 0; i < MAX_CONNECTIONS; i++) {
+            Deadline *d = &deadlines[i];
+            if (!d->open || d->cut || now < d->deadline_ns) continue;
+            shutdown(d->fd, SHUT_RDWR);
+            d->cut = true;
+        }
+        struct timespec next;
+        clock_gettime(CLOCK_MONOTONIC, &next);
+        next.tv_nsec += 250000000;  // a deadline is kept to within a quarter second
+        next.tv_sec += next.tv_nsec / 1000000000, next.tv_nsec %= 1000000000;
+        pthread_cond_timedwait(&deadlines_wake, &deadlines_lock, &next);
+    }
+    pthread_mutex_unlock(&deadlines_lock);
+    return NULL;
+}
+
+static void deadlines_start(void) {
+    pthread_condattr_t a;
+    CHECK(pthread_condattr_init(&a) == 0);
+    CHECK(pthread_condattr_setclock(&a, CLOCK_MONOTONIC) == 0);
+    CHECK(pthread_cond_init(&deadlines_wake, &a) == 0);
+    pthread_condattr_destroy(&a);
+    deadlines_stop = false;
+    CHECK(pthread_create(&deadlines_thread, NULL, deadlines_main, NULL) == 0);
+    pthread_setname_np(deadlines_thread, "debug-deadlines");
+}
+
+static void deadlines_end(void) {
+    pthread_mutex_lock(&deadlines_lock);
+    deadlines_stop = true;
+    pthread_cond_signal(&deadlines_wake);
+    pthread_mutex_unlock(&deadlines_lock);
+    CHECK(pthread_join(deadlines_thread, NULL) == 0);
+    pthread_cond_destroy(&deadlines_wake);
+}
+
+bool debug_server_address_is_loopback(const char *address) {
+    unsigned char a[16];
+    static const unsigned char mapped[12] = {[10] = 0xff, [11] = 0xff};  // ::ffff:a.b.c.d
+    if (inet_pton(AF_INET, address, a) == 1) return a[0] == 127;
+    if (inet_pton(AF_INET6, address, a) != 1) return false;
+    if (memcmp(a, mapped, sizeof mapped) == 0) return a[12] == 127;
+    for (int i = 0; i < 15; i++)
+        if (a[i]) return false;
+    return a[15] == 1;
+}
+
 // A socket listening on address:port; -1 with the reason in err.
 static int listen_on(const char *address, int port, bool *ipv6, char *err, size_t errlen) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
@@ -204,7 +389,7 @@ static int listen_on(const char *address, int port, bool *ipv6, char *err, size_
     // SO_REUSEADDR: a run restarted at once can take the port its predecessor's connections
     // still hold in TIME_WAIT; a port another process listens on stays refused.
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 16) != 0) {
+        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, LISTEN_BACKLOG) != 0) {
         error_set(err, errlen, "cannot listen on %s port %d: %s", address, port, strerror(errno));
         if (fd >= 0) close(fd);
         fd = -1;
@@ -222,11 +407,17 @@ bool debug_server_start(const DebugServerConfig *c, char *err, size_t errlen) {
     server = *c;
     server.config_yaml = strdup(c->config_yaml);
     thread_stacks_init();
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    deadlines_start();
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
     if (ipv6) flags |= MHD_USE_IPv6;
-    daemon_handle = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL,
-                                     MHD_OPTION_LISTEN_SOCKET, fd,
-                                     MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    daemon_handle = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_LISTEN_SOCKET, fd,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)SERVER_THREADS,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)MAX_CONNECTIONS,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)MAX_CONNECTIONS_PER_CLIENT,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)REQUEST_SECONDS,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL,
+        MHD_OPTION_EXTERNAL_LOGGER, on_server_log, NULL, MHD_OPTION_END);
     CHECK(daemon_handle != NULL);
     return true;
 }
@@ -235,5 +426,6 @@ void debug_server_stop(void) {
     if (!daemon_handle) return;
     MHD_stop_daemon(daemon_handle);  // closes the listening socket too
     daemon_handle = NULL;
+    deadlines_end();
     free((char *)server.config_yaml);
 }

@@ -46,6 +46,9 @@ void trainer_start_debug_server(const Config *c) {
     die_user_collective(collective);
     free(yaml);
     debug_server_phase("setup");
-    log_info("debug server: rank 0 at %s/ (rank r at port %d + r)", ranks[0].url,
-             (int)cs->debug_server_port);
+    bool remote = !debug_server_address_is_loopback(cs->debug_server_host);
+    log_info("debug server: rank 0 at %s/ (rank r at port %d + r)%s", ranks[0].url,
+             (int)cs->debug_server_port,
+             remote ? "; other hosts can read it, unauthenticated (comm.debug_server_allow_remote)"
+                    : "");
 }

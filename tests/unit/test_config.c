@@ -345,6 +345,29 @@ static void test_check_supported(void **state) {
                        "validation.local_batch_size = 8 (default) x validation.seq_len = "
                        "2147483646 (--validation.seq_len) = 17179869168 tokens per microbatch, "
                        "more than 2147483647");
+    // The debug server on an address other hosts can reach needs comm.debug_server_allow_remote.
+    static const struct {
+        const char *host;
+        bool loopback;
+    } hosts[] = {{"127.0.0.1", true},  {"127.3.2.1", true}, {"::1", true},
+                 {"::ffff:127.0.0.9", true}, {"0.0.0.0", false}, {"::", false},
+                 {"10.1.2.3", false}, {"::ffff:10.0.0.1", false}, {"::2", false},
+                 {"128.0.0.1", false}};
+    for (size_t i = 0; i < sizeof hosts / sizeof hosts[0]; i++) {
+        char host[64];
+        snprintf(host, sizeof host, "--comm.debug_server_host=%s", hosts[i].host);
+        char *args[] = {"titan", "--comm.enable_debug_server", host,
+                        "--comm.debug_server_allow_remote"};
+        for (int allow = 0; allow < 2; allow++) {
+            config_defaults(&c);
+            assert_true(config_parse_args(&c, 3 + allow, args, err, sizeof err));
+            assert_int_equal(config_check_supported(&c, err, sizeof err),
+                             hosts[i].loopback || allow);
+            if (!hosts[i].loopback && !allow)
+                assert_non_null(strstr(err, "set comm.debug_server_allow_remote to allow that"));
+            config_free(&c);
+        }
+    }
 }
 
 // Ranges are checked as values are read, so the message names the flag or file:line:col.
