@@ -492,11 +492,15 @@ void ckpt_publish(const char *tmp, const char *path) {
 static bool publish_try(const char *tmp, const char *path) {
     char dir[1024];
     dir_of(path, dir, sizeof(dir));
-    int fd = open(tmp, O_WRONLY), dir_fd = -1;
-    if (fd >= 0) space_release(fd);
-    bool ok = fd >= 0 && fsync(fd) == 0 && close(fd) == 0 && rename(tmp, path) == 0 &&
-              (dir_fd = open(dir, O_RDONLY)) >= 0 && fsync(dir_fd) == 0 && close(dir_fd) == 0;
-    return ok;
+    int fd = open(tmp, O_WRONLY);
+    if (fd < 0) return false;
+    space_release(fd);
+    bool ok = fsync(fd) == 0;
+    ok = close(fd) == 0 && ok && rename(tmp, path) == 0;
+    int dir_fd = ok ? open(dir, O_RDONLY) : -1;
+    if (dir_fd < 0) return false;
+    ok = fsync(dir_fd) == 0;
+    return close(dir_fd) == 0 && ok;
 }
 
 static const char *failure_reason(int failure, bool short_of_space) {
@@ -520,17 +524,18 @@ static void save_abandon(const Save *s, int rank, const char *tmp, char *err, si
         char have[64] = "";
         if (free_bytes >= 0) snprintf(have, sizeof have, ", %.1f MB free", free_bytes / mb);
         snprintf(err, errlen, "checkpoint: %s writing %s (about %.1f MB needed%s): free space "
-                 "or set checkpoint.folder elsewhere", failure_reason(s->failure, short_of_space),
+                 "or set job.dump_folder elsewhere", failure_reason(s->failure, short_of_space),
                  tmp, need / mb, have);
     }
     if (s->comm != MPI_COMM_NULL)  // after the unlink: no rank goes on (or exits) before it
         MPI_CHECK(MPI_Bcast(err, (int)errlen, MPI_CHAR, 0, s->comm));
 }
 
-// Rank 0 prepares the folder and publishes the file; the barriers order those steps with
-// every rank's part of the write, so no rank goes on (and no later save or deletion starts)
-// before the checkpoint is complete under its name. A failed write (a full disk) is agreed by
-// every rank, which then all return false with the same line.
+// Rank 0 prepares the folder and publishes the file; the barrier and the agreement on the
+// publication order those steps with every rank's part of the write, so no rank goes on (and
+// no later save or deletion starts) before the checkpoint is complete under its name. A
+// failed write (a full disk) is agreed by every rank, which then all return false with the
+// same line.
 bool ckpt_try_save(const char *path, const CkptTensor *tensors, int n_tensors,
                    const CkptAttr *attrs, int n_attrs, MPI_Comm comm, char *err, size_t errlen) {
     hdf5_silence();

@@ -69,7 +69,7 @@ full_disk() {  # ranks, async_mode
   local np=$1 mode=$2 name=ckpt-$1-$2 par=()
   [ "$np" -eq 2 ] && par=(--parallelism.data_parallel_shard_degree 2)
   local dump=$MNT/$name folder=$MNT/$name/checkpoint
-  expect_job_error "^titan: error: checkpoint: no space left on device writing $folder/step-4\.h5\.tmp \(about [0-9.]+ MB needed, [0-9.]+ MB free\): free space or set checkpoint\.folder elsewhere$" \
+  expect_job_error "^titan: error: checkpoint: no space left on device writing $folder/step-4\.h5\.tmp \(about [0-9.]+ MB needed, [0-9.]+ MB free\): free space or set job\.dump_folder elsewhere$" \
     timeout 60 mpirun --oversubscribe -np "$np" $TITAN "${run[@]}" "${par[@]}" \
     --checkpoint.async_mode "$mode" --job.dump_folder "$dump"
   [ ! -e "$folder/step-4.h5.tmp" ] || fail "$name: the partial $folder/step-4.h5.tmp is left"
