@@ -4,7 +4,8 @@
 # one line naming the file and the bytes needed, never exit 3 or a hang (each run is under
 # `timeout`); the partial step-N.h5.tmp is removed, the earlier checkpoint stays whole and
 # loadable, and metrics.jsonl and the TensorBoard events hold only whole records. A folder too
-# small for metrics.jsonl alone (checkpoints off) stops the same way, with no half record.
+# small for metrics.jsonl alone (checkpoints off), for TensorBoard events or for a trace stops
+# the same way, with no half record or half file left.
 # run_all: alone (tests/run_all.sh): it mounts tmpfs folders
 SELF=$(realpath "$0")
 source "$(dirname "$0")/lib.sh"
@@ -97,3 +98,11 @@ expect_user_error "^titan: error: tensorboard: no space left on device writing $
   timeout 60 $TITAN ${SMALL[@]} --training.steps 40 --metrics.enable_tensorboard true \
   --job.dump_folder "$MNT/tb"
 whole_records "$MNT/tb"
+
+# A trace that does not fit is removed, not left half written.
+rm -rf "$MNT/tb"
+expect_user_error "^titan: error: profiling\.save_traces_folder: no space left on device writing $MNT/trace/profile_traces/iteration_4/rank0_trace\.json: free space or set it elsewhere$" \
+  timeout 60 $TITAN ${SMALL[@]} --training.steps 8 --profiling.enable_profiling true \
+  --profiling.profile_freq 4 --job.dump_folder "$MNT/trace"
+[ -z "$(find "$MNT/trace/profile_traces" -type f)" ] || fail "a partial trace is left"
+whole_records "$MNT/trace"
