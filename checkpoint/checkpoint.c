@@ -2,11 +2,13 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <hdf5.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "core/errors.h"
@@ -273,7 +275,47 @@ static hid_t dataset_create_plist(const CkptTensor *t) {
     return dcpl;
 }
 
-static void tensor_write(hid_t file, hid_t lcpl, hid_t dxpl, const CkptTensor *t) {
+// A save in progress on one rank: the communicator its ranks agree over (MPI_COMM_NULL: a
+// process of one) and its failure, 0 while none: the errno of a disk error (ENOSPC, EDQUOT,
+// EIO...) when HDF5's error stack or errno names one, else 1.
+typedef struct {
+    MPI_Comm comm;
+    int failure;
+    off_t bound;  // the file's size at most (save_file_bound)
+} Save;
+
+// The errno of a failed write in HDF5's error stack: the POSIX driver says "errno = N", the
+// MPI-IO driver names MPI's error class.
+static herr_t find_disk_error(unsigned n, const H5E_error2_t *e, void *found) {
+    (void)n;
+    const char *d = e->desc ? e->desc : "", *at = strstr(d, "errno = ");
+    int *code = found;
+    if (at && !*code) *code = atoi(at + 8);
+    if (strstr(d, "MPI_ERR_NO_SPACE") && !*code) *code = ENOSPC;
+    if (strstr(d, "MPI_ERR_QUOTA") && !*code) *code = EDQUOT;
+    if (strstr(d, "MPI_ERR_IO") && !*code) *code = EIO;
+    return 0;
+}
+
+// Records a failed HDF5 call (ok false) of the save, with the disk's reason when known, then
+// agrees with every rank of the save: all go on, or all stop together, whichever rank failed.
+// HDF5's collectives run on its own duplicate of comm, so this reduction never meets one of
+// them; each rank calls it after the same HDF5 calls, which return on every rank even when
+// the write failed on one (the issue 30 hang was a rank that died there instead).
+static bool save_agree(Save *s, bool ok) {
+    if (!ok && !s->failure) {
+        int code = 0;
+        H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, find_disk_error, &code);
+        s->failure = code > 0 ? code : errno > 0 ? errno : 1;
+    }
+    if (s->comm != MPI_COMM_NULL)
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s->failure, 1, MPI_INT, MPI_MAX, s->comm));
+    return s->failure == 0;
+}
+
+// Writes t as a dataset; false (agreed by every rank) if the file could not take it. After a
+// failure what was opened is closed, errors ignored: the file is abandoned.
+static bool tensor_write(Save *s, hid_t file, hid_t lcpl, hid_t dxpl, const CkptTensor *t) {
     CHECK(t->ndim >= 0 && t->ndim <= CKPT_MAX_DIMS);
     hsize_t dims[CKPT_MAX_DIMS];
     for (int d = 0; d < t->ndim; d++) {
@@ -284,15 +326,21 @@ static void tensor_write(hid_t file, hid_t lcpl, hid_t dxpl, const CkptTensor *t
     H5_CHECK(space);
     hid_t dcpl = dataset_create_plist(t);
     hid_t dset = H5Dcreate2(file, t->path, H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT);
-    H5_CHECK(dset);
-    hid_t file_space = H5Dget_space(dset), file_sel, mem_space;
-    H5_CHECK(file_space);
-    box_select(t, t->replica, file_space, &file_sel, &mem_space);
-    H5_CHECK(H5Dwrite(dset, H5T_NATIVE_FLOAT, mem_space, file_sel, dxpl, t->data));
-    spaces_close(file_space, mem_space);
-    H5_CHECK(H5Dclose(dset));
+    bool ok = save_agree(s, dset >= 0);
+    if (ok) {
+        hid_t file_space = H5Dget_space(dset), file_sel, mem_space;
+        H5_CHECK(file_space);
+        box_select(t, t->replica, file_space, &file_sel, &mem_space);
+        ok = save_agree(s, H5Dwrite(dset, H5T_NATIVE_FLOAT, mem_space, file_sel, dxpl, t->data) >= 0);
+        spaces_close(file_space, mem_space);
+    }
+    // Closing writes the dataset's last chunks out, a failure of its own; every rank agrees
+    // once more whether or not its create succeeded.
+    bool closed = dset < 0 || H5Dclose(dset) >= 0;
+    ok = save_agree(s, closed || !ok) && ok;
     H5_CHECK(H5Pclose(dcpl));
     H5_CHECK(H5Sclose(space));
+    return ok;
 }
 
 // Variable-length so that a config of any size fits (fixed-size attributes are capped at
@@ -305,7 +353,7 @@ static hid_t string_type_create(void) {
     return type;
 }
 
-static void attr_write(hid_t file, const CkptAttr *a) {
+static bool attr_write(Save *s, hid_t file, const CkptAttr *a) {
     hid_t space = H5Screate(H5S_SCALAR);
     H5_CHECK(space);
     hid_t file_type = a->type == CKPT_INT      ? H5Tcopy(H5T_STD_I64LE)
@@ -313,13 +361,14 @@ static void attr_write(hid_t file, const CkptAttr *a) {
                                                : string_type_create();
     H5_CHECK(file_type);
     hid_t attr = H5Acreate2(file, a->name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
-    H5_CHECK(attr);
-    if (a->type == CKPT_INT) H5_CHECK(H5Awrite(attr, H5T_NATIVE_INT64, &a->i));
-    if (a->type == CKPT_DOUBLE) H5_CHECK(H5Awrite(attr, H5T_NATIVE_DOUBLE, &a->d));
-    if (a->type == CKPT_STRING) H5_CHECK(H5Awrite(attr, file_type, &a->s));
-    H5_CHECK(H5Aclose(attr));
+    bool ok = attr >= 0;
+    if (ok && a->type == CKPT_INT) ok = H5Awrite(attr, H5T_NATIVE_INT64, &a->i) >= 0;
+    if (ok && a->type == CKPT_DOUBLE) ok = H5Awrite(attr, H5T_NATIVE_DOUBLE, &a->d) >= 0;
+    if (ok && a->type == CKPT_STRING) ok = H5Awrite(attr, file_type, &a->s) >= 0;
+    if (attr >= 0) ok = H5Aclose(attr) >= 0 && ok;
     H5_CHECK(H5Tclose(file_type));
     H5_CHECK(H5Sclose(space));
+    return save_agree(s, ok);
 }
 
 static void dir_of(const char *path, char *out, size_t n) {
@@ -337,15 +386,60 @@ static void fsync_path(const char *path) {
     SYS_CHECK(close(fd));
 }
 
+// The checkpoint's data: every tensor once, as float32.
+static double save_bytes(const CkptTensor *tensors, int n_tensors) {
+    double bytes = 0;
+    for (int i = 0; i < n_tensors; i++) {
+        double n = 4;
+        for (int d = 0; d < tensors[i].ndim; d++) n *= (double)tensors[i].shape[d];
+        bytes += n;
+    }
+    return bytes;
+}
+
+// A bound on the file's size: the data, a Fletcher32 checksum and index entry per chunk, an
+// object header per dataset and the attributes (the config), with room to spare.
+static off_t save_file_bound(const CkptTensor *tensors, int n_tensors, const CkptAttr *attrs,
+                             int n_attrs) {
+    double data = save_bytes(tensors, n_tensors), chunks = data / (4.0 * CKPT_CHUNK_FLOATS);
+    double bound = data + (chunks + n_tensors) * 64.0 + n_tensors * 16384.0 + (1 << 20);
+    for (int i = 0; i < n_attrs; i++)
+        bound += 1024.0 + (attrs[i].type == CKPT_STRING ? (double)strlen(attrs[i].s) : 8);
+    return (off_t)(bound * 1.01);
+}
+
+// Reserves the file's space on disk, beyond its end (its size unchanged), before any rank
+// writes: parallel HDF5 may fail a write on one rank alone, halfway through a collective the
+// others then wait in forever (issue 30), so a disk too full for the checkpoint must be found
+// here, where the ranks can still agree. 0, or the errno (ENOSPC, EDQUOT, EIO). A file system
+// that cannot reserve is asked for its free space instead.
+static int space_reserve(const char *tmp, off_t bytes) {
+    int fd = open(tmp, O_WRONLY);
+    if (fd < 0) return errno;
+    int rc = fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, bytes) == 0 ? 0 : errno;
+    close(fd);
+    struct statvfs fs;
+    if ((rc == EOPNOTSUPP || rc == ENOSYS) && statvfs(tmp, &fs) == 0)
+        rc = (double)fs.f_bavail * fs.f_frsize < (double)bytes ? ENOSPC : 0;
+    return rc;
+}
+
+// The reservation's part beyond the file's end, given back once the file is complete.
+static void space_release(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) == 0)
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, st.st_size, (off_t)1 << 40);
+}
+
 // Every rank creates the file together and writes its boxes in collective MPI-IO transfers
 // (which parallel HDF5 needs for filtered datasets); the metadata calls are collective too,
 // so every rank passes the same list.
-static void file_write(const char *tmp, const CkptTensor *tensors, int n_tensors,
-                       const CkptAttr *attrs, int n_attrs, MPI_Comm comm) {
+static bool file_write(Save *s, const char *tmp, const CkptTensor *tensors, int n_tensors,
+                       const CkptAttr *attrs, int n_attrs) {
     hid_t fapl = fapl_create(), dxpl = H5Pcreate(H5P_DATASET_XFER);
     H5_CHECK(dxpl);
-    if (comm != MPI_COMM_NULL) {
-        H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
+    if (s->comm != MPI_COMM_NULL) {
+        H5_CHECK(H5Pset_fapl_mpio(fapl, s->comm, MPI_INFO_NULL));
         H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, true));
         H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
         H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
@@ -355,12 +449,21 @@ static void file_write(const char *tmp, const CkptTensor *tensors, int n_tensors
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     H5_CHECK(lcpl);
     H5_CHECK(H5Pset_create_intermediate_group(lcpl, 1));
-    for (int i = 0; i < n_tensors; i++) tensor_write(file, lcpl, dxpl, &tensors[i]);
-    for (int i = 0; i < n_attrs; i++) attr_write(file, &attrs[i]);
+    int rank = 0;
+    if (s->comm != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_rank(s->comm, &rank));
+    s->bound = save_file_bound(tensors, n_tensors, attrs, n_attrs);
+    int reserved = rank == 0 ? space_reserve(tmp, s->bound) : 0;
+    errno = reserved;
+    bool ok = save_agree(s, reserved == 0);
+    for (int i = 0; i < n_tensors && ok; i++) ok = tensor_write(s, file, lcpl, dxpl, &tensors[i]);
+    for (int i = 0; i < n_attrs && ok; i++) ok = attr_write(s, file, &attrs[i]);
     H5_CHECK(H5Pclose(lcpl));
-    H5_CHECK(H5Fclose(file));
+    // Closing flushes the metadata; after a failure it is still called, on every rank, so that
+    // HDF5's exit handler finds no file to flush.
+    ok = save_agree(s, H5Fclose(file) >= 0 || !ok) && ok;
     H5_CHECK(H5Pclose(dxpl));
     H5_CHECK(H5Pclose(fapl));
+    return ok;
 }
 
 void ckpt_tmp_prepare(const char *path, char *tmp, size_t tmplen) {
@@ -385,20 +488,84 @@ void ckpt_publish(const char *tmp, const char *path) {
     fsync_path(dir);
 }
 
-// Rank 0 prepares the folder and publishes the file; the barriers order those steps with
-// every rank's part of the write, so no rank goes on (and no later save or deletion starts)
-// before the checkpoint is complete under its name.
-void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const CkptAttr *attrs,
-               int n_attrs, MPI_Comm comm) {
+// ckpt_publish, reporting a failure (its errno kept) instead of dying.
+static bool publish_try(const char *tmp, const char *path) {
+    char dir[1024];
+    dir_of(path, dir, sizeof(dir));
+    int fd = open(tmp, O_WRONLY);
+    if (fd < 0) return false;
+    space_release(fd);
+    bool ok = fsync(fd) == 0;
+    ok = close(fd) == 0 && ok && rename(tmp, path) == 0;
+    int dir_fd = ok ? open(dir, O_RDONLY) : -1;
+    if (dir_fd < 0) return false;
+    ok = fsync(dir_fd) == 0;
+    return close(dir_fd) == 0 && ok;
+}
+
+static const char *failure_reason(int failure, bool short_of_space) {
+    if (failure == ENOSPC || (failure != EDQUOT && short_of_space)) return "no space left on device";
+    if (failure == EDQUOT) return "disk quota exceeded";
+    if (failure == EIO) return "input/output error";
+    return failure > 1 ? strerror(failure) : "write failed";
+}
+
+// After an agreed failure: rank 0 removes the partial file and words the one line every rank
+// gets, with what the save needs and what the folder has once the partial file is gone.
+static void save_abandon(const Save *s, int rank, const char *tmp, char *err, size_t errlen) {
+    if (rank == 0) {
+        unlink(tmp);
+        char dir[1024];
+        dir_of(tmp, dir, sizeof dir);
+        struct statvfs fs;
+        double need = (double)s->bound, mb = 1024.0 * 1024.0;
+        double free_bytes = statvfs(dir, &fs) == 0 ? (double)fs.f_bavail * fs.f_frsize : -1;
+        bool short_of_space = free_bytes >= 0 && free_bytes < need;
+        char have[64] = "";
+        if (free_bytes >= 0) snprintf(have, sizeof have, ", %.1f MB free", free_bytes / mb);
+        snprintf(err, errlen, "checkpoint: %s writing %s (about %.1f MB needed%s): free space "
+                 "or set job.dump_folder elsewhere", failure_reason(s->failure, short_of_space),
+                 tmp, need / mb, have);
+    }
+    if (s->comm != MPI_COMM_NULL)  // after the unlink: no rank goes on (or exits) before it
+        MPI_CHECK(MPI_Bcast(err, (int)errlen, MPI_CHAR, 0, s->comm));
+}
+
+// Rank 0 prepares the folder and publishes the file; the barrier and the agreement on the
+// publication order those steps with every rank's part of the write, so no rank goes on (and
+// no later save or deletion starts) before the checkpoint is complete under its name. A
+// failed write (a full disk) is agreed by every rank, which then all return false with the
+// same line.
+bool ckpt_try_save(const char *path, const CkptTensor *tensors, int n_tensors,
+                   const CkptAttr *attrs, int n_attrs, MPI_Comm comm, char *err, size_t errlen) {
     hdf5_silence();
     int rank, ranks = comm_ranks(comm, &rank);
+    Save s = {.comm = ranks > 1 ? comm : MPI_COMM_NULL};
     char tmp[1024];
     if (rank == 0) ckpt_tmp_prepare(path, tmp, sizeof(tmp));
     else CHECK(snprintf(tmp, sizeof tmp, "%s.tmp", path) < (int)sizeof tmp);
     if (ranks > 1) MPI_CHECK(MPI_Barrier(comm));
-    file_write(tmp, tensors, n_tensors, attrs, n_attrs, ranks > 1 ? comm : MPI_COMM_NULL);
-    if (rank == 0) ckpt_publish(tmp, path);
-    if (ranks > 1) MPI_CHECK(MPI_Barrier(comm));
+    bool ok = file_write(&s, tmp, tensors, n_tensors, attrs, n_attrs);
+    ok = ok && save_agree(&s, rank != 0 || publish_try(tmp, path));
+    if (!ok) save_abandon(&s, rank, tmp, err, errlen);
+    return ok;
+}
+
+void ckpt_save_fail(const char *err, MPI_Comm comm) {
+    int rank, ranks = comm_ranks(comm, &rank);
+    if (ranks == 1) die_user("%s", err);
+    // die_user's line, printed before the barrier: a rank that exits first may have the
+    // launcher stop the others, rank 0 among them.
+    if (rank == 0) fprintf(stderr, "titan: error: %s\n", err);
+    MPI_CHECK(MPI_Barrier(comm));
+    exit(EXIT_USER_ERROR);
+}
+
+void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const CkptAttr *attrs,
+               int n_attrs, MPI_Comm comm) {
+    char err[2048];
+    if (!ckpt_try_save(path, tensors, n_tensors, attrs, n_attrs, comm, err, sizeof err))
+        ckpt_save_fail(err, comm);
 }
 
 bool ckpt_has_attr(const char *path, const char *attr) {

@@ -67,6 +67,14 @@ typedef struct {
 // MPI_COMM_NULL for a process of one without MPI (tools, tests).
 void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const CkptAttr *attrs,
                int n_attrs, MPI_Comm comm);
+// ckpt_save without dying: a write that fails on any rank (a full disk: ENOSPC, EDQUOT, EIO)
+// is agreed by every rank of comm, the partial <path>.tmp removed, and every rank returns
+// false with the same line, naming the file, the reason and the bytes the save needs.
+bool ckpt_try_save(const char *path, const CkptTensor *tensors, int n_tensors,
+                   const CkptAttr *attrs, int n_attrs, MPI_Comm comm, char *err, size_t errlen);
+// Every rank of comm (MPI_COMM_NULL: a process of one) with ckpt_try_save's line: rank 0
+// prints it, then all exit 2 together.
+__attribute__((noreturn)) void ckpt_save_fail(const char *err, MPI_Comm comm);
 
 // The atomic write above, for any writer of checkpoint files (safetensors, config.json):
 // tmp (tmplen) = "<path>.tmp", the folder of path created and a stale tmp removed; then, once

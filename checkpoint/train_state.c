@@ -70,9 +70,10 @@ static void padding_zero(const TensorList *l, const ParamTable *params) {
     }
 }
 
-void train_state_save(const char *path, const ParamTable *params, const AdamW *opt,
-                      TrainProgress progress, uint64_t seed, const char *config_yaml,
-                      const CkptAttr *run_attrs, int n_run_attrs, MPI_Comm comm) {
+bool train_state_try_save(const char *path, const ParamTable *params, const AdamW *opt,
+                          TrainProgress progress, uint64_t seed, const char *config_yaml,
+                          const CkptAttr *run_attrs, int n_run_attrs, MPI_Comm comm, char *err,
+                          size_t errlen) {
     TensorList list = state_list(params, opt, opt && opt->ema);
     int n_attrs = 5 + n_run_attrs;
     CkptAttr *attrs = xcalloc((size_t)n_attrs, sizeof(CkptAttr));
@@ -83,9 +84,19 @@ void train_state_save(const char *path, const ParamTable *params, const AdamW *o
     attrs[3] = (CkptAttr){.name = "seed", .type = CKPT_INT, .i = (int64_t)seed};
     attrs[4] = (CkptAttr){.name = "config", .type = CKPT_STRING, .s = config_yaml};
     for (int i = 0; i < n_run_attrs; i++) attrs[5 + i] = run_attrs[i];
-    ckpt_save(path, list.tensors, list.count, attrs, n_attrs, comm);
+    bool ok = ckpt_try_save(path, list.tensors, list.count, attrs, n_attrs, comm, err, errlen);
     free(attrs);
     tensor_list_free(&list);
+    return ok;
+}
+
+void train_state_save(const char *path, const ParamTable *params, const AdamW *opt,
+                      TrainProgress progress, uint64_t seed, const char *config_yaml,
+                      const CkptAttr *run_attrs, int n_run_attrs, MPI_Comm comm) {
+    char err[2048];
+    if (!train_state_try_save(path, params, opt, progress, seed, config_yaml, run_attrs,
+                              n_run_attrs, comm, err, sizeof err))
+        ckpt_save_fail(err, comm);
 }
 
 bool train_state_has_optimizer(const char *path) { return ckpt_has(path, "/optimizer"); }

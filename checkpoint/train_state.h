@@ -32,6 +32,11 @@ typedef struct {
 void train_state_save(const char *path, const ParamTable *params, const AdamW *opt,
                       TrainProgress progress, uint64_t seed, const char *config_yaml,
                       const CkptAttr *attrs, int n_attrs, MPI_Comm comm);
+// train_state_save without dying on a failed write (ckpt_try_save): false and the agreed line.
+bool train_state_try_save(const char *path, const ParamTable *params, const AdamW *opt,
+                          TrainProgress progress, uint64_t seed, const char *config_yaml,
+                          const CkptAttr *attrs, int n_attrs, MPI_Comm comm, char *err,
+                          size_t errlen);
 // Whether the file holds optimizer state (a model-only or seed file does not), and the
 // average of the weights (saved with the optimizer state when the run kept one).
 bool train_state_has_optimizer(const char *path);

@@ -1,9 +1,11 @@
 #include "core/metrics.h"
 
+#include <ctype.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "core/errors.h"
@@ -60,6 +62,28 @@ void metrics_open(MetricsLog *log, const char *dump_folder, int rank, int64_t re
     if (resumed_step > 0) rows_keep_through(path, resumed_step);
     log->jsonl = fopen(path, resumed_step > 0 ? "a" : "w");
     if (!log->jsonl) die_user("cannot write %s: %s", path, strerror(errno));
+    snprintf(log->jsonl_path, sizeof log->jsonl_path, "%s", path);
+}
+
+// One record, a whole line, appended with one write(2) past stdio's buffer (which would write
+// a failed record again at exit). A write the disk refuses or cuts short (ENOSPC, EDQUOT, EIO)
+// is undone by truncating the file back to the record's start, so that it never holds half a
+// record, and stops the run in one line.
+static void record_append(MetricsLog *log, const char *line) {
+    size_t n = strlen(line);
+    int fd = fileno(log->jsonl);
+    off_t start = lseek(fd, 0, SEEK_END);
+    ssize_t wrote = start < 0 ? -1 : write(fd, line, n);
+    if (wrote == (ssize_t)n) return;
+    int err = wrote < 0 ? errno : ENOSPC;  // short: the disk filled as it wrote
+    if (start >= 0 && ftruncate(fd, start) != 0) err = errno;
+    char why[128];
+    snprintf(why, sizeof why, "%s", strerror(err));
+    why[0] = (char)tolower((unsigned char)why[0]);
+    struct statvfs fs;
+    double free_mb = fstatvfs(fd, &fs) == 0 ? (double)fs.f_bavail * fs.f_frsize / 1048576.0 : 0;
+    die_user("metrics: %s writing %s (a record of %zu bytes, %.1f MB free): free space or set "
+             "job.dump_folder elsewhere", why, log->jsonl_path, n, free_mb);
 }
 
 void metrics_open_tensorboard(MetricsLog *log, const Config *c, int rank, int64_t resumed_step) {
@@ -141,13 +165,15 @@ void metrics_write(MetricsLog *log, const StepMetrics *m) {
              c[5], m->tflops, c[6], mfu, c[7], m->peak_memory_gib, c[8], load);
     if (!log->jsonl) return;  // not a logging rank
     if (log->tb.file) tensorboard_write(log, m);
-    fprintf(log->jsonl,
+    char line[4096];
+    int n = snprintf(line, sizeof line,
             "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
             "\"tokens_per_s\": %.17g%s, \"tflops\": %.17g, \"mfu\": %s, "
             "\"peak_memory_gib\": %.17g%s}\n",
             m->step, m->loss, m->grad_norm, m->lr, m->tokens_per_s, images_json, m->tflops,
             mfu_json, m->peak_memory_gib, load_json);
-    fflush(log->jsonl);
+    CHECK(n > 0 && (size_t)n < sizeof line);
+    record_append(log, line);
 }
 
 void metrics_write_validation(MetricsLog *log, int step, double loss) {
@@ -157,8 +183,9 @@ void metrics_write_validation(MetricsLog *log, int step, double loss) {
         tb_add_scalar(&log->tb, "validation_metrics/loss", step, loss);
         tb_flush(&log->tb);
     }
-    fprintf(log->jsonl, "{\"step\": %d, \"validation_loss\": %.17g}\n", step, loss);
-    fflush(log->jsonl);
+    char line[128];
+    snprintf(line, sizeof line, "{\"step\": %d, \"validation_loss\": %.17g}\n", step, loss);
+    record_append(log, line);
 }
 
 void metrics_close(MetricsLog *log) {

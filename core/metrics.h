@@ -34,6 +34,7 @@ typedef struct {
 
 typedef struct {
     FILE *jsonl;      // NULL on ranks that do not write a file
+    char jsonl_path[4096];
     bool color;       // the console line in ANSI colors, as torchtitan's (a terminal, not disabled)
     TbWriter tb;      // tb.file NULL: no TensorBoard events
     char lr_tag[64];  // torchtitan's "lr/<optimizer>"

@@ -1,5 +1,6 @@
 #include "core/profiler.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -8,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/errors.h"
 #include "core/files.h"
@@ -146,7 +148,7 @@ static void dump_event(FILE *f, json_t *e, bool *first) {
     CHECK(e);
     fputs(*first ? "\n" : ",\n", f);
     *first = false;
-    CHECK(json_dumpf(e, f, JSON_COMPACT) == 0);
+    CHECK(json_dumpf(e, f, JSON_COMPACT) == 0 || ferror(f));  // a write error: close_output
     json_decref(e);
 }
 
@@ -249,9 +251,17 @@ static FILE *open_output(const char *folder, const char *key, int step, const ch
     return f;
 }
 
+// A write that failed (ENOSPC, EDQUOT, EIO) leaves no half file: it is removed, and the run
+// stops in one line.
 static void close_output(FILE *f, const char *key, const char *path) {
-    if (ferror(f) | (fclose(f) != 0))
-        die_user("profiling.%s: cannot write %s: %s", key, path, strerror(errno));
+    int err = ferror(f) ? (errno ? errno : EIO) : 0;
+    if (fclose(f) != 0 && !err) err = errno;
+    if (!err) return;
+    unlink(path);
+    char why[128];
+    snprintf(why, sizeof why, "%s", strerror(err));
+    why[0] = (char)tolower((unsigned char)why[0]);
+    die_user("profiling.%s: %s writing %s: free space or set it elsewhere", key, why, path);
 }
 
 static void write_trace(void) {
@@ -282,7 +292,7 @@ static void write_trace(void) {
     dump_collectives(f, end, groups, &n_groups, &first);
     fputs("\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": ", f);
     json_t *summary = window_summary(first_step);
-    CHECK(summary && json_dumpf(summary, f, JSON_COMPACT) == 0);
+    CHECK(summary && (json_dumpf(summary, f, JSON_COMPACT) == 0 || ferror(f)));
     json_decref(summary);
     fputs("}\n", f);
     close_output(f, "save_traces_folder", path);
@@ -321,7 +331,7 @@ static void write_snapshot(int step) {
     char path[8192];
     FILE *f = open_output(config.snapshot_folder, "save_memory_snapshot_folder", step,
                           "memory_snapshot.json", path, sizeof path);
-    CHECK(json_dumpf(root, f, JSON_INDENT(2)) == 0);
+    CHECK(json_dumpf(root, f, JSON_INDENT(2)) == 0 || ferror(f));
     fputs("\n", f);
     close_output(f, "save_memory_snapshot_folder", path);
     json_decref(root);

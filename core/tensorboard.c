@@ -1,6 +1,8 @@
 #include "core/tensorboard.h"
 
+#include <ctype.h>
 #include <dirent.h>
+#include <stdio_ext.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -143,9 +145,22 @@ void tb_add_scalar(TbWriter *w, const char *tag, int64_t step, double value) {
                     tb_encode_scalar(event, sizeof event, wall_seconds(), step, tag, (float)value));
 }
 
+// A failed flush (ENOSPC, EDQUOT, EIO) may have written part of the records: the file is cut
+// back to the end of the last flush, stdio's unwritten rest dropped (exit would write it), so
+// that TensorBoard finds only whole records, and the run stops in one line.
 void tb_flush(TbWriter *w) {
-    if (fflush(w->file) != 0 || ferror(w->file))
-        die_user("cannot write %s: %s", w->path, strerror(errno));
+    if (fflush(w->file) == 0 && !ferror(w->file)) {
+        w->flushed = ftello(w->file);
+        return;
+    }
+    int err = errno ? errno : EIO;
+    __fpurge(w->file);
+    if (ftruncate(fileno(w->file), w->flushed) != 0) err = errno;
+    char why[128];
+    snprintf(why, sizeof why, "%s", strerror(err));
+    why[0] = (char)tolower((unsigned char)why[0]);
+    die_user("tensorboard: %s writing %s: free space or set job.dump_folder elsewhere", why,
+             w->path);
 }
 
 // The seconds in a new file's name: now, or one past the newest events file already in the
@@ -170,6 +185,7 @@ void tb_open(TbWriter *w, const char *folder, int64_t first_step) {
     snprintf(w->path, sizeof w->path, "%s/events.out.tfevents.%010lld.%s.%d.0", folder,
              file_seconds(folder), host, (int)getpid());
     w->file = fopen(w->path, "wb");
+    w->flushed = 0;
     if (!w->file) die_user("cannot write %s: %s", w->path, strerror(errno));
     static const char version[] = "brain.Event:2";  // what TensorBoard requires of a file
     uint8_t event[EVENT_MAX], session[8];

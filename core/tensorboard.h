@@ -7,10 +7,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 typedef struct {
     FILE *file;  // NULL: not writing
     char path[4096 + 128];
+    off_t flushed;  // the file's size after its last complete flush
 } TbWriter;
 
 // Starts a new events file in folder (created). Its first events are the format version and a

@@ -142,6 +142,8 @@ typedef struct {
     int n_attrs;
     const char *prune_folder;   // non-NULL: then only the keep_latest newest step files stay
     int keep_latest;
+    bool failed;                // the write failed (a full disk), agreed by every rank
+    char err[2048];             // then its line (ckpt_try_save)
 } SaveJob;
 
 // The parts of a save that do not depend on the step: the run's description.
@@ -161,6 +163,7 @@ static void save_job_prepare(Trainer *t, SaveJob *j, const char *path, bool with
     bool deletes = prune && t->cfg.checkpoint.keep_latest_k > 0;
     j->prune_folder = deletes ? t->ckpt_folder : NULL;
     j->keep_latest = (int)t->cfg.checkpoint.keep_latest_k;
+    j->failed = false;
 }
 
 static void save_job_write(void *arg, MPI_Comm comm) {
@@ -168,9 +171,9 @@ static void save_job_write(void *arg, MPI_Comm comm) {
     // A model-only save keeps the average: it is the model's weights too, the ones to export.
     AdamW ema_only = {.ema = j->state.opt.ema};
     const AdamW *opt = j->with_optimizer ? &j->state.opt : ema_only.ema ? &ema_only : NULL;
-    train_state_save(j->path, &j->state.params, opt, j->progress, j->seed, j->yaml, j->attrs,
-                     j->n_attrs, comm);
-    if (j->prune_folder) ckpt_keep_latest(j->prune_folder, j->keep_latest);
+    j->failed = !train_state_try_save(j->path, &j->state.params, opt, j->progress, j->seed,
+                                      j->yaml, j->attrs, j->n_attrs, comm, j->err, sizeof j->err);
+    if (!j->failed && j->prune_folder) ckpt_keep_latest(j->prune_folder, j->keep_latest);
 }
 
 static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer, bool prune) {
@@ -180,6 +183,7 @@ static void save_checkpoint(Trainer *t, const char *path, bool with_optimizer, b
     save_job_prepare(t, &j, path, with_optimizer, prune);
     j.state = host_state_open(t, true);
     save_job_write(&j, MPI_COMM_WORLD);
+    if (j.failed) ckpt_save_fail(j.err, MPI_COMM_WORLD);
     host_state_close(t, &j.state, false);
     free(j.yaml);
     log_info("checkpoint: saved %s in %.1f ms", path, now_ms() - started);
@@ -214,16 +218,22 @@ static void async_save_open(Trainer *t) {
     host_state_download(t, &a->job.state);  // touched now: the first save's stall is a copy's
 }
 
-// Waits for the save in flight, if any, and reports what it cost the training thread.
-void trainer_wait_checkpoint(Trainer *t) {
+// Waits for the save in flight, if any, and reports what it cost the training thread. A failed
+// save (its line agreed by every rank's writer) stops the run only where every rank waits
+// (agreed: a save's start, the run's end), since ranks see a write finish at different steps.
+static void async_save_wait(Trainer *t, bool agreed) {
     AsyncSave *a = t->async_save;
     double started = now_ms();
-    if (!a || !ckpt_async_wait(&a->writer)) return;
+    bool waited = a && ckpt_async_wait(&a->writer);
+    if (a && agreed && a->job.failed) ckpt_save_fail(a->job.err, a->writer.comm);
+    if (!waited || a->job.failed) return;
     log_info("checkpoint: saved %s: step %d staged in %.1f ms (a step takes %.1f ms), written "
              "in the background in %.1f ms (training waited %.1f ms for it)", a->job.path,
              a->step, a->staged_ms, a->step_ms, a->writer.write_seconds * 1e3,
              now_ms() - started);
 }
+
+void trainer_wait_checkpoint(Trainer *t) { async_save_wait(t, true); }
 
 static void async_save_start(Trainer *t, const char *path, bool with_optimizer, int step) {
     AsyncSave *a = t->async_save;
@@ -456,7 +466,7 @@ void trainer_load_or_initialize(Trainer *t) {
 // background save is reported at the first step boundary after it.
 void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted) {
     const CheckpointSection *ck = &t->cfg.checkpoint;
-    if (t->async_save && ckpt_async_finished(&t->async_save->writer)) trainer_wait_checkpoint(t);
+    if (t->async_save && ckpt_async_finished(&t->async_save->writer)) async_save_wait(t, false);
     bool last = step == t->cfg.training.steps;
     if (!(preempted || step % ck->interval == 0 || last ||
           (step == 1 && ck->enable_first_step_checkpoint)))
