@@ -554,9 +554,9 @@ bool ckpt_try_save(const char *path, const CkptTensor *tensors, int n_tensors,
 void ckpt_save_fail(const char *err, MPI_Comm comm) {
     int rank, ranks = comm_ranks(comm, &rank);
     if (ranks == 1) die_user("%s", err);
-    // die_user's line, printed before the barrier: a rank that exits first may have the
-    // launcher stop the others, rank 0 among them.
-    if (rank == 0) fprintf(stderr, "titan: error: %s\n", err);
+    // Printed before the barrier: a rank that exits first may have the launcher stop the
+    // others, rank 0 among them.
+    if (rank == 0) log_user_error("%s", err);
     MPI_CHECK(MPI_Barrier(comm));
     exit(EXIT_USER_ERROR);
 }

@@ -10,13 +10,24 @@ void log_set_rank(int rank) { log_rank = rank; }
 void die_user_collective(bool collective) { errors_collective = collective; }
 bool die_user_is_collective(void) { return errors_collective; }
 
+static void user_error_line(const char *fmt, va_list ap) {
+    fputs("titan: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+void log_user_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    user_error_line(fmt, ap);
+    va_end(ap);
+}
+
 void die_user(const char *fmt, ...) {
     if (log_rank == 0 || !errors_collective) {
         va_list ap;
         va_start(ap, fmt);
-        fputs("titan: error: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
+        user_error_line(fmt, ap);
         va_end(ap);
     }
     exit(EXIT_USER_ERROR);

@@ -19,6 +19,9 @@ extern "C" {  // the cuda backend's .cu files are compiled as C++
 #define EXIT_INTERNAL_ERROR 3
 
 __attribute__((noreturn, format(printf, 1, 2))) void die_user(const char *fmt, ...);
+// die_user's line without the exit, for ranks that agree on an error and must have it printed
+// before any of them exits (checkpoint/checkpoint.c's failed save).
+__attribute__((format(printf, 1, 2))) void log_user_error(const char *fmt, ...);
 __attribute__((noreturn, format(printf, 3, 4))) void die_internal(const char *file, int line,
                                                                  const char *fmt, ...);
 __attribute__((format(printf, 1, 2))) void log_info(const char *fmt, ...);
