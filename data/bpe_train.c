@@ -6,6 +6,7 @@
 
 #include "core/errors.h"
 #include "data/dataset.h"
+#include "data/heap.h"
 #include "data/pretokenize.h"
 
 #define USAGE TOKENIZER_TRAIN_USAGE
@@ -258,24 +259,11 @@ static bool heap_before(HeapEntry a, HeapEntry b) {
     return a.count > b.count || (a.count == b.count && a.key < b.key);
 }
 
+HEAP_DEFINE(counts, HeapEntry, heap_before)
+
 static void heap_push(Pairs *p, HeapEntry e) {
     p->heap = xgrow(p->heap, &p->heap_cap, p->heap_n + 1, sizeof(HeapEntry));
-    size_t i = p->heap_n++;
-    for (; i > 0 && heap_before(e, p->heap[(i - 1) / 2]); i = (i - 1) / 2)
-        p->heap[i] = p->heap[(i - 1) / 2];
-    p->heap[i] = e;
-}
-
-static HeapEntry heap_pop(Pairs *p) {
-    HeapEntry top = p->heap[0], last = p->heap[--p->heap_n];
-    size_t i = 0;
-    for (size_t child; (child = 2 * i + 1) < p->heap_n; i = child) {
-        if (child + 1 < p->heap_n && heap_before(p->heap[child + 1], p->heap[child])) child++;
-        if (!heap_before(p->heap[child], last)) break;
-        p->heap[i] = p->heap[child];
-    }
-    p->heap[i] = last;
-    return top;
+    counts_push(p->heap, &p->heap_n, e);
 }
 
 // The most frequent pair, or NULL when none is left. A pair's count grows only in the merge
@@ -284,7 +272,7 @@ static HeapEntry heap_pop(Pairs *p) {
 // its pair's count is the true maximum; stale ones are pushed back with their current count.
 static Pair *pairs_pop_best(Pairs *p) {
     while (p->heap_n > 0) {
-        HeapEntry e = heap_pop(p);
+        HeapEntry e = counts_pop(p->heap, &p->heap_n);
         Pair *pair = pair_find(p, e.key);
         if (pair->count == e.count) return pair;
         if (pair->count > 0) heap_push(p, (HeapEntry){pair->count, e.key});

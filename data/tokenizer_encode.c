@@ -4,6 +4,7 @@
 
 #include "core/errors.h"
 #include "core/thread_exit.h"
+#include "data/heap.h"
 #include "data/tokenizer_impl.h"
 
 // One part of a piece being merged, a node of a doubly linked list over the piece's bytes
@@ -63,24 +64,7 @@ static bool candidate_before(Candidate a, Candidate b) {
     return a.rank < b.rank || (a.rank == b.rank && a.at < b.at);
 }
 
-static void heap_push(Merge *m, Candidate c) {
-    size_t i = m->n_heap++;
-    for (; i > 0 && candidate_before(c, m->heap[(i - 1) / 2]); i = (i - 1) / 2)
-        m->heap[i] = m->heap[(i - 1) / 2];
-    m->heap[i] = c;
-}
-
-static Candidate heap_pop(Merge *m) {
-    Candidate top = m->heap[0], last = m->heap[--m->n_heap];
-    size_t i = 0, n = m->n_heap;
-    for (size_t child; (child = 2 * i + 1) < n; i = child) {
-        if (child + 1 < n && candidate_before(m->heap[child + 1], m->heap[child])) child++;
-        if (!candidate_before(m->heap[child], last)) break;
-        m->heap[i] = m->heap[child];
-    }
-    if (n > 0) m->heap[i] = last;
-    return top;
-}
+HEAP_DEFINE(candidates, Candidate, candidate_before)
 
 // The pair of part `at` and its next changed: older candidates for it go stale, and a new one
 // joins when the pair merges.
@@ -89,7 +73,7 @@ static void part_relink(Merge *m, int32_t at) {
     int32_t rank;
     p->stamp++;
     if (p->next >= 0 && tokenizer_pair_find(m->t, p->id, m->parts[p->next].id, &rank, &p->merged))
-        heap_push(m, (Candidate){rank, at, p->stamp});
+        candidates_push(m->heap, &m->n_heap, (Candidate){rank, at, p->stamp});
 }
 
 // Repeatedly merges the adjacent pair of lowest rank (the leftmost on a tie) until no pair
@@ -105,7 +89,7 @@ static size_t bpe_merge(Merge *m, const unsigned char *s, size_t n, int32_t *ids
     m->n_heap = 0;
     for (size_t i = 0; i + 1 < n; i++) part_relink(m, (int32_t)i);
     while (m->n_heap > 0) {
-        Candidate c = heap_pop(m);
+        Candidate c = candidates_pop(m->heap, &m->n_heap);
         Part *p = &parts[c.at];
         if (p->stamp != c.stamp) continue;
         Part *gone = &parts[p->next];
