@@ -107,9 +107,11 @@ static bool degrees_fit(const Config *c, char *err, size_t n) {
 // other hosts see them only when asked for by name.
 static bool debug_server_check(const Config *c, char *err, size_t n) {
     const CommSection *cs = &c->comm;
-    if (!cs->enable_debug_server || cs->debug_server_allow_remote ||
-        debug_server_address_is_loopback(cs->debug_server_host))
-        return true;
+    bool loopback = debug_server_address_is_loopback(cs->debug_server_host);
+    if (cs->enable_debug_server && cs->debug_server_allow_remote && loopback)
+        return setting_error(c, "comm.debug_server_allow_remote",
+                             "does nothing: comm.debug_server_host is a loopback address", err, n);
+    if (!cs->enable_debug_server || cs->debug_server_allow_remote || loopback) return true;
     return setting_error(c, "comm.debug_server_host",
                          "lets other hosts read every debug page (paths, pids, host names, "
                          "stacks) without authentication; set comm.debug_server_allow_remote "

@@ -231,6 +231,9 @@ expect_user_error "^titan: error: --comm.debug_server_port: expects an integer i
 expect_user_error "^titan: error: --comm.debug_server_host: expects a numeric IPv4 or IPv6 address, got 'localhost'$" \
   $TITAN "${SMALL[@]}" --comm.debug_server_host localhost
 
+# The opt-in on a loopback address does nothing: refused, not ignored.
+expect_user_error "^titan: error: --comm.debug_server_allow_remote: comm.debug_server_allow_remote = true does nothing: comm.debug_server_host is a loopback address$" \
+  $TITAN "${SMALL[@]}" --comm.enable_debug_server --comm.debug_server_allow_remote
 # Another host's address, or every interface, needs the opt-in; the startup line says so.
 expect_user_error "^titan: error: --comm.debug_server_host: comm.debug_server_host = '0.0.0.0' lets other hosts read every debug page .* set comm.debug_server_allow_remote" \
   $TITAN "${SMALL[@]}" --comm.enable_debug_server --comm.debug_server_host 0.0.0.0

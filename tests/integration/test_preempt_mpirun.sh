@@ -96,6 +96,8 @@ out=$(TITAN=$TITAN ./run_train.sh "${SMALL[@]}" --training.stepz 3 2>&1) || rc=$
 [ "$out" = "titan: error: unknown option '--training.stepz' (did you mean '--training.steps'?)" ] ||
   fail "a config error through run_train.sh printed: $out"
 echo "ok: a config error through run_train.sh: one line, exit 2"
+expect_user_error "^run_train.sh: NPROC must be a positive number of ranks, not 'two'$" \
+  env NPROC=two ./run_train.sh "${SMALL[@]}"
 
 # A launcher killed outright (SIGKILL: nothing to pass on) takes its run with it: mpirun, in a
 # session of its own, hears of it through its parent-death signal.

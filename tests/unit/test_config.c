@@ -345,7 +345,8 @@ static void test_check_supported(void **state) {
                        "validation.local_batch_size = 8 (default) x validation.seq_len = "
                        "2147483646 (--validation.seq_len) = 17179869168 tokens per microbatch, "
                        "more than 2147483647");
-    // The debug server on an address other hosts can reach needs comm.debug_server_allow_remote.
+    // The debug server on an address other hosts can reach needs comm.debug_server_allow_remote,
+    // which on a loopback address does nothing (refused).
     static const struct {
         const char *host;
         bool loopback;
@@ -362,9 +363,11 @@ static void test_check_supported(void **state) {
             config_defaults(&c);
             assert_true(config_parse_args(&c, 3 + allow, args, err, sizeof err));
             assert_int_equal(config_check_supported(&c, err, sizeof err),
-                             hosts[i].loopback || allow);
+                             hosts[i].loopback != (bool)allow);
             if (!hosts[i].loopback && !allow)
                 assert_non_null(strstr(err, "set comm.debug_server_allow_remote to allow that"));
+            if (hosts[i].loopback && allow)
+                assert_non_null(strstr(err, "does nothing: comm.debug_server_host is a loopback"));
             config_free(&c);
         }
     }
