@@ -119,6 +119,11 @@ $(BUILD)/tests/%: tests/reference/%.c $(BUILD)/libtitan.a
 	@mkdir -p $(dir $@) $(BUILD)/deps/tests
 	$(CC) $(CFLAGS) $(TEST_DEPS) $< $(BUILD)/libtitan.a $(LDLIBS) $(LDFLAGS) -o $@
 
+# The fault-injecting FUSE file system of test_disk_errors.sh: libfuse3, not titan's library.
+$(BUILD)/tests/faultfs: tests/reference/faultfs.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -Wall -Wextra -Werror $(shell pkg-config --cflags fuse3) $< $(shell pkg-config --libs fuse3) -o $@
+
 $(BUILD)/tests/%: tests/gpu/%.c $(BUILD)/libtitan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(BUILD)/libtitan.a $(LDLIBS) $(LDFLAGS) -o $@

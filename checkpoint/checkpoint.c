@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/errors.h"
@@ -281,8 +282,16 @@ static hid_t dataset_create_plist(const CkptTensor *t) {
 typedef struct {
     MPI_Comm comm;
     int failure;
-    off_t bound;  // the file's size at most (save_file_bound)
+    off_t bound;          // the file's size at most (save_file_bound)
+    const char *tmp;      // the file being written
 } Save;
+
+// How long a rank whose write failed waits for the others to agree (ckpt_set_failure_wait).
+static int failure_wait_seconds = 100;
+
+void ckpt_set_failure_wait(int seconds) { failure_wait_seconds = seconds; }
+
+static void save_failure_line(const Save *s, char *err, size_t errlen);
 
 // The errno of a failed write in HDF5's error stack: the POSIX driver says "errno = N", the
 // MPI-IO driver names MPI's error class.
@@ -297,19 +306,47 @@ static herr_t find_disk_error(unsigned n, const H5E_error2_t *e, void *found) {
     return 0;
 }
 
+// The others never came to the agreement of a rank whose write failed: they wait inside the
+// parallel-HDF5 collective its failure broke (a write that fails on one rank returns there
+// alone, halfway through the collective: an EIO after the space was reserved), where nothing
+// but the end of the job frees them. This rank removes the partial file, prints the save's
+// line and ends the job with exit 2.
+__attribute__((noreturn)) static void save_stuck(const Save *s) {
+    char err[2048];
+    unlink(s->tmp);
+    save_failure_line(s, err, sizeof err);
+    log_user_error("%s; the other ranks did not return from the write within %d s", err,
+                   failure_wait_seconds);
+    MPI_Abort(MPI_COMM_WORLD, EXIT_USER_ERROR);
+    exit(EXIT_USER_ERROR);
+}
+
 // Records a failed HDF5 call (ok false) of the save, with the disk's reason when known, then
 // agrees with every rank of the save: all go on, or all stop together, whichever rank failed.
 // HDF5's collectives run on its own duplicate of comm, so this reduction never meets one of
-// them; each rank calls it after the same HDF5 calls, which return on every rank even when
-// the write failed on one (the issue 30 hang was a rank that died there instead).
+// them. Each rank comes here after the same HDF5 calls, which return on every rank when the
+// file system refuses a call everywhere (a full disk, found by the space reservation); a rank
+// whose write failed alone waits failure_wait_seconds for the others, then ends the job
+// (save_stuck). The reduction is nonblocking on every rank (a blocking one would not match).
 static bool save_agree(Save *s, bool ok) {
     if (!ok && !s->failure) {
         int code = 0;
         H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, find_disk_error, &code);
         s->failure = code > 0 ? code : errno > 0 ? errno : 1;
     }
-    if (s->comm != MPI_COMM_NULL)
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s->failure, 1, MPI_INT, MPI_MAX, s->comm));
+    if (s->comm == MPI_COMM_NULL) return s->failure == 0;
+    bool failed_here = s->failure != 0;
+    MPI_Request request;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &s->failure, 1, MPI_INT, MPI_MAX, s->comm, &request));
+    struct timespec start, now, pause = {.tv_nsec = 1000000};
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (int done = 0;;) {
+        MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+        if (done) break;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (failed_here && now.tv_sec - start.tv_sec >= failure_wait_seconds) save_stuck(s);
+        nanosleep(&pause, NULL);  // frees the core for the ranks still writing
+    }
     return s->failure == 0;
 }
 
@@ -444,22 +481,28 @@ static bool file_write(Save *s, const char *tmp, const CkptTensor *tensors, int 
         H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
         H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
     }
+    s->bound = save_file_bound(tensors, n_tensors, attrs, n_attrs);
+    // A file one rank could not create is left open on the others (their close is collective):
+    // the job ends after a failed save, and HDF5's exit handler is off (train/main.c).
     hid_t file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-    if (file < 0) die_user("cannot create checkpoint file %s", tmp);
+    if (!save_agree(s, file >= 0)) {
+        H5_CHECK(H5Pclose(dxpl));
+        H5_CHECK(H5Pclose(fapl));
+        return false;
+    }
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     H5_CHECK(lcpl);
     H5_CHECK(H5Pset_create_intermediate_group(lcpl, 1));
     int rank = 0;
     if (s->comm != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_rank(s->comm, &rank));
-    s->bound = save_file_bound(tensors, n_tensors, attrs, n_attrs);
     int reserved = rank == 0 ? space_reserve(tmp, s->bound) : 0;
     errno = reserved;
     bool ok = save_agree(s, reserved == 0);
     for (int i = 0; i < n_tensors && ok; i++) ok = tensor_write(s, file, lcpl, dxpl, &tensors[i]);
     for (int i = 0; i < n_attrs && ok; i++) ok = attr_write(s, file, &attrs[i]);
     H5_CHECK(H5Pclose(lcpl));
-    // Closing flushes the metadata; after a failure it is still called, on every rank, so that
-    // HDF5's exit handler finds no file to flush.
+    // Closing flushes the metadata; after a failure it is still called, on every rank, to free
+    // what the file holds (its MPI-IO handle among them).
     ok = save_agree(s, H5Fclose(file) >= 0 || !ok) && ok;
     H5_CHECK(H5Pclose(dxpl));
     H5_CHECK(H5Pclose(fapl));
@@ -503,29 +546,36 @@ static bool publish_try(const char *tmp, const char *path) {
     return close(dir_fd) == 0 && ok;
 }
 
-static const char *failure_reason(int failure, bool short_of_space) {
-    if (failure == ENOSPC || (failure != EDQUOT && short_of_space)) return "no space left on device";
-    if (failure == EDQUOT) return "disk quota exceeded";
-    if (failure == EIO) return "input/output error";
-    return failure > 1 ? strerror(failure) : "write failed";
+// The errno the line names: the disk's when HDF5 passed it on, else ENOSPC when the folder is
+// short of the save's space; 1 when neither is known.
+static int failure_errno(int failure, bool short_of_space) {
+    return failure == ENOSPC || (failure != EDQUOT && short_of_space) ? ENOSPC : failure;
+}
+
+// The line of a failed save: the reason, the file, what the save needs and what its folder
+// has (once the partial file is gone).
+static void save_failure_line(const Save *s, char *err, size_t errlen) {
+    char dir[1024];
+    dir_of(s->tmp, dir, sizeof dir);
+    struct statvfs fs;
+    double need = (double)s->bound, mb = 1024.0 * 1024.0;
+    double free_bytes = statvfs(dir, &fs) == 0 ? (double)fs.f_bavail * fs.f_frsize : -1;
+    bool short_of_space = free_bytes >= 0 && free_bytes < need;
+    char have[64] = "";
+    if (free_bytes >= 0) snprintf(have, sizeof have, ", %.1f MB free", free_bytes / mb);
+    int code = failure_errno(s->failure, short_of_space);
+    char why[128] = "write failed";
+    if (code > 1) write_error_why(code, why, sizeof why);
+    snprintf(err, errlen, "checkpoint: %s writing %s (about %.1f MB needed%s): %s or set "
+             "job.dump_folder elsewhere", why, s->tmp, need / mb, have, write_error_remedy(code));
 }
 
 // After an agreed failure: rank 0 removes the partial file and words the one line every rank
-// gets, with what the save needs and what the folder has once the partial file is gone.
-static void save_abandon(const Save *s, int rank, const char *tmp, char *err, size_t errlen) {
+// gets.
+static void save_abandon(const Save *s, int rank, char *err, size_t errlen) {
     if (rank == 0) {
-        unlink(tmp);
-        char dir[1024];
-        dir_of(tmp, dir, sizeof dir);
-        struct statvfs fs;
-        double need = (double)s->bound, mb = 1024.0 * 1024.0;
-        double free_bytes = statvfs(dir, &fs) == 0 ? (double)fs.f_bavail * fs.f_frsize : -1;
-        bool short_of_space = free_bytes >= 0 && free_bytes < need;
-        char have[64] = "";
-        if (free_bytes >= 0) snprintf(have, sizeof have, ", %.1f MB free", free_bytes / mb);
-        snprintf(err, errlen, "checkpoint: %s writing %s (about %.1f MB needed%s): free space "
-                 "or set job.dump_folder elsewhere", failure_reason(s->failure, short_of_space),
-                 tmp, need / mb, have);
+        unlink(s->tmp);
+        save_failure_line(s, err, errlen);
     }
     if (s->comm != MPI_COMM_NULL)  // after the unlink: no rank goes on (or exits) before it
         MPI_CHECK(MPI_Bcast(err, (int)errlen, MPI_CHAR, 0, s->comm));
@@ -540,14 +590,14 @@ bool ckpt_try_save(const char *path, const CkptTensor *tensors, int n_tensors,
                    const CkptAttr *attrs, int n_attrs, MPI_Comm comm, char *err, size_t errlen) {
     hdf5_silence();
     int rank, ranks = comm_ranks(comm, &rank);
-    Save s = {.comm = ranks > 1 ? comm : MPI_COMM_NULL};
     char tmp[1024];
     if (rank == 0) ckpt_tmp_prepare(path, tmp, sizeof(tmp));
     else CHECK(snprintf(tmp, sizeof tmp, "%s.tmp", path) < (int)sizeof tmp);
+    Save s = {.comm = ranks > 1 ? comm : MPI_COMM_NULL, .tmp = tmp};
     if (ranks > 1) MPI_CHECK(MPI_Barrier(comm));
     bool ok = file_write(&s, tmp, tensors, n_tensors, attrs, n_attrs);
     ok = ok && save_agree(&s, rank != 0 || publish_try(tmp, path));
-    if (!ok) save_abandon(&s, rank, tmp, err, errlen);
+    if (!ok) save_abandon(&s, rank, err, errlen);
     return ok;
 }
 

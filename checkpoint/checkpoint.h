@@ -72,6 +72,10 @@ void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const
 // false with the same line, naming the file, the reason and the bytes the save needs.
 bool ckpt_try_save(const char *path, const CkptTensor *tensors, int n_tensors,
                    const CkptAttr *attrs, int n_attrs, MPI_Comm comm, char *err, size_t errlen);
+// How long a rank whose write failed alone waits for the others to agree before it ends the job
+// (exit 2, the save's line): they may be inside the parallel-HDF5 collective the failure broke.
+// The trainer sets comm.train_timeout_seconds; 100 s until set.
+void ckpt_set_failure_wait(int seconds);
 // Every rank of comm (MPI_COMM_NULL: a process of one) with ckpt_try_save's line: rank 0
 // prints it, then all exit 2 together.
 __attribute__((noreturn)) void ckpt_save_fail(const char *err, MPI_Comm comm);

@@ -33,6 +33,18 @@ void die_user(const char *fmt, ...) {
     exit(EXIT_USER_ERROR);
 }
 
+static char deferred[2048];
+
+void defer_user_error(const char *fmt, ...) {
+    if (deferred[0]) return;  // the first failure is the cause; later ones follow from it
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(deferred, sizeof deferred, fmt, ap);
+    va_end(ap);
+}
+
+const char *deferred_user_error(void) { return deferred[0] ? deferred : NULL; }
+
 void die_internal(const char *file, int line, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

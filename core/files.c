@@ -1,5 +1,6 @@
 #include "core/files.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -76,6 +77,16 @@ FileReadResult file_read_all(const char *path, size_t max, char **text, size_t *
     *text = buf;
     *len = n;
     return FILE_READ_OK;
+}
+
+const char *write_error_why(int err, char *buf, size_t n) {
+    snprintf(buf, n, "%s", strerror(err));
+    buf[0] = (char)tolower((unsigned char)buf[0]);
+    return buf;
+}
+
+const char *write_error_remedy(int err) {
+    return err == ENOSPC || err == EDQUOT ? "free space" : "check the disk";
 }
 
 const char *file_read_why(FileReadResult r, size_t max, const char *what, char *buf, size_t n) {

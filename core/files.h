@@ -10,6 +10,12 @@ void make_dirs(const char *path);
 // The same, returning false with the one-line reason in err instead of dying.
 bool try_make_dirs(const char *path, char *err, size_t errlen);
 
+// A write the disk refused with errno err, for the one line that stops the run: the reason in
+// lower case ("no space left on device", "input/output error") into buf, and what to do about
+// it: "free space" for a full disk or quota, else "check the disk".
+const char *write_error_why(int err, char *buf, size_t n);
+const char *write_error_remedy(int err);
+
 // What file_read_all could not do; errno says why an open or a read failed.
 typedef enum {
     FILE_READ_OK,

@@ -1,6 +1,5 @@
 #include "core/metrics.h"
 
-#include <ctype.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
@@ -68,8 +67,9 @@ void metrics_open(MetricsLog *log, const char *dump_folder, int rank, int64_t re
 // One record, a whole line, appended with one write(2) past stdio's buffer (which would write
 // a failed record again at exit). A write the disk refuses or cuts short (ENOSPC, EDQUOT, EIO)
 // is undone by truncating the file back to the record's start, so that it never holds half a
-// record, and stops the run in one line.
+// record, and stops the run (core/errors.h's deferred error): nothing more is written.
 static void record_append(MetricsLog *log, const char *line) {
+    if (deferred_user_error()) return;
     size_t n = strlen(line);
     int fd = fileno(log->jsonl);
     off_t start = lseek(fd, 0, SEEK_END);
@@ -78,12 +78,11 @@ static void record_append(MetricsLog *log, const char *line) {
     int err = wrote < 0 ? errno : ENOSPC;  // short: the disk filled as it wrote
     if (start >= 0 && ftruncate(fd, start) != 0) err = errno;
     char why[128];
-    snprintf(why, sizeof why, "%s", strerror(err));
-    why[0] = (char)tolower((unsigned char)why[0]);
     struct statvfs fs;
     double free_mb = fstatvfs(fd, &fs) == 0 ? (double)fs.f_bavail * fs.f_frsize / 1048576.0 : 0;
-    die_user("metrics: %s writing %s (a record of %zu bytes, %.1f MB free): free space or set "
-             "job.dump_folder elsewhere", why, log->jsonl_path, n, free_mb);
+    defer_user_error("metrics: %s writing %s (a record of %zu bytes, %.1f MB free): %s or set "
+                     "job.dump_folder elsewhere", write_error_why(err, why, sizeof why),
+                     log->jsonl_path, n, free_mb, write_error_remedy(err));
 }
 
 void metrics_open_tensorboard(MetricsLog *log, const Config *c, int rank, int64_t resumed_step) {

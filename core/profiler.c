@@ -1,6 +1,5 @@
 #include "core/profiler.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -252,16 +251,15 @@ static FILE *open_output(const char *folder, const char *key, int step, const ch
 }
 
 // A write that failed (ENOSPC, EDQUOT, EIO) leaves no half file: it is removed, and the run
-// stops in one line.
+// stops (core/errors.h's deferred error).
 static void close_output(FILE *f, const char *key, const char *path) {
     int err = ferror(f) ? (errno ? errno : EIO) : 0;
     if (fclose(f) != 0 && !err) err = errno;
     if (!err) return;
     unlink(path);
     char why[128];
-    snprintf(why, sizeof why, "%s", strerror(err));
-    why[0] = (char)tolower((unsigned char)why[0]);
-    die_user("profiling.%s: %s writing %s: free space or set it elsewhere", key, why, path);
+    defer_user_error("profiling.%s: %s writing %s: %s or set it elsewhere", key,
+                     write_error_why(err, why, sizeof why), path, write_error_remedy(err));
 }
 
 static void write_trace(void) {

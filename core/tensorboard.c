@@ -1,6 +1,5 @@
 #include "core/tensorboard.h"
 
-#include <ctype.h>
 #include <dirent.h>
 #include <stdio_ext.h>
 #include <string.h>
@@ -147,7 +146,8 @@ void tb_add_scalar(TbWriter *w, const char *tag, int64_t step, double value) {
 
 // A failed flush (ENOSPC, EDQUOT, EIO) may have written part of the records: the file is cut
 // back to the end of the last flush, stdio's unwritten rest dropped (exit would write it), so
-// that TensorBoard finds only whole records, and the run stops in one line.
+// that TensorBoard finds only whole records; the writer closes, and the run stops (core/
+// errors.h's deferred error).
 void tb_flush(TbWriter *w) {
     if (fflush(w->file) == 0 && !ferror(w->file)) {
         w->flushed = ftello(w->file);
@@ -156,11 +156,11 @@ void tb_flush(TbWriter *w) {
     int err = errno ? errno : EIO;
     __fpurge(w->file);
     if (ftruncate(fileno(w->file), w->flushed) != 0) err = errno;
+    fclose(w->file);
+    w->file = NULL;
     char why[128];
-    snprintf(why, sizeof why, "%s", strerror(err));
-    why[0] = (char)tolower((unsigned char)why[0]);
-    die_user("tensorboard: %s writing %s: free space or set job.dump_folder elsewhere", why,
-             w->path);
+    defer_user_error("tensorboard: %s writing %s: %s or set job.dump_folder elsewhere",
+                     write_error_why(err, why, sizeof why), w->path, write_error_remedy(err));
 }
 
 // The seconds in a new file's name: now, or one past the newest events file already in the
@@ -205,6 +205,6 @@ void tb_open(TbWriter *w, const char *folder, int64_t first_step) {
 void tb_close(TbWriter *w) {
     if (!w->file) return;
     tb_flush(w);
-    fclose(w->file);
+    if (w->file) fclose(w->file);
     w->file = NULL;
 }

@@ -23,6 +23,7 @@ void tb_open(TbWriter *w, const char *folder, int64_t first_step);
 // One scalar at step, stored as a float (Summary.Value.simple_value is a float).
 void tb_add_scalar(TbWriter *w, const char *tag, int64_t step, double value);
 // Hands what was added to the file system, so TensorBoard shows it live and a crash keeps it.
+// A failed flush closes the writer (file NULL) and defers the run's error (core/errors.h).
 void tb_flush(TbWriter *w);
 void tb_close(TbWriter *w);
 

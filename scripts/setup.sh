@@ -17,6 +17,7 @@ PACKAGES=(
   libpng-dev                          # FLUX sample grids
   libmicrohttpd-dev libdw-dev curl    # the debug server: HTTP, stack symbols; its test's client
   libcmocka-dev                       # unit tests
+  libfuse3-dev fuse3                  # test_disk_errors.sh's fault-injecting file system
   clang-14 libclang-rt-14-dev libomp-14-dev   # `make fuzz`: libFuzzer, its sanitizers, OpenMP
   python3-torch python3-numpy python3-h5py python3-yaml   # the PyTorch reference tests
   python3-sklearn                     # the bundled 8x8 digits of scripts/flux_preprocess.py

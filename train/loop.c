@@ -1,8 +1,9 @@
 // The training loop, torchtitan's recipe: each step's microbatches through the model (or the
 // pipeline), the loss and grad norm reduced over the mesh, clipping, the optimizer step and the
 // MoE balance update; around it the metrics, validation, checkpoints, the profiler and the
-// agreement on preemption.
+// agreement on preemption and on a failed write.
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -112,10 +113,29 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
     adamw_step(&t->opt, t->k, params, m->lr);
 }
 
-// Whether any rank has had a SIGTERM (core/preempt.h): one all-reduce of one double over the
-// world per step, so that every rank stops after the same step and joins the same save.
-static bool preemption_agreed(void) {
-    return comm_all_reduce_double(comm_world(), preempt_requested() ? 1 : 0, COMM_MAX) > 0;
+// A write the disk refused on some rank (core/errors.h's deferred error: a metrics record,
+// TensorBoard event or trace): every rank stops here together, a save in flight completed, and
+// the lowest such rank prints its line before any exits (a rank that exits first may have the
+// launcher stop the others).
+__attribute__((noreturn)) static void stop_on_failed_write(Trainer *t) {
+    trainer_wait_checkpoint(t);
+    int rank = t->mesh.world_rank, ranks = t->mesh.layout.world_size;
+    const char *line = deferred_user_error();
+    // The least failing rank, as the greatest of the negated ranks (comm has no minimum).
+    double first = -comm_all_reduce_double(comm_world(), line ? -rank : -ranks, COMM_MAX);
+    if (rank == (int)first) log_user_error("%s", line);
+    comm_barrier(comm_world());
+    exit(EXIT_USER_ERROR);
+}
+
+// Whether any rank has had a SIGTERM (core/preempt.h), the run to be saved and stopped; and
+// whether any rank's disk refused a write: one all-reduce of one double over the world per step, so that every rank stops after
+// the same step, to join the same save or to end the run (stop_on_failed_write).
+static bool agree_to_stop(Trainer *t) {
+    double mine = deferred_user_error() ? 2 : preempt_requested() ? 1 : 0;
+    double all = comm_all_reduce_double(comm_world(), mine, COMM_MAX);
+    if (all >= 2) stop_on_failed_write(t);
+    return all > 0;
 }
 
 static void log_preemption(const Trainer *t, int step) {
@@ -204,6 +224,7 @@ static void finish(Trainer *t, MetricsLog *log, bool preempted, double started,
     trainer_close_checkpoint(t);  // the last save, if still in the background, completes
     if (preempted) log_preemption(t, (int)t->progress.step);
     metrics_close(log);
+    (void)agree_to_stop(t);  // the last flush or trace may have failed; a SIGTERM is too late
     double elapsed = now_seconds() - started, waited = comm_wait_seconds() - waited_before;
     log_info("comm: %.2f s of %.2f s of training waiting on collectives (%.1f%%)", waited, elapsed,
              elapsed > 0 ? 100 * waited / elapsed : 0.0);
@@ -239,7 +260,7 @@ void trainer_train(Trainer *t) {
             log_step(t, &interval, &log, &m);
         if (c->validation.enable && step % c->validation.freq == 0)
             metrics_write_validation(&log, step, validate(t));
-        preempted = step < c->training.steps && preemption_agreed();
+        preempted = agree_to_stop(t) && step < c->training.steps;
         if (c->checkpoint.enable) trainer_maybe_checkpoint(t, step, preempted);
         profiler_step_end(step);
         if (preempted) break;

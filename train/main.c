@@ -9,11 +9,13 @@
 //   titan generate --checkpoint C [--tokenizer T] --prompt "..."
 //   titan convert --to hf|titan FROM TO
 #include <errno.h>
+#include <hdf5.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
+#include "checkpoint/checkpoint.h"
 #include "convert/convert.h"
 #include "data/bpe_train.h"
 #include "data/tokenize.h"
@@ -198,7 +200,8 @@ static void print_estimate(Trainer *t, int argc, char **argv) {
 }
 
 // The comm.* keys the communication layer reads: the setup timeout and the flight recorder's
-// traces, in torchtitan's <dump_folder>/<save_traces_folder>.
+// traces, in torchtitan's <dump_folder>/<save_traces_folder>; and the checkpoint writer's wait
+// for the other ranks after a failed write, a collective timeout too.
 static void configure_comm(const Config *c) {
     const CommSection *cs = &c->comm;
     char traces[8192];
@@ -206,9 +209,14 @@ static void configure_comm(const Config *c) {
     comm_configure(&(CommConfig){.timeout_seconds = (int)cs->init_timeout_seconds,
                                  .trace_buf_size = (int)cs->trace_buf_size,
                                  .trace_folder = traces});
+    ckpt_set_failure_wait((int)cs->train_timeout_seconds);
 }
 
 int main(int argc, char **argv) {
+    // Before any other HDF5 call: titan closes every file it opens, and a save that failed
+    // (checkpoint/checkpoint.c) leaves one that HDF5's exit handler would crash on, or flush
+    // collectively while the other ranks have gone.
+    H5dont_atexit();
     if (argc == 1) {  // no config: say what titan takes rather than train the defaults
         fprintf(stderr, "%s\n", USAGE);
         return EXIT_USER_ERROR;
