@@ -19,6 +19,7 @@
 
 #include "protocols/block.h"
 #include "parallel/comm.h"
+#include "parallel/p2p_check.h"
 
 typedef enum { CP_ALLGATHER, CP_ALLTOALL } CpRotate;
 
@@ -43,6 +44,10 @@ void cp_init(Cp *cp, CommGroup *group, int prev, int next, CpRotate rotate);
 // The same for rank of size ranks without a group (MPI-free planning: --estimate); only
 // workspace_bytes may be called.
 void cp_plan(Cp *cp, int rank, int size, CpRotate rotate);
+// The alltoall ring's sends, receives and waits of one layer's forward and backward on rank of
+// size ranks, as cp.c posts them, appended to p under the given streams (ring_order.c): what
+// tests/unit/test_p2p_check.c proves deadlock-free on NCCL.
+void cp_ring_program(int rank, int size, P2pStreams streams, P2pProgram *p);
 // Bytes this rank hands to the cp group (comm.h's accounting) in one attention call of a layer
 // whose local K and V are kv_floats floats each: a forward (also what activation checkpointing's
 // recompute sends), or a backward, which brings K/V again and sends dK/dV home. `titan

@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "parallel/p2p_check.h"
+
 typedef enum {
     PP_FORWARD,
     PP_BACKWARD_INPUT,   // I: the gradient of the stage's input (what the previous stage waits for)
@@ -92,6 +94,12 @@ void pp_report_free(PpReport *r);
 // The same run with the executor's activation regions played too (regions[r] on rank r; see
 // check.c): false with one line when a rank would wait forever or run out of regions.
 bool pp_schedule_check_regions(const PpSchedule *s, const int *regions, char *err, size_t n);
+
+// The executor's posting order (its sends, receives and waits, regions[r] on rank r) played
+// under NCCL's semantics with the given streams (parallel/p2p_check.h): false with one line
+// when the ranks would deadlock on NCCL.
+bool pp_schedule_check_nccl(const PpSchedule *s, const int *regions, P2pStreams streams,
+                            char *err, size_t n);
 
 // "F3.1", "I0.2", "SEND_F1.0": the short name of an action (stage.microbatch).
 const char *pp_action_name(const PpAction *a, char *buf, size_t n);

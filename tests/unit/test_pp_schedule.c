@@ -294,6 +294,60 @@ static void test_forward_only(void **state) {
         }
 }
 
+// NCCL (parallel/p2p_check.h): the executor's posting order, with the regions pp_region_counts
+// gives it, runs without deadlock under NCCL's semantics with a stream per peer and direction
+// for every schedule at pp 2/4/8 and m in {pp, 2pp, 4pp} (DualPipeV at 2pp and 4pp), training
+// and evaluation; with one stream per rank (today's cuda backend) the looped schedules
+// deadlock, the reason it refuses pp > 1.
+static bool nccl_order_runs(PpSchedule *s, PpReport *r, P2pStreams streams, char *err,
+                            size_t n) {
+    int regions[8];
+    pp_region_counts(s, r, regions);
+    return pp_schedule_check_nccl(s, regions, streams, err, n);
+}
+
+static void test_nccl_order(void **state) {
+    (void)state;
+    int proven = 0, one_stream_deadlocks = 0;
+    for (size_t k = 0; k < N_EVERY; k++)
+        for (int pp = 2; pp <= 8; pp *= 2)
+            for (int f = 1; f <= 4; f *= 2) {
+                if (!strcmp(EVERY[k], "DualPipeV") && f == 1) continue;  // needs m >= 2pp
+                PpSchedule s, eval;
+                PpReport r, er;
+                char err[512];
+                generate_checked(&s, &r, EVERY[k], pp, f * pp, 0);
+                pp_schedule_forward_only(&eval, &s, f * pp);
+                assert_true(pp_schedule_check(&eval, &er, err, sizeof err));
+                PpSchedule *both[] = {&s, &eval};
+                PpReport *reports[] = {&r, &er};
+                for (int e = 0; e < 2; e++) {
+                    if (!nccl_order_runs(both[e], reports[e], P2P_CHANNELS, err, sizeof err))
+                        fail_msg("%s pp=%d m=%d%s: %s", EVERY[k], pp, f * pp,
+                                 e ? " (evaluation)" : "", err);
+                    proven++;
+                    one_stream_deadlocks +=
+                        !nccl_order_runs(both[e], reports[e], P2P_ONE_STREAM, err, sizeof err);
+                }
+                pp_report_free(&er);
+                pp_schedule_free(&eval);
+                pp_report_free(&r);
+                pp_schedule_free(&s);
+            }
+    assert_int_equal(proven, 2 * (7 * 9 - 3));
+    print_message("one stream per rank: %d of %d orders deadlock\n", one_stream_deadlocks, proven);
+    assert_true(one_stream_deadlocks > 0);
+    PpSchedule s;
+    PpReport r;
+    char err[512];
+    generate_checked(&s, &r, "LoopedBFS", 2, 4, 0);
+    assert_false(nccl_order_runs(&s, &r, P2P_ONE_STREAM, err, sizeof err));
+    print_message("LoopedBFS pp=2 m=4 on one stream: %s\n", err);
+    assert_non_null(strstr(err, "deadlock on NCCL: rank"));
+    pp_report_free(&r);
+    pp_schedule_free(&s);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     PpSchedule s;
@@ -374,6 +428,7 @@ int main(void) {
         cmocka_unit_test(test_regions),               cmocka_unit_test(test_stages_per_rank),
         cmocka_unit_test(test_channels_in_order),     cmocka_unit_test(test_forward_only),
         cmocka_unit_test(test_refusals),              cmocka_unit_test(test_csv),
+        cmocka_unit_test(test_nccl_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
