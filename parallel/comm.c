@@ -463,6 +463,12 @@ CommHandle comm_broadcast_start(CommGroup *g, void *buf, size_t bytes, int root)
     return h;
 }
 
+void comm_p2p_ring(CommGroup *g) {
+    if (g->p2p_ring) return;
+    g->p2p_ring = true;
+    if (backend->p2p_ring) backend->p2p_ring(g);
+}
+
 CommHandle comm_send_start(CommGroup *g, const float *buf, size_t n, int peer, int tag) {
     CommHandle h = handle_begin(g, "send", 4 * (uint64_t)n, peer);
     h.request = backend->send(g, buf, n, peer, tag);

@@ -117,6 +117,13 @@ CommHandle comm_all_to_allv_start(CommGroup *g, const float *send, const int *se
                                   const int *send_displs, float *recv, const int *recv_counts,
                                   const int *recv_displs);
 CommHandle comm_broadcast_start(CommGroup *g, void *buf, size_t bytes, int root);
+// Readies g for sends and receives between ring neighbours (group ranks r - 1 and r + 1, the
+// only peers the pipeline executor and the CP ring have); collective over g, before the first.
+// On NCCL each direction of each neighbour pair gets a communicator and a stream of its own,
+// so that a send waiting for its peer holds back only the later messages of its own channel
+// (parallel/p2p_check.h's P2P_CHANNELS, under which the executor's and the ring's orders are
+// proven to run); MPI's messages progress on their own already. Calling it again does nothing.
+void comm_p2p_ring(CommGroup *g);
 CommHandle comm_send_start(CommGroup *g, const float *buf, size_t n, int peer, int tag);
 CommHandle comm_recv_start(CommGroup *g, float *buf, size_t n, int peer, int tag);
 // Polls until complete (so that a SIGUSR1 dump can happen meanwhile). Once the wait itself has

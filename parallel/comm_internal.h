@@ -15,6 +15,8 @@ struct CommGroup {
     CommGroup *parent;  // NULL for the world; with color and key, lets NCCL replay the split
     int color, key;
     int rank, size;
+    bool p2p_ring;      // comm_p2p_ring was called: the backend's ring channels exist
+    void *channels;     // the NCCL backend's (comm_nccl.c), NULL on MPI
     char name[32];
     uint64_t bytes, ops;
 };
@@ -34,8 +36,11 @@ typedef struct {
     // core of oversubscribed ranks; a GPU collective progresses by itself and costs a poll
     // nothing but latency.
     long max_poll_pause_ns;
-    // Gives g its backend communicator; collective over g's parent (NULL: nothing to do).
+    // Gives g its backend communicator, and its ring channels when g->p2p_ring; collective
+    // over g's parent (NULL: nothing to do).
     void (*attach)(CommGroup *g);
+    // Gives attached g its ring channels (comm_p2p_ring); collective over g (NULL: none needed).
+    void (*p2p_ring)(CommGroup *g);
     void (*detach)(CommGroup *g);
     void *(*all_reduce)(CommGroup *g, float *buf, size_t n, CommOp op);
     void *(*all_gather)(CommGroup *g, const void *send, void *recv, size_t n, CommDtype type);

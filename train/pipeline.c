@@ -84,10 +84,17 @@ static void place_stages(Pipeline *p, Model *m, const MeshLayout *layout) {
     CHECK(param == m->params.count);
 }
 
-// The regions of run u on this rank.
-static void plan_regions(Pipeline *p, PipelineRun *u) {
+// The regions of run u on this rank. On NCCL (a device backend) the executor's order with them
+// must run with a channel per peer and direction too (parallel/p2p_check.h): generated
+// schedules always do (test_pp_schedule), a CSV schedule is refused when it would not.
+static void plan_regions(const Trainer *t, Pipeline *p, PipelineRun *u) {
     int *regions = xcalloc((size_t)u->schedule.ranks, sizeof(int));
     pp_region_counts(&u->schedule, &u->report, regions);
+    char err[512];
+    if (!t->k->host_memory &&
+        !pp_schedule_check_nccl(&u->schedule, regions, P2P_CHANNELS, err, sizeof err))
+        die_user("parallelism.pipeline_parallel_schedule_csv: the schedule would hang on "
+                 "training.device %s: %s", t->cfg.training.device, err);
     u->n_regions = regions[p->rank];
     free(regions);
 }
@@ -105,7 +112,7 @@ static void plan_eval(Pipeline *p, Trainer *t) {
     char err[512];
     if (!pp_schedule_check(&u->schedule, &u->report, err, sizeof err))
         die_internal(__FILE__, __LINE__, "the evaluation schedule fails its check: %s", err);
-    plan_regions(p, u);
+    plan_regions(t, p, u);
 }
 
 void trainer_pipeline_plan(Trainer *t) {
@@ -127,13 +134,6 @@ void trainer_pipeline_plan(Trainer *t) {
     trainer_load_schedule(c, u->m, &u->schedule, &u->report);
     const PpSchedule *s = &u->schedule;
     char err[512];
-    // NCCL runs every point-to-point operation of a rank on one stream, so a send waiting for
-    // its receiver blocks the receive queued behind it, which 1F1B's crossing activations and
-    // gradients need: the executor waits for per-direction channels there (not yet built).
-    if (!t->k->host_memory)
-        die_user("parallelism.pipeline_parallel_degree %d on training.device %s is not "
-                 "implemented yet (its NCCL point-to-point channels are the missing part)",
-                 s->ranks, c->training.device);
     int first_less = (int)ps->pipeline_parallel_first_stage_less_layers;
     int last_less = (int)ps->pipeline_parallel_last_stage_less_layers;
     p->first = xcalloc((size_t)s->stages + 1, sizeof(int));
@@ -141,7 +141,7 @@ void trainer_pipeline_plan(Trainer *t) {
                          p->first, err, sizeof err))
         die_user("%s", err);
     place_stages(p, &t->model, &t->mesh.layout);
-    plan_regions(p, u);
+    plan_regions(t, p, u);
     if (c->validation.enable) plan_eval(p, t);
     p->n_slots = u->n_regions > p->eval.n_regions ? u->n_regions : p->eval.n_regions;
     p->slots = xcalloc((size_t)p->n_slots, sizeof(ModelSlots));

@@ -115,10 +115,12 @@ void trainer_print_schedule(const Config *c, int microbatches_flag) {
     printf("activation regions per rank (training):");
     for (int q = 0; q < s.ranks; q++) printf(" %d", regions[q]);
     printf("\n");
-    free(regions);
     char order[512];
     bool in_order = pp_schedule_channels_in_order(&s, order, sizeof order);
     printf("receives in send order (what NCCL needs): %s\n", in_order ? "yes" : order);
+    bool runs = in_order && pp_schedule_check_nccl(&s, regions, P2P_CHANNELS, order, sizeof order);
+    printf("runs on NCCL (a stream per peer and direction): %s\n", runs ? "yes" : order);
+    free(regions);
     pp_report_free(&r);
     pp_schedule_free(&s);
 }

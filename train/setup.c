@@ -23,13 +23,6 @@ static void setup_context_parallel(Trainer *t) {
     if (!cp_rotate_parse(p->context_parallel_rotate_method, &rotate))
         die_internal(__FILE__, __LINE__, "config let rotate method '%s' through",
                      p->context_parallel_rotate_method);
-    // The ring's sends and receives to two peers would meet on NCCL's one stream in an order
-    // that deadlocks (each rank's send waits for its next's receive, queued after that rank's
-    // own send), as the pipeline's would.
-    if (rotate == CP_ALLTOALL && !t->k->host_memory)
-        die_user("parallelism.context_parallel_rotate_method alltoall is not implemented on "
-                 "training.device %s yet (NCCL point-to-point on one stream); use allgather",
-                 t->cfg.training.device);
     if (t->estimate_world_size) cp_plan(&t->cp, 0, cp, rotate);
     else cp_init(&t->cp, t->mesh.group[MESH_CP], t->mesh.cp_prev, t->mesh.cp_next, rotate);
     t->model.attn = &t->cp.hooks;

@@ -196,6 +196,7 @@ void cp_init(Cp *cp, CommGroup *group, int prev, int next, CpRotate rotate) {
     cp->group = group;
     cp->prev = prev;
     cp->next = next;
+    if (rotate == CP_ALLTOALL) comm_p2p_ring(group);
 }
 
 // A unit is this rank's K and V. allgather: one all-gather of it (comm.h counts the local input:

@@ -89,6 +89,7 @@ PpExecutor *pp_executor_create(const PpSchedule *s, const PpReport *r, int rank,
         int peer = s->actions[rank][i].peer;
         CHECK(peer < 0 || peer == prev || peer == next);
     }
+    comm_p2p_ring(group);
     PpExecutor *e = xcalloc(1, sizeof *e);
     int *regions = xcalloc((size_t)s->ranks, sizeof(int));
     pp_region_counts(s, r, regions);

@@ -17,6 +17,8 @@ grep -q "^bubble: 0.2727 " "$SCRATCH/1f1b.txt" || fail "1F1B pp=4 m=8 bubble is 
 grep -q "^peak live activations per rank: 4 3 2 1$" "$SCRATCH/1f1b.txt" || fail "peak live"
 grep -q "^activation regions per rank (training): 4 3 2 1$" "$SCRATCH/1f1b.txt" || fail "regions"
 grep -q "^receives in send order (what NCCL needs): yes$" "$SCRATCH/1f1b.txt" || fail "order"
+grep -q "^runs on NCCL (a stream per peer and direction): yes$" "$SCRATCH/1f1b.txt" ||
+  fail "no NCCL verdict"
 # local_batch_size 8 in microbatches of 2: 4 microbatches
 $TITAN "${PP[@]}" --training.local_batch_size 8 --parallelism.pipeline_parallel_microbatch_size 2 \
   --parallelism.pipeline_parallel_schedule ZBVZeroBubble --print-schedule |
