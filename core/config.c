@@ -59,6 +59,7 @@ static const char *const PP_SCHEDULES[] = {"1F1B",          "GPipe",
                                            "InterleavedZeroBubble", "ZBVZeroBubble",
                                            "DualPipeV",     NULL};
 static const char *const CP_ROTATE_METHODS[] = {"allgather", "alltoall", NULL};
+static const char *const COMM_BACKENDS[] = {"auto", "nccl", "mpi", NULL};
 static const char *const ASYNC_MODES[] = {"disabled", "async", "async_with_pinned_mem", NULL};
 const char *const AC_MODES[] = {"none", "selective", "full", NULL};
 static const char *const FLOAT8_RECIPES[] = {"tensorwise", "rowwise", "rowwise_with_gw_hp", NULL};

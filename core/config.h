@@ -173,6 +173,7 @@ typedef struct {
 } Float8Section;
 
 typedef struct {
+    char *backend;              // auto, nccl or mpi (train/setup.c's select_comm)
     int64_t init_timeout_seconds;
     int64_t train_timeout_seconds;
     int64_t trace_buf_size;

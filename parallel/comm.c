@@ -70,7 +70,7 @@ static MPI_Datatype mpi_type_of(CommDtype type) {
     return MPI_FLOAT;
 }
 
-static size_t element_bytes(CommDtype type) {
+size_t comm_element_bytes(CommDtype type) {
     return type == COMM_BFLOAT16 ? 2 : type == COMM_BYTE ? 1 : 4;
 }
 
@@ -83,7 +83,7 @@ static void *mpi_all_reduce(CommGroup *g, float *buf, size_t n, CommOp op) {
 
 static void *mpi_all_gather(CommGroup *g, const void *send, void *recv, size_t n,
                             CommDtype type) {
-    bool in_place = send == (const char *)recv + (size_t)g->rank * n * element_bytes(type);
+    bool in_place = send == (const char *)recv + (size_t)g->rank * n * comm_element_bytes(type);
     MPI_Datatype t = mpi_type_of(type);
     MPI_Request r;
     MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, mpi_count(n), t, recv, mpi_count(n),
@@ -146,7 +146,7 @@ static bool mpi_test(void *request) {
     return done;
 }
 
-static const CommBackend mpi_backend = {
+const CommBackend comm_mpi_backend = {
     .native_avg = false,
     .max_poll_pause_ns = 1000000,
     .all_reduce = mpi_all_reduce,
@@ -160,7 +160,7 @@ static const CommBackend mpi_backend = {
     .test = mpi_test,
 };
 
-static const CommBackend *backend = &mpi_backend;
+static const CommBackend *backend = &comm_mpi_backend;
 
 // ---- groups -----------------------------------------------------------------------------------
 
@@ -236,7 +236,7 @@ void comm_set_timeout(int seconds) { timeout_seconds = seconds; }
 
 void comm_use_nccl(void *compute_stream) {
 #if TITAN_CUDA
-    CHECK(backend == &mpi_backend);  // once per process
+    CHECK(backend == &comm_mpi_backend);  // once per process
     comm_nccl_setup(compute_stream);
     backend = &comm_nccl_backend;
     for (int i = 0; i < n_groups; i++) backend->attach(&groups[i]);  // parents come first
@@ -246,6 +246,12 @@ void comm_use_nccl(void *compute_stream) {
 #endif
 }
 
+void comm_use_staged(CommCopy upload, CommCopy download) {
+    CHECK(backend == &comm_mpi_backend);  // once per process
+    comm_staged_setup(upload, download);
+    backend = &comm_staged_backend;
+}
+
 void comm_finalize(void) {
     if (n_groups == 0) return;
     for (int i = n_groups - 1; i >= 0; i--) {
@@ -253,7 +259,7 @@ void comm_finalize(void) {
         MPI_CHECK(MPI_Comm_free(&groups[i].mpi));
     }
     n_groups = 0;
-    backend = &mpi_backend;
+    backend = &comm_mpi_backend;
     if (bf16_sum_op != MPI_OP_NULL) MPI_CHECK(MPI_Op_free(&bf16_sum_op));
     if (owns_mpi) MPI_CHECK(MPI_Finalize());
 }
@@ -324,7 +330,7 @@ double comm_wait_seconds(void) { return waited_total; }
 // the order one rank accumulates the same microbatches (train/loop.c), so that FSDP over n ranks
 // gives that run's gradients bit for bit. MPI's own reduce-scatter adds in its algorithm's order
 // (Open MPI's: a tree, (g0 + g1) + (g2 + g3)), which float8's casts turn into whole e4m3 steps.
-static void sum_in_rank_order(float *out, const float *chunks, size_t n, int ranks) {
+void comm_sum_in_rank_order(float *out, const float *chunks, size_t n, int ranks) {
     memcpy(out, chunks, n * sizeof(float));
     for (int q = 1; q < ranks; q++)
         for (size_t i = 0; i < n; i++) out[i] += chunks[(size_t)q * n + i];
@@ -336,7 +342,7 @@ static void handle_complete(CommHandle *h) {
     flight_complete(h->trace_id);
     profiler_collective_end(h->profile_id);
     if (h->chunks) {
-        sum_in_rank_order(h->sum_out, h->chunks, h->sum_n, h->group->size);
+        comm_sum_in_rank_order(h->sum_out, h->chunks, h->sum_n, h->group->size);
         free(h->chunks);
         h->chunks = NULL;
     }

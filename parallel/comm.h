@@ -70,8 +70,15 @@ void comm_set_timeout(int seconds);
 // call after cudaSetDevice). compute_stream: the cudaStream_t whose queued work each
 // collective waits for, NULL for the legacy default stream. Without it a run uses MPI; a build
 // without CUDA=1 reports a user error. train/setup.c calls it when the kernels backend keeps its
-// tensors in device memory (training.device cuda).
+// tensors in device memory (training.device cuda) and comm.backend is not mpi.
 void comm_use_nccl(void *compute_stream);
+// Copies between device memory (dst or src) and the host, returning once the bytes have arrived
+// (the kernels backend's upload and download).
+typedef void (*CommCopy)(void *dst, const void *src, size_t bytes);
+// Selects host-staged MPI for device buffers instead (comm.backend: mpi; comm_staged.c): each
+// operation downloads its input, runs on MPI in host memory and uploads its result. Any number
+// of ranks may share a GPU, which NCCL refuses.
+void comm_use_staged(CommCopy upload, CommCopy download);
 // Whether MPI lets several threads call it at once (MPI_THREAD_MULTIPLE was granted): what a
 // background checkpoint writer needs. Without it only the thread that called comm_init may.
 bool comm_threads_concurrent(void);

@@ -60,6 +60,18 @@ typedef struct {
     bool (*test)(void *request);
 } CommBackend;
 
+// Bytes of one element of type.
+size_t comm_element_bytes(CommDtype type);
+// out (n) = ((chunk 0 + chunk 1) + chunk 2) + ... of chunks (ranks x n): a float reduce-scatter's
+// sum in the order one rank accumulates the same microbatches (comm.c).
+void comm_sum_in_rank_order(float *out, const float *chunks, size_t n, int ranks);
+
+// MPI on host buffers (comm.c); the host-staged MPI backend for device buffers over it
+// (comm_staged.c, comm_use_staged), whose copies comm_staged_setup sets.
+extern const CommBackend comm_mpi_backend;
+extern const CommBackend comm_staged_backend;
+void comm_staged_setup(CommCopy upload, CommCopy download);
+
 #if TITAN_CUDA
 extern const CommBackend comm_nccl_backend;
 // The communication stream and the event pool; compute_stream is the cudaStream_t whose

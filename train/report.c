@@ -351,7 +351,7 @@ void trainer_print_estimate(Trainer *ranks, int n) {
 // otherwise be killed by the kernel mid-setup (exit 137, not a word). Before allocating, the
 // arenas' bytes are compared with what the backend says this rank can still get: host memory
 // is the node's, shared by its ranks (each gets 1 / ranks-on-this-node of it); device memory
-// is the rank's own GPU's. The data and the step's inputs are already loaded, so they count as
+// is its GPU's, shared by the node's ranks on that GPU (comm.backend mpi runs several on one). The data and the step's inputs are already loaded, so they count as
 // used, and so do an async checkpoint's host staging copies when host memory is the arenas'.
 // A 5% margin covers what lives outside the arenas (libraries, thread stacks, a synchronous
 // save's staging on a device). Every rank decides on the worst rank's figures, so all refuse
@@ -360,7 +360,7 @@ void trainer_check_memory(Trainer *t) {
     const double GiB = 1024.0 * 1024.0 * 1024.0, margin = MEMORY_MARGIN;
     double need = memory_need(t, t->k->host_memory);
     double staging = t->k->host_memory ? (double)trainer_checkpoint_staging_bytes(t) : 0;
-    int sharing = t->k->host_memory ? comm_local_size() : 1;
+    int sharing = trainer_ranks_per_device(t->k);
     size_t free_bytes = t->k->memory_free();
     double room = free_bytes == SIZE_MAX ? INFINITY : (double)free_bytes / sharing;
     need = comm_all_reduce_double(comm_world(), need, COMM_MAX);

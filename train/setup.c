@@ -328,14 +328,41 @@ static MixedPrecisionPolicy mixed_precision(const TrainingSection *tr) {
         .reduce = strcmp(tr->mixed_precision_reduce, "bfloat16") == 0 ? DTYPE_BF16 : DTYPE_FP32};
 }
 
-// training.device's backend, started on this rank's device; device memory brings NCCL in as
-// the collective library. --estimate sizes with the cpu backend and starts nothing.
+int trainer_ranks_per_device(const KernelOps *k) {
+    int local = comm_local_rank(), size = comm_local_size(), devices = k->devices(), sharing = 0;
+    for (int r = 0; r < size; r++) sharing += r % devices == local % devices;
+    return sharing;
+}
+
+// The device backend's collectives (comm.backend): NCCL, one rank per GPU; or MPI through host
+// buffers, which lets several ranks share one (how a machine with one GPU runs any layout).
+static void select_comm(Trainer *t) {
+    const char *backend = t->cfg.comm.backend;
+    if (strcmp(backend, "mpi") == 0) {
+        comm_use_staged(t->k->upload, t->k->download);
+        return;
+    }
+    int sharing = trainer_ranks_per_device(t->k);
+    sharing = (int)comm_all_reduce_double(comm_world(), sharing, COMM_MAX);
+    if (sharing > 1)
+        die_user("training.device %s: %d ranks share a GPU here (%d GPUs on the node), which NCCL "
+                 "refuses; set comm.backend: mpi (host-staged MPI, any ranks per GPU) or run one "
+                 "rank per GPU", t->cfg.training.device, sharing, t->k->devices());
+    comm_use_nccl(t->k->queue());
+}
+
+// training.device's backend, started on this rank's device; device memory brings NCCL (or
+// host-staged MPI) in as the collective library. --estimate sizes with the cpu backend and
+// starts nothing.
 static void setup_backend(Trainer *t) {
     const TrainingSection *tr = &t->cfg.training;
     t->k = kernels_backend(t->estimate_world_size ? "cpu" : tr->device);
     if (!t->k)
         die_user("training.device %s: this titan was built without it (build with `make CUDA=1`)",
                  tr->device);
+    if (strcmp(t->cfg.comm.backend, "nccl") == 0 && t->k->host_memory && !t->estimate_world_size)
+        die_user("comm.backend nccl needs training.device cuda (NCCL moves device memory); "
+                 "training.device %s runs MPI (comm.backend auto or mpi)", tr->device);
     if (tr->deterministic && !t->k->deterministic)
         die_user("training.deterministic: not implemented on training.device %s (its embedding "
                  "and attention backward add with atomics); the cpu backend is always "
@@ -349,7 +376,7 @@ static void setup_backend(Trainer *t) {
     KernelInit init = {.local_rank = comm_local_rank(), .precision = t->precision};
     char why[512];
     if (!t->k->init(&init, why, sizeof why)) die_user("training.device %s: %s", tr->device, why);
-    if (!t->k->host_memory) comm_use_nccl(t->k->queue());
+    if (!t->k->host_memory) select_comm(t);
 }
 
 // A warmup longer than the run is cut to the run (lr_schedule_make, as torchtitan, which warns

@@ -48,6 +48,8 @@ void *cpu_queue(void) { return NULL; }
 
 void cpu_synchronize(void) {}  // each op is done when it returns
 
+int cpu_devices(void) { return 1; }
+
 double cpu_peak_flops(void) { return 0; }  // depends on cores, clocks and vector units
 
 const KernelOps kernels_cpu = {

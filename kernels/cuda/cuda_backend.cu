@@ -102,6 +102,12 @@ void *cuda_alloc(size_t bytes) {
 
 void cuda_free(void *p) { CUDA_CHECK(cudaFree(p)); }
 
+int cuda_devices(void) {
+    int count = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&count));
+    return count;
+}
+
 size_t cuda_memory_free(void) {
     size_t free_bytes = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));

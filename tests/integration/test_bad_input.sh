@@ -21,6 +21,9 @@ expect_user_error "unknown option '--training.stpes'" $TITAN "${SMALL[@]}" --tra
 expect_user_error "error: training.device cuda: (this titan was built without it|no CUDA device)" \
   $TITAN "${SMALL[@]}" --device cuda
 expect_user_error "training.device.*'tpu'" $TITAN "${SMALL[@]}" --device tpu
+# NCCL moves device memory: on cpu comm.backend nccl is refused, not ignored
+expect_user_error "^titan: error: comm.backend nccl needs training.device cuda \(NCCL moves device memory\); training.device cpu runs MPI \(comm.backend auto or mpi\)$" \
+  $TITAN "${SMALL[@]}" --comm.backend nccl
 expect_user_error "expert_tensor_parallel_degree = 2 is not implemented yet" $TITAN "${SMALL[@]}" --parallelism.expert_tensor_parallel_degree 2
 # Keys titan has nothing behind yet are refused, not ignored.
 expect_user_error "model.print_after_conversion = true is not implemented yet" \

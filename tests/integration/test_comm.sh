@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # parallel/comm on four MPI ranks (oversubscribing the cores): every collective's values and
-# byte counts (build/tests/test_comm, which run_all.sh also runs on one rank), then the flight
+# byte counts (build/tests/test_comm, which run_all.sh also runs on one rank), also through the
+# host-staged backend (parallel/comm_staged.c), then the flight
 # recorder: a SIGUSR1 to one rank dumps its trace with the pending operation, and a rank that
 # skips a collective makes the others time out and abort the job instead of hanging.
 # run_all: alone (tests/run_all.sh): it times signals and timeouts
@@ -24,6 +25,10 @@ wait_for() {
 
 "${MPIRUN[@]}" "$BIN"
 echo "ok: collectives on 4 ranks"
+# The same through the host-staged backend (comm.backend: mpi on a GPU), the cpu backend's
+# upload and download its copies.
+"${MPIRUN[@]}" "$BIN" staged
+echo "ok: collectives on 4 ranks, staged through host buffers"
 
 # SIGUSR1: rank 1 sits in an all-reduce the others have not joined; its dump must name it.
 "${MPIRUN[@]}" "$BIN" sigusr1 "$SCRATCH" 2>"$SCRATCH/usr1.err" &

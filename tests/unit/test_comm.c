@@ -5,6 +5,9 @@
 // the flight recorder's dumps. A plain main(), not cmocka: a failing rank exits 1 and mpirun
 // ends the others, where a test runner would carry on into mismatched collectives.
 //
+// `staged` runs the same checks through the host-staged MPI backend (comm.backend: mpi on a
+// GPU, parallel/comm_staged.c) with the cpu backend's upload and download as its copies.
+//
 // Two more modes are driven by test_comm.sh: `sigusr1 DIR` (rank 1 waits in an all-reduce
 // until DIR/go appears, so the script can signal it) and `timeout` (rank 0 stops; the others'
 // all-reduce must time out and abort the job).
@@ -17,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/kernels.h"
 #include "parallel/comm.h"
 
 static int world_rank;
@@ -492,9 +496,14 @@ int main(int argc, char **argv) {
     world_rank = comm_rank(comm_world());
     int rc;
     if (argc == 1) rc = run_checks();
+    else if (argc == 2 && strcmp(argv[1], "staged") == 0) {
+        const KernelOps *cpu = kernels_backend("cpu");
+        comm_use_staged(cpu->upload, cpu->download);
+        rc = run_checks();
+    }
     else if (argc == 3 && strcmp(argv[1], "sigusr1") == 0) rc = run_sigusr1(argv[2]);
     else if (argc == 2 && strcmp(argv[1], "timeout") == 0) rc = run_timeout();
-    else fail("usage: test_comm [sigusr1 DIR | timeout]");
+    else fail("usage: test_comm [staged | sigusr1 DIR | timeout]");
     comm_finalize();
     return rc;
 }
