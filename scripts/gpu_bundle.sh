@@ -9,17 +9,21 @@
 #                                  /tmp/titan-root (never into /: the machine's own libraries stay
 #                                  as they are) and installs ./titan and build/cuda/tests/* as
 #                                  wrappers that point the loader at those libraries and at the
-#                                  machine's own CUDA libraries. scripts/gpu_check.sh calls this
-#                                  instead of building when .gpu/ exists.
+#                                  machine's own CUDA libraries, and .gpu/path/mpirun, Open MPI's
+#                                  launcher for the multi-rank layouts of one GPU
+#                                  (tests/gpu/test_layouts_cuda.sh). scripts/gpu_check.sh calls
+#                                  this instead of building when .gpu/ exists.
 #
 # Libraries the GPU machine's image already has newer versions of (glibc, libstdc++, libgcc) and
 # the CUDA libraries (cuBLAS(Lt), cuDNN, NCCL, the runtime: hundreds of MB, and theirs match its
-# driver) are not packed. Open MPI runs as an isolated singleton (one rank, no mpirun, no orted).
+# driver) are not packed. A lone titan runs Open MPI as an isolated singleton (no mpirun); the
+# packed mpirun (orterun, relocated by OPAL_PREFIX) starts several ranks on the one node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=.gpu
 ROOT=/tmp/titan-root
 BINARIES=(titan tests/test_cuda_ops)  # under build/cuda
+MPIRUN=/usr/bin/orterun                # Open MPI's launcher (mpirun), from openmpi-bin
 CUDA_SONAMES=(libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2)
 SYSTEM_PACKAGES=" libc6 libgcc-s1 libstdc++6 "
 
@@ -28,10 +32,13 @@ pack() {
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE/bin" "$BUNDLE/debs"
   grep -qxF "/$BUNDLE/" .git/info/exclude 2>/dev/null || echo "/$BUNDLE/" >>.git/info/exclude
-  local packages=() lib path package
+  local packages=(openmpi-bin openmpi-common) lib path package programs=()
   for bin in "${BINARIES[@]}"; do
     cp "build/cuda/$bin" "$BUNDLE/bin/"
-    for lib in $(ldd "build/cuda/$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'); do
+    programs+=("build/cuda/$bin")
+  done
+  for bin in "${programs[@]}" "$MPIRUN"; do
+    for lib in $(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'); do
       case $lib in /usr/local/cuda*) continue ;; esac
       # dpkg knows a library by its real path or, for merged /usr, by its /usr path.
       path=$(readlink -f "$lib")
@@ -80,6 +87,7 @@ unpack() {
   LIB_PATH=$(printf '%s\n' "${dirs[@]}" | awk '!seen[$0]++' | paste -sd:)
   wrapper ./titan "$PWD/$BUNDLE/bin/titan"
   wrapper build/cuda/tests/test_cuda_ops "$PWD/$BUNDLE/bin/test_cuda_ops"
+  wrapper "$BUNDLE/path/mpirun" "$ROOT$MPIRUN"
   echo "unpacked $(ls "$BUNDLE"/debs | wc -l) packages under $ROOT; CUDA libraries from:"
   printf '  %s\n' "${dirs[@]: -${#CUDA_SONAMES[@]}}"
 }

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check, on a machine with one GPU: builds titan and the GPU tests with CUDA=1, runs
 # every cuda op against the cpu backend (tests/gpu/test_cuda_ops, in bf16 and in fp32
-# compute), trains on cuda against cpu (tests/gpu/test_train_cuda.sh), then benchmarks short
+# compute), trains on cuda against cpu (tests/gpu/test_train_cuda.sh), runs every parallel layout
+# on the one GPU against cpu (tests/gpu/test_layouts_cuda.sh), then benchmarks short
 # training runs of the 1B flavor, bf16 mixed precision and float8 (tensorwise, torchtitan's
 # fastest recipe), and prints their tokens/s, TFLOP/s and MFU. Each part runs under timeout, all
-# of them within 8 minutes; a failed part does not stop the next. Ends with a PASS/FAIL line
+# of them within 9.5 minutes; a failed part does not stop the next. Ends with a PASS/FAIL line
 # per part and exits non-zero if any failed.
 #
 # On a GPU machine without titan's host libraries, run `scripts/gpu_bundle.sh pack` on a machine
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 LOGS=${OUT:+$OUT/gpu_check}
 LOGS=${LOGS:-/tmp/titan-gpu-check}
 mkdir -p "$LOGS"
-DEADLINE=$((SECONDS + 465))  # 8 minutes, less timeout's kill grace and the summary
+DEADLINE=$((SECONDS + 555))  # 9.5 minutes, less timeout's kill grace and the summary
 TITAN=./titan
 # The benchmark's text: tokens wrap around (data/shard.h), so any text of 2049+ bytes will do.
 TEXT=(README.md train/*.c core/*.c data/*.c models/llama3/*.c kernels/cpu/*.c)
@@ -87,12 +88,14 @@ fi
 
 if [ -d .gpu ]; then
   part unpack 60 bash scripts/gpu_bundle.sh unpack
+  export PATH="$PWD/.gpu/path:$PATH"  # the bundle's mpirun
 else
   part build 240 make -j16 CUDA=1 gpu
 fi
 part ops_bf16 90 build/cuda/tests/test_cuda_ops
 part ops_fp32 90 build/cuda/tests/test_cuda_ops fp32
 part train_cuda 120 bash tests/gpu/test_train_cuda.sh "$LOGS/train_cuda"
+part layouts_cuda 180 bash tests/gpu/test_layouts_cuda.sh "$LOGS/layouts_cuda"
 mkdir -p "$BENCH"
 part bench_data 30 $TITAN tokenize --tokenizer bytes --out "$BENCH/text.bin" "${TEXT[@]}"
 part bench_1b 110 $TITAN "${BENCH_ARGS[@]}" --job.dump_folder "$BENCH/bench_1b"
