@@ -3,8 +3,9 @@
 # libraries (no Open MPI, HDF5, OpenBLAS, oneDNN, ...) and no package registry to fetch them from.
 #
 #   scripts/gpu_bundle.sh pack     here (same nvcc major as there): builds `make CUDA=1 gpu` and
-#                                  writes .gpu/: the binaries, and the Debian packages (.debs) of
-#                                  every host library they load, resolved with ldd and dpkg -S.
+#                                  writes .gpu/: the binaries, the Debian packages (.debs) of
+#                                  every host library they load, resolved with ldd and dpkg -S,
+#                                  and FLUX's digits (data/digits) for the layouts test.
 #   scripts/gpu_bundle.sh unpack   there, in the repository root: extracts the .debs under
 #                                  /tmp/titan-root (never into /: the machine's own libraries stay
 #                                  as they are) and installs ./titan and build/cuda/tests/* as
@@ -54,7 +55,10 @@ pack() {
   mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
   (cd "$BUNDLE/debs" && apt-get download "${packages[@]}" >/dev/null 2>&1) || {
     echo "apt-get download failed for: ${packages[*]}" >&2; exit 1; }
-  echo "packed $BUNDLE: ${BINARIES[*]} and ${#packages[@]} packages ($(du -sh "$BUNDLE" | cut -f1))"
+  # FLUX's digits for tests/gpu/test_layouts_cuda.sh: the GPU machine has no scikit-learn.
+  /usr/bin/python3 scripts/flux_preprocess.py --digits --out "$BUNDLE/data/digits" >/dev/null
+  echo "packed $BUNDLE: ${BINARIES[*]}, ${#packages[@]} packages and FLUX's digits" \
+    "($(du -sh "$BUNDLE" | cut -f1))"
 }
 
 # wrapper PATH REAL: a script at PATH that runs REAL with the bundle's loader environment.

@@ -6,8 +6,10 @@
 # 3e-2 the 1-GPU bf16 run meets (tests/gpu/test_train_cuda.sh). The layouts: dp_shard 2, HSDP
 # 2x2, DDP 2, tp 2 (loss parallel), pp 2 under 1F1B, ZBVZeroBubble and DualPipeV, cp 2 under
 # allgather and alltoall with document masking, ep 2 (Qwen3 small_moe), FSDP's float8
-# all-gather on 2 ranks (bf16's tolerance: float8 rounds), and pp 2 x dp_shard 2 x cp 2 x tp 2
-# on 16 ranks. Prints one row per run and a table at the end.
+# all-gather on 2 ranks (bf16's tolerance: float8 rounds), FLUX dp_shard 2 on the digits, and
+# pp 2 x dp_shard 2 x cp 2 x tp 2 on 16 ranks. Prints one row per run and a table at the end.
+# The digits' shards come from the GPU bundle (.gpu/data/digits, scripts/gpu_bundle.sh), or are
+# made here by scripts/flux_preprocess.py when Debian's python3 with scikit-learn is at hand.
 #
 # Usage: tests/gpu/test_layouts_cuda.sh [DIR] (after `make CUDA=1`; on a machine with 16+ cores):
 # runs and logs go to DIR (kept), else to a scratch folder removed at exit. Exits 0, or 1 naming
@@ -38,24 +40,35 @@ awk 'BEGIN { RS = "" } {
 $TITAN tokenize --tokenizer "$RUNS/tok.tiktoken" --out "$RUNS/docs.bin" "$RUNS/docs.jsonl" \
   >/dev/null
 
+DIGITS=.gpu/data/digits
+if [ ! -d "$DIGITS" ]; then
+  DIGITS=$RUNS/digits
+  /usr/bin/python3 scripts/flux_preprocess.py --digits --out "$DIGITS" >/dev/null ||
+    fail "no FLUX digits: neither .gpu/data/digits nor scripts/flux_preprocess.py's python"
+fi
+
 RUN=(--config configs/debug_model.yaml --model.tokenizer_path null
      --training.dataset_path "$RUNS/text.bin" --training.seq_len 64 --training.global_batch_size 8
      --training.steps 10 --lr_scheduler.warmup_steps 2 --metrics.log_freq 1)
 DOCS=(--model.tokenizer_path "$RUNS/tok.tiktoken" --training.dataset_path "$RUNS/docs.bin"
       --training.document_masking)
+FLUX=(--config configs/flux_digits.yaml --training.dataset_path "$DIGITS" --training.steps 10
+      --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 --checkpoint.enable false)
 FP32=(--training.mixed_precision_param float32)
 P=--parallelism
 
 rows=()
 failed=()
 
-# train NAME NP DEVICE ARGS...: one mpirun; its dump folder and log under $RUNS.
+# train NAME NP DEVICE ARGS...: one mpirun of the model $BASE names (RUN, or FLUX); its dump
+# folder and log under $RUNS.
 train() {
-  local name=$1 np=$2 device=$3; shift 3
-  local comm=()
+  local name=$1 np=$2 device=$3 comm=()
+  local -n base=${BASE:-RUN}
+  shift 3
   [ "$device" = cuda ] && comm=(--comm.backend mpi)
-  timeout 300 mpirun --oversubscribe -np "$np" $TITAN "${RUN[@]}" --device "$device" "${comm[@]}" \
-    "$@" --job.dump_folder "$RUNS/$name" >"$RUNS/$name.log" 2>&1
+  timeout 300 mpirun --oversubscribe -np "$np" $TITAN "${base[@]}" --device "$device" \
+    "${comm[@]}" "$@" --job.dump_folder "$RUNS/$name" >"$RUNS/$name.log" 2>&1
 }
 
 # compare NAME REF RUN TOL: losses and grad norms of RUN against REF, 10 steps each.
@@ -121,6 +134,8 @@ layout "ep=2 (qwen3 small_moe)" 2 0 --model.name qwen3 --model.flavor small_moe 
 TOL=3e-2 layout "dp_shard=2 float8 all-gather" 2 0 --model.converters float8 \
   --float8.filter_fqns output --float8.enable_fsdp_float8_all_gather \
   $P.data_parallel_shard_degree 2 --training.local_batch_size 4
+BASE=FLUX layout "flux dp_shard=2" 2 0 $P.data_parallel_shard_degree 2 \
+  --training.local_batch_size 4
 layout "pp=2 x dp_shard=2 x cp=2 x tp=2 (16 ranks)" 16 0 $P.pipeline_parallel_degree 2 \
   $P.data_parallel_shard_degree 2 $P.context_parallel_degree 2 $P.tensor_parallel_degree 2 \
   $P.context_parallel_rotate_method alltoall $P.pipeline_parallel_schedule 1F1B \
