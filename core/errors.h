@@ -25,7 +25,8 @@ __attribute__((format(printf, 1, 2))) void log_user_error(const char *fmt, ...);
 // A user error every rank of the trainer must stop on together (a metrics record, TensorBoard
 // event or trace the disk refused, on whichever rank writes it): the first one is kept, and
 // train/loop.c's agreement after each step ends the run on every rank with its line (exit 2).
-// Until then the writer that failed writes nothing more.
+// Until then metrics.jsonl takes no more records and a failed TensorBoard writer closes; the
+// rest keep writing whole records.
 __attribute__((format(printf, 1, 2))) void defer_user_error(const char *fmt, ...);
 const char *deferred_user_error(void);  // NULL while none
 __attribute__((noreturn, format(printf, 3, 4))) void die_internal(const char *file, int line,

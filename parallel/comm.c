@@ -220,6 +220,23 @@ int comm_local_rank(void) {
     return rank;
 }
 
+int comm_local_count_equal(const char *id) {
+    enum { ID_BYTES = 64 };
+    MPI_Comm node;
+    MPI_CHECK(MPI_Comm_split_type(groups[0].mpi, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    int size;
+    MPI_CHECK(MPI_Comm_size(node, &size));
+    char mine[ID_BYTES] = {0}, *all = xcalloc((size_t)size, ID_BYTES);
+    snprintf(mine, sizeof mine, "%s", id);
+    MPI_CHECK(MPI_Allgather(mine, ID_BYTES, MPI_CHAR, all, ID_BYTES, MPI_CHAR, node));
+    int equal = 0;
+    for (int r = 0; r < size; r++)
+        equal += strncmp(all + (size_t)r * ID_BYTES, mine, ID_BYTES) == 0;
+    free(all);
+    MPI_CHECK(MPI_Comm_free(&node));
+    return equal;
+}
+
 int comm_local_size(void) {
     int rank, size;
     node_position(&rank, &size);

@@ -91,6 +91,9 @@ CommGroup *comm_split(CommGroup *parent, int color, int key, const char *name);
 int comm_rank(const CommGroup *g);
 // This rank's index among the ranks on its node (MPI's shared-memory split): picks its GPU.
 int comm_local_rank(void);
+// How many of this node's ranks (this one included) pass the same id (at most 63 bytes
+// compared); collective over the world.
+int comm_local_count_equal(const char *id);
 // How many ranks run on this node (the same split): they share its host memory.
 int comm_local_size(void);
 int comm_size(const CommGroup *g);

@@ -66,11 +66,12 @@ static void *staged_all_gather(CommGroup *g, const void *send, void *recv, size_
 static void *staged_reduce_scatter(CommGroup *g, const void *send, void *recv, size_t n,
                                    CommOp op, CommDtype type) {
     size_t block = n * comm_element_bytes(type), all = block * (size_t)g->size;
-    Staged *s = staged_new(2 * all + block);
-    char *chunks = (char *)s->host + all, *out = chunks + all;
+    bool in_rank_order = type == COMM_FLOAT32 && op != COMM_MAX;
+    Staged *s = staged_new(all + (in_rank_order ? all : 0) + block);
+    char *chunks = (char *)s->host + all, *out = chunks + (in_rank_order ? all : 0);
     to_host(s->host, send, all);
     void *r;
-    if (type == COMM_FLOAT32 && op != COMM_MAX) {
+    if (in_rank_order) {
         s->chunks = (const float *)chunks;
         r = comm_mpi_backend.exchange_chunks(g, s->host, (float *)chunks, n);
     } else {

@@ -112,7 +112,8 @@ static bool stuck_line(const P2pProgram *progs, const RankPlay *play, int ranks,
     int stuck = 0, first = -1;
     for (int r = 0; r < ranks; r++) {
         bool all = play[r].pc == progs[r].n;
-        for (int i = 0; all && i < progs[r].n; i++) all = !is_op(&progs[r].steps[i]) || play[r].done[i];
+        for (int i = 0; all && i < progs[r].n; i++)
+            all = !is_op(&progs[r].steps[i]) || play[r].done[i];
         if (!all && first < 0) first = r;
         stuck += !all;
     }
@@ -122,13 +123,14 @@ static bool stuck_line(const P2pProgram *progs, const RankPlay *play, int ranks,
     int i = me->pc < p->n ? p->steps[me->pc].op : 0;  // what its host waits for
     while (me->pc == p->n && (!is_op(&p->steps[i]) || me->done[i])) i++;
     const P2pStep *s = &p->steps[i];
+    int q = me->match_rank[i], j = me->match_step[i];
+    const char *why = !started(p, me, i) ? "queued behind unfinished operations on its stream"
+                      : j >= play[q].pc ? "whose match that rank has not posted yet"
+                                        : "whose match is queued behind unfinished operations";
     return error_set(err, n, "deadlock on NCCL: rank %d waits for its %s %s rank %d (message %"
                      PRId64 ", step %d), %s (%d of %d ranks stuck)", first,
                      s->kind == P2P_SEND ? "send" : "receive", s->kind == P2P_SEND ? "to" : "from",
-                     s->peer, s->message, i,
-                     started(p, me, i) ? "whose match is queued behind unfinished operations"
-                                       : "queued behind unfinished operations on its stream",
-                     stuck, ranks);
+                     s->peer, s->message, i, why, stuck, ranks);
 }
 
 bool p2p_check_nccl(const P2pProgram *progs, int ranks, char *err, size_t n) {

@@ -5,9 +5,12 @@
 // has finished, and finishes once its match on the peer has started too (the k-th send from a
 // to b meets b's k-th receive from a). The host posts without waiting and blocks only in a wait
 // for an operation's completion. Where every operation of a rank shares one stream (one
-// communicator for the pipeline group, today's cuda backend), a send waiting for its peer
-// blocks the receive queued behind it; with a stream per peer and direction (P2P_CHANNELS)
-// only the messages of one channel wait for each other, in order, as MPI's do.
+// communicator for the group, as titan's cuda backend had), a send waiting for its peer blocks
+// the receive queued behind it; with a stream per peer and direction (P2P_CHANNELS, what
+// comm_p2p_ring builds) only the messages of one channel wait for each other, in order. The
+// model takes each stream to progress on its own: NCCL's kernels on different communicators
+// must be able to run at once (NCCL documents that they may not, and that a device-wide
+// synchronization while one waits can hang), which the GPU runs are to confirm.
 #pragma once
 
 #include <stdbool.h>

@@ -128,9 +128,10 @@ __attribute__((noreturn)) static void stop_on_failed_write(Trainer *t) {
     exit(EXIT_USER_ERROR);
 }
 
-// Whether any rank has had a SIGTERM (core/preempt.h), the run to be saved and stopped; and
-// whether any rank's disk refused a write: one all-reduce of one double over the world per step, so that every rank stops after
-// the same step, to join the same save or to end the run (stop_on_failed_write).
+// Whether any rank has had a SIGTERM (core/preempt.h), the run to be saved and stopped; and whether
+// any rank's disk refused a write: one all-reduce of one double over the world per step, so that
+// every rank stops after the same step, to join the same save or to end the run
+// (stop_on_failed_write).
 static bool agree_to_stop(Trainer *t) {
     double mine = deferred_user_error() ? 2 : preempt_requested() ? 1 : 0;
     double all = comm_all_reduce_double(comm_world(), mine, COMM_MAX);

@@ -84,15 +84,16 @@ static void place_stages(Pipeline *p, Model *m, const MeshLayout *layout) {
     CHECK(param == m->params.count);
 }
 
-// The regions of run u on this rank. On NCCL (a device backend) the executor's order with them
-// must run with a channel per peer and direction too (parallel/p2p_check.h): generated
-// schedules always do (test_pp_schedule), a CSV schedule is refused when it would not.
+// The regions of run u on this rank. On NCCL (a device backend, comm.backend not mpi) the
+// executor's order with them must run with a channel per peer and direction too
+// (parallel/p2p_check.h): generated schedules always do (test_pp_schedule), a CSV schedule is
+// refused when it would not.
 static void plan_regions(const Trainer *t, Pipeline *p, PipelineRun *u) {
     int *regions = xcalloc((size_t)u->schedule.ranks, sizeof(int));
     pp_region_counts(&u->schedule, &u->report, regions);
     char err[512];
-    if (!t->k->host_memory &&
-        !pp_schedule_check_nccl(&u->schedule, regions, P2P_CHANNELS, err, sizeof err))
+    bool nccl = !t->k->host_memory && strcmp(t->cfg.comm.backend, "mpi") != 0;
+    if (nccl && !pp_schedule_check_nccl(&u->schedule, regions, P2P_CHANNELS, err, sizeof err))
         die_user("parallelism.pipeline_parallel_schedule_csv: the schedule would hang on "
                  "training.device %s: %s", t->cfg.training.device, err);
     u->n_regions = regions[p->rank];

@@ -347,15 +347,15 @@ void trainer_print_estimate(Trainer *ranks, int n) {
     if (t->estimate_device_memory > 0) print_verdict(ranks, n, t->estimate_device_memory);
 }
 
-// Over-committed memory is granted page by page, so a run whose arenas cannot fit would
-// otherwise be killed by the kernel mid-setup (exit 137, not a word). Before allocating, the
-// arenas' bytes are compared with what the backend says this rank can still get: host memory
-// is the node's, shared by its ranks (each gets 1 / ranks-on-this-node of it); device memory
-// is its GPU's, shared by the node's ranks on that GPU (comm.backend mpi runs several on one). The data and the step's inputs are already loaded, so they count as
-// used, and so do an async checkpoint's host staging copies when host memory is the arenas'.
-// A 5% margin covers what lives outside the arenas (libraries, thread stacks, a synchronous
-// save's staging on a device). Every rank decides on the worst rank's figures, so all refuse
-// together.
+// Over-committed memory is granted page by page, so a run whose arenas cannot fit would otherwise
+// be killed by the kernel mid-setup (exit 137, not a word). Before allocating, the arenas' bytes
+// are compared with what the backend says this rank can still get: host memory is the node's,
+// shared by its ranks (each gets 1 / ranks-on-this-node of it); device memory is its GPU's, shared
+// by the node's ranks on that GPU (comm.backend mpi runs several on one). The data and the step's
+// inputs are already loaded, so they count as used, and so do an async checkpoint's host staging
+// copies when host memory is the arenas'. A 5% margin covers what lives outside the arenas
+// (libraries, thread stacks, a synchronous save's staging on a device). Every rank decides on the
+// worst rank's figures, so all refuse together.
 void trainer_check_memory(Trainer *t) {
     const double GiB = 1024.0 * 1024.0 * 1024.0, margin = MEMORY_MARGIN;
     double need = memory_need(t, t->k->host_memory);

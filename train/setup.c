@@ -329,9 +329,9 @@ static MixedPrecisionPolicy mixed_precision(const TrainingSection *tr) {
 }
 
 int trainer_ranks_per_device(const KernelOps *k) {
-    int local = comm_local_rank(), size = comm_local_size(), devices = k->devices(), sharing = 0;
-    for (int r = 0; r < size; r++) sharing += r % devices == local % devices;
-    return sharing;
+    char id[64];
+    k->device_id(id, sizeof id);
+    return comm_local_count_equal(id);
 }
 
 // The device backend's collectives (comm.backend): NCCL, one rank per GPU; or MPI through host
@@ -345,9 +345,9 @@ static void select_comm(Trainer *t) {
     int sharing = trainer_ranks_per_device(t->k);
     sharing = (int)comm_all_reduce_double(comm_world(), sharing, COMM_MAX);
     if (sharing > 1)
-        die_user("training.device %s: %d ranks share a GPU here (%d GPUs on the node), which NCCL "
-                 "refuses; set comm.backend: mpi (host-staged MPI, any ranks per GPU) or run one "
-                 "rank per GPU", t->cfg.training.device, sharing, t->k->devices());
+        die_user("training.device %s: %d ranks share a GPU here, which NCCL refuses; set "
+                 "comm.backend: mpi (host-staged MPI, any ranks per GPU) or run one rank per GPU",
+                 t->cfg.training.device, sharing);
     comm_use_nccl(t->k->queue());
 }
 

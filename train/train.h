@@ -165,8 +165,8 @@ void trainer_create_seed_checkpoint(Trainer *t);
 // print_estimate: the plans of pp ranks 0 .. n - 1 (n = pipeline_parallel_degree).
 void trainer_print_estimate(Trainer *ranks, int n);
 void trainer_check_memory(Trainer *t);
-// The node's ranks that share this rank's device, itself included (k->devices: the node's
-// memory on cpu, its GPU on cuda).
+// The node's ranks that share this rank's device, itself included (k->device_id: the node's
+// memory on cpu, its GPU on cuda); collective over the world.
 int trainer_ranks_per_device(const KernelOps *k);
 void trainer_write_run_summary(Trainer *t);
 // One log line at the end of a cp run: K/V transfers, bytes, and the time blocked on them.

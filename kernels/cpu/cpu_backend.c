@@ -48,7 +48,7 @@ void *cpu_queue(void) { return NULL; }
 
 void cpu_synchronize(void) {}  // each op is done when it returns
 
-int cpu_devices(void) { return 1; }
+void cpu_device_id(char *buf, size_t n) { snprintf(buf, n, "host"); }
 
 double cpu_peak_flops(void) { return 0; }  // depends on cores, clocks and vector units
 

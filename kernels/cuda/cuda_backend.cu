@@ -102,10 +102,8 @@ void *cuda_alloc(size_t bytes) {
 
 void cuda_free(void *p) { CUDA_CHECK(cudaFree(p)); }
 
-int cuda_devices(void) {
-    int count = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&count));
-    return count;
+void cuda_device_id(char *buf, size_t n) {
+    CUDA_CHECK(cudaDeviceGetPCIBusId(buf, (int)n, state.device));
 }
 
 size_t cuda_memory_free(void) {

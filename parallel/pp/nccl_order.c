@@ -5,7 +5,8 @@
 //   receives into, which waits for the region's last holder's sends;
 // - F takes its region (if its input was not received into one) and waits for its input's
 //   receive; B and I wait for their output gradient's receive; B, W (and evaluation's F, as
-//   executor.c) give their region back, remembering its sends;
+//   executor.c) give their region back, remembering its holder, whose sends (a B's SEND_B
+//   comes after it) the region's next taker waits for;
 // - at the end every region waits for its last holder's sends.
 #include <stdlib.h>
 
@@ -22,7 +23,10 @@ typedef struct {
     P2pStreams streams;
     int *region;             // (stages * m) the region held; -1 none
     int *recv_x, *recv_dy, *send_y, *send_dx;  // (stages * m)
-    int (*region_sends)[2];  // (regions) the last holder's sends
+    // (regions) the (stage, microbatch) that last held each, whose sends (posted after it gave
+    // the region back, as a B's SEND_B is) a taker waits for, as executor.c's region_drain
+    // does through its pointers to them; -1: none
+    int *holder;
     int *released, n_released;
 } Play;
 
@@ -34,22 +38,28 @@ static void wait_for(Play *p, int op) {
     if (op >= 0) p2p_add(p->prog, (P2pStep){.kind = P2P_WAIT, .op = op});
 }
 
+// Waits for the sends the region's last holder made from it.
+static void region_drain(Play *p, int g) {
+    int k = p->holder[g];
+    if (k < 0) return;
+    wait_for(p, p->send_y[k]);
+    wait_for(p, p->send_dx[k]);
+    p->holder[g] = -1;
+}
+
 static void region_acquire(Play *p, int key) {
     if (p->region[key] >= 0) return;
     CHECK(p->n_released > 0);  // the caller's region counts passed pp_schedule_check_regions
     int g = p->released[0];
     for (int j = 1; j < p->n_released; j++) p->released[j - 1] = p->released[j];
     p->n_released--;
-    wait_for(p, p->region_sends[g][0]);
-    wait_for(p, p->region_sends[g][1]);
-    p->region_sends[g][0] = p->region_sends[g][1] = -1;
+    region_drain(p, g);
     p->region[key] = g;
 }
 
 static void region_release(Play *p, int key) {
     int g = p->region[key];
-    p->region_sends[g][0] = p->send_y[key];
-    p->region_sends[g][1] = p->send_dx[key];
+    p->holder[g] = key;
     p->released[p->n_released++] = g;
     p->region[key] = -1;
 }
@@ -96,15 +106,16 @@ static void compute(Play *p, const PpAction *a) {
 static void rank_program(const PpSchedule *s, int rank, int regions, P2pStreams streams,
                          P2pProgram *prog) {
     size_t cells = (size_t)s->stages * (size_t)s->microbatches;
-    Play p = {.s = s, .rank = rank, .prog = prog, .streams = streams, .region = xcalloc(cells, sizeof(int)),
+    Play p = {.s = s, .rank = rank, .prog = prog, .streams = streams,
+              .region = xcalloc(cells, sizeof(int)),
               .recv_x = xcalloc(cells, sizeof(int)), .recv_dy = xcalloc(cells, sizeof(int)),
               .send_y = xcalloc(cells, sizeof(int)), .send_dx = xcalloc(cells, sizeof(int)),
-              .region_sends = xcalloc((size_t)regions, sizeof(int[2])),
+              .holder = xcalloc((size_t)regions, sizeof(int)),
               .released = xcalloc((size_t)regions, sizeof(int))};
     for (size_t k = 0; k < cells; k++)
         p.region[k] = p.recv_x[k] = p.recv_dy[k] = p.send_y[k] = p.send_dx[k] = -1;
     for (int g = 0; g < regions; g++) {
-        p.region_sends[g][0] = p.region_sends[g][1] = -1;
+        p.holder[g] = -1;
         p.released[p.n_released++] = g;
     }
     for (int i = 0; i < s->count[rank]; i++) {
@@ -112,12 +123,9 @@ static void rank_program(const PpSchedule *s, int rank, int regions, P2pStreams 
         if (a->kind >= PP_SEND_ACT) post(&p, a);
         else compute(&p, a);
     }
-    for (int g = 0; g < regions; g++) {
-        wait_for(&p, p.region_sends[g][0]);
-        wait_for(&p, p.region_sends[g][1]);
-    }
+    for (int g = 0; g < regions; g++) region_drain(&p, g);
     free(p.region), free(p.recv_x), free(p.recv_dy), free(p.send_y), free(p.send_dx);
-    free(p.region_sends), free(p.released);
+    free(p.holder), free(p.released);
 }
 
 bool pp_schedule_check_nccl(const PpSchedule *s, const int *regions, P2pStreams streams,

@@ -64,7 +64,7 @@ static void test_wait_cycle(void **state) {
     op(&progs[1], P2P_SEND, 0, 7, P2P_CHANNELS);
     assert_false(check(progs, 2, err, sizeof err));
     assert_non_null(strstr(err, "deadlock on NCCL: rank 0 waits for its receive from rank 1 "
-                                "(message 7, step 0)"));
+                                "(message 7, step 0), whose match that rank has not posted yet"));
 }
 
 static void test_unmatched(void **state) {

@@ -297,8 +297,8 @@ static void test_forward_only(void **state) {
 // NCCL (parallel/p2p_check.h): the executor's posting order, with the regions pp_region_counts
 // gives it, runs without deadlock under NCCL's semantics with a stream per peer and direction
 // for every schedule at pp 2/4/8 and m in {pp, 2pp, 4pp} (DualPipeV at 2pp and 4pp), training
-// and evaluation; with one stream per rank (today's cuda backend) the looped schedules
-// deadlock, the reason it refuses pp > 1.
+// and evaluation; with one stream per rank (the cuda backend before its channels) most orders
+// deadlock.
 static bool nccl_order_runs(PpSchedule *s, PpReport *r, P2pStreams streams, char *err,
                             size_t n) {
     int regions[8];
