@@ -12,7 +12,8 @@
 #   after the same step on its own with exit 2 (each rank's status is recorded, so a rank the
 #   launcher killed would show), the failing rank prints the one line, and the files hold only
 #   whole records.
-# run_all: alone (tests/run_all.sh): it mounts FUSE file systems and waits out timeouts
+# It runs beside other tests: its FUSE mount is its own, and a timeout it waits out only ends a
+# job sooner or later, never changes its line.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
