@@ -192,7 +192,7 @@ static void flow_inputs(Flow *f, const Prompts *p, int n, int samples, bool cfg,
 static void flow_open(Flow *f, const char *path, const Prompts *p, const SampleOptions *o,
                       Arena *weights) {
     f->model_args.spec->build(&f->model, &f->model_args, false);
-    generate_allocate_weights(&f->model, weights);
+    generate_allocate_weights(&f->model, weights, NULL);
     train_state_load(path, &f->model.params, NULL, NULL);
     f->k = kernels_backend("cpu");
     model_place_buffers(&f->model, f->k);

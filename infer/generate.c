@@ -4,7 +4,7 @@
 //
 //   titan generate --checkpoint C [--tokenizer T] (--prompt TEXT | --prompt-ids 1,2,3)
 //                  [--max-new-tokens 100] [--temperature 0.8] [--top-p 0.9] [--seed 0]
-//                  [--max-context N] [--ids] [--ema]
+//                  [--max-context N] [--ids] [--ema] [--device cpu|cuda]
 //
 // C is a titan HDF5 checkpoint (the architecture its stored config names, the model from its
 // attributes) or a llama2.c .bin, told apart by the HDF5 signature. With a tokenizer, a text
@@ -16,7 +16,9 @@
 // default the llama2.c header's seq_len, or 2048 (torchtitan's default training.seq_len) for a
 // titan checkpoint, whose model attributes do not record the length it was trained at. Timing
 // goes to stderr. --ema generates with the checkpoint's average of the weights (saved by a run
-// with training.ema_decay) in place of the weights.
+// with training.ema_decay) in place of the weights. --device cuda keeps the weights and the KV
+// cache in the GPU's memory (loaded through host memory, as training's checkpoints are) and
+// brings each step's logits back for the sampler; cpu runs the same code, its copies memcpy.
 #include "infer/generate.h"
 
 #include <limits.h>
@@ -34,7 +36,7 @@
 #define USAGE                                                                                  \
     "usage: titan generate --checkpoint C [--tokenizer T] (--prompt TEXT | --prompt-ids 1,2,3) " \
     "[--max-new-tokens N] [--temperature t] [--top-p p] [--seed s] [--max-context N] [--ids] "  \
-    "[--ema]"
+    "[--ema] [--device cpu|cuda]"
 // --help without a FLUX checkpoint: the decoders' usage and flags, and where FLUX's sampler's
 // are.
 #define HELP                                                                                   \
@@ -59,6 +61,7 @@
     "  --ids                 print the continuation as space-separated ids, even with a\n"       \
     "                        tokenizer\n"                                                        \
     "  --ema                 use the checkpoint's average of the weights (training.ema_decay)\n" \
+    "  --device D            cpu (default) or cuda: the weights and KV cache on the GPU\n"      \
     "  -h, --help            this text\n"                                                        \
     "\n"                                                                                      \
     "The continuation goes to stdout and ends with a newline; the summary line (tokens, steps,\n" \
@@ -67,6 +70,7 @@
 
 typedef struct {
     const char *checkpoint, *tokenizer, *prompt, *prompt_ids;
+    const char *device;  // the kernels backend: cpu (default) or cuda
     long max_new_tokens, max_context;  // max_context 0: the checkpoint's default
     double temperature, top_p;
     long seed;
@@ -120,6 +124,8 @@ static bool set_option(GenOptions *o, const char *f, const char *value) {
         o->top_p = generate_parse_double(f, generate_need(f, value), 1e-9, 1);
     else if (strcmp(f, "--seed") == 0)
         o->seed = generate_parse_long(f, generate_need(f, value), 0, LONG_MAX);
+    else if (strcmp(f, "--device") == 0)
+        o->device = generate_need(f, value);
     else
         return false;
     return true;
@@ -127,7 +133,7 @@ static bool set_option(GenOptions *o, const char *f, const char *value) {
 
 static void parse_options(GenOptions *o, int argc, char **argv) {
     help_exit_if_asked(argc, argv, HELP);
-    *o = (GenOptions){.max_new_tokens = 100, .temperature = 0.8, .top_p = 0.9};
+    *o = (GenOptions){.max_new_tokens = 100, .temperature = 0.8, .top_p = 0.9, .device = "cpu"};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--ids") == 0)
             o->print_ids = true;
@@ -194,6 +200,7 @@ typedef struct {
     ModelArgs args;
     Model model;
     Arena weights;
+    ArenaMemory memory;  // the backend's, which the weights end up in
 } Loaded;
 
 static bool is_hdf5(const char *path) {
@@ -217,13 +224,37 @@ static void read_args(Loaded *l, const char *path) {
     }
 }
 
-void generate_allocate_weights(Model *m, Arena *weights) {
+void generate_allocate_weights(Model *m, Arena *weights, const ArenaMemory *memory) {
     Arena no_grads;  // generation needs no gradients: sized, never committed
     arena_init_sizing(weights, "params");
     arena_init_sizing(&no_grads, "grads");
     params_allocate(&m->params, weights, &no_grads);
-    arena_commit(weights, NULL);
+    arena_commit(weights, memory);
     params_allocate(&m->params, weights, &no_grads);
+}
+
+// The weights, loaded in host memory, moved to the memory of k (a device's) in the same layout,
+// and the model's own buffers (RoPE tables, MoE scratch) with them.
+static void place_weights(Loaded *l, const KernelOps *k) {
+    model_place_buffers(&l->model, k);
+    if (k->host_memory) return;
+    Arena host = l->weights;
+    l->memory = (ArenaMemory){k->alloc, k->free};
+    generate_allocate_weights(&l->model, &l->weights, &l->memory);
+    CHECK(l->weights.used.total == host.used.total);
+    k->upload(l->weights.base, host.base, host.used.total);
+    arena_free(&host);
+}
+
+const KernelOps *generate_backend(const char *device) {
+    const KernelOps *k = kernels_backend(device);
+    if (!k && strcmp(device, "cuda") == 0)
+        die_user("--device cuda: this titan was built without it (build with `make CUDA=1`)");
+    if (!k) die_user("--device expects cpu or cuda, got '%s'", device);
+    KernelInit init = {.precision = {.param = DTYPE_FP32, .reduce = DTYPE_FP32}};
+    char why[512];
+    if (!k->init(&init, why, sizeof why)) die_user("--device %s: %s", device, why);
+    return k;
 }
 
 // The architectures whose `titan generate` is a command of their own, as they decode no
@@ -256,7 +287,7 @@ static void load_model(Loaded *l, const char *path, int n_ctx, bool ema) {
     spec->update_from_config(&l->args, NULL, 0, n_ctx);
     spec->build(&l->model, &l->args, false);
     ParamTable *t = &l->model.params;
-    generate_allocate_weights(&l->model, &l->weights);
+    generate_allocate_weights(&l->model, &l->weights, NULL);
     if (ema && !l->hdf5) die_user("--ema: %s is a llama2.c file, which has no average", path);
     if (ema)
         train_state_load_ema(path, t);
@@ -358,22 +389,26 @@ typedef struct {
     int new_tokens, steps;  // tokens generated; tokens run through the model
 } GenCount;
 
+// One token through the model; its next-token logits into logits (vocab, host memory).
+static void decode(Loaded *l, void *cache, const KernelOps *k, int token, int pos,
+                   float *logits) {
+    const float *out = l->args.spec->decode_step(&l->model, cache, k, token, pos);
+    k->download(logits, out, (size_t)model_shape(&l->args).vocab_size * sizeof(float));
+}
+
 // Feeds the prompt, then samples up to max_new tokens, feeding each but the last back; stops
-// early at eos (not printed).
-static GenCount generate(Loaded *l, void *cache, Sampler *s, const Ids *prompt,
-                         int max_new, const Tokenizer *text, int eos) {
-    const KernelOps *k = kernels_backend("cpu");
-    const ModelSpec *spec = l->args.spec;
-    const float *logits = NULL;
+// early at eos (not printed). logits: (vocab) host memory.
+static GenCount generate(Loaded *l, void *cache, const KernelOps *k, Sampler *s,
+                         const Ids *prompt, int max_new, const Tokenizer *text, int eos,
+                         float *logits) {
     GenCount n = {0, 0};
     for (; n.steps < (int)prompt->n; n.steps++)
-        logits = spec->decode_step(&l->model, cache, k, prompt->ids[n.steps], n.steps);
+        decode(l, cache, k, prompt->ids[n.steps], n.steps, logits);
     for (; n.new_tokens < max_new; n.new_tokens++) {
         int next = sampler_next(s, logits, (uint64_t)n.new_tokens);
         if (next == eos) break;
         emit(text, next, n.new_tokens);
-        if (n.new_tokens + 1 < max_new)
-            logits = spec->decode_step(&l->model, cache, k, next, n.steps++);
+        if (n.new_tokens + 1 < max_new) decode(l, cache, k, next, n.steps++, logits);
     }
     putchar('\n');
     fflush(stdout);  // before the summary on stderr, which may go to the same file
@@ -408,9 +443,12 @@ int generate_main(int argc, char **argv) {
     check_prompt(&prompt, shape.vocab_size, o.checkpoint, max_context);
     long total = (long)prompt.n + o.max_new_tokens;
     int n_ctx = (int)(total < max_context ? total : max_context);
+    const KernelOps *k = generate_backend(o.device);
     load_model(&l, o.checkpoint, n_ctx, o.ema);
+    place_weights(&l, k);
 
-    void *cache = spec->kv_cache_new(&l.model, n_ctx);
+    void *cache = spec->kv_cache_new(&l.model, n_ctx, k);
+    float *logits = xmalloc(sizeof(float) * shape.vocab_size);
     int n_choices = tok ? tokenizer_vocab_size(tok) : shape.vocab_size;
     Sampler s = {.temperature = o.temperature, .top_p = o.top_p,
                  .key = rng_key((uint64_t)o.seed, "generate"), .n_choices = n_choices,
@@ -418,13 +456,13 @@ int generate_main(int argc, char **argv) {
                  .candidates = xmalloc(sizeof(Candidate) * n_choices)};
     const Tokenizer *text = o.print_ids ? NULL : tok;
     double start = now_seconds();
-    GenCount n = generate(&l, cache, &s, &prompt, n_ctx - (int)prompt.n, text,
-                          tok ? tokenizer_eos_id(tok) : -1);
+    GenCount n = generate(&l, cache, k, &s, &prompt, n_ctx - (int)prompt.n, text,
+                          tok ? tokenizer_eos_id(tok) : -1, logits);
     double seconds = now_seconds() - start;
     fprintf(stderr, "generate: %zu prompt + %d new tokens, %d decode steps in %.3f s (%.1f "
             "tokens/s)\n", prompt.n, n.new_tokens, n.steps, seconds, n.steps / seconds);
     spec->kv_cache_free(cache);
-    free(s.probs), free(s.candidates), free(prompt.ids);
+    free(s.probs), free(s.candidates), free(prompt.ids), free(logits);
     arena_free(&l.weights);
     spec->free(&l.model);
     if (tok) tokenizer_free(tok);

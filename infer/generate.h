@@ -14,5 +14,9 @@ int flux_generate_main(int argc, char **argv);
 const char *generate_need(const char *flag, const char *value);
 long generate_parse_long(const char *flag, const char *text, long lo, long hi);
 double generate_parse_double(const char *flag, const char *text, double lo, double hi);
-// Host memory for the parameters of m (built), no gradients: what a checkpoint loads into.
-void generate_allocate_weights(Model *m, Arena *weights);
+// Memory for the parameters of m (built), no gradients: memory's (NULL: the host's, what a
+// checkpoint loads into).
+void generate_allocate_weights(Model *m, Arena *weights, const ArenaMemory *memory);
+// The kernels backend --device names (cpu or cuda), started on the first visible device; a
+// user error in one line when it is unknown, not built or has no device.
+const KernelOps *generate_backend(const char *device);

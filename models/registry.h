@@ -139,9 +139,10 @@ struct ModelSpec {
     void (*load_llama2c)(const char *path, Model *m);
 
     // Incremental decoding (generate): a cache of up to max_ctx positions of the built model
-    // m, the next-token logits (vocab, valid until the next call) of token at position pos
-    // with positions [0, pos) cached, and the cache's end.
-    void *(*kv_cache_new)(const Model *m, int max_ctx);
+    // m in the memory of the kernels backend k, the next-token logits (vocab, in k's memory,
+    // valid until the next call) of token at position pos with positions [0, pos) cached, and
+    // the cache's end.
+    void *(*kv_cache_new)(const Model *m, int max_ctx, const KernelOps *k);
     const float *(*decode_step)(const Model *m, void *cache, const KernelOps *k, int token,
                                 int pos);
     void (*kv_cache_free)(void *cache);

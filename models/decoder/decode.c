@@ -29,6 +29,7 @@ static void kv_cache_carve(DecoderKVCache *c, const DecoderArgs *a) {
     c->up = arena_floats(A, hidden);
     c->act = arena_floats(A, hidden);
     c->logits = arena_floats(A, a->vocab_size);
+    c->ids = arena_alloc(A, 2 * sizeof(int));
 }
 
 // x += MoE(ffn_norm(x)) on the token's row: moe_forward carves what it keeps and its scratch
@@ -47,15 +48,16 @@ static void decode_moe_ffn(const DecoderLayer *L, DecoderKVCache *c, const Kerne
     arena_release(&c->arena, mark);
 }
 
-void decoder_kv_cache_init(DecoderKVCache *c, const Model *m, int max_ctx) {
+void decoder_kv_cache_init(DecoderKVCache *c, const Model *m, int max_ctx, const KernelOps *k) {
     const DecoderArgs *a = model_args(m);
     CHECK(max_ctx >= 1 && max_ctx <= a->max_seq_len);  // RoPE tables end at max_seq_len
-    *c = (DecoderKVCache){.max_ctx = max_ctx, .kv_width = a->n_kv_heads * decoder_head_dim(a)};
+    *c = (DecoderKVCache){.max_ctx = max_ctx, .kv_width = a->n_kv_heads * decoder_head_dim(a),
+                          .memory = {k->alloc, k->free}};
     arena_init_sizing(&c->arena, "kv cache");
     kv_cache_carve(c, a);
     const DecoderLayer *first = m->blocks[1].self;  // every layer's MoE has the same shape
     if (first->moe) decode_moe_ffn(first, c, NULL);  // sizing: no kernel runs
-    arena_commit(&c->arena, NULL);
+    arena_commit(&c->arena, &c->memory);
     kv_cache_carve(c, a);
 }
 
@@ -86,8 +88,9 @@ static void decode_attention(const DecoderLayer *L, DecoderKVCache *c, const Ker
     project_heads(L, L->wq, L->q_norm, c, K, c->q, a->n_heads);
     project_heads(L, L->wk, L->k_norm, c, K, k, a->n_kv_heads);
     K->matmul(v, c->xn, L->wv->data, DTYPE_FP32, 1, nkv, D, false, true, 0);
-    K->rope_forward(c->q, c->q, L->rope_cos, L->rope_sin, &pos, 1, 1, a->n_heads, hd);
-    K->rope_forward(k, k, L->rope_cos, L->rope_sin, &pos, 1, 1, a->n_kv_heads, hd);
+    const int *at = c->ids + 1;  // pos, where the kernels read it
+    K->rope_forward(c->q, c->q, L->rope_cos, L->rope_sin, at, 1, 1, a->n_heads, hd);
+    K->rope_forward(k, k, L->rope_cos, L->rope_sin, at, 1, 1, a->n_kv_heads, hd);
     K->attention_decode(c->attn, c->q, k_cache, v_cache, pos + 1, a->n_heads, a->n_kv_heads, hd);
     K->matmul(c->x, c->attn, L->wo->data, DTYPE_FP32, 1, D, nq, false, true, 1);
 }
@@ -108,7 +111,8 @@ const float *decoder_decode_step(const Model *m, DecoderKVCache *c, const Kernel
     const DecoderArgs *a = model_args(m);
     CHECK(pos >= 0 && pos < c->max_ctx && token >= 0 && token < a->vocab_size);
     const DecoderEmbed *e = m->blocks[0].self;
-    k->embedding_forward(c->x, &token, e->tok_embeddings->data, 1, a->dim, 0, a->vocab_size);
+    k->upload(c->ids, (int[2]){token, pos}, 2 * sizeof(int));
+    k->embedding_forward(c->x, c->ids, e->tok_embeddings->data, 1, a->dim, 0, a->vocab_size);
     for (int i = 1; i + 1 < m->n_blocks; i++) {
         const DecoderLayer *L = m->blocks[i].self;
         decode_attention(L, c, k, pos);

@@ -128,13 +128,17 @@ typedef struct {
     float *gate, *up, *act; // (hidden) x3: the dense FFN's (MoE layers carve their own on
                             // top of the arena for the step, counted in its size)
     float *logits;          // (vocab)
+    int *ids;               // (2) the step's token and position, where the kernels read them
     Arena arena;
+    ArenaMemory memory;     // the backend's, which the arena lives in
 } DecoderKVCache;
 
-// A cache for up to max_ctx positions of the model m (built by decoder_build), dense or MoE.
-void decoder_kv_cache_init(DecoderKVCache *c, const Model *m, int max_ctx);
+// A cache for up to max_ctx positions of the model m (built by decoder_build), dense or MoE,
+// in the memory of the kernels backend k (device memory on cuda).
+void decoder_kv_cache_init(DecoderKVCache *c, const Model *m, int max_ctx, const KernelOps *k);
 void decoder_kv_cache_free(DecoderKVCache *c);
 // Runs token at position pos, positions [0, pos) being in the cache already, and returns the
-// next-token logits (vocab), valid until the next call: the forward's row pos, by the math.
+// next-token logits (vocab, in k's memory), valid until the next call: the forward's row pos,
+// by the math.
 const float *decoder_decode_step(const Model *m, DecoderKVCache *c, const KernelOps *k,
                                  int token, int pos);

@@ -17,7 +17,7 @@ uint64_t decoder_spec_tp_bytes_per_microbatch(const ModelArgs *a, int tp, int B,
                                               int recomputed_layers, bool loss_parallel,
                                               int first_block, int last_block);
 int decoder_spec_describe(const ModelArgs *a, CkptAttr *out);
-void *decoder_spec_kv_cache_new(const Model *m, int max_ctx);
+void *decoder_spec_kv_cache_new(const Model *m, int max_ctx, const KernelOps *k);
 const float *decoder_spec_decode_step(const Model *m, void *cache, const KernelOps *k, int token,
                                       int pos);
 void decoder_spec_kv_cache_free(void *cache);

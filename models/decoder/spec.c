@@ -42,9 +42,9 @@ int decoder_spec_describe(const ModelArgs *a, CkptAttr *out) {
     return decoder_describe(decoder_args_of(a), out);
 }
 
-void *decoder_spec_kv_cache_new(const Model *m, int max_ctx) {
+void *decoder_spec_kv_cache_new(const Model *m, int max_ctx, const KernelOps *k) {
     DecoderKVCache *c = xmalloc(sizeof *c);
-    decoder_kv_cache_init(c, m, max_ctx);
+    decoder_kv_cache_init(c, m, max_ctx, k);
     return c;
 }
 

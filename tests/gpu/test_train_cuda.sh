@@ -6,8 +6,10 @@
 # relative at every step, the bf16 run within 3e-2 (bf16 rounding of every GEMM and attention
 # operand), and each run's loss must fall. A bf16 run resumed from its step-10 checkpoint
 # (saved from device memory through host copies, loaded back the same way) continues within
-# 1e-3 of the uninterrupted run (not bit for bit: the embedding backward's atomics). Also: with
-# no visible device, --device cuda exits 2 with one line.
+# 1e-3 of the uninterrupted run (not bit for bit: the embedding backward's atomics). `titan
+# generate --device cuda` (weights and KV cache on the GPU) continues a prompt from the bf16
+# run's last checkpoint with the same 24 greedy ids as the cpu backend. Also: with no visible
+# device, --device cuda exits 2 with one line.
 #
 # Usage: tests/gpu/test_train_cuda.sh [DIR] (after `make CUDA=1`): the runs' dump folders and
 # logs go to DIR (kept), else to a scratch folder removed at exit. Exits 0, or 1 naming what
@@ -102,7 +104,20 @@ resumed() {
     }'
 }
 
+# Greedy decoding of the same checkpoint on both backends (fp32 compute): the same ids.
+generated() {  # device
+  $TITAN generate --checkpoint "$RUNS/cuda_bf16/checkpoint/step-$STEPS.h5" --prompt-ids 10,20,30 \
+    --max-new-tokens 24 --temperature 0 --device "$1" 2>"$RUNS/generate_$1.log"
+}
 status=0
+cpu_ids=$(generated cpu) || { tail -n 3 "$RUNS/generate_cpu.log"; status=1; }
+cuda_ids=$(generated cuda) || { tail -n 3 "$RUNS/generate_cuda.log"; status=1; }
+if [ -n "$cpu_ids" ] && [ "$cpu_ids" = "$cuda_ids" ]; then
+  echo "ok: generate --device cuda gives cpu's greedy ids: $cuda_ids"
+else
+  echo "FAIL: generate: cpu '$cpu_ids', cuda '$cuda_ids'"
+  status=1
+fi
 resumed || status=1
 within cuda_fp32 "$FP32_TOL" || status=1
 within cuda_bf16 "$BF16_TOL" || status=1

@@ -2,8 +2,8 @@
 # titan generate on llama2.c's stories260K and on a titan checkpoint: greedy ids equal the
 # PyTorch reference's, which re-runs the whole sequence at every step (no KV cache); sampling
 # with a seed is reproducible and differs from greedy; the nucleus (--top-p) draws each id as
-# often as its renormalised probability on a model with a known distribution; bad input exits
-# 2 with one line.
+# often as its renormalised probability on a model with a known distribution; bad input (a
+# --device that is unknown or not built among it) exits 2 with one line.
 source "$(dirname "$0")/lib.sh"
 
 MODEL=build/test-data/models/stories260K.bin
@@ -144,3 +144,12 @@ expect_user_error "--top-p expects a number in" \
 expect_user_error "--seed needs a value" $TITAN generate --checkpoint "$MODEL" --prompt-ids 1 --seed
 expect_user_error "unknown option '--temp'" \
   $TITAN generate --checkpoint "$MODEL" --prompt-ids 1 --temp 1
+# --device: an unknown backend, and cuda in a build without it (CI's CUDA=1 build has no GPU:
+# then "no CUDA device"), one line each; cpu, the default, named gives the same ids.
+expect_user_error "^titan: error: --device expects cpu or cuda, got 'tpu'$" \
+  $TITAN generate --checkpoint "$MODEL" --prompt-ids 1 --device tpu
+expect_user_error "^titan: error: --device cuda: (this titan was built without it|no CUDA device)" \
+  $TITAN generate --checkpoint "$MODEL" --prompt-ids 1 --device cuda
+[ "$($TITAN generate --checkpoint "$MODEL" --prompt-ids 1,300 --max-new-tokens 8 --temperature 0 \
+      --device cpu 2>/dev/null)" = "$($TITAN generate --checkpoint "$MODEL" --prompt-ids 1,300 \
+      --max-new-tokens 8 --temperature 0 2>/dev/null)" ] || fail "--device cpu changed the ids"

@@ -43,7 +43,7 @@ static void check_decode_matches_forward(LlamaArgs args, int T) {
     model_forward(&m, &s);
 
     DecoderKVCache cache;
-    decoder_kv_cache_init(&cache, &m, T);
+    decoder_kv_cache_init(&cache, &m, T, k);
     for (int t = 0; t < T; t++) {
         const float *got = decoder_decode_step(&m, &cache, k, tokens[t], t);
         const float *want = s.output + (size_t)t * args.vocab_size;
