@@ -3,7 +3,7 @@
 //
 //   titan generate --checkpoint C --data SHARDS --prompt TEXT [--prompt TEXT ...]
 //                  [--samples 8] [--steps 50] [--seed 0] [--cfg-scale 1] [--guidance 3.5]
-//                  [--out samples.png]
+//                  [--out samples.png] [--device cpu|cuda]
 //
 // The text encoders do not run in titan (scripts/flux_preprocess.py does), so a prompt is a
 // caption of the shards SHARDS, whose cached T5 and CLIP encodings it takes (the first example
@@ -16,7 +16,9 @@
 // --cfg-scale g != 1 is classifier-free guidance: v = v_empty + g (v_prompt - v_empty), with
 // the empty prompt's encodings zeros (models/flux/data.c says why), as the training dropout.
 // Row p of the grid holds prompt p's samples; latents are taken as pixels (the digits are
-// pixel space; the FLUX autoencoder's decoder does not run in titan).
+// pixel space; the FLUX autoencoder's decoder does not run in titan). --device cuda keeps the
+// weights, activations and model inputs in the GPU's memory, uploading each step's x and t and
+// bringing the velocity back; cpu runs the same code with memcpy copies.
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -33,7 +35,8 @@
 
 #define USAGE                                                                                 \
     "usage: titan generate --checkpoint C --data SHARDS --prompt TEXT [--prompt TEXT ...] "   \
-    "[--samples N] [--steps N] [--seed s] [--cfg-scale g] [--guidance g] [--out FILE.png]"
+    "[--samples N] [--steps N] [--seed s] [--cfg-scale g] [--guidance g] [--out FILE.png] "   \
+    "[--device cpu|cuda]"
 #define HELP                                                                                  \
     USAGE "\n"                                                                                \
     "\n"                                                                                      \
@@ -51,6 +54,7 @@
     "  --guidance g          the guidance_in value of a model that has one (flux-dev) (default\n" \
     "                        3.5)\n"                                                             \
     "  --out FILE.png        the PNG grid's path (default samples.png)\n"                       \
+    "  --device D            cpu (default) or cuda: the model and its inputs on the GPU\n"      \
     "  -h, --help            this text\n"                                                        \
     "\n"                                                                                      \
     "A summary line (samples, steps, seconds, the PNG's path) goes to stderr."
@@ -58,6 +62,7 @@
 
 typedef struct {
     const char *checkpoint, *data, *out;
+    const char *device;  // the kernels backend
     const char *prompts[MAX_PROMPTS];
     int n_prompts;
     long samples, steps, seed;
@@ -72,6 +77,8 @@ static bool set_option(SampleOptions *o, const char *f, const char *value) {
         o->data = generate_need(f, value);
     } else if (!strcmp(f, "--out")) {
         o->out = generate_need(f, value);
+    } else if (!strcmp(f, "--device")) {
+        o->device = generate_need(f, value);
     } else if (!strcmp(f, "--prompt")) {
         if (o->n_prompts == MAX_PROMPTS) die_user("--prompt: at most %d prompts", MAX_PROMPTS);
         o->prompts[o->n_prompts++] = generate_need(f, value);
@@ -94,8 +101,8 @@ static bool set_option(SampleOptions *o, const char *f, const char *value) {
 
 static void parse_options(SampleOptions *o, int argc, char **argv) {
     help_exit_if_asked(argc, argv, HELP);
-    *o = (SampleOptions){.out = "samples.png", .samples = 8, .steps = 50, .cfg_scale = 1,
-                         .guidance = 3.5};
+    *o = (SampleOptions){.out = "samples.png", .device = "cpu", .samples = 8, .steps = 50,
+                         .cfg_scale = 1, .guidance = 3.5};
     for (int i = 1; i < argc; i++)
         if (set_option(o, argv[i], i + 1 < argc ? argv[i + 1] : NULL)) i++;
         else die_user("generate: unknown option '%s' for a FLUX checkpoint; " USAGE, argv[i]);
@@ -151,24 +158,32 @@ typedef struct {
     Model model;
     const FluxArgs *args;  // model_args' FLUX member
     const KernelOps *k;
+    ArenaMemory memory;  // k's: the weights' and activations'
     Arena act;
     int B;           // rows of a model call: samples, twice with classifier-free guidance
-    FluxBatch in;    // its inputs in host memory (the cpu backend's)
-    float *host;     // their one allocation
+    FluxBatch in;    // its inputs in k's memory
+    float *host;     // their host copy, one allocation: img, noise, t (what each call changes)
+                     // first, then guidance, T5 and CLIP encodings
+    float *inputs;   // the same in k's memory
+    size_t floats;   // floats of host (and inputs)
+    float *v;        // (B, N, P) the velocity, in host memory
 } Flow;
 
 // v (B, N, P) of x_t (B, N, P) at time t: the model's velocity. The model noises its input
 // itself (x_t = img + t (noise - img)); with noise = img that is img, exactly.
 static const float *velocity(Flow *f, const float *x, float t) {
     size_t latent = (size_t)f->B * flux_img_tokens(f->args) * f->args->in_channels;
-    memcpy((float *)f->in.img, x, latent * sizeof(float));
-    memcpy((float *)f->in.noise, x, latent * sizeof(float));
-    for (int b = 0; b < f->B; b++) ((float *)f->in.t)[b] = t;
+    float *img = f->host, *noise = img + latent, *ts = noise + latent;
+    memcpy(img, x, latent * sizeof(float));
+    memcpy(noise, x, latent * sizeof(float));
+    for (int b = 0; b < f->B; b++) ts[b] = t;
+    f->k->upload(f->inputs, f->host, (2 * latent + (size_t)f->B) * sizeof(float));
     arena_release(&f->act, 0);
     StepCtx s = {.k = f->k, .act = &f->act, .B = f->B, .T = flux_seq_len(f->args),
                  .input = &f->in, .loss_scale = 1};
     model_forward(&f->model, &s);
-    return s.output;
+    f->k->download(f->v, s.output, latent * sizeof(float));
+    return f->v;
 }
 
 // The batch's conditioning: rows [0, n) the empty prompt (zeros) when cfg, then sample j's
@@ -176,9 +191,11 @@ static const float *velocity(Flow *f, const float *x, float t) {
 static void flow_inputs(Flow *f, const Prompts *p, int n, int samples, bool cfg, double g) {
     int L = p->L * p->D_t5, first = cfg ? n : 0;
     size_t latent = (size_t)f->B * p->N * p->P;
-    f->host = xcalloc(2 * latent + (size_t)f->B * (2 + L + p->D_clip), sizeof(float));
-    float *img = f->host, *noise = img + latent, *t = noise + latent, *gs = t + f->B;
-    float *txt = gs + f->B, *clip = txt + (size_t)f->B * L;
+    f->floats = 2 * latent + (size_t)f->B * (2 + L + p->D_clip);
+    f->host = xcalloc(f->floats, sizeof(float));
+    f->v = xmalloc(latent * sizeof(float));
+    float *txt = f->host + 2 * latent + 2 * (size_t)f->B, *clip = txt + (size_t)f->B * L;
+    float *gs = txt - f->B;
     for (int j = 0; j < n; j++) {
         int prompt = j / samples;
         memcpy(txt + (size_t)(first + j) * L, p->t5 + (size_t)prompt * L, L * sizeof(float));
@@ -186,7 +203,13 @@ static void flow_inputs(Flow *f, const Prompts *p, int n, int samples, bool cfg,
                p->D_clip * sizeof(float));
     }
     for (int b = 0; b < f->B; b++) gs[b] = (float)g;
-    f->in = (FluxBatch){img, noise, t, txt, clip, f->args->guidance_embed ? gs : NULL};
+    f->inputs = f->k->alloc(f->floats * sizeof(float));
+    if (!f->inputs) die_user("--device %s: no room for the model's inputs", f->k->name);
+    f->k->upload(f->inputs, f->host, f->floats * sizeof(float));  // the encodings, once
+    float *img = f->inputs, *noise = img + latent, *t = noise + latent;
+    float *dev_gs = t + f->B, *dev_txt = dev_gs + f->B, *dev_clip = dev_txt + (size_t)f->B * L;
+    f->in = (FluxBatch){img, noise, t, dev_txt, dev_clip,
+                        f->args->guidance_embed ? dev_gs : NULL};
 }
 
 static void flow_open(Flow *f, const char *path, const Prompts *p, const SampleOptions *o,
@@ -194,14 +217,14 @@ static void flow_open(Flow *f, const char *path, const Prompts *p, const SampleO
     f->model_args.spec->build(&f->model, &f->model_args, false);
     generate_allocate_weights(&f->model, weights, NULL);
     train_state_load(path, &f->model.params, NULL, NULL);
-    f->k = kernels_backend("cpu");
-    model_place_buffers(&f->model, f->k);
+    f->k = generate_backend(o->device);
+    generate_place_weights(&f->model, weights, &f->memory, f->k);
     int n = o->n_prompts * (int)o->samples;
     bool cfg = o->cfg_scale != 1;
     f->B = cfg ? 2 * n : n;
     arena_init_sizing(&f->act, "activations");
     arena_reserve(&f->act, model_activation_bytes(&f->model, f->k, f->B, flux_seq_len(f->args)));
-    arena_commit(&f->act, NULL);
+    arena_commit(&f->act, f->k->host_memory ? NULL : &f->memory);
     flow_inputs(f, p, n, (int)o->samples, cfg, o->guidance);
 }
 
@@ -271,7 +294,8 @@ int flux_generate_main(int argc, char **argv) {
     png_grid_write(o.out, images, n, p.C, p.H, p.W, o.n_prompts, png_grid_scale(p.H, p.W));
     fprintf(stderr, "generate: %d samples of %d prompts, %ld steps in %.3f s -> %s\n", n,
             o.n_prompts, o.steps, seconds, o.out);
-    free(images), free(x), free(f.host), free(p.t5), free(p.clip);
+    free(images), free(x), free(f.host), free(f.v), free(p.t5), free(p.clip);
+    f.k->free(f.inputs);
     arena_free(&f.act);
     arena_free(&weights);
     f.model_args.spec->free(&f.model);

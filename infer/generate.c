@@ -233,16 +233,14 @@ void generate_allocate_weights(Model *m, Arena *weights, const ArenaMemory *memo
     params_allocate(&m->params, weights, &no_grads);
 }
 
-// The weights, loaded in host memory, moved to the memory of k (a device's) in the same layout,
-// and the model's own buffers (RoPE tables, MoE scratch) with them.
-static void place_weights(Loaded *l, const KernelOps *k) {
-    model_place_buffers(&l->model, k);
+void generate_place_weights(Model *m, Arena *weights, ArenaMemory *memory, const KernelOps *k) {
+    model_place_buffers(m, k);
     if (k->host_memory) return;
-    Arena host = l->weights;
-    l->memory = (ArenaMemory){k->alloc, k->free};
-    generate_allocate_weights(&l->model, &l->weights, &l->memory);
-    CHECK(l->weights.used.total == host.used.total);
-    k->upload(l->weights.base, host.base, host.used.total);
+    Arena host = *weights;
+    *memory = (ArenaMemory){k->alloc, k->free};
+    generate_allocate_weights(m, weights, memory);
+    CHECK(weights->used.total == host.used.total);
+    k->upload(weights->base, host.base, host.used.total);
     arena_free(&host);
 }
 
@@ -445,7 +443,7 @@ int generate_main(int argc, char **argv) {
     int n_ctx = (int)(total < max_context ? total : max_context);
     const KernelOps *k = generate_backend(o.device);
     load_model(&l, o.checkpoint, n_ctx, o.ema);
-    place_weights(&l, k);
+    generate_place_weights(&l.model, &l.weights, &l.memory, k);
 
     void *cache = spec->kv_cache_new(&l.model, n_ctx, k);
     float *logits = xmalloc(sizeof(float) * shape.vocab_size);

@@ -17,6 +17,10 @@ double generate_parse_double(const char *flag, const char *text, double lo, doub
 // Memory for the parameters of m (built), no gradients: memory's (NULL: the host's, what a
 // checkpoint loads into).
 void generate_allocate_weights(Model *m, Arena *weights, const ArenaMemory *memory);
+// The weights, loaded into host memory (generate_allocate_weights with NULL), moved to the
+// memory of k (a device's, *memory set to it) in the same layout, with the model's own
+// buffers (RoPE tables, MoE scratch: model_place_buffers).
+void generate_place_weights(Model *m, Arena *weights, ArenaMemory *memory, const KernelOps *k);
 // The kernels backend --device names (cpu or cuda), started on the first visible device; a
 // user error in one line when it is unknown, not built or has no device.
 const KernelOps *generate_backend(const char *device);

@@ -148,6 +148,10 @@ print(f"ok: nearest-class-mean accuracy: untrained {untrained:.2f}, trained {tra
 PY
 expect_user_error "no example of .* has this caption" $TITAN generate \
   --checkpoint "$SCRATCH/trained/checkpoint/step-300.h5" --data "$DIGITS" --prompt "a cat"
+expect_user_error "^titan: error: --device expects cpu or cuda, got 'tpu'$" $TITAN generate \
+  --checkpoint "$SCRATCH/trained/checkpoint/step-300.h5" --data "$DIGITS" \
+  --prompt "a handwritten digit 0" \
+  --device tpu
 expect_user_error "convert --to hf: model flux has no Hugging Face format" $TITAN convert \
   --to hf "$SCRATCH/trained/checkpoint/step-300.h5" "$SCRATCH/hf"
 
