@@ -86,6 +86,22 @@ expect_job_error() {
   echo "ok: $err"
 }
 
+# checkpoint_loads FILE STEP: the checkpoint FILE of step STEP is whole: every dataset reads
+# with h5py (HDF5 checks each chunk's Fletcher32).
+checkpoint_loads() {
+  $PY - "$1" "$2" <<'PY'
+import sys, h5py
+with h5py.File(sys.argv[1], "r") as f:
+    names = []
+    f.visit(names.append)
+    for n in names:
+        if isinstance(f[n], h5py.Dataset):
+            f[n][()]
+    assert f.attrs["step"] == int(sys.argv[2]), f.attrs["step"]
+print(f"ok: {sys.argv[1]} loads whole")
+PY
+}
+
 # losses FILE: the loss column of a metrics.jsonl, exactly as written.
 losses() { grep -o '"loss": [^,]*' "$1"; }
 

@@ -41,21 +41,6 @@ unmount_faulty() {
 }
 trap 'unmount_faulty; rm -rf "$SCRATCH"' EXIT
 
-# Step 2's checkpoint is complete: every dataset reads (HDF5 checks each chunk's Fletcher32).
-loadable() {  # checkpoint file
-  $PY - "$1" <<'PY'
-import sys, h5py
-with h5py.File(sys.argv[1], "r") as f:
-    names = []
-    f.visit(names.append)
-    for n in names:
-        if isinstance(f[n], h5py.Dataset):
-            f[n][()]
-    assert f.attrs["step"] == 2, f.attrs["step"]
-print(f"ok: {sys.argv[1]} loads whole")
-PY
-}
-
 # Every line of each metrics file is a whole JSON record; prints each file's count of records.
 record_counts() {  # files
   $PY - "$@" <<'PY'
@@ -82,7 +67,7 @@ ckpt_fails() {
     timeout 60 mpirun -q --oversubscribe -np "$np" $TITAN "${run[@]}" "${par[@]}" \
     --checkpoint.async_mode "$mode" --job.dump_folder "$MNT/run"
   [ "$(ls "$folder")" = step-2.h5 ] || fail "$errno at $offset, $np ranks, $mode: the folder holds $(ls "$folder")"
-  loadable "$folder/step-2.h5"
+  checkpoint_loads "$folder/step-2.h5" 2
 }
 
 # The file's superblock, its first tensors, and past 20 of its 26 MB.

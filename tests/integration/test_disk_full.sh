@@ -51,21 +51,6 @@ print(f"ok: {folder}: {len(rows)} whole metrics records, events files whole")
 PY
 }
 
-# Step 2's checkpoint is complete: every dataset reads (HDF5 checks each chunk's Fletcher32).
-loadable() {  # checkpoint file
-  $PY - "$1" <<'PY'
-import sys, h5py
-with h5py.File(sys.argv[1], "r") as f:
-    names = []
-    f.visit(names.append)
-    for n in names:
-        if isinstance(f[n], h5py.Dataset):
-            f[n][()]
-    assert f.attrs["step"] == 2, f.attrs["step"]
-print(f"ok: {sys.argv[1]} loads whole")
-PY
-}
-
 full_disk() {  # ranks, async_mode
   local np=$1 mode=$2 name=ckpt-$1-$2 par=()
   [ "$np" -eq 2 ] && par=(--parallelism.data_parallel_shard_degree 2)
@@ -75,7 +60,7 @@ full_disk() {  # ranks, async_mode
     --checkpoint.async_mode "$mode" --job.dump_folder "$dump"
   [ ! -e "$folder/step-4.h5.tmp" ] || fail "$name: the partial $folder/step-4.h5.tmp is left"
   [ "$(ls "$folder")" = step-2.h5 ] || fail "$name: the folder holds $(ls "$folder")"
-  loadable "$folder/step-2.h5"
+  checkpoint_loads "$folder/step-2.h5" 2
   whole_records "$dump"
   rm -rf "$dump"
 }
