@@ -50,9 +50,11 @@ static const char USAGE[] =
     "  --section.key VALUE    override one config key, e.g. --training.steps 100\n"
     "  --print-config         print the resolved config as YAML and exit\n"
     "  --device cpu|cuda      short for --training.device\n"
-    "  --estimate [--world-size N] [--device-memory SIZE]  print each rank's memory and FLOPs\n"
-    "                         plan and exit; with SIZE (80GiB, 80GB, 512MiB), whether each\n"
-    "                         rank's peak fits a device of that memory\n"
+    "  --estimate [--world-size N] [--device-memory SIZE] [--ranks-per-device R]\n"
+    "                         print each rank's memory and FLOPs plan and exit; with SIZE\n"
+    "                         (80GiB, 80GB, 512MiB), whether each rank's peak fits a device\n"
+    "                         of that memory shared by R ranks (default 1; on cuda under\n"
+    "                         comm.backend mpi, all N ranks on one GPU)\n"
     "  --print-schedule [--microbatches N]  check the pipeline schedule, print it and exit\n"
     "  --help-config          list every config key: type, default, meaning\n"
     "  -h, --help             this text; `titan COMMAND --help` for a command's\n"
@@ -65,8 +67,8 @@ static const char USAGE[] =
 static void refuse_misspelt_flag(const char *arg) {
     static const char *const FLAGS[] = {"config",        "print-config", "device",
                                         "estimate",      "world-size",   "device-memory",
-                                        "print-schedule", "microbatches", "help-config",
-                                        "help"};
+                                        "ranks-per-device", "print-schedule", "microbatches",
+                                        "help-config",   "help"};
     char name[64];
     if (strncmp(arg, "--", 2) != 0 || strchr(arg, '.')) return;
     snprintf(name, sizeof name, "%.*s", (int)strcspn(arg + 2, "="), arg + 2);
@@ -94,8 +96,9 @@ static double parse_memory_size(const char *s) {
 }
 
 // titan's own flags, removed from argv before the config parses the rest: `--estimate
-// [--world-size N] [--device-memory SIZE]`; `--print-schedule [--microbatches N]`; and the
-// short forms `--print-config` (`--job.print_config`) and `--device D` (`--training.device D`).
+// [--world-size N] [--device-memory SIZE] [--ranks-per-device R]`; `--print-schedule
+// [--microbatches N]`; and the short forms `--print-config` (`--job.print_config`) and
+// `--device D` (`--training.device D`).
 // `--help-config` prints the config keys and exits.
 static int parse_titan_flags(int argc, char **argv, Trainer *t) {
     int kept = 1;
@@ -110,13 +113,16 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
         } else if (strcmp(argv[i], "--print-schedule") == 0) {
             t->print_schedule = true;
         } else if (strcmp(argv[i], "--world-size") == 0 ||
+                   strcmp(argv[i], "--ranks-per-device") == 0 ||
                    strcmp(argv[i], "--microbatches") == 0) {
             char *end = NULL, quoted[160];
             long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
             if (!end || *end || v < 1 || v > INT32_MAX)  // ranks and microbatches are ints
                 die_user("%s expects an integer in [1, %d], got %s", argv[i], INT32_MAX,
                          i + 1 < argc ? error_quote(quoted, sizeof quoted, argv[i + 1]) : "none");
-            *(strcmp(argv[i], "--world-size") == 0 ? &world : &t->schedule_microbatches) = (int)v;
+            *(strcmp(argv[i], "--world-size") == 0         ? &world
+              : strcmp(argv[i], "--ranks-per-device") == 0 ? &t->estimate_ranks_per_device
+                                                           : &t->schedule_microbatches) = (int)v;
             i++;
         } else if (strcmp(argv[i], "--device-memory") == 0) {
             char quoted[160];
@@ -133,6 +139,9 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
         }
     }
     if (world && !estimate) die_user("--world-size is only for --estimate");
+    if (t->estimate_ranks_per_device && !estimate)
+        die_user("--ranks-per-device is only for --estimate (a run counts the ranks on its "
+                 "device)");
     // A run checks its arenas against the memory its device reports free (the memory check),
     // which a named size could only contradict.
     if (t->estimate_device_memory && !estimate)
@@ -193,7 +202,8 @@ static void print_estimate(Trainer *t, int argc, char **argv) {
     for (int r = 0; r < pp; r++) {
         ranks[r] = (Trainer){.cfg = t->cfg, .estimate_world_size = t->estimate_world_size,
                              .estimate_pp_rank = r,
-                             .estimate_device_memory = t->estimate_device_memory};
+                             .estimate_device_memory = t->estimate_device_memory,
+                             .estimate_ranks_per_device = t->estimate_ranks_per_device};
         trainer_setup(&ranks[r]);
     }
     trainer_print_estimate(ranks, pp);

@@ -299,10 +299,42 @@ static double memory_need(const Trainer *t, bool host_memory) {
     return need;
 }
 
-// `--device-memory`: whether the memory check would pass on a device with `room` bytes free
-// per rank, judged on the rank that needs most (pp ranks differ), with the closest fix if not.
-static void print_verdict(const Trainer *ranks, int n, double room) {
+// How many ranks share one device's memory (`--ranks-per-device`, checked against the plan):
+// one unless named, except on cuda under comm.backend mpi, whose purpose is every rank on one
+// GPU. NCCL refuses two ranks on a GPU, so a run would: the estimate refuses it too.
+static int estimate_ranks_per_device(const Trainer *t) {
+    const char *device = t->cfg.training.device, *backend = t->cfg.comm.backend;
+    bool cuda = strcmp(device, "cpu") != 0, staged = strcmp(backend, "mpi") == 0;
+    int world = t->mesh.layout.world_size, sharing = t->estimate_ranks_per_device;
+    if (!sharing) return cuda && staged ? world : 1;
+    if (sharing > world)
+        die_user("--ranks-per-device %d: more than the %d ranks planned (--world-size)", sharing,
+                 world);
+    if (cuda && !staged && sharing > 1)
+        die_user("--ranks-per-device %d: NCCL (comm.backend %s) refuses ranks that share a GPU; "
+                 "set comm.backend: mpi (host-staged MPI, any ranks per GPU)", sharing, backend);
+    return sharing;
+}
+
+// Under a shared device, what its ranks share: its memory (the verdict divides it) and its
+// compute; on a GPU under comm.backend mpi, every collective also crosses the bus twice.
+static void print_sharing(const Trainer *t, int sharing) {
+    if (sharing == 1) return;
+    if (strcmp(t->cfg.training.device, "cpu") == 0) {
+        printf("shared host: %d ranks on each node share its memory and its cores\n", sharing);
+        return;
+    }
+    printf("shared GPU (comm.backend mpi): %d ranks on each GPU share its memory and its compute, "
+           "and every collective goes through host memory (each group's bytes per step below "
+           "copied from the GPU and back, in host buffers outside the arenas)\n", sharing);
+}
+
+// `--device-memory`: whether the memory check would pass on a device with `device` bytes free,
+// shared by `sharing` ranks, judged on the rank that needs most (pp ranks differ), with the
+// closest fix if not.
+static void print_verdict(const Trainer *ranks, int n, double device, int sharing) {
     const double GiB = 1024.0 * 1024.0 * 1024.0;
+    double room = device / sharing;
     bool host = strcmp(ranks[0].cfg.training.device, "cpu") == 0;
     int worst = 0;
     for (int r = 1; r < n; r++)
@@ -317,16 +349,19 @@ static void print_verdict(const Trainer *ranks, int n, double room) {
                  staging / GiB);
     if (*rank || *staged)
         snprintf(where, sizeof where, " (%s%s%s)", rank, *rank && *staged ? ", " : "", staged);
+    char shared[96] = "";
+    if (sharing > 1)
+        snprintf(shared, sizeof shared, " (%.4g GiB shared by %d ranks)", device / GiB, sharing);
     if (need * MEMORY_MARGIN <= room) {
-        printf("fits: peak %.2f GiB per rank%s of %.4g GiB (%.0f%%; %.0f%% with the memory "
-               "check's 5%% margin)\n", need / GiB, where, room / GiB, 100 * need / room,
+        printf("fits: peak %.2f GiB per rank%s of %.4g GiB%s (%.0f%%; %.0f%% with the memory "
+               "check's 5%% margin)\n", need / GiB, where, room / GiB, shared, 100 * need / room,
                100 * MEMORY_MARGIN * need / room);
         return;
     }
     char fix[256];
     memory_fix(&ranks[worst], need, room / MEMORY_MARGIN, fix, sizeof fix);
-    printf("does not fit: peak %.2f GiB per rank%s plus the memory check's 5%% margin > %.4g GiB; "
-           "try %s\n", need / GiB, where, room / GiB, fix);
+    printf("does not fit: peak %.2f GiB per rank%s plus the memory check's 5%% margin > %.4g "
+           "GiB%s; try %s\n", need / GiB, where, room / GiB, shared, fix);
 }
 
 // `titan --estimate`: every arena per rank, FLOPs and communication per step, for any flavor
@@ -335,16 +370,19 @@ static void print_verdict(const Trainer *ranks, int n, double room) {
 void trainer_print_estimate(Trainer *ranks, int n) {
     const Trainer *t = &ranks[0];
     const int *size = t->mesh.layout.size;
+    int sharing = estimate_ranks_per_device(t);  // refused before anything is printed
     printf("estimate: %s %s on %d ranks (pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d), "
            "batch %d x %d x %d microbatches per rank, activation_checkpoint %s\n",
            t->args.spec->name, t->cfg.model.flavor, t->mesh.layout.world_size, size[MESH_PP],
            size[MESH_DP_REPLICATE], size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP],
            t->train.B, t->train.T, t->accum, t->cfg.activation_checkpoint.mode);
+    print_sharing(t, sharing);
     for (int r = 0; r < n; r++) {
         if (ranks[r].pipeline) print_pipeline_rank(&ranks[r]);
         print_rank_plan(&ranks[r]);
     }
-    if (t->estimate_device_memory > 0) print_verdict(ranks, n, t->estimate_device_memory);
+    if (t->estimate_device_memory > 0)
+        print_verdict(ranks, n, t->estimate_device_memory, sharing);
 }
 
 // Over-committed memory is granted page by page, so a run whose arenas cannot fit would otherwise

@@ -83,8 +83,10 @@ typedef struct {
     Pipeline *pipeline;           // pipeline_parallel_degree > 1; NULL: off
     int estimate_world_size;      // > 0: `--estimate`: plan and size for that many ranks only
     int estimate_pp_rank;         // the pp coordinate it plans (every other coordinate is 0)
-    double estimate_device_memory;  // > 0: `--device-memory`: the bytes per rank its verdict
-                                    // compares the peak with
+    double estimate_device_memory;  // > 0: `--device-memory`: one device's bytes, which its
+                                    // verdict divides among the ranks sharing it
+    int estimate_ranks_per_device;  // `--ranks-per-device N` (0: 1, or the whole world where
+                                    // comm.backend mpi puts every rank on one GPU)
     bool print_schedule;          // `--print-schedule`: check and print the pipeline schedule only
     int schedule_microbatches;    // `--microbatches N` for it (0: from the batch config)
     Arena param_arena, grad_arena, optim_arena, act_arena, comm_arena;

@@ -14,7 +14,9 @@
 # ep group's all-to-all bytes (data-dependent) lie under the estimate's bound. Under FSDP the
 # params row's parts (shards, unsharded slots) sum to it and are what the run's memory line
 # prints. --device-memory's verdict (fits / does not fit, with the memory check's 5% margin and
-# fix) is exact at the margin; a bad size, or the flag on a run, is one line and exit 2.
+# fix) is exact at the margin; a bad size, or the flag on a run, is one line and exit 2. A device
+# shared by several ranks (--ranks-per-device; on cuda under comm.backend mpi every rank on one
+# GPU by default) is divided among them in the verdict and named in a line saying what is shared.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -76,6 +78,37 @@ staging=$("${async[@]}" | awk '$1 == "optimizer" {printf "%.2f", 1.5 * $2 / 2^30
 "${async[@]}" --device cuda | tail -1 | grep -q "^fits: peak [0-9.]* GiB per rank of 1 GiB" ||
   fail "async checkpoint on cuda: the verdict counts host staging: $("${async[@]}" --device cuda | tail -1)"
 echo "ok: async checkpoint staging ($staging GiB) in the cpu verdict, not in the cuda one"
+# A shared device: comm.backend mpi on cuda puts every rank on one GPU unless told otherwise,
+# the verdict giving each its share; NCCL refuses ranks that share a GPU, and so does the estimate.
+shared=($TITAN --estimate --config configs/debug_model.yaml --model.tokenizer_path null
+        --world-size 4 --parallelism.data_parallel_shard_degree 4 --device cuda)
+peak=$("${shared[@]}" | awk '$1 == "total" {printf "%.2f", $2 / 2^30}')
+for spec in ":4:0.25" "--ranks-per-device 2:2:0.5" "--ranks-per-device 1:1:1"; do
+  IFS=: read -r flag ranks room <<<"$spec"
+  out=$("${shared[@]}" --comm.backend mpi --device-memory 1GiB $flag)
+  if [ "$ranks" -gt 1 ]; then
+    grep -q "^shared GPU (comm.backend mpi): $ranks ranks on each GPU share its memory and its compute, and every collective goes through host memory" <<<"$out" ||
+      fail "comm.backend mpi with '$flag': no line saying $ranks ranks share the GPU"
+    of="of $room GiB (1 GiB shared by $ranks ranks)"
+  else
+    grep -q "^shared" <<<"$out" && fail "one rank per GPU, yet a shared line"
+    of="of $room GiB ("
+  fi
+  grep -q "^fits: peak $peak GiB per rank $of" <<<"$out" ||
+    fail "comm.backend mpi with '$flag': the verdict is not on $room GiB per rank: $(tail -1 <<<"$out")"
+  echo "ok: ${flag:-default}: $(tail -1 <<<"$out")"
+done
+"${shared[@]}" | grep -q "^shared" && fail "NCCL (comm.backend auto on cuda) planned as a shared GPU"
+$TITAN --estimate --config configs/debug_model.yaml --model.tokenizer_path null --world-size 2 \
+  --parallelism.data_parallel_shard_degree 2 --ranks-per-device 2 |
+  grep -q "^shared host: 2 ranks on each node share its memory and its cores" ||
+  fail "--ranks-per-device 2 on cpu: no shared host line"
+expect_user_error "^titan: error: --ranks-per-device 2: NCCL \(comm.backend auto\) refuses ranks that share a GPU; set comm.backend: mpi" \
+  "${shared[@]}" --ranks-per-device 2
+expect_user_error "^titan: error: --ranks-per-device 5: more than the 4 ranks planned \(--world-size\)$" \
+  "${shared[@]}" --comm.backend mpi --ranks-per-device 5
+expect_user_error "^titan: error: --ranks-per-device is only for --estimate" \
+  $TITAN --config configs/debug_model.yaml --ranks-per-device 2
 for bad in 80 80G 0GiB -1GiB nan abc; do
   expect_user_error "^titan: error: --device-memory expects a size such as 80GiB, 80GB or 512MiB \(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB\), got '$bad'$" \
     "${estimate_8b[@]}" --device-memory "$bad"
