@@ -2,8 +2,8 @@
 // caller copies the state into its own staging memory at a step boundary, then hands a write
 // function to one background thread and goes on training while it runs.
 //
-// MPI: the write is collective (HDF5's MPI-IO, ckpt_save's barriers) and runs while the
-// training thread's collectives do, so MPI must grant MPI_THREAD_MULTIPLE (the caller checks
+// MPI: the write is collective (ckpt_save's gather of the boxes, its agreements) and runs while
+// the training thread's collectives do, so MPI must grant MPI_THREAD_MULTIPLE (the caller checks
 // comm_threads_concurrent) and the writer gets its own duplicate of MPI_COMM_WORLD, made by
 // ckpt_async_init on the training thread: the two threads never share a communicator.
 //

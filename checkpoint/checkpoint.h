@@ -7,16 +7,18 @@
 // nothing about models: callers list what to save and what to load.
 //
 // Distributed: in a job of several MPI ranks every rank of the saving communicator calls
-// ckpt_save with the same list, each tensor's box being the part of the global tensor it holds;
-// the file is written once, collectively, through parallel HDF5's MPI-IO, each rank writing
-// only its box (a rank whose box another replica writes selects nothing). ckpt_load reads, on
-// each rank alone, only the boxes it lists, whatever layout wrote the file: loading reshards.
+// ckpt_save with the same list, each tensor's box being the part of the global tensor it holds
+// (a rank whose box another replica writes writes nothing of it). Rank 0 lays the file out
+// (datasets, chunk index, attributes) and every rank writes its own chunks into it, none
+// waiting for another while it writes (checkpoint/save.c). ckpt_load reads, on each rank
+// alone, only the boxes it lists, whatever layout wrote the file: loading reshards.
 //
-// Integrity: datasets are chunked (at most CKPT_CHUNK_FLOATS per chunk) with HDF5's Fletcher32
-// checksum filter, which HDF5 verifies on every read, so a flipped byte fails the load in one
-// line instead of training on garbage. A file is written as <path>.tmp by every rank, closed,
-// fsynced and renamed onto <path> by rank 0 (then the folder is fsynced), so a crash never
-// leaves a partial file under a final name. Step files live in a folder as step-<N>.h5.
+// Integrity: datasets are chunked (at most CKPT_CHUNK_FLOATS per chunk, each inside one
+// writer's box) with HDF5's Fletcher32 checksum filter, which HDF5 verifies on every read, so a
+// flipped byte fails the load in one line instead of training on garbage. A file is written as
+// <path>.tmp by every rank, fsynced and renamed onto <path> by rank 0 (then the folder is
+// fsynced), so a crash never leaves a partial file under a final name. Step files live in a
+// folder as step-<N>.h5.
 //
 // Threads: HDF5 as Debian builds it for MPI is not thread-safe, so no two threads may be inside
 // these functions at once. The trainer loads only at startup, before any save, and saves from
@@ -72,10 +74,6 @@ void ckpt_save(const char *path, const CkptTensor *tensors, int n_tensors, const
 // false with the same line, naming the file, the reason and the bytes the save needs.
 bool ckpt_try_save(const char *path, const CkptTensor *tensors, int n_tensors,
                    const CkptAttr *attrs, int n_attrs, MPI_Comm comm, char *err, size_t errlen);
-// How long a rank whose write failed alone waits for the others to agree before it ends the job
-// (exit 2, the save's line): they may be inside the parallel-HDF5 collective the failure broke.
-// The trainer sets comm.train_timeout_seconds; 100 s until set.
-void ckpt_set_failure_wait(int seconds);
 // Every rank of comm (MPI_COMM_NULL: a process of one) with ckpt_try_save's line: rank 0
 // prints it, then all exit 2 together.
 __attribute__((noreturn)) void ckpt_save_fail(const char *err, MPI_Comm comm);

@@ -55,6 +55,7 @@ static const char USAGE[] =
     "                         (80GiB, 80GB, 512MiB), whether each rank's peak fits a device\n"
     "                         of that memory shared by R ranks (default 1; on cuda under\n"
     "                         comm.backend mpi, all N ranks on one GPU)\n"
+    "                         [--checkpoint-bandwidth GBPS]: a save's time at that rate\n"
     "  --print-schedule [--microbatches N]  check the pipeline schedule, print it and exit\n"
     "  --help-config          list every config key: type, default, meaning\n"
     "  -h, --help             this text; `titan COMMAND --help` for a command's\n"
@@ -67,7 +68,8 @@ static const char USAGE[] =
 static void refuse_misspelt_flag(const char *arg) {
     static const char *const FLAGS[] = {"config",        "print-config", "device",
                                         "estimate",      "world-size",   "device-memory",
-                                        "ranks-per-device", "print-schedule", "microbatches",
+                                        "ranks-per-device", "checkpoint-bandwidth",
+                                        "print-schedule", "microbatches",
                                         "help-config",   "help"};
     char name[64];
     if (strncmp(arg, "--", 2) != 0 || strchr(arg, '.')) return;
@@ -96,7 +98,8 @@ static double parse_memory_size(const char *s) {
 }
 
 // titan's own flags, removed from argv before the config parses the rest: `--estimate
-// [--world-size N] [--device-memory SIZE] [--ranks-per-device R]`; `--print-schedule
+// [--world-size N] [--device-memory SIZE] [--ranks-per-device R] [--checkpoint-bandwidth
+// GBPS]`; `--print-schedule
 // [--microbatches N]`; and the short forms `--print-config` (`--job.print_config`) and
 // `--device D` (`--training.device D`).
 // `--help-config` prints the config keys and exits.
@@ -124,6 +127,15 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
               : strcmp(argv[i], "--ranks-per-device") == 0 ? &t->estimate_ranks_per_device
                                                            : &t->schedule_microbatches) = (int)v;
             i++;
+        } else if (strcmp(argv[i], "--checkpoint-bandwidth") == 0) {
+            char *end = NULL, quoted[160];
+            double v = i + 1 < argc ? strtod(argv[i + 1], &end) : 0;
+            if (!end || *end || !(v > 0) || !isfinite(v))
+                die_user("--checkpoint-bandwidth expects the storage's write rate in GB/s (a "
+                         "positive number, e.g. 10), got %s",
+                         i + 1 < argc ? error_quote(quoted, sizeof quoted, argv[i + 1]) : "none");
+            t->estimate_checkpoint_bandwidth = v * 1e9;
+            i++;
         } else if (strcmp(argv[i], "--device-memory") == 0) {
             char quoted[160];
             if (i + 1 >= argc || !(t->estimate_device_memory = parse_memory_size(argv[i + 1])))
@@ -139,6 +151,8 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
         }
     }
     if (world && !estimate) die_user("--world-size is only for --estimate");
+    if (t->estimate_checkpoint_bandwidth && !estimate)
+        die_user("--checkpoint-bandwidth is only for --estimate");
     if (t->estimate_ranks_per_device && !estimate)
         die_user("--ranks-per-device is only for --estimate (a run counts the ranks on its "
                  "device)");
@@ -203,15 +217,15 @@ static void print_estimate(Trainer *t, int argc, char **argv) {
         ranks[r] = (Trainer){.cfg = t->cfg, .estimate_world_size = t->estimate_world_size,
                              .estimate_pp_rank = r,
                              .estimate_device_memory = t->estimate_device_memory,
-                             .estimate_ranks_per_device = t->estimate_ranks_per_device};
+                             .estimate_ranks_per_device = t->estimate_ranks_per_device,
+                             .estimate_checkpoint_bandwidth = t->estimate_checkpoint_bandwidth};
         trainer_setup(&ranks[r]);
     }
     trainer_print_estimate(ranks, pp);
 }
 
 // The comm.* keys the communication layer reads: the setup timeout and the flight recorder's
-// traces, in torchtitan's <dump_folder>/<save_traces_folder>; and the checkpoint writer's wait
-// for the other ranks after a failed write, a collective timeout too.
+// traces, in torchtitan's <dump_folder>/<save_traces_folder>.
 static void configure_comm(const Config *c) {
     const CommSection *cs = &c->comm;
     char traces[8192];
@@ -219,13 +233,12 @@ static void configure_comm(const Config *c) {
     comm_configure(&(CommConfig){.timeout_seconds = (int)cs->init_timeout_seconds,
                                  .trace_buf_size = (int)cs->trace_buf_size,
                                  .trace_folder = traces});
-    ckpt_set_failure_wait((int)cs->train_timeout_seconds);
 }
 
 int main(int argc, char **argv) {
-    // Before any other HDF5 call: titan closes every file it opens, and a save that failed
-    // (checkpoint/checkpoint.c) leaves one that HDF5's exit handler would crash on, or flush
-    // collectively while the other ranks have gone.
+    // Before any other HDF5 call: titan closes every file it opens, and a save whose file
+    // would not close (checkpoint/save.c: a disk error) leaves one that HDF5's exit handler
+    // would try to flush again after the .tmp was removed.
     H5dont_atexit();
     if (argc == 1) {  // no config: say what titan takes rather than train the defaults
         fprintf(stderr, "%s\n", USAGE);

@@ -364,6 +364,48 @@ static void print_verdict(const Trainer *ranks, int n, double device, int sharin
            "GiB%s; try %s\n", need / GiB, where, room / GiB, shared, fix);
 }
 
+// A checkpoint's bytes, float32: the parameters this rank writes (its boxes where it is the
+// primary replica: the plan's rank, every coordinate but pp 0, writes most), and all of them.
+typedef struct {
+    double rank, all;
+} StateBytes;
+
+// Every pp rank's table lists the whole model's parameters (another stage's with empty boxes).
+static StateBytes params_bytes(const Trainer *t) {
+    StateBytes b = {0};
+    for (int i = 0; i < t->model.params.count; i++) {
+        const Param *p = &t->model.params.items[i];
+        ParamBox box = param_box(p, true);
+        if (param_is_primary_replica(p)) b.rank += 4.0 * (double)box_numel(&box);
+        b.all += 4.0 * (double)param_global_numel(p);
+    }
+    return b;
+}
+
+// What a save writes, per rank (the rank that writes most) and in all: the full state
+// (parameters, AdamW's two moments and the average under training.ema_decay) and the model
+// only (the parameters and the average); with --checkpoint-bandwidth, how long each takes at
+// that rate (the storage's, shared by every rank).
+static void print_checkpoint_plan(const Trainer *ranks, int n, double bandwidth) {
+    StateBytes params = params_bytes(&ranks[0]);
+    int most = 0;
+    for (int r = 1; r < n; r++) {
+        StateBytes b = params_bytes(&ranks[r]);
+        if (b.rank > params.rank) params.rank = b.rank, most = r;
+    }
+    int ema = ranks[0].cfg.training.ema_decay > 0, full = 3 + ema, model = 1 + ema;
+    char who[32] = "";
+    if (n > 1) snprintf(who, sizeof who, " (pp rank %d)", most);
+    printf("checkpoint: full state %.0f bytes (%.3f GB: parameters, AdamW's two moments%s), "
+           "%.3f GB per rank at most%s; model only %.0f bytes (%.3f GB), %.3f GB per rank\n",
+           full * params.all, full * params.all / 1e9, ema ? ", the average" : "",
+           full * params.rank / 1e9, who, model * params.all, model * params.all / 1e9,
+           model * params.rank / 1e9);
+    if (bandwidth > 0)
+        printf("checkpoint at %.4g GB/s: a full save takes %.3g s, a model-only save %.3g s\n",
+               bandwidth / 1e9, full * params.all / bandwidth, model * params.all / bandwidth);
+}
+
 // `titan --estimate`: every arena per rank, FLOPs and communication per step, for any flavor
 // and layout, from the sizing passes of the real allocation (nothing is allocated); under
 // pipeline parallel, for each pp rank (ranks[r] plans pp rank r), whose stages differ.
@@ -381,6 +423,7 @@ void trainer_print_estimate(Trainer *ranks, int n) {
         if (ranks[r].pipeline) print_pipeline_rank(&ranks[r]);
         print_rank_plan(&ranks[r]);
     }
+    print_checkpoint_plan(ranks, n, t->estimate_checkpoint_bandwidth);
     if (t->estimate_device_memory > 0)
         print_verdict(ranks, n, t->estimate_device_memory, sharing);
 }

@@ -17,6 +17,7 @@
 # fix) is exact at the margin; a bad size, or the flag on a run, is one line and exit 2. A device
 # shared by several ranks (--ranks-per-device; on cuda under comm.backend mpi every rank on one
 # GPU by default) is divided among them in the verdict and named in a line saying what is shared.
+# The checkpoint line's full-state and model-only bytes are what a 2-rank run's files hold.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -109,6 +110,38 @@ expect_user_error "^titan: error: --ranks-per-device 5: more than the 4 ranks pl
   "${shared[@]}" --comm.backend mpi --ranks-per-device 5
 expect_user_error "^titan: error: --ranks-per-device is only for --estimate" \
   $TITAN --config configs/debug_model.yaml --ranks-per-device 2
+
+# A checkpoint's plan: the full state and the model-only bytes are what a run's files hold
+# (h5py: every dataset's bytes), per rank and in all, and --checkpoint-bandwidth divides them.
+plan=($TITAN --estimate --world-size 2 ${SMALL[@]} --parallelism.data_parallel_shard_degree 2)
+"${plan[@]}" --checkpoint-bandwidth 0.5 >"$SCRATCH/plan.txt"
+mpirun --oversubscribe -np 2 $TITAN ${SMALL[@]} --parallelism.data_parallel_shard_degree 2 \
+  --training.steps 2 --checkpoint.enable --checkpoint.interval 1 \
+  --job.dump_folder "$SCRATCH/plan" >"$SCRATCH/plan.log" 2>&1 || { tail -3 "$SCRATCH/plan.log"; fail "plan run"; }
+$PY - "$SCRATCH/plan.txt" "$SCRATCH/plan/checkpoint/step-1.h5" "$SCRATCH/plan/checkpoint/step-2.h5" <<'PY'
+import re, sys, h5py
+text = open(sys.argv[1]).read()
+m = re.search(r"^checkpoint: full state (\d+) bytes \(([\d.]+) GB: .*\), ([\d.]+) GB per rank at most; "
+              r"model only (\d+) bytes \(([\d.]+) GB\), ([\d.]+) GB per rank$", text, re.M)
+assert m, "no checkpoint line"
+full, model = int(m[1]), int(m[4])
+def nbytes(path):
+    sizes = []
+    h5py.File(path, "r").visititems(lambda n, o: sizes.append(o.nbytes) if isinstance(o, h5py.Dataset) else None)
+    return sum(sizes)
+assert nbytes(sys.argv[2]) == full, f"full state: estimated {full}, the file holds {nbytes(sys.argv[2])}"
+assert nbytes(sys.argv[3]) == model, f"model only: estimated {model}, the file holds {nbytes(sys.argv[3])}"
+assert abs(float(m[3]) - full / 2e9) < 1e-3 and abs(float(m[6]) - model / 2e9) < 1e-3, m[0]  # dp_shard 2
+t = re.search(r"^checkpoint at 0.5 GB/s: a full save takes ([\d.e+-]+) s, a model-only save ([\d.e+-]+) s$", text, re.M)
+assert t and abs(float(t[1]) - full / 0.5e9) < 1e-3 * full / 0.5e9, "the bandwidth line"
+print(f"ok: checkpoint plan: full state {full} bytes and model only {model} bytes, as the files hold; {t[0]}")
+PY
+for bad in 0 -1 abc 10GB; do
+  expect_user_error "^titan: error: --checkpoint-bandwidth expects the storage's write rate in GB/s \(a positive number, e.g. 10\), got '$bad'$" \
+    "${plan[@]}" --checkpoint-bandwidth "$bad"
+done
+expect_user_error "^titan: error: --checkpoint-bandwidth is only for --estimate$" \
+  $TITAN --config configs/debug_model.yaml --checkpoint-bandwidth 10
 for bad in 80 80G 0GiB -1GiB nan abc; do
   expect_user_error "^titan: error: --device-memory expects a size such as 80GiB, 80GB or 512MiB \(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB\), got '$bad'$" \
     "${estimate_8b[@]}" --device-memory "$bad"
