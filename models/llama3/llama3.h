@@ -13,7 +13,8 @@
 // dim / n_heads (head_dim 0); their defaults and flavors are torchtitan's llama3's.
 typedef DecoderArgs LlamaArgs;
 
-// Fills args with the named flavor ("debugmodel", "small", "8B", "70B", "405B"); false if unknown.
+// Fills args with the named flavor ("debugmodel", "small", "medium", "1B", "8B", "70B", "405B");
+// false if unknown.
 bool llama3_flavor(const char *name, LlamaArgs *args);
 const char *llama3_flavor_names(void);  // "debugmodel, small, ..." for error messages
 // The architecture recorded in a checkpoint (max_seq_len is left to the caller).
