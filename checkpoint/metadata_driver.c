@@ -20,8 +20,18 @@ typedef struct {
 
 static int first_errno;
 static bool drop_raw;
+static int dropped;  // raw writes dropped since the last take, the last one's place:
+static haddr_t dropped_addr;
+static size_t dropped_size;
 
 void metadata_driver_drop_raw(bool drop) { drop_raw = drop; }
+
+bool metadata_driver_take_dropped(haddr_t *addr, size_t *size) {
+    bool one = dropped == 1;
+    *addr = dropped_addr, *size = dropped_size;
+    dropped = 0;
+    return one;
+}
 
 int metadata_driver_take_errno(void) {
     int e = first_errno;
@@ -124,7 +134,10 @@ static herr_t meta_write(H5FD_t *file, H5FD_mem_t type, hid_t dxpl, haddr_t addr
                          const void *buf) {
     (void)dxpl;
     MetaFile *f = (MetaFile *)file;
-    if (type == H5FD_MEM_DRAW && drop_raw) return 0;  // the chunks' ranks write them
+    if (type == H5FD_MEM_DRAW && drop_raw) {  // the chunks' ranks write them
+        dropped++, dropped_addr = addr, dropped_size = size;
+        return 0;
+    }
     const char *p = buf;
     while (size > 0) {
         ssize_t n = pwrite(f->fd, p, size, (off_t)addr);

@@ -16,6 +16,10 @@
 hid_t metadata_driver_fapl(void);
 // Whether raw data writes are dropped from now on (off until turned on).
 void metadata_driver_drop_raw(bool drop);
+// The raw write dropped since the last call: true with its address and size when there was
+// exactly one (a direct chunk write's: where HDF5 placed the chunk, which its chunk index
+// lookup would find in time linear in the chunks), false otherwise.
+bool metadata_driver_take_dropped(haddr_t *addr, size_t *size);
 // The errno of the driver's first failed system call since the last call (0: none), which
 // HDF5's error stack does not carry.
 int metadata_driver_take_errno(void);
