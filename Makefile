@@ -13,7 +13,7 @@
 # binaries in build/fuzz with clang (scripts/fuzz.sh runs them). EXTRA_CFLAGS / EXTRA_LDFLAGS
 # are appended to the compile and link flags.
 
-CC       := mpicc  # the parallel HDF5 headers include mpi.h
+CC       := mpicc  # HDF5's MPI build's headers include mpi.h
 NATIVE   ?= 0
 CUDA     ?= 0
 CUDA_HOME ?= /usr/local/cuda

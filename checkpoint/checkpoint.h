@@ -41,7 +41,7 @@
 
 typedef struct {
     const char *path;      // dataset path inside the file, e.g. "/model/norm.weight"
-    int ndim;              // 0 (scalar) .. CKPT_MAX_DIMS
+    int ndim;              // 1 .. CKPT_MAX_DIMS (a scalar is an attribute; a load reads 0 too)
     const int64_t *shape;  // (ndim) global shape
     float *data;           // (box->count) the box, row-major: read from on save, written on load
     // this rank's box (core/param.h: one range or several along each dim, PARAM_MAX_DIMS at
@@ -51,7 +51,8 @@ typedef struct {
 } CkptTensor;
 
 #define CKPT_MAX_DIMS 8
-#define CKPT_CHUNK_FLOATS ((int64_t)1 << 20)  // 4 MiB chunks: one checksum each
+// Chunks of about 4 MiB (checkpoint/chunk_grid.h), a checksum each.
+#define CKPT_CHUNK_FLOATS ((int64_t)1 << 20)
 
 typedef enum { CKPT_INT, CKPT_DOUBLE, CKPT_STRING } CkptAttrType;
 

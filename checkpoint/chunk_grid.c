@@ -1,5 +1,7 @@
 #include "checkpoint/chunk_grid.h"
 
+#include <stdbool.h>
+
 #include "core/errors.h"
 
 static int64_t gcd(int64_t a, int64_t b) {
@@ -10,11 +12,21 @@ static int64_t gcd(int64_t a, int64_t b) {
     return a;
 }
 
-// The largest divisor of n that is at most limit (n itself when it fits).
-static int64_t largest_divisor_within(int64_t n, int64_t limit) {
+// The divisor of n nearest limit by ratio: the largest at most limit, or the smallest above it
+// when that is nearer and at most 4 x limit.
+static int64_t divisor_near(int64_t n, int64_t limit) {
     if (n <= limit) return n;
-    for (int64_t k = (n + limit - 1) / limit;; k++)
-        if (n % k == 0) return n / k;
+    int64_t below = 1, above = n;
+    for (int64_t k = 1; k * k <= n; k++) {
+        if (n % k) continue;
+        int64_t pair[2] = {k, n / k};
+        for (int j = 0; j < 2; j++) {
+            if (pair[j] <= limit && pair[j] > below) below = pair[j];
+            if (pair[j] > limit && pair[j] < above) above = pair[j];
+        }
+    }
+    bool nearer_above = (double)above / (double)limit < (double)limit / (double)below;
+    return above <= 4 * limit && nearer_above ? above : below;
 }
 
 void chunk_grid_dims(int ndim, const int64_t *shape, const CkptBlock *blocks, int n_blocks,
@@ -28,8 +40,8 @@ void chunk_grid_dims(int ndim, const int64_t *shape, const CkptBlock *blocks, in
                 if (ends[e] > 0 && ends[e] < shape[d]) lines = gcd(lines, ends[e]);
         }
         int64_t limit = budget > 1 ? budget : 1;
-        chunk[d] = lines ? largest_divisor_within(lines, limit)
-                         : (shape[d] < limit ? shape[d] : limit);
+        int64_t pieces = (shape[d] + limit - 1) / limit;  // no boundary: even pieces
+        chunk[d] = lines ? divisor_near(lines, limit) : (shape[d] + pieces - 1) / pieces;
         budget /= chunk[d];
     }
 }

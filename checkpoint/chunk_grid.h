@@ -14,10 +14,14 @@ typedef struct {
     int64_t start[CKPT_MAX_DIMS], count[CKPT_MAX_DIMS];
 } CkptBlock;
 
+// A chunk is about CKPT_CHUNK_FLOATS, up to 4 times it where the boundaries leave no size
+// closer (an FSDP shard of 1366 rows: 683 rows rather than 2).
+#define CHUNK_GRID_MAX_FLOATS (4 * CKPT_CHUNK_FLOATS)
+
 // The chunk dims for a tensor of `shape` written as `blocks` (every writer's, together tiling
-// it): along each dim the largest size that divides every interior block boundary (the
-// dim's whole length where there is none), trailing dims first, each chunk at most
-// CKPT_CHUNK_FLOATS.
+// it), trailing dims first, each taking what the chunk's budget leaves: along a dim with
+// interior block boundaries, the divisor of them all nearest the budget (by ratio, at most 4
+// times over it); along one without, the budget spread evenly over the dim's length.
 void chunk_grid_dims(int ndim, const int64_t *shape, const CkptBlock *blocks, int n_blocks,
                      int64_t chunk[CKPT_MAX_DIMS]);
 

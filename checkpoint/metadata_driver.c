@@ -10,6 +10,11 @@
 
 #include "core/errors.h"
 
+// HDF5 1.13 changed the driver table (a version and a value come first).
+#if H5_VERSION_GE(1, 13, 0)
+#error "checkpoint/metadata_driver.c implements HDF5 1.10-1.12's H5FD_class_t"
+#endif
+
 typedef struct {
     H5FD_t pub;  // HDF5's part, first
     int fd;
@@ -19,6 +24,7 @@ typedef struct {
 } MetaFile;
 
 static int first_errno;
+static int open_errno;  // the last open's, while the last open failed
 static bool drop_raw;
 static int dropped;  // raw writes dropped since the last take, the last one's place:
 static haddr_t dropped_addr;
@@ -34,8 +40,8 @@ bool metadata_driver_take_dropped(haddr_t *addr, size_t *size) {
 }
 
 int metadata_driver_take_errno(void) {
-    int e = first_errno;
-    first_errno = 0;
+    int e = first_errno ? first_errno : open_errno;
+    first_errno = open_errno = 0;
     return e;
 }
 
@@ -54,12 +60,14 @@ static H5FD_t *meta_open(const char *name, unsigned flags, hid_t fapl, haddr_t m
     if (flags & H5F_ACC_EXCL) oflags |= O_EXCL;
     int fd = open(name, oflags, 0666);
     struct stat st;
-    // Not recorded as a failure: HDF5 opens a file it creates first without creating it, to
-    // see whether it exists; a real failure leaves its errno.
+    // Not a failure of the file yet: HDF5 opens a file it creates first without creating it,
+    // to see whether it exists. Kept only until an open succeeds.
     if (fd < 0 || fstat(fd, &st) != 0) {
+        open_errno = errno;
         if (fd >= 0) close(fd);
         return NULL;
     }
+    open_errno = 0;
     MetaFile *f = xcalloc(1, sizeof *f);
     *f = (MetaFile){.fd = fd, .eof = (haddr_t)st.st_size, .device = st.st_dev,
                     .inode = st.st_ino};
@@ -80,11 +88,13 @@ static int meta_cmp(const H5FD_t *a, const H5FD_t *b) {
     return 0;
 }
 
-// sec2's features less those that only concern raw data it would drop anyway.
+// sec2's features but small raw data's aggregation, which would pack small chunks of different
+// ranks into one block: ranks then write the same pages (lock contention on a parallel file
+// system), and each rank's chunks would no longer be one run of the file.
 static herr_t meta_query(const H5FD_t *file, unsigned long *flags) {
     (void)file;
     *flags = H5FD_FEAT_AGGREGATE_METADATA | H5FD_FEAT_ACCUMULATE_METADATA |
-             H5FD_FEAT_AGGREGATE_SMALLDATA | H5FD_FEAT_DEFAULT_VFD_COMPATIBLE;
+             H5FD_FEAT_DEFAULT_VFD_COMPATIBLE;
     return 0;
 }
 

@@ -49,24 +49,22 @@ typedef struct {
     const char *tmp;  // the file being written
 } Save;
 
-static void *realloc_or_die(void *p, size_t bytes) {
-    p = realloc(p, bytes ? bytes : 1);
-    CHECK(p);
-    return p;
-}
-
 // A growable array of int64: the messages between the ranks.
 typedef struct {
     int64_t *v;
-    int n, cap;
+    size_t n, cap;
 } Ints;
 
 static void ints_push(Ints *a, int64_t x) {
-    if (a->n == a->cap) {
-        a->cap = a->cap ? 2 * a->cap : 256;
-        a->v = realloc_or_die(a->v, (size_t)a->cap * sizeof *a->v);
-    }
+    a->v = xgrow(a->v, &a->cap, a->n + 1, sizeof *a->v);
     a->v[a->n++] = x;
+}
+
+// An MPI count: a message of a save holds a few int64 per block or chunk, far below INT_MAX
+// even for a 405B state on 2048 ranks (35M at most).
+static int mpi_count(size_t n) {
+    CHECK(n <= INT_MAX);
+    return (int)n;
 }
 
 // The errno of a failed write in HDF5's error stack, where a driver said "errno = N".
@@ -77,18 +75,23 @@ static herr_t find_disk_error(unsigned n, const H5E_error2_t *e, void *found) {
     return 0;
 }
 
-// Records a failure (ok false) with the disk's reason when known: the metadata driver's
-// errno, HDF5's, or the system call's.
+// Records a failed HDF5 call (ok false) with the disk's reason when known: the metadata
+// driver's errno, else the one in HDF5's error stack.
 static void save_note(Save *s, bool ok) {
     if (ok || s->failure) return;
     int code = metadata_driver_take_errno();
     if (!code) H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, find_disk_error, &code);
-    s->failure = code > 0 ? code : errno > 0 ? errno : 1;
+    s->failure = code > 0 ? code : 1;
 }
 
-// Every rank goes on, or all stop together, whichever rank failed.
+// Records a failed system call (ok false) with its errno.
+static void save_note_errno(Save *s, bool ok) {
+    if (!ok && !s->failure) s->failure = errno > 0 ? errno : 1;
+}
+
+// Every rank goes on, or all stop together, whichever rank failed (its failure noted).
 static bool save_agree(Save *s, bool ok) {
-    save_note(s, ok);
+    if (!ok && !s->failure) s->failure = 1;
     if (s->comm != MPI_COMM_NULL)
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s->failure, 1, MPI_INT, MPI_MAX, s->comm));
     return s->failure == 0;
@@ -158,17 +161,19 @@ static Ints blocks_message(const CkptTensor *tensors, int n_tensors) {
 // Every rank's message on rank 0: all[offsets[r] ..] is rank r's (elsewhere all is NULL).
 static int64_t *blocks_gather(Save *s, const Ints *mine, int **offsets) {
     *offsets = xcalloc((size_t)s->ranks + 1, sizeof **offsets);
+    int n = mpi_count(mine->n);
     if (s->comm == MPI_COMM_NULL) {
-        (*offsets)[1] = mine->n;
-        int64_t *all = xmalloc(((size_t)mine->n + 1) * sizeof *all);
-        memcpy(all, mine->v, (size_t)mine->n * sizeof *all);
+        (*offsets)[1] = n;
+        int64_t *all = xmalloc(((size_t)n + 1) * sizeof *all);
+        if (n) memcpy(all, mine->v, (size_t)n * sizeof *all);
         return all;
     }
     int *counts = xcalloc((size_t)s->ranks, sizeof *counts);
-    MPI_CHECK(MPI_Gather(&mine->n, 1, MPI_INT, counts, 1, MPI_INT, 0, s->comm));
-    for (int r = 0; r < s->ranks; r++) (*offsets)[r + 1] = (*offsets)[r] + counts[r];
+    MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, s->comm));
+    for (int r = 0; r < s->ranks; r++)
+        (*offsets)[r + 1] = mpi_count((size_t)(*offsets)[r] + (size_t)counts[r]);
     int64_t *all = s->rank == 0 ? xmalloc(((size_t)(*offsets)[s->ranks] + 1) * sizeof *all) : NULL;
-    MPI_CHECK(MPI_Gatherv(mine->v, mine->n, MPI_INT64_T, all, counts, *offsets, MPI_INT64_T, 0,
+    MPI_CHECK(MPI_Gatherv(mine->v, n, MPI_INT64_T, all, counts, *offsets, MPI_INT64_T, 0,
                           s->comm));
     free(counts);
     return all;
@@ -181,18 +186,28 @@ typedef struct {
     int n;
 } Writers;
 
+// Counted first, then filled: every tensor's blocks allocated once.
 static Writers *writers_parse(const Save *s, const int64_t *all, const int *offsets,
                               const CkptTensor *tensors, int n_tensors) {
-    Writers *w = xcalloc((size_t)n_tensors, sizeof *w);
+    Writers *w = xcalloc((size_t)n_tensors + 1, sizeof *w);
+    for (int r = 0; r < s->ranks; r++) {
+        const int64_t *p = all + offsets[r];
+        for (int i = 0; i < n_tensors; i++) {
+            w[i].n += (int)*p;
+            p += 1 + *p * 2 * tensors[i].ndim;
+        }
+    }
+    for (int i = 0; i < n_tensors; i++) {
+        w[i].blocks = xcalloc((size_t)w[i].n + 1, sizeof *w[i].blocks);
+        w[i].owner = xcalloc((size_t)w[i].n + 1, sizeof *w[i].owner);
+        w[i].n = 0;
+    }
     for (int r = 0; r < s->ranks; r++) {
         const int64_t *p = all + offsets[r];
         for (int i = 0; i < n_tensors; i++) {
             int n = (int)*p++;
-            w[i].blocks = realloc_or_die(w[i].blocks, (size_t)(w[i].n + n) * sizeof *w[i].blocks);
-            w[i].owner = realloc_or_die(w[i].owner, (size_t)(w[i].n + n) * sizeof *w[i].owner);
             for (int k = 0; k < n; k++, w[i].n++) {
                 CkptBlock *b = &w[i].blocks[w[i].n];
-                *b = (CkptBlock){0};
                 for (int d = 0; d < tensors[i].ndim; d++) b->start[d] = *p++, b->count[d] = *p++;
                 w[i].owner[w[i].n] = r;
             }
@@ -282,11 +297,12 @@ static bool attr_write(hid_t file, const CkptAttr *a) {
     return ok;
 }
 
-// What rank 0 lays out: each tensor's chunk dims, and each rank's chunks (per chunk: the
-// tensor, its origin, its address).
+// What rank 0 lays out: each tensor's chunk dims, and every rank's chunks (per chunk: the
+// tensor, its origin, its address), rank by rank: rank r's from places.v[starts[r]].
 typedef struct {
     int64_t (*chunk)[CKPT_MAX_DIMS];
-    Ints *places;  // [ranks]
+    Ints places;
+    size_t *starts;  // [ranks + 1]
 } Layout;
 
 // The tensors' datasets and their chunks' places, rank by rank, then the attributes; false
@@ -304,10 +320,10 @@ static bool layout_write(Save *s, hid_t file, const CkptTensor *tensors, int n_t
         ok = dsets[opened] >= 0;
     }
     if (!ok) opened--;
-    void *placeholder = xcalloc(1, CKPT_CHUNK_FLOATS * sizeof(float) + 4);
+    void *placeholder = xcalloc(1, CHUNK_GRID_MAX_FLOATS * sizeof(float) + 4);
     int *next = xcalloc((size_t)n_tensors + 1, sizeof *next);  // each tensor's blocks, by owner
     metadata_driver_drop_raw(true);  // the placeholders' bytes; nothing else writes raw data
-    for (int r = 0; r < s->ranks && ok; r++)
+    for (int r = 0; r < s->ranks && ok; r++, l->starts[r] = l->places.n)
         for (int i = 0; i < n_tensors && ok; i++) {
             const CkptTensor *t = &tensors[i];
             size_t bytes = (size_t)chunk_floats(t->ndim, l->chunk[i]) * sizeof(float) + 4;
@@ -319,14 +335,25 @@ static bool layout_write(Save *s, hid_t file, const CkptTensor *tensors, int n_t
                     chunk_grid_origin(t->ndim, l->chunk[i], &w[i].blocks[k], c, origin);
                     haddr_t addr = chunk_place(dsets[i], t->ndim, origin, bytes, placeholder);
                     ok = addr != HADDR_UNDEF;
-                    ints_push(&l->places[r], i);
-                    for (int d = 0; d < t->ndim; d++) ints_push(&l->places[r], origin[d]);
-                    ints_push(&l->places[r], (int64_t)addr);
+                    ints_push(&l->places, i);
+                    for (int d = 0; d < t->ndim; d++) ints_push(&l->places, origin[d]);
+                    ints_push(&l->places, (int64_t)addr);
                 }
             }
         }
     metadata_driver_drop_raw(false);  // before the attributes: strings live in the global heap
     free(placeholder), free(next);
+    for (int i = 0; i < n_tensors && ok; i++) {  // no chunk placed twice (two ranks' boxes
+        hsize_t placed;                          // overlapping) and none left out
+        hid_t space = H5Dget_space(dsets[i]);
+        H5_CHECK(space);
+        ok = H5Dget_num_chunks(dsets[i], space, &placed) >= 0;
+        H5_CHECK(H5Sclose(space));
+        if (ok && (int64_t)placed != chunk_grid_count(tensors[i].ndim, tensors[i].shape,
+                                                      l->chunk[i]))
+            die_internal(__FILE__, __LINE__, "checkpoint: the ranks' boxes of %s overlap",
+                         tensors[i].path);
+    }
     for (int i = 0; i < opened; i++) ok = H5Dclose(dsets[i]) >= 0 && ok;
     free(dsets);
     H5_CHECK(H5Pclose(lcpl));
@@ -346,9 +373,8 @@ static void layout_plan(const CkptTensor *tensors, int n_tensors, const Writers 
             covered += chunk_grid_block_count(t->ndim, t->shape, l->chunk[i], &w[i].blocks[k]);
         if (covered != chunk_grid_count(t->ndim, t->shape, l->chunk[i]))
             die_internal(__FILE__, __LINE__, "checkpoint: the ranks' boxes of %s do not tile it "
-                         "(%lld of %lld chunks)",
-                    t->path, (long long)covered,
-                    (long long)chunk_grid_count(t->ndim, t->shape, l->chunk[i]));
+                         "(%lld of %lld chunks)", t->path, (long long)covered,
+                         (long long)chunk_grid_count(t->ndim, t->shape, l->chunk[i]));
     }
 }
 
@@ -402,33 +428,34 @@ static bool layout_file(Save *s, const CkptTensor *tensors, int n_tensors, const
     save_note(s, ok);
     struct stat st;
     if (ok && stat(s->tmp, &st) == 0) s->bound = st.st_size;
-    if (ok && (errno = space_reserve(s->tmp, s->bound))) save_note(s, false), ok = false;
-    return ok;
+    int reserved = ok ? space_reserve(s->tmp, s->bound) : 0;
+    if (reserved && !s->failure) s->failure = reserved;
+    return ok && !reserved;
 }
 
 // This rank's chunks (tensor, origin, address), sent by rank 0, and every tensor's chunk dims.
 static Ints places_scatter(Save *s, Layout *l, int n_tensors) {
     Ints mine = {0};
     if (s->comm == MPI_COMM_NULL) {  // a process of one: its own, handed over
-        mine = l->places[0];
-        l->places[0] = (Ints){0};
+        mine = l->places;
+        l->places = (Ints){0};
         return mine;
     }
     MPI_CHECK(MPI_Bcast(l->chunk, n_tensors * CKPT_MAX_DIMS, MPI_INT64_T, 0, s->comm));
     int *counts = xcalloc((size_t)s->ranks, sizeof *counts);
     int *offsets = xcalloc((size_t)s->ranks, sizeof *offsets);
-    Ints all = {0};
     if (s->rank == 0)
         for (int r = 0; r < s->ranks; r++) {
-            counts[r] = l->places[r].n, offsets[r] = all.n;
-            for (int k = 0; k < l->places[r].n; k++) ints_push(&all, l->places[r].v[k]);
+            counts[r] = mpi_count(l->starts[r + 1] - l->starts[r]);
+            offsets[r] = mpi_count(l->starts[r]);
         }
-    MPI_CHECK(MPI_Scatter(counts, 1, MPI_INT, &mine.n, 1, MPI_INT, 0, s->comm));
-    mine.cap = mine.n;
-    mine.v = xmalloc(((size_t)mine.n + 1) * sizeof *mine.v);
-    MPI_CHECK(MPI_Scatterv(all.v, counts, offsets, MPI_INT64_T, mine.v, mine.n, MPI_INT64_T, 0,
+    int n;
+    MPI_CHECK(MPI_Scatter(counts, 1, MPI_INT, &n, 1, MPI_INT, 0, s->comm));
+    mine.n = mine.cap = (size_t)n;
+    mine.v = xmalloc(((size_t)n + 1) * sizeof *mine.v);
+    MPI_CHECK(MPI_Scatterv(l->places.v, counts, offsets, MPI_INT64_T, mine.v, n, MPI_INT64_T, 0,
                            s->comm));
-    free(all.v), free(counts), free(offsets);
+    free(counts), free(offsets);
     return mine;
 }
 
@@ -478,6 +505,7 @@ static bool write_all(int fd, const void *buf, size_t size, off_t at) {
     for (const char *p = buf; size > 0;) {
         ssize_t n = pwrite(fd, p, size, at);
         if (n < 0 && errno == EINTR) continue;
+        if (n == 0) errno = EIO;  // nothing written and no reason given
         if (n <= 0) return false;
         p += n, at += n, size -= (size_t)n;
     }
@@ -486,18 +514,21 @@ static bool write_all(int fd, const void *buf, size_t size, off_t at) {
 
 // Every chunk rank 0 placed for this rank, checksummed and written, then fsynced.
 static bool chunks_write(Save *s, const CkptTensor *tensors, const Layout *l, const Ints *mine) {
+    if (mine->n == 0) return save_agree(s, true);  // all replicas: no file to touch
     int fd = open(s->tmp, O_WRONLY);
+    save_note_errno(s, fd >= 0);
     if (fd < 0) return save_agree(s, false);
-    float *buf = xmalloc(CKPT_CHUNK_FLOATS * sizeof(float) + 4);
+    float *buf = xmalloc(CHUNK_GRID_MAX_FLOATS * sizeof(float) + 4);
     OwnBlock *blocks = NULL;
     int current = -1, n_blocks = 0;
     bool ok = true;
-    for (int k = 0; k < mine->n && ok;) {
+    for (size_t k = 0; k < mine->n && ok;) {
         int i = (int)mine->v[k++];
         const CkptTensor *t = &tensors[i];
         if (i != current) {  // rank 0 sends a tensor's chunks together
             current = i, n_blocks = own_blocks(t, NULL);
-            blocks = realloc_or_die(blocks, ((size_t)n_blocks + 1) * sizeof *blocks);
+            free(blocks);
+            blocks = xmalloc(((size_t)n_blocks + 1) * sizeof *blocks);
             own_blocks(t, blocks);
         }
         const int64_t *origin = &mine->v[k];
@@ -508,6 +539,7 @@ static bool chunks_write(Save *s, const CkptTensor *tensors, const Layout *l, co
         size_t bytes = (size_t)chunk_floats(t->ndim, l->chunk[i]) * sizeof(float);
         h5_fletcher32_append((uint8_t *)buf, bytes);
         ok = write_all(fd, buf, bytes + 4, addr);
+        save_note_errno(s, ok);
         // The chunk's writeback starts now, under the next chunk's copy and checksum, rather
         // than all at the fsync (the page cache would otherwise hold the whole file first).
         // Its errors are the fsync's to report.
@@ -515,8 +547,9 @@ static bool chunks_write(Save *s, const CkptTensor *tensors, const Layout *l, co
     }
     free(buf), free(blocks);
     ok = ok && fsync(fd) == 0;
-    save_note(s, ok);
+    save_note_errno(s, ok);
     ok = close(fd) == 0 && ok;
+    save_note_errno(s, ok);
     return save_agree(s, ok);
 }
 
@@ -605,6 +638,7 @@ static void save_abandon(const Save *s, char *err, size_t errlen) {
 bool ckpt_try_save(const char *path, const CkptTensor *tensors, int n_tensors,
                    const CkptAttr *attrs, int n_attrs, MPI_Comm comm, char *err, size_t errlen) {
     ckpt_hdf5_silence();
+    H5Eclear2(H5E_DEFAULT);  // an earlier failure's errno is not this save's
     metadata_driver_take_errno();
     int rank, ranks = ckpt_comm_ranks(comm, &rank);
     char tmp[1024];
@@ -616,7 +650,7 @@ bool ckpt_try_save(const char *path, const CkptTensor *tensors, int n_tensors,
     int *offsets;
     int64_t *all = blocks_gather(&s, &mine, &offsets);
     Layout l = {.chunk = xcalloc((size_t)n_tensors + 1, sizeof *l.chunk),
-                .places = xcalloc((size_t)ranks, sizeof *l.places)};
+                .starts = xcalloc((size_t)ranks + 1, sizeof *l.starts)};
     bool ok = true;
     if (rank == 0) {
         Writers *w = writers_parse(&s, all, offsets, tensors, n_tensors);
@@ -630,9 +664,10 @@ bool ckpt_try_save(const char *path, const CkptTensor *tensors, int n_tensors,
         ok = chunks_write(&s, tensors, &l, &places);
         free(places.v);
     }
-    for (int r = 0; r < ranks; r++) free(l.places[r].v);
-    free(l.places), free(l.chunk);
-    ok = ok && save_agree(&s, rank != 0 || publish_try(tmp, path));
+    free(l.places.v), free(l.starts), free(l.chunk);
+    bool published = !ok || rank != 0 || publish_try(tmp, path);
+    save_note_errno(&s, published);
+    ok = ok && save_agree(&s, published);
     if (!ok) save_abandon(&s, err, errlen);
     return ok;
 }

@@ -188,16 +188,17 @@ void comm_init(int *argc, char ***argv) {
     int initialized = 0;
     MPI_CHECK(MPI_Initialized(&initialized));
     if (!initialized) {
-        // MULTIPLE for the background checkpoint writer (checkpoint/async.h), whose MPI-IO
-        // runs while this thread's collectives do; FUNNELED is all the rest needs.
+        // MULTIPLE for the background checkpoint writer (checkpoint/async.h), whose collectives
+        // on its own communicator run while this thread's do; FUNNELED is all the rest needs.
         MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &thread_level));
         CHECK(thread_level >= MPI_THREAD_FUNNELED);
         owns_mpi = true;
     } else {
         MPI_CHECK(MPI_Query_thread(&thread_level));
     }
-    // A private copy of the world keeps titan's traffic apart from other MPI users (HDF5),
-    // and returning errors (inherited by every split) lets MPI_CHECK name the failing call.
+    // A private copy of the world keeps titan's traffic apart from other MPI users (the
+    // checkpoint writer's), and returning errors (inherited by every split) lets MPI_CHECK
+    // name the failing call.
     MPI_Comm world;
     MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world));
     MPI_CHECK(MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN));

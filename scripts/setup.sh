@@ -10,7 +10,7 @@ PACKAGES=(
   libopenblas-openmp-dev              # CPU GEMM (OpenMP flavour: called inside omp regions)
   libdnnl-dev                         # CPU bf16 GEMMs (oneDNN) for mixed precision
   libyaml-dev                         # configs
-  libhdf5-openmpi-dev hdf5-tools      # checkpoints (parallel HDF5), h5dump
+  libhdf5-openmpi-dev hdf5-tools      # checkpoints (HDF5, MPI build), h5dump
   libpcre2-dev                        # tokenizers' pre-tokenization regexes
   libjansson-dev                      # tokenizer.json, encoder.json, JSONL datasets
   zlib1g-dev                          # .jsonl.gz datasets, R data files

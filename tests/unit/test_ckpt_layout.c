@@ -63,7 +63,7 @@ static void expect_tiles(const int64_t *shape, const CkptBlock *blocks, int n,
     chunk_grid_dims(2, shape, blocks, n, chunk);
     assert_int_equal(chunk[0], want_chunk[0]);
     assert_int_equal(chunk[1], want_chunk[1]);
-    assert_true(chunk[0] * chunk[1] <= CKPT_CHUNK_FLOATS);
+    assert_true(chunk[0] * chunk[1] <= CHUNK_GRID_MAX_FLOATS);
     int64_t covered = 0;
     for (int b = 0; b < n; b++) {
         int64_t k = chunk_grid_block_count(2, shape, chunk, &blocks[b]);
@@ -83,9 +83,10 @@ static void expect_tiles(const int64_t *shape, const CkptBlock *blocks, int n,
 
 static void test_chunk_grid(void **state) {
     (void)state;
-    // One writer: whole trailing rows up to 4 MiB.
+    // One writer: whole trailing rows, 4 MiB at most, spread evenly (8 chunks of 4000 rows,
+    // not 7 of 4096 and a last of 3328).
     expect_tiles((int64_t[]){32000, 256}, (CkptBlock[]){block2(0, 32000, 0, 256)}, 1,
-                 (int64_t[]){4096, 256});
+                 (int64_t[]){4000, 256});
     // FSDP's 4 row shards of 8000: chunks of 4000 rows, two per shard.
     CkptBlock fsdp[4];
     for (int r = 0; r < 4; r++) fsdp[r] = block2(8000 * r, 8000, 0, 256);
@@ -94,6 +95,11 @@ static void test_chunk_grid(void **state) {
     CkptBlock uneven[4] = {block2(0, 3, 0, 4), block2(3, 3, 0, 4), block2(6, 3, 0, 4),
                            block2(9, 1, 0, 4)};
     expect_tiles((int64_t[]){10, 4}, uneven, 4, (int64_t[]){3, 4});
+    // FSDP's 3 shards of 4096 rows (1366, 1366, 1364): 1366 = 2 x 683, so chunks of 683 rows
+    // (11 MiB), not 2 (32 KiB).
+    CkptBlock thirds[3] = {block2(0, 1366, 0, 4096), block2(1366, 1366, 0, 4096),
+                           block2(2732, 1364, 0, 4096)};
+    expect_tiles((int64_t[]){4096, 4096}, thirds, 3, (int64_t[]){683, 4096});
     // Column shards (tensor parallel's rowwise weights) under row shards (FSDP).
     CkptBlock grid[4] = {block2(0, 4, 0, 3), block2(0, 4, 3, 3), block2(4, 4, 0, 3),
                          block2(4, 4, 3, 3)};
