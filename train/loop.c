@@ -195,9 +195,10 @@ static Interval interval_start(const Trainer *t) {
     const int *size = t->mesh.layout.size;
     double tokens_per_step =
         (double)t->accum * t->train.B * t->train.step_T / (size[MESH_TP] * size[MESH_PP]);
-    return (Interval){.tokens_per_step = tokens_per_step, .start = now_seconds(),
-                      .peak_flops = c->metrics.peak_flops > 0 ? c->metrics.peak_flops
-                                                              : t->k->peak_flops()};
+    // The peak first: the cpu measures its own, which the interval must not time.
+    double peak = c->metrics.peak_flops > 0 ? c->metrics.peak_flops : t->k->peak_flops();
+    return (Interval){.tokens_per_step = tokens_per_step, .peak_flops = peak,
+                      .start = now_seconds()};
 }
 
 // The step's metrics with the interval's throughput, to the logs and the debug server; the
@@ -241,6 +242,10 @@ void trainer_train(Trainer *t) {
     MetricsLog log;
     open_metrics(t, &log);
     Interval interval = interval_start(t);
+    if (c->metrics.peak_flops <= 0 && t->k->host_memory && interval.peak_flops > 0)
+        log_info("MFU is against this rank's measured GEMM peak in %s: %.1f GFLOP/s "
+                 "(metrics.peak_flops sets another)", dtype_name(t->precision.param),
+                 interval.peak_flops / 1e9);
     int first_step = (int)t->progress.step + 1;
     bool preempted = false;
     for (int step = first_step; step <= c->training.steps; step++) {

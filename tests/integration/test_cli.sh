@@ -58,6 +58,30 @@ grep -q "^step *1 .* img/s *[0-9.]*  TFLOP/s" "$SCRATCH/flux1.log" ||
   fail "FLUX's step line: $(grep "^step" "$SCRATCH/flux1.log")"
 grep -q '"tokens_per_s": [0-9.e+]*, "images_per_s": [0-9.e+]*,' "$SCRATCH/flux1/metrics.jsonl" ||
   fail "FLUX's metrics.jsonl: $(cat "$SCRATCH/flux1/metrics.jsonl")"
+# MFU on cpu: against the rank's GEMM peak, measured once and named in the log; the step
+# line's MFU is TFLOP/s over it. metrics.peak_flops replaces it, and the measurement with it.
+for given in measured 1e12; do
+  run=$SCRATCH/mfu-$given flag=() peak=$given
+  [ "$given" = measured ] || flag=(--metrics.peak_flops "$given")
+  $TITAN ${SMALL[@]} --training.steps 2 "${flag[@]}" --job.dump_folder "$run" >"$run.log" 2>&1 ||
+    fail "MFU run: $(tail -1 "$run.log")"
+  line=$(grep -o "MFU is against this rank's measured GEMM peak in fp32: [0-9.]* GFLOP/s" "$run.log" || true)
+  if [ "$given" = measured ]; then
+    [ -n "$line" ] || fail "no measured peak in the log: $(grep MFU "$run.log")"
+    peak=$(awk '{print $(NF - 1) * 1e9}' <<<"$line")
+  else
+    [ -z "$line" ] || fail "metrics.peak_flops given, yet the peak was measured: $line"
+  fi
+  /usr/bin/python3 - "$run/metrics.jsonl" "$peak" <<'PY' || fail "MFU against $peak"
+import json, sys
+peak = float(sys.argv[2])
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    want = 100 * r["tflops"] * 1e12 / peak
+    assert r["mfu"] is not None and r["mfu"] > 0 and abs(r["mfu"] - want) <= 1e-3 * want, (r, want)
+PY
+done
+echo "ok: MFU on cpu against the measured peak and against metrics.peak_flops"
 for ckpt in build/test-data/models/stories260K.bin "$SCRATCH/flux/checkpoint/step-0.h5"; do
   $TITAN generate --checkpoint "$ckpt" --help >"$SCRATCH/gen_help.txt" ||
     fail "generate --checkpoint $ckpt --help"
