@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static int log_rank;
 static bool errors_collective;
@@ -10,10 +11,33 @@ void log_set_rank(int rank) { log_rank = rank; }
 void die_user_collective(bool collective) { errors_collective = collective; }
 bool die_user_is_collective(void) { return errors_collective; }
 
+// prefix, the formatted text and a newline in one write(2): stderr is unbuffered, and a line
+// written in pieces can be split by another process's output under mpirun (the launcher's
+// banner once landed between "titan: error: " and its message).
+static void log_line(FILE *f, const char *prefix, const char *fmt, va_list ap) {
+    char stack[4096], *line = stack;
+    va_list measure;
+    va_copy(measure, ap);
+    int text = vsnprintf(NULL, 0, fmt, measure);
+    va_end(measure);
+    size_t room = strlen(prefix) + (size_t)(text > 0 ? text : 0) + 2;
+    if (room > sizeof stack && !(line = malloc(room))) line = stack, room = sizeof stack;
+    int n = snprintf(line, room, "%s", prefix);
+    vsnprintf(line + n, room - (size_t)n, fmt, ap);
+    size_t len = strlen(line);
+    line[len++] = '\n';
+    fflush(f);
+    for (const char *p = line; len > 0;) {
+        ssize_t wrote = write(fileno(f), p, len);
+        if (wrote < 0 && errno == EINTR) continue;
+        if (wrote <= 0) break;  // nowhere left to say it
+        p += wrote, len -= (size_t)wrote;
+    }
+    if (line != stack) free(line);
+}
+
 static void user_error_line(const char *fmt, va_list ap) {
-    fputs("titan: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    log_line(stderr, "titan: error: ", fmt, ap);
 }
 
 void log_user_error(const char *fmt, ...) {
@@ -46,11 +70,11 @@ void defer_user_error(const char *fmt, ...) {
 const char *deferred_user_error(void) { return deferred[0] ? deferred : NULL; }
 
 void die_internal(const char *file, int line, const char *fmt, ...) {
+    char prefix[512];
+    snprintf(prefix, sizeof prefix, "titan: internal error at %s:%d: ", file, line);
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "titan: internal error at %s:%d: ", file, line);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    log_line(stderr, prefix, fmt, ap);
     va_end(ap);
     exit(EXIT_INTERNAL_ERROR);
 }
@@ -106,13 +130,6 @@ void help_exit_if_asked(int argc, char **argv, const char *usage) {
             exit(0);
         }
     }
-}
-
-static void log_line(FILE *f, const char *prefix, const char *fmt, va_list ap) {
-    fputs(prefix, f);
-    vfprintf(f, fmt, ap);
-    fputc('\n', f);
-    fflush(f);
 }
 
 void log_info(const char *fmt, ...) {
