@@ -330,7 +330,7 @@ void model_buffer_free(void *data, const KernelOps *memory) {
 
 void model_free_parts(Model *m) {
     free(m->blocks);
-    free(m->block_flops_per_token);
+    free(m->block_flops);
     model_slots_free(&m->slots);
     free(m->linears);
     params_free(&m->params);

@@ -30,6 +30,13 @@ typedef struct {
     char module[PARAM_NAME_MAX];
 } ModelLinear;
 
+// A block's training FLOPs per token: its GEMMs' (6 per weight) and its attention's as MFU
+// counts them (torchtitan's 12 H Q T, the whole square even under a causal mask), and the
+// attention FLOPs its kernels do (half the square under a causal mask): what a step takes.
+typedef struct {
+    double gemm, attention, attention_done;
+} BlockFlops;
+
 typedef struct Model Model;
 struct Model {
     ParamTable params;
@@ -39,7 +46,7 @@ struct Model {
     ModelSlots slots;    // what model_forward_backward and model_forward run in
     double flops_per_token;  // training FLOPs (forward + backward) per token, for MFU (of the
                              // whole model, whatever tensor parallelism shards it)
-    double *block_flops_per_token;  // (n_blocks) each block's share of flops_per_token
+    BlockFlops *block_flops;  // (n_blocks) each block's share of flops_per_token, by kind
     ModelLinear *linears;  // (n_linears) every Linear of the blocks, added by the build
     int n_linears;
     const TpHooks *tp;   // set by the model's parallelize plan; NULL: one device

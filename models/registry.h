@@ -47,6 +47,7 @@ typedef struct {
     int n_layers;              // transformer blocks: the model is embed, n_layers blocks, head
     int dim;                   // width of the hidden states between blocks
     int kv_dim;                // width of a token's keys (and of its values) in attention
+    int head_dim;              // width of one attention head
     int vocab_size;
     int max_seq_len;           // positions the model is built for (its RoPE tables)
     bool tie_word_embeddings;  // the head's output weight is the embedding's

@@ -2,9 +2,9 @@
 # The GPU check, on a machine with one GPU: builds titan and the GPU tests with CUDA=1, runs
 # every cuda op against the cpu backend (tests/gpu/test_cuda_ops, in bf16 and in fp32
 # compute), trains on cuda against cpu (tests/gpu/test_train_cuda.sh), runs every parallel layout
-# on the one GPU against cpu (tests/gpu/test_layouts_cuda.sh), then benchmarks short
-# training runs of the 1B flavor, bf16 mixed precision and float8 (tensorwise, torchtitan's
-# fastest recipe), and prints their tokens/s, TFLOP/s and MFU. Each part runs under timeout, all
+# on the one GPU against cpu (tests/gpu/test_layouts_cuda.sh), then benchmarks four of the 8B's
+# layers and the 1B flavor in bf16 and float8 (scripts/bench_gpu.sh: tokens/s, TFLOP/s, MFU,
+# the predicted step time beside the measured, a profiled step by op class). Each part runs under timeout, all
 # of them within 9.5 minutes (the benchmarks get what the tests leave); a failed part does not
 # stop the next. Ends with a PASS/FAIL line
 # per part and exits non-zero if any failed.
@@ -21,9 +21,6 @@ LOGS=${OUT:+$OUT/gpu_check}
 LOGS=${LOGS:-/tmp/titan-gpu-check}
 mkdir -p "$LOGS"
 DEADLINE=$((SECONDS + 555))  # 9.5 minutes, less timeout's kill grace and the summary
-TITAN=./titan
-# The benchmark's text: tokens wrap around (data/shard.h), so any text of 2049+ bytes will do.
-TEXT=(README.md train/*.c core/*.c data/*.c models/llama3/*.c kernels/cpu/*.c)
 
 names=()
 results=()
@@ -54,34 +51,6 @@ part() {
   echo "== $name: ${results[-1]}"
 }
 
-# B=4 x T=2048, bf16 mixed precision (bf16 activations between the GEMMs), no checkpointing:
-# under 20 GB of activations, ~20 GB of params, grads and AdamW moments, ~4 GB of logits, well
-# inside one H200's 139 GiB. peak_flops: H100/H200 dense bf16 (float8's MFU is against it too).
-BENCH=$LOGS/bench_1b
-BENCH_ARGS=(--device cuda --config configs/debug_model.yaml --model.flavor 1B
-            --model.tokenizer_path null --training.dataset_path "$BENCH/text.bin"
-            --training.seq_len 2048 --training.local_batch_size 4
-            --activation_checkpoint.mode none --training.steps 10
-            --lr_scheduler.warmup_steps 2 --metrics.log_freq 5 --metrics.peak_flops 989e12)
-FLOAT8_ARGS=(--model.converters float8 --float8.recipe_name tensorwise
-             --float8.filter_fqns output)
-
-# bench_report NAME: the last logged step of the benchmark NAME's metrics.jsonl (core/metrics.c;
-# mfu is in percent).
-bench_report() {
-  local name=$1 last
-  last=$(grep '"tokens_per_s"' "$BENCH/$name/metrics.jsonl" 2>/dev/null | tail -n 1) || true
-  if [ -z "$last" ]; then
-    echo "$name: no metrics logged"
-    case ${results[-1]} in PASS*) results[-1]="FAIL (no metrics)" ;; esac
-    return
-  fi
-  field() { printf '%s\n' "$last" | grep -o "\"$1\": [^,}]*" | cut -d' ' -f2; }
-  echo "$name (1 GPU, B=4, T=2048, step $(field step)): $(field tokens_per_s) tokens/s," \
-    "$(field tflops) TFLOP/s, MFU $(field mfu)%, peak memory $(field peak_memory_gib) GiB," \
-    "loss $(field loss)" | tee "$LOGS/$name.txt"
-}
-
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader |
     tee "$LOGS/gpu.txt" || true
@@ -97,13 +66,7 @@ part ops_bf16 90 build/cuda/tests/test_cuda_ops
 part ops_fp32 90 build/cuda/tests/test_cuda_ops fp32
 part train_cuda 120 bash tests/gpu/test_train_cuda.sh "$LOGS/train_cuda"
 part layouts_cuda 240 bash tests/gpu/test_layouts_cuda.sh "$LOGS/layouts_cuda"
-mkdir -p "$BENCH"
-part bench_data 30 $TITAN tokenize --tokenizer bytes --out "$BENCH/text.bin" "${TEXT[@]}"
-part bench_1b 110 $TITAN "${BENCH_ARGS[@]}" --job.dump_folder "$BENCH/bench_1b"
-bench_report bench_1b
-part bench_1b_float8 110 $TITAN "${BENCH_ARGS[@]}" "${FLOAT8_ARGS[@]}" \
-  --job.dump_folder "$BENCH/bench_1b_float8"
-bench_report bench_1b_float8
+part bench_gpu 240 bash scripts/bench_gpu.sh "$LOGS/bench_gpu"
 
 failed=0
 for result in "${results[@]}"; do

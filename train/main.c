@@ -20,6 +20,7 @@
 #include "data/bpe_train.h"
 #include "data/tokenize.h"
 #include "infer/generate.h"
+#include "kernels/device.h"
 #include "train/train.h"
 
 static void save_config(const Config *c, const char *path) {
@@ -56,6 +57,9 @@ static const char USAGE[] =
     "                         of that memory shared by R ranks (default 1; on cuda under\n"
     "                         comm.backend mpi, all N ranks on one GPU)\n"
     "                         [--checkpoint-bandwidth GBPS]: a save's time at that rate\n"
+    "                         [--device-table NAME|probe]: the step time predicted on a kept\n"
+    "                         GPU row (H100, H200, ...; cuda's default H100) or on rates\n"
+    "                         measured now on training.device (cpu's default)\n"
     "  --print-schedule [--microbatches N]  check the pipeline schedule, print it and exit\n"
     "  --help-config          list every config key: type, default, meaning\n"
     "  -h, --help             this text; `titan COMMAND --help` for a command's\n"
@@ -69,6 +73,7 @@ static void refuse_misspelt_flag(const char *arg) {
     static const char *const FLAGS[] = {"config",        "print-config", "device",
                                         "estimate",      "world-size",   "device-memory",
                                         "ranks-per-device", "checkpoint-bandwidth",
+                                        "device-table",
                                         "print-schedule", "microbatches",
                                         "help-config",   "help"};
     char name[64];
@@ -99,8 +104,7 @@ static double parse_memory_size(const char *s) {
 
 // titan's own flags, removed from argv before the config parses the rest: `--estimate
 // [--world-size N] [--device-memory SIZE] [--ranks-per-device R] [--checkpoint-bandwidth
-// GBPS]`; `--print-schedule
-// [--microbatches N]`; and the short forms `--print-config` (`--job.print_config`) and
+// GBPS] [--device-table NAME|probe]`; `--print-schedule [--microbatches N]`; and the short forms `--print-config` (`--job.print_config`) and
 // `--device D` (`--training.device D`).
 // `--help-config` prints the config keys and exits.
 static int parse_titan_flags(int argc, char **argv, Trainer *t) {
@@ -136,6 +140,14 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
                          i + 1 < argc ? error_quote(quoted, sizeof quoted, argv[i + 1]) : "none");
             t->estimate_checkpoint_bandwidth = v * 1e9;
             i++;
+        } else if (strcmp(argv[i], "--device-table") == 0) {
+            char names[256], quoted[160];
+            device_table_names(names, sizeof names);
+            if (i + 1 >= argc ||
+                (strcmp(argv[i + 1], "probe") && !device_table_named(argv[i + 1])))
+                die_user("--device-table expects probe or a kept row (%s), got %s", names,
+                         i + 1 < argc ? error_quote(quoted, sizeof quoted, argv[i + 1]) : "none");
+            t->estimate_device_table = argv[++i];
         } else if (strcmp(argv[i], "--device-memory") == 0) {
             char quoted[160];
             if (i + 1 >= argc || !(t->estimate_device_memory = parse_memory_size(argv[i + 1])))
@@ -153,6 +165,8 @@ static int parse_titan_flags(int argc, char **argv, Trainer *t) {
     if (world && !estimate) die_user("--world-size is only for --estimate");
     if (t->estimate_checkpoint_bandwidth && !estimate)
         die_user("--checkpoint-bandwidth is only for --estimate");
+    if (t->estimate_device_table && !estimate)
+        die_user("--device-table is only for --estimate (a run's step line measures its step)");
     if (t->estimate_ranks_per_device && !estimate)
         die_user("--ranks-per-device is only for --estimate (a run counts the ranks on its "
                  "device)");
@@ -218,7 +232,8 @@ static void print_estimate(Trainer *t, int argc, char **argv) {
                              .estimate_pp_rank = r,
                              .estimate_device_memory = t->estimate_device_memory,
                              .estimate_ranks_per_device = t->estimate_ranks_per_device,
-                             .estimate_checkpoint_bandwidth = t->estimate_checkpoint_bandwidth};
+                             .estimate_checkpoint_bandwidth = t->estimate_checkpoint_bandwidth,
+                             .estimate_device_table = t->estimate_device_table};
         trainer_setup(&ranks[r]);
     }
     trainer_print_estimate(ranks, pp);

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/device.h"
+#include "kernels/step_time.h"
 #include "train/train.h"
 
 // <dump_folder>/run_summary.json: what this run allocated and sent (rank 0's view), in the
@@ -164,14 +166,23 @@ void trainer_log_cp_traffic(const Trainer *t, double elapsed) {
 }
 
 // The FLOPs per token of the blocks this rank runs: the whole model's, or its stages' share.
-static double rank_flops_per_token(Trainer *t) {
-    if (!t->pipeline) return t->model.flops_per_token;
-    PipelineRankPlan pl = trainer_pipeline_rank_plan(t);
-    double flops = 0;
-    for (int s = 0; s < pl.stages; s++)
-        for (int b = pl.first[s]; b < pl.first[s + 1] && pl.stage_rank[s] == pl.rank; b++)
-            flops += t->model.block_flops_per_token[b];
-    return flops;
+static BlockFlops rank_flops_per_token(Trainer *t) {
+    PipelineRankPlan pl = t->pipeline ? trainer_pipeline_rank_plan(t) : (PipelineRankPlan){0};
+    BlockFlops sum = {0};
+    for (int b = 0; b < t->model.n_blocks; b++) {
+        bool mine = !t->pipeline;
+        for (int s = 0; s < pl.stages && !mine; s++)
+            mine = pl.stage_rank[s] == pl.rank && b >= pl.first[s] && b < pl.first[s + 1];
+        if (!mine) continue;
+        const BlockFlops *f = &t->model.block_flops[b];
+        sum.gemm += f->gemm, sum.attention += f->attention, sum.attention_done += f->attention_done;
+    }
+    return sum;
+}
+
+// This rank's tokens of a step (tensor parallel's ranks compute on each token's share).
+static double rank_tokens_per_step(const Trainer *t) {
+    return (double)t->accum * t->train.B * t->train.step_T / t->mesh.layout.size[MESH_TP];
 }
 
 // "  params      17835520   0.017  fp32 17835520": a row of the arena table, its name indented
@@ -207,8 +218,9 @@ static void print_rank_plan(Trainer *t) {
            "step's activations\n", t->act_bytes_ac[0],
            t->cfg.activation_checkpoint.selective_ac_option, t->act_bytes_ac[1],
            t->act_bytes_ac[2]);
-    double tokens = (double)t->accum * t->train.B * t->train.step_T / t->mesh.layout.size[MESH_TP];
-    double per_token = rank_flops_per_token(t);
+    double tokens = rank_tokens_per_step(t);
+    BlockFlops flops = rank_flops_per_token(t);
+    double per_token = flops.gemm + flops.attention;
     printf("  FLOPs per step per rank: %.12g (%.6g per token, %storchtitan's 6N + 12 L H Q T)\n",
            tokens * per_token, per_token, t->pipeline ? "its blocks' share of " : "");
     GroupBytes groups[MAX_GROUPS];
@@ -223,6 +235,159 @@ static void print_rank_plan(Trainer *t) {
                "layer receiving at most %lld rows per microbatch\n",
                (unsigned long long)e.bound_bytes, (long long)e.recv_rows_bound);
     }
+}
+
+// ---- the predicted step time (kernels/step_time.h) -----------------------------------------
+
+// Ops a block issues per microbatch, forward and backward: about 60 per decoder layer (its
+// GEMMs and their casts, norms, RoPE, attention, SwiGLU, adds, zeroing) in a profiled step of
+// the debug model. What a GPU's launch latency multiplies.
+static const double OPS_PER_BLOCK = 60;
+// The bytes elementwise ops move per byte of activation a block keeps: written in the forward,
+// read in the backward, its gradient written and read. A recomputed activation is written once
+// more.
+static const double ELEMENTWISE_PASSES = 4;
+// Bytes per parameter of a step beside the blocks: AdamW reads the weight, its gradient and the
+// two moments and writes three of them (28), the gradient norm reads the gradient (4), zeroing
+// writes it (4); the average (training.ema_decay) reads two and writes one more (12).
+static const double OPTIMIZER_BYTES = 36, EMA_BYTES = 12;
+// A float8 cast reads its operand twice (amax, then quantize) and writes a byte: 9 bytes per
+// element of each GEMM operand.
+static const double FLOAT8_CAST_BYTES = 9;
+
+// Each group's consecutive ranks (its span in the mesh, tp innermost) and whether the compute
+// waits for it (kernels/step_time.h).
+static GroupWork group_work(const Trainer *t, GroupBytes g) {
+    const int *size = t->mesh.layout.size;
+    int tp = size[MESH_TP], cp = size[MESH_CP] * tp, shard = size[MESH_DP_SHARD] * cp;
+    int world = t->mesh.layout.world_size, data = world / size[MESH_PP];
+    static const char *const BLOCKING[] = {"tp", "ep", "loss"};
+    GroupWork w = {.group = g.group, .bytes = (double)g.bytes};
+    for (size_t i = 0; i < sizeof BLOCKING / sizeof BLOCKING[0]; i++)
+        w.blocking |= strcmp(g.group, BLOCKING[i]) == 0;
+    w.span = !strcmp(g.group, "tp")     ? tp
+             : !strcmp(g.group, "cp")   ? cp
+             : !strcmp(g.group, "pp")   ? world
+             : !strcmp(g.group, "loss") || !strcmp(g.group, "dp_replicate") ? data
+                                                                           : shard;
+    return w;
+}
+
+// The bytes a step's float8 casts move per microbatch of `rows` rows: each float8 Linear's
+// input and output-gradient operands (twice each: rowwise casts each along two axes) and its
+// weight three times (forward, and each backward GEMM); a routed expert sees top_k / E of the
+// rows. Also the float8 Linears' share of the GEMM weights (`share`).
+static double float8_cast_bytes(const Trainer *t, double rows, double *share) {
+    const MoeArgs *moe = model_shape(&t->args).moe;
+    double bytes = 0, f8 = 0, all = 0;
+    for (int i = 0; i < t->model.n_linears; i++) {
+        const Linear *l = t->model.linears[i].linear;
+        const Param *p = l->weight;
+        double active = p->expert ? (double)moe->router.top_k / moe->router.n_experts : 1;
+        all += (double)p->numel * active;
+        if (l->precision == LINEAR_BACKEND) continue;
+        f8 += (double)p->numel * active;
+        double in = (double)p->shape[p->ndim - 1], out = (double)p->shape[p->ndim - 2];
+        double experts = p->expert ? (double)p->shape[0] : 1;
+        bytes += FLOAT8_CAST_BYTES * (3 * (double)p->numel + 2 * rows * active * experts * (in + out));
+    }
+    *share = all > 0 ? f8 / all : 0;
+    return bytes;
+}
+
+// What this rank's step does, in kernels/step_time.h's terms, from the plan.
+static StepWork step_work(Trainer *t, int sharing) {
+    StepWork w = {.sharing = sharing};
+    PipelineRankPlan pl = t->pipeline ? trainer_pipeline_rank_plan(t) : (PipelineRankPlan){0};
+    int micro = t->accum * (t->pipeline ? trainer_schedule_microbatches(&t->cfg) : 1);
+    double rows = (double)t->train.step_T *
+                  (t->pipeline ? t->cfg.parallelism.pipeline_parallel_microbatch_size : t->train.B);
+    double tokens = rank_tokens_per_step(t), f8_share;
+    BlockFlops flops = rank_flops_per_token(t);
+    double f8_bytes = float8_cast_bytes(t, rows, &f8_share);
+    GemmPrecision compute = t->precision.param == DTYPE_BF16 ? GEMM_BF16 : GEMM_FP32;
+    w.gemm_flops[GEMM_FLOAT8] = tokens * flops.gemm * f8_share;
+    w.gemm_flops[compute] = tokens * flops.gemm * (1 - f8_share);
+    w.attention_flops = tokens * flops.attention_done;
+    // A pipeline's arena holds its peak live microbatches' regions: one microbatch's is a region.
+    double per_micro = t->pipeline && pl.regions > 0 ? 1.0 / pl.regions : 1;
+    double kept = (double)t->act_bytes_ac[0] * per_micro;
+    double recomputed = kept - (double)t->act_arena.peak.total * per_micro;
+    w.elementwise_bytes =
+        micro * (ELEMENTWISE_PASSES * kept + (recomputed > 0 ? recomputed : 0) + f8_bytes);
+    double shards = (double)t->optim_arena.peak.total / 8;  // AdamW's two fp32 moments each
+    w.optimizer_bytes =
+        shards * (OPTIMIZER_BYTES + (t->cfg.training.ema_decay > 0 ? EMA_BYTES : 0));
+    int blocks = 0;
+    for (int s = 0; s < pl.stages; s++)
+        if (pl.stage_rank[s] == pl.rank) blocks += pl.first[s + 1] - pl.first[s];
+    w.ops = OPS_PER_BLOCK * micro * (t->pipeline ? blocks : t->model.n_blocks);
+    GroupBytes groups[MAX_GROUPS];
+    w.n_groups = comm_per_step(t, groups);
+    for (int g = 0; g < w.n_groups; g++) w.groups[g] = group_work(t, groups[g]);
+    w.bubble = t->pipeline ? pl.bubble : 0;
+    return w;
+}
+
+// The device row the prediction runs on: --device-table's, by default cpu's probed now and
+// cuda's H100's. A probe starts the backend (on the planning machine: it is what it measures).
+static DeviceTable estimate_device(Trainer *t) {
+    bool cpu = strcmp(t->cfg.training.device, "cpu") == 0;
+    const char *name = t->estimate_device_table ? t->estimate_device_table : cpu ? "probe" : "H100";
+    if (strcmp(name, "probe") != 0) return *device_table_named(name);
+    KernelInit init = {.precision = t->precision};
+    char why[512];
+    if (!t->k->init(&init, why, sizeof why))
+        die_user("--device-table probe: training.device %s: %s", t->cfg.training.device, why);
+    ModelShape shape = model_shape(&t->args);
+    int rows = t->train.step_T *
+               (t->pipeline ? (int)t->cfg.parallelism.pipeline_parallel_microbatch_size : t->train.B);
+    ProbeShape probe = {.compute = t->precision.param, .rows = rows, .dim = shape.dim,
+                        .head_dim = shape.head_dim, .seq_len = t->train.T,
+                        .float8 = t->float8_recipe != NULL};
+    return device_probe(t->k, &probe, cpu ? 0.4 : 4);
+}
+
+// "device: H100 SXM (data sheet ...): GEMM bf16 740 TFLOP/s, ..."
+static void print_device(const DeviceTable *d) {
+    static const char *const PRECISIONS[] = {"fp32", "bf16", "float8"};
+    printf("device: %s (%s): GEMM", d->name, d->source);
+    for (int p = 0; p < GEMM_PRECISIONS; p++)
+        if (d->gemm[p] > 0) printf(" %s %.4g TFLOP/s", PRECISIONS[p], d->gemm[p] / 1e12);
+    printf(", attention %.4g TFLOP/s (head_dim %d), elementwise %.4g GB/s, %.3g us per op",
+           d->attention / 1e12, d->attention_head_dim, d->memory / 1e9,
+           d->op * 1e6);
+    if (d->devices_per_node)
+        printf(", links %.4g GB/s in a node of %d, %.4g GB/s between nodes", d->link_node / 1e9,
+               d->devices_per_node, d->link_network / 1e9);
+    printf("\n");
+}
+
+// "  step time 0.35 s: GEMM 0.07 s, ...": one pp rank's prediction, term by term.
+static void print_step_time(const StepTime *s, double bubble) {
+    printf("  step time %.4g s: GEMM %.4g s, attention %.4g s, elementwise %.4g s, optimizer "
+           "%.4g s, op issue %.4g s; collectives %.4g s blocking, %.4g s overlapped (%.4g s "
+           "exposed)", s->step, s->gemm, s->attention, s->elementwise, s->optimizer, s->ops,
+           s->blocking, s->overlapped, s->exposed);
+    if (bubble > 0) printf("; pipeline bubble %.3f", bubble);
+    printf("\n");
+}
+
+// "step time: 0.35 s predicted, 2900 tokens/s per device, MFU 21% ...": the slowest pp rank's
+// step (a pipeline's step is its slowest rank's), in the step line's terms.
+static void print_prediction(const Trainer *t, const DeviceTable *d, double step, int pp_rank) {
+    const int *size = t->mesh.layout.size;
+    double tokens = (double)t->accum * t->train.B * t->train.step_T / (size[MESH_TP] * size[MESH_PP]);
+    GemmPrecision compute = t->precision.param == DTYPE_BF16 ? GEMM_BF16 : GEMM_FP32;
+    double peak = t->cfg.metrics.peak_flops > 0 ? t->cfg.metrics.peak_flops : d->peak[compute];
+    char mfu[96] = "MFU n/a";
+    if (peak > 0)
+        snprintf(mfu, sizeof mfu, "MFU %.1f%% of %.4g TFLOP/s", 100 * tokens / step *
+                 t->model.flops_per_token / peak, peak / 1e12);
+    char who[48] = "";
+    if (pp_rank >= 0) snprintf(who, sizeof who, " (pp rank %d, the slowest)", pp_rank);
+    printf("step time: %.4g s predicted%s, %.0f tokens/s per device, %s\n", step, who,
+           tokens / step, mfu);
 }
 
 // "0 (blocks 0-3: embed, layers.0-2)": a stage and its blocks, named as docs/design.md's block list
@@ -419,10 +584,19 @@ void trainer_print_estimate(Trainer *ranks, int n) {
            size[MESH_DP_REPLICATE], size[MESH_DP_SHARD], size[MESH_CP], size[MESH_TP],
            t->train.B, t->train.T, t->accum, t->cfg.activation_checkpoint.mode);
     print_sharing(t, sharing);
+    DeviceTable device = estimate_device(&ranks[0]);
+    print_device(&device);
+    double step = 0;
+    int slowest = 0;
     for (int r = 0; r < n; r++) {
         if (ranks[r].pipeline) print_pipeline_rank(&ranks[r]);
         print_rank_plan(&ranks[r]);
+        StepWork work = step_work(&ranks[r], sharing);
+        StepTime time = predict_step_time(&work, &device);
+        print_step_time(&time, work.bubble);
+        if (time.step > step) step = time.step, slowest = r;
     }
+    print_prediction(t, &device, step, n > 1 ? slowest : -1);
     print_checkpoint_plan(ranks, n, t->estimate_checkpoint_bandwidth);
     if (t->estimate_device_memory > 0)
         print_verdict(ranks, n, t->estimate_device_memory, sharing);

@@ -88,6 +88,8 @@ typedef struct {
     int estimate_ranks_per_device;  // `--ranks-per-device N` (0: 1, or the whole world where
                                     // comm.backend mpi puts every rank on one GPU)
     double estimate_checkpoint_bandwidth;  // > 0: `--checkpoint-bandwidth`, bytes/s
+    const char *estimate_device_table;     // `--device-table`: a kept row's name or "probe";
+                                           // NULL: cpu's probe, cuda's H100
     bool print_schedule;          // `--print-schedule`: check and print the pipeline schedule only
     int schedule_microbatches;    // `--microbatches N` for it (0: from the batch config)
     Arena param_arena, grad_arena, optim_arena, act_arena, comm_arena;

@@ -7,6 +7,7 @@
 
 #include "core/signal_stack.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/device.h"
 
 // The instruction set oneDNN dispatches to on this cpu (DNNL_MAX_CPU_ISA may lower it).
 static const char *cpu_isa_name(dnnl_cpu_isa_t isa) {
@@ -57,27 +58,10 @@ void cpu_device_id(char *buf, size_t n) { snprintf(buf, n, "host"); }
 // compute), the best of as many as 0.05 s holds (every training run pays it: CI runs hundreds).
 double cpu_peak_flops(void) {
     static double peak;
-    if (peak > 0) return peak;
-    enum { N = 1024 };
-    Dtype ab = cpu_gemm_bf16_on() ? DTYPE_BF16 : DTYPE_FP32;
-    size_t elems = (size_t)N * N, bytes = elems * (ab == DTYPE_BF16 ? 2 : 4);
-    void *a = xmalloc(bytes), *b = xmalloc(bytes);
-    float *c = xmalloc(elems * sizeof(float));
-    // Finite operands: 1.0 in either dtype (bf16 is fp32's upper half).
-    for (size_t i = 0; i < elems; i++) {
-        if (ab == DTYPE_BF16) ((uint16_t *)a)[i] = ((uint16_t *)b)[i] = 0x3f80;
-        else ((float *)a)[i] = ((float *)b)[i] = 1.0f;
-    }
-    cpu_matmul(c, a, b, ab, N, N, N, false, false, 0.0f);  // warm: threads, caches, kernels
-    double began = omp_get_wtime(), best = 0;
-    do {
-        double t0 = omp_get_wtime();
-        cpu_matmul(c, a, b, ab, N, N, N, false, false, 0.0f);
-        double flops = 2.0 * N * N * N / (omp_get_wtime() - t0);
-        if (flops > best) best = flops;
-    } while (omp_get_wtime() - began < 0.05);
-    free(a), free(b), free(c);
-    return peak = best;
+    if (peak <= 0)
+        peak = device_probe_gemm(&kernels_cpu, cpu_gemm_bf16_on() ? DTYPE_BF16 : DTYPE_FP32, 1024,
+                                 0.05);
+    return peak;
 }
 
 const KernelOps kernels_cpu = {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda.h"
+#include "kernels/device.h"
 
 static struct {
     bool ready;  // init has run
@@ -151,19 +152,14 @@ void cuda_zero(void *dst, size_t bytes) {
     CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, state.stream));
 }
 
-// Dense bf16 tensor-core peaks by device name, as torchtitan's get_peak_flops (NVIDIA's data
-// sheets; SXM parts). fp32 compute runs off the tensor cores: no MFU is claimed for it.
+// The data sheet's dense bf16 tensor-core peak of the GPU's kept row (kernels/device_table.c).
+// fp32 compute runs off the tensor cores: no MFU is claimed for it.
 double cuda_peak_flops(void) {
-    static const struct { const char *name; double flops; } PEAKS[] = {
-        {"H200", 989e12}, {"H100 NVL", 835e12}, {"H100 PCIe", 756e12}, {"H100", 989e12},
-        {"B200", 2250e12}, {"A100", 312e12}, {"L40S", 362e12},
-    };
     if (!state.ready || !state.bf16_compute) return 0;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, state.device));
-    for (size_t i = 0; i < sizeof PEAKS / sizeof PEAKS[0]; i++)
-        if (strstr(prop.name, PEAKS[i].name)) return PEAKS[i].flops;
-    return 0;
+    const DeviceTable *row = device_table_for_gpu(prop.name);
+    return row ? row->peak[GEMM_BF16] : 0;
 }
 
 // In KernelOps' declaration order (C++ requires it of designated initializers).

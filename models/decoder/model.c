@@ -164,10 +164,11 @@ static void add_linears(Model *m, Decoder *l) {
 // theirs: the active ones), plus in each layer 12 * heads * head_dim *
 // seq_len for the attention scores and values (counted as if not causal, as torchtitan and
 // PaLM do). The blocks' shares sum to the whole model's 6N + 12 L H Q T (exactly: integers
-// far below 2^53), so a pipeline stage's FLOPs are the sum over its blocks.
+// far below 2^53), so a pipeline stage's FLOPs are the sum over its blocks. The causal mask's
+// kernels do half of the attention's.
 static void count_flops(Model *m, const DecoderArgs *a, int seq_len, const Param *embed) {
     double attention = 12.0 * a->n_heads * decoder_head_dim(a) * seq_len;
-    m->block_flops_per_token = xcalloc((size_t)m->n_blocks, sizeof(double));
+    m->block_flops = xcalloc((size_t)m->n_blocks, sizeof(BlockFlops));
     int param = 0;
     for (int b = 0; b < m->n_blocks; b++) {
         double weights = 0;
@@ -177,8 +178,10 @@ static void count_flops(Model *m, const DecoderArgs *a, int seq_len, const Param
             if (p != embed && !p->buffer) weights += (double)p->numel * active;
         }
         bool layer = b > 0 && b + 1 < m->n_blocks;
-        m->block_flops_per_token[b] = 6 * weights + (layer ? attention : 0);
-        m->flops_per_token += m->block_flops_per_token[b];
+        BlockFlops *f = &m->block_flops[b];
+        *f = (BlockFlops){.gemm = 6 * weights, .attention = layer ? attention : 0};
+        f->attention_done = f->attention / 2;
+        m->flops_per_token += f->gemm + f->attention;
     }
 }
 

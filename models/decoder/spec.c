@@ -16,7 +16,8 @@ const DecoderArgs *decoder_args_of(const ModelArgs *a) {
 ModelShape decoder_spec_shape(const ModelArgs *a) {
     const DecoderArgs *d = decoder_args_of(a);
     return (ModelShape){.n_layers = d->n_layers, .dim = d->dim,
-                        .kv_dim = d->n_kv_heads * decoder_head_dim(d), .vocab_size = d->vocab_size,
+                        .kv_dim = d->n_kv_heads * decoder_head_dim(d),
+                        .head_dim = decoder_head_dim(d), .vocab_size = d->vocab_size,
                         .max_seq_len = d->max_seq_len,
                         .tie_word_embeddings = d->tie_word_embeddings,
                         .moe = decoder_has_moe(d) ? &d->moe : NULL};

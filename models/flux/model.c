@@ -176,39 +176,45 @@ static double linear_flops(const FluxLinear *l, double rows) {
 
 // Each block's training FLOPs per row of the hidden state (S per sample): its linears on the
 // rows they see (the modulations and embedders once per sample) and, as torchtitan's
-// get_nparams_and_flops, 12 D Tj^2 per sample for the joint attention's two products.
+// get_nparams_and_flops, 12 D Tj^2 per sample for the joint attention's two products (no mask:
+// its kernels do all of them).
 static void count_flops(Model *m, const Flux *f) {
     const FluxArgs *a = &f->args;
     double L = a->txt_len, N = flux_img_tokens(a), Tj = L + N, S = flux_seq_len(a);
     double attention = 12.0 * a->hidden_size * Tj * Tj;
-    m->block_flops_per_token = xcalloc((size_t)m->n_blocks, sizeof(double));
-    double *flops = m->block_flops_per_token;
+    m->block_flops = xcalloc((size_t)m->n_blocks, sizeof(BlockFlops));
+    BlockFlops *flops = m->block_flops;
     const FluxEmbed *e = &f->embed;
-    flops[0] = linear_flops(&e->img_in, N) + linear_flops(&e->txt_in, L);
+    flops[0].gemm = linear_flops(&e->img_in, N) + linear_flops(&e->txt_in, L);
     const FluxLinear *embedders[] = {&e->time_in.in_layer, &e->time_in.out_layer,
                                      &e->vector_in.in_layer, &e->vector_in.out_layer,
                                      &e->guidance_in.in_layer, &e->guidance_in.out_layer};
-    for (int i = 0; i < (a->guidance_embed ? 6 : 4); i++) flops[0] += linear_flops(embedders[i], 1);
+    for (int i = 0; i < (a->guidance_embed ? 6 : 4); i++)
+        flops[0].gemm += linear_flops(embedders[i], 1);
     for (int i = 0; i < a->depth; i++) {
         const FluxStream *st[2] = {&f->doubles[i].txt, &f->doubles[i].img};
-        double *fl = &flops[1 + i];
-        *fl = attention;
+        BlockFlops *fl = &flops[1 + i];
+        fl->attention = attention;
         for (int j = 0; j < 2; j++) {
             double rows = j ? N : L;
-            *fl += linear_flops(&st[j]->mod, 1) + linear_flops(&st[j]->qkv, rows) +
+            fl->gemm += linear_flops(&st[j]->mod, 1) + linear_flops(&st[j]->qkv, rows) +
                    linear_flops(&st[j]->proj, rows) + linear_flops(&st[j]->mlp_in, rows) +
                    linear_flops(&st[j]->mlp_out, rows);
         }
     }
     for (int i = 0; i < a->depth_single_blocks; i++) {
         const FluxSingle *b = &f->singles[i];
-        flops[1 + a->depth + i] = attention + linear_flops(&b->mod, 1) +
-                                  linear_flops(&b->linear1, Tj) + linear_flops(&b->linear2, Tj);
+        flops[1 + a->depth + i] = (BlockFlops){
+            .gemm = linear_flops(&b->mod, 1) + linear_flops(&b->linear1, Tj) +
+                    linear_flops(&b->linear2, Tj),
+            .attention = attention};
     }
-    flops[m->n_blocks - 1] = linear_flops(&f->head.linear, N) + linear_flops(&f->head.adaln, 1);
+    flops[m->n_blocks - 1].gemm =
+        linear_flops(&f->head.linear, N) + linear_flops(&f->head.adaln, 1);
     for (int b = 0; b < m->n_blocks; b++) {
-        flops[b] /= S;
-        m->flops_per_token += flops[b];
+        flops[b].gemm /= S, flops[b].attention /= S;
+        flops[b].attention_done = flops[b].attention;
+        m->flops_per_token += flops[b].gemm + flops[b].attention;
     }
 }
 

@@ -18,7 +18,8 @@ static const FluxArgs *flux_of(const ModelArgs *a) { return model_args_of(a, &FL
 static ModelShape shape(const ModelArgs *a) {
     const FluxArgs *f = flux_of(a);
     return (ModelShape){.n_layers = f->depth + f->depth_single_blocks, .dim = f->hidden_size,
-                        .kv_dim = f->hidden_size, .max_seq_len = flux_seq_len(f)};
+                        .kv_dim = f->hidden_size, .head_dim = flux_head_dim(f),
+                        .max_seq_len = flux_seq_len(f)};
 }
 
 // FLUX reads no vocabulary and its sequence is its data's (ModelData.open sets it); of the

@@ -19,13 +19,15 @@ typedef struct {
 
 // torchtitan's llama3_configs; "small" is titan's benchmark shape (scripts/bench_cpu.sh),
 // "medium" its checkpoint benchmark's: 98.6M parameters, a 1.18 GB training state
-// (scripts/bench_checkpoint.sh). vocab_size 0 keeps Llama 3's 128256 tokens.
+// (scripts/bench_checkpoint.sh); "8B_4L" the 8B's layers, four of them, what one GPU holds with
+// its whole training state (scripts/bench_gpu.sh). vocab_size 0 keeps Llama 3's 128256 tokens.
 static const Flavor FLAVORS[] = {
     {"debugmodel", 256, 6, 16, 0, 2048, 256, 0, 500000},
     {"small", 256, 4, 8, 4, 2048, 256, 0, 500000},
     {"medium", 1024, 8, 16, 8, 2048, 256, 0, 500000},
     {"1B", 2048, 16, 32, 8, 0, 256, 1.5, 500000},  // Llama 3.2 1B's shape: the GPU benchmark
     {"8B", 4096, 32, 32, 8, 0, 1024, 1.3, 500000},
+    {"8B_4L", 4096, 4, 32, 8, 0, 1024, 1.3, 500000},
     {"70B", 8192, 80, 64, 8, 0, 4096, 1.3, 500000},
     {"405B", 16384, 126, 128, 8, 0, 4096, 1.2, 500000},
 };

@@ -17,7 +17,8 @@
 # fix) is exact at the margin; a bad size, or the flag on a run, is one line and exit 2. A device
 # shared by several ranks (--ranks-per-device; on cuda under comm.backend mpi every rank on one
 # GPU by default) is divided among them in the verdict and named in a line saying what is shared.
-# The checkpoint line's full-state and model-only bytes are what a 2-rank run's files hold.
+# The checkpoint line's full-state and model-only bytes are what a 2-rank run's files hold. The
+# predicted step time's GEMM and attention terms are the FLOPs over a kept GPU row's rates.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -110,6 +111,47 @@ expect_user_error "^titan: error: --ranks-per-device 5: more than the 4 ranks pl
   "${shared[@]}" --comm.backend mpi --ranks-per-device 5
 expect_user_error "^titan: error: --ranks-per-device is only for --estimate" \
   $TITAN --config configs/debug_model.yaml --ranks-per-device 2
+
+# The predicted step time: on a kept GPU row (--device-table H100) the GEMM and attention terms
+# are the FLOPs line's over the row's rates, by hand (8B: 32 layers of 32 heads x 128 on 8192
+# tokens; a causal mask's kernels do half the attention), the terms add up to the step, and the
+# summary's tokens/s and MFU follow; on cpu the rates are probed now. A name without a row, or
+# the flag on a run, is one line and exit 2.
+$TITAN --estimate --config configs/llama3_8b.yaml --world-size 64 \
+  --parallelism.tensor_parallel_degree 8 --device-table H100 >"$SCRATCH/8b-h100.txt"
+$PY - "$SCRATCH/8b-h100.txt" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+assert re.search(r"^device: H100 SXM \(data sheet peaks; .*\): GEMM fp32 50 TFLOP/s bf16 740 "
+                 r"TFLOP/s float8 1300 TFLOP/s, attention 450 TFLOP/s \(head_dim 128\)", text, re.M), text
+flops, per_token = map(float, re.search(r"FLOPs per step per rank: (\S+) \((\S+) per token", text).groups())
+tokens = flops / per_token
+attention = 32 * 12 * 32 * 128 * 8192
+step = re.search(r"^  step time (\S+) s: GEMM (\S+) s, attention (\S+) s, elementwise (\S+) s, "
+                 r"optimizer (\S+) s, op issue (\S+) s; collectives (\S+) s blocking, (\S+) s "
+                 r"overlapped \((\S+) s exposed\)", text, re.M)
+total, gemm, attn, elementwise, optimizer, ops, blocking, overlapped, exposed = map(float, step.groups())
+close = lambda a, b: abs(a - b) <= 1e-3 * abs(b)
+assert close(gemm, tokens * (per_token - attention) / 740e12), (gemm, tokens, per_token)
+assert close(attn, tokens * attention / 2 / 450e12), attn
+assert close(total, gemm + attn + elementwise + optimizer + ops + blocking + exposed), step.groups()
+assert blocking > 0 and overlapped > 0, "tp and fsdp traffic: one blocks, one overlaps"
+summary = re.search(r"^step time: (\S+) s predicted, (\S+) tokens/s per device, MFU (\S+)% of 989 "
+                    r"TFLOP/s$", text, re.M)
+assert summary and close(float(summary[1]), total), text
+assert abs(float(summary[2]) - 8192 / 8 / total) <= 1, summary[2]  # a tp group's share a row
+print(f"ok: 8B on 64 H100s (tp 8): GEMM {gemm} s, attention {attn} s by hand; step {total} s, MFU {summary[3]}%")
+PY
+$TITAN --estimate --config configs/debug_model.yaml --model.tokenizer_path null \
+  >"$SCRATCH/debug-probe.txt"
+grep -Eq "^device: cpu.*\(probed now\): GEMM bf16 [0-9.e+-]+ TFLOP/s, attention [0-9.e+-]+ TFLOP/s \(head_dim 16\)" \
+  "$SCRATCH/debug-probe.txt" || fail "cpu estimate: no probed device line: $(cat "$SCRATCH/debug-probe.txt")"
+grep -Eq "^step time: [0-9.e+-]+ s predicted, [0-9]+ tokens/s per device, MFU [0-9.]+% of" \
+  "$SCRATCH/debug-probe.txt" || fail "cpu estimate: no predicted step time"
+expect_user_error "^titan: error: --device-table expects probe or a kept row \(H100 PCIe, H100 NVL, H100 SXM, H200 SXM, B200, A100 SXM, L40S\), got 'H300'$" \
+  $TITAN --estimate --config configs/debug_model.yaml --device-table H300
+expect_user_error "^titan: error: --device-table is only for --estimate" \
+  $TITAN --config configs/debug_model.yaml --device-table H100
 
 # A checkpoint's plan: the full state and the model-only bytes are what a run's files hold
 # (h5py: every dataset's bytes), per rank and in all, and --checkpoint-bandwidth divides them.
