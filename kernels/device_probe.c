@@ -1,7 +1,9 @@
 // device_probe (kernels/device.h): a device's row measured through its backend's own ops, so
-// that the rates are the ones a training step's ops reach. Each measurement is the best of as
-// many runs as its share of the time allows, after one warm-up run (threads, caches, library
-// plans).
+// that the rates are the ones a training step's ops reach. A step's ops read what earlier ops
+// wrote megabytes ago, so a probe runs its op over several copies of its operands in turn, as
+// many as fill more than the caches (COLD_BYTES), and never finds them cached from its own last
+// call. Each measurement is the best of as many runs as its share of the time allows, after
+// one warm-up run (threads, library plans).
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -9,9 +11,21 @@
 #include "core/errors.h"
 #include "kernels/device.h"
 
+enum { MAX_COPIES = 16 };
+
+// Bytes of operands a probe cycles through: more than a server cpu's L2 and its share of L3,
+// or a GPU's L2 (50 MB on an H100).
+static size_t cold_bytes(const KernelOps *k) { return k->host_memory ? 64u << 20 : 256u << 20; }
+
+// How many copies of `bytes` of operands exceed the caches (at most MAX_COPIES).
+static int copies_for(const KernelOps *k, size_t bytes) {
+    size_t n = cold_bytes(k) / (bytes ? bytes : 1) + 1;
+    return n < MAX_COPIES ? (int)n : MAX_COPIES;
+}
+
 // Device memory for a probe, zeroed (finite operands: 0.0 in every dtype).
 static void *probe_alloc(const KernelOps *k, size_t bytes) {
-    void *p = k->alloc(bytes);
+    void *p = k->alloc(bytes ? bytes : 1);
     if (!p) die_user("device probe: no room for %zu bytes on %s", bytes, k->name);
     return p;
 }
@@ -38,38 +52,54 @@ static double best_seconds(const KernelOps *k, ProbeRun run, void *ctx, double s
     return best;
 }
 
+// ---- GEMMs -----------------------------------------------------------------------------------
+
 typedef struct {
-    float *c, *x32, *w, *dy32, *dw;  // c (m, n); x32, dy32 (m, n) fp32; w, dw (n, n)
-    void *x, *dy, *w_cast;           // x, dy: (m, n) in ab; w_cast (n, n) in ab
+    float *c, *w, *dy32, *dw;  // c, dy32 (m, n) fp32; w, dw (n, n) fp32
+    void *x, *dy, *w_cast;     // x, dy (m, n) and w_cast (n, n) in ab
+} LinearOperands;
+
+typedef struct {
+    LinearOperands at[MAX_COPIES];
+    int copies, m, n;
     Dtype ab;
-    int m, n;
-} GemmProbe;
+} LinearProbe;
 
 // A square Linear's training GEMMs as models/linear.c runs them: the output x w^T, the input's
-// gradient dy w and the weight's dy^T x (added into dw), each of the first two after casting
-// the weight to the operand dtype (bf16: a cast per GEMM) and the gradient's after casting dy.
+// gradient dy w and the weight's dy^T x (added into dw); under bf16 the weight is cast before
+// each of the first two and dy before the second.
 static void run_linear(const KernelOps *k, void *ctx) {
-    GemmProbe *g = ctx;
+    LinearProbe *g = ctx;
     size_t w_elems = (size_t)g->n * g->n, dy_elems = (size_t)g->m * g->n;
-    const void *w = g->ab == DTYPE_BF16 ? g->w_cast : g->w;
-    if (g->ab == DTYPE_BF16) k->to_bf16(g->w_cast, g->w, w_elems);
-    k->matmul(g->c, g->x, w, g->ab, g->m, g->n, g->n, false, true, 0.0f);
-    if (g->ab == DTYPE_BF16) k->to_bf16(g->dy, g->dy32, dy_elems), k->to_bf16(g->w_cast, g->w, w_elems);
-    k->matmul(g->c, g->dy, w, g->ab, g->m, g->n, g->n, false, false, 0.0f);
-    k->matmul(g->dw, g->dy, g->x, g->ab, g->n, g->n, g->m, true, false, 1.0f);
+    bool cast = g->ab == DTYPE_BF16;
+    for (int i = 0; i < g->copies; i++) {
+        LinearOperands *o = &g->at[i];
+        const void *w = cast ? o->w_cast : o->w;
+        if (cast) k->to_bf16(o->w_cast, o->w, w_elems);
+        k->matmul(o->c, o->x, w, g->ab, g->m, g->n, g->n, false, true, 0.0f);
+        if (cast) k->to_bf16(o->dy, o->dy32, dy_elems), k->to_bf16(o->w_cast, o->w, w_elems);
+        k->matmul(o->c, o->dy, w, g->ab, g->m, g->n, g->n, false, false, 0.0f);
+        k->matmul(o->dw, o->dy, o->x, g->ab, g->n, g->n, g->m, true, false, 1.0f);
+    }
 }
 
-// FLOP/s of a (m, n) x (n, n) Linear's forward and backward (6 m n n FLOPs), the best in
-// `seconds`.
+// FLOP/s of a (m, n) x (n, n) Linear's forward and backward (6 m n n FLOPs each copy).
 static double probe_linear(const KernelOps *k, Dtype ab, int m, int n, double seconds) {
     size_t size = dtype_size(ab), act = (size_t)m * n, w = (size_t)n * n;
-    GemmProbe g = {.c = probe_alloc(k, act * 4), .w = probe_alloc(k, w * 4),
-                   .dy32 = probe_alloc(k, act * 4), .dw = probe_alloc(k, w * 4),
-                   .x = probe_alloc(k, act * size), .dy = probe_alloc(k, act * size),
-                   .w_cast = probe_alloc(k, w * size), .ab = ab, .m = m, .n = n};
-    double flops = 6.0 * m * n * n / best_seconds(k, run_linear, &g, seconds);
-    void *all[] = {g.c, g.w, g.dy32, g.dw, g.x, g.dy, g.w_cast};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) k->free(all[i]);
+    LinearProbe g = {.m = m, .n = n, .ab = ab};
+    g.copies = copies_for(k, act * (8 + 2 * size) + w * (8 + size));
+    for (int i = 0; i < g.copies; i++)
+        g.at[i] = (LinearOperands){.c = probe_alloc(k, act * 4), .w = probe_alloc(k, w * 4),
+                                   .dy32 = probe_alloc(k, act * 4), .dw = probe_alloc(k, w * 4),
+                                   .x = probe_alloc(k, act * size),
+                                   .dy = probe_alloc(k, act * size),
+                                   .w_cast = probe_alloc(k, w * size)};
+    double flops = 6.0 * m * n * n * g.copies / best_seconds(k, run_linear, &g, seconds);
+    for (int i = 0; i < g.copies; i++) {
+        LinearOperands *o = &g.at[i];
+        void *all[] = {o->c, o->w, o->dy32, o->dw, o->x, o->dy, o->w_cast};
+        for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) k->free(all[j]);
+    }
     return flops;
 }
 
@@ -85,11 +115,23 @@ static void run_square(const KernelOps *k, void *ctx) {
     k->matmul(g->c, g->a, g->b, g->ab, g->n, g->n, g->n, false, false, 0.0f);
 }
 
+// A peak: one (n, n, n) GEMM again and again, its operands cached. A cpu idle a moment ago can
+// take a few tenths of a second of load to reach its clocks (up to 3x slower before: the host's
+// power management): the GEMM repeats in spans of `seconds` until a span is no more than 10%
+// faster than the one before (at most MAX_RAMP spans), which also readies the device for the
+// probes after it.
+enum { MAX_RAMP = 12 };
 double device_probe_gemm(const KernelOps *k, Dtype ab, int n, double seconds) {
     size_t elems = (size_t)n * n;
     SquareGemm g = {probe_alloc(k, elems * 4), probe_alloc(k, elems * dtype_size(ab)),
                     probe_alloc(k, elems * dtype_size(ab)), ab, n};
-    double flops = 2.0 * n * n * n / best_seconds(k, run_square, &g, seconds);
+    double flops = 0;
+    for (int span = 0; span < MAX_RAMP; span++) {
+        double before = flops;
+        flops = 2.0 * n * n * n / best_seconds(k, run_square, &g, seconds);
+        if (flops < before) flops = before;
+        if (flops <= 1.1 * before) break;
+    }
     k->free(g.c), k->free(g.a), k->free(g.b);
     return flops;
 }
@@ -107,6 +149,7 @@ static void run_float8(const KernelOps *k, void *ctx) {
                      g->n, g->n, g->n, false, 0.0f, g->workspace);
 }
 
+// A float8 GEMM's FLOP/s on (n, n) tensorwise e4m3 operands (its casts are elementwise work).
 static double probe_float8(const KernelOps *k, int n, double seconds) {
     size_t elems = (size_t)n * n, ws = k->matmul_float8_workspace_bytes(n, n, n);
     Float8Probe g = {probe_alloc(k, elems * 4), probe_alloc(k, sizeof(float)),
@@ -120,41 +163,65 @@ static double probe_float8(const KernelOps *k, int n, double seconds) {
     return flops;
 }
 
+// ---- attention -------------------------------------------------------------------------------
+
 typedef struct {
-    AttnShape s;
     float *q, *k, *v, *out, *lse, *dq, *dk, *dv, *dout;
     void *workspace;
+} AttentionOperands;
+
+typedef struct {
+    AttnShape s;
+    AttentionOperands at[MAX_COPIES];
+    int copies;
 } AttentionProbe;
 
 static void run_attention(const KernelOps *k, void *ctx) {
-    AttentionProbe *a = ctx;
-    k->attention_forward(a->out, a->lse, a->q, a->k, a->v, &a->s, a->workspace);
-    k->attention_backward(a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->out, a->lse, &a->s,
-                          a->workspace);
+    AttentionProbe *p = ctx;
+    for (int i = 0; i < p->copies; i++) {
+        AttentionOperands *a = &p->at[i];
+        k->attention_forward(a->out, a->lse, a->q, a->k, a->v, &p->s, a->workspace);
+        k->attention_backward(a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->out, a->lse,
+                              &p->s, a->workspace);
+    }
 }
 
 // Causal self-attention of one sequence of T rows: 12 head_dim FLOPs per query-key pair seen
 // (forward's two products, backward's four), T (T + 1) / 2 pairs per head.
 static double probe_attention(const KernelOps *k, int heads, int T, int head_dim, double seconds) {
-    AttentionProbe a = {.s = {.B = 1, .Tq = T, .Tk = T, .n_heads = heads, .n_kv_heads = heads,
+    AttentionProbe p = {.s = {.B = 1, .Tq = T, .Tk = T, .n_heads = heads, .n_kv_heads = heads,
                               .head_dim = head_dim, .mask = ATTN_CAUSAL}};
-    size_t rows = (size_t)T * heads * head_dim * sizeof(float);
-    float **tensors[] = {&a.q, &a.k, &a.v, &a.out, &a.dq, &a.dk, &a.dv, &a.dout};
-    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) *tensors[i] = probe_alloc(k, rows);
-    a.lse = probe_alloc(k, (size_t)heads * T * sizeof(float));
-    size_t ws = k->attention_workspace_bytes(&a.s);
-    a.workspace = ws ? probe_alloc(k, ws) : NULL;
+    size_t rows = (size_t)T * heads * head_dim * sizeof(float), ws = k->attention_workspace_bytes(&p.s);
+    p.copies = copies_for(k, 8 * rows);
+    for (int i = 0; i < p.copies; i++) {
+        AttentionOperands *a = &p.at[i];
+        float **tensors[] = {&a->q, &a->k, &a->v, &a->out, &a->dq, &a->dk, &a->dv, &a->dout};
+        for (size_t j = 0; j < sizeof tensors / sizeof tensors[0]; j++)
+            *tensors[j] = probe_alloc(k, rows);
+        a->lse = probe_alloc(k, (size_t)heads * T * sizeof(float));
+        a->workspace = ws ? probe_alloc(k, ws) : NULL;
+    }
     double pairs = (double)heads * T * (T + 1) / 2;
-    double flops = 12.0 * head_dim * pairs / best_seconds(k, run_attention, &a, seconds);
-    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) k->free(*tensors[i]);
-    k->free(a.lse);
-    if (a.workspace) k->free(a.workspace);
+    double flops = 12.0 * head_dim * pairs * p.copies / best_seconds(k, run_attention, &p, seconds);
+    for (int i = 0; i < p.copies; i++) {
+        AttentionOperands *a = &p.at[i];
+        float *tensors[] = {a->q, a->k, a->v, a->out, a->dq, a->dk, a->dv, a->dout, a->lse};
+        for (size_t j = 0; j < sizeof tensors / sizeof tensors[0]; j++) k->free(tensors[j]);
+        if (a->workspace) k->free(a->workspace);
+    }
     return flops;
 }
 
+// ---- elementwise ops and issue cost ----------------------------------------------------------
+
 typedef struct {
-    float *x, *y, *z, *u, *weight, *rstd;
-    int rows, dim;
+    float *x, *y, *z, *u, *rstd;
+} MemoryOperands;
+
+typedef struct {
+    MemoryOperands at[MAX_COPIES];
+    float *weight;
+    int copies, rows, dim;
 } MemoryProbe;
 
 // A step's elementwise mix: a norm (reads and writes each element), the SwiGLU (reads two,
@@ -163,22 +230,31 @@ typedef struct {
 static void run_memory(const KernelOps *k, void *ctx) {
     MemoryProbe *m = ctx;
     size_t n = (size_t)m->rows * m->dim;
-    k->rmsnorm_forward(m->z, DTYPE_FP32, m->rstd, m->x, m->weight, m->rows, m->dim, 1e-5f);
-    k->swiglu_forward(m->z, DTYPE_FP32, m->x, m->y, n);
-    k->add(m->y, m->x, n);
-    k->adamw_update(m->z, m->x, m->y, m->u, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
+    for (int i = 0; i < m->copies; i++) {
+        MemoryOperands *o = &m->at[i];
+        k->rmsnorm_forward(o->z, DTYPE_FP32, o->rstd, o->x, m->weight, m->rows, m->dim, 1e-5f);
+        k->swiglu_forward(o->z, DTYPE_FP32, o->x, o->y, n);
+        k->add(o->y, o->x, n);
+        k->adamw_update(o->z, o->x, o->y, o->u, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
+    }
 }
 
+// Bytes/s of run_memory's mix on (rows, dim): 15 reads and writes of 4 bytes per element.
 static double probe_memory(const KernelOps *k, int rows, int dim, double seconds) {
-    MemoryProbe m = {.rows = rows, .dim = dim};
+    MemoryProbe m = {.rows = rows, .dim = dim, .weight = probe_alloc(k, (size_t)dim * 4)};
     size_t elems = (size_t)rows * dim, bytes = elems * sizeof(float);
-    m.x = probe_alloc(k, bytes), m.y = probe_alloc(k, bytes), m.z = probe_alloc(k, bytes);
-    m.u = probe_alloc(k, bytes);
-    m.weight = probe_alloc(k, (size_t)dim * sizeof(float));
-    m.rstd = probe_alloc(k, (size_t)rows * sizeof(float));
-    double moved = 4.0 * elems * (2 + 3 + 3 + 7);
+    m.copies = copies_for(k, 4 * bytes);
+    for (int i = 0; i < m.copies; i++)
+        m.at[i] = (MemoryOperands){probe_alloc(k, bytes), probe_alloc(k, bytes),
+                                   probe_alloc(k, bytes), probe_alloc(k, bytes),
+                                   probe_alloc(k, (size_t)rows * 4)};
+    double moved = 4.0 * elems * (2 + 3 + 3 + 7) * m.copies;
     double rate = moved / best_seconds(k, run_memory, &m, seconds);
-    k->free(m.x), k->free(m.y), k->free(m.z), k->free(m.u), k->free(m.weight), k->free(m.rstd);
+    for (int i = 0; i < m.copies; i++) {
+        MemoryOperands *o = &m.at[i];
+        k->free(o->x), k->free(o->y), k->free(o->z), k->free(o->u), k->free(o->rstd);
+    }
+    k->free(m.weight);
     return rate;
 }
 
