@@ -1,5 +1,5 @@
 // What a device does per second: the table --estimate predicts a step's time from
-// (train/predict.h) and MFU divides by. A GPU's row is kept in kernels/device_table.c with where
+// (kernels/step_time.h) and MFU divides by. A GPU's row is kept in kernels/device_table.c with where
 // its numbers came from and when; a cpu has no fixed row (its cores, clocks and vector units,
 // and a rank's share of them, vary by machine), so its row is measured when wanted
 // (device_probe), as is any backend's on request (`titan --estimate --device-table probe`,
@@ -18,18 +18,24 @@ extern "C" {
 // operands of float8 Linears).
 typedef enum { GEMM_FP32, GEMM_BF16, GEMM_FLOAT8, GEMM_PRECISIONS } GemmPrecision;
 
+// The backend GEMMs' precision under a compute dtype (MixedPrecisionPolicy.param).
+static inline GemmPrecision gemm_precision_of(Dtype compute) {
+    return compute == DTYPE_BF16 ? GEMM_BF16 : GEMM_FP32;
+}
+
 typedef struct {
     const char *name;    // "H100 SXM"; a probed row: the backend's describe() first part
     const char *source;  // where the numbers came from, with the date
-    // Dense GEMM FLOP/s by operand precision. peak: the data sheet's (MFU's denominator; 0 for
-    // a cpu, whose peak is the measured one); gemm: what large GEMMs reach (0: not run, as
-    // float8 on a GPU without it, which falls back to bf16's).
+    // Dense GEMM FLOP/s by operand precision. peak: MFU's denominator, a GPU's data sheet's (0
+    // for fp32, off the tensor cores), a probed cpu's measured GEMM peak; gemm: what a step's
+    // GEMMs reach (0: not run, as float8 on a GPU without it, which falls back to bf16's).
     double peak[GEMM_PRECISIONS], gemm[GEMM_PRECISIONS];
     // Attention forward + backward, real FLOP/s at head_dim attention_head_dim: 12 * head_dim
     // FLOPs per query-key pair a query sees (half the square under a causal mask).
     double attention;
     int attention_head_dim;
-    double memory;  // bytes/s the elementwise ops (norms, activations, casts, optimizer) move
+    double memory;     // bytes/s the elementwise ops (norms, activations, casts) move
+    double optimizer;  // bytes/s of the optimizer's update (AdamW: 4 floats read, 3 written)
     double op;      // seconds of issue cost per op (a GPU's launch, a cpu's thread fork-join)
     // Collective bytes/s per device: to a device of the same node (NVLink), and to another
     // node's (the network); devices_per_node of them on a node.

@@ -15,7 +15,7 @@ enum { MAX_COPIES = 16 };
 
 // Bytes of operands a probe cycles through: more than a server cpu's L2 and its share of L3,
 // or a GPU's L2 (50 MB on an H100).
-static size_t cold_bytes(const KernelOps *k) { return k->host_memory ? 64u << 20 : 256u << 20; }
+static size_t cold_bytes(const KernelOps *k) { return k->host_memory ? 32u << 20 : 256u << 20; }
 
 // How many copies of `bytes` of operands exceed the caches (at most MAX_COPIES).
 static int copies_for(const KernelOps *k, size_t bytes) {
@@ -36,13 +36,13 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-// Seconds of the best of as many calls of run(ctx) as `seconds` holds (at least two).
+// Seconds of the best of as many calls of run(ctx) as `seconds` holds (at least one).
 typedef void (*ProbeRun)(const KernelOps *k, void *ctx);
 static double best_seconds(const KernelOps *k, ProbeRun run, void *ctx, double seconds) {
     run(k, ctx);  // warm
     k->synchronize();
     double began = now(), best = 1e30;
-    for (int i = 0; i < 2 || now() - began < seconds; i++) {
+    for (int i = 0; i < 1 || now() - began < seconds; i++) {
         double t0 = now();
         run(k, ctx);
         k->synchronize();
@@ -55,49 +55,50 @@ static double best_seconds(const KernelOps *k, ProbeRun run, void *ctx, double s
 // ---- GEMMs -----------------------------------------------------------------------------------
 
 typedef struct {
-    float *c, *w, *dy32, *dw;  // c, dy32 (m, n) fp32; w, dw (n, n) fp32
-    void *x, *dy, *w_cast;     // x, dy (m, n) and w_cast (n, n) in ab
+    float *y, *dx, *w, *dy32, *dw;  // y (m, out), dx (m, in), w and dw (out, in), dy32 (m, out)
+    void *x, *dy, *w_cast;          // x (m, in), dy (m, out), w_cast (out, in) in ab
 } LinearOperands;
 
 typedef struct {
     LinearOperands at[MAX_COPIES];
-    int copies, m, n;
+    int copies, m, in, out;
     Dtype ab;
 } LinearProbe;
 
-// A square Linear's training GEMMs as models/linear.c runs them: the output x w^T, the input's
+// A Linear's training GEMMs as models/linear.c runs them: the output x w^T, the input's
 // gradient dy w and the weight's dy^T x (added into dw); under bf16 the weight is cast before
 // each of the first two and dy before the second.
 static void run_linear(const KernelOps *k, void *ctx) {
     LinearProbe *g = ctx;
-    size_t w_elems = (size_t)g->n * g->n, dy_elems = (size_t)g->m * g->n;
+    size_t w_elems = (size_t)g->out * g->in, dy_elems = (size_t)g->m * g->out;
     bool cast = g->ab == DTYPE_BF16;
     for (int i = 0; i < g->copies; i++) {
         LinearOperands *o = &g->at[i];
         const void *w = cast ? o->w_cast : o->w;
         if (cast) k->to_bf16(o->w_cast, o->w, w_elems);
-        k->matmul(o->c, o->x, w, g->ab, g->m, g->n, g->n, false, true, 0.0f);
+        k->matmul(o->y, o->x, w, g->ab, g->m, g->out, g->in, false, true, 0.0f);
         if (cast) k->to_bf16(o->dy, o->dy32, dy_elems), k->to_bf16(o->w_cast, o->w, w_elems);
-        k->matmul(o->c, o->dy, w, g->ab, g->m, g->n, g->n, false, false, 0.0f);
-        k->matmul(o->dw, o->dy, o->x, g->ab, g->n, g->n, g->m, true, false, 1.0f);
+        k->matmul(o->dx, o->dy, w, g->ab, g->m, g->in, g->out, false, false, 0.0f);
+        k->matmul(o->dw, o->dy, o->x, g->ab, g->out, g->in, g->m, true, false, 1.0f);
     }
 }
 
-// FLOP/s of a (m, n) x (n, n) Linear's forward and backward (6 m n n FLOPs each copy).
-static double probe_linear(const KernelOps *k, Dtype ab, int m, int n, double seconds) {
-    size_t size = dtype_size(ab), act = (size_t)m * n, w = (size_t)n * n;
-    LinearProbe g = {.m = m, .n = n, .ab = ab};
-    g.copies = copies_for(k, act * (8 + 2 * size) + w * (8 + size));
+// FLOP/s of a Linear (m, in) -> (m, out) forward and backward (6 m in out FLOPs each copy).
+static double probe_linear(const KernelOps *k, Dtype ab, int m, int in, int out,
+                           double seconds) {
+    size_t size = dtype_size(ab), x = (size_t)m * in, y = (size_t)m * out, w = (size_t)out * in;
+    LinearProbe g = {.m = m, .in = in, .out = out, .ab = ab};
+    g.copies = copies_for(k, x * (4 + size) + y * (8 + size) + w * (8 + size));
     for (int i = 0; i < g.copies; i++)
-        g.at[i] = (LinearOperands){.c = probe_alloc(k, act * 4), .w = probe_alloc(k, w * 4),
-                                   .dy32 = probe_alloc(k, act * 4), .dw = probe_alloc(k, w * 4),
-                                   .x = probe_alloc(k, act * size),
-                                   .dy = probe_alloc(k, act * size),
+        g.at[i] = (LinearOperands){.y = probe_alloc(k, y * 4), .dx = probe_alloc(k, x * 4),
+                                   .w = probe_alloc(k, w * 4), .dy32 = probe_alloc(k, y * 4),
+                                   .dw = probe_alloc(k, w * 4), .x = probe_alloc(k, x * size),
+                                   .dy = probe_alloc(k, y * size),
                                    .w_cast = probe_alloc(k, w * size)};
-    double flops = 6.0 * m * n * n * g.copies / best_seconds(k, run_linear, &g, seconds);
+    double flops = 6.0 * m * in * out * g.copies / best_seconds(k, run_linear, &g, seconds);
     for (int i = 0; i < g.copies; i++) {
         LinearOperands *o = &g.at[i];
-        void *all[] = {o->c, o->w, o->dy32, o->dw, o->x, o->dy, o->w_cast};
+        void *all[] = {o->y, o->dx, o->w, o->dy32, o->dw, o->x, o->dy, o->w_cast};
         for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) k->free(all[j]);
     }
     return flops;
@@ -117,15 +118,15 @@ static void run_square(const KernelOps *k, void *ctx) {
 
 // A peak: one (n, n, n) GEMM again and again, its operands cached. A cpu idle a moment ago can
 // take a few tenths of a second of load to reach its clocks (up to 3x slower before: the host's
-// power management): the GEMM repeats in spans of `seconds` until a span is no more than 10%
-// faster than the one before (at most MAX_RAMP spans), which also readies the device for the
-// probes after it.
+// power management): after a warm-up of a quarter of `seconds`, the GEMM repeats in spans of
+// `seconds` until a span is no more than 10% faster than the one before (at most MAX_RAMP
+// spans), which also readies the device for the probes after it.
 enum { MAX_RAMP = 12 };
 double device_probe_gemm(const KernelOps *k, Dtype ab, int n, double seconds) {
     size_t elems = (size_t)n * n;
     SquareGemm g = {probe_alloc(k, elems * 4), probe_alloc(k, elems * dtype_size(ab)),
                     probe_alloc(k, elems * dtype_size(ab)), ab, n};
-    double flops = 0;
+    double flops = 2.0 * n * n * n / best_seconds(k, run_square, &g, seconds / 4);
     for (int span = 0; span < MAX_RAMP; span++) {
         double before = flops;
         flops = 2.0 * n * n * n / best_seconds(k, run_square, &g, seconds);
@@ -212,49 +213,80 @@ static double probe_attention(const KernelOps *k, int heads, int T, int head_dim
     return flops;
 }
 
-// ---- elementwise ops and issue cost ----------------------------------------------------------
+// ---- elementwise ops, the optimizer and issue cost -------------------------------------------
 
 typedef struct {
-    float *x, *y, *z, *u, *rstd;
-} MemoryOperands;
+    float *h, *dh, *normed, *dnormed, *rstd;  // (rows, dim), rstd (rows)
+    float *gate, *up, *act, *dgate, *dup;    // (rows, FFN_WIDTH dim)
+} LayerOperands;
 
 typedef struct {
-    MemoryOperands at[MAX_COPIES];
-    float *weight;
+    LayerOperands at[MAX_COPIES];
+    float *weight, *dweight;  // (dim)
     int copies, rows, dim;
-} MemoryProbe;
+} LayerProbe;
 
-// A step's elementwise mix: a norm (reads and writes each element), the SwiGLU (reads two,
-// writes one, an exponential each), a residual add (reads two, writes one) and an AdamW update
-// (reads four, writes three).
-static void run_memory(const KernelOps *k, void *ctx) {
-    MemoryProbe *m = ctx;
-    size_t n = (size_t)m->rows * m->dim;
+// Llama's FFN is about three times the model's width (8/3 x 1.3 rounded up in the 8B).
+enum { FFN_WIDTH = 3 };
+
+// A decoder layer's elementwise ops in their proportions: the norm forward and backward and a
+// residual add on the hidden state, the SwiGLU forward and backward on the FFN's width.
+static void run_layer(const KernelOps *k, void *ctx) {
+    LayerProbe *m = ctx;
+    size_t hidden = (size_t)m->rows * m->dim, ffn = FFN_WIDTH * hidden;
     for (int i = 0; i < m->copies; i++) {
-        MemoryOperands *o = &m->at[i];
-        k->rmsnorm_forward(o->z, DTYPE_FP32, o->rstd, o->x, m->weight, m->rows, m->dim, 1e-5f);
-        k->swiglu_forward(o->z, DTYPE_FP32, o->x, o->y, n);
-        k->add(o->y, o->x, n);
-        k->adamw_update(o->z, o->x, o->y, o->u, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
+        LayerOperands *o = &m->at[i];
+        k->rmsnorm_forward(o->normed, DTYPE_FP32, o->rstd, o->h, m->weight, m->rows, m->dim, 1e-5f);
+        k->swiglu_forward(o->act, DTYPE_FP32, o->gate, o->up, ffn);
+        k->add(o->dh, o->dnormed, hidden);
+        k->swiglu_backward(o->dgate, o->dup, o->act, o->gate, o->up, ffn);
+        k->rmsnorm_backward(o->dh, m->dweight, o->dnormed, o->h, m->weight, o->rstd, m->rows,
+                            m->dim);
     }
 }
 
-// Bytes/s of run_memory's mix on (rows, dim): 15 reads and writes of 4 bytes per element.
-static double probe_memory(const KernelOps *k, int rows, int dim, double seconds) {
-    MemoryProbe m = {.rows = rows, .dim = dim, .weight = probe_alloc(k, (size_t)dim * 4)};
-    size_t elems = (size_t)rows * dim, bytes = elems * sizeof(float);
-    m.copies = copies_for(k, 4 * bytes);
+// Bytes/s of run_layer on (rows, dim): the norm's 8 bytes an element forward and 16 backward
+// (its gradient added into), the add's 12, the SwiGLU's 12 forward and 28 backward.
+static double probe_elementwise(const KernelOps *k, int rows, int dim, double seconds) {
+    LayerProbe m = {.rows = rows, .dim = dim, .weight = probe_alloc(k, (size_t)dim * 4),
+                    .dweight = probe_alloc(k, (size_t)dim * 4)};
+    size_t hidden = (size_t)rows * dim * sizeof(float), ffn = FFN_WIDTH * hidden;
+    m.copies = copies_for(k, 4 * hidden + 5 * ffn);
     for (int i = 0; i < m.copies; i++)
-        m.at[i] = (MemoryOperands){probe_alloc(k, bytes), probe_alloc(k, bytes),
-                                   probe_alloc(k, bytes), probe_alloc(k, bytes),
-                                   probe_alloc(k, (size_t)rows * 4)};
-    double moved = 4.0 * elems * (2 + 3 + 3 + 7) * m.copies;
-    double rate = moved / best_seconds(k, run_memory, &m, seconds);
+        m.at[i] = (LayerOperands){probe_alloc(k, hidden), probe_alloc(k, hidden),
+                                  probe_alloc(k, hidden), probe_alloc(k, hidden),
+                                  probe_alloc(k, (size_t)rows * 4), probe_alloc(k, ffn),
+                                  probe_alloc(k, ffn),    probe_alloc(k, ffn),
+                                  probe_alloc(k, ffn),    probe_alloc(k, ffn)};
+    double moved = (double)rows * dim * (8 + 16 + 12 + FFN_WIDTH * (12 + 28)) * m.copies;
+    double rate = moved / best_seconds(k, run_layer, &m, seconds);
     for (int i = 0; i < m.copies; i++) {
-        MemoryOperands *o = &m.at[i];
-        k->free(o->x), k->free(o->y), k->free(o->z), k->free(o->u), k->free(o->rstd);
+        LayerOperands *o = &m.at[i];
+        float *all[] = {o->h, o->dh, o->normed, o->dnormed, o->rstd,
+                        o->gate, o->up, o->act, o->dgate, o->dup};
+        for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) k->free(all[j]);
     }
-    k->free(m.weight);
+    k->free(m.weight), k->free(m.dweight);
+    return rate;
+}
+
+typedef struct {
+    float *param, *grad, *m, *v;
+    size_t n;
+} OptimizerProbe;
+
+static void run_optimizer(const KernelOps *k, void *ctx) {
+    OptimizerProbe *o = ctx;
+    k->adamw_update(o->param, o->grad, o->m, o->v, o->n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
+}
+
+// Bytes/s of AdamW over n parameters beyond the caches: 28 bytes each.
+static double probe_optimizer(const KernelOps *k, size_t n, double seconds) {
+    size_t bytes = n * sizeof(float);
+    OptimizerProbe o = {probe_alloc(k, bytes), probe_alloc(k, bytes), probe_alloc(k, bytes),
+                        probe_alloc(k, bytes), n};
+    double rate = 28.0 * (double)n / best_seconds(k, run_optimizer, &o, seconds);
+    k->free(o.param), k->free(o.grad), k->free(o.m), k->free(o.v);
     return rate;
 }
 
@@ -286,15 +318,16 @@ DeviceTable device_probe(const KernelOps *k, const ProbeShape *shape, double sec
     if (cut) *cut = 0;
     bool gpu = !k->host_memory;
     DeviceTable d = {.name = name, .source = "probed now", .attention_head_dim = shape->head_dim};
-    double share = seconds / (shape->float8 ? 5 : 4);
-    GemmPrecision p = shape->compute == DTYPE_BF16 ? GEMM_BF16 : GEMM_FP32;
+    double share = seconds / (shape->float8 ? 6 : 5);
+    GemmPrecision p = gemm_precision_of(shape->compute);
     int rows = at_most(shape->rows, gpu ? 16384 : 1024), dim = at_most(shape->dim, gpu ? 8192 : 1024);
     d.peak[p] = k->peak_flops();
-    d.gemm[p] = probe_linear(k, shape->compute, rows, dim, share);
+    d.gemm[p] = probe_linear(k, shape->compute, rows, dim, FFN_WIDTH * dim, share);
     if (shape->float8) d.gemm[GEMM_FLOAT8] = probe_float8(k, gpu ? 8192 : 512, share);
     int T = at_most(shape->seq_len, gpu ? 8192 : 512);
     d.attention = probe_attention(k, gpu ? 32 : 4, T, shape->head_dim, share);
-    d.memory = probe_memory(k, rows, dim, share);
+    d.memory = probe_elementwise(k, rows, dim, share);
+    d.optimizer = probe_optimizer(k, cold_bytes(k) / 16, share);  // 4 tensors beyond the caches
     d.op = probe_op(k, share);
     d.link_node = d.memory;
     return d;

@@ -8,7 +8,7 @@
 //   GEMM: FLOPs / the device's GEMM rate in their precision (float8 falls back to bf16's where
 //     the device has none, as a run without float8 GEMMs would);
 //   attention: the FLOPs its kernels do / the device's attention rate;
-//   elementwise and optimizer: bytes / the device's elementwise bandwidth;
+//   elementwise and optimizer: bytes / the device's rate for each;
 //   ops: ops issued x the device's issue cost;
 //   compute: their sum, times the ranks that share the device;
 //   communication: each group's bytes / the link it crosses (the network when the group spans

@@ -41,20 +41,23 @@ for model in "${MODELS[@]}"; do
     args=("${COMMON[@]}" --model.flavor "$flavor" --training.local_batch_size "$B"
           --training.seq_len "$T" "${extra[@]}")
     run="$OUT_DIR/$flavor-$name"
-    "$TITAN" --estimate "${args[@]}" --device-table probe >"$run.estimate.txt"
-    if [ "$first" = 1 ]; then grep '^device:' "$run.estimate.txt"; first=0; fi
+    # A row that fails says so and the table goes on.
+    "$TITAN" --estimate "${args[@]}" --device-table probe >"$run.estimate.txt" 2>&1 ||
+      echo "$flavor $name: the estimate failed, see $run.estimate.txt"
+    if [ "$first" = 1 ]; then grep '^device:' "$run.estimate.txt" || true; first=0; fi
     predicted=$(sed -n 's/^step time: \([^ ]*\) s predicted.*/\1/p' "$run.estimate.txt")
     "$TITAN" "${args[@]}" --job.dump_folder "$run" --profiling.enable_profiling \
       --profiling.profile_freq "$STEPS" --profiling.profiler_warmup 0 \
       --profiling.profiler_active 1 >"$run.log" 2>&1 || { echo "$flavor $name: failed, see $run.log"; continue; }
-    last=$(grep '"step": 10,' "$run/metrics.jsonl")
+    last=$(grep '"step": 10,' "$run/metrics.jsonl" || true)
+    [ -n "$last" ] || { echo "$flavor $name: no step 10 in $run/metrics.jsonl"; continue; }
     field() { printf '%s\n' "$last" | grep -o "\"$1\": [^,}]*" | cut -d' ' -f2; }
     tokens=$(field tokens_per_s)
     step_ms=$(awk -v t="$tokens" -v n=$((B * T)) 'BEGIN { printf "%.1f", 1000 * n / t }')
     breakdown=$(python3 scripts/trace_breakdown.py "$run/profile_traces/iteration_$STEPS/rank0_trace.json" 2>&1 || true)
     printf '%-10s %-10s %10.0f %9.1f %7.1f %9.1f %11s %11s  %s\n' "$flavor" "$name" "$tokens" \
       "$(field tflops)" "$(field mfu)" "$(field peak_memory_gib)" "$step_ms" \
-      "$(awk -v s="$predicted" 'BEGIN { printf "%.1f", 1000 * s }')" "${breakdown#*: }" |
+      "$(awk -v s="${predicted:-nan}" 'BEGIN { printf "%.1f", 1000 * s }')" "${breakdown#*: }" |
       tee -a "$OUT_DIR/table.txt"
   done
 done

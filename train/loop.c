@@ -188,13 +188,14 @@ typedef struct {
     int steps;
 } Interval;
 
+double trainer_tokens_per_device(const Trainer *t) {
+    const int *size = t->mesh.layout.size;
+    return (double)t->accum * t->train.B * t->train.step_T / (size[MESH_TP] * size[MESH_PP]);
+}
+
 static Interval interval_start(const Trainer *t) {
     const Config *c = &t->cfg;
-    // Tokens per device, as torchtitan: the ranks of a tp group, and of a pipeline, share
-    // their tokens; a cp rank holds 1/cp of each sequence.
-    const int *size = t->mesh.layout.size;
-    double tokens_per_step =
-        (double)t->accum * t->train.B * t->train.step_T / (size[MESH_TP] * size[MESH_PP]);
+    double tokens_per_step = trainer_tokens_per_device(t);
     // The peak first: the cpu measures its own, which the interval must not time.
     double peak = c->metrics.peak_flops > 0 ? c->metrics.peak_flops : t->k->peak_flops();
     return (Interval){.tokens_per_step = tokens_per_step, .peak_flops = peak,

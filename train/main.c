@@ -104,8 +104,8 @@ static double parse_memory_size(const char *s) {
 
 // titan's own flags, removed from argv before the config parses the rest: `--estimate
 // [--world-size N] [--device-memory SIZE] [--ranks-per-device R] [--checkpoint-bandwidth
-// GBPS] [--device-table NAME|probe]`; `--print-schedule [--microbatches N]`; and the short forms `--print-config` (`--job.print_config`) and
-// `--device D` (`--training.device D`).
+// GBPS] [--device-table NAME|probe]`; `--print-schedule [--microbatches N]`; and the short
+// forms `--print-config` (`--job.print_config`) and `--device D` (`--training.device D`).
 // `--help-config` prints the config keys and exits.
 static int parse_titan_flags(int argc, char **argv, Trainer *t) {
     int kept = 1;

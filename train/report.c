@@ -273,10 +273,10 @@ static GroupWork group_work(const Trainer *t, GroupBytes g) {
     return w;
 }
 
-// The bytes a step's float8 casts move per microbatch of `rows` rows: each float8 Linear's
-// input and output-gradient operands (twice each: rowwise casts each along two axes) and its
-// weight three times (forward, and each backward GEMM); a routed expert sees top_k / E of the
-// rows. Also the float8 Linears' share of the GEMM weights (`share`).
+// The bytes the whole model's float8 casts move per microbatch of `rows` rows: each float8
+// Linear's input and output-gradient operands (twice each: rowwise casts each along two axes)
+// and its weight three times (forward, and each backward GEMM); a routed expert sees top_k / E
+// of the rows. Also the float8 Linears' share of the GEMM weights (`share`).
 static double float8_cast_bytes(const Trainer *t, double rows, double *share) {
     const MoeArgs *moe = model_shape(&t->args).moe;
     double bytes = 0, f8 = 0, all = 0;
@@ -295,17 +295,24 @@ static double float8_cast_bytes(const Trainer *t, double rows, double *share) {
     return bytes;
 }
 
+// Rows of one microbatch: the local batch's, or a pipeline microbatch's.
+static double microbatch_rows(const Trainer *t) {
+    return (double)t->train.step_T *
+           (double)(t->pipeline ? t->cfg.parallelism.pipeline_parallel_microbatch_size : t->train.B);
+}
+
 // What this rank's step does, in kernels/step_time.h's terms, from the plan.
 static StepWork step_work(Trainer *t, int sharing) {
     StepWork w = {.sharing = sharing};
     PipelineRankPlan pl = t->pipeline ? trainer_pipeline_rank_plan(t) : (PipelineRankPlan){0};
     int micro = t->accum * (t->pipeline ? trainer_schedule_microbatches(&t->cfg) : 1);
-    double rows = (double)t->train.step_T *
-                  (t->pipeline ? t->cfg.parallelism.pipeline_parallel_microbatch_size : t->train.B);
-    double tokens = rank_tokens_per_step(t), f8_share;
+    double tokens = rank_tokens_per_step(t), f8_share, model_gemm = 0;
     BlockFlops flops = rank_flops_per_token(t);
-    double f8_bytes = float8_cast_bytes(t, rows, &f8_share);
-    GemmPrecision compute = t->precision.param == DTYPE_BF16 ? GEMM_BF16 : GEMM_FP32;
+    for (int b = 0; b < t->model.n_blocks; b++) model_gemm += t->model.block_flops[b].gemm;
+    // The model's casts, this rank's share of them (its stages' GEMMs).
+    double f8_bytes = float8_cast_bytes(t, microbatch_rows(t), &f8_share) *
+                      (model_gemm > 0 ? flops.gemm / model_gemm : 1);
+    GemmPrecision compute = gemm_precision_of(t->precision.param);
     w.gemm_flops[GEMM_FLOAT8] = tokens * flops.gemm * f8_share;
     w.gemm_flops[compute] = tokens * flops.gemm * (1 - f8_share);
     w.attention_flops = tokens * flops.attention_done;
@@ -315,9 +322,8 @@ static StepWork step_work(Trainer *t, int sharing) {
     double recomputed = kept - (double)t->act_arena.peak.total * per_micro;
     w.elementwise_bytes =
         micro * (ELEMENTWISE_PASSES * kept + (recomputed > 0 ? recomputed : 0) + f8_bytes);
-    double shards = (double)t->optim_arena.peak.total / 8;  // AdamW's two fp32 moments each
-    w.optimizer_bytes =
-        shards * (OPTIMIZER_BYTES + (t->cfg.training.ema_decay > 0 ? EMA_BYTES : 0));
+    w.optimizer_bytes = (double)t->model.params.shard_numel *
+                        (OPTIMIZER_BYTES + (t->cfg.training.ema_decay > 0 ? EMA_BYTES : 0));
     int blocks = 0;
     for (int s = 0; s < pl.stages; s++)
         if (pl.stage_rank[s] == pl.rank) blocks += pl.first[s + 1] - pl.first[s];
@@ -330,22 +336,27 @@ static StepWork step_work(Trainer *t, int sharing) {
 }
 
 // The device row the prediction runs on: --device-table's, by default cpu's probed now and
-// cuda's H100's. A probe starts the backend (on the planning machine: it is what it measures).
+// cuda's H100's. A probe starts training.device's backend (the estimate's sizing ran on the
+// cpu's, which starts nothing): on the planning machine, which is what it measures.
 static DeviceTable estimate_device(Trainer *t) {
-    bool cpu = strcmp(t->cfg.training.device, "cpu") == 0;
+    const char *device = t->cfg.training.device;
+    bool cpu = strcmp(device, "cpu") == 0;
     const char *name = t->estimate_device_table ? t->estimate_device_table : cpu ? "probe" : "H100";
     if (strcmp(name, "probe") != 0) return *device_table_named(name);
+    const KernelOps *k = kernels_backend(device);
+    if (!k)
+        die_user("--device-table probe: training.device %s: this titan was built without it "
+                 "(build with `make CUDA=1`)", device);
     KernelInit init = {.precision = t->precision};
     char why[512];
-    if (!t->k->init(&init, why, sizeof why))
-        die_user("--device-table probe: training.device %s: %s", t->cfg.training.device, why);
+    if (!k->init(&init, why, sizeof why))
+        die_user("--device-table probe: training.device %s: %s", device, why);
     ModelShape shape = model_shape(&t->args);
-    int rows = t->train.step_T *
-               (t->pipeline ? (int)t->cfg.parallelism.pipeline_parallel_microbatch_size : t->train.B);
-    ProbeShape probe = {.compute = t->precision.param, .rows = rows, .dim = shape.dim,
-                        .head_dim = shape.head_dim, .seq_len = t->train.T,
+    double rows = microbatch_rows(t);
+    ProbeShape probe = {.compute = t->precision.param, .rows = rows < 1 << 30 ? (int)rows : 1 << 30,
+                        .dim = shape.dim, .head_dim = shape.head_dim, .seq_len = t->train.T,
                         .float8 = t->float8_recipe != NULL};
-    return device_probe(t->k, &probe, cpu ? 0.4 : 4);
+    return device_probe(k, &probe, cpu ? 0.3 : 4);
 }
 
 // "device: H100 SXM (data sheet ...): GEMM bf16 740 TFLOP/s, ..."
@@ -354,9 +365,9 @@ static void print_device(const DeviceTable *d) {
     printf("device: %s (%s): GEMM", d->name, d->source);
     for (int p = 0; p < GEMM_PRECISIONS; p++)
         if (d->gemm[p] > 0) printf(" %s %.4g TFLOP/s", PRECISIONS[p], d->gemm[p] / 1e12);
-    printf(", attention %.4g TFLOP/s (head_dim %d), elementwise %.4g GB/s, %.3g us per op",
-           d->attention / 1e12, d->attention_head_dim, d->memory / 1e9,
-           d->op * 1e6);
+    printf(", attention %.4g TFLOP/s (head_dim %d), elementwise %.4g GB/s, optimizer %.4g GB/s, "
+           "%.3g us per op", d->attention / 1e12, d->attention_head_dim, d->memory / 1e9,
+           d->optimizer / 1e9, d->op * 1e6);
     if (d->devices_per_node)
         printf(", links %.4g GB/s in a node of %d, %.4g GB/s between nodes", d->link_node / 1e9,
                d->devices_per_node, d->link_network / 1e9);
@@ -375,11 +386,14 @@ static void print_step_time(const StepTime *s, double bubble) {
 
 // "step time: 0.35 s predicted, 2900 tokens/s per device, MFU 21% ...": the slowest pp rank's
 // step (a pipeline's step is its slowest rank's), in the step line's terms.
-static void print_prediction(const Trainer *t, const DeviceTable *d, double step, int pp_rank) {
-    const int *size = t->mesh.layout.size;
-    double tokens = (double)t->accum * t->train.B * t->train.step_T / (size[MESH_TP] * size[MESH_PP]);
-    GemmPrecision compute = t->precision.param == DTYPE_BF16 ? GEMM_BF16 : GEMM_FP32;
-    double peak = t->cfg.metrics.peak_flops > 0 ? t->cfg.metrics.peak_flops : d->peak[compute];
+// On cpu a run's MFU is against its rank's own GEMM peak: the host's, shared by `sharing` ranks.
+static void print_prediction(const Trainer *t, const DeviceTable *d, double step, int pp_rank,
+                             int sharing) {
+    double tokens = trainer_tokens_per_device(t);
+    double peak = t->cfg.metrics.peak_flops > 0 ? t->cfg.metrics.peak_flops
+                                                : d->peak[gemm_precision_of(t->precision.param)];
+    if (t->cfg.metrics.peak_flops <= 0 && strcmp(t->cfg.training.device, "cpu") == 0)
+        peak /= sharing;
     char mfu[96] = "MFU n/a";
     if (peak > 0)
         snprintf(mfu, sizeof mfu, "MFU %.1f%% of %.4g TFLOP/s", 100 * tokens / step *
@@ -596,7 +610,7 @@ void trainer_print_estimate(Trainer *ranks, int n) {
         print_step_time(&time, work.bubble);
         if (time.step > step) step = time.step, slowest = r;
     }
-    print_prediction(t, &device, step, n > 1 ? slowest : -1);
+    print_prediction(t, &device, step, n > 1 ? slowest : -1, sharing);
     print_checkpoint_plan(ranks, n, t->estimate_checkpoint_bandwidth);
     if (t->estimate_device_memory > 0)
         print_verdict(ranks, n, t->estimate_device_memory, sharing);

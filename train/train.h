@@ -170,6 +170,9 @@ void trainer_create_seed_checkpoint(Trainer *t);
 // print_estimate: the plans of pp ranks 0 .. n - 1 (n = pipeline_parallel_degree).
 void trainer_print_estimate(Trainer *ranks, int n);
 void trainer_check_memory(Trainer *t);
+// Tokens per device of one step, as torchtitan counts them for tokens/s and MFU: the ranks of a
+// tp group, and of a pipeline, share their tokens; a cp rank holds 1/cp of each sequence.
+double trainer_tokens_per_device(const Trainer *t);
 // The node's ranks that share this rank's device, itself included (k->device_id: the node's
 // memory on cpu, its GPU on cuda); collective over the world.
 int trainer_ranks_per_device(const KernelOps *k);

@@ -135,13 +135,31 @@ close = lambda a, b: abs(a - b) <= 1e-3 * abs(b)
 assert close(gemm, tokens * (per_token - attention) / 740e12), (gemm, tokens, per_token)
 assert close(attn, tokens * attention / 2 / 450e12), attn
 assert close(total, gemm + attn + elementwise + optimizer + ops + blocking + exposed), step.groups()
+# AdamW's 36 bytes per parameter of the rank's shards (its two fp32 moments, 8 bytes each, are
+# the optimizer row) over the row's optimizer rate, 3 TB/s
+moments = float(re.search(r"^  optimizer +(\d+)", text, re.M)[1])
+assert close(optimizer, moments / 8 * 36 / 3e12), (optimizer, moments)
 assert blocking > 0 and overlapped > 0, "tp and fsdp traffic: one blocks, one overlaps"
 summary = re.search(r"^step time: (\S+) s predicted, (\S+) tokens/s per device, MFU (\S+)% of 989 "
                     r"TFLOP/s$", text, re.M)
 assert summary and close(float(summary[1]), total), text
 assert abs(float(summary[2]) - 8192 / 8 / total) <= 1, summary[2]  # a tp group's share a row
-print(f"ok: 8B on 64 H100s (tp 8): GEMM {gemm} s, attention {attn} s by hand; step {total} s, MFU {summary[3]}%")
+print(f"ok: 8B on 64 H100s (tp 8): GEMM {gemm} s, attention {attn} s, optimizer {optimizer} s "
+      f"by hand; step {total} s, MFU {summary[3]}%")
 PY
+# Under training.ema_decay the average adds 12 bytes a parameter (the optimizer row: 3 floats).
+$TITAN --estimate --config configs/llama3_8b.yaml --world-size 64 \
+  --parallelism.tensor_parallel_degree 8 --device-table H100 --training.ema_decay 0.999 |
+  $PY -c '
+import re, sys
+text = sys.stdin.read()
+state = float(re.search(r"^  optimizer +(\d+)", text, re.M)[1])
+optimizer = float(re.search(r"^  step time .* optimizer (\S+) s", text, re.M)[1])
+assert abs(optimizer - state / 12 * 48 / 3e12) <= 1e-3 * optimizer, (optimizer, state)
+print(f"ok: the optimizer term under ema_decay: {optimizer} s")'
+# The probe measures training.device: on a machine without a GPU (CI's), cuda's refuses.
+expect_user_error "^titan: error: --device-table probe: training.device cuda: " \
+  $TITAN --estimate --config configs/debug_model.yaml --device cuda --device-table probe
 $TITAN --estimate --config configs/debug_model.yaml --model.tokenizer_path null \
   >"$SCRATCH/debug-probe.txt"
 grep -Eq "^device: cpu.*\(probed now\): GEMM bf16 [0-9.e+-]+ TFLOP/s, attention [0-9.e+-]+ TFLOP/s \(head_dim 16\)" \
