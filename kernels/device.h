@@ -34,8 +34,9 @@ typedef struct {
     // FLOPs per query-key pair a query sees (half the square under a causal mask).
     double attention;
     int attention_head_dim;
-    double memory;     // bytes/s the elementwise ops (norms, activations, casts) move
+    double memory;     // bytes/s the elementwise ops (norms, SwiGLU, adds, bf16 casts) move
     double optimizer;  // bytes/s of the optimizer's update (AdamW: 4 floats read, 3 written)
+    double cast;       // bytes/s of float8's casts (amax, then quantize: 9 bytes an element)
     double op;      // seconds of issue cost per op (a GPU's launch, a cpu's thread fork-join)
     // Collective bytes/s per device: to a device of the same node (NVLink), and to another
     // node's (the network); devices_per_node of them on a node.
@@ -51,10 +52,10 @@ const DeviceTable *device_table_for_gpu(const char *device_name);
 void device_table_names(char *buf, size_t len);
 
 // What a probe measures at: the compute dtype (bf16 GEMMs and attention under bf16 mixed
-// precision), the model's shapes (its GEMMs as (rows, dim) x (dim, dim), its elementwise ops
-// on (rows, dim), its causal attention at head_dim on up to seq_len rows; rows are a
-// microbatch's, each capped at what a probe of about a second can run), and whether float8
-// GEMMs are measured too (a GPU without them would refuse).
+// precision), the model's shapes (an FFN-shaped Linear (rows, dim) -> (rows, 3 dim), a decoder
+// layer's elementwise ops on (rows, dim), its causal attention at head_dim on up to seq_len
+// rows; rows are a microbatch's, each capped at what a probe of about a second can run), and
+// whether float8's GEMMs and casts are measured too (a GPU without them would refuse).
 typedef struct {
     Dtype compute;
     int rows, dim, head_dim, seq_len;

@@ -138,30 +138,95 @@ double device_probe_gemm(const KernelOps *k, Dtype ab, int n, double seconds) {
 }
 
 typedef struct {
-    float *c, *scale_inv;
+    float *c;
     uint8_t *a, *b;
+} Float8Operands;
+
+typedef struct {
+    Float8Operands at[MAX_COPIES];
+    float *scale_inv;
     void *workspace;
-    int n;
+    int copies, m, in, out;
 } Float8Probe;
 
+// A float8 Linear's three GEMMs, each c = a b^T on K-contiguous tensorwise e4m3 operands as
+// models/linear.c runs them: the output (m, out) over in, the input's gradient (m, in) over
+// out, the weight's (out, in) over m, added into.
 static void run_float8(const KernelOps *k, void *ctx) {
     Float8Probe *g = ctx;
-    k->matmul_float8(g->c, g->a, g->scale_inv, FLOAT8_E4M3FN, g->b, g->scale_inv, FLOAT8_E4M3FN,
-                     g->n, g->n, g->n, false, 0.0f, g->workspace);
+    const int shapes[3][3] = {{g->m, g->out, g->in}, {g->m, g->in, g->out}, {g->out, g->in, g->m}};
+    for (int c = 0; c < g->copies; c++)
+        for (int i = 0; i < 3; i++) {
+            Float8Operands *o = &g->at[c];
+            k->matmul_float8(o->c, o->a, g->scale_inv, FLOAT8_E4M3FN, o->b, g->scale_inv,
+                             FLOAT8_E4M3FN, shapes[i][0], shapes[i][1], shapes[i][2], false,
+                             i == 2 ? 1.0f : 0.0f, g->workspace);
+        }
 }
 
-// A float8 GEMM's FLOP/s on (n, n) tensorwise e4m3 operands (its casts are elementwise work).
-static double probe_float8(const KernelOps *k, int n, double seconds) {
-    size_t elems = (size_t)n * n, ws = k->matmul_float8_workspace_bytes(n, n, n);
-    Float8Probe g = {probe_alloc(k, elems * 4), probe_alloc(k, sizeof(float)),
-                     probe_alloc(k, elems), probe_alloc(k, elems), ws ? probe_alloc(k, ws) : NULL,
-                     n};
+static size_t larger(size_t a, size_t b) { return a > b ? a : b; }
+
+// FLOP/s of a float8 Linear (m, in) -> (m, out), forward and backward: 6 m in out FLOPs (its
+// casts are probe_cast's).
+static double probe_float8(const KernelOps *k, int m, int in, int out, double seconds) {
+    size_t x = (size_t)m * in, y = (size_t)m * out, w = (size_t)out * in;
+    size_t ws = larger(larger(k->matmul_float8_workspace_bytes(m, out, in),
+                              k->matmul_float8_workspace_bytes(m, in, out)),
+                       k->matmul_float8_workspace_bytes(out, in, m));
+    size_t c = larger(larger(x, y), w) * 4, a = larger(y, w), b = larger(w, x);
+    Float8Probe g = {.scale_inv = probe_alloc(k, sizeof(float)),
+                     .workspace = ws ? probe_alloc(k, ws) : NULL, .m = m, .in = in, .out = out};
+    g.copies = copies_for(k, c + a + b);
+    for (int i = 0; i < g.copies; i++)
+        g.at[i] = (Float8Operands){probe_alloc(k, c), probe_alloc(k, a), probe_alloc(k, b)};
     const float one = 1.0f;
     k->upload(g.scale_inv, &one, sizeof one);
-    double flops = 2.0 * n * n * n / best_seconds(k, run_float8, &g, seconds);
-    k->free(g.c), k->free(g.scale_inv), k->free(g.a), k->free(g.b);
+    double flops = 6.0 * m * in * out * g.copies / best_seconds(k, run_float8, &g, seconds);
+    for (int i = 0; i < g.copies; i++) k->free(g.at[i].c), k->free(g.at[i].a), k->free(g.at[i].b);
+    k->free(g.scale_inv);
     if (g.workspace) k->free(g.workspace);
     return flops;
+}
+
+typedef struct {
+    float *x, *amax, *scale_inv;  // x (rows, cols); amax and scale_inv (cols): one per row of a
+    uint8_t *bytes;               // transposed rowwise cast's bytes (cols, rows)
+} CastOperands;
+
+typedef struct {
+    CastOperands at[MAX_COPIES];
+    int copies, rows, cols;
+} CastProbe;
+
+// An operand's float8 casts as a step's: tensorwise (one amax, then the quantize), and rowwise
+// transposed with power-of-two scales (an amax per column, then the quantize into (cols, rows)).
+static void run_cast(const KernelOps *k, void *ctx) {
+    CastProbe *c = ctx;
+    const Float8Cast casts[] = {{FLOAT8_E4M3FN, false, false, false},
+                                {FLOAT8_E4M3FN, true, true, true}};
+    for (int i = 0; i < c->copies; i++)
+        for (int j = 0; j < 2; j++) {
+            CastOperands *o = &c->at[i];
+            k->float8_amax(o->amax, o->x, c->rows, c->cols, &casts[j]);
+            k->float8_quantize(o->bytes, o->scale_inv, o->amax, o->x, c->rows, c->cols, &casts[j]);
+        }
+}
+
+// Bytes/s of float8's casts on (rows, cols): 9 bytes an element each (read for the amax, read
+// again and written as a byte by the quantize).
+static double probe_cast(const KernelOps *k, int rows, int cols, double seconds) {
+    CastProbe c = {.rows = rows, .cols = cols};
+    size_t elems = (size_t)rows * cols;
+    c.copies = copies_for(k, 5 * elems);
+    for (int i = 0; i < c.copies; i++)
+        c.at[i] = (CastOperands){probe_alloc(k, elems * 4), probe_alloc(k, (size_t)cols * 4),
+                                 probe_alloc(k, (size_t)cols * 4), probe_alloc(k, elems)};
+    double rate = 2 * 9.0 * (double)elems * c.copies / best_seconds(k, run_cast, &c, seconds);
+    for (int i = 0; i < c.copies; i++) {
+        CastOperands *o = &c.at[i];
+        k->free(o->x), k->free(o->amax), k->free(o->scale_inv), k->free(o->bytes);
+    }
+    return rate;
 }
 
 // ---- attention -------------------------------------------------------------------------------
@@ -318,12 +383,15 @@ DeviceTable device_probe(const KernelOps *k, const ProbeShape *shape, double sec
     if (cut) *cut = 0;
     bool gpu = !k->host_memory;
     DeviceTable d = {.name = name, .source = "probed now", .attention_head_dim = shape->head_dim};
-    double share = seconds / (shape->float8 ? 6 : 5);
+    double share = seconds / (shape->float8 ? 7 : 5);
     GemmPrecision p = gemm_precision_of(shape->compute);
     int rows = at_most(shape->rows, gpu ? 16384 : 1024), dim = at_most(shape->dim, gpu ? 8192 : 1024);
     d.peak[p] = k->peak_flops();
     d.gemm[p] = probe_linear(k, shape->compute, rows, dim, FFN_WIDTH * dim, share);
-    if (shape->float8) d.gemm[GEMM_FLOAT8] = probe_float8(k, gpu ? 8192 : 512, share);
+    if (shape->float8) {
+        d.gemm[GEMM_FLOAT8] = probe_float8(k, rows, dim, FFN_WIDTH * dim, share);
+        d.cast = probe_cast(k, rows, dim, share);
+    }
     int T = at_most(shape->seq_len, gpu ? 8192 : 512);
     d.attention = probe_attention(k, gpu ? 32 : 4, T, shape->head_dim, share);
     d.memory = probe_elementwise(k, rows, dim, share);

@@ -27,9 +27,10 @@ StepTime predict_step_time(const StepWork *w, const DeviceTable *d) {
         }
     if (w->attention_flops > 0) s.attention = w->attention_flops / d->attention;
     s.elementwise = w->elementwise_bytes / d->memory;
+    if (w->cast_bytes > 0) s.casts = w->cast_bytes / d->cast;
     s.optimizer = w->optimizer_bytes / d->optimizer;
     s.ops = w->ops * d->op;
-    s.compute = (s.gemm + s.attention + s.elementwise + s.optimizer + s.ops) * w->sharing;
+    s.compute = (s.gemm + s.attention + s.elementwise + s.casts + s.optimizer + s.ops) * w->sharing;
     for (int g = 0; g < w->n_groups; g++) {
         const GroupWork *gw = &w->groups[g];
         if (gw->bytes <= 0) continue;

@@ -8,7 +8,7 @@
 //   GEMM: FLOPs / the device's GEMM rate in their precision (float8 falls back to bf16's where
 //     the device has none, as a run without float8 GEMMs would);
 //   attention: the FLOPs its kernels do / the device's attention rate;
-//   elementwise and optimizer: bytes / the device's rate for each;
+//   elementwise, float8 casts and optimizer: bytes / the device's rate for each;
 //   ops: ops issued x the device's issue cost;
 //   compute: their sum, times the ranks that share the device;
 //   communication: each group's bytes / the link it crosses (the network when the group spans
@@ -35,7 +35,7 @@ typedef struct {
 typedef struct {
     double gemm_flops[GEMM_PRECISIONS];  // this rank's, per step, by operand precision
     double attention_flops;              // done by its kernels, per step
-    double elementwise_bytes, optimizer_bytes;
+    double elementwise_bytes, cast_bytes, optimizer_bytes;
     double ops;  // ops issued per step
     GroupWork groups[STEP_MAX_GROUPS];
     int n_groups;
@@ -44,7 +44,7 @@ typedef struct {
 } StepWork;
 
 typedef struct {
-    double gemm, attention, elementwise, optimizer, ops;  // seconds each, for one rank alone
+    double gemm, attention, elementwise, casts, optimizer, ops;  // seconds each, for one rank
     double compute;     // their sum x sharing
     double blocking;    // blocking collectives' seconds
     double overlapped;  // overlapped collectives' seconds

@@ -320,8 +320,8 @@ static StepWork step_work(Trainer *t, int sharing) {
     double per_micro = t->pipeline && pl.regions > 0 ? 1.0 / pl.regions : 1;
     double kept = (double)t->act_bytes_ac[0] * per_micro;
     double recomputed = kept - (double)t->act_arena.peak.total * per_micro;
-    w.elementwise_bytes =
-        micro * (ELEMENTWISE_PASSES * kept + (recomputed > 0 ? recomputed : 0) + f8_bytes);
+    w.elementwise_bytes = micro * (ELEMENTWISE_PASSES * kept + (recomputed > 0 ? recomputed : 0));
+    w.cast_bytes = micro * f8_bytes;
     w.optimizer_bytes = (double)t->model.params.shard_numel *
                         (OPTIMIZER_BYTES + (t->cfg.training.ema_decay > 0 ? EMA_BYTES : 0));
     int blocks = 0;
@@ -365,9 +365,10 @@ static void print_device(const DeviceTable *d) {
     printf("device: %s (%s): GEMM", d->name, d->source);
     for (int p = 0; p < GEMM_PRECISIONS; p++)
         if (d->gemm[p] > 0) printf(" %s %.4g TFLOP/s", PRECISIONS[p], d->gemm[p] / 1e12);
-    printf(", attention %.4g TFLOP/s (head_dim %d), elementwise %.4g GB/s, optimizer %.4g GB/s, "
-           "%.3g us per op", d->attention / 1e12, d->attention_head_dim, d->memory / 1e9,
-           d->optimizer / 1e9, d->op * 1e6);
+    printf(", attention %.4g TFLOP/s (head_dim %d), elementwise %.4g GB/s, optimizer %.4g GB/s",
+           d->attention / 1e12, d->attention_head_dim, d->memory / 1e9, d->optimizer / 1e9);
+    if (d->cast > 0) printf(", float8 casts %.4g GB/s", d->cast / 1e9);
+    printf(", %.3g us per op", d->op * 1e6);
     if (d->devices_per_node)
         printf(", links %.4g GB/s in a node of %d, %.4g GB/s between nodes", d->link_node / 1e9,
                d->devices_per_node, d->link_network / 1e9);
@@ -376,10 +377,11 @@ static void print_device(const DeviceTable *d) {
 
 // "  step time 0.35 s: GEMM 0.07 s, ...": one pp rank's prediction, term by term.
 static void print_step_time(const StepTime *s, double bubble) {
-    printf("  step time %.4g s: GEMM %.4g s, attention %.4g s, elementwise %.4g s, optimizer "
-           "%.4g s, op issue %.4g s; collectives %.4g s blocking, %.4g s overlapped (%.4g s "
-           "exposed)", s->step, s->gemm, s->attention, s->elementwise, s->optimizer, s->ops,
-           s->blocking, s->overlapped, s->exposed);
+    printf("  step time %.4g s: GEMM %.4g s, attention %.4g s, elementwise %.4g s, ", s->step,
+           s->gemm, s->attention, s->elementwise);
+    if (s->casts > 0) printf("float8 casts %.4g s, ", s->casts);
+    printf("optimizer %.4g s, op issue %.4g s; collectives %.4g s blocking, %.4g s overlapped "
+           "(%.4g s exposed)", s->optimizer, s->ops, s->blocking, s->overlapped, s->exposed);
     if (bubble > 0) printf("; pipeline bubble %.3f", bubble);
     printf("\n");
 }

@@ -4,7 +4,7 @@
 // while an overlapped one adds only what exceeds the compute, a group wider than a node takes
 // the network, and the pipeline's bubble stretches the whole. The kept device rows
 // (kernels/device_table.c) are found by name and by a GPU's device name. The cpu probe measures
-// positive rates in well under a second once the clocks are up.
+// every rate asked for, in about the time it is given.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,30 +19,34 @@
 #include "kernels/step_time.h"
 
 // 1 TFLOP/s fp32, 4 bf16, no float8; attention 2 TFLOP/s; elementwise 1 TB/s, the optimizer
-// 0.5 TB/s; 10 us per op; 100 GB/s in a node of 8, 10 GB/s between nodes.
+// 0.5 TB/s, float8's casts 0.25 TB/s; 10 us per op; 100 GB/s in a node of 8, 10 GB/s between
+// nodes.
 static const DeviceTable DEVICE = {
     .name = "test", .source = "hand", .peak = {0, 8e12, 0}, .gemm = {1e12, 4e12, 0},
-    .attention = 2e12, .attention_head_dim = 128, .memory = 1e12, .optimizer = 0.5e12, .op = 1e-5,
+    .attention = 2e12, .attention_head_dim = 128, .memory = 1e12, .optimizer = 0.5e12,
+    .cast = 0.25e12, .op = 1e-5,
     .link_node = 100e9, .link_network = 10e9, .devices_per_node = 8};
 
 static void test_terms_are_work_over_rate(void **state) {
     (void)state;
     StepWork w = {.gemm_flops = {1e12, 8e12, 4e12}, .attention_flops = 1e12,
-                  .elementwise_bytes = 5e11, .optimizer_bytes = 2e11, .ops = 1000, .sharing = 1};
+                  .elementwise_bytes = 5e11, .cast_bytes = 1e11, .optimizer_bytes = 2e11,
+                  .ops = 1000, .sharing = 1};
     StepTime s = predict_step_time(&w, &DEVICE);
     // fp32 1 s; bf16 2 s; float8 at bf16's rate (the device has none) 1 s
     assert_float_equal(s.gemm, 4.0, 1e-12);
     assert_float_equal(s.attention, 0.5, 1e-12);
     assert_float_equal(s.elementwise, 0.5, 1e-12);
+    assert_float_equal(s.casts, 0.4, 1e-12);
     assert_float_equal(s.optimizer, 0.4, 1e-12);
     assert_float_equal(s.ops, 0.01, 1e-12);
-    assert_float_equal(s.compute, 5.41, 1e-12);
-    assert_float_equal(s.step, 5.41, 1e-12);
+    assert_float_equal(s.compute, 5.81, 1e-12);
+    assert_float_equal(s.step, 5.81, 1e-12);
     DeviceTable fast = DEVICE;
     fast.gemm[GEMM_FLOAT8] = 8e12;  // float8 at its own rate once the device has one
     assert_float_equal(predict_step_time(&w, &fast).gemm, 3.5, 1e-12);
     w.sharing = 2;  // two ranks on the device: each gets half of it
-    assert_float_equal(predict_step_time(&w, &DEVICE).compute, 10.82, 1e-12);
+    assert_float_equal(predict_step_time(&w, &DEVICE).compute, 11.62, 1e-12);
 }
 
 static void test_collectives_block_or_overlap(void **state) {
@@ -106,10 +110,10 @@ static void test_cpu_probe(void **state) {
     kernels_cpu.peak_flops();  // its ramp to the clocks first, as a run's MFU line does
     double began = seconds_now();
     DeviceTable d = device_probe(&kernels_cpu, &shape, 0.2);
-    assert_true(seconds_now() - began < 1.0);
+    assert_true(seconds_now() - began < 3.0);  // 0.2 s asked; beside another test, more
     assert_true(d.gemm[GEMM_FP32] > 0 && d.gemm[GEMM_FLOAT8] > 0 && d.gemm[GEMM_BF16] == 0);
     assert_true(d.peak[GEMM_FP32] > 0 && d.attention > 0 && d.memory > 0 && d.optimizer > 0);
-    assert_true(d.op > 0);
+    assert_true(d.op > 0 && d.cast > 0);  // float8 asked for: its casts measured too
     assert_int_equal(d.attention_head_dim, 16);
     assert_int_equal(d.devices_per_node, 0);
     assert_true(d.link_node == d.memory);
