@@ -9,7 +9,8 @@
 #include "core/errors.h"
 #include "models/decoder/hf.h"
 
-static const ModelSpec *const SPECS[] = {&LLAMA3_SPEC, &QWEN3_SPEC, &FLUX_SPEC};
+static const ModelSpec *const SPECS[] = {&LLAMA3_SPEC, &QWEN3_SPEC, &DEEPSEEK_V3_SPEC,
+                                         &FLUX_SPEC};
 #define N_SPECS (int)(sizeof SPECS / sizeof SPECS[0])
 
 const ModelSpec *model_spec_find(const char *name) {

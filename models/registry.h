@@ -25,6 +25,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "core/config.h"
+#include "models/deepseek_v3/deepseek_v3.h"
 #include "models/flux/flux.h"
 #include "models/llama3/llama3.h"
 #include "models/qwen3/qwen3.h"
@@ -38,6 +39,7 @@ typedef struct {
     union {
         LlamaArgs llama3;
         Qwen3Args qwen3;
+        DeepseekV3Args deepseek_v3;
         FluxArgs flux;
     } as;
 } ModelArgs;
@@ -86,7 +88,7 @@ typedef struct {
 } ModelData;
 
 // The most attributes an architecture describes itself with in a checkpoint.
-#define MODEL_MAX_ATTRS 32
+#define MODEL_MAX_ATTRS 48
 
 struct ModelSpec {
     const char *name;  // model.name
@@ -155,7 +157,7 @@ struct ModelSpec {
 };
 
 // Each architecture's spec, defined in its folder (models/llama3/spec.c, ...).
-extern const ModelSpec LLAMA3_SPEC, QWEN3_SPEC, FLUX_SPEC;
+extern const ModelSpec LLAMA3_SPEC, QWEN3_SPEC, DEEPSEEK_V3_SPEC, FLUX_SPEC;
 
 // The architecture named name (model.name), or NULL.
 const ModelSpec *model_spec_find(const char *name);

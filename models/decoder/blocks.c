@@ -9,39 +9,11 @@
 // that a reduce-scatter sums back into each rank's rows; backward runs the duals.
 #include "models/decoder/blocks.h"
 
-#include "data/token_batch.h"
-
-// The microbatch's inputs: a language model's tokens. A sizing pass has none (NULL tensors:
-// causal attention, nothing read).
-static const TokenBatch *token_batch(const StepCtx *s) {
-    static const TokenBatch none = {0};
-    return s->input ? s->input : &none;
-}
-
 // Tensors are the backend's memory (device memory on cuda): copies and zeroing go through it.
 static void copy(const StepCtx *s, float *dst, const float *src, size_t n) {
     s->k->copy(dst, src, n * sizeof(float));
 }
 static void zero(const StepCtx *s, float *x, size_t n) { s->k->zero(x, n * sizeof(float)); }
-
-// ---- sequence-parallel seams, each the identity on one device ------------------------------
-
-// ---- bf16 activations (StepCtx.act_dtype) --------------------------------------------------
-
-// n activations of the step's dtype, carved from the arena.
-static void *act_carve(const StepCtx *s, size_t n) {
-    return arena_tensor(s->act, n, s->act_dtype);
-}
-
-static LinearAct act(const StepCtx *s, const void *x) { return linear_act(x, s->act_dtype); }
-
-// x (n floats) in the activations' dtype: itself in fp32, else cast into `room` (n of them):
-// what a Linear reads, cast once where two GEMMs read it.
-static LinearAct act_cast(const StepCtx *s, const float *x, size_t n, void *room) {
-    if (s->act_dtype == DTYPE_FP32) return linear_fp32(x);
-    s->k->to_bf16(room, x, n);
-    return act(s, room);
-}
 
 // ---- sequence-parallel seams, each the identity on one device ------------------------------
 
@@ -145,25 +117,35 @@ static void embed_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
 
 // ---- transformer block: h = x + Attention(attention_norm(x)); y = h + FFN(ffn_norm(h)) ------
 
-typedef struct {
-    int BT, rows, D, hd;  // all rows, this rank's rows, model width, head dim
-    int nh, nkvh;         // query and kv heads of this rank
-    int nq, nkv, H;       // q width, kv width, FFN width of this rank
-} LayerDims;
-
 // The local widths are those of this rank's weight slices: the model needs no tp degree.
 static LayerDims layer_dims(const DecoderLayer *L, const StepCtx *s) {
-    int hd = decoder_head_dim(L->args), nq = (int)L->wq->shape[0], nkv = (int)L->wk->shape[0];
-    return (LayerDims){s->B * s->T, step_rows(s), L->args->dim, hd,
-                       nq / hd, nkv / hd, nq, nkv, L->w1 ? (int)L->w1->shape[0] : 0};
+    LayerDims d = {.BT = s->B * s->T, .rows = step_rows(s), .D = L->args->dim,
+                   .hd = decoder_head_dim(L->args), .nv = (int)L->wo->shape[1],
+                   .H = L->w1 ? (int)L->w1->shape[0] : 0};
+    if (L->mla.on) {
+        mla_dims(L->args, &d);
+        return d;
+    }
+    d.nq = (int)L->wq->shape[0], d.nkv = (int)L->wk->shape[0];
+    d.nh = d.nq / d.hd, d.nkvh = d.nkv / d.hd;
+    return d;
+}
+
+int decoder_layer_linears(DecoderLayer *L, Linear *out[DECODER_LAYER_LINEARS]) {
+    int n = L->mla.on ? mla_linears(&L->mla, out) : 0;
+    Linear *own[] = {&L->linear.wq, &L->linear.wk, &L->linear.wv, &L->linear.wo,
+                     &L->linear.w1, &L->linear.w2, &L->linear.w3};
+    for (int j = 0; j < 7; j++)
+        if (own[j]->weight) out[n++] = own[j];
+    return n;
 }
 
 // Room for the scratch of the layer's linears (linear_reserve), after a phase's other buffers:
-// the MoE layer reserves its own.
-static void layer_linears_reserve(const DecoderLayer *L, const StepCtx *s, LayerDims d) {
-    const Linear *all[] = {&L->linear.wq, &L->linear.wk, &L->linear.wv, &L->linear.wo,
-                           &L->linear.w1, &L->linear.w2, &L->linear.w3};
-    linear_reserve(s, all, L->moe ? 4 : 7, d.BT, s->act_dtype);
+// the MoE layer reserves its own, and MLA in backward.
+static void layer_linears_reserve(DecoderLayer *L, const StepCtx *s, LayerDims d) {
+    Linear *all[DECODER_LAYER_LINEARS];
+    int n = decoder_layer_linears(L, all);
+    linear_reserve(s, (const Linear *const *)all, n, d.BT, s->act_dtype);
 }
 
 // Causal attention over this rank's tokens of each sequence, within documents when the batch
@@ -179,32 +161,34 @@ static AttnShape attention_shape(const StepCtx *s, LayerDims d) {
 
 // ---- the attention seam: the kernel on whole sequences, or the hooks (context parallel) ----
 
-static size_t attention_workspace(const StepCtx *s, LayerDims d) {
+size_t decoder_attention_workspace(const StepCtx *s, LayerDims d) {
     AttnShape shape = attention_shape(s, d);
     if (s->attn) return s->attn->workspace_bytes(s->attn, s, &shape);
     return s->k->attention_workspace_bytes(&shape);
 }
 
-static void attention_forward(const StepCtx *s, LayerSaved *sv, LayerDims d, void *workspace) {
+void decoder_attention_forward(const StepCtx *s, LayerDims d, float *out, float *lse,
+                               const float *q, const float *k, const float *v, void *workspace) {
     AttnShape shape = attention_shape(s, d);
     if (s->attn)
-        s->attn->forward(s->attn, s, sv->attn, sv->lse, sv->q, sv->k, sv->v, &shape, workspace);
+        s->attn->forward(s->attn, s, out, lse, q, k, v, &shape, workspace);
     else
-        s->k->attention_forward(sv->attn, sv->lse, sv->q, sv->k, sv->v, &shape, workspace);
+        s->k->attention_forward(out, lse, q, k, v, &shape, workspace);
 }
 
-// dq (BT, nq), dk, dv (BT, nkv) = the gradients of q, k, v (before RoPE's backward).
-static void attention_backward(const StepCtx *s, const LayerSaved *sv, LayerDims d, float *dq,
-                               float *dk, float *dv, const float *dattn, void *workspace) {
+void decoder_attention_backward(const StepCtx *s, LayerDims d, float *dq, float *dk, float *dv,
+                                const float *dout, const float *q, const float *k,
+                                const float *v, const float *out, const float *lse,
+                                void *workspace) {
     AttnShape shape = attention_shape(s, d);
     if (s->attn) {
-        s->attn->backward(s->attn, s, dq, dk, dv, dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse,
-                          &shape, workspace);
+        s->attn->backward(s->attn, s, dq, dk, dv, dout, q, k, v, out, lse, &shape, workspace);
         return;
     }
-    zero(s, dq, (size_t)d.BT * (d.nq + 2 * (size_t)d.nkv));  // the kernel accumulates
-    s->k->attention_backward(dq, dk, dv, dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse, &shape,
-                             workspace);
+    zero(s, dq, (size_t)d.BT * d.nq);  // the kernel accumulates
+    zero(s, dk, (size_t)d.BT * d.nkv);
+    zero(s, dv, (size_t)d.BT * d.nkv);
+    s->k->attention_backward(dq, dk, dv, dout, q, k, v, out, lse, &shape, workspace);
 }
 
 // Qwen3's QK-norm: q and k, seen as (rows * heads, head_dim), each head RMS-normalised with
@@ -229,17 +213,11 @@ static void qk_norm_backward(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, 
                            sv->k_rstd, d.BT * d.nkvh, d.hd);
 }
 
-// The forward math, on buffers layer_forward carved; comm: (rows + BT) * D of scratch under TP;
-// attn_cast: (BT, nq) of the activations' dtype when it is not fp32.
-static void layer_forward_compute(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
-                                  const float *x, float *y, void *workspace, float *comm,
-                                  void *attn_cast) {
-    const DecoderArgs *a = L->args;
+// Grouped-query attention's output sv->attn of xn: q, k, v projections, QK-norm when the layer
+// has it, RoPE.
+static void gqa_forward(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d, LinearAct xn,
+                        void *workspace) {
     const KernelOps *K = s->k;
-    float *normed = comm, *partial = comm ? comm + (size_t)d.rows * d.D : NULL;
-    norm_gathered(s, sv->xn, sv->rstd1, normed, x, L->attention_norm->data, d.rows, d.D,
-                  a->norm_eps);
-    LinearAct xn = act(s, sv->xn);
     linear_forward(&L->linear.wq, s, L->q_norm ? sv->q0 : sv->q, xn, d.BT, 0);
     linear_forward(&L->linear.wk, s, L->k_norm ? sv->k0 : sv->k, xn, d.BT, 0);
     linear_forward(&L->linear.wv, s, sv->v, xn, d.BT, 0);
@@ -247,8 +225,26 @@ static void layer_forward_compute(DecoderLayer *L, StepCtx *s, LayerSaved *sv, L
     const int *pos = token_batch(s)->pos;
     K->rope_forward(sv->q, sv->q, L->rope_cos, L->rope_sin, pos, d.BT, s->T, d.nh, d.hd);
     K->rope_forward(sv->k, sv->k, L->rope_cos, L->rope_sin, pos, d.BT, s->T, d.nkvh, d.hd);
-    attention_forward(s, sv, d, workspace);
-    LinearAct attn = act_cast(s, sv->attn, (size_t)d.BT * d.nq, attn_cast);
+    decoder_attention_forward(s, d, sv->attn, sv->lse, sv->q, sv->k, sv->v, workspace);
+}
+
+// The forward math, on buffers layer_forward carved; comm: (rows + BT) * D of scratch under TP;
+// attn_cast: (BT, nv) of the activations' dtype when it is not fp32; mla_scratch: MLA's.
+static void layer_forward_compute(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
+                                  const float *x, float *y, void *workspace, float *comm,
+                                  void *attn_cast, void *mla_scratch) {
+    const DecoderArgs *a = L->args;
+    const KernelOps *K = s->k;
+    float *normed = comm, *partial = comm ? comm + (size_t)d.rows * d.D : NULL;
+    norm_gathered(s, sv->xn, sv->rstd1, normed, x, L->attention_norm->data, d.rows, d.D,
+                  a->norm_eps);
+    LinearAct xn = act(s, sv->xn);
+    if (L->mla.on)
+        mla_forward(a, &L->mla, L->rope_cos, L->rope_sin, s, &sv->mla, d, xn, sv->attn,
+                    mla_scratch, workspace);
+    else
+        gqa_forward(L, s, sv, d, xn, workspace);
+    LinearAct attn = act_cast(s, sv->attn, (size_t)d.BT * d.nv, attn_cast);
     residual_row_parallel(s, sv->h, x, attn, &L->linear.wo, d.BT, d.rows, d.D, partial);
 
     if (L->moe) return;  // moe_ffn_forward's
@@ -332,11 +328,15 @@ static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
     layer_carve_cheap(L, s, sv, d, (LayerCheap){!recomputed.xn, !recomputed.hn,
                                                 !L->moe && !recomputed.act});
     sv->rstd1 = arena_floats(A, d.rows);
-    sv->q = arena_floats(A, (size_t)d.BT * d.nq);
-    sv->k = arena_floats(A, (size_t)d.BT * d.nkv);
-    sv->v = arena_floats(A, (size_t)d.BT * d.nkv);
-    sv->attn = arena_floats(A, (size_t)d.BT * d.nq);
-    sv->lse = arena_floats(A, (size_t)d.BT * d.nh);
+    if (L->mla.on) {
+        mla_carve(L->args, s, &sv->mla, d);
+    } else {
+        sv->q = arena_floats(A, (size_t)d.BT * d.nq);
+        sv->k = arena_floats(A, (size_t)d.BT * d.nkv);
+        sv->v = arena_floats(A, (size_t)d.BT * d.nkv);
+        sv->lse = arena_floats(A, (size_t)d.BT * d.nh);
+    }
+    sv->attn = arena_floats(A, (size_t)d.BT * d.nv);
     sv->h = arena_floats(A, (size_t)d.rows * d.D);
     sv->rstd2 = arena_floats(A, d.rows);
     if (!L->moe) {
@@ -351,11 +351,13 @@ static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
     }
     size_t saved_end = arena_mark(A);  // the recomputed, workspace and comm buffers are scratch
     layer_carve_cheap(L, s, sv, d, recomputed);
-    void *workspace = arena_alloc(A, attention_workspace(s, d));
+    void *workspace = arena_alloc(A, decoder_attention_workspace(s, d));
     float *comm = s->tp ? arena_floats(A, (size_t)(d.rows + d.BT) * d.D) : NULL;
-    void *attn_cast = s->act_dtype != DTYPE_FP32 ? act_carve(s, (size_t)d.BT * d.nq) : NULL;
+    void *attn_cast = s->act_dtype != DTYPE_FP32 ? act_carve(s, (size_t)d.BT * d.nv) : NULL;
+    float *mla_scratch = L->mla.on ? arena_floats(A, mla_forward_scratch(L->args, d)) : NULL;
     layer_linears_reserve(L, s, d);
-    if (!step_sizing(s)) layer_forward_compute(L, s, sv, d, x, y, workspace, comm, attn_cast);
+    if (!step_sizing(s))
+        layer_forward_compute(L, s, sv, d, x, y, workspace, comm, attn_cast, mla_scratch);
     arena_release(A, saved_end);
     if (L->moe) moe_ffn_forward(L, s, sv, d, y);
 }
@@ -411,28 +413,33 @@ static void ffn_norm_backward(DecoderLayer *L, StepCtx *s, const LayerSaved *sv,
                           sv->rstd2, d.rows, d.D);
 }
 
-// The attention sublayer's casts: dh's rows, the attention output, dq0, dk0 and dv.
-static size_t attention_casts(const StepCtx *s, LayerDims d) {
+// The attention sublayer's casts: dh's rows, the attention output, and grouped-query
+// attention's dq0, dk0 and dv (MLA casts its own).
+static size_t attention_casts(const DecoderLayer *L, const StepCtx *s, LayerDims d) {
     if (s->act_dtype == DTYPE_FP32) return 0;
-    return (size_t)d.BT * (d.D + 2 * (size_t)d.nq + 2 * (size_t)d.nkv);
+    size_t projections = L->mla.on ? 0 : (size_t)d.nq + 2 * (size_t)d.nkv;
+    return (size_t)d.BT * (d.D + (size_t)d.nv + projections);
 }
 
-// h = x + attn Wo^T, attn = softmax(rope(q) rope(k)^T) v, q/k/v = xn Wq/Wk/Wv^T (q and k
-// through QK-norm first when the layer has it), xn = norm(x). Returns dxn (BT, D) in scratch;
-// keeps dh's rows, the attention output and the projections' gradients dq0, dk0 and dv in
-// sv->g, in the activations' dtype (cast into casts, attention_casts of them).
-static float *attention_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
-                              const float *dh, float *scratch, void *workspace, float *gathered,
-                              void *casts) {
+// Its fp32 scratch: dattn (nv) and dxn (D), and grouped-query attention's q, k, v gradients
+// before and after RoPE.
+static size_t attention_floats(const DecoderLayer *L, LayerDims d) {
+    size_t projections = L->mla.on ? 0 : 2 * (size_t)d.nq + 3 * (size_t)d.nkv;
+    return (size_t)d.BT * ((size_t)d.nv + d.D + projections);
+}
+
+// dxn (BT, D) += the gradient of grouped-query attention's input from dattn (BT, nq), the
+// gradient of its output; keeps the projections' gradients dq0, dk0 and dv in sv->g, in the
+// activations' dtype (cast into casts, nq + 2 nkv of them). scratch: (BT, 2 nq + 3 nkv).
+static void gqa_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
+                      const float *dattn, float *dxn, float *scratch, void *workspace,
+                      void *casts) {
     const KernelOps *K = s->k;
     LayerGrads *g = &sv->g;
-    size_t nq = (size_t)d.BT * d.nq, nkv = (size_t)d.BT * d.nkv, nd = (size_t)d.BT * d.D;
-    float *dattn = scratch, *dq = dattn + nq, *dk = dq + nq, *dv = dk + nkv;
-    float *dq0 = dv + nkv, *dk0 = dq0 + nq, *dxn = dk0 + nkv;
-    g->dh_all = grad_gathered_act(s, dh, gathered, gathered, casts, d.rows, d.D);
-    g->attn = act_cast(s, sv->attn, nq, room_at(s, casts, nd));
-    linear_backward_input(&L->linear.wo, s, dattn, g->dh_all, d.BT, 0);
-    attention_backward(s, sv, d, dq, dk, dv, dattn, workspace);
+    size_t nq = (size_t)d.BT * d.nq, nkv = (size_t)d.BT * d.nkv;
+    float *dq = scratch, *dk = dq + nq, *dv = dk + nkv, *dq0 = dv + nkv, *dk0 = dq0 + nq;
+    decoder_attention_backward(s, d, dq, dk, dv, dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse,
+                               workspace);
     zero(s, dq0, nq + nkv);
     const int *pos = token_batch(s)->pos;
     K->rope_backward(dq0, dq, L->rope_cos, L->rope_sin, pos, d.BT, s->T, d.nh, d.hd);
@@ -442,18 +449,41 @@ static float *attention_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, Layer
         dq0 = dq;
         dk0 = dk;
     }
-    g->dq0 = act_cast(s, dq0, nq, room_at(s, casts, nd + nq));
-    g->dk0 = act_cast(s, dk0, nkv, room_at(s, casts, nd + 2 * nq));
-    g->dv = act_cast(s, dv, nkv, room_at(s, casts, nd + 2 * nq + nkv));
+    g->dq0 = act_cast(s, dq0, nq, casts);
+    g->dk0 = act_cast(s, dk0, nkv, room_at(s, casts, nq));
+    g->dv = act_cast(s, dv, nkv, room_at(s, casts, nq + nkv));
     linear_backward_input(&L->linear.wq, s, dxn, g->dq0, d.BT, 0);
     linear_backward_input(&L->linear.wk, s, dxn, g->dk0, d.BT, 1);
     linear_backward_input(&L->linear.wv, s, dxn, g->dv, d.BT, 1);
+}
+
+// h = x + attn Wo^T, attn the attention (grouped-query or MLA) of xn = norm(x). Returns dxn
+// (BT, D) in scratch (attention_floats of it); keeps dh's rows and the attention output in
+// sv->g, in the activations' dtype (cast into casts, attention_casts of them). MLA takes its
+// weights' gradients here; a sizing pass only carves MLA's scratch.
+static float *attention_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
+                              const float *dh, float *scratch, void *workspace, float *gathered,
+                              void *casts) {
+    LayerGrads *g = &sv->g;
+    size_t nv = (size_t)d.BT * d.nv, nd = (size_t)d.BT * d.D;
+    float *dattn = scratch, *dxn = dattn + nv;
+    if (!step_sizing(s)) {
+        g->dh_all = grad_gathered_act(s, dh, gathered, gathered, casts, d.rows, d.D);
+        g->attn = act_cast(s, sv->attn, nv, room_at(s, casts, nd));
+        linear_backward_input(&L->linear.wo, s, dattn, g->dh_all, d.BT, 0);
+    }
+    if (L->mla.on)
+        mla_backward(L->args, &L->mla, L->rope_cos, L->rope_sin, s, &sv->mla, d,
+                     act(s, sv->xn), dattn, dxn, workspace);
+    else if (!step_sizing(s))
+        gqa_grads(L, s, sv, d, dattn, dxn, dxn + nd, workspace, room_at(s, casts, nd + nv));
     return dxn;
 }
 
 static void attention_weights(DecoderLayer *L, StepCtx *s, const LayerSaved *sv, LayerDims d) {
     const LayerGrads *g = &sv->g;
     linear_backward_weight(&L->linear.wo, s, g->dh_all, g->attn, d.BT);
+    if (L->mla.on) return;  // taken with the input gradients
     linear_backward_weight(&L->linear.wq, s, g->dq0, act(s, sv->xn), d.BT);
     linear_backward_weight(&L->linear.wk, s, g->dk0, act(s, sv->xn), d.BT);
     linear_backward_weight(&L->linear.wv, s, g->dv, act(s, sv->xn), d.BT);
@@ -492,9 +522,9 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
     bool split = phase == BLOCK_BACKWARD_INPUT;
     // Each sublayer's scratch: its fp32 gradients, and its casts.
     size_t ffn_floats = (size_t)d.BT * (3 * (size_t)d.H + d.D);
-    size_t attn_floats = (size_t)d.BT * (3 * (size_t)d.nq + 3 * (size_t)d.nkv + d.D);
+    size_t attn_floats = attention_floats(L, d);
     size_t both = ffn_floats > attn_floats ? ffn_floats : attn_floats;
-    size_t ffn_n = ffn_casts(s, d), attn_n = attention_casts(s, d);
+    size_t ffn_n = ffn_casts(s, d), attn_n = attention_casts(L, s, d);
     size_t both_casts = ffn_n > attn_n ? ffn_n : attn_n;
     size_t all_rows = (size_t)d.BT * d.D;
     float *dh = arena_floats(s->act, (size_t)d.rows * d.D);
@@ -502,19 +532,19 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
     void *ffn_cast = arena_tensor(s->act, split ? ffn_n : both_casts, s->act_dtype);
     float *attn = split ? arena_floats(s->act, attn_floats) : ffn;
     void *attn_cast = split ? arena_tensor(s->act, attn_n, s->act_dtype) : ffn_cast;
-    void *workspace = arena_alloc(s->act, attention_workspace(s, d));
+    void *workspace = arena_alloc(s->act, decoder_attention_workspace(s, d));
     float *comm = s->tp ? arena_floats(s->act, all_rows) : NULL;
     float *dy_rows = split && s->tp ? arena_floats(s->act, all_rows) : comm;
     float *dh_rows = split && s->tp ? arena_floats(s->act, all_rows) : comm;
     layer_linears_reserve(L, s, d);
     if (L->moe) moe_ffn_backward(L, s, sv, d, dy, ffn, dh);
-    if (step_sizing(s)) return;
-    if (!L->moe) {
+    if (!L->moe && !step_sizing(s)) {
         const float *dhn = ffn_grads(L, s, sv, d, dy, ffn, dy_rows, ffn_cast);
         if (!split) ffn_weights(L, s, sv, d);
         ffn_norm_backward(L, s, sv, d, dy, dhn, dh, comm);
     }
     const float *dxn = attention_grads(L, s, sv, d, dh, attn, workspace, dh_rows, attn_cast);
+    if (step_sizing(s)) return;
     if (!split) attention_weights(L, s, sv, d);
     attention_norm_backward(L, s, sv, d, x, dh, dxn, dx, comm);
 }

@@ -32,9 +32,32 @@ typedef enum {
     DECODER_INIT_QWEN3,
 } DecoderInit;
 
+// DeepSeek V2/V3's multi-head latent attention (models/decoder/mla.h) in place of grouped-query
+// attention when kv_lora_rank > 0: q from the normed input directly (q_lora_rank 0) or through
+// a low-rank projection with its own RMSNorm; keys and values from a kv_lora_rank-wide latent
+// (RMS-normed) up-projected per head, each head qk_nope_head_dim wide without RoPE plus
+// qk_rope_head_dim with it, the RoPE part of k one for all heads; values v_head_dim wide.
+typedef struct {
+    int q_lora_rank, kv_lora_rank;
+    int qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    // YaRN's attention-scale coefficient: with yarn_factor > 1 the softmax scale
+    // 1 / sqrt(qk head width) is multiplied by (0.1 mscale ln(yarn_factor) + 1)^2.
+    double mscale;
+} MlaArgs;
+
+// YaRN RoPE scaling (Peng et al. 2023, "NTK-by-parts", DeepSeek's variant: torchtitan's
+// _yarn_inv_freq with truncated cutoffs): frequencies of fewer than beta_slow rotations over
+// original_seq_len are divided by factor, those of more than beta_fast kept, a linear ramp
+// between. factor <= 1: off.
+typedef struct {
+    double factor, beta_fast, beta_slow;
+    int original_seq_len;
+} YarnArgs;
+
 typedef struct {
     int dim, n_layers, n_heads, n_kv_heads, vocab_size;
-    int head_dim;                // width of one attention head; 0: dim / n_heads
+    int head_dim;                // width of one attention head; 0: dim / n_heads (MLA: unused,
+                                 // its q and k heads are qk_nope + qk_rope wide)
     int multiple_of;             // FFN width is rounded up to a multiple of this
     double ffn_dim_multiplier;   // 0: none
     int hidden_dim;              // FFN width when given explicitly (Qwen3, a loaded model); 0: derived
@@ -44,6 +67,8 @@ typedef struct {
     bool rope_scaling;
     double rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_pos;
+    YarnArgs yarn;               // YaRN RoPE scaling (DeepSeek V3's)
+    MlaArgs mla;                 // kv_lora_rank > 0: multi-head latent attention
     int max_seq_len;             // RoPE table length
     DecoderInit init;            // whose initialisation (llama3's when zero)
     bool depth_init;             // llama3's init: output projections' std shrinks with depth
@@ -51,17 +76,30 @@ typedef struct {
     int loss_chunk_rows;         // rows of logits the head holds at once; 0: as its budget allows
     // moe.router.n_experts > 0: every block's FFN is this mixture of experts (models/moe), on
     // the block's own rows (under tp its sequence-parallel rows, the layer replicated), in
-    // place of the dense SwiGLU; 0: dense.
+    // place of the dense SwiGLU; 0: dense. The first n_dense_layers blocks keep the dense FFN
+    // of hidden_dim (DeepSeek V3's first_k_dense_replace).
     MoeArgs moe;
+    int n_dense_layers;
 } DecoderArgs;
 
-// The dense FFN's width (0 with MoE layers, which have their own: moe.hidden).
+// The dense FFN's width (0 when every layer is MoE, whose experts have their own: moe.hidden).
 int decoder_hidden_dim(const DecoderArgs *args);
+// The model has MoE layers (all but its first n_dense_layers).
 static inline bool decoder_has_moe(const DecoderArgs *args) {
     return args->moe.router.n_experts > 0;
 }
+static inline bool decoder_layer_is_moe(const DecoderArgs *args, int layer) {
+    return decoder_has_moe(args) && layer >= args->n_dense_layers;
+}
+static inline bool decoder_has_mla(const DecoderArgs *args) { return args->mla.kv_lora_rank > 0; }
+// The width of one head of q and k (MLA's qk_nope + qk_rope).
 static inline int decoder_head_dim(const DecoderArgs *args) {
+    if (decoder_has_mla(args)) return args->mla.qk_nope_head_dim + args->mla.qk_rope_head_dim;
     return args->head_dim ? args->head_dim : args->dim / args->n_heads;
+}
+// The width RoPE rotates in each head (MLA's qk_rope_head_dim): its tables' is half of it.
+static inline int decoder_rope_dim(const DecoderArgs *args) {
+    return decoder_has_mla(args) ? args->mla.qk_rope_head_dim : decoder_head_dim(args);
 }
 
 // Builds the parameter table (torchtitan's names, shapes, init) and the block list embed,
@@ -83,11 +121,16 @@ const char *decoder_flavor_names(char *out, size_t len, const char *const *names
 // reference, a converter) rebuilds the model from the file alone; returns the count. head_dim
 // and qk_norm are written only when they are not Llama 3's (dim / n_heads, none), so Llama 3's
 // checkpoints keep their attributes; MoE layers replace hidden_dim with their moe_* shape.
-#define DECODER_MAX_ATTRS 24
+#define DECODER_MAX_ATTRS 40
 int decoder_describe(const DecoderArgs *args, CkptAttr out[DECODER_MAX_ATTRS]);
 // The inverse over args holding the architecture's defaults (max_seq_len is left to the
-// caller); die_user naming the file on heads that do not divide evenly.
+// caller); die_user naming the file on args decoder_args_check refuses.
 void decoder_args_from_checkpoint(const char *path, DecoderArgs *args);
+// Whether args make a model (heads that divide, an even RoPE width, MLA's and YaRN's widths
+// and factors, MoE routing groups that divide the experts and a top_k their limit can give);
+// else false with one line in err. For args from user input (checkpoints, Hugging Face
+// configs); the flavor tables are valid by construction.
+bool decoder_args_check(const DecoderArgs *args, char *err, size_t len);
 
 // ---- tensor parallelism (parallelize.c) ----------------------------------------------------
 
@@ -120,8 +163,14 @@ uint64_t decoder_tp_bytes_per_microbatch(const DecoderArgs *args, int tp, int B,
 // that one token's activations. Carved from its own arena, sized by the same code.
 typedef struct {
     int max_ctx;            // positions the cache holds (<= the model's max_seq_len)
-    int kv_width;           // n_kv_heads * head_dim
-    float *k, *v;           // (n_layers, max_ctx, kv_width) each
+    int kv_width;           // n_kv_heads * head_dim (MLA: its latent's, kv_lora_rank + rope)
+    float *k, *v;           // (n_layers, max_ctx, kv_width) each. MLA caches each position's
+                            // latent [kv_norm(c), rope(k_pe)] in k alone, read as keys and
+                            // values (DeepSeek's inference, its wkv_b absorbed into q and out);
+                            // v is NULL
+    float *lat_q, *lat_out; // MLA: (n_heads, kv_width) x2: q in the latent's space, and the
+                            // attention's output there
+    float *low;             // MLA: (2 * max(q_lora_rank, kv_width, n_heads * rope)) scratch
     float *x, *xn, *rstd;   // (dim) residual stream, (dim) normed, (1) its 1/rms
     float *q, *attn;        // (n_heads * head_dim) x2
     float *qk, *head_rstd;  // (n_heads * head_dim), (n_heads): q or k before QK-norm, its 1/rms

@@ -32,16 +32,32 @@ static double rope_scaled_freq(const DecoderArgs *a, double freq) {
     return (1 - smooth) * freq / a->rope_scaling_factor + smooth * freq;
 }
 
+// YaRN's frequency i of `half` (torchtitan's _yarn_inv_freq, truncated cutoffs): the band of
+// dimensions between the ones rotating beta_fast and beta_slow times over original_seq_len
+// positions is a linear ramp from the kept frequency to the one divided by the factor.
+static double rope_yarn_freq(const DecoderArgs *a, double freq, int i, int half) {
+    const YarnArgs *y = &a->yarn;
+    int dim = 2 * half;
+    double log_base = 2 * log(a->rope_theta);
+    double low = floor(dim * log(y->original_seq_len / (y->beta_fast * 2 * M_PI)) / log_base);
+    double high = ceil(dim * log(y->original_seq_len / (y->beta_slow * 2 * M_PI)) / log_base);
+    low = fmax(low, 0), high = fmin(high, dim - 1);
+    if (low == high) high += 0.001;
+    double ramp = fmin(fmax((i - low) / (high - low), 0), 1);
+    return freq / y->factor * ramp + freq * (1 - ramp);
+}
+
 // torchtitan's precompute_freqs_cis, as cos/sin tables; computed in double so the tables are
 // correctly rounded whatever the position.
 static void rope_tables(Decoder *l) {
     const DecoderArgs *a = &l->args;
-    int half = decoder_head_dim(a) / 2;
+    int half = decoder_rope_dim(a) / 2;
     l->rope_cos = xmalloc(2 * (size_t)a->max_seq_len * half * sizeof(float));
     l->rope_sin = l->rope_cos + (size_t)a->max_seq_len * half;
     for (int i = 0; i < half; i++) {
         double freq = 1.0 / pow(a->rope_theta, 2.0 * i / (2 * half));
         if (a->rope_scaling) freq = rope_scaled_freq(a, freq);
+        if (a->yarn.factor > 1) freq = rope_yarn_freq(a, freq, i, half);
         for (int t = 0; t < a->max_seq_len; t++) {
             l->rope_cos[(size_t)t * half + i] = (float)cos(t * freq);
             l->rope_sin[(size_t)t * half + i] = (float)sin(t * freq);
@@ -85,33 +101,87 @@ static LayerInit layer_init(const DecoderArgs *a, int i) {
         .moe = {.kind = INIT_TRUNC_NORMAL, .gate = out, .w1 = 0.02, .w2 = out, .w3 = out}};
 }
 
+// MLA's weights (torchtitan's deepseek_v3 Attention: wq or wq_a, q_norm, wq_b; wkv_a,
+// kv_norm, wkv_b), each projection at the layer's `in` std.
+static void add_mla(DecoderLayer *L, ParamTable *t, const LayerInit *init, int i) {
+    const DecoderArgs *a = L->args;
+    const MlaArgs *m = &a->mla;
+    MlaWeights *w = &L->mla;
+    int64_t q = (int64_t)a->n_heads * decoder_head_dim(a);
+    int64_t kv = (int64_t)a->n_heads * (m->qk_nope_head_dim + m->v_head_dim);
+    ParamInit k = init->kind;
+    w->on = true;
+    if (m->q_lora_rank) {
+        w->wq_a = add_matrix(t, k, init->in, m->q_lora_rank, a->dim, "layers.%d.attention.wq_a.weight", i);
+        w->q_norm = add_vector(t, m->q_lora_rank, "layers.%d.attention.q_norm.weight", i);
+        w->wq_b = add_matrix(t, k, init->in, q, m->q_lora_rank, "layers.%d.attention.wq_b.weight", i);
+        w->linear.wq_a = linear_of(w->wq_a);
+        w->linear.wq_b = linear_of(w->wq_b);
+    } else {
+        w->wq = add_matrix(t, k, init->in, q, a->dim, "layers.%d.attention.wq.weight", i);
+        w->linear.wq = linear_of(w->wq);
+    }
+    w->wkv_a = add_matrix(t, k, init->in, m->kv_lora_rank + m->qk_rope_head_dim, a->dim,
+                          "layers.%d.attention.wkv_a.weight", i);
+    w->kv_norm = add_vector(t, m->kv_lora_rank, "layers.%d.attention.kv_norm.weight", i);
+    w->wkv_b = add_matrix(t, k, init->in, kv, m->kv_lora_rank, "layers.%d.attention.wkv_b.weight",
+                          i);
+    w->linear.wkv_a = linear_of(w->wkv_a);
+    w->linear.wkv_b = linear_of(w->wkv_b);
+}
+
+// Grouped-query attention's weights (wq, wk, wv; q_norm and k_norm with QK-norm).
+static void add_gqa(DecoderLayer *L, ParamTable *t, const LayerInit *init, int i) {
+    const DecoderArgs *a = L->args;
+    int hd = decoder_head_dim(a);
+    ParamInit k = init->kind;
+    L->wq = add_matrix(t, k, init->in, (int64_t)a->n_heads * hd, a->dim,
+                       "layers.%d.attention.wq.weight", i);
+    L->wk = add_matrix(t, k, init->in, (int64_t)a->n_kv_heads * hd, a->dim,
+                       "layers.%d.attention.wk.weight", i);
+    L->wv = add_matrix(t, k, init->in, (int64_t)a->n_kv_heads * hd, a->dim,
+                       "layers.%d.attention.wv.weight", i);
+    L->linear.wq = linear_of(L->wq);
+    L->linear.wk = linear_of(L->wk);
+    L->linear.wv = linear_of(L->wv);
+}
+
+// The parameters of layer i: attention_norm, the attention's, wo, QK-norm's, ffn_norm, the FFN's.
+static int layer_param_count(const DecoderArgs *a, int i) {
+    int attention = 3;
+    if (decoder_has_mla(a)) attention = a->mla.q_lora_rank ? 6 : 4;
+    int ffn = decoder_layer_is_moe(a, i) ? moe_param_count(&a->moe) : 3;
+    return 1 + attention + 1 + (a->qk_norm ? 2 : 0) + 1 + ffn;
+}
+
 static void add_layer(Decoder *l, ParamTable *t, int i) {
     const DecoderArgs *a = &l->args;
     DecoderLayer *L = &l->layers[i];
-    int hd = decoder_head_dim(a), H = decoder_hidden_dim(a);
+    int H = decoder_hidden_dim(a);
     LayerInit init = layer_init(a, i);
     ParamInit k = init.kind;
     *L = (DecoderLayer){.args = a, .layer_id = i, .rope_cos = l->rope_cos, .rope_sin = l->rope_sin};
     L->attention_norm = add_vector(t, a->dim, "layers.%d.attention_norm.weight", i);
-    L->wq = add_matrix(t, k, init.in, (int64_t)a->n_heads * hd, a->dim,
-                       "layers.%d.attention.wq.weight", i);
-    L->wk = add_matrix(t, k, init.in, (int64_t)a->n_kv_heads * hd, a->dim,
-                       "layers.%d.attention.wk.weight", i);
-    L->wv = add_matrix(t, k, init.in, (int64_t)a->n_kv_heads * hd, a->dim,
-                       "layers.%d.attention.wv.weight", i);
-    L->wo = add_matrix(t, k, init.wo, a->dim, (int64_t)a->n_heads * hd,
-                       "layers.%d.attention.wo.weight", i);
+    if (decoder_has_mla(a))
+        add_mla(L, t, &init, i);
+    else
+        add_gqa(L, t, &init, i);
+    int64_t heads_out = (int64_t)a->n_heads * (decoder_has_mla(a) ? a->mla.v_head_dim
+                                                                   : decoder_head_dim(a));
+    L->wo = add_matrix(t, k, init.wo, a->dim, heads_out, "layers.%d.attention.wo.weight", i);
     if (a->qk_norm) {
+        int hd = decoder_head_dim(a);
         L->q_norm = add_vector(t, hd, "layers.%d.attention.q_norm.weight", i);
         L->k_norm = add_vector(t, hd, "layers.%d.attention.k_norm.weight", i);
     }
     L->ffn_norm = add_vector(t, a->dim, "layers.%d.ffn_norm.weight", i);
-    if (decoder_has_moe(a)) {
+    if (decoder_layer_is_moe(a, i)) {
         char prefix[32];
+        int index = i - a->n_dense_layers;  // its row of the expert load
         snprintf(prefix, sizeof prefix, "layers.%d.", i);
-        L->moe = &l->moe[i];
-        moe_layer_init(L->moe, &a->moe, i, t, prefix, &init.moe);
-        l->balance.bias[i] = L->moe->expert_bias;
+        L->moe = &l->moe[index];
+        moe_layer_init(L->moe, &a->moe, index, t, prefix, &init.moe);
+        l->balance.bias[index] = L->moe->expert_bias;
     } else {
         L->w1 = add_matrix(t, k, init.in, H, a->dim, "layers.%d.feed_forward.w1.weight", i);
         L->w2 = add_matrix(t, k, init.w2, a->dim, H, "layers.%d.feed_forward.w2.weight", i);
@@ -120,9 +190,6 @@ static void add_layer(Decoder *l, ParamTable *t, int i) {
         L->linear.w2 = linear_of(L->w2);
         L->linear.w3 = linear_of(L->w3);
     }
-    L->linear.wq = linear_of(L->wq);
-    L->linear.wk = linear_of(L->wk);
-    L->linear.wv = linear_of(L->wv);
     L->linear.wo = linear_of(L->wo);
 }
 
@@ -149,9 +216,9 @@ static Param *add_output(ParamTable *t, const DecoderArgs *a) {
 static void add_linears(Model *m, Decoder *l) {
     for (int i = 0; i < l->args.n_layers; i++) {
         DecoderLayer *L = &l->layers[i];
-        Linear *all[] = {&L->linear.wq, &L->linear.wk, &L->linear.wv, &L->linear.wo,
-                         &L->linear.w1, &L->linear.w2, &L->linear.w3};
-        for (int j = 0; j < (L->moe ? 4 : 7); j++) model_linear_add(m, all[j], NULL);
+        Linear *own[DECODER_LAYER_LINEARS];
+        for (int j = 0, n = decoder_layer_linears(L, own); j < n; j++)
+            model_linear_add(m, own[j], NULL);
         Linear *moe[MOE_MAX_LINEARS];
         for (int j = 0, n = L->moe ? moe_layer_linears(L->moe, moe) : 0; j < n; j++)
             model_linear_add(m, moe[j], NULL);
@@ -161,13 +228,16 @@ static void add_linears(Model *m, Decoder *l) {
 
 // torchtitan's get_num_flop_per_token, block by block: 6 FLOPs per weight per token (2 forward,
 // 4 backward) over all but the embedding table (a routed expert's weights count top_k / E of
-// theirs: the active ones), plus in each layer 12 * heads * head_dim *
-// seq_len for the attention scores and values (counted as if not causal, as torchtitan and
-// PaLM do). The blocks' shares sum to the whole model's 6N + 12 L H Q T (exactly: integers
-// far below 2^53), so a pipeline stage's FLOPs are the sum over its blocks. The causal mask's
-// kernels do half of the attention's.
+// theirs: the active ones), plus in each layer 6 * heads * (qk + v) * seq_len for the
+// attention scores (q and k's head width qk) and values (v's: 12 * heads * head_dim * seq_len
+// where they are one width), counted as if not causal, as torchtitan and PaLM do. The blocks'
+// shares sum to the whole model's 6N + 6 L H (qk + v) T (exactly: integers far below 2^53), so
+// a pipeline stage's FLOPs are the sum over its blocks. The causal mask's kernels do half of the
+// attention's, MLA's values padded to qk.
 static void count_flops(Model *m, const DecoderArgs *a, int seq_len, const Param *embed) {
-    double attention = 12.0 * a->n_heads * decoder_head_dim(a) * seq_len;
+    int qk = decoder_head_dim(a), v = decoder_has_mla(a) ? a->mla.v_head_dim : qk;
+    double attention = 6.0 * a->n_heads * (qk + v) * seq_len;
+    double attention_done = 6.0 * a->n_heads * (2 * qk) * seq_len / 2;
     m->block_flops = xcalloc((size_t)m->n_blocks, sizeof(BlockFlops));
     int param = 0;
     for (int b = 0; b < m->n_blocks; b++) {
@@ -179,8 +249,8 @@ static void count_flops(Model *m, const DecoderArgs *a, int seq_len, const Param
         }
         bool layer = b > 0 && b + 1 < m->n_blocks;
         BlockFlops *f = &m->block_flops[b];
-        *f = (BlockFlops){.gemm = 6 * weights, .attention = layer ? attention : 0};
-        f->attention_done = f->attention / 2;
+        *f = (BlockFlops){.gemm = 6 * weights, .attention = layer ? attention : 0,
+                          .attention_done = layer ? attention_done : 0};
         m->flops_per_token += f->gemm + f->attention;
     }
 }
@@ -220,15 +290,16 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
     *m = (Model){.dim = a->dim, .n_blocks = a->n_layers + 2, .self = l,
                  .place_buffers = place_buffers};
     ParamTable *t = &m->params;
-    bool moe = decoder_has_moe(a);
-    int layer_params = (a->qk_norm ? 8 : 6) + (moe ? moe_param_count(&a->moe) : 3);
-    if (moe) {
-        l->moe = xcalloc((size_t)a->n_layers, sizeof(MoeLayer));
-        moe_balance_init(&l->balance, a->n_layers, a->moe.router.n_experts,
+    if (decoder_has_moe(a)) {
+        int moe_layers = a->n_layers - a->n_dense_layers;
+        l->moe = xcalloc((size_t)moe_layers, sizeof(MoeLayer));
+        moe_balance_init(&l->balance, moe_layers, a->moe.router.n_experts,
                          a->moe.load_balance_coeff, a->moe.aux_loss_alpha > 0);
         m->moe = &l->balance;
     }
-    params_init(t, layer_params * a->n_layers + 3);
+    int n_params = 3;
+    for (int i = 0; i < a->n_layers; i++) n_params += layer_param_count(a, i);
+    params_init(t, n_params);
 
     l->embed = (DecoderEmbed){.args = a};
     l->embed.tok_embeddings = add_embedding(t, a);
@@ -244,7 +315,7 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
     for (int i = 0; i < a->n_layers; i++)
         m->blocks[i + 1] = (Block){.ops = &DECODER_LAYER_OPS, .self = &l->layers[i],
                                    .checkpointed = activation_checkpoint,
-                                   .n_params = layer_params};
+                                   .n_params = layer_param_count(a, i)};
     m->blocks[m->n_blocks - 1] = (Block){.ops = &DECODER_HEAD_OPS, .self = &l->head,
                                          .n_params = a->tie_word_embeddings ? 1 : 2};
     count_flops(m, a, a->max_seq_len, l->embed.tok_embeddings);
@@ -254,7 +325,7 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
 void decoder_free(Model *m) {
     Decoder *l = m->self;
     model_buffer_free(l->rope_cos, l->rope_memory);
-    for (int i = 0; l->moe && i < l->args.n_layers; i++) moe_layer_free(&l->moe[i]);
+    for (int i = 0; l->moe && i < l->balance.n_layers; i++) moe_layer_free(&l->moe[i]);
     if (l->moe) moe_balance_free(&l->balance, l->moe_memory);
     free(l->moe);
     free(l->layers);

@@ -12,7 +12,7 @@ const char *decoder_tp_check(const DecoderArgs *a, int tp, int B, int T, char *e
     struct { const char *what; long long n; } splits[] = {
         {"model n_heads", a->n_heads},
         {"model n_kv_heads", a->n_kv_heads},
-        {"the FFN hidden dim", decoder_has_moe(a) ? 0 : decoder_hidden_dim(a)},  // MoE: whole
+        {"the FFN hidden dim", decoder_hidden_dim(a)},  // 0 in MoE layers: they are whole
         {"model vocab_size", a->vocab_size},
         {"the rows of a microbatch on a cp rank (local_batch_size x seq_len / "
          "context_parallel_degree, sequence parallel)",
@@ -34,9 +34,26 @@ static void parallelize_moe(MoeLayer *moe, ParamTable *t, const Tp *tp) {
     for (int i = 0; i < n; i++) tp_shard(tp, t, params[i], TP_REPLICATE);
 }
 
+// torchtitan's deepseek_v3 plan: the up-projections (wq or wq_b, wkv_b) column-parallel by
+// head; the low-rank down-projections and their norms replicated, run by every rank on the
+// gathered rows. Their gradients come from this rank's heads only, a partial sum: TP_REPLICATE.
+static void parallelize_mla(MlaWeights *w, ParamTable *t, const Tp *tp) {
+    Param *colwise[] = {w->wq, w->wq_b, w->wkv_b}, *replicated[] = {w->wq_a, w->q_norm, w->wkv_a,
+                                                                      w->kv_norm};
+    for (size_t i = 0; i < 3; i++)
+        if (colwise[i]) tp_shard(tp, t, colwise[i], 0);
+    for (size_t i = 0; i < 4; i++)
+        if (replicated[i]) tp_shard(tp, t, replicated[i], TP_REPLICATE);
+}
+
 static void parallelize_layer(DecoderLayer *L, ParamTable *t, const Tp *tp) {
-    Param *colwise[] = {L->wq, L->wk, L->wv};
-    for (size_t i = 0; i < sizeof colwise / sizeof colwise[0]; i++) tp_shard(tp, t, colwise[i], 0);
+    if (L->mla.on) {
+        parallelize_mla(&L->mla, t, tp);
+    } else {
+        tp_shard(tp, t, L->wq, 0);
+        tp_shard(tp, t, L->wk, 0);
+        tp_shard(tp, t, L->wv, 0);
+    }
     tp_shard(tp, t, L->wo, 1);
     if (L->moe) {
         parallelize_moe(L->moe, t, tp);
@@ -68,18 +85,22 @@ uint64_t decoder_tp_bytes_per_microbatch(const DecoderArgs *args, int tp, int B,
                                          int recomputed_layers, bool loss_parallel,
                                          int first_block, int last_block) {
     bool embed = first_block == 0, head = last_block == args->n_layers + 2;
-    uint64_t L = (uint64_t)(last_block - first_block - embed - head);
     uint64_t bt = (uint64_t)B * T;
     // A MoE FFN has no seam (it runs on the rank's rows); its balance loss all-reduces its
-    // sequences' statistics, 2 B E floats, in every forward and recompute.
-    bool moe = decoder_has_moe(args);
-    uint64_t per_layer = moe ? 2 : 4, forwards = L + (uint64_t)recomputed_layers;
-    uint64_t seams = embed + head + per_layer * L + per_layer / 2 * (uint64_t)recomputed_layers;
+    // sequences' statistics, 2 B E floats, in every forward and recompute. The recomputed
+    // layers are counted as the range's first ones.
+    uint64_t seams = embed + head, moe_forwards = 0;
+    for (int b = first_block + embed, i = 0; b < last_block - head; b++, i++) {
+        bool moe = decoder_layer_is_moe(args, b - 1);
+        uint64_t per_layer = moe ? 2 : 4, forwards = 1 + (i < recomputed_layers);
+        seams += per_layer + per_layer / 2 * (forwards - 1);
+        moe_forwards += moe ? forwards : 0;
+    }
     uint64_t loss = !head            ? 0
                     : loss_parallel ? 3 * bt
                                     : bt * (uint64_t)args->vocab_size / (uint64_t)tp;
-    uint64_t aux = moe && args->moe.aux_loss_alpha > 0
-                       ? forwards * 2 * (uint64_t)B * (uint64_t)args->moe.router.n_experts
+    uint64_t aux = args->moe.aux_loss_alpha > 0
+                       ? moe_forwards * 2 * (uint64_t)B * (uint64_t)args->moe.router.n_experts
                        : 0;
     return 4 * (seams * (bt + bt / (uint64_t)tp) * (uint64_t)args->dim + loss + aux);
 }

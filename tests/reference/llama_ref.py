@@ -1,5 +1,5 @@
-"""Independent PyTorch reference of torchtitan's Llama 3 and Qwen3 (dense and MoE), to prove titan
-correct.
+"""Independent PyTorch reference of torchtitan's Llama 3, Qwen3 (dense and MoE) and DeepSeek-V3,
+to prove titan correct.
 
 The math mirrors pytorch/torchtitan torchtitan/models/llama3/model/model.py (precompute_freqs_cis,
 apply_scaling, apply_rotary_emb, repeat_kv, Attention, FeedForward, TransformerBlock, Transformer),
@@ -8,7 +8,10 @@ RMSNorm over each head of q and of k before RoPE) and torchtitan/components/lr_s
 (build_lr_schedulers, linear_warmup_stable_decay); the MoE FFN of Qwen3-MoE from
 torchtitan/models/common/moe.py (TokenChoiceTopKRouter, GroupedExperts, MoE with its
 expert_bias and the optimizer pre-step hook _update_expert_bias) and DeepSeek V3's
-sequence-wise balance loss.
+sequence-wise balance loss; DeepSeek-V3's from torchtitan/models/deepseek_v3/model.py (Attention:
+multi-head latent attention with its softmax scale), torchtitan/models/common/rope.py
+(_yarn_inv_freq), the router's group-limited routing (_get_node_limited_routing_scores) and the
+first n_dense_layers blocks' dense FFN.
 Written for torch 1.13, which has neither nn.RMSNorm nor F.scaled_dot_product_attention, so both
 are spelled out with the same formulas. The model is built from a titan checkpoint's attributes,
 never from a flavor table, so the reference cannot silently disagree with titan about the shape.
@@ -57,9 +60,29 @@ class ModelArgs:
     moe_route_norm: bool = False
     moe_route_scale: float = 1.0
     moe_expert_bias: bool = False
+    moe_n_groups: int = 0  # group-limited routing over this many groups (0, 1: off)
+    moe_limited_groups: int = 0
+    n_dense_layers: int = 0  # the first blocks keep the dense FFN of hidden_dim
+    # DeepSeek-V3's multi-head latent attention (mla_kv_lora_rank > 0)
+    mla_q_lora_rank: int = 0
+    mla_kv_lora_rank: int = 0
+    mla_qk_nope_head_dim: int = 0
+    mla_qk_rope_head_dim: int = 0
+    mla_v_head_dim: int = 0
+    mla_mscale: float = 1.0
+    # YaRN RoPE scaling (yarn_factor > 1)
+    yarn_factor: float = 0.0
+    yarn_beta_fast: float = 0.0
+    yarn_beta_slow: float = 0.0
+    yarn_original_seq_len: int = 0
 
     def __post_init__(self):
         self.head_dim = self.head_dim or self.dim // self.n_heads
+
+    @property
+    def rope_dim(self):
+        """The width RoPE rotates in a head: MLA's rope part, else the head."""
+        return self.mla_qk_rope_head_dim if self.mla_kv_lora_rank else self.head_dim
 
     @classmethod
     def from_attrs(cls, attrs):
@@ -77,6 +100,18 @@ class ModelArgs:
                 moe_route_norm=bool(get("moe_route_norm", int)),
                 moe_route_scale=get("moe_route_scale", float),
                 moe_expert_bias=bool(get("moe_expert_bias", int)))
+            for name in ("moe_n_groups", "moe_limited_groups", "n_dense_layers"):
+                if "model." + name in attrs:
+                    moe[name] = get(name, int)
+        if "model.mla_kv_lora_rank" in attrs:
+            for name in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                         "v_head_dim"):
+                moe["mla_" + name] = get("mla_" + name, int)
+            moe["mla_mscale"] = get("mla_mscale", float)
+        if "model.yarn_factor" in attrs:
+            for name in ("factor", "beta_fast", "beta_slow"):
+                moe["yarn_" + name] = get("yarn_" + name, float)
+            moe["yarn_original_seq_len"] = get("yarn_original_seq_len", int)
         return cls(
             dim=get("dim", int), n_layers=get("n_layers", int), n_heads=get("n_heads", int),
             n_kv_heads=get("n_kv_heads", int), vocab_size=get("vocab_size", int),
@@ -115,16 +150,31 @@ def apply_rope_scaling(freqs, args):
     return torch.where(mid, (1 - smooth) * new_freqs / factor + smooth * new_freqs, new_freqs)
 
 
+def apply_yarn(freqs, args, dim):
+    """torchtitan _yarn_inv_freq with truncate=True (DeepSeek's), in fp32 like it."""
+    def correction_dim(rotations):
+        return (dim * math.log(args.yarn_original_seq_len / (rotations * 2 * math.pi))) / (
+            2 * math.log(args.rope_theta))
+    low = max(math.floor(correction_dim(args.yarn_beta_fast)), 0)
+    high = min(math.ceil(correction_dim(args.yarn_beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return freqs / args.yarn_factor * ramp + freqs * (1 - ramp)
+
+
 def rope_cos_sin(args, seqlen, dtype):
-    """cos/sin of torchtitan's precompute_freqs_cis angles (seqlen, head_dim/2).
+    """cos/sin of torchtitan's precompute_freqs_cis angles (seqlen, rope_dim/2).
 
     The angles are computed in fp32 exactly as torchtitan does (fp32 freqs, fp32 outer product);
     only then are cos/sin taken and cast, so a float64 reference rotates by torchtitan's angles.
     """
-    hd = args.head_dim
+    hd = args.rope_dim
     freqs = 1.0 / (args.rope_theta ** (torch.arange(0, hd, 2)[: hd // 2].float() / hd))
     if args.rope_scaling:
         freqs = apply_rope_scaling(freqs, args)
+    if args.yarn_factor > 1:
+        freqs = apply_yarn(freqs, args, hd)
     angles = torch.outer(torch.arange(seqlen), freqs).float()
     return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
 
@@ -187,10 +237,55 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
 
 
-def causal_attention(q, k, v):
-    """What torchtitan's sdpa wrapper computes with is_causal=True and the default scale."""
+class MLA(nn.Module):
+    """torchtitan's deepseek_v3 Attention: q from wq, or wq_b(q_norm(wq_a(x))); the latent c and
+    the shared rope key k_pe from wkv_a; per-head k_nope and v from wkv_b(kv_norm(c)); softmax
+    scale qk^-0.5, times YaRN's mscale^2 when YaRN is on."""
+    def __init__(self, args):
+        super().__init__()
+        self.n_heads, self.args = args.n_heads, args
+        R, C = args.mla_q_lora_rank, args.mla_kv_lora_rank
+        self.nope, self.rope, self.vd = (args.mla_qk_nope_head_dim, args.mla_qk_rope_head_dim,
+                                         args.mla_v_head_dim)
+        self.qk = self.nope + self.rope
+        if R:
+            self.wq_a = nn.Linear(args.dim, R, bias=False)
+            self.q_norm = RMSNorm(R, args.norm_eps)
+            self.wq_b = nn.Linear(R, args.n_heads * self.qk, bias=False)
+        else:
+            self.wq = nn.Linear(args.dim, args.n_heads * self.qk, bias=False)
+        self.wkv_a = nn.Linear(args.dim, C + self.rope, bias=False)
+        self.kv_norm = RMSNorm(C, args.norm_eps)
+        self.wkv_b = nn.Linear(C, args.n_heads * (self.nope + self.vd), bias=False)
+        self.wo = nn.Linear(args.n_heads * self.vd, args.dim, bias=False)
+        self.scale = self.qk ** -0.5
+        if args.yarn_factor > 1:
+            mscale = 0.1 * args.mla_mscale * math.log(args.yarn_factor) + 1.0
+            self.scale *= mscale * mscale
+
+    def forward(self, x, cos, sin):
+        bs, seqlen, _ = x.shape
+        q = self.wq_b(self.q_norm(self.wq_a(x))) if self.args.mla_q_lora_rank else self.wq(x)
+        q = q.view(bs, seqlen, self.n_heads, self.qk)
+        q_nope, q_pe = torch.split(q, [self.nope, self.rope], dim=-1)
+        kv = self.wkv_a(x)
+        c, k_pe = torch.split(kv, [self.args.mla_kv_lora_rank, self.rope], dim=-1)
+        q = torch.cat([q_nope, apply_rope(q_pe, cos, sin)], dim=-1)
+        k_pe = apply_rope(k_pe.unsqueeze(2), cos, sin)
+        kv = self.wkv_b(self.kv_norm(c)).view(bs, seqlen, self.n_heads, self.nope + self.vd)
+        k_nope, v = torch.split(kv, [self.nope, self.vd], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(-1, -1, self.n_heads, -1)], dim=-1)
+        out = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                               self.scale)
+        return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+
+
+def causal_attention(q, k, v, scale=None):
+    """What torchtitan's sdpa wrapper computes with is_causal=True (scale: 1/sqrt(head dim))."""
     seqlen = q.shape[-2]
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if scale is None:
+        scale = 1 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-2, -1)) * scale
     future = torch.ones(seqlen, seqlen, dtype=torch.bool, device=q.device).triu(1)
     scores = scores.masked_fill(future, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
@@ -249,6 +344,7 @@ class MoE(nn.Module):
         self.n_experts, self.top_k = args.moe_experts, args.moe_top_k
         self.sigmoid, self.route_norm = args.moe_score_sigmoid, args.moe_route_norm
         self.route_scale = args.moe_route_scale
+        self.n_groups, self.limited_groups = args.moe_n_groups, args.moe_limited_groups
         self.router = Router(args.dim, args.moe_experts)
         self.routed_experts = RoutedExperts(args.moe_experts, args.dim, args.moe_hidden_dim)
         self.shared_experts = FeedForward(args.dim, args.moe_shared_hidden_dim) \
@@ -268,6 +364,12 @@ class MoE(nn.Module):
         select = scores.detach()
         if self.expert_bias_E is not None:
             select = select + self.expert_bias_E.to(select.dtype)
+        if self.n_groups > 1:  # only the limited_groups groups of the best top-2 sums compete
+            grouped = select.unflatten(-1, (self.n_groups, -1))
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+            keep = torch.topk(group_scores, self.limited_groups, dim=-1).indices
+            mask = torch.ones_like(group_scores, dtype=torch.bool).scatter_(-1, keep, False)
+            select = grouped.masked_fill(mask.unsqueeze(-1), float("-inf")).flatten(-2)
         experts = torch.topk(select, self.top_k, dim=-1).indices
         weights = scores.gather(1, experts)
         if self.route_norm:
@@ -314,12 +416,13 @@ class MoE(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, args):
+    def __init__(self, args, layer_id):
         super().__init__()
-        self.attention = Attention(args)
+        self.attention = MLA(args) if args.mla_kv_lora_rank else Attention(args)
         # The FFN is one or the other: the block has no parameters of the one it lacks.
-        self.moe = MoE(args) if args.moe_experts else None
-        self.feed_forward = None if args.moe_experts else FeedForward(args.dim, args.hidden_dim)
+        moe = args.moe_experts and layer_id >= args.n_dense_layers
+        self.moe = MoE(args) if moe else None
+        self.feed_forward = None if moe else FeedForward(args.dim, args.hidden_dim)
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
@@ -334,7 +437,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
+        self.layers = nn.ModuleList(TransformerBlock(args, i) for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         # A tied model has no `output` parameter at all, so no checkpoint or grad name for it.
         self.output = None if args.tie_word_embeddings else nn.Linear(
