@@ -70,6 +70,8 @@ typedef struct {
     double moe_load_balance_coeff;  // nullable: NAN = no aux-loss-free balancing
     double moe_aux_loss_alpha;      // the sequence-wise balance loss weight; 0 = none
     double moe_capacity_factor;     // nullable: NAN = no token dropped
+    int64_t mtp_layers;             // DeepSeek-V3's multi-token prediction modules; 0 = none
+    double mtp_loss_weight;         // their mean loss's weight in the objective
 } ModelSection;
 
 typedef struct {

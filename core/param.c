@@ -201,6 +201,15 @@ void params_place(ParamTable *t, Param *p, Placement pl) {
     table_layout(t);
 }
 
+void params_unplace(Param *p, int group) {
+    for (int i = 0; i < p->n_placements; i++) {
+        if (p->placements[i].group != group) continue;
+        CHECK(p->placements[i].kind == PLACE_REPLICATE);  // the box is the same without it
+        p->placements[i] = p->placements[--p->n_placements];
+        return;
+    }
+}
+
 const Placement *param_placement_on(const Param *p, int group) {
     for (int i = 0; i < p->n_placements; i++)
         if (p->placements[i].group == group) return &p->placements[i];
@@ -355,9 +364,12 @@ void param_fill(const Param *p, uint64_t seed, size_t first, size_t count, float
         rng_fill_trunc_normal(dst, count, key, first, 0.0, p->init_std, -p->init_cutoff,
                               p->init_cutoff);
         break;
-    case INIT_XAVIER_UNIFORM: {
+    case INIT_XAVIER_UNIFORM:
+    case INIT_KAIMING_UNIFORM: {
         CHECK(p->ndim == 2);
-        double a = sqrt(6.0 / (double)(p->global_shape[0] + p->global_shape[1]));
+        double a = p->init == INIT_XAVIER_UNIFORM
+                       ? sqrt(6.0 / (double)(p->global_shape[0] + p->global_shape[1]))
+                       : 1 / sqrt((double)p->global_shape[1]);
 #pragma omp parallel for schedule(static) if (count >= 65536)
         for (size_t j = 0; j < count; j++)
             dst[j] = (float)(a * (2 * rng_uniform(key, first + j) - 1));

@@ -29,10 +29,12 @@
 #define PARAM_MAX_RANGES 8  // of a box along one dim (ParamRanges)
 
 // How a parameter is initialised (torchtitan's init_weights): a (truncated) normal, ones or
-// zeros, or torch.nn.init.xavier_uniform_ of an (out, in) matrix: uniform on [-a, a], a =
-// sqrt(6 / (in + out)) (FLUX's linears).
+// zeros, torch.nn.init.xavier_uniform_ of an (out, in) matrix: uniform on [-a, a], a =
+// sqrt(6 / (in + out)) (FLUX's linears), or nn.Linear's own reset_parameters: uniform on
+// [-a, a], a = 1 / sqrt(in) (a module torchtitan gives no init of its own).
 typedef enum {
-    INIT_ONES, INIT_ZEROS, INIT_NORMAL, INIT_TRUNC_NORMAL, INIT_XAVIER_UNIFORM
+    INIT_ONES, INIT_ZEROS, INIT_NORMAL, INIT_TRUNC_NORMAL, INIT_XAVIER_UNIFORM,
+    INIT_KAIMING_UNIFORM
 } ParamInit;
 
 typedef enum {
@@ -149,6 +151,9 @@ Param *params_find(ParamTable *t, const char *name);
 // its blocks) evenly; a compute placement cannot follow a padded one (FSDP shards what the
 // others left).
 void params_place(ParamTable *t, Param *p, Placement pl);
+// Drops p's Replicate placement over mesh group `group` (none: nothing to do), for a group
+// whose ranks a later placement gives other parts of p (expert parallel takes tp's).
+void params_unplace(Param *p, int group);
 // p's placement over mesh group `group`, NULL if it has none.
 const Placement *param_placement_on(const Param *p, int group);
 // The count of n elements (along pl's dim) that rank holds under pl, starting at *start; pl

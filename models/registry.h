@@ -53,7 +53,10 @@ typedef struct {
     int vocab_size;
     int max_seq_len;           // positions the model is built for (its RoPE tables)
     bool tie_word_embeddings;  // the head's output weight is the embedding's
-    const MoeArgs *moe;        // every block's FFN is this MoE layer (into the args); NULL: dense
+    const MoeArgs *moe;        // the blocks' MoE layers (into the args; the first dense_layers
+                               // blocks have a dense FFN); NULL: dense
+    int dense_layers;
+    int mtp_layers;            // multi-token prediction modules in the head (DeepSeek-V3's)
 } ModelShape;
 
 // A model's own training inputs (docs/design.md "Models": StepCtx inputs and the loss belong to the

@@ -2,11 +2,11 @@
 
 #include "parallel/mesh.h"
 
-// An expert weight under expert parallel is not: ep takes tp's ranks first, and what ep leaves
-// of tp is in efsdp, whose FSDP reduction already summed the grad (parallel/ep/ep.h).
+// (An expert weight under expert parallel is not: ep_place drops its tp placement, ep taking
+// tp's ranks first, and what ep leaves of tp is in efsdp, whose FSDP reduction sums the grad.)
 static bool tp_replicated(const Param *p) {
     const Placement *pl = param_placement_on(p, MESH_TP);
-    return pl && pl->kind == PLACE_REPLICATE && !param_placement_on(p, MESH_GROUP_EP);
+    return pl && pl->kind == PLACE_REPLICATE;
 }
 
 // Replicated with each rank's gradient a partial sum (the plan's TP_REPLICATE, not

@@ -221,7 +221,7 @@ static void print_rank_plan(Trainer *t) {
     double tokens = rank_tokens_per_step(t);
     BlockFlops flops = rank_flops_per_token(t);
     double per_token = flops.gemm + flops.attention;
-    printf("  FLOPs per step per rank: %.12g (%.6g per token, %storchtitan's 6N + 12 L H Q T)\n",
+    printf("  FLOPs per step per rank: %.12g (%.6g per token, %storchtitan's 6N + 6 L H (Q + V) T, head widths Q and V)\n",
            tokens * per_token, per_token, t->pipeline ? "its blocks' share of " : "");
     GroupBytes groups[MAX_GROUPS];
     int n = comm_per_step(t, groups);

@@ -63,6 +63,32 @@ static void check_moe_keys(const Trainer *t) {
     }
 }
 
+// The model.mtp_* keys act on multi-token prediction modules only (DeepSeek-V3's), which need
+// the embedding and the head on one rank (no pipeline) and whole sequences of one document
+// each (no context parallel, no document masking): refused by name otherwise.
+static void check_mtp_keys(const Trainer *t) {
+    const Config *c = &t->cfg;
+    char origin[512];
+    if (model_shape(&t->args).mtp_layers == 0) {
+        CHECK(config_key_origin(c, "model.mtp_layers", origin, sizeof origin));
+        if (c->model.mtp_layers > 0)
+            die_user("%s: model.mtp_layers = %d: model %s has no multi-token prediction "
+                     "(deepseek_v3 has)", origin, (int)c->model.mtp_layers, c->model.name);
+        CHECK(config_key_origin(c, "model.mtp_loss_weight", origin, sizeof origin));
+        if (strcmp(origin, "default") != 0)
+            die_user("%s: model.mtp_loss_weight does nothing: model %s %s has no multi-token "
+                     "prediction modules", origin, c->model.name, c->model.flavor);
+        return;
+    }
+    CHECK(config_key_origin(c, "model.mtp_layers", origin, sizeof origin));
+    const int *size = t->mesh.layout.size;
+    if (size[MESH_PP] > 1 || size[MESH_CP] > 1 || c->training.document_masking)
+        die_user("%s: model.mtp_layers %d needs the embedding and the head on one rank and whole "
+                 "sequences of one document each: not pipeline_parallel_degree %d, "
+                 "context_parallel_degree %d or training.document_masking", origin,
+                 (int)c->model.mtp_layers, size[MESH_PP], size[MESH_CP]);
+}
+
 // The config's model: its args set by the run (as torchtitan's update_from_config: the
 // tokenizer sets the vocabulary, the sequence length the RoPE tables; or its own data's
 // shapes), checked against the layout, built, then converted (float8).
@@ -87,6 +113,7 @@ static void build_model(Trainer *t) {
     t->model.precision = t->precision;  // bf16 mixed precision stores bf16 activations
     if (config_converts(c, "float8")) trainer_convert_float8(t);
     check_moe_keys(t);
+    check_mtp_keys(t);
 }
 
 // torchtitan's parallelize, in its order: the pipeline's stages, then TP (and CP, EP), then

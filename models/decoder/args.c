@@ -77,6 +77,7 @@ int decoder_describe(const DecoderArgs *a, CkptAttr out[DECODER_MAX_ATTRS]) {
         INT_ATTR("mla_v_head_dim", m->v_head_dim);
         REAL_ATTR("mla_mscale", m->mscale);
     }
+    if (a->mtp_layers) INT_ATTR("mtp_layers", a->mtp_layers);
     if (a->yarn.factor > 1) {
         REAL_ATTR("yarn_factor", a->yarn.factor);
         REAL_ATTR("yarn_beta_fast", a->yarn.beta_fast);
@@ -206,6 +207,8 @@ void decoder_args_from_checkpoint(const char *path, DecoderArgs *a) {
                  ckpt_read_int_in(path, "model.qk_norm", 0, 1) != 0;
     if (ckpt_has_attr(path, "model.mla_kv_lora_rank")) mla_args_from_checkpoint(path, a);
     if (ckpt_has_attr(path, "model.yarn_factor")) yarn_args_from_checkpoint(path, a);
+    if (ckpt_has_attr(path, "model.mtp_layers"))
+        a->mtp_layers = (int)ckpt_read_int_in(path, "model.mtp_layers", 0, DECODER_MAX_MTP);
     char err[256];
     if (!decoder_args_check(a, err, sizeof err)) die_user("checkpoint %s: model.*: %s", path, err);
 }

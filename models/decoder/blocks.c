@@ -7,13 +7,8 @@
 // are gathered before each column-parallel projection (wq/wk/wv, w1/w3, output) and the
 // row-parallel ones (wo, w2) and the vocab-parallel embedding give partial sums over all rows
 // that a reduce-scatter sums back into each rank's rows; backward runs the duals.
+#include "core/errors.h"
 #include "models/decoder/blocks.h"
-
-// Tensors are the backend's memory (device memory on cuda): copies and zeroing go through it.
-static void copy(const StepCtx *s, float *dst, const float *src, size_t n) {
-    s->k->copy(dst, src, n * sizeof(float));
-}
-static void zero(const StepCtx *s, float *x, size_t n) { s->k->zero(x, n * sizeof(float)); }
 
 // ---- sequence-parallel seams, each the identity on one device ------------------------------
 
@@ -82,37 +77,95 @@ static int vocab_start(const Param *table) {
 
 // ---- tok_embeddings ------------------------------------------------------------------------
 
-// Vocab parallel: each rank looks up the tokens its slice of the table holds and gives zeros
-// for the others; the reduce-scatter sums the slices' rows.
-static void embed_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
-    (void)saved, (void)x;
-    DecoderEmbed *e = b->self;
+void zero_tail_rows(const StepCtx *s, float *x, size_t width, int first, int n, int k) {
+    int T = s->T;
+    for (int seq = first / T; seq * T < first + n; seq++) {
+        int lo = seq * T + T - k, hi = seq * T + T;
+        lo = lo > first ? lo : first;
+        hi = hi < first + n ? hi : first + n;
+        if (lo < hi) zero(s, x + (size_t)(lo - first) * width, (size_t)(hi - lo) * width);
+    }
+}
+
+// p + n, or NULL for a sizing pass's NULL tensor.
+static void *at(void *p, size_t bytes) { return p ? (char *)p + bytes : NULL; }
+
+// ids (B, T) = src shifted k positions left within each sequence, 0 past its end.
+static void shift_ids(const StepCtx *s, int *ids, const int *src, int k) {
+    size_t T = (size_t)s->T;
+    s->k->copy_rows(ids, T * sizeof(int), src + k, T * sizeof(int), (T - k) * sizeof(int), s->B);
+    for (int b = 0; b < s->B; b++) s->k->zero(ids + b * T + T - k, (size_t)k * sizeof(int));
+}
+
+// rows (step_rows, D) of the embeddings of ids (B*T): vocab parallel, each rank looks up the
+// tokens its slice of the table holds and gives zeros for the others, the reduce-scatter
+// summing the slices' rows. Scratch from the arena, given back.
+static void embed_rows(const DecoderEmbed *e, StepCtx *s, float *rows, const int *ids) {
     const Param *table = e->tok_embeddings;
     int BT = s->B * s->T, D = e->args->dim;
-    size_t mark = arena_mark(s->act);  // all scratch: the output y is all backward needs
-    float *partial = s->tp ? arena_floats(s->act, (size_t)BT * D) : y;
+    size_t mark = arena_mark(s->act);
+    float *partial = s->tp ? arena_floats(s->act, (size_t)BT * D) : rows;
     if (!step_sizing(s)) {
-        s->k->embedding_forward(partial, token_batch(s)->tokens, table->data, BT, D,
-                                vocab_start(table), (int)table->shape[0]);
-        if (s->tp) s->tp->reduce_scatter(s->tp, partial, y, (size_t)step_rows(s) * D);
+        s->k->embedding_forward(partial, ids, table->data, BT, D, vocab_start(table),
+                                (int)table->shape[0]);
+        if (s->tp) s->tp->reduce_scatter(s->tp, partial, rows, (size_t)step_rows(s) * D);
     }
     arena_release(s->act, mark);
 }
 
-// All of it is the table's gradient: the input part has nothing to do (there is no input
-// gradient), the weight part reads dy, still valid then.
-static void embed_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, const float *x,
-                           const float *dy, float *dx) {
-    (void)saved, (void)x, (void)dx;
-    if (phase == BLOCK_BACKWARD_INPUT) return;
-    DecoderEmbed *e = b->self;
+// The table's gradient += that of rows' embeddings, drows (step_rows, D). full: (BT, D) under
+// TP.
+static void embed_rows_backward(const DecoderEmbed *e, StepCtx *s, const float *drows,
+                                const int *ids, float *full) {
     const Param *table = e->tok_embeddings;
     int BT = s->B * s->T, D = e->args->dim;
+    const float *all = grad_gathered(s, drows, full, step_rows(s), D);
+    s->k->embedding_backward(table->grad, all, ids, BT, D, vocab_start(table),
+                             (int)table->shape[0]);
+}
+
+// With multi-token prediction the embedding also looks up each module's inputs (token t + k
+// at position t), kept in its slot for the head, which writes their gradients back there.
+static void embed_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
+    (void)x;
+    DecoderEmbed *e = b->self;
+    EmbedSaved *sv = saved;
+    int K = e->args->mtp_layers;
+    size_t BT = (size_t)s->B * s->T, rows = (size_t)step_rows(s) * e->args->dim;
+    *sv = (EmbedSaved){0};
+    if (K) {
+        sv->tokens = arena_alloc(s->act, K * BT * sizeof(int));
+        sv->targets = arena_alloc(s->act, K * BT * sizeof(int));
+        sv->embed = arena_floats(s->act, K * rows);
+        sv->dembed = arena_floats(s->act, K * rows);
+    }
+    embed_rows(e, s, y, token_batch(s)->tokens);
+    for (int j = 0; j < K; j++) {
+        if (!step_sizing(s)) {
+            shift_ids(s, sv->tokens + j * BT, token_batch(s)->tokens, j + 1);
+            shift_ids(s, sv->targets + j * BT, token_batch(s)->targets, j + 1);
+            zero(s, sv->dembed + j * rows, rows);
+        }
+        embed_rows(e, s, at(sv->embed, j * rows * sizeof(float)),
+                   at(sv->tokens, j * BT * sizeof(int)));
+    }
+}
+
+// All of it is the table's gradient: the input part has nothing to do (there is no input
+// gradient), the weight part reads dy (and the modules' gradients), still valid then.
+static void embed_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, const float *x,
+                           const float *dy, float *dx) {
+    (void)x, (void)dx;
+    if (phase == BLOCK_BACKWARD_INPUT) return;
+    DecoderEmbed *e = b->self;
+    const EmbedSaved *sv = saved;
+    int BT = s->B * s->T, D = e->args->dim;
+    size_t rows = (size_t)step_rows(s) * D;
     float *full = s->tp ? arena_floats(s->act, (size_t)BT * D) : NULL;
     if (step_sizing(s)) return;
-    const float *dy_all = grad_gathered(s, dy, full, step_rows(s), D);
-    s->k->embedding_backward(table->grad, dy_all, token_batch(s)->tokens, BT, D,
-                             vocab_start(table), (int)table->shape[0]);
+    embed_rows_backward(e, s, dy, token_batch(s)->tokens, full);
+    for (int j = 0; j < e->args->mtp_layers; j++)
+        embed_rows_backward(e, s, sv->dembed + j * rows, sv->tokens + (size_t)j * BT, full);
 }
 
 // ---- transformer block: h = x + Attention(attention_norm(x)); y = h + FFN(ffn_norm(h)) ------
@@ -556,6 +609,8 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
 // chunk's logits and loss in forward and again, for its gradient, in backward (a fused linear
 // cross-entropy, as Liger-Kernel's, for one more output GEMM), so no step holds more than one
 // chunk of logits. Below the budget the logits are kept from forward to backward (one chunk).
+// With multi-token prediction the head runs its MTP modules after the main loss, each with a
+// loss of its own through the same output projection (DeepSeek-V3 §2.2).
 
 #define HEAD_LOGITS_BYTES ((size_t)512 << 20)
 
@@ -588,8 +643,16 @@ static void head_chunk_scratch(const DecoderHead *h, StepCtx *s, HeadChunk *c, i
     c->scratch = logits_gathered(s) ? arena_floats(s->act, (size_t)rows * V) : NULL;
 }
 
+// What one loss reads: its rows' norm, their targets (B*T), and which MTP module's it is (0:
+// the main model's; k: rows T - k and later of each sequence have no target).
+typedef struct {
+    const Param *norm;
+    const int *targets;
+    int depth;
+} LossInput;
+
 // The chunk's logits of rows [r0, r0 + n).
-static void head_chunk_logits(const DecoderHead *h, StepCtx *s, const HeadSaved *sv,
+static void head_chunk_logits(const DecoderHead *h, StepCtx *s, const LossSaved *sv,
                               const HeadChunk *c, int r0, int n) {
     int D = h->args->dim, Vl = (int)h->output->shape[0];
     linear_forward(&h->linear, s, c->logits, linear_act_at(act(s, sv->xn), (size_t)r0 * D), n, 0);
@@ -600,12 +663,12 @@ static void head_chunk_logits(const DecoderHead *h, StepCtx *s, const HeadSaved 
 // them (Megatron's vocab-parallel cross-entropy): the slices' log-sum-exps are merged as
 // M + log sum exp(lse - M) over ranks, M their max, and only the target's owner contributes
 // its logit. stats: 3n floats of scratch.
-static void loss_parallel_forward(DecoderHead *h, StepCtx *s, HeadSaved *sv, const float *logits,
-                                  int r0, int n, float *stats) {
+static void loss_parallel_forward(DecoderHead *h, StepCtx *s, LossSaved *sv,
+                                  const int *targets, const float *logits, int r0, int n,
+                                  float *stats) {
     float *max = stats, *sums = stats + n, *target_logit = sums + n;
     float *lse = sv->lse + r0, *losses = sv->losses + r0;
-    const int *targets = token_batch(s)->targets + r0;
-    s->k->cross_entropy_slice_forward(lse, target_logit, logits, targets, n,
+    s->k->cross_entropy_slice_forward(lse, target_logit, logits, targets + r0, n,
                                       (int)h->output->shape[0], vocab_start(h->output));
     copy(s, max, lse, n);
     s->tp->all_reduce_max(s->tp, max, n);
@@ -614,19 +677,20 @@ static void loss_parallel_forward(DecoderHead *h, StepCtx *s, HeadSaved *sv, con
     s->k->cross_entropy_merge_finish(losses, lse, max, sums, target_logit, n);
 }
 
-static void head_chunk_loss(DecoderHead *h, StepCtx *s, HeadSaved *sv, const HeadChunk *c, int r0,
-                            int n, float *stats) {
+static void head_chunk_loss(DecoderHead *h, StepCtx *s, LossSaved *sv, LossInput in,
+                            const HeadChunk *c, int r0, int n, float *stats) {
     if (sv->lse)
-        loss_parallel_forward(h, s, sv, c->logits, r0, n, stats);
+        loss_parallel_forward(h, s, sv, in.targets, c->logits, r0, n, stats);
     else
-        s->k->cross_entropy_forward(sv->losses + r0, c->full, token_batch(s)->targets + r0, n,
+        s->k->cross_entropy_forward(sv->losses + r0, c->full, in.targets + r0, n,
                                     h->args->vocab_size);
+    if (in.depth) zero_tail_rows(s, sv->losses + r0, 1, r0, n, in.depth);
 }
 
-static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
-    (void)y;
-    DecoderHead *h = b->self;
-    HeadSaved *sv = saved;
+// One loss over x (rows, D): carves what it keeps into sv and returns the sum of its rows'
+// losses. output: the main loss's, whose logits are the model's output when kept.
+static double loss_forward(DecoderHead *h, StepCtx *s, LossSaved *sv, LossInput in,
+                           const float *x, bool output) {
     const DecoderArgs *a = h->args;
     int BT = s->B * s->T, rows = step_rows(s), chunk = head_chunk_rows(h, BT);
     sv->xn = act_carve(s, (size_t)BT * a->dim);
@@ -635,53 +699,82 @@ static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, floa
     sv->lse = vocab_parallel_loss(s) ? arena_floats(s->act, BT) : NULL;
     // One chunk: its logits stay for backward (and for s->output); several: scratch.
     sv->kept = chunk == BT ? head_chunk_carve(h, s, BT) : (HeadChunk){0};
-    s->output = chunk == BT ? (sv->lse ? sv->kept.logits : sv->kept.full) : NULL;
+    if (output) s->output = chunk == BT ? (sv->lse ? sv->kept.logits : sv->kept.full) : NULL;
     size_t mark = arena_mark(s->act);  // scratch from here
     void *normed = s->tp ? act_carve(s, (size_t)rows * a->dim) : NULL;
     HeadChunk c = chunk == BT ? sv->kept : head_chunk_carve(h, s, chunk);
     head_chunk_scratch(h, s, &c, chunk);
     float *stats = vocab_parallel_loss(s) ? arena_floats(s->act, 3 * (size_t)chunk) : NULL;
     linear_reserve(s, (const Linear *[]){&h->linear}, 1, chunk, s->act_dtype);
+    double sum = 0;
     if (!step_sizing(s)) {
-        norm_gathered(s, sv->xn, sv->rstd, normed, x, h->norm->data, rows, a->dim, a->norm_eps);
+        norm_gathered(s, sv->xn, sv->rstd, normed, x, in.norm->data, rows, a->dim, a->norm_eps);
         for (int r0 = 0; r0 < BT; r0 += chunk) {
             int n = BT - r0 < chunk ? BT - r0 : chunk;
             head_chunk_logits(h, s, sv, &c, r0, n);
-            head_chunk_loss(h, s, sv, &c, r0, n, stats);
+            head_chunk_loss(h, s, sv, in, &c, r0, n, stats);
         }
-        s->loss = s->k->sum(sv->losses, BT) / BT;
+        sum = s->k->sum(sv->losses, BT);
     }
     arena_release(s->act, mark);
+    return sum;
+}
+
+// The embedding's slot, holding the MTP modules' inputs (the embedding runs on this rank).
+static EmbedSaved *mtp_inputs(const StepCtx *s) {
+    CHECK(s->slots && s->slots[0]);
+    return s->slots[0];
+}
+
+static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
+    (void)y;
+    DecoderHead *h = b->self;
+    HeadSaved *sv = saved;
+    const DecoderArgs *a = h->args;
+    int BT = s->B * s->T, K = a->mtp_layers;
+    LossInput main = {h->norm, token_batch(s)->targets, 0};
+    double loss = loss_forward(h, s, &sv->main, main, x, true) / BT;
+    const float *prev = x;
+    double mtp = 0;
+    for (int j = 0; j < K; j++) {
+        const EmbedSaved *in = mtp_inputs(s);
+        size_t rows = (size_t)step_rows(s) * a->dim * sizeof(float);
+        mtp_forward(&h->mtp[j], s, &sv->mtp[j], prev, at(in->embed, j * rows), j + 1);
+        LossInput depth = {h->mtp[j].mtp_norm, at(in->targets, (size_t)j * BT * sizeof(int)),
+                           j + 1};
+        mtp += loss_forward(h, s, &sv->mtp[j].loss, depth, sv->mtp[j].y, false) / BT;
+        prev = sv->mtp[j].out;
+    }
+    if (!step_sizing(s)) s->loss = loss + (K ? a->mtp_loss_weight * mtp / K : 0);
 }
 
 // dlogits of rows [r0, r0 + n), in place over the chunk's logits (this rank's vocab columns):
 // from the merged log-sum-exp under loss parallel, else the full-vocab gradient's columns of
-// this rank.
-static void head_chunk_dlogits(DecoderHead *h, StepCtx *s, const HeadSaved *sv, const HeadChunk *c,
-                               int r0, int n, float dloss) {
+// this rank; zero on rows without a target.
+static void head_chunk_dlogits(DecoderHead *h, StepCtx *s, const LossSaved *sv, LossInput in,
+                               const HeadChunk *c, int r0, int n, float dloss) {
     int V = h->args->vocab_size, Vl = (int)h->output->shape[0], first = vocab_start(h->output);
-    const int *targets = token_batch(s)->targets + r0;
+    const int *targets = in.targets + r0;
     if (sv->lse) {
         s->k->cross_entropy_slice_backward(c->logits, c->logits, sv->lse + r0, targets, n, Vl,
                                            first, dloss);
-        return;
+    } else {
+        s->k->cross_entropy_backward(c->full, c->full, targets, n, V, dloss);
+        if (logits_gathered(s))
+            s->k->copy_rows(c->logits, Vl * sizeof(float), c->full + first, V * sizeof(float),
+                            Vl * sizeof(float), n);
     }
-    s->k->cross_entropy_backward(c->full, c->full, targets, n, V, dloss);
-    if (!logits_gathered(s)) return;
-    s->k->copy_rows(c->logits, Vl * sizeof(float), c->full + first, V * sizeof(float),
-                    Vl * sizeof(float), n);
+    if (in.depth) zero_tail_rows(s, c->logits, (size_t)Vl, r0, n, in.depth);
 }
 
-// The output weight's gradient is taken in the input part too: deferring it to the weight part
-// would keep every chunk's logit gradients, the whole batch's logits the chunks avoid.
-static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, const float *x,
-                          const float *dy, float *dx) {
-    (void)dy;
-    if (phase == BLOCK_BACKWARD_WEIGHT) return;
-    DecoderHead *h = b->self;
-    HeadSaved *sv = saved;
+// dx (rows, D) += the gradient of x of one loss, each of its rows' losses weighing dloss.
+// The output weight's gradient is taken here (the input part): deferring it to the weight
+// part would keep every chunk's logit gradients, the whole batch's logits the chunks avoid.
+static void loss_backward(DecoderHead *h, StepCtx *s, const LossSaved *sv, LossInput in,
+                          const float *x, float dloss, float *dx) {
     const DecoderArgs *a = h->args;
     int BT = s->B * s->T, rows = step_rows(s), D = a->dim, chunk = head_chunk_rows(h, BT);
+    size_t mark = arena_mark(s->act);
     float *dxn = arena_floats(s->act, (size_t)BT * D);
     float *dxn_rows = s->tp ? arena_floats(s->act, (size_t)rows * D) : NULL;
     HeadChunk c = sv->kept;  // one chunk: the logits forward kept; else recomputed per chunk
@@ -692,21 +785,59 @@ static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, c
     size_t Vl = (size_t)h->output->shape[0];
     void *dlogits_cast = s->act_dtype != DTYPE_FP32 ? act_carve(s, (size_t)chunk * Vl) : NULL;
     linear_reserve(s, (const Linear *[]){&h->linear}, 1, chunk, s->act_dtype);
-    if (step_sizing(s)) return;
-    for (int r0 = 0; r0 < BT; r0 += chunk) {
-        int n = BT - r0 < chunk ? BT - r0 : chunk;
-        LinearAct xn = linear_act_at(act(s, sv->xn), (size_t)r0 * D);
-        if (chunk < BT) head_chunk_logits(h, s, sv, &c, r0, n);
-        head_chunk_dlogits(h, s, sv, &c, r0, n, s->loss_scale / BT);
-        LinearAct dlogits = act_cast(s, c.logits, (size_t)n * Vl, dlogits_cast);
-        linear_backward_weight(&h->linear, s, dlogits, xn, n);
-        linear_backward_input(&h->linear, s, dxn + (size_t)r0 * D, dlogits, n, 0);
+    if (!step_sizing(s)) {
+        for (int r0 = 0; r0 < BT; r0 += chunk) {
+            int n = BT - r0 < chunk ? BT - r0 : chunk;
+            LinearAct xn = linear_act_at(act(s, sv->xn), (size_t)r0 * D);
+            if (chunk < BT) head_chunk_logits(h, s, sv, &c, r0, n);
+            head_chunk_dlogits(h, s, sv, in, &c, r0, n, dloss);
+            LinearAct dlogits = act_cast(s, c.logits, (size_t)n * Vl, dlogits_cast);
+            linear_backward_weight(&h->linear, s, dlogits, xn, n);
+            linear_backward_input(&h->linear, s, dxn + (size_t)r0 * D, dlogits, n, 0);
+        }
+        norm_backward_reduced(s, dx, in.norm->grad, dxn, dxn_rows, x, in.norm->data, sv->rstd,
+                              rows, D);
     }
-    norm_backward_reduced(s, dx, h->norm->grad, dxn, dxn_rows, x, h->norm->data, sv->rstd, rows,
-                          D);
+    arena_release(s->act, mark);
 }
 
-const BlockOps DECODER_EMBED_OPS = {"embed", 0, embed_forward, embed_backward};
+// The MTP modules last to first, each module's gradient of its previous output flowing into
+// the module before it (the head's input for the first), then the main loss.
+static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, const float *x,
+                          const float *dy, float *dx) {
+    (void)dy;
+    if (phase == BLOCK_BACKWARD_WEIGHT) return;
+    DecoderHead *h = b->self;
+    HeadSaved *sv = saved;
+    const DecoderArgs *a = h->args;
+    int BT = s->B * s->T, K = a->mtp_layers;
+    size_t rows = (size_t)step_rows(s) * a->dim;
+    // each module's y and out gradients: two buffers for the module, two in turn for out
+    float *dy_mtp = K ? arena_floats(s->act, rows) : NULL;
+    float *douts[2] = {K > 1 ? arena_floats(s->act, rows) : NULL,
+                       K > 1 ? arena_floats(s->act, rows) : NULL};
+    float dmtp = K ? (float)(s->loss_scale * a->mtp_loss_weight / K / BT) : 0;
+    for (int j = K - 1; j >= 0; j--) {
+        EmbedSaved *in = mtp_inputs(s);
+        const MtpSaved *m = &sv->mtp[j];
+        float *dprev = j > 0 ? douts[j % 2] : dx;
+        const float *dout = j + 1 < K ? douts[(j + 1) % 2] : NULL;
+        if (!step_sizing(s)) {
+            zero(s, dy_mtp, rows);
+            if (j > 0) zero(s, dprev, rows);
+        }
+        size_t bytes = rows * sizeof(float);
+        LossInput depth = {h->mtp[j].mtp_norm, at(in->targets, (size_t)j * BT * sizeof(int)),
+                           j + 1};
+        loss_backward(h, s, &m->loss, depth, m->y, dmtp, dy_mtp);
+        mtp_backward(&h->mtp[j], s, m, at(in->embed, j * bytes), dy_mtp, dout,
+                     at(in->dembed, j * bytes), dprev, j + 1);
+    }
+    LossInput main = {h->norm, token_batch(s)->targets, 0};
+    loss_backward(h, s, &sv->main, main, x, s->loss_scale / BT, dx);
+}
+
+const BlockOps DECODER_EMBED_OPS = {"embed", sizeof(EmbedSaved), embed_forward, embed_backward};
 const BlockOps DECODER_LAYER_OPS = {"transformer", sizeof(LayerSaved), layer_forward,
                                   layer_backward};
 const BlockOps DECODER_HEAD_OPS = {"head", sizeof(HeadSaved), head_forward, head_backward};

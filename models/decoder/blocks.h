@@ -14,6 +14,15 @@ static inline const TokenBatch *token_batch(const StepCtx *s) {
     return s->input ? s->input : &none;
 }
 
+// Tensors are the backend's memory (device memory on cuda): copies and zeroing of n floats go
+// through it.
+static inline void copy(const StepCtx *s, float *dst, const float *src, size_t n) {
+    s->k->copy(dst, src, n * sizeof(float));
+}
+static inline void zero(const StepCtx *s, float *x, size_t n) {
+    s->k->zero(x, n * sizeof(float));
+}
+
 // n activations of the step's dtype (StepCtx.act_dtype), carved from the arena.
 static inline void *act_carve(const StepCtx *s, size_t n) {
     return arena_tensor(s->act, n, s->act_dtype);
@@ -125,12 +134,23 @@ typedef struct {
     // with MoE, whose layer has its own).
     struct { Linear wq, wk, wv, wo, w1, w2, w3; } linear;
     const float *rope_cos, *rope_sin;  // (max_seq_len, head_dim/2)
+    char prefix[24];         // its parameters' names': "layers.3." ("mtp_layers.0." in an MTP
+                             // module)
 } DecoderLayer;
 
 typedef struct {
     const DecoderArgs *args;
     Param *tok_embeddings;
 } DecoderEmbed;
+
+// The embedding's slot: with multi-token prediction, module k's inputs (from 1; at j = k - 1),
+// which the head reads (StepCtx.slots).
+typedef struct {
+    int *tokens, *targets;  // (mtp_layers, BT): token t + k and its target at each position t
+                            // (0 past the sequence's end, rows without either)
+    float *embed, *dembed;  // (mtp_layers, rows, dim): those tokens' embeddings on this rank's
+                            // rows, and their gradients (written by the head's backward)
+} EmbedSaved;
 
 // One chunk of the head's logits (blocks.c): this rank's vocab columns (rows, vocab slice),
 // and all columns (rows, vocab) with the gather's scratch when tp gathers them (full is logits
@@ -139,19 +159,51 @@ typedef struct {
     float *logits, *full, *scratch;
 } HeadChunk;
 
+// A multi-token prediction module (mtp.c): a transformer block as the last layer over
+// eh_proj's mix of the next token's embedding and the previous module's output.
+typedef struct {
+    Param *enorm, *hnorm;   // (dim) each: the RMSNorms of the embedding and the previous output
+    Param *eh_proj;         // (dim, 2 dim)
+    Param *mtp_norm;        // (dim): the RMSNorm of its output, before the output projection
+    Linear eh_linear;       // over eh_proj
+    DecoderLayer layer;
+    Block block;            // the layer as a block of DECODER_LAYER_OPS
+} DecoderMtp;
+
 typedef struct {
     const DecoderArgs *args;
     Param *norm, *output;   // output is tok_embeddings when the embeddings are tied
     Linear linear;          // over output: the logits' GEMMs
+    DecoderMtp *mtp;        // (args->mtp_layers) the multi-token prediction modules
 } DecoderHead;
 
-// The head's slot.
+// One loss of the head over rows x (rows, dim): normed, their logits (through output) and
+// their cross-entropy against targets; the main model's, and each MTP module's.
 typedef struct {
     void *xn;               // (BT, dim) of StepCtx.act_dtype: the normed input, all rows
     float *rstd;            // (rows): its 1/rms
     HeadChunk kept;         // all BT rows' logits, kept for backward when they fit one chunk
     float *lse;             // (BT) under loss parallel: log-sum-exp over the whole vocabulary
-    float *losses;          // (BT)
+    float *losses;          // (BT), 0 on rows without a target
+} LossSaved;
+
+// What an MTP module's forward keeps (mtp.c), on this rank's rows.
+typedef struct {
+    float *prev;            // (rows, dim): the previous output, its rows past the end zeroed
+    void *cat;              // (rows, 2 dim) of StepCtx.act_dtype: [enorm(embed), hnorm(prev)]
+    float *e_rstd, *h_rstd; // (rows) x2: their 1/rms
+    float *h0;              // (rows, dim): eh_proj's output, the layer's input
+    float *y;               // (rows, dim): the layer's output
+    float *out, *out_rstd;  // (rows, dim): mtp_norm(y), the next module's previous output;
+                            // (rows) its 1/rms
+    LayerSaved layer;
+    LossSaved loss;         // its loss (the head's): over y, normed by mtp_norm
+} MtpSaved;
+
+// The head's slot.
+typedef struct {
+    LossSaved main;
+    MtpSaved mtp[DECODER_MAX_MTP];
 } HeadSaved;
 
 extern const BlockOps DECODER_EMBED_OPS, DECODER_LAYER_OPS, DECODER_HEAD_OPS;
@@ -181,3 +233,19 @@ void mla_backward(const DecoderArgs *a, const MlaWeights *w, const float *rope_c
                   LinearAct xn, const float *dout, float *dxn, void *workspace);
 // MLA's Linears (wq, or wq_a and wq_b; wkv_a, wkv_b) into out: how many.
 int mla_linears(MlaWeights *w, Linear **out);
+
+// Zeroes the rows of x (width floats each; x is global row `first`) among the global rows
+// [first, first + n) of B*T whose position in their sequence is T - k or later: they have no
+// token k ahead (multi-token prediction module k's rows without an input or a target).
+void zero_tail_rows(const StepCtx *s, float *x, size_t width, int first, int n, int k);
+
+// Multi-token prediction module `depth` (from 1; mtp.c) of m: sv->y, sv->out from prev (rows,
+// dim: the last layer's output or module depth - 1's out) and embed (rows, dim: the
+// embedding of token t + depth).
+void mtp_forward(const DecoderMtp *m, StepCtx *s, MtpSaved *sv, const float *prev,
+                 const float *embed, int depth);
+// Its backward: dy (rows, dim), the gradient of y from the module's loss, gets out's share
+// from dout (rows, dim: the next module's, NULL for the last); then dembed (rows, dim) += the
+// embedding's gradient, dprev (rows, dim) += prev's, and its weights' gradients += theirs.
+void mtp_backward(const DecoderMtp *m, StepCtx *s, const MtpSaved *sv, const float *embed,
+                  float *dy, const float *dout, float *dembed, float *dprev, int depth);

@@ -80,7 +80,16 @@ typedef struct {
     // of hidden_dim (DeepSeek V3's first_k_dense_replace).
     MoeArgs moe;
     int n_dense_layers;
+    // DeepSeek-V3's multi-token prediction: mtp_layers modules in the head, module k (from 1)
+    // a transformer block as the last layer over eh_proj of [enorm(embedding of token t + k),
+    // hnorm(module k - 1's output, the last layer's for k = 1)], its output mtp_norm-ed and
+    // through the shared output projection predicting token t + k + 1. Their mean loss weighs
+    // mtp_loss_weight in the objective.
+    int mtp_layers;
+    double mtp_loss_weight;
 } DecoderArgs;
+
+#define DECODER_MAX_MTP 8  // model.mtp_layers' bound
 
 // The dense FFN's width (0 when every layer is MoE, whose experts have their own: moe.hidden).
 int decoder_hidden_dim(const DecoderArgs *args);

@@ -14,7 +14,8 @@ typedef struct {
     DecoderHead head;
     float *rope_cos, *rope_sin;  // (max_seq_len, head_dim/2), one allocation from rope_cos
     const KernelOps *rope_memory;  // whose memory holds them after placing; NULL: host
-    MoeLayer *moe;               // (n_layers) each block's FFN with MoE layers, else NULL
+    MoeLayer *moe;               // each MoE layer's (main layers', then the MTP modules'), or NULL
+    DecoderMtp *mtp;             // (mtp_layers) the multi-token prediction modules
     MoeBalance balance;          // their expert load and biases (Model.moe)
     const KernelOps *moe_memory; // the backend holding balance's scratch; NULL: not placed
 } Decoder;
@@ -65,14 +66,15 @@ static void rope_tables(Decoder *l) {
     }
 }
 
+// A parameter named prefix + name ("layers.3." + "attention.wq.weight"; "" for the model's own).
 static Param *add_matrix(ParamTable *t, ParamInit init, double std, int64_t rows, int64_t cols,
-                         const char *name, int layer) {
+                         const char *prefix, const char *name) {
     int64_t shape[2] = {rows, cols};
-    return &t->items[params_add(t, init, std, 2, shape, name, layer)];
+    return &t->items[params_add(t, init, std, 2, shape, "%s%s", prefix, name)];
 }
 
-static Param *add_vector(ParamTable *t, int64_t n, const char *name, int layer) {
-    return &t->items[params_add(t, INIT_ONES, 0, 1, &n, name, layer)];
+static Param *add_vector(ParamTable *t, int64_t n, const char *prefix, const char *name) {
+    return &t->items[params_add(t, INIT_ONES, 0, 1, &n, "%s%s", prefix, name)];
 }
 
 // The distributions of layer i's weights (DecoderInit, decoder.h, says whose): `in` for wq, wk,
@@ -103,8 +105,9 @@ static LayerInit layer_init(const DecoderArgs *a, int i) {
 
 // MLA's weights (torchtitan's deepseek_v3 Attention: wq or wq_a, q_norm, wq_b; wkv_a,
 // kv_norm, wkv_b), each projection at the layer's `in` std.
-static void add_mla(DecoderLayer *L, ParamTable *t, const LayerInit *init, int i) {
+static void add_mla(DecoderLayer *L, ParamTable *t, const LayerInit *init) {
     const DecoderArgs *a = L->args;
+    const char *P = L->prefix;
     const MlaArgs *m = &a->mla;
     MlaWeights *w = &L->mla;
     int64_t q = (int64_t)a->n_heads * decoder_head_dim(a);
@@ -112,85 +115,120 @@ static void add_mla(DecoderLayer *L, ParamTable *t, const LayerInit *init, int i
     ParamInit k = init->kind;
     w->on = true;
     if (m->q_lora_rank) {
-        w->wq_a = add_matrix(t, k, init->in, m->q_lora_rank, a->dim, "layers.%d.attention.wq_a.weight", i);
-        w->q_norm = add_vector(t, m->q_lora_rank, "layers.%d.attention.q_norm.weight", i);
-        w->wq_b = add_matrix(t, k, init->in, q, m->q_lora_rank, "layers.%d.attention.wq_b.weight", i);
+        w->wq_a = add_matrix(t, k, init->in, m->q_lora_rank, a->dim, P, "attention.wq_a.weight");
+        w->q_norm = add_vector(t, m->q_lora_rank, P, "attention.q_norm.weight");
+        w->wq_b = add_matrix(t, k, init->in, q, m->q_lora_rank, P, "attention.wq_b.weight");
         w->linear.wq_a = linear_of(w->wq_a);
         w->linear.wq_b = linear_of(w->wq_b);
     } else {
-        w->wq = add_matrix(t, k, init->in, q, a->dim, "layers.%d.attention.wq.weight", i);
+        w->wq = add_matrix(t, k, init->in, q, a->dim, P, "attention.wq.weight");
         w->linear.wq = linear_of(w->wq);
     }
     w->wkv_a = add_matrix(t, k, init->in, m->kv_lora_rank + m->qk_rope_head_dim, a->dim,
-                          "layers.%d.attention.wkv_a.weight", i);
-    w->kv_norm = add_vector(t, m->kv_lora_rank, "layers.%d.attention.kv_norm.weight", i);
-    w->wkv_b = add_matrix(t, k, init->in, kv, m->kv_lora_rank, "layers.%d.attention.wkv_b.weight",
-                          i);
+                          P, "attention.wkv_a.weight");
+    w->kv_norm = add_vector(t, m->kv_lora_rank, P, "attention.kv_norm.weight");
+    w->wkv_b = add_matrix(t, k, init->in, kv, m->kv_lora_rank, P, "attention.wkv_b.weight");
     w->linear.wkv_a = linear_of(w->wkv_a);
     w->linear.wkv_b = linear_of(w->wkv_b);
 }
 
 // Grouped-query attention's weights (wq, wk, wv; q_norm and k_norm with QK-norm).
-static void add_gqa(DecoderLayer *L, ParamTable *t, const LayerInit *init, int i) {
+static void add_gqa(DecoderLayer *L, ParamTable *t, const LayerInit *init) {
     const DecoderArgs *a = L->args;
+    const char *P = L->prefix;
     int hd = decoder_head_dim(a);
     ParamInit k = init->kind;
     L->wq = add_matrix(t, k, init->in, (int64_t)a->n_heads * hd, a->dim,
-                       "layers.%d.attention.wq.weight", i);
+                       P, "attention.wq.weight");
     L->wk = add_matrix(t, k, init->in, (int64_t)a->n_kv_heads * hd, a->dim,
-                       "layers.%d.attention.wk.weight", i);
+                       P, "attention.wk.weight");
     L->wv = add_matrix(t, k, init->in, (int64_t)a->n_kv_heads * hd, a->dim,
-                       "layers.%d.attention.wv.weight", i);
+                       P, "attention.wv.weight");
     L->linear.wq = linear_of(L->wq);
     L->linear.wk = linear_of(L->wk);
     L->linear.wv = linear_of(L->wv);
 }
 
-// The parameters of layer i: attention_norm, the attention's, wo, QK-norm's, ffn_norm, the FFN's.
-static int layer_param_count(const DecoderArgs *a, int i) {
+// The parameters of a layer: attention_norm, the attention's, wo, QK-norm's, ffn_norm, the
+// FFN's (moe: the MoE layer's).
+static int layer_param_count(const DecoderArgs *a, bool moe) {
     int attention = 3;
     if (decoder_has_mla(a)) attention = a->mla.q_lora_rank ? 6 : 4;
-    int ffn = decoder_layer_is_moe(a, i) ? moe_param_count(&a->moe) : 3;
+    int ffn = moe ? moe_param_count(&a->moe) : 3;
     return 1 + attention + 1 + (a->qk_norm ? 2 : 0) + 1 + ffn;
 }
 
-static void add_layer(Decoder *l, ParamTable *t, int i) {
+// Whether the MTP modules' layers are MoE layers: they are copies of the last layer.
+static bool mtp_is_moe(const DecoderArgs *a) { return decoder_layer_is_moe(a, a->n_layers - 1); }
+
+// The layer L, named by prefix ("layers.3."), initialised as layer init_layer (an MTP module's
+// as the last layer), its MoE layer (moe: the model's MoE layers' row `moe_index`, else none).
+static void add_layer(Decoder *l, DecoderLayer *L, ParamTable *t, const char *prefix,
+                      int init_layer, MoeLayer *moe, int moe_index) {
     const DecoderArgs *a = &l->args;
-    DecoderLayer *L = &l->layers[i];
     int H = decoder_hidden_dim(a);
-    LayerInit init = layer_init(a, i);
+    LayerInit init = layer_init(a, init_layer);
     ParamInit k = init.kind;
-    *L = (DecoderLayer){.args = a, .layer_id = i, .rope_cos = l->rope_cos, .rope_sin = l->rope_sin};
-    L->attention_norm = add_vector(t, a->dim, "layers.%d.attention_norm.weight", i);
+    *L = (DecoderLayer){.args = a, .layer_id = init_layer, .rope_cos = l->rope_cos,
+                        .rope_sin = l->rope_sin};
+    snprintf(L->prefix, sizeof L->prefix, "%s", prefix);
+    const char *P = L->prefix;
+    L->attention_norm = add_vector(t, a->dim, P, "attention_norm.weight");
     if (decoder_has_mla(a))
-        add_mla(L, t, &init, i);
+        add_mla(L, t, &init);
     else
-        add_gqa(L, t, &init, i);
+        add_gqa(L, t, &init);
     int64_t heads_out = (int64_t)a->n_heads * (decoder_has_mla(a) ? a->mla.v_head_dim
                                                                    : decoder_head_dim(a));
-    L->wo = add_matrix(t, k, init.wo, a->dim, heads_out, "layers.%d.attention.wo.weight", i);
+    L->wo = add_matrix(t, k, init.wo, a->dim, heads_out, P, "attention.wo.weight");
     if (a->qk_norm) {
         int hd = decoder_head_dim(a);
-        L->q_norm = add_vector(t, hd, "layers.%d.attention.q_norm.weight", i);
-        L->k_norm = add_vector(t, hd, "layers.%d.attention.k_norm.weight", i);
+        L->q_norm = add_vector(t, hd, P, "attention.q_norm.weight");
+        L->k_norm = add_vector(t, hd, P, "attention.k_norm.weight");
     }
-    L->ffn_norm = add_vector(t, a->dim, "layers.%d.ffn_norm.weight", i);
-    if (decoder_layer_is_moe(a, i)) {
-        char prefix[32];
-        int index = i - a->n_dense_layers;  // its row of the expert load
-        snprintf(prefix, sizeof prefix, "layers.%d.", i);
-        L->moe = &l->moe[index];
-        moe_layer_init(L->moe, &a->moe, index, t, prefix, &init.moe);
-        l->balance.bias[index] = L->moe->expert_bias;
+    L->ffn_norm = add_vector(t, a->dim, P, "ffn_norm.weight");
+    if (moe) {
+        L->moe = moe;
+        moe_layer_init(moe, &a->moe, moe_index, t, P, &init.moe);
+        l->balance.bias[moe_index] = moe->expert_bias;
     } else {
-        L->w1 = add_matrix(t, k, init.in, H, a->dim, "layers.%d.feed_forward.w1.weight", i);
-        L->w2 = add_matrix(t, k, init.w2, a->dim, H, "layers.%d.feed_forward.w2.weight", i);
-        L->w3 = add_matrix(t, k, init.w3, H, a->dim, "layers.%d.feed_forward.w3.weight", i);
+        L->w1 = add_matrix(t, k, init.in, H, a->dim, P, "feed_forward.w1.weight");
+        L->w2 = add_matrix(t, k, init.w2, a->dim, H, P, "feed_forward.w2.weight");
+        L->w3 = add_matrix(t, k, init.w3, H, a->dim, P, "feed_forward.w3.weight");
         L->linear.w1 = linear_of(L->w1);
         L->linear.w2 = linear_of(L->w2);
         L->linear.w3 = linear_of(L->w3);
     }
     L->linear.wo = linear_of(L->wo);
+}
+
+// Main layer i; the MoE layers' rows of the expert load come first, the MTP modules' after.
+static void add_main_layer(Decoder *l, ParamTable *t, int i) {
+    char prefix[24];
+    snprintf(prefix, sizeof prefix, "layers.%d.", i);
+    int moe_index = i - l->args.n_dense_layers;
+    bool moe = decoder_layer_is_moe(&l->args, i);
+    add_layer(l, &l->layers[i], t, prefix, i, moe ? &l->moe[moe_index] : NULL, moe_index);
+}
+
+// MTP module j (torchtitan's mtp_layers.j: enorm, hnorm, eh_proj, its layer, mtp_norm): the
+// norms ones, eh_proj nn.Linear's default (uniform within 1 / sqrt(2 dim)), the layer a copy
+// of the last layer's.
+static void add_mtp(Decoder *l, ParamTable *t, int j) {
+    const DecoderArgs *a = &l->args;
+    DecoderMtp *m = &l->mtp[j];
+    char prefix[24];
+    snprintf(prefix, sizeof prefix, "mtp_layers.%d.", j);
+    m->enorm = add_vector(t, a->dim, prefix, "enorm.weight");
+    m->hnorm = add_vector(t, a->dim, prefix, "hnorm.weight");
+    m->eh_proj = add_matrix(t, INIT_KAIMING_UNIFORM, 0, a->dim, 2 * (int64_t)a->dim, prefix,
+                            "eh_proj.weight");
+    m->eh_linear = linear_of(m->eh_proj);
+    int moe_index = a->n_layers - a->n_dense_layers + j;
+    add_layer(l, &m->layer, t, prefix, a->n_layers - 1, mtp_is_moe(a) ? &l->moe[moe_index] : NULL,
+              moe_index);
+    m->mtp_norm = add_vector(t, a->dim, prefix, "mtp_norm.weight");
+    m->block = (Block){.ops = &DECODER_LAYER_OPS, .self = &m->layer};
 }
 
 // tok_embeddings.weight: llama3's N(0, 1), qwen3's N(0, 0.02) (_EMBEDDING_INIT; a tied
@@ -205,25 +243,29 @@ static Param *add_embedding(ParamTable *t, const DecoderArgs *a) {
 // _LINEAR_INIT N(0, 0.02).
 static Param *add_output(ParamTable *t, const DecoderArgs *a) {
     if (a->init == DECODER_INIT_QWEN3)
-        return add_matrix(t, INIT_NORMAL, 0.02, a->vocab_size, a->dim, "output.weight", -1);
+        return add_matrix(t, INIT_NORMAL, 0.02, a->vocab_size, a->dim, "", "output.weight");
     double std = 1 / sqrt((double)a->dim);
-    Param *p = add_matrix(t, INIT_TRUNC_NORMAL, std, a->vocab_size, a->dim, "output.weight", -1);
+    Param *p = add_matrix(t, INIT_TRUNC_NORMAL, std, a->vocab_size, a->dim, "", "output.weight");
     p->init_cutoff = 3 * std;
     return p;
 }
 
 // The blocks' Linears, in the order of the parameters, into Model.linears.
+static void add_layer_linears(Model *m, DecoderLayer *L) {
+    Linear *own[DECODER_LAYER_LINEARS];
+    for (int j = 0, n = decoder_layer_linears(L, own); j < n; j++) model_linear_add(m, own[j], NULL);
+    Linear *moe[MOE_MAX_LINEARS];
+    for (int j = 0, n = L->moe ? moe_layer_linears(L->moe, moe) : 0; j < n; j++)
+        model_linear_add(m, moe[j], NULL);
+}
+
 static void add_linears(Model *m, Decoder *l) {
-    for (int i = 0; i < l->args.n_layers; i++) {
-        DecoderLayer *L = &l->layers[i];
-        Linear *own[DECODER_LAYER_LINEARS];
-        for (int j = 0, n = decoder_layer_linears(L, own); j < n; j++)
-            model_linear_add(m, own[j], NULL);
-        Linear *moe[MOE_MAX_LINEARS];
-        for (int j = 0, n = L->moe ? moe_layer_linears(L->moe, moe) : 0; j < n; j++)
-            model_linear_add(m, moe[j], NULL);
-    }
+    for (int i = 0; i < l->args.n_layers; i++) add_layer_linears(m, &l->layers[i]);
     model_linear_add(m, &l->head.linear, "output");  // tied or not, torchtitan's module
+    for (int j = 0; j < l->args.mtp_layers; j++) {
+        model_linear_add(m, &l->mtp[j].eh_linear, NULL);
+        add_layer_linears(m, &l->mtp[j].layer);
+    }
 }
 
 // torchtitan's get_num_flop_per_token, block by block: 6 FLOPs per weight per token (2 forward,
@@ -247,10 +289,13 @@ static void count_flops(Model *m, const DecoderArgs *a, int seq_len, const Param
             double active = p->expert ? (double)a->moe.router.top_k / a->moe.router.n_experts : 1;
             if (p != embed && !p->buffer) weights += (double)p->numel * active;
         }
-        bool layer = b > 0 && b + 1 < m->n_blocks;
+        // the head's MTP modules' attention is done, not counted by torchtitan's MFU
+        bool layer = b > 0 && b + 1 < m->n_blocks, head = b + 1 == m->n_blocks;
         BlockFlops *f = &m->block_flops[b];
         *f = (BlockFlops){.gemm = 6 * weights, .attention = layer ? attention : 0,
-                          .attention_done = layer ? attention_done : 0};
+                          .attention_done = layer  ? attention_done
+                                            : head ? a->mtp_layers * attention_done
+                                                   : 0};
         m->flops_per_token += f->gemm + f->attention;
     }
 }
@@ -279,6 +324,10 @@ static void place_buffers(Model *m, const KernelOps *k) {
         l->layers[i].rope_cos = l->rope_cos;
         l->layers[i].rope_sin = l->rope_sin;
     }
+    for (int j = 0; j < l->args.mtp_layers; j++) {
+        l->mtp[j].layer.rope_cos = l->rope_cos;
+        l->mtp[j].layer.rope_sin = l->rope_sin;
+    }
 }
 
 void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint) {
@@ -290,24 +339,30 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
     *m = (Model){.dim = a->dim, .n_blocks = a->n_layers + 2, .self = l,
                  .place_buffers = place_buffers};
     ParamTable *t = &m->params;
+    int K = a->mtp_layers;
+    bool mtp_moe = K && mtp_is_moe(a);
     if (decoder_has_moe(a)) {
-        int moe_layers = a->n_layers - a->n_dense_layers;
+        int moe_layers = a->n_layers - a->n_dense_layers + (mtp_moe ? K : 0);
         l->moe = xcalloc((size_t)moe_layers, sizeof(MoeLayer));
         moe_balance_init(&l->balance, moe_layers, a->moe.router.n_experts,
                          a->moe.load_balance_coeff, a->moe.aux_loss_alpha > 0);
         m->moe = &l->balance;
     }
-    int n_params = 3;
-    for (int i = 0; i < a->n_layers; i++) n_params += layer_param_count(a, i);
+    l->mtp = K ? xcalloc((size_t)K, sizeof(DecoderMtp)) : NULL;
+    int head_params = (a->tie_word_embeddings ? 1 : 2) + K * (4 + layer_param_count(a, mtp_moe));
+    int n_params = 1 + head_params;
+    for (int i = 0; i < a->n_layers; i++)
+        n_params += layer_param_count(a, decoder_layer_is_moe(a, i));
     params_init(t, n_params);
 
     l->embed = (DecoderEmbed){.args = a};
     l->embed.tok_embeddings = add_embedding(t, a);
-    for (int i = 0; i < a->n_layers; i++) add_layer(l, t, i);
-    l->head = (DecoderHead){.args = a};
-    l->head.norm = add_vector(t, a->dim, "norm.weight", -1);
+    for (int i = 0; i < a->n_layers; i++) add_main_layer(l, t, i);
+    l->head = (DecoderHead){.args = a, .mtp = l->mtp};
+    l->head.norm = add_vector(t, a->dim, "", "norm.weight");
     l->head.output = a->tie_word_embeddings ? l->embed.tok_embeddings : add_output(t, a);
     l->head.linear = linear_of(l->head.output);
+    for (int j = 0; j < K; j++) add_mtp(l, t, j);
     add_linears(m, l);
 
     m->blocks = xcalloc((size_t)m->n_blocks, sizeof(Block));
@@ -315,9 +370,9 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
     for (int i = 0; i < a->n_layers; i++)
         m->blocks[i + 1] = (Block){.ops = &DECODER_LAYER_OPS, .self = &l->layers[i],
                                    .checkpointed = activation_checkpoint,
-                                   .n_params = layer_param_count(a, i)};
+                                   .n_params = layer_param_count(a, decoder_layer_is_moe(a, i))};
     m->blocks[m->n_blocks - 1] = (Block){.ops = &DECODER_HEAD_OPS, .self = &l->head,
-                                         .n_params = a->tie_word_embeddings ? 1 : 2};
+                                         .n_params = head_params};
     count_flops(m, a, a->max_seq_len, l->embed.tok_embeddings);
     model_slots_init(&m->slots, m);
 }
@@ -328,6 +383,7 @@ void decoder_free(Model *m) {
     for (int i = 0; l->moe && i < l->balance.n_layers; i++) moe_layer_free(&l->moe[i]);
     if (l->moe) moe_balance_free(&l->balance, l->moe_memory);
     free(l->moe);
+    free(l->mtp);
     free(l->layers);
     free(l);
     model_free_parts(m);

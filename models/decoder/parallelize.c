@@ -70,11 +70,20 @@ static void parallelize_layer(DecoderLayer *L, ParamTable *t, const Tp *tp) {
     }
 }
 
+// An MTP module's norms and eh_proj run on this rank's sequence-parallel rows, replicated with
+// partial gradients (as the MoE layers); its layer is a layer.
+static void parallelize_mtp(DecoderMtp *mtp, ParamTable *t, const Tp *tp) {
+    Param *replicated[] = {mtp->enorm, mtp->hnorm, mtp->eh_proj, mtp->mtp_norm};
+    for (size_t i = 0; i < 4; i++) tp_shard(tp, t, replicated[i], TP_REPLICATE);
+    parallelize_layer(&mtp->layer, t, tp);
+}
+
 void decoder_parallelize_tp(Model *m, const Tp *tp) {
     ParamTable *t = &m->params;
     for (int i = 1; i + 1 < m->n_blocks; i++) parallelize_layer(m->blocks[i].self, t, tp);
     DecoderEmbed *e = m->blocks[0].self;
     DecoderHead *h = m->blocks[m->n_blocks - 1].self;
+    for (int j = 0; j < h->args->mtp_layers; j++) parallelize_mtp(&h->mtp[j], t, tp);
     tp_shard(tp, t, e->tok_embeddings, 0);
     if (h->output != e->tok_embeddings) tp_shard(tp, t, h->output, 0);
     tp_shard(tp, t, h->norm, TP_REPLICATE);

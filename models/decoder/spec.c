@@ -20,7 +20,8 @@ ModelShape decoder_spec_shape(const ModelArgs *a) {
                         .head_dim = decoder_head_dim(d), .vocab_size = d->vocab_size,
                         .max_seq_len = d->max_seq_len,
                         .tie_word_embeddings = d->tie_word_embeddings,
-                        .moe = decoder_has_moe(d) ? &d->moe : NULL};
+                        .moe = decoder_has_moe(d) ? &d->moe : NULL,
+                        .dense_layers = d->n_dense_layers, .mtp_layers = d->mtp_layers};
 }
 
 void decoder_spec_build(Model *m, const ModelArgs *a, bool activation_checkpoint) {

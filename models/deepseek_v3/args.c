@@ -5,10 +5,11 @@
 
 // What every flavor shares (torchtitan's deepseek_v3/__init__.py): RoPE theta 1e4 with YaRN
 // (factor 40 over 4096 positions, beta 32 and 1), RMSNorm's eps 1e-5, llama3's init with depth
-// scaling (_LINEAR_INIT, _depth_init, _depth_experts_init: DECODER_INIT_LLAMA3), untied output.
+// scaling (_LINEAR_INIT, _depth_init, _depth_experts_init: DECODER_INIT_LLAMA3), untied output;
+// no MTP modules (model.mtp_layers adds them), their loss weighing MTPLoss's 0.3.
 static const DecoderArgs DEFAULTS = {
     .norm_eps = 1e-5, .rope_theta = 1e4, .max_seq_len = 4096 * 4, .init = DECODER_INIT_LLAMA3,
-    .depth_init = true,
+    .depth_init = true, .mtp_loss_weight = 0.3,
     .yarn = {.factor = 40, .beta_fast = 32, .beta_slow = 1, .original_seq_len = 4096},
 };
 

@@ -21,6 +21,8 @@ static void update_from_config(ModelArgs *a, const ModelSection *config, int voc
     if (config->tie_word_embeddings)
         die_user("model.tie_word_embeddings: deepseek_v3's output projection is its own");
     moe_args_from_config(&d->moe, config);
+    d->mtp_layers = (int)config->mtp_layers;
+    d->mtp_loss_weight = config->mtp_loss_weight;
 }
 
 const ModelSpec DEEPSEEK_V3_SPEC = {

@@ -89,10 +89,15 @@ bool ep_check(const ParamTable *t, int ep, char *err, size_t errlen) {
 }
 
 void ep_place(ParamTable *t, int size, int rank) {
-    for (int i = 0; i < t->count; i++)
-        if (t->items[i].expert)
-            params_place(t, &t->items[i], (Placement){.kind = PLACE_SHARD, .group = MESH_GROUP_EP,
-                                                      .size = size, .rank = rank});
+    for (int i = 0; i < t->count; i++) {
+        Param *p = &t->items[i];
+        if (!p->expert) continue;
+        // ep takes tp's ranks first (what it leaves of them is efsdp's): the stacked experts
+        // are no longer a replica over tp, for the gradient sum nor for the checkpoint's writers
+        params_unplace(p, MESH_TP);
+        params_place(t, p, (Placement){.kind = PLACE_SHARD, .group = MESH_GROUP_EP, .size = size,
+                                       .rank = rank});
+    }
 }
 
 int64_t ep_recv_rows_bound(int ep, int64_t rows, int k, int n_experts, double capacity_factor) {

@@ -54,10 +54,10 @@ expect_user_error "^titan: error: --checkpoint.keep_latest_k: checkpoint.keep_la
 
 # Choices known when the config is read are checked then, before --print-config prints it:
 # the model registry's architectures and their flavors.
-expect_user_error "^titan: error: --model.name: model.name = 'deepseek_v3' is not implemented yet \(models: llama3, qwen3, flux\)$" \
-  $TITAN "${R[@]}" --model.name deepseek_v3 --print-config
-printf 'model:\n  name: deepseek_v3\n' >"$SCRATCH/name.yaml"
-expect_user_error "^titan: error: $SCRATCH/name.yaml:2:9: model.name = 'deepseek_v3' is not implemented yet" \
+expect_user_error "^titan: error: --model.name: model.name = 'gpt_oss' is not implemented yet \(models: llama3, qwen3, deepseek_v3, flux\)$" \
+  $TITAN "${R[@]}" --model.name gpt_oss --print-config
+printf 'model:\n  name: gpt_oss\n' >"$SCRATCH/name.yaml"
+expect_user_error "^titan: error: $SCRATCH/name.yaml:2:9: model.name = 'gpt_oss' is not implemented yet" \
   $TITAN --config "$SCRATCH/name.yaml" --print-config
 expect_user_error "^titan: error: --model.flavor: model.flavor 'nope' is not a llama3 flavor \(known: debugmodel," \
   $TITAN "${R[@]}" --model.flavor nope --print-config

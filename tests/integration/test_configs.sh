@@ -20,6 +20,8 @@ qwen3_0.6b|qwen3|0.6B|8
 qwen3_8b|qwen3|8B|8
 qwen3_32b|qwen3|32B|8
 qwen3_30b_a3b|qwen3|30B-A3B|8
+deepseek_v3_debug|deepseek_v3|debugmodel|2
+deepseek_v3_671b|deepseek_v3|671B|2048
 flux_digits|flux|flux-digits|2
 flux_debug|flux|flux-debug|2'
 
@@ -45,7 +47,7 @@ done
 
 # The debug configs read what `make run` writes, as debug_model.yaml does.
 paths() { grep -E '^  (dataset_path|tokenizer_path):' "$SCRATCH/$1.yaml"; }
-for name in qwen3_debug qwen3_moe_debug; do
+for name in qwen3_debug qwen3_moe_debug deepseek_v3_debug; do
   [ "$(paths "$name")" = "$(paths debug_model)" ] ||
     fail "configs/$name.yaml does not read debug_model.yaml's data: $(paths "$name")"
 done
@@ -57,7 +59,10 @@ train_ranks qwen3_debug 2 --config configs/qwen3_debug.yaml "${SHORT[@]}" --trai
 grep -aq "dp_replicate 2" "$SCRATCH/qwen3_debug.log" || fail "qwen3_debug did not replicate over 2 ranks"
 train_ranks qwen3_moe_debug 2 --config configs/qwen3_moe_debug.yaml "${SHORT[@]}" --training.steps 1
 grep -aq "ep 2" "$SCRATCH/qwen3_moe_debug.log" || fail "qwen3_moe_debug did not shard its experts over 2 ranks"
-for name in qwen3_debug qwen3_moe_debug; do
+train_ranks deepseek_v3_debug 2 --config configs/deepseek_v3_debug.yaml "${SHORT[@]}" --training.steps 1
+grep -aq "ep 2" "$SCRATCH/deepseek_v3_debug.log" ||
+  fail "deepseek_v3_debug did not shard its experts over 2 ranks"
+for name in qwen3_debug qwen3_moe_debug deepseek_v3_debug; do
   [ -n "$(losses "$SCRATCH/$name/metrics.jsonl")" ] || fail "$name logged no loss"
 done
-echo "ok: qwen3_debug (DDP) and qwen3_moe_debug (ep 2) train on 2 ranks"
+echo "ok: qwen3_debug (DDP), qwen3_moe_debug and deepseek_v3_debug (ep 2) train on 2 ranks"

@@ -28,7 +28,7 @@ def reference_step(ckpt_path, tokens):
     model, _, _ = llama_ref.load_checkpoint(ckpt_path, dtype=torch.float64)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     logits = model(inputs)
-    loss = llama_ref.cross_entropy(logits, targets)
+    loss = model.objective(logits, targets)
     loss.backward()
     grads = {name: p.grad.numpy() for name, p in model.named_parameters()}
     empty = [int((m.load == 0).sum()) for m in model.moe_layers()]

@@ -85,7 +85,7 @@ def train_step(model, optimizer, scheduler, stream, step, training, bias_coeff):
     losses, aux_losses = [], []
     for micro in range(accum):
         tokens = llama_ref.microbatch(stream, step, micro, accum, batch, seqlen)
-        loss = llama_ref.cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
+        loss = model.objective(model(tokens[:, :-1]), tokens[:, 1:])
         aux = model.aux_loss()
         ((loss + aux) / accum).backward()
         losses.append(loss.item())

@@ -75,6 +75,7 @@ class ModelArgs:
     yarn_beta_fast: float = 0.0
     yarn_beta_slow: float = 0.0
     yarn_original_seq_len: int = 0
+    mtp_layers: int = 0  # DeepSeek-V3's multi-token prediction modules
 
     def __post_init__(self):
         self.head_dim = self.head_dim or self.dim // self.n_heads
@@ -108,6 +109,8 @@ class ModelArgs:
                          "v_head_dim"):
                 moe["mla_" + name] = get("mla_" + name, int)
             moe["mla_mscale"] = get("mla_mscale", float)
+        if "model.mtp_layers" in attrs:
+            moe["mtp_layers"] = get("mtp_layers", int)
         if "model.yarn_factor" in attrs:
             for name in ("factor", "beta_fast", "beta_slow"):
                 moe["yarn_" + name] = get("yarn_" + name, float)
@@ -432,6 +435,23 @@ class TransformerBlock(nn.Module):
         return h + ffn(self.ffn_norm(h))
 
 
+class MTPBlock(TransformerBlock):
+    """torchtitan's MTPTransformerBlock (DeepSeek-V3 multi-token prediction): the last layer's
+    block over eh_proj(cat(enorm(embedding), hnorm(previous output * valid))), its output
+    mtp_norm-ed."""
+    def __init__(self, args):
+        super().__init__(args, args.n_layers - 1)
+        self.enorm = RMSNorm(args.dim, args.norm_eps)
+        self.hnorm = RMSNorm(args.dim, args.norm_eps)
+        self.eh_proj = nn.Linear(2 * args.dim, args.dim, bias=False)
+        self.mtp_norm = RMSNorm(args.dim, args.norm_eps)
+
+    def forward(self, embed, prev, valid, cos, sin):
+        prev = prev * valid[..., None]
+        h = self.eh_proj(torch.cat([self.enorm(embed), self.hnorm(prev)], dim=-1))
+        return self.mtp_norm(super().forward(h, cos, sin))
+
+
 class Transformer(nn.Module):
     def __init__(self, args):
         super().__init__()
@@ -442,20 +462,46 @@ class Transformer(nn.Module):
         # A tied model has no `output` parameter at all, so no checkpoint or grad name for it.
         self.output = None if args.tie_word_embeddings else nn.Linear(
             args.dim, args.vocab_size, bias=False)
+        self.mtp_layers = nn.ModuleList(MTPBlock(args) for _ in range(args.mtp_layers))
+        self.mtp_loss_weight = 0.3  # the run's model.mtp_loss_weight (load_checkpoint)
+        self.mtp_logits = []
 
     def forward(self, tokens):
-        """tokens (B, T) int64 -> logits (B, T, vocab)."""
+        """tokens (B, T) int64 -> logits (B, T, vocab); with MTP modules their logits, module k
+        predicting token t + k + 1, in mtp_logits."""
         dtype = self.tok_embeddings.weight.dtype
-        cos, sin = rope_cos_sin(self.args, tokens.shape[1], dtype)
+        seqlen = tokens.shape[1]
+        cos, sin = rope_cos_sin(self.args, seqlen, dtype)
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, cos, sin)
-        h = self.norm(h)
         out_weight = self.tok_embeddings.weight if self.output is None else self.output.weight
-        return F.linear(h, out_weight)
+        self.mtp_logits, prev = [], h
+        for k, module in enumerate(self.mtp_layers, 1):  # torchtitan's roll_mtp_sequence
+            shifted = torch.zeros_like(tokens)
+            shifted[:, :seqlen - k] = tokens[:, k:]
+            valid = torch.zeros(tokens.shape, dtype=dtype)
+            valid[:, :seqlen - k] = 1
+            prev = module(self.tok_embeddings(shifted), prev, valid, cos, sin)
+            self.mtp_logits.append(F.linear(prev, out_weight))
+        return F.linear(self.norm(h), out_weight)
+
+    def objective(self, logits, targets):
+        """The mean cross-entropy of logits, plus with MTP modules torchtitan's MTPLoss: each
+        module's summed cross-entropy over the positions with a target k ahead, over the
+        main loss's token count, their mean weighing mtp_loss_weight."""
+        loss = cross_entropy(logits, targets)
+        if not self.mtp_logits:
+            return loss
+        mtp = 0
+        for k, mtp_logits in enumerate(self.mtp_logits, 1):
+            mtp = mtp + F.cross_entropy(mtp_logits[:, :-k].flatten(0, 1),
+                                        targets[:, k:].flatten(0, 1), reduction="sum")
+        return loss + self.mtp_loss_weight * mtp / targets.numel() / len(self.mtp_logits)
 
     def moe_layers(self):
-        return [layer.moe for layer in self.layers if layer.moe is not None]
+        """The MoE layers, the main layers' then the MTP modules'."""
+        return [layer.moe for layer in (*self.layers, *self.mtp_layers) if layer.moe is not None]
 
     def aux_loss(self):
         """The balance losses of the last forward's MoE layers (0 when off)."""
@@ -524,6 +570,7 @@ def load_checkpoint(path, dtype=torch.float32):
                                  f"model args say {tuple(param.shape)}")
             state[name] = torch.from_numpy(f[key][...].astype(np.float32))
     model.load_state_dict(state)
+    model.mtp_loss_weight = float(config["model"].get("mtp_loss_weight", 0.3))
     return model.to(dtype), args, config
 
 

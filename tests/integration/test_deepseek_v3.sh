@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# DeepSeek-V3 (model.name deepseek_v3): multi-head latent attention, YaRN RoPE, a dense first
+# layer, MoE layers with shared experts and group-limited routing.
+# - Parity with the float64 PyTorch reference (tests/reference/llama_ref.py's MLA, built from
+#   each checkpoint's attributes): `small` (671B's every feature: a q_lora_rank, v heads
+#   narrower than q and k's, sigmoid scores with route norm and scale, 4 expert groups of
+#   which 2 compete) and `debugmodel` (no q_lora_rank, softmax scores): loss, logits and every
+#   gradient within 1e-5; 20 AdamW steps of `small` within 1e-4, the expert biases moving.
+#   Multi-token prediction the same: two modules' step, one module's 20 steps (with two, the
+#   expert biases' sign steps turn a routing near-tie into 2e-4 by step 20; without the bias
+#   updates two modules stay within 1e-7).
+# - Layouts against the 1-rank run, 10 steps within 1e-5 (losses, grad norms, expert loads):
+#   FSDP, TP (MLA's up-projections by head, its low-rank ones replicated), CP (the padded
+#   values through the ring), PP (1F1B, ZBV), EP with FSDP, with TP and in a pipeline; with two
+#   MTP modules, TP (with and without loss parallel) and EP with FSDP; a checkpoint saved
+#   under tp 2 x ep 2 resumes under pp 2.
+# - KV-cache decoding over the compressed latents: greedy ids equal the reference's no-cache
+#   forward.
+# - Bad shapes (from a checkpoint's attributes) and a tp that does not divide the heads: one
+#   line, exit 2.
+source "$(dirname "$0")/lib.sh"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+
+DS=(${SMALL[@]} --model.name deepseek_v3 --model.flavor small)
+
+# ---- parity ----------------------------------------------------------------------------------
+run=("${DS[@]}" --job.dump_folder "$SCRATCH/run" --training.steps 20 --training.global_batch_size 8
+     --lr_scheduler.warmup_steps 5 --lr_scheduler.decay_type cosine --lr_scheduler.decay_ratio 0.6
+     --lr_scheduler.min_lr_factor 0.1 --training.max_norm 0.5)
+$TITAN "${run[@]}" --checkpoint.create_seed_checkpoint >/dev/null
+seed=$SCRATCH/run/checkpoint/step-0.h5
+./build/tests/dump_step "$seed" "$DATA" 4 64 "$SCRATCH/dump.h5"
+$PY tests/reference/check_step.py "$seed" "$SCRATCH/dump.h5" | tail -1
+$TITAN "${run[@]}" --checkpoint.initial_load_path "$seed" >/dev/null
+$PY tests/reference/check_train.py "$seed" "$SCRATCH/run/metrics.jsonl" | tail -1
+$TITAN "${run[@]}" --model.flavor debugmodel --job.dump_folder "$SCRATCH/debug" \
+  --checkpoint.create_seed_checkpoint >/dev/null
+./build/tests/dump_step "$SCRATCH/debug/checkpoint/step-0.h5" "$DATA" 2 64 "$SCRATCH/debug.h5"
+$PY tests/reference/check_step.py "$SCRATCH/debug/checkpoint/step-0.h5" "$SCRATCH/debug.h5" | tail -1
+for k in 2 1; do
+  $TITAN "${run[@]}" --model.mtp_layers $k --job.dump_folder "$SCRATCH/mtp$k" \
+    --checkpoint.create_seed_checkpoint >/dev/null
+done
+./build/tests/dump_step "$SCRATCH/mtp2/checkpoint/step-0.h5" "$DATA" 4 64 "$SCRATCH/mtp2.h5"
+$PY tests/reference/check_step.py "$SCRATCH/mtp2/checkpoint/step-0.h5" "$SCRATCH/mtp2.h5" | tail -1
+$TITAN "${run[@]}" --model.mtp_layers 1 --job.dump_folder "$SCRATCH/mtp1" \
+  --checkpoint.initial_load_path "$SCRATCH/mtp1/checkpoint/step-0.h5" >/dev/null
+$PY tests/reference/check_train.py "$SCRATCH/mtp1/checkpoint/step-0.h5" \
+  "$SCRATCH/mtp1/metrics.jsonl" | tail -1
+
+# ---- layouts ---------------------------------------------------------------------------------
+lrun=("${DS[@]}" --training.global_batch_size 8 --training.steps 10 --lr_scheduler.warmup_steps 2)
+$TITAN "${lrun[@]}" --training.local_batch_size 8 --job.dump_folder "$SCRATCH/ref" >/dev/null
+
+compare() {  # name, metrics.jsonl: against the 1-rank run's ($REF_RUN's), every step
+  $PY - "$1" "$SCRATCH/${REF_RUN:-ref}/metrics.jsonl" "$2" <<'PY'
+import json, sys
+name, ref, got = sys.argv[1], *[[json.loads(l) for l in open(p)] for p in sys.argv[2:]]
+assert len(got) == len(ref) == 10, f"{name}: {len(got)} steps logged"
+worst = 0.0
+for r, g in zip(ref, got):
+    for key in ("loss", "grad_norm", "expert_load_max", "expert_load_mean"):
+        err = abs(g[key] - r[key]) / abs(r[key])
+        worst = max(worst, err)
+        assert err < 1e-5, f"{name}: step {r['step']} {key} {g[key]!r} vs {r[key]!r} ({err:.2e})"
+print(f"ok: {name:24s} worst relative error {worst:.2e}")
+PY
+}
+
+layout() {  # name, ranks, local batch (global 8 = local x dp x accumulation), overrides...
+  local name=$1 np=$2 local_batch=$3; shift 3
+  train_ranks "$name" "$np" "${lrun[@]}" --training.local_batch_size "$local_batch" "$@"
+  compare "$name" "$SCRATCH/$name/metrics.jsonl"
+}
+
+P=--parallelism
+E=$P.expert_parallel_degree
+PP2=($P.pipeline_parallel_degree 2 $P.pipeline_parallel_microbatch_size 2)
+layout dp_shard=2 2 4 $P.data_parallel_shard_degree 2
+layout tp=2 2 8 $P.tensor_parallel_degree 2 $P.data_parallel_shard_degree 1
+layout cp=2 2 8 $P.context_parallel_degree 2 $P.data_parallel_shard_degree 1
+layout pp=2,1F1B 2 8 "${PP2[@]}" $P.pipeline_parallel_schedule 1F1B $P.data_parallel_shard_degree 1
+layout pp=2,ZBV 2 8 "${PP2[@]}" $P.pipeline_parallel_schedule ZBVZeroBubble \
+  $P.data_parallel_shard_degree 1
+layout ep=2xdp_shard=2 2 4 $P.data_parallel_shard_degree 2 $E 2
+layout ep=2xtp=2 2 8 $P.tensor_parallel_degree 2 $P.data_parallel_shard_degree 1 $E 2
+layout pp=2xep=2 4 4 "${PP2[@]}" $P.data_parallel_shard_degree 2 $E 2
+
+# Two MTP modules: the head's modules on the sequence-parallel rows, the embedding's lookups of
+# the shifted tokens vocab-parallel, their MoE layers' experts sharded.
+MTP=(--model.mtp_layers 2)
+$TITAN "${lrun[@]}" "${MTP[@]}" --training.local_batch_size 8 --job.dump_folder "$SCRATCH/mtp-ref" \
+  >/dev/null
+REF_RUN=mtp-ref layout mtp,tp=2 2 8 $P.tensor_parallel_degree 2 $P.data_parallel_shard_degree 1 \
+  "${MTP[@]}"
+REF_RUN=mtp-ref layout mtp,tp=2,no-loss-parallel 2 8 $P.tensor_parallel_degree 2 \
+  $P.data_parallel_shard_degree 1 $P.disable_loss_parallel "${MTP[@]}"
+REF_RUN=mtp-ref layout mtp,ep=2xdp_shard=2 2 4 $P.data_parallel_shard_degree 2 $E 2 "${MTP[@]}"
+expect_job_error "model.mtp_layers 2 needs the embedding and the head on one rank .*pipeline_parallel_degree 2" \
+  mpirun --oversubscribe -np 2 $TITAN "${lrun[@]}" "${MTP[@]}" "${PP2[@]}" \
+  --training.local_batch_size 8 $P.data_parallel_shard_degree 1 --job.dump_folder "$SCRATCH/bad-pp"
+expect_user_error "model.mtp_layers = 1: model llama3 has no multi-token prediction" \
+  $TITAN "${SMALL[@]}" --model.mtp_layers 1 --job.dump_folder "$SCRATCH/bad-llama"
+
+# Saved under tp 2 x ep 2 at step 5, resumed under pp 2: steps 6-10 as the 1-rank run's.
+resume=(--checkpoint.enable --checkpoint.interval 5)
+train_ranks saved 2 "${lrun[@]}" --training.local_batch_size 8 $P.tensor_parallel_degree 2 \
+  $P.data_parallel_shard_degree 1 $E 2 "${resume[@]}"
+mkdir -p "$SCRATCH/resumed/checkpoint"
+cp "$SCRATCH/saved/checkpoint/step-5.h5" "$SCRATCH/resumed/checkpoint/"
+train_ranks resumed 2 "${lrun[@]}" --training.local_batch_size 8 "${PP2[@]}" \
+  $P.data_parallel_shard_degree 1 "${resume[@]}"
+grep -q "resumed from .*step-5.h5 at step 5" "$SCRATCH/resumed.log" || fail "did not resume at step 5"
+same_metrics "tp=2xep=2 -> pp=2" "$SCRATCH/ref/metrics.jsonl" "$SCRATCH/resumed/metrics.jsonl" 6 1e-5
+
+# ---- KV-cache decoding -----------------------------------------------------------------------
+ckpt=$SCRATCH/saved/checkpoint/step-10.h5
+$TITAN generate --checkpoint "$ckpt" --prompt-ids 1 --max-new-tokens 20 --temperature 0 --ids \
+  >"$SCRATCH/greedy.txt" 2>/dev/null
+(cd tests/reference && $PY generate_ref.py "$ckpt" "$SCRATCH/greedy.txt" 20) ||
+  fail "KV-cache decoding differs from the reference's greedy ids"
+
+# ---- bad shapes ------------------------------------------------------------------------------
+bad() {  # pattern, attribute=value...: the seed checkpoint so edited, loaded by generate
+  local pattern=$1; shift
+  cp "$seed" "$SCRATCH/bad.h5"
+  $PY - "$SCRATCH/bad.h5" "$@" <<'PY'
+import sys, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    for edit in sys.argv[2:]:
+        name, value = edit.split("=")
+        f.attrs["model." + name] = type(f.attrs["model." + name].item())(value)
+PY
+  expect_user_error "$pattern" $TITAN generate --checkpoint "$SCRATCH/bad.h5" --prompt-ids 1 \
+    --max-new-tokens 1
+}
+bad "RoPE width 15 \(qk_rope_head_dim\) is not a positive even number" mla_qk_rope_head_dim=15
+bad "topk_group 5 is not between 1 and n_group 4" moe_limited_groups=5
+bad "n_group 3 does not divide the 8 experts" moe_n_groups=3
+expect_job_error "tensor_parallel_degree 3 does not divide model n_heads \(4\)" \
+  mpirun --oversubscribe -np 3 $TITAN "${lrun[@]}" $P.tensor_parallel_degree 3 \
+  $P.data_parallel_shard_degree 1 --job.dump_folder "$SCRATCH/bad-tp"
