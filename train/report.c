@@ -46,21 +46,29 @@ enum { MAX_GROUPS = 8 };  // fsdp, efsdp, dp_replicate, tp, cp, pp, ep, loss
 
 // Of blocks [first, last), the transformer layers (blocks 1 .. n_blocks - 2), or only those
 // whose forward runs twice (activation checkpointing re-runs it in backward).
-static int layers_in(const Model *m, int first, int last, bool recomputed) {
+// The transformer layers of blocks [first, last) (the recomputed of them); moe: only those with
+// a MoE layer, the head's MTP modules' among them (never recomputed).
+static int layers_in(const Trainer *t, int first, int last, bool recomputed, bool moe) {
+    const Model *m = &t->model;
+    ModelShape shape = model_shape(&t->args);
     int layers = 0;
-    for (int b = first; b < last; b++)
-        layers += b > 0 && b < m->n_blocks - 1 && (!recomputed || m->blocks[b].checkpointed);
+    for (int b = first; b < last; b++) {
+        bool layer = b > 0 && b < m->n_blocks - 1 && (!recomputed || m->blocks[b].checkpointed);
+        layers += layer && (!moe || (shape.moe && b - 1 >= shape.dense_layers));
+        layers += moe && shape.moe && !recomputed && b == m->n_blocks - 1 ? shape.mtp_layers : 0;
+    }
     return layers;
 }
 
-// The transformer layers this rank runs, all or its stages' (or the recomputed of them).
-static int rank_layers(Trainer *t, bool recomputed) {
-    if (!t->pipeline) return layers_in(&t->model, 0, t->model.n_blocks, recomputed);
+// The transformer layers this rank runs, all or its stages' (or the recomputed of them; moe:
+// those with a MoE layer).
+static int rank_layers(Trainer *t, bool recomputed, bool moe) {
+    if (!t->pipeline) return layers_in(t, 0, t->model.n_blocks, recomputed, moe);
     PipelineRankPlan pl = trainer_pipeline_rank_plan(t);
     int layers = 0;
     for (int s = 0; s < pl.stages; s++)
         if (pl.stage_rank[s] == pl.rank)
-            layers += layers_in(&t->model, pl.first[s], pl.first[s + 1], recomputed);
+            layers += layers_in(t, pl.first[s], pl.first[s + 1], recomputed, moe);
     return layers;
 }
 
@@ -72,8 +80,8 @@ static uint64_t cp_bytes_per_step(Trainer *t) {
                          (model_shape(&t->args).kv_dim / size[MESH_TP]);
     uint64_t forward = cp_attention_bytes(&t->cp, kv_floats, false);
     uint64_t backward = cp_attention_bytes(&t->cp, kv_floats, true);
-    uint64_t forwards = (uint64_t)rank_layers(t, false) + (uint64_t)rank_layers(t, true);
-    return t->accum * (forwards * forward + rank_layers(t, false) * backward);
+    uint64_t forwards = (uint64_t)rank_layers(t, false, false) + (uint64_t)rank_layers(t, true, false);
+    return t->accum * (forwards * forward + rank_layers(t, false, false) * backward);
 }
 
 // Expert parallel's all-to-alls (ep_estimate's, per MoE layer and microbatch) over every MoE
@@ -86,7 +94,7 @@ static EpEstimate ep_per_step(Trainer *t) {
     int64_t rows = micro_rows * t->train.step_T / t->mesh.layout.size[MESH_TP];
     uint64_t passes =
         (uint64_t)t->accum * (t->pipeline ? trainer_schedule_microbatches(&t->cfg) : 1);
-    uint64_t again = (uint64_t)rank_layers(t, true), once = rank_layers(t, false) - again;
+    uint64_t again = (uint64_t)rank_layers(t, true, true), once = rank_layers(t, false, true) - again;
     EpEstimate e[2];
     for (int recompute = 0; recompute < 2; recompute++)
         e[recompute] = ep_estimate(t->mesh.layout.ep, rows, a->router.top_k, a->router.n_experts,
@@ -137,7 +145,7 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
             int last = t->pipeline ? pl.first[s + 1] : t->model.n_blocks;
             micro += t->args.spec->tp_bytes_per_microbatch(&t->args, size[MESH_TP], t->train.B,
                                                            t->train.step_T,
-                                                           layers_in(&t->model, first, last, true),
+                                                           layers_in(t, first, last, true, false),
                                                            t->tp.hooks.loss_parallel, first, last);
         }
         size_t replicated = grads_replicated_floats(&t->model.params);

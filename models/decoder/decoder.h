@@ -159,8 +159,9 @@ void decoder_parallelize_tp(Model *m, const Tp *tp);
 // projection, reduce-scatter after a rowwise one; embedding, 4 per layer over forward and
 // backward, 2 more for each of the recomputed_layers whose forward checkpointing re-runs, head)
 // moves (BT + BT/tp) * dim floats, and the loss 3 * BT floats (loss parallel) or the gathered
-// logits; of blocks [first_block, last_block) only (a pipeline stage's; 0 and n_layers + 2:
-// the whole model).
+// logits; MTP modules add their inputs' lookups to the embedding's, their layers' seams and
+// losses to the head's; of blocks [first_block, last_block) only (a pipeline stage's; 0 and
+// n_layers + 2: the whole model).
 uint64_t decoder_tp_bytes_per_microbatch(const DecoderArgs *args, int tp, int B, int T,
                                          int recomputed_layers, bool loss_parallel,
                                          int first_block, int last_block);

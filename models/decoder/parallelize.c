@@ -108,6 +108,13 @@ uint64_t decoder_tp_bytes_per_microbatch(const DecoderArgs *args, int tp, int B,
     uint64_t loss = !head            ? 0
                     : loss_parallel ? 3 * bt
                                     : bt * (uint64_t)args->vocab_size / (uint64_t)tp;
+    // The MTP modules: each its inputs' lookup as the embedding's; in the head its layer's
+    // seams (a copy of the last layer's, never recomputed) and its loss's as the head's.
+    bool mtp_moe = decoder_layer_is_moe(args, args->n_layers - 1);
+    uint64_t mtp = head ? (uint64_t)args->mtp_layers : 0;
+    seams += (embed ? (uint64_t)args->mtp_layers : 0) + mtp * ((mtp_moe ? 2 : 4) + 1);
+    moe_forwards += mtp_moe ? mtp : 0;
+    loss *= 1 + mtp;
     uint64_t aux = args->moe.aux_loss_alpha > 0
                        ? moe_forwards * 2 * (uint64_t)B * (uint64_t)args->moe.router.n_experts
                        : 0;

@@ -254,6 +254,11 @@ check qwen3,dp_shard=2xtp=2 4 $P.data_parallel_shard_degree 2 $P.tensor_parallel
 check qwen3-moe,dp_shard=2xtp=2,AC 4 $P.data_parallel_shard_degree 2 \
   $P.tensor_parallel_degree 2 --model.name qwen3 --model.flavor small_moe \
   --model.moe_aux_loss_alpha 0.01 --activation_checkpoint.mode full
+# DeepSeek-V3: MLA's seams as GQA's, a dense first layer's four seams beside the MoE layers'
+# two, and two MTP modules in the head, each with its layer's seams and a loss of its own.
+check deepseek-mtp,dp_shard=2xtp=2,AC 4 $P.data_parallel_shard_degree 2 \
+  $P.tensor_parallel_degree 2 --model.name deepseek_v3 --model.flavor small --model.mtp_layers 2 \
+  --model.moe_aux_loss_alpha 0.01 --activation_checkpoint.mode full
 # FSDP's float8 all-gather: the float8 weights' e4m3 bytes and each one's amax all-reduce per
 # gather, or one all-reduce of every amax a step with precomputed scales.
 F8=(--model.converters float8 --float8.filter_fqns output --float8.enable_fsdp_float8_all_gather)
