@@ -43,7 +43,24 @@ static const NamePair LAYER_NAMES[] = {
     {"feed_forward.w2.weight", "mlp.down_proj.weight", ROWS_AS_THEY_ARE},
     {"feed_forward.w3.weight", "mlp.up_proj.weight", ROWS_AS_THEY_ARE},
 };
+// Multi-head latent attention's (DeepseekV3Attention): RoPE rotates interleaved pairs there too
+// (rope_interleave), so no row is permuted.
+static const NamePair MLA_NAMES[] = {
+    {"attention.wq.weight", "self_attn.q_proj.weight", ROWS_AS_THEY_ARE},
+    {"attention.wq_a.weight", "self_attn.q_a_proj.weight", ROWS_AS_THEY_ARE},
+    {"attention.q_norm.weight", "self_attn.q_a_layernorm.weight", ROWS_AS_THEY_ARE},
+    {"attention.wq_b.weight", "self_attn.q_b_proj.weight", ROWS_AS_THEY_ARE},
+    {"attention.wkv_a.weight", "self_attn.kv_a_proj_with_mqa.weight", ROWS_AS_THEY_ARE},
+    {"attention.kv_norm.weight", "self_attn.kv_a_layernorm.weight", ROWS_AS_THEY_ARE},
+    {"attention.wkv_b.weight", "self_attn.kv_b_proj.weight", ROWS_AS_THEY_ARE},
+};
 #define COUNT(a) (int)(sizeof a / sizeof a[0])
+
+static const NamePair *name_find(const NamePair *names, int n, const char *titan) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(titan, names[i].titan)) return &names[i];
+    return NULL;
+}
 
 // One tensor of the HF file: a titan parameter, or one expert's slice of a stacked one.
 typedef struct {
@@ -57,54 +74,57 @@ typedef struct {
 
 // out = HF's name for titan's parameter `name`, expert j's for a stacked MoE one (the MoE
 // layer's names are models/moe's); *rows how its rows are laid out. Returns how many HF tensors
-// the parameter is: 1, n_experts for stacked experts, 0 for one HF does not have (expert bias).
-static int hf_name(const char *name, int n_experts, int j, char *out, size_t n, RopeRows *rows) {
+// the parameter is: 1, n_experts for stacked experts, 0 for one HF does not have (a Qwen3-MoE
+// router's expert bias, DeepSeek-V3's multi-token prediction modules: transformers' models
+// have none).
+static int hf_name(const char *name, const DecoderArgs *a, int j, char *out, size_t n,
+                   RopeRows *rows) {
     int layer, at = 0;
     *rows = ROWS_AS_THEY_ARE;
+    if (!strncmp(name, "mtp_layers.", 11)) return 0;
     if (sscanf(name, "layers.%d.%n", &layer, &at) == 1 && at > 0) {
-        for (int i = 0; i < COUNT(LAYER_NAMES); i++)
-            if (!strcmp(name + at, LAYER_NAMES[i].titan)) {
-                snprintf(out, n, "model.layers.%d.%s", layer, LAYER_NAMES[i].hf);
-                *rows = LAYER_NAMES[i].rows;
-                return 1;
-            }
+        const NamePair *pair = decoder_has_mla(a) ? name_find(MLA_NAMES, COUNT(MLA_NAMES), name + at)
+                                                  : NULL;
+        if (!pair) pair = name_find(LAYER_NAMES, COUNT(LAYER_NAMES), name + at);
+        if (pair) {
+            snprintf(out, n, "model.layers.%d.%s", layer, pair->hf);
+            *rows = pair->rows;
+            return 1;
+        }
         char moe[PARAM_NAME_MAX + 32];
-        int count = moe_hf_name(name + at, n_experts, j, moe, sizeof moe);
+        int E = decoder_has_moe(a) ? a->moe.router.n_experts : 1;
+        int count = moe_hf_name(name + at, E, j, decoder_has_mla(a), moe, sizeof moe);
         if (count > 0) snprintf(out, n, "model.layers.%d.%s", layer, moe);
         if (count >= 0) return count;
     } else {
-        for (int i = 0; i < COUNT(MODEL_NAMES); i++)
-            if (!strcmp(name, MODEL_NAMES[i].titan)) {
-                snprintf(out, n, "%s", MODEL_NAMES[i].hf);
-                return 1;
-            }
+        const NamePair *pair = name_find(MODEL_NAMES, COUNT(MODEL_NAMES), name);
+        if (pair) {
+            snprintf(out, n, "%s", pair->hf);
+            return 1;
+        }
     }
     die_internal(__FILE__, __LINE__, "parameter %s has no Hugging Face name", name);
-}
-
-static int experts_of(const DecoderArgs *a) {
-    return decoder_has_moe(a) ? a->moe.router.n_experts : 1;
 }
 
 // The HF tensors of params in the table's order, experts in order: *out (to free); returns
 // how many.
 static int hf_tensors(const ParamTable *params, const DecoderArgs *a, HfTensor **out) {
-    int E = experts_of(a), n = 0, total = 0;
+    int n = 0, total = 0;
     RopeRows rows;
     char name[sizeof (*out)->name];
     for (int i = 0; i < params->count; i++)
-        total += hf_name(params->items[i].name, E, 0, name, sizeof name, &rows);
+        total += hf_name(params->items[i].name, a, 0, name, sizeof name, &rows);
     *out = xcalloc((size_t)total, sizeof **out);
     for (int i = 0; i < params->count; i++) {
         const Param *p = &params->items[i];
         CHECK(p->ndim <= 3 && p->numel == param_global_numel(p));  // a host table of whole tensors
         int stacked = p->ndim == 3;  // (E, rows, cols): one (rows, cols) HF tensor per expert
-        int count = hf_name(p->name, E, 0, name, sizeof name, &rows);
+        int count = hf_name(p->name, a, 0, name, sizeof name, &rows);
         for (int j = 0; j < count; j++) {
             HfTensor *t = &(*out)[n++];
             *t = (HfTensor){.param = i, .ndim = p->ndim - stacked, .rows = rows,
                             .offset = (size_t)j * (p->numel / count)};
-            hf_name(p->name, E, j, t->name, sizeof t->name, &rows);
+            hf_name(p->name, a, j, t->name, sizeof t->name, &rows);
             t->shape[0] = p->shape[stacked];
             t->shape[1] = t->ndim > 1 ? p->shape[stacked + 1] : 0;
         }
@@ -292,7 +312,8 @@ static int name_order(const void *a, const void *b) {
 }
 
 // Every tensor of the file is one of the model's: a file with more is another architecture.
-// HF's tied lm_head copy and old exports' rotary inv_freq buffers are left unread.
+// HF's tied lm_head copy, old exports' rotary inv_freq buffers and DeepSeek's MTP layers are
+// left unread.
 static bool extras_check(const Safetensors *st, const DecoderArgs *a, const char *model,
                          const HfTensor *tensors, int n, char *err, size_t errlen) {
     HfTensor *sorted = xmalloc(sizeof *sorted * (size_t)n), key;
@@ -303,8 +324,12 @@ static bool extras_check(const Safetensors *st, const DecoderArgs *a, const char
         const char *name = st->tensors[i].name;
         size_t len = strlen(name);
         snprintf(key.name, sizeof key.name, "%s", name);
+        int layer;
         bool known = (a->tie_word_embeddings && !strcmp(name, "lm_head.weight")) ||
                      (len > 19 && !strcmp(name + len - 19, "rotary_emb.inv_freq")) ||
+                     // DeepSeek's MTP layers after the last, which transformers ignores too
+                     (decoder_has_mla(a) && sscanf(name, "model.layers.%d.", &layer) == 1 &&
+                      layer >= a->n_layers) ||
                      (len < sizeof key.name && bsearch(&key, sorted, (size_t)n, sizeof key,
                                                        name_order));
         char q[256];
@@ -322,7 +347,7 @@ static bool extras_check(const Safetensors *st, const DecoderArgs *a, const char
 static bool hf_has(const Param *p, const DecoderArgs *a) {
     char name[PARAM_NAME_MAX + 48];
     RopeRows rows;
-    return hf_name(p->name, experts_of(a), 0, name, sizeof name, &rows) > 0;
+    return hf_name(p->name, a, 0, name, sizeof name, &rows) > 0;
 }
 
 // A parameter HF has no tensor for (an expert bias) starts at zero, as a new model's: the
@@ -358,18 +383,22 @@ bool decoder_try_load_hf(const char *path, const DecoderArgs *a, const char *mod
     return ok;
 }
 
-// The expert biases HF cannot hold: said when they are not all zero, since HF's model then
-// routes without what titan's steered by (torchtitan's adapter drops them the same way).
+// What HF's model cannot hold, said: Qwen3-MoE's expert biases when they are not all zero
+// (HF's model then routes without what titan's steered by; torchtitan's adapter drops them the
+// same way), DeepSeek-V3's multi-token prediction modules (transformers' drops them too).
 static void warn_dropped(const ParamTable *params, const DecoderArgs *a) {
     double most = 0;
     for (int i = 0; i < params->count; i++) {
         const Param *p = &params->items[i];
-        if (hf_has(p, a)) continue;
+        if (hf_has(p, a) || !p->buffer) continue;
         for (size_t e = 0; e < p->numel; e++) most = fmax(most, fabs(p->data[e]));
     }
     if (most > 0)
         log_warn("Hugging Face export: the MoE expert biases (max |bias| %.3g) are dropped; "
                  "HF's router chooses by the scores alone", most);
+    if (a->mtp_layers)
+        log_warn("Hugging Face export: the %d multi-token prediction modules are dropped, as "
+                 "transformers' DeepseekV3ForCausalLM has none", a->mtp_layers);
 }
 
 void decoder_save_hf_weights(const char *dir, const DecoderArgs *a, const ParamTable *params,

@@ -4,8 +4,10 @@
 #include "core/errors.h"
 #include "models/decoder/decoder_spec.h"
 
-// flavor, args_from_checkpoint: registry.h's pass-throughs to deepseek_v3_flavor, ...
+// flavor, args_from_checkpoint, try_args_from_hf, load_hf, save_hf: registry.h's
+// pass-throughs to deepseek_v3_flavor, ...
 MODEL_SPEC_READERS(deepseek_v3, DEEPSEEK_V3_SPEC)
+MODEL_SPEC_HF(deepseek_v3, DEEPSEEK_V3_SPEC)
 
 // DeepSeek-V3 has untied embeddings and YaRN, not Llama 3.1's RoPE scaling: those keys are
 // refused rather than ignored.
@@ -32,4 +34,8 @@ const ModelSpec DEEPSEEK_V3_SPEC = {
     .update_from_config = update_from_config,
     DECODER_SPEC_SLOTS,
     .args_from_checkpoint = args_from_checkpoint,
+    .try_args_from_hf = try_args_from_hf,
+    .hf_model_types = (const char *const[]){"deepseek_v3", NULL},
+    .load_hf = load_hf,
+    .save_hf = save_hf,
 };

@@ -96,10 +96,13 @@ void moe_args_from_config(MoeArgs *a, const ModelSection *c);
 
 // Hugging Face's name (after "model.layers.N.") of the layer's tensor `name` (after
 // "layers.N."): the router is mlp.gate.weight, expert j of a stacked w1 / w3 / w2 its own
-// mlp.experts.J.gate_proj / up_proj / down_proj (a (F, D) or (D, F) slice of the stack).
-// Returns how many HF tensors the parameter is: n_experts for a stacked one, 1, or 0 for the
-// expert bias (HF's routers have none); -1: no HF name (the shared experts).
-int moe_hf_name(const char *name, int n_experts, int expert, char *out, size_t n);
+// mlp.experts.J.gate_proj / up_proj / down_proj (a (F, D) or (D, F) slice of the stack), the
+// shared experts mlp.shared_experts.*; the expert bias DeepseekV3's router's
+// mlp.gate.e_score_correction_bias (deepseek), none in Qwen3-MoE's. Returns how many HF tensors
+// the parameter is: n_experts for a stacked one, 1, or 0 (the bias HF has not); -1: not the
+// MoE layer's.
+int moe_hf_name(const char *name, int n_experts, int expert, bool deepseek, char *out,
+                size_t n);
 // Parameters moe_layer_init adds (for the table's capacity).
 int moe_param_count(const MoeArgs *args);
 void moe_layer_free(MoeLayer *m);

@@ -16,6 +16,10 @@
 #   under tp 2 x ep 2 resumes under pp 2.
 # - KV-cache decoding over the compressed latents: greedy ids equal the reference's no-cache
 #   forward.
+# - Hugging Face's DeepseekV3ForCausalLM: a trained checkpoint (its expert biases moved) goes to
+#   HF and back bit for bit, and the export run the way transformers runs it
+#   (tests/reference/check_hf.py) gives titan's logits within 1e-5; the MTP modules are dropped
+#   saying so; a softmax router (debugmodel) has no HF form.
 # - Bad shapes (from a checkpoint's attributes) and a tp that does not divide the heads: one
 #   line, exit 2.
 source "$(dirname "$0")/lib.sh"
@@ -119,6 +123,44 @@ $TITAN generate --checkpoint "$ckpt" --prompt-ids 1 --max-new-tokens 20 --temper
   >"$SCRATCH/greedy.txt" 2>/dev/null
 (cd tests/reference && $PY generate_ref.py "$ckpt" "$SCRATCH/greedy.txt" 20) ||
   fail "KV-cache decoding differs from the reference's greedy ids"
+
+# ---- Hugging Face ------------------------------------------------------------------------------
+ckpt=$SCRATCH/saved/checkpoint/step-10.h5
+$TITAN convert --to hf "$ckpt" "$SCRATCH/hf" >/dev/null
+$TITAN convert --to titan "$SCRATCH/hf" "$SCRATCH/hf-back.h5" >/dev/null
+$PY - "$ckpt" "$SCRATCH/hf-back.h5" <<'PY'
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+assert sorted(a["model"]) == sorted(b["model"]), set(a["model"]) ^ set(b["model"])
+for name in a["model"]:
+    assert np.array_equal(a["model"][name][...], b["model"][name][...]), name
+bias = a["model"]["layers.1.moe.expert_bias_E"][...]
+assert np.any(bias != 0), "the expert biases never moved: the round trip proves nothing of them"
+for k in a.attrs:
+    if k.startswith("model."):
+        assert b.attrs[k] == a.attrs[k], (k, a.attrs[k], b.attrs.get(k))
+print(f"ok: {len(a['model'])} tensors and the model.* attributes round-trip through HF bit for bit")
+PY
+./build/tests/dump_step "$ckpt" "$DATA" 2 64 "$SCRATCH/hf-dump.h5" >/dev/null
+VENV=build/venv-safetensors  # test_hf's: the `safetensors` package over Debian's interpreter
+if ! $VENV/bin/python -c "import safetensors" 2>/dev/null; then
+  $PY -m venv --system-site-packages "$VENV" && $VENV/bin/pip install -q safetensors >/dev/null ||
+    fail "cannot install the safetensors package from PyPI"
+fi
+$VENV/bin/python tests/reference/check_hf.py "$SCRATCH/hf" "$SCRATCH/hf-dump.h5"
+$TITAN convert --to hf "$SCRATCH/mtp1/checkpoint/step-0.h5" "$SCRATCH/hf-mtp" 2>&1 >/dev/null |
+  grep -q "the 1 multi-token prediction modules are dropped" || fail "no word of the MTP modules dropped"
+expect_user_error "DeepseekV3ForCausalLM's router scores by sigmoid" \
+  $TITAN convert --to hf "$SCRATCH/debug/checkpoint/step-0.h5" "$SCRATCH/hf-debug"
+hf_refused() {  # python edit of config.json (c), pattern: the import refuses it in one line
+  rm -rf "$SCRATCH/hf-edit" && cp -r "$SCRATCH/hf" "$SCRATCH/hf-edit"
+  $PY -c "import json, sys; p = sys.argv[1]; c = json.load(open(p)); $1; json.dump(c, open(p, 'w'))" \
+    "$SCRATCH/hf-edit/config.json"
+  expect_user_error "$2" $TITAN convert --to titan "$SCRATCH/hf-edit" "$SCRATCH/hf-edit.h5"
+}
+hf_refused "c['topk_group'] = 5" "config.json: topk_group 5 is not between 1 and n_group 4"
+hf_refused "c['rope_interleave'] = False" "rope_interleave is false; titan's DeepSeek-V3 rotates interleaved pairs"
+hf_refused "c['scoring_func'] = 'softmax'" "scoring_func is 'softmax'; titan's DeepSeek-V3 has sigmoid"
 
 # ---- bad shapes ------------------------------------------------------------------------------
 bad() {  # pattern, attribute=value...: the seed checkpoint so edited, loaded by generate
