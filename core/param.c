@@ -205,7 +205,8 @@ void params_unplace(Param *p, int group) {
     for (int i = 0; i < p->n_placements; i++) {
         if (p->placements[i].group != group) continue;
         CHECK(p->placements[i].kind == PLACE_REPLICATE);  // the box is the same without it
-        p->placements[i] = p->placements[--p->n_placements];
+        memmove(&p->placements[i], &p->placements[i + 1],
+                (size_t)(--p->n_placements - i) * sizeof p->placements[0]);
         return;
     }
 }

@@ -119,7 +119,8 @@ struct StepCtx {
     const void *input;
     float loss_scale;    // d(objective)/d(mean loss of this microbatch): 1 / microbatches
     double loss;         // out: the model's objective, its mean over the microbatch (the
-                         // decoder's: cross-entropy; every tp rank has the whole)
+                         // decoder's: cross-entropy, plus its MTP modules' weighted loss;
+                         // every tp rank has the whole)
     // out: the model's output, valid after forward until backward overwrites it; the
     // decoder's: logits (B*T, vocab), or (B*T, vocab / tp) this rank's vocab slice under loss
     // parallel
@@ -147,6 +148,10 @@ static inline bool step_sizing(const StepCtx *s) { return s->act->base == NULL; 
 // Rows of the residual stream this rank holds between blocks (sequence parallel splits them).
 static inline int step_rows(const StepCtx *s) {
     return s->B * s->T / (s->tp && !s->tp_whole_rows ? s->tp->size : 1);
+}
+// The index in B*T of this rank's first row (0 with whole rows).
+static inline int step_first_row(const StepCtx *s) {
+    return s->tp && !s->tp_whole_rows ? s->tp->rank * step_rows(s) : 0;
 }
 
 // What a call of a block does, as the code around it needs to know (FSDP gathers before each,

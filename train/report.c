@@ -45,9 +45,8 @@ typedef struct {
 enum { MAX_GROUPS = 8 };  // fsdp, efsdp, dp_replicate, tp, cp, pp, ep, loss
 
 // Of blocks [first, last), the transformer layers (blocks 1 .. n_blocks - 2), or only those
-// whose forward runs twice (activation checkpointing re-runs it in backward).
-// The transformer layers of blocks [first, last) (the recomputed of them); moe: only those with
-// a MoE layer, the head's MTP modules' among them (never recomputed).
+// whose forward runs twice (recomputed: activation checkpointing re-runs it in backward); moe:
+// only those with a MoE layer, the head's MTP modules' among them (never recomputed).
 static int layers_in(const Trainer *t, int first, int last, bool recomputed, bool moe) {
     const Model *m = &t->model;
     ModelShape shape = model_shape(&t->args);

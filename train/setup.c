@@ -81,6 +81,10 @@ static void check_mtp_keys(const Trainer *t) {
         return;
     }
     CHECK(config_key_origin(c, "model.mtp_layers", origin, sizeof origin));
+    int shortest = t->val.T > 0 && t->val.T < t->train.T ? t->val.T : t->train.T;
+    if (shortest <= c->model.mtp_layers)
+        die_user("%s: model.mtp_layers %d predicts more tokens ahead than a sequence of %d has",
+                 origin, (int)c->model.mtp_layers, shortest);
     const int *size = t->mesh.layout.size;
     if (size[MESH_PP] > 1 || size[MESH_CP] > 1 || c->training.document_masking)
         die_user("%s: model.mtp_layers %d needs the embedding and the head on one rank and whole "

@@ -110,7 +110,8 @@ static void decode_launch(float *out, const float *q, const float *k_cache, cons
 void cuda_attention_decode(float *out, const float *q, const float *k_cache,
                            const float *v_cache, int n_ctx, int n_heads, int n_kv_heads,
                            int head_dim) {
-    CHECK(head_dim >= 1 && head_dim <= 256);
+    // up to MLA's latent, one head of kv_lora_rank + qk_rope_head_dim (DeepSeek-V3's 576)
+    CHECK(head_dim >= 1 && head_dim <= 576);
     int nc = (head_dim + 31) / 32;  // columns per lane, rounded up to an instantiation
     if (nc == 1)
         decode_launch<1>(out, q, k_cache, v_cache, n_ctx, n_heads, n_kv_heads, head_dim);
@@ -118,6 +119,8 @@ void cuda_attention_decode(float *out, const float *q, const float *k_cache,
         decode_launch<2>(out, q, k_cache, v_cache, n_ctx, n_heads, n_kv_heads, head_dim);
     else if (nc <= 4)
         decode_launch<4>(out, q, k_cache, v_cache, n_ctx, n_heads, n_kv_heads, head_dim);
-    else
+    else if (nc <= 8)
         decode_launch<8>(out, q, k_cache, v_cache, n_ctx, n_heads, n_kv_heads, head_dim);
+    else
+        decode_launch<18>(out, q, k_cache, v_cache, n_ctx, n_heads, n_kv_heads, head_dim);
 }

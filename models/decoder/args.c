@@ -76,6 +76,7 @@ int decoder_describe(const DecoderArgs *a, CkptAttr out[DECODER_MAX_ATTRS]) {
         INT_ATTR("mla_qk_rope_head_dim", m->qk_rope_head_dim);
         INT_ATTR("mla_v_head_dim", m->v_head_dim);
         REAL_ATTR("mla_mscale", m->mscale);
+        REAL_ATTR("mla_norm_eps", m->norm_eps);
     }
     if (a->mtp_layers) INT_ATTR("mtp_layers", a->mtp_layers);
     if (a->yarn.factor > 1) {
@@ -126,6 +127,9 @@ static void mla_args_from_checkpoint(const char *path, DecoderArgs *a) {
     m->qk_rope_head_dim = shape_attr(path, "model.mla_qk_rope_head_dim");
     m->v_head_dim = shape_attr(path, "model.mla_v_head_dim");
     m->mscale = ckpt_read_double(path, "model.mla_mscale");
+    m->norm_eps = ckpt_has_attr(path, "model.mla_norm_eps")  // else every norm's (the flavors')
+                      ? ckpt_read_double(path, "model.mla_norm_eps")
+                      : a->norm_eps;
 }
 
 static void yarn_args_from_checkpoint(const char *path, DecoderArgs *a) {
@@ -151,6 +155,10 @@ bool decoder_args_check(const DecoderArgs *a, char *err, size_t len) {
             return error_set(err, len, "MLA's qk_nope_head_dim %d, v_head_dim %d and q_lora_rank "
                              "%d must be >= 0, >= 1 and >= 0", m->qk_nope_head_dim,
                              m->v_head_dim, m->q_lora_rank);
+        if (m->v_head_dim > decoder_head_dim(a))  // the values are padded to q and k's width
+            return error_set(err, len, "MLA's v_head_dim %d is wider than its q and k heads "
+                             "(qk_nope_head_dim + qk_rope_head_dim = %d)", m->v_head_dim,
+                             decoder_head_dim(a));
     }
     int rope = decoder_rope_dim(a);
     if (!multiple(rope, 2))

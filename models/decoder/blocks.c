@@ -132,7 +132,7 @@ static void embed_forward(Block *b, StepCtx *s, void *saved, const float *x, flo
     EmbedSaved *sv = saved;
     int K = e->args->mtp_layers;
     size_t BT = (size_t)s->B * s->T, rows = (size_t)step_rows(s) * e->args->dim;
-    *sv = (EmbedSaved){0};
+    *sv = (EmbedSaved){.input = s->input};
     if (K) {
         sv->tokens = arena_alloc(s->act, K * BT * sizeof(int));
         sv->targets = arena_alloc(s->act, K * BT * sizeof(int));
@@ -519,7 +519,7 @@ static float *attention_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, Layer
                               void *casts) {
     LayerGrads *g = &sv->g;
     size_t nv = (size_t)d.BT * d.nv, nd = (size_t)d.BT * d.D;
-    float *dattn = scratch, *dxn = dattn + nv;
+    float *dattn = scratch, *dxn = scratch ? dattn + nv : NULL;  // a sizing pass's are NULL
     if (!step_sizing(s)) {
         g->dh_all = grad_gathered_act(s, dh, gathered, gathered, casts, d.rows, d.D);
         g->attn = act_cast(s, sv->attn, nv, room_at(s, casts, nd));
@@ -607,17 +607,19 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
 // The logits of the whole batch are BT x vocab floats (4 GiB for 8192 tokens of Llama 3's
 // 128256): when they exceed HEAD_LOGITS_BYTES the head works on chunks of rows, computing each
 // chunk's logits and loss in forward and again, for its gradient, in backward (a fused linear
-// cross-entropy, as Liger-Kernel's, for one more output GEMM), so no step holds more than one
+// cross-entropy, as Liger-Kernel's, for one more output GEMM), so no loss holds more than one
 // chunk of logits. Below the budget the logits are kept from forward to backward (one chunk).
 // With multi-token prediction the head runs its MTP modules after the main loss, each with a
-// loss of its own through the same output projection (DeepSeek-V3 §2.2).
+// loss of its own through the same output projection (DeepSeek-V3 §2.2): the 1 + mtp_layers
+// losses share the budget.
 
 #define HEAD_LOGITS_BYTES ((size_t)512 << 20)
 
 static int head_chunk_rows(const DecoderHead *h, int BT) {
     int rows = h->args->loss_chunk_rows;
     if (rows <= 0) {
-        size_t fit = HEAD_LOGITS_BYTES / ((size_t)h->args->vocab_size * sizeof(float));
+        size_t fit = HEAD_LOGITS_BYTES / (1 + (size_t)h->args->mtp_layers) /
+                     ((size_t)h->args->vocab_size * sizeof(float));
         rows = fit > (size_t)BT ? BT : fit < 1 ? 1 : (int)fit;
     }
     return rows < BT ? rows : BT;
@@ -720,10 +722,11 @@ static double loss_forward(DecoderHead *h, StepCtx *s, LossSaved *sv, LossInput 
     return sum;
 }
 
-// The embedding's slot, holding the MTP modules' inputs (the embedding runs on this rank).
+// The embedding's slot, holding the MTP modules' inputs: the same microbatch's, on this rank.
 static EmbedSaved *mtp_inputs(const StepCtx *s) {
-    CHECK(s->slots && s->slots[0]);
-    return s->slots[0];
+    EmbedSaved *in = s->slots[0];
+    CHECK(in->input == s->input);
+    return in;
 }
 
 static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
@@ -812,7 +815,7 @@ static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, c
     const DecoderArgs *a = h->args;
     int BT = s->B * s->T, K = a->mtp_layers;
     size_t rows = (size_t)step_rows(s) * a->dim;
-    // each module's y and out gradients: two buffers for the module, two in turn for out
+    // the module's y gradient, and its out gradient from the next module: two buffers in turn
     float *dy_mtp = K ? arena_floats(s->act, rows) : NULL;
     float *douts[2] = {K > 1 ? arena_floats(s->act, rows) : NULL,
                        K > 1 ? arena_floats(s->act, rows) : NULL};

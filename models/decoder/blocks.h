@@ -107,7 +107,8 @@ typedef struct {
     void *xn;               // (BT, dim) of StepCtx.act_dtype: attention_norm output, all rows
     float *rstd1;           // (rows): its 1/rms
     float *q, *k, *v;       // (BT, n_heads*hd), (BT, n_kv*hd) x2: after RoPE for q and k
-    MlaSaved mla;           // with MLA: its q, k, v and attention (q, k, v, lse unused)
+    MlaSaved mla;           // with MLA: its q, k, v and attention (then the q, k, v and lse
+                            // below are unused)
     float *q0, *k0;         // with QK-norm: (BT, n_heads*hd), (BT, n_kv*hd) before it
     float *q_rstd, *k_rstd; // with QK-norm: (BT*n_heads), (BT*n_kv) 1/rms of each head
     float *attn;            // (BT, nv): the attention output, wo's input
@@ -146,6 +147,7 @@ typedef struct {
 // The embedding's slot: with multi-token prediction, module k's inputs (from 1; at j = k - 1),
 // which the head reads (StepCtx.slots).
 typedef struct {
+    const void *input;      // the microbatch (StepCtx.input) they are of
     int *tokens, *targets;  // (mtp_layers, BT): token t + k and its target at each position t
                             // (0 past the sequence's end, rows without either)
     float *embed, *dembed;  // (mtp_layers, rows, dim): those tokens' embeddings on this rank's
@@ -214,10 +216,14 @@ extern const BlockOps DECODER_EMBED_OPS, DECODER_LAYER_OPS, DECODER_HEAD_OPS;
 int decoder_layer_linears(DecoderLayer *L, Linear *out[DECODER_LAYER_LINEARS]);
 
 // MLA's parts of a transformer block (mla.c), for blocks.c.
+// MLA's softmax scale over 1/sqrt(qk head width): YaRN's (0.1 mscale ln(factor) + 1)^2, 1
+// without YaRN.
+double mla_scale_correction(const DecoderArgs *a);
 // d's head counts and q, k, v widths from d->nv (the attention output's width on this rank).
 void mla_dims(const DecoderArgs *a, LayerDims *d);
-// Carves what forward keeps into sv, and the floats of scratch mla_forward needs.
+// Carves what forward keeps into sv.
 void mla_carve(const DecoderArgs *a, const StepCtx *s, MlaSaved *sv, LayerDims d);
+// The floats of scratch mla_forward needs.
 size_t mla_forward_scratch(const DecoderArgs *a, LayerDims d);
 // out (BT, nv) = MLA's attention output of xn (BT, D) in the activations' dtype, before wo.
 // scratch: mla_forward_scratch floats; workspace: decoder_attention_workspace bytes.

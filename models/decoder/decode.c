@@ -39,10 +39,7 @@ static void kv_cache_carve(DecoderKVCache *c, const DecoderArgs *a) {
     c->xn = arena_floats(A, a->dim);
     c->rstd = arena_floats(A, 1);
     c->q = arena_floats(A, q_width);
-    c->attn = arena_floats(A, decoder_has_mla(a) ? (size_t)a->n_heads * a->mla.v_head_dim > q_width
-                                                       ? (size_t)a->n_heads * a->mla.v_head_dim
-                                                       : q_width
-                                                 : q_width);
+    c->attn = arena_floats(A, q_width);  // MLA's v heads are no wider than q's
     c->qk = arena_floats(A, q_width);
     c->head_rstd = arena_floats(A, a->n_heads);
     c->gate = arena_floats(A, hidden);
@@ -139,13 +136,13 @@ static void decode_mla(const DecoderLayer *L, DecoderKVCache *c, const KernelOps
                        a->norm_eps);
     // the latent row
     K->matmul(low, c->xn, w->wkv_a->data, DTYPE_FP32, 1, W, D, false, true, 0);
-    K->rmsnorm_forward(row, DTYPE_FP32, c->rstd, low, w->kv_norm->data, 1, C, a->norm_eps);
+    K->rmsnorm_forward(row, DTYPE_FP32, c->rstd, low, w->kv_norm->data, 1, C, m->norm_eps);
     K->rope_forward(row + C, low + C, L->rope_cos, L->rope_sin, at, 1, 1, 1, rope);
     // q, and its rope parts rotated into lat_q
     float *q = c->q;
     if (R) {
         K->matmul(low, c->xn, w->wq_a->data, DTYPE_FP32, 1, R, D, false, true, 0);
-        K->rmsnorm_forward(normed, DTYPE_FP32, c->rstd, low, w->q_norm->data, 1, R, a->norm_eps);
+        K->rmsnorm_forward(normed, DTYPE_FP32, c->rstd, low, w->q_norm->data, 1, R, m->norm_eps);
         K->matmul(q, normed, w->wq_b->data, DTYPE_FP32, 1, nh * qk, R, false, true, 0);
     } else {
         K->matmul(q, c->xn, w->wq->data, DTYPE_FP32, 1, nh * qk, D, false, true, 0);
@@ -157,8 +154,7 @@ static void decode_mla(const DecoderLayer *L, DecoderKVCache *c, const KernelOps
     for (int h = 0; h < nh; h++)
         K->matmul(c->lat_q + (size_t)h * W, q + (size_t)h * qk, wkv_b + (size_t)h * (nope + vd) * C,
                   DTYPE_FP32, 1, C, nope, false, false, 0);
-    double m_yarn = a->yarn.factor > 1 ? 0.1 * m->mscale * log(a->yarn.factor) + 1 : 1;
-    K->scale(c->lat_q, (size_t)nh * W, (float)(m_yarn * m_yarn * sqrt((double)W / qk)));
+    K->scale(c->lat_q, (size_t)nh * W, (float)(mla_scale_correction(a) * sqrt((double)W / qk)));
     K->attention_decode(c->lat_out, c->lat_q, cache, cache, pos + 1, nh, 1, W);
     for (int h = 0; h < nh; h++)
         K->matmul(c->attn + (size_t)h * vd, c->lat_out + (size_t)h * W,

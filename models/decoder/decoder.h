@@ -32,7 +32,7 @@ typedef enum {
     DECODER_INIT_QWEN3,
 } DecoderInit;
 
-// DeepSeek V2/V3's multi-head latent attention (models/decoder/mla.h) in place of grouped-query
+// DeepSeek V2/V3's multi-head latent attention (models/decoder/mla.c) in place of grouped-query
 // attention when kv_lora_rank > 0: q from the normed input directly (q_lora_rank 0) or through
 // a low-rank projection with its own RMSNorm; keys and values from a kv_lora_rank-wide latent
 // (RMS-normed) up-projected per head, each head qk_nope_head_dim wide without RoPE plus
@@ -43,6 +43,9 @@ typedef struct {
     // YaRN's attention-scale coefficient: with yarn_factor > 1 the softmax scale
     // 1 / sqrt(qk head width) is multiplied by (0.1 mscale ln(yarn_factor) + 1)^2.
     double mscale;
+    // The latents' RMSNorms' eps (q_norm, kv_norm): torchtitan's flavors give them every norm's,
+    // Hugging Face's DeepSeek-V3 (as DeepSeek's own code) 1e-6 whatever rms_norm_eps says.
+    double norm_eps;
 } MlaArgs;
 
 // YaRN RoPE scaling (Peng et al. 2023, "NTK-by-parts", DeepSeek's variant: torchtitan's

@@ -28,11 +28,10 @@ static MlaWidths mla_widths(const DecoderArgs *a) {
                        m->qk_nope_head_dim + m->qk_rope_head_dim};
 }
 
-// The softmax scale over the kernels' 1/sqrt(qk): YaRN's (0.1 mscale ln(factor) + 1)^2.
-static float mla_q_scale(const DecoderArgs *a) {
-    if (a->yarn.factor <= 1) return 1.0f;
+double mla_scale_correction(const DecoderArgs *a) {
+    if (a->yarn.factor <= 1) return 1.0;
     double m = 0.1 * a->mla.mscale * log(a->yarn.factor) + 1.0;
-    return (float)(m * m);
+    return m * m;
 }
 
 void mla_dims(const DecoderArgs *a, LayerDims *d) {
@@ -106,19 +105,19 @@ void mla_forward(const DecoderArgs *a, const MlaWeights *wt, const float *rope_c
     if (w.R) {
         linear_forward(&wt->linear.wq_a, s, sv->qa, xn, BT, 0);
         K->rmsnorm_forward(sv->qa_n, s->act_dtype, sv->qa_rstd, sv->qa, wt->q_norm->data, BT, w.R,
-                           a->norm_eps);
+                           a->mla.norm_eps);
         linear_forward(&wt->linear.wq_b, s, sv->q, act(s, sv->qa_n), BT, 0);
     } else {
         linear_forward(&wt->linear.wq, s, sv->q, xn, BT, 0);
     }
     rope_parts(s, w, sv->q, nh, BT, rope_cos, rope_sin, pe, NULL, false);
-    float q_scale = mla_q_scale(a);
+    float q_scale = (float)mla_scale_correction(a);
     if (q_scale != 1.0f) K->scale(sv->q, (size_t)BT * d.nq, q_scale);
     // the latent and k's rope part, shared by the heads
     linear_forward(&wt->linear.wkv_a, s, kva, xn, BT, 0);
     copy_cols(s, sv->c, w.C, kva, w.C + w.rope, w.C, BT);
     K->rmsnorm_forward(sv->c_n, s->act_dtype, sv->c_rstd, sv->c, wt->kv_norm->data, BT, w.C,
-                       a->norm_eps);
+                       a->mla.norm_eps);
     copy_cols(s, pe, w.rope, kva + w.C, w.C + w.rope, w.rope, BT);
     K->rope_forward(pe, pe, rope_cos, rope_sin, token_batch(s)->pos, BT, s->T, 1, w.rope);
     // k = [k_nope, k_pe] and v padded, per head
@@ -199,9 +198,9 @@ void mla_backward(const DecoderArgs *a, const MlaWeights *wt, const float *rope_
     MlaWidths w = mla_widths(a);
     size_t mark = arena_mark(s->act);
     MlaGrads g = mla_grads_carve(s, w, d);
-    Linear *linears[5];
-    int n_linears = mla_linears((MlaWeights *)wt, linears);
-    linear_reserve(s, (const Linear *const *)linears, n_linears, d.BT, s->act_dtype);
+    const Linear *linears[] = {&wt->linear.wq, &wt->linear.wkv_a, &wt->linear.wkv_b,
+                               &wt->linear.wq_a, &wt->linear.wq_b};  // wq, or wq_a and wq_b
+    linear_reserve(s, linears + (wt->wq ? 0 : 1), wt->wq ? 3 : 4, d.BT, s->act_dtype);
     if (step_sizing(s)) {
         arena_release(s->act, mark);
         return;
@@ -228,7 +227,7 @@ void mla_backward(const DecoderArgs *a, const MlaWeights *wt, const float *rope_
     linear_backward_input(&wt->linear.wkv_a, s, dxn, dkva, BT, 0);
     linear_backward_weight(&wt->linear.wkv_a, s, dkva, xn, BT);
     // q's path: the scale, RoPE, then Wq or Wq_b, q_norm and Wq_a
-    float q_scale = mla_q_scale(a);
+    float q_scale = (float)mla_scale_correction(a);
     if (q_scale != 1.0f) K->scale(g.dq, nq, q_scale);
     rope_parts(s, w, g.dq, d.nh, BT, rope_cos, rope_sin, g.pe, g.pe2, true);
     LinearAct dq = act_cast(s, g.dq, nq, g.cast_q);

@@ -12,11 +12,6 @@
 // writes their gradients back there.
 #include "models/decoder/blocks.h"
 
-// This rank's first row of B*T (sequence parallel splits the rows over tp).
-static int first_row(const StepCtx *s) {
-    return s->tp && !s->tp_whole_rows ? s->tp->rank * step_rows(s) : 0;
-}
-
 void mtp_forward(const DecoderMtp *m, StepCtx *s, MtpSaved *sv, const float *prev,
                  const float *embed, int depth) {
     const DecoderArgs *a = m->layer.args;
@@ -37,7 +32,7 @@ void mtp_forward(const DecoderMtp *m, StepCtx *s, MtpSaved *sv, const float *pre
     linear_reserve(s, (const Linear *[]){&m->eh_linear}, 1, rows, s->act_dtype);
     if (!step_sizing(s)) {
         copy(s, sv->prev, prev, n);
-        zero_tail_rows(s, sv->prev, (size_t)D, first_row(s), rows, depth);
+        zero_tail_rows(s, sv->prev, (size_t)D, step_first_row(s), rows, depth);
         K->rmsnorm_forward(en, s->act_dtype, sv->e_rstd, embed, m->enorm->data, rows, D,
                            a->norm_eps);
         K->rmsnorm_forward(hn, s->act_dtype, sv->h_rstd, sv->prev, m->hnorm->data, rows, D,
@@ -87,7 +82,7 @@ void mtp_backward(const DecoderMtp *m, StepCtx *s, const MtpSaved *sv, const flo
         zero(s, dh0, n);
         K->rmsnorm_backward(dh0, m->hnorm->grad, dhalf, sv->prev, m->hnorm->data, sv->h_rstd,
                             rows, D);
-        zero_tail_rows(s, dh0, (size_t)D, first_row(s), rows, depth);
+        zero_tail_rows(s, dh0, (size_t)D, step_first_row(s), rows, depth);
         K->add(dprev, dh0, n);
     }
     arena_release(A, mark);

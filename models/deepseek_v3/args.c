@@ -69,11 +69,12 @@ bool deepseek_v3_flavor(const char *name, DeepseekV3Args *args) {
         a->n_dense_layers = f->n_dense_layers;
         a->mla = (MlaArgs){.q_lora_rank = f->q_lora_rank, .kv_lora_rank = 512,
                            .qk_nope_head_dim = 128, .qk_rope_head_dim = 64, .v_head_dim = 128,
-                           .mscale = f->mscale};
+                           .mscale = f->mscale, .norm_eps = a->norm_eps};
         a->moe = moe_args(f);
         if (!strcmp(name, "small"))
             a->mla = (MlaArgs){.q_lora_rank = 32, .kv_lora_rank = 32, .qk_nope_head_dim = 16,
-                               .qk_rope_head_dim = 16, .v_head_dim = 24, .mscale = 1.0};
+                               .qk_rope_head_dim = 16, .v_head_dim = 24, .mscale = 1.0,
+                               .norm_eps = a->norm_eps};
         if (!strcmp(name, "kimi_k2")) {
             a->rope_theta = 5e4;
             a->yarn.factor = 32;

@@ -14,6 +14,9 @@
 
 #define MODEL "DeepSeek-V3"
 #define MODEL_TYPE "deepseek_v3"
+// DeepseekV3Attention's q_a_layernorm and kv_a_layernorm: its RMSNorm's default, not
+// rms_norm_eps (DeepSeek's own code has the same)
+#define HF_LATENT_NORM_EPS 1e-6
 
 // rope_scaling: null (no YaRN) or DeepSeek's yarn, whose cos/sin HF leaves unscaled only when
 // mscale equals mscale_all_dim (then its softmax scale is torchtitan's mscale correction).
@@ -58,6 +61,7 @@ static bool mla_read(const HfConfig *r, DecoderArgs *a) {
         return error_set(r->err, r->errlen, "%s: rope_interleave is false; titan's %s rotates "
                          "interleaved pairs", r->path, r->model);
     a->n_kv_heads = a->n_heads;  // MLA's k and v are per head
+    m->norm_eps = HF_LATENT_NORM_EPS;
     return true;
 }
 
@@ -137,6 +141,11 @@ void deepseek_v3_save_hf(const char *dir, const DeepseekV3Args *args, const Para
         die_user("%s: DeepseekV3ForCausalLM's router scores by sigmoid, with shared experts "
                  "as wide as a routed one; this model's MoE layers do not (a softmax flavor: "
                  "debugmodel, 16B, 236B)", dir);
+    if (a->mla.norm_eps != HF_LATENT_NORM_EPS)
+        log_warn("Hugging Face export: DeepseekV3ForCausalLM norms the MLA latents with eps %g, "
+                 "this model with %g (torchtitan's flavors: every norm's): its logits differ "
+                 "slightly (1e-5 relative at the debug shapes)", HF_LATENT_NORM_EPS,
+                 a->mla.norm_eps);
     decoder_save_hf_weights(dir, a, params, dtype);
     json_t *c = decoder_hf_config_json(a, "DeepseekV3ForCausalLM", MODEL_TYPE, dtype);
     // HF recomputes YaRN's factor as max_position_embeddings / original (DeepSeek-V3: 163840)

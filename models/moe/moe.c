@@ -145,9 +145,6 @@ static void count_load(const MoeLayer *m, const StepCtx *s, int E) {
 
 // ---- DeepSeek V3's sequence-wise balance loss -------------------------------------------------
 
-// The batch row of this rank's first row (its tp share of B*T).
-static int first_row(const StepCtx *s, int rows) { return s->tp ? s->tp->rank * rows : 0; }
-
 // sv->frac's f and P of the microbatch's B whole sequences (partial sums over the tp ranks'
 // rows, summed); adds alpha * mean over sequences of sum_i f_i P_i to s->aux_loss. dot: one
 // float of scratch.
@@ -158,7 +155,7 @@ static void aux_forward(const MoeLayer *m, StepCtx *s, const MoeSaved *sv, MoeDi
     CHECK(!s->attn);  // context parallel splits the sequences over ranks the layer cannot reach
     K->zero(sv->frac, 2 * n * sizeof(float));
     K->moe_aux_stats(sv->frac, sv->frac + n, sv->scores, sv->experts, &m->args->router, d.rows,
-                     first_row(s, d.rows), s->T);
+                     step_first_row(s), s->T);
     if (s->tp) s->tp->all_reduce_sum(s->tp, sv->frac, 2 * n);
     K->matmul(dot, sv->frac, sv->frac + n, DTYPE_FP32, 1, 1, (int)n, false, true, 0);
     float host;
@@ -170,7 +167,7 @@ static void aux_backward(const MoeLayer *m, const StepCtx *s, const MoeSaved *sv
                          float *dlogits) {
     float dloss = (float)(s->loss_scale * m->args->aux_loss_alpha / s->B);
     s->k->moe_aux_backward(dlogits, sv->frac, sv->scores, &m->args->router, d.rows,
-                           first_row(s, d.rows), s->T, dloss);
+                           step_first_row(s), s->T, dloss);
 }
 
 // ---- forward ---------------------------------------------------------------------------------

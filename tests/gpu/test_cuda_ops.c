@@ -689,6 +689,7 @@ static void check_attentions(void) {
     check_attention_decode(129, 32, 8, 64);
     check_attention_decode(300, 8, 8, 128);
     check_attention_decode(2048, 16, 4, 128);
+    check_attention_decode(300, 16, 1, 576);  // MLA's latent (DeepSeek-V3): one kv head
 }
 
 // ---- swiglu ----------------------------------------------------------------------------------

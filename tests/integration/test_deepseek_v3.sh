@@ -17,9 +17,10 @@
 # - KV-cache decoding over the compressed latents: greedy ids equal the reference's no-cache
 #   forward.
 # - Hugging Face's DeepseekV3ForCausalLM: a trained checkpoint (its expert biases moved) goes to
-#   HF and back bit for bit, and the export run the way transformers runs it
-#   (tests/reference/check_hf.py) gives titan's logits within 1e-5; the MTP modules are dropped
-#   saying so; a softmax router (debugmodel) has no HF form.
+#   HF and back bit for bit (but the latents' RMSNorm eps, HF's 1e-6), and the export run the
+#   way transformers runs it (tests/reference/check_hf.py) gives the import's logits within
+#   1e-5; the MTP modules are dropped saying so; a softmax router (debugmodel) has no HF form;
+#   config.json keys titan's model cannot be are refused.
 # - Bad shapes (from a checkpoint's attributes) and a tp that does not divide the heads: one
 #   line, exit 2.
 source "$(dirname "$0")/lib.sh"
@@ -136,12 +137,14 @@ for name in a["model"]:
     assert np.array_equal(a["model"][name][...], b["model"][name][...]), name
 bias = a["model"]["layers.1.moe.expert_bias_E"][...]
 assert np.any(bias != 0), "the expert biases never moved: the round trip proves nothing of them"
-for k in a.attrs:
+for k in a.attrs:  # HF's latents' norms have eps 1e-6, the flavor's every norm's
+    want = 1e-6 if k == "model.mla_norm_eps" else a.attrs[k]
     if k.startswith("model."):
-        assert b.attrs[k] == a.attrs[k], (k, a.attrs[k], b.attrs.get(k))
+        assert b.attrs[k] == want, (k, a.attrs[k], b.attrs.get(k))
 print(f"ok: {len(a['model'])} tensors and the model.* attributes round-trip through HF bit for bit")
 PY
-./build/tests/dump_step "$ckpt" "$DATA" 2 64 "$SCRATCH/hf-dump.h5" >/dev/null
+# The import (HF's latent eps) gives the export's logits as transformers computes them.
+./build/tests/dump_step "$SCRATCH/hf-back.h5" "$DATA" 2 64 "$SCRATCH/hf-dump.h5" >/dev/null
 VENV=build/venv-safetensors  # test_hf's: the `safetensors` package over Debian's interpreter
 if ! $VENV/bin/python -c "import safetensors" 2>/dev/null; then
   $PY -m venv --system-site-packages "$VENV" && $VENV/bin/pip install -q safetensors >/dev/null ||
@@ -179,6 +182,9 @@ PY
 bad "RoPE width 15 \(qk_rope_head_dim\) is not a positive even number" mla_qk_rope_head_dim=15
 bad "topk_group 5 is not between 1 and n_group 4" moe_limited_groups=5
 bad "n_group 3 does not divide the 8 experts" moe_n_groups=3
+bad "MLA's v_head_dim 40 is wider than its q and k heads" mla_v_head_dim=40
+expect_user_error "model.mtp_layers 3 predicts more tokens ahead than a sequence of 3 has" \
+  $TITAN "${DS[@]}" --model.mtp_layers 3 --training.seq_len 3 --job.dump_folder "$SCRATCH/bad-mtp"
 expect_job_error "tensor_parallel_degree 3 does not divide model n_heads \(4\)" \
   mpirun --oversubscribe -np 3 $TITAN "${lrun[@]}" $P.tensor_parallel_degree 3 \
   $P.data_parallel_shard_degree 1 --job.dump_folder "$SCRATCH/bad-tp"

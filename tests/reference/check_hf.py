@@ -186,7 +186,7 @@ def deepseek_attention(cfg, w, p, x, cos, sin):
     B, T, _ = x.shape
     nh, nope, rope, vd = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"],
                           cfg["qk_rope_head_dim"], cfg["v_head_dim"])
-    eps, C = cfg["rms_norm_eps"], cfg["kv_lora_rank"]
+    eps, C = 1e-6, cfg["kv_lora_rank"]  # q_a_layernorm's and kv_a_layernorm's (not rms_norm_eps)
     if cfg["q_lora_rank"]:
         qa = rms_norm(x @ w[p + "self_attn.q_a_proj.weight"].T,
                       w[p + "self_attn.q_a_layernorm.weight"], eps)

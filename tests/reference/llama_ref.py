@@ -70,6 +70,7 @@ class ModelArgs:
     mla_qk_rope_head_dim: int = 0
     mla_v_head_dim: int = 0
     mla_mscale: float = 1.0
+    mla_norm_eps: float = 0.0  # the latents' RMSNorms' (0: norm_eps)
     # YaRN RoPE scaling (yarn_factor > 1)
     yarn_factor: float = 0.0
     yarn_beta_fast: float = 0.0
@@ -109,6 +110,7 @@ class ModelArgs:
                          "v_head_dim"):
                 moe["mla_" + name] = get("mla_" + name, int)
             moe["mla_mscale"] = get("mla_mscale", float)
+            moe["mla_norm_eps"] = get("mla_norm_eps", float)
         if "model.mtp_layers" in attrs:
             moe["mtp_layers"] = get("mtp_layers", int)
         if "model.yarn_factor" in attrs:
@@ -253,12 +255,12 @@ class MLA(nn.Module):
         self.qk = self.nope + self.rope
         if R:
             self.wq_a = nn.Linear(args.dim, R, bias=False)
-            self.q_norm = RMSNorm(R, args.norm_eps)
+            self.q_norm = RMSNorm(R, args.mla_norm_eps or args.norm_eps)
             self.wq_b = nn.Linear(R, args.n_heads * self.qk, bias=False)
         else:
             self.wq = nn.Linear(args.dim, args.n_heads * self.qk, bias=False)
         self.wkv_a = nn.Linear(args.dim, C + self.rope, bias=False)
-        self.kv_norm = RMSNorm(C, args.norm_eps)
+        self.kv_norm = RMSNorm(C, args.mla_norm_eps or args.norm_eps)
         self.wkv_b = nn.Linear(C, args.n_heads * (self.nope + self.vd), bias=False)
         self.wo = nn.Linear(args.n_heads * self.vd, args.dim, bias=False)
         self.scale = self.qk ** -0.5
