@@ -110,8 +110,9 @@ static void test_cpu_probe(void **state) {
     kernels_cpu.peak_flops();  // its ramp to the clocks first, as a run's MFU line does
     double began = seconds_now();
     DeviceTable d = device_probe(&kernels_cpu, &shape, 0.2);
-    // 0.2 s asked; a bound on its budget that a loaded host (tests beside it) stays within
-    assert_true(seconds_now() - began < 10.0);
+    // 0.2 s asked: a guard against a probe that runs away, not a timing (a loaded CI host took
+    // over 10 s)
+    assert_true(seconds_now() - began < 120.0);
     assert_true(d.gemm[GEMM_FP32] > 0 && d.gemm[GEMM_FLOAT8] > 0 && d.gemm[GEMM_BF16] == 0);
     assert_true(d.peak[GEMM_FP32] > 0 && d.attention > 0 && d.memory > 0 && d.optimizer > 0);
     assert_true(d.op > 0 && d.cast > 0);  // float8 asked for: its casts measured too
