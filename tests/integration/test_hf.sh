@@ -229,7 +229,7 @@ refused() {  # PYTHON-STATEMENT PATTERN [HF_DIR]: convert --to titan of the edit
   expect_user_error "$2" $TITAN convert --to titan "$SCRATCH/edit" "$SCRATCH/x.h5"
 }
 refused "c['model_type'] = 'mistral'" \
-  "config.json: model_type is 'mistral'; titan's Llama has llama; .*config.json: model_type is 'mistral'; titan's Qwen3 has qwen3$"
+  "config.json: model_type is 'mistral'; titan's Llama has llama; .*config.json: model_type is 'mistral'; titan's Qwen3 has qwen3; .*config.json: model_type is 'mistral'; titan's DeepSeek-V3 has deepseek_v3$"
 refused "c['rope_scaling'] = {'rope_type': 'linear', 'factor': 2.0}" \
   "config.json: rope_scaling of type 'linear'; titan implements rope_type llama3"
 refused "del c['hidden_size']" "config.json has no hidden_size$"
