@@ -105,6 +105,24 @@ PY
 # losses FILE: the loss column of a metrics.jsonl, exactly as written.
 losses() { grep -o '"loss": [^,]*' "$1"; }
 
+# layout_matches NAME REFERENCE RUN KEY...: two metrics.jsonl of 10 steps each (a 1-rank run's and
+# a layout's), every KEY within 1e-5 relative at every step.
+layout_matches() {
+  $PY - "$@" <<'PY'
+import json, sys
+name, keys = sys.argv[1], sys.argv[4:]
+ref, got = [[json.loads(l) for l in open(p)] for p in sys.argv[2:4]]
+assert len(got) == len(ref) == 10, f"{name}: {len(got)} steps logged"
+worst = 0.0
+for r, g in zip(ref, got):
+    for key in keys:
+        err = abs(g[key] - r[key]) / abs(r[key])
+        worst = max(worst, err)
+        assert err < 1e-5, f"{name}: step {r['step']} {key} {g[key]!r} vs {r[key]!r} ({err:.2e})"
+print(f"ok: {name:28s} worst relative error {worst:.2e}")
+PY
+}
+
 # same_metrics NAME REFERENCE RUN FIRST TOLERANCE: two metrics.jsonl, step by step. RUN logged
 # the steps (and validations) REFERENCE did from step FIRST on (a resumed run starts later),
 # and its loss, grad norm and validation loss are within TOLERANCE relative of REFERENCE's at

@@ -14,20 +14,8 @@ $TITAN "${run[@]}" --job.dump_folder "$SCRATCH/ref" >/dev/null
 
 compare() {  # name, metrics.jsonl: losses and grad norms (with $MOE_KEYS set, expert loads and
              # balance losses too) against the 1-rank run ($REF_RUN's)
-  MOE_KEYS=${MOE_KEYS:-} $PY - "$1" "$SCRATCH/${REF_RUN:-ref}/metrics.jsonl" "$2" <<'PY'
-import json, os, sys
-name, ref, got = sys.argv[1], *[[json.loads(l) for l in open(p)] for p in sys.argv[2:]]
-assert len(got) == len(ref) == 10, f"{name}: {len(got)} steps logged"
-keys = ("loss", "grad_norm") + (("expert_load_max", "expert_load_mean", "aux_loss")
-                                 if os.environ["MOE_KEYS"] else ())
-worst = 0.0
-for r, g in zip(ref, got):
-    for key in keys:
-        err = abs(g[key] - r[key]) / abs(r[key])
-        worst = max(worst, err)
-        assert err < 1e-5, f"{name}: step {r['step']} {key} {g[key]!r} vs {r[key]!r} ({err:.2e})"
-print(f"ok: {name:28s} worst relative error {worst:.2e}")
-PY
+  layout_matches "$1" "$SCRATCH/${REF_RUN:-ref}/metrics.jsonl" "$2" loss grad_norm \
+    ${MOE_KEYS:+expert_load_max expert_load_mean aux_loss}
 }
 
 layout() {  # name, ranks, local batch (global 8 = local x dp x accumulation), overrides...
