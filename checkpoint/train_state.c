@@ -84,7 +84,11 @@ bool train_state_try_save(const char *path, const ParamTable *params, const Adam
     attrs[3] = (CkptAttr){.name = "seed", .type = CKPT_INT, .i = (int64_t)seed};
     attrs[4] = (CkptAttr){.name = "config", .type = CKPT_STRING, .s = config_yaml};
     for (int i = 0; i < n_run_attrs; i++) attrs[5 + i] = run_attrs[i];
-    bool ok = ckpt_try_save(path, list.tensors, list.count, attrs, n_attrs, comm, err, errlen);
+    // A copy's tensor is its original's (Param.copy): written once, under the original.
+    int n = 0;
+    for (int j = 0; j < list.count; j++)
+        if (!params->items[j % params->count].copy) list.tensors[n++] = list.tensors[j];
+    bool ok = ckpt_try_save(path, list.tensors, n, attrs, n_attrs, comm, err, errlen);
     free(attrs);
     tensor_list_free(&list);
     return ok;

@@ -54,10 +54,19 @@ int params_add(ParamTable *t, ParamInit init, double init_std, int ndim, const i
     return t->count++;
 }
 
-Param *params_find(ParamTable *t, const char *name) {
+Param *params_find(const ParamTable *t, const char *name) {
     for (int i = 0; i < t->count; i++)
         if (strcmp(t->items[i].name, name) == 0) return &t->items[i];
     return NULL;
+}
+
+int params_add_copy(ParamTable *t, int of) {
+    const Param *o = &t->items[of];
+    CHECK(of < t->count && !o->copy);
+    int i = params_add(t, o->init, o->init_std, o->ndim, o->global_shape, "%s", o->name);
+    t->items[i].init_cutoff = t->items[of].init_cutoff;
+    t->items[i].copy = true;
+    return i;
 }
 
 int64_t placement_slice(const Placement *pl, int64_t n, int rank, int64_t *start) {
@@ -218,6 +227,7 @@ const Placement *param_placement_on(const Param *p, int group) {
 }
 
 bool param_is_primary_replica(const Param *p) {
+    if (p->copy) return false;
     for (int i = 0; i < p->n_placements; i++)
         if (p->placements[i].kind == PLACE_REPLICATE && p->placements[i].rank != 0) return false;
     return true;
@@ -321,6 +331,10 @@ void params_global_view(ParamTable *global, const ParamTable *t) {
     global->grad = global->shard_grad = NULL;
     for (int i = 0; i < t->count; i++) {
         Param *p = &global->items[i];
+        if (p->copy) {  // one tensor: whatever fills the original fills the copy
+            const Param *o = params_find(global, p->name);
+            p->offset = o->offset, p->shard_offset = o->shard_offset;
+        }
         p->data = data + p->offset;
         p->grad = NULL;
     }

@@ -112,6 +112,13 @@ typedef struct {
     // bias): placed, gathered, checkpointed and resharded as a parameter, but not trained: no
     // gradient reaches it and the optimizer leaves it (its owner updates it).
     bool buffer;
+    // A copy of the earlier parameter of the same name, kept equal to it: a weight two blocks
+    // use that FSDP units or pipeline stages would otherwise split (Megatron's shared
+    // embedding between its first and last stage). It starts from the same numbers (the name
+    // seeds the init, a checkpoint's tensor of that name loads both), its gradient and the
+    // original's are summed each step (grads_sum_copies) and counted once in the norm, so the
+    // two take the same optimizer steps; checkpoints and exports hold the original only.
+    bool copy;
     ParamInit init;
     double init_std;      // for the normal inits
     double init_cutoff;   // truncation bound |x| <= cutoff (absolute, as torch's a/b)
@@ -145,7 +152,9 @@ void params_free(ParamTable *t);
 __attribute__((format(printf, 6, 7))) int params_add(ParamTable *t, ParamInit init,
                                                       double init_std, int ndim,
                                                       const int64_t *shape, const char *fmt, ...);
-Param *params_find(ParamTable *t, const char *name);
+Param *params_find(const ParamTable *t, const char *name);
+// Appends a copy of parameter `of` (Param.copy): its name, shape and init. Returns its index.
+int params_add_copy(ParamTable *t, int of);
 // Appends placement pl to p (nothing for a group of one rank); the local shapes and every
 // offset of the table follow. Before params_allocate. A Shard must divide its dim (each of
 // its blocks) evenly; a compute placement cannot follow a padded one (FSDP shards what the
@@ -165,7 +174,7 @@ size_t box_numel(const ParamBox *b);
 // The first global index b holds along dim d, which must be one range there (0 if empty).
 int64_t box_start(const ParamBox *b, int d);
 // Whether this rank writes p's shard when the replicas write once: it is replica 0 of every
-// Replicate placement.
+// Replicate placement (and p no copy: the original is written).
 bool param_is_primary_replica(const Param *p);
 size_t param_global_numel(const Param *p);
 // The global flattened (row-major) index of element i (row-major) of p's box b.
@@ -179,8 +188,8 @@ void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena);
 // params_free.
 void params_view(ParamTable *view, const ParamTable *t, float *shard_data);
 // global = t's parameters as whole global tensors (no placements) over new zeroed host
-// storage (global->data), e.g. a model read from a file of whole tensors. Free global->data,
-// then params_free.
+// storage (global->data), e.g. a model read from a file of whole tensors; a copy shares its
+// original's tensor. Free global->data, then params_free.
 void params_global_view(ParamTable *global, const ParamTable *t);
 // Copies every parameter's shard box out of global (params_global_view's layout) into t's
 // shard storage (padding zero).

@@ -180,7 +180,6 @@ float *model_forward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int 
     s->attn = m->attn;
     s->ep = m->ep;
     s->act_dtype = m->precision.param;
-    s->slots = a->saved;
     size_t width = (size_t)step_rows(s) * m->dim;
     a->hidden[first] = (float *)x;
     for (int i = first; i < last; i++) {
@@ -236,7 +235,6 @@ float *model_backward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int
     CHECK(0 <= first && first < last && last <= m->n_blocks);
     CHECK(phase == BLOCK_BACKWARD || phase == BLOCK_BACKWARD_INPUT ||
           phase == BLOCK_BACKWARD_WEIGHT);
-    s->slots = a->saved;
     if (phase == BLOCK_BACKWARD_WEIGHT) {
         backward_weights(m, s, a, first, last);
         return NULL;

@@ -1,5 +1,6 @@
 #include "parallel/grads.h"
 
+#include "core/errors.h"
 #include "parallel/mesh.h"
 
 // (An expert weight under expert parallel is not: ep_place drops its tp placement, ep taking
@@ -31,11 +32,40 @@ void grads_reduce_replicated(const ParamTable *t, CommGroup *tp) {
     }
 }
 
+void grads_sum_copies(const KernelOps *k, const ParamTable *t, CommGroup *ends) {
+    for (int i = 0; i < t->count; i++) {
+        const Param *p = &t->items[i];
+        if (!p->copy) continue;
+        const Param *o = params_find(t, p->name);
+        float *g = t->shard_grad + p->shard_offset, *go = t->shard_grad + o->shard_offset;
+        if (p->shard_numel && o->shard_numel) {  // both here: the same boxes
+            k->add(go, g, o->shard_numel);
+            k->copy(g, go, p->shard_numel * sizeof(float));
+        } else if (p->shard_numel || o->shard_numel) {  // one each on the two ends' ranks
+            CHECK(ends && comm_size(ends) == 2);
+            comm_all_reduce(ends, p->shard_numel ? g : go, p->shard_numel + o->shard_numel,
+                            COMM_SUM);
+        }
+    }
+}
+
+size_t grads_copies_floats(const ParamTable *t) {
+    size_t n = 0;
+    for (int i = 0; i < t->count; i++) {
+        const Param *p = &t->items[i];
+        if (!p->copy) continue;
+        const Param *o = params_find(t, p->name);
+        if (!p->shard_numel != !o->shard_numel) n += p->shard_numel + o->shard_numel;
+    }
+    return n;
+}
+
 double grads_sum_squares(const KernelOps *k, const ParamTable *t, CommGroup *fsdp, CommGroup *tp,
                          CommGroup *pp) {
     double local = 0;
     for (int i = 0; i < t->count; i++) {
         const Param *p = &t->items[i];
+        if (p->copy) continue;  // its original's gradient, counted there
         double weight = tp && tp_replicated(p) ? 1.0 / comm_size(tp) : 1.0;
         local += weight * k->sum_squares(t->shard_grad + p->shard_offset, p->shard_numel);
     }

@@ -15,10 +15,16 @@
 size_t grads_replicated_floats(const ParamTable *t);
 // After the last microbatch's backward (and fsdp_finish_step): sums the partial ones.
 void grads_reduce_replicated(const ParamTable *t, CommGroup *tp);
+// After those: each copy's gradient (Param.copy) and its original's summed, into both. Where
+// the pipeline puts them on two ranks, the two all-reduce over `ends`, the group of the
+// stages' ranks holding them (both on one rank: a local add; ends NULL then).
+void grads_sum_copies(const KernelOps *k, const ParamTable *t, CommGroup *ends);
+// Floats grads_sum_copies all-reduces over `ends` per step on this rank (for --estimate).
+size_t grads_copies_floats(const ParamTable *t);
 // Sum over every element of the whole model's gradient of its square: this rank's shards,
 // summed over the fsdp and tp groups, each parameter divided by its replica count over them
-// (a tp-replicated norm weight, once in total), and over pp (each stage's parameters are on
-// one pp rank, empty on the others); data-parallel replicas (HSDP, DDP) hold
-// identical grads and are not summed.
+// (a tp-replicated norm weight, once in total; a copy not at all: its original is the
+// gradient), and over pp (each stage's parameters are on one pp rank, empty on the others);
+// data-parallel replicas (HSDP, DDP) hold identical grads and are not summed.
 double grads_sum_squares(const KernelOps *k, const ParamTable *t, CommGroup *fsdp, CommGroup *tp,
                          CommGroup *pp);

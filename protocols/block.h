@@ -138,10 +138,6 @@ struct StepCtx {
     bool grads_hold_sum;
     bool recompute;      // set by the code running blocks: this forward is a checkpointed
                          // block's recompute (what it counts, it counted already)
-    // Set by the code running blocks: every block's slot of this microbatch (n_blocks), for a
-    // block that reads another's (the decoder's head, the embedding's under multi-token
-    // prediction, both on this rank).
-    void *const *slots;
 };
 
 static inline bool step_sizing(const StepCtx *s) { return s->act->base == NULL; }

@@ -104,6 +104,7 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
     if (t->ddp_on) ddp_finish_step(params, t->mesh.group[MESH_DP_REPLICATE]);
     CommGroup *tp = t->tp_on ? t->tp.group : NULL, *fsdp = t->fsdp_on ? t->mesh.fsdp : NULL;
     grads_reduce_replicated(params, tp);
+    grads_sum_copies(t->k, params, t->pp_tied);
     m->loss = loss;
     m->grad_norm = sqrt(grads_sum_squares(t->k, params, fsdp, tp, pp));
     grad_clip_to_norm(t->k, params->shard_grad, params->shard_numel, m->grad_norm,

@@ -215,8 +215,29 @@ static void start_run(Trainer *t, PipelineRun *u) {
                                  mesh->group[MESH_PP], activation_width(t, u), t->k, &p->fns);
 }
 
+// The pp ranks of the stages holding a copy (Param.copy: the decoder's head's of the
+// embedding table under multi-token prediction) and its original, where they are two.
+static void split_tied_group(Trainer *t) {
+    const ParamTable *params = &t->model.params;
+    int ends[2] = {-1, -1};
+    for (int i = 0; i < params->count; i++) {
+        const Param *p = &params->items[i];
+        if (!p->copy) continue;
+        const Param *o = params_find(params, p->name);
+        int a = param_placement_on(o, MESH_PP)->owner, b = param_placement_on(p, MESH_PP)->owner;
+        CHECK(ends[0] < 0 || (ends[0] == a && ends[1] == b));  // one pair of stages
+        ends[0] = a, ends[1] = b;
+    }
+    if (ends[0] == ends[1]) return;  // none, or both on one rank
+    int rank = t->pipeline->rank;
+    bool end = rank == ends[0] || rank == ends[1];
+    CommGroup *g = comm_split(t->mesh.group[MESH_PP], end ? 0 : 1 + rank, rank, "pp_tied");
+    t->pp_tied = end ? g : NULL;
+}
+
 void trainer_pipeline_start(Trainer *t) {
     Pipeline *p = t->pipeline;
+    split_tied_group(t);
     start_run(t, &p->train);
     if (p->eval.m) start_run(t, &p->eval);
 }

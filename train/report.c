@@ -42,7 +42,7 @@ typedef struct {
     const char *group;
     uint64_t bytes;
 } GroupBytes;
-enum { MAX_GROUPS = 8 };  // fsdp, efsdp, dp_replicate, tp, cp, pp, ep, loss
+enum { MAX_GROUPS = 9 };  // fsdp, efsdp, dp_replicate, tp, cp, pp, pp_tied, ep, loss
 
 // Of blocks [first, last), the transformer layers (blocks 1 .. n_blocks - 2), or only those
 // whose forward runs twice (recomputed: activation checkpointing re-runs it in backward); moe:
@@ -154,6 +154,8 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
     if (t->pipeline) {  // the sends, then the step's loss and grad norm summed over the stages
         uint64_t sent = pl.act_bytes_sent + pl.grad_bytes_sent;
         out[n++] = (GroupBytes){"pp", t->accum * sent + 2 * sizeof(double) + aux};
+        size_t tied = grads_copies_floats(&t->model.params);  // the first and last stages'
+        if (tied) out[n++] = (GroupBytes){"pp_tied", 4 * tied};
     }
     if (ep_on(t)) out[n++] = (GroupBytes){"ep", ep_per_step(t).expected_bytes};
     // The step's mean loss, over the data ranks (dp x cp): none when they are one.
@@ -563,6 +565,7 @@ static StateBytes params_bytes(const Trainer *t) {
     StateBytes b = {0};
     for (int i = 0; i < t->model.params.count; i++) {
         const Param *p = &t->model.params.items[i];
+        if (p->copy) continue;  // saved as its original
         ParamBox box = param_box(p, true);
         if (param_is_primary_replica(p)) b.rank += 4.0 * (double)box_numel(&box);
         b.all += 4.0 * (double)param_global_numel(p);

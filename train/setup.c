@@ -64,8 +64,8 @@ static void check_moe_keys(const Trainer *t) {
 }
 
 // The model.mtp_* keys act on multi-token prediction modules only (DeepSeek-V3's), which need
-// the embedding and the head on one rank (no pipeline) and whole sequences of one document
-// each (no context parallel, no document masking): refused by name otherwise.
+// whole sequences of one document each (no context parallel, no document masking): refused by
+// name otherwise.
 static void check_mtp_keys(const Trainer *t) {
     const Config *c = &t->cfg;
     char origin[512];
@@ -86,11 +86,10 @@ static void check_mtp_keys(const Trainer *t) {
         die_user("%s: model.mtp_layers %d predicts more tokens ahead than a sequence of %d has",
                  origin, (int)c->model.mtp_layers, shortest);
     const int *size = t->mesh.layout.size;
-    if (size[MESH_PP] > 1 || size[MESH_CP] > 1 || c->training.document_masking)
-        die_user("%s: model.mtp_layers %d needs the embedding and the head on one rank and whole "
-                 "sequences of one document each: not pipeline_parallel_degree %d, "
+    if (size[MESH_CP] > 1 || c->training.document_masking)
+        die_user("%s: model.mtp_layers %d needs whole sequences of one document each: not "
                  "context_parallel_degree %d or training.document_masking", origin,
-                 (int)c->model.mtp_layers, size[MESH_PP], size[MESH_CP]);
+                 (int)c->model.mtp_layers, size[MESH_CP]);
 }
 
 // The config's model: its args set by the run (as torchtitan's update_from_config: the

@@ -81,6 +81,8 @@ typedef struct {
     bool tp_on, cp_on, fsdp_on;
     bool ddp_on;                  // dp_replicate > 1 on an fsdp group of one: plain DDP
     Pipeline *pipeline;           // pipeline_parallel_degree > 1; NULL: off
+    CommGroup *pp_tied;           // the two pp ranks whose stages hold the model's copies
+                                  // (Param.copy) and their originals; NULL: none apart
     int estimate_world_size;      // > 0: `--estimate`: plan and size for that many ranks only
     int estimate_pp_rank;         // the pp coordinate it plans (every other coordinate is 0)
     double estimate_device_memory;  // > 0: `--device-memory`: one device's bytes, which its
@@ -189,7 +191,8 @@ void trainer_load_schedule(const Config *c, int microbatches, PpSchedule *s, PpR
 int trainer_schedule_microbatches(const Config *c);
 // pipeline.c: pipeline parallel. plan: after the model is built, before TP (the schedule,
 // each stage's blocks, its parameters placed on its rank); activation_bytes: the regions'
-// bytes (sizing pass); start: the executor on the committed activation arena; step: one
+// bytes (sizing pass); start: the executor on the committed activation arena (and
+// Trainer.pp_tied); step: one
 // batch's microbatches through this rank's stages, returning the mean loss on the last
 // stage's rank and 0 on the others.
 void trainer_pipeline_plan(Trainer *t);

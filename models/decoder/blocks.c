@@ -97,12 +97,11 @@ static void shift_ids(const StepCtx *s, int *ids, const int *src, int k) {
     for (int b = 0; b < s->B; b++) s->k->zero(ids + b * T + T - k, (size_t)k * sizeof(int));
 }
 
-// rows (step_rows, D) of the embeddings of ids (B*T): vocab parallel, each rank looks up the
-// tokens its slice of the table holds and gives zeros for the others, the reduce-scatter
-// summing the slices' rows. Scratch from the arena, given back.
-static void embed_rows(const DecoderEmbed *e, StepCtx *s, float *rows, const int *ids) {
-    const Param *table = e->tok_embeddings;
-    int BT = s->B * s->T, D = e->args->dim;
+// rows (step_rows, D) of the embeddings of ids (B*T) in table (vocab, D): vocab parallel, each
+// rank looks up the tokens its slice of the table holds and gives zeros for the others, the
+// reduce-scatter summing the slices' rows. Scratch from the arena, given back.
+static void embed_rows(const Param *table, StepCtx *s, float *rows, const int *ids) {
+    int BT = s->B * s->T, D = (int)table->shape[1];
     size_t mark = arena_mark(s->act);
     float *partial = s->tp ? arena_floats(s->act, (size_t)BT * D) : rows;
     if (!step_sizing(s)) {
@@ -115,57 +114,30 @@ static void embed_rows(const DecoderEmbed *e, StepCtx *s, float *rows, const int
 
 // The table's gradient += that of rows' embeddings, drows (step_rows, D). full: (BT, D) under
 // TP.
-static void embed_rows_backward(const DecoderEmbed *e, StepCtx *s, const float *drows,
+static void embed_rows_backward(const Param *table, StepCtx *s, const float *drows,
                                 const int *ids, float *full) {
-    const Param *table = e->tok_embeddings;
-    int BT = s->B * s->T, D = e->args->dim;
+    int BT = s->B * s->T, D = (int)table->shape[1];
     const float *all = grad_gathered(s, drows, full, step_rows(s), D);
     s->k->embedding_backward(table->grad, all, ids, BT, D, vocab_start(table),
                              (int)table->shape[0]);
 }
 
-// With multi-token prediction the embedding also looks up each module's inputs (token t + k
-// at position t), kept in its slot for the head, which writes their gradients back there.
 static void embed_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
-    (void)x;
-    DecoderEmbed *e = b->self;
-    EmbedSaved *sv = saved;
-    int K = e->args->mtp_layers;
-    size_t BT = (size_t)s->B * s->T, rows = (size_t)step_rows(s) * e->args->dim;
-    *sv = (EmbedSaved){.input = s->input};
-    if (K) {
-        sv->tokens = arena_alloc(s->act, K * BT * sizeof(int));
-        sv->targets = arena_alloc(s->act, K * BT * sizeof(int));
-        sv->embed = arena_floats(s->act, K * rows);
-        sv->dembed = arena_floats(s->act, K * rows);
-    }
-    embed_rows(e, s, y, token_batch(s)->tokens);
-    for (int j = 0; j < K; j++) {
-        if (!step_sizing(s)) {
-            shift_ids(s, sv->tokens + j * BT, token_batch(s)->tokens, j + 1);
-            shift_ids(s, sv->targets + j * BT, token_batch(s)->targets, j + 1);
-            zero(s, sv->dembed + j * rows, rows);
-        }
-        embed_rows(e, s, at(sv->embed, j * rows * sizeof(float)),
-                   at(sv->tokens, j * BT * sizeof(int)));
-    }
+    (void)saved, (void)x;
+    const DecoderEmbed *e = b->self;
+    embed_rows(e->tok_embeddings, s, y, token_batch(s)->tokens);
 }
 
 // All of it is the table's gradient: the input part has nothing to do (there is no input
-// gradient), the weight part reads dy (and the modules' gradients), still valid then.
+// gradient), the weight part reads dy, still valid then.
 static void embed_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, const float *x,
                            const float *dy, float *dx) {
-    (void)x, (void)dx;
+    (void)saved, (void)x, (void)dx;
     if (phase == BLOCK_BACKWARD_INPUT) return;
-    DecoderEmbed *e = b->self;
-    const EmbedSaved *sv = saved;
+    const DecoderEmbed *e = b->self;
     int BT = s->B * s->T, D = e->args->dim;
-    size_t rows = (size_t)step_rows(s) * D;
     float *full = s->tp ? arena_floats(s->act, (size_t)BT * D) : NULL;
-    if (step_sizing(s)) return;
-    embed_rows_backward(e, s, dy, token_batch(s)->tokens, full);
-    for (int j = 0; j < e->args->mtp_layers; j++)
-        embed_rows_backward(e, s, sv->dembed + j * rows, sv->tokens + (size_t)j * BT, full);
+    if (!step_sizing(s)) embed_rows_backward(e->tok_embeddings, s, dy, token_batch(s)->tokens, full);
 }
 
 // ---- transformer block: h = x + Attention(attention_norm(x)); y = h + FFN(ffn_norm(h)) ------
@@ -722,11 +694,18 @@ static double loss_forward(DecoderHead *h, StepCtx *s, LossSaved *sv, LossInput 
     return sum;
 }
 
-// The embedding's slot, holding the MTP modules' inputs: the same microbatch's, on this rank.
-static EmbedSaved *mtp_inputs(const StepCtx *s) {
-    EmbedSaved *in = s->slots[0];
-    CHECK(in->input == s->input);
-    return in;
+// Module k's inputs (from 1; at j = k - 1): token t + k and its target at each position t,
+// and that token's embedding, looked up in the head's copy of the table (DecoderHead.embed).
+static void mtp_inputs(DecoderHead *h, StepCtx *s, HeadSaved *sv, int j) {
+    int BT = s->B * s->T;
+    size_t rows = (size_t)step_rows(s) * h->args->dim;
+    int *tokens = at(sv->tokens, (size_t)j * BT * sizeof(int));
+    if (!step_sizing(s)) {
+        shift_ids(s, tokens, token_batch(s)->tokens, j + 1);
+        shift_ids(s, at(sv->targets, (size_t)j * BT * sizeof(int)), token_batch(s)->targets,
+                  j + 1);
+    }
+    embed_rows(h->embed, s, at(sv->embed, j * rows * sizeof(float)), tokens);
 }
 
 static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
@@ -735,15 +714,21 @@ static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, floa
     HeadSaved *sv = saved;
     const DecoderArgs *a = h->args;
     int BT = s->B * s->T, K = a->mtp_layers;
+    size_t rows = (size_t)step_rows(s) * a->dim;
     LossInput main = {h->norm, token_batch(s)->targets, 0};
     double loss = loss_forward(h, s, &sv->main, main, x, true) / BT;
+    if (K) {
+        sv->tokens = arena_alloc(s->act, (size_t)K * BT * sizeof(int));
+        sv->targets = arena_alloc(s->act, (size_t)K * BT * sizeof(int));
+        sv->embed = arena_floats(s->act, K * rows);
+    }
     const float *prev = x;
     double mtp = 0;
     for (int j = 0; j < K; j++) {
-        const EmbedSaved *in = mtp_inputs(s);
-        size_t rows = (size_t)step_rows(s) * a->dim * sizeof(float);
-        mtp_forward(&h->mtp[j], s, &sv->mtp[j], prev, at(in->embed, j * rows), j + 1);
-        LossInput depth = {h->mtp[j].mtp_norm, at(in->targets, (size_t)j * BT * sizeof(int)),
+        mtp_inputs(h, s, sv, j);
+        mtp_forward(&h->mtp[j], s, &sv->mtp[j], prev, at(sv->embed, j * rows * sizeof(float)),
+                    j + 1);
+        LossInput depth = {h->mtp[j].mtp_norm, at(sv->targets, (size_t)j * BT * sizeof(int)),
                            j + 1};
         mtp += loss_forward(h, s, &sv->mtp[j].loss, depth, sv->mtp[j].y, false) / BT;
         prev = sv->mtp[j].out;
@@ -805,7 +790,8 @@ static void loss_backward(DecoderHead *h, StepCtx *s, const LossSaved *sv, LossI
 }
 
 // The MTP modules last to first, each module's gradient of its previous output flowing into
-// the module before it (the head's input for the first), then the main loss.
+// the module before it (the head's input for the first) and of its input embeddings into the
+// head's table, then the main loss.
 static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, const float *x,
                           const float *dy, float *dx) {
     (void)dy;
@@ -814,33 +800,37 @@ static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, c
     HeadSaved *sv = saved;
     const DecoderArgs *a = h->args;
     int BT = s->B * s->T, K = a->mtp_layers;
-    size_t rows = (size_t)step_rows(s) * a->dim;
-    // the module's y gradient, and its out gradient from the next module: two buffers in turn
+    size_t rows = (size_t)step_rows(s) * a->dim, bytes = rows * sizeof(float);
+    // the module's y gradient, and its out gradient from the next module: two buffers in turn;
+    // its embeddings' gradient (all rows under TP: full)
     float *dy_mtp = K ? arena_floats(s->act, rows) : NULL;
     float *douts[2] = {K > 1 ? arena_floats(s->act, rows) : NULL,
                        K > 1 ? arena_floats(s->act, rows) : NULL};
+    float *dembed = K ? arena_floats(s->act, rows) : NULL;
+    float *full = K && s->tp ? arena_floats(s->act, (size_t)BT * a->dim) : NULL;
     float dmtp = K ? (float)(s->loss_scale * a->mtp_loss_weight / K / BT) : 0;
     for (int j = K - 1; j >= 0; j--) {
-        EmbedSaved *in = mtp_inputs(s);
         const MtpSaved *m = &sv->mtp[j];
         float *dprev = j > 0 ? douts[j % 2] : dx;
         const float *dout = j + 1 < K ? douts[(j + 1) % 2] : NULL;
+        const int *tokens = at(sv->tokens, (size_t)j * BT * sizeof(int));
         if (!step_sizing(s)) {
             zero(s, dy_mtp, rows);
+            zero(s, dembed, rows);
             if (j > 0) zero(s, dprev, rows);
         }
-        size_t bytes = rows * sizeof(float);
-        LossInput depth = {h->mtp[j].mtp_norm, at(in->targets, (size_t)j * BT * sizeof(int)),
+        LossInput depth = {h->mtp[j].mtp_norm, at(sv->targets, (size_t)j * BT * sizeof(int)),
                            j + 1};
         loss_backward(h, s, &m->loss, depth, m->y, dmtp, dy_mtp);
-        mtp_backward(&h->mtp[j], s, m, at(in->embed, j * bytes), dy_mtp, dout,
-                     at(in->dembed, j * bytes), dprev, j + 1);
+        mtp_backward(&h->mtp[j], s, m, at(sv->embed, j * bytes), dy_mtp, dout, dembed, dprev,
+                     j + 1);
+        if (!step_sizing(s)) embed_rows_backward(h->embed, s, dembed, tokens, full);
     }
     LossInput main = {h->norm, token_batch(s)->targets, 0};
     loss_backward(h, s, &sv->main, main, x, s->loss_scale / BT, dx);
 }
 
-const BlockOps DECODER_EMBED_OPS = {"embed", sizeof(EmbedSaved), embed_forward, embed_backward};
+const BlockOps DECODER_EMBED_OPS = {"embed", 0, embed_forward, embed_backward};
 const BlockOps DECODER_LAYER_OPS = {"transformer", sizeof(LayerSaved), layer_forward,
                                   layer_backward};
 const BlockOps DECODER_HEAD_OPS = {"head", sizeof(HeadSaved), head_forward, head_backward};

@@ -144,16 +144,6 @@ typedef struct {
     Param *tok_embeddings;
 } DecoderEmbed;
 
-// The embedding's slot: with multi-token prediction, module k's inputs (from 1; at j = k - 1),
-// which the head reads (StepCtx.slots).
-typedef struct {
-    const void *input;      // the microbatch (StepCtx.input) they are of
-    int *tokens, *targets;  // (mtp_layers, BT): token t + k and its target at each position t
-                            // (0 past the sequence's end, rows without either)
-    float *embed, *dembed;  // (mtp_layers, rows, dim): those tokens' embeddings on this rank's
-                            // rows, and their gradients (written by the head's backward)
-} EmbedSaved;
-
 // One chunk of the head's logits (blocks.c): this rank's vocab columns (rows, vocab slice),
 // and all columns (rows, vocab) with the gather's scratch when tp gathers them (full is logits
 // on one device and under loss parallel; scratch NULL).
@@ -177,6 +167,9 @@ typedef struct {
     Param *norm, *output;   // output is tok_embeddings when the embeddings are tied
     Linear linear;          // over output: the logits' GEMMs
     DecoderMtp *mtp;        // (args->mtp_layers) the multi-token prediction modules
+    // With them: the head's copy of tok_embeddings (Param.copy), which looks up their input
+    // tokens wherever the embedding block runs (another FSDP unit, pipeline stage or rank).
+    Param *embed;
 } DecoderHead;
 
 // One loss of the head over rows x (rows, dim): normed, their logits (through output) and
@@ -205,6 +198,9 @@ typedef struct {
 // The head's slot.
 typedef struct {
     LossSaved main;
+    int *tokens, *targets;  // (mtp_layers, BT): module k's token t + k and its target at each
+                            // position t (0 past the sequence's end: rows without either)
+    float *embed;           // (mtp_layers, rows, dim): those tokens' embeddings, this rank's rows
     MtpSaved mtp[DECODER_MAX_MTP];
 } HeadSaved;
 

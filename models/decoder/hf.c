@@ -106,17 +106,19 @@ static int hf_name(const char *name, const DecoderArgs *a, int j, char *out, siz
     die_internal(__FILE__, __LINE__, "parameter %s has no Hugging Face name", name);
 }
 
-// The HF tensors of params in the table's order, experts in order: *out (to free); returns
-// how many.
+// The HF tensors of params in the table's order (none of a copy: its original is the tensor),
+// experts in order: *out (to free); returns how many.
 static int hf_tensors(const ParamTable *params, const DecoderArgs *a, HfTensor **out) {
     int n = 0, total = 0;
     RopeRows rows;
     char name[sizeof (*out)->name];
     for (int i = 0; i < params->count; i++)
-        total += hf_name(params->items[i].name, a, 0, name, sizeof name, &rows);
+        if (!params->items[i].copy)
+            total += hf_name(params->items[i].name, a, 0, name, sizeof name, &rows);
     *out = xcalloc((size_t)total, sizeof **out);
     for (int i = 0; i < params->count; i++) {
         const Param *p = &params->items[i];
+        if (p->copy) continue;  // its original's tensor
         CHECK(p->ndim <= 3 && p->numel == param_global_numel(p));  // a host table of whole tensors
         int stacked = p->ndim == 3;  // (E, rows, cols): one (rows, cols) HF tensor per expert
         int count = hf_name(p->name, a, 0, name, sizeof name, &rows);

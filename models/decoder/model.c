@@ -269,8 +269,8 @@ static void add_linears(Model *m, Decoder *l) {
 }
 
 // torchtitan's get_num_flop_per_token, block by block: 6 FLOPs per weight per token (2 forward,
-// 4 backward) over all but the embedding table (a routed expert's weights count top_k / E of
-// theirs: the active ones), plus in each layer 6 * heads * (qk + v) * seq_len for the
+// 4 backward) over all but the embedding table and its copy (a routed expert's weights count
+// top_k / E of theirs: the active ones), plus in each layer 6 * heads * (qk + v) * seq_len for the
 // attention scores (q and k's head width qk) and values (v's: 12 * heads * head_dim * seq_len
 // where they are one width), counted as if not causal, as torchtitan and PaLM do. The blocks'
 // shares sum to the whole model's 6N + 6 L H (qk + v) T (exactly: integers far below 2^53), so
@@ -287,7 +287,7 @@ static void count_flops(Model *m, const DecoderArgs *a, int seq_len, const Param
         for (int j = 0; j < m->blocks[b].n_params; j++, param++) {
             const Param *p = &m->params.items[param];
             double active = p->expert ? (double)a->moe.router.top_k / a->moe.router.n_experts : 1;
-            if (p != embed && !p->buffer) weights += (double)p->numel * active;
+            if (p != embed && !p->copy && !p->buffer) weights += (double)p->numel * active;
         }
         // the head's MTP modules' attention is done, not counted by torchtitan's MFU
         bool layer = b > 0 && b + 1 < m->n_blocks, head = b + 1 == m->n_blocks;
@@ -349,7 +349,8 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
         m->moe = &l->balance;
     }
     l->mtp = K ? xcalloc((size_t)K, sizeof(DecoderMtp)) : NULL;
-    int head_params = (a->tie_word_embeddings ? 1 : 2) + K * (4 + layer_param_count(a, mtp_moe));
+    int head_params = (a->tie_word_embeddings ? 1 : 2) + (K ? 1 : 0) +
+                      K * (4 + layer_param_count(a, mtp_moe));
     int n_params = 1 + head_params;
     for (int i = 0; i < a->n_layers; i++)
         n_params += layer_param_count(a, decoder_layer_is_moe(a, i));
@@ -362,6 +363,7 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
     l->head.norm = add_vector(t, a->dim, "", "norm.weight");
     l->head.output = a->tie_word_embeddings ? l->embed.tok_embeddings : add_output(t, a);
     l->head.linear = linear_of(l->head.output);
+    if (K) l->head.embed = &t->items[params_add_copy(t, (int)(l->embed.tok_embeddings - t->items))];
     for (int j = 0; j < K; j++) add_mtp(l, t, j);
     add_linears(m, l);
 

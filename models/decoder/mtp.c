@@ -8,8 +8,7 @@
 //   out   = mtp_norm(y): module k + 1's prev; its logits, through the shared output
 //           projection, predict token t + k + 1 (the head's loss, which norms y itself)
 //
-// The embeddings are the embedding block's (the head reads them from its slot); backward
-// writes their gradients back there.
+// The head looks the embeddings up in its copy of the table and takes their gradients there.
 #include "models/decoder/blocks.h"
 
 void mtp_forward(const DecoderMtp *m, StepCtx *s, MtpSaved *sv, const float *prev,

@@ -85,6 +85,7 @@ void decoder_parallelize_tp(Model *m, const Tp *tp) {
     DecoderHead *h = m->blocks[m->n_blocks - 1].self;
     for (int j = 0; j < h->args->mtp_layers; j++) parallelize_mtp(&h->mtp[j], t, tp);
     tp_shard(tp, t, e->tok_embeddings, 0);
+    if (h->embed) tp_shard(tp, t, h->embed, 0);
     if (h->output != e->tok_embeddings) tp_shard(tp, t, h->output, 0);
     tp_shard(tp, t, h->norm, TP_REPLICATE);
     m->tp = &tp->hooks;
@@ -108,11 +109,11 @@ uint64_t decoder_tp_bytes_per_microbatch(const DecoderArgs *args, int tp, int B,
     uint64_t loss = !head            ? 0
                     : loss_parallel ? 3 * bt
                                     : bt * (uint64_t)args->vocab_size / (uint64_t)tp;
-    // The MTP modules: each its inputs' lookup as the embedding's; in the head its layer's
+    // The MTP modules, in the head: each its inputs' lookup as the embedding's, its layer's
     // seams (a copy of the last layer's, never recomputed) and its loss's as the head's.
     bool mtp_moe = decoder_layer_is_moe(args, args->n_layers - 1);
     uint64_t mtp = head ? (uint64_t)args->mtp_layers : 0;
-    seams += (embed ? (uint64_t)args->mtp_layers : 0) + mtp * ((mtp_moe ? 2 : 4) + 1);
+    seams += mtp * (1 + (mtp_moe ? 2 : 4) + 1);
     moe_forwards += mtp_moe ? mtp : 0;
     loss *= 1 + mtp;
     uint64_t aux = args->moe.aux_loss_alpha > 0

@@ -12,8 +12,9 @@
 # - Layouts against the 1-rank run, 10 steps within 1e-5 (losses, grad norms, expert loads):
 #   FSDP, TP (MLA's up-projections by head, its low-rank ones replicated), CP (the padded
 #   values through the ring), PP (1F1B, ZBV), EP with FSDP, with TP and in a pipeline; with two
-#   MTP modules, TP (with and without loss parallel) and EP with FSDP; a checkpoint saved
-#   under tp 2 x ep 2 resumes under pp 2.
+#   MTP modules, TP (with and without loss parallel), EP with FSDP and PP (the head's copy of
+#   the embedding table on the last stage's rank, or on the first's under ZBV with FSDP); a
+#   checkpoint saved under tp 2 x ep 2 resumes under pp 2, one with MTP under pp 2 on one rank.
 # - KV-cache decoding over the compressed latents: greedy ids equal the reference's no-cache
 #   forward.
 # - Hugging Face's DeepseekV3ForCausalLM: a trained checkpoint (its expert biases moved) goes to
@@ -91,9 +92,22 @@ REF_RUN=mtp-ref layout mtp,tp=2 2 8 $P.tensor_parallel_degree 2 $P.data_parallel
 REF_RUN=mtp-ref layout mtp,tp=2,no-loss-parallel 2 8 $P.tensor_parallel_degree 2 \
   $P.data_parallel_shard_degree 1 $P.disable_loss_parallel "${MTP[@]}"
 REF_RUN=mtp-ref layout mtp,ep=2xdp_shard=2 2 4 $P.data_parallel_shard_degree 2 $E 2 "${MTP[@]}"
-expect_job_error "model.mtp_layers 2 needs the embedding and the head on one rank .*pipeline_parallel_degree 2" \
-  mpirun --oversubscribe -np 2 $TITAN "${lrun[@]}" "${MTP[@]}" "${PP2[@]}" \
-  --training.local_batch_size 8 $P.data_parallel_shard_degree 1 --job.dump_folder "$SCRATCH/bad-pp"
+# In a pipeline the head's copy of the embedding table is on the last stage: its gradient and
+# the first stage's summed over pp_tied (1F1B, two ranks; saved at step 5 and resumed on one
+# rank), or on one rank (ZBV: stages 0 and 3 on pp rank 0, under FSDP).
+REF_RUN=mtp-ref layout mtp,pp=2,1F1B 2 8 "${PP2[@]}" $P.pipeline_parallel_schedule 1F1B \
+  $P.data_parallel_shard_degree 1 "${MTP[@]}" --checkpoint.enable --checkpoint.interval 5
+REF_RUN=mtp-ref layout mtp,pp=2,ZBVxdp_shard=2 4 4 "${PP2[@]}" $P.pipeline_parallel_schedule \
+  ZBVZeroBubble $P.data_parallel_shard_degree 2 "${MTP[@]}"
+mkdir -p "$SCRATCH/mtp-resumed/checkpoint"
+cp "$SCRATCH/mtp,pp=2,1F1B/checkpoint/step-5.h5" "$SCRATCH/mtp-resumed/checkpoint/"
+$TITAN "${lrun[@]}" "${MTP[@]}" --training.local_batch_size 8 --checkpoint.enable \
+  --job.dump_folder "$SCRATCH/mtp-resumed" >/dev/null
+same_metrics "mtp,pp=2 -> 1 rank" "$SCRATCH/mtp-ref/metrics.jsonl" \
+  "$SCRATCH/mtp-resumed/metrics.jsonl" 6 1e-5
+expect_job_error "model.mtp_layers 2 needs whole sequences of one document each: not context_parallel_degree 2" \
+  mpirun --oversubscribe -np 2 $TITAN "${lrun[@]}" "${MTP[@]}" --training.local_batch_size 8 \
+  $P.context_parallel_degree 2 $P.data_parallel_shard_degree 1 --job.dump_folder "$SCRATCH/bad-cp"
 expect_user_error "model.mtp_layers = 1: model llama3 has no multi-token prediction" \
   $TITAN "${SMALL[@]}" --model.mtp_layers 1 --job.dump_folder "$SCRATCH/bad-llama"
 expect_user_error "model.mtp_loss_weight does nothing: model deepseek_v3 small has no multi-token" \

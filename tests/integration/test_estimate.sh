@@ -259,6 +259,11 @@ check qwen3-moe,dp_shard=2xtp=2,AC 4 $P.data_parallel_shard_degree 2 \
 check deepseek-mtp,dp_shard=2xtp=2,AC 4 $P.data_parallel_shard_degree 2 \
   $P.tensor_parallel_degree 2 --model.name deepseek_v3 --model.flavor small --model.mtp_layers 2 \
   --model.moe_aux_loss_alpha 0.01 --activation_checkpoint.mode full
+# In a pipeline the head's copy of the embedding table (on the last stage) and the first
+# stage's table sum their gradients over pp_tied: rank 0's shard of it a step.
+check deepseek-mtp,pp=2 2 $P.pipeline_parallel_degree 2 $P.pipeline_parallel_microbatch_size 2 \
+  $P.pipeline_parallel_schedule 1F1B $P.data_parallel_shard_degree 1 --model.name deepseek_v3 \
+  --model.flavor small --model.mtp_layers 2
 # FSDP's float8 all-gather: the float8 weights' e4m3 bytes and each one's amax all-reduce per
 # gather, or one all-reduce of every amax a step with precomputed scales.
 F8=(--model.converters float8 --float8.filter_fqns output --float8.enable_fsdp_float8_all_gather)

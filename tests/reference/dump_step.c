@@ -12,6 +12,7 @@
 #include "data/shard.h"
 #include "data/token_batch.h"
 #include "models/registry.h"
+#include "parallel/grads.h"
 
 int main(int argc, char **argv) {
     if (argc != 6) die_user("usage: dump_step CKPT.h5 DATA B T OUT.h5");
@@ -51,9 +52,10 @@ int main(int argc, char **argv) {
     memcpy(logits, s.output, sizeof(float) * n_logits);
     arena_release(&acts, 0);
     float loss = (float)model_forward_backward(&m, &s);
+    grads_sum_copies(k, &m.params, NULL);  // a copy's (Param.copy) is its original's gradient
 
-    int n = m.params.count + 3;
-    CkptTensor *list = xcalloc(n, sizeof(CkptTensor));
+    int n = 3;  // the tensors: tokens, loss, logits, then each parameter's gradient
+    CkptTensor *list = xcalloc(m.params.count + 3, sizeof(CkptTensor));
     char (*names)[PARAM_NAME_MAX + 8] = xcalloc(m.params.count, sizeof *names);
     int64_t tok_shape[2] = {B, T + 1}, one = 1, logit_shape[2] = {(int64_t)B * T, vocab_size};
     list[0] = (CkptTensor){.path = "/tokens", .ndim = 2, .shape = tok_shape, .data = tokens};
@@ -61,10 +63,12 @@ int main(int argc, char **argv) {
     list[2] = (CkptTensor){.path = "/logits", .ndim = 2, .shape = logit_shape, .data = logits};
     for (int i = 0; i < m.params.count; i++) {
         Param *p = &m.params.items[i];
+        if (p->copy) continue;
         snprintf(names[i], sizeof names[i], "/grad/%s", p->name);
-        list[3 + i] = (CkptTensor){.path = names[i], .ndim = p->ndim, .shape = p->shape, .data = p->grad};
+        list[n++] = (CkptTensor){.path = names[i], .ndim = p->ndim, .shape = p->shape,
+                                 .data = p->grad};
     }
     ckpt_save(out, list, n, NULL, 0, MPI_COMM_NULL);
-    printf("dump_step: loss %.7f, %d gradients -> %s\n", loss, m.params.count, out);
+    printf("dump_step: loss %.7f, %d gradients -> %s\n", loss, n - 3, out);
     return 0;
 }
