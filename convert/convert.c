@@ -1,18 +1,20 @@
 // titan convert: a titan checkpoint as a Hugging Face model and back, through the model
 // registry (llama3 and qwen3: models/decoder/hf.c has the mapping).
 //
-//   titan convert --to hf [--dtype float32|bfloat16] [--ema] [--tokenizer PATH]
+//   titan convert --to hf [--dtype float32|bfloat16] [--ema] [--mtp] [--tokenizer PATH]
 //                         CHECKPOINT.h5 OUT_DIR
 //   titan convert --to titan HF_PATH OUT.h5
 //
 // To HF: OUT_DIR gets model.safetensors and config.json, whose max_position_embeddings is the
 // training.seq_len of the config stored in the checkpoint (titan's RoPE tables are that long);
-// with --ema, its weights are the checkpoint's average of them (training.ema_decay). The
+// with --ema, its weights are the checkpoint's average of them (training.ema_decay); with
+// --mtp, DeepSeek-V3's multi-token prediction modules go too, as DeepSeek's release has them
+// (transformers drops them otherwise, and so does the export). The
 // tokenizer (--tokenizer, else the stored config's model.tokenizer_path where it exists) adds
 // tokenizer.json, tokenizer_config.json, generation_config.json and config.json's BOS/EOS ids
 // (convert/hf_tokenizer.c).
 // To titan: HF_PATH is a folder with config.json and model.safetensors or a sharded index;
-// OUT.h5 is a model-only checkpoint as create_seed_checkpoint writes (step 0, no optimizer),
+// OUT.h5 is a model-only checkpoint (with the MTP modules a DeepSeek-V3 release holds) as create_seed_checkpoint writes (step 0, no optimizer),
 // for checkpoint.initial_load_path, generate and the reference tools, its stored config only
 // the model.name of the architecture whose reader takes the folder and the training.seq_len
 // HF's max_position_embeddings gives. The weights go through fp32 both
@@ -32,7 +34,7 @@
 #include "models/registry.h"
 
 #define USAGE                                                                                  \
-    "usage: titan convert --to hf [--dtype float32|bfloat16] [--ema] [--tokenizer PATH]\n"     \
+    "usage: titan convert --to hf [--dtype float32|bfloat16] [--ema] [--mtp] [--tokenizer PATH]\n" \
     "                         CHECKPOINT.h5 OUT_DIR\n"                                          \
     "       titan convert --to titan HF_DIR OUT.h5"
 
@@ -40,6 +42,7 @@ typedef struct {
     const char *to, *dtype, *from, *out;
     const char *tokenizer;  // --to hf: NULL for the checkpoint's model.tokenizer_path
     bool ema;  // --to hf: the average of the weights, not the weights
+    bool mtp;  // --to hf: the multi-token prediction modules too
 } ConvertOptions;
 
 static void parse_options(ConvertOptions *o, int argc, char **argv) {
@@ -53,6 +56,7 @@ static void parse_options(ConvertOptions *o, int argc, char **argv) {
         if ((to || dtype || tok) && i + 1 == argc) die_user("%s needs a value", argv[i]);
         if (to || dtype || tok) *(to ? &o->to : dtype ? &o->dtype : &o->tokenizer) = argv[++i];
         else if (!strcmp(argv[i], "--ema")) o->ema = true;
+        else if (!strcmp(argv[i], "--mtp")) o->mtp = true;
         else if (!strncmp(argv[i], "--", 2) || n == 2)
             die_user("convert: unexpected argument '%s'; " USAGE, argv[i]);
         else *positional[n++] = argv[i];
@@ -66,6 +70,8 @@ static void parse_options(ConvertOptions *o, int argc, char **argv) {
         die_user("--dtype applies to --to hf: titan checkpoints are float32");
     if (!strcmp(o->to, "titan") && o->ema)
         die_user("--ema applies to --to hf: a Hugging Face folder has no average of the weights");
+    if (!strcmp(o->to, "titan") && o->mtp)
+        die_user("--mtp applies to --to hf: an import takes the MTP modules the weights hold");
     if (!strcmp(o->to, "titan") && o->tokenizer)
         die_user("--tokenizer applies to --to hf: titan checkpoints hold no tokenizer");
     if (o->tokenizer && strcmp(o->tokenizer, "bytes") && access(o->tokenizer, R_OK) != 0)
@@ -92,6 +98,8 @@ static void to_hf(const ConvertOptions *o) {
     ModelArgs args;
     spec->args_from_checkpoint(o->from, &args);
     spec->update_from_config(&args, NULL, 0, (int)trained.training.seq_len);
+    if (o->mtp && model_shape(&args).mtp_layers == 0)
+        die_user("--mtp: checkpoint %s has no multi-token prediction modules", o->from);
     const char *path = o->tokenizer ? o->tokenizer : trained.model.tokenizer_path;
     char tokenizer[4096];
     if (path) CHECK(snprintf(tokenizer, sizeof tokenizer, "%s", path) < (int)sizeof tokenizer);
@@ -103,7 +111,8 @@ static void to_hf(const ConvertOptions *o) {
     if (o->ema) train_state_load_ema(o->from, &params);
     else train_state_load(o->from, &params, NULL, NULL);
     bool bf16 = !strcmp(o->dtype, "bfloat16");
-    spec->save_hf(o->out, &args, &params, bf16 ? SAFETENSORS_BF16 : SAFETENSORS_F32);
+    spec->save_hf(o->out, &args, &params,
+                  (HfExport){bf16 ? SAFETENSORS_BF16 : SAFETENSORS_F32, o->mtp});
     char note[1024];
     convert_hf_tokenizer(path ? tokenizer : NULL, o->out, note, sizeof note);
     printf("convert: %s -> %s/model.safetensors (%s), config.json and %s\n", o->from, o->out,

@@ -137,7 +137,7 @@ struct ModelSpec {
     const char *const *hf_model_types;
     void (*load_hf)(const char *path, const ModelArgs *a, ParamTable *params);
     void (*save_hf)(const char *dir, const ModelArgs *a, const ParamTable *params,
-                    SafetensorsDtype dtype);
+                    HfExport how);
 
     // llama2.c's legacy .bin, which names no architecture (NULL: this one cannot be one): the
     // args in its header, and its weights into a model built from them and allocated.
@@ -211,6 +211,6 @@ const void *model_args_of(const ModelArgs *a, const ModelSpec *spec);
         arch##_load_hf(path, model_args_of(a, &SPEC), params);                                 \
     }                                                                                          \
     static void save_hf(const char *dir, const ModelArgs *a, const ParamTable *params,         \
-                        SafetensorsDtype dtype) {                                              \
-        arch##_save_hf(dir, model_args_of(a, &SPEC), params, dtype);                           \
+                        HfExport how) {                                                        \
+        arch##_save_hf(dir, model_args_of(a, &SPEC), params, how);                             \
     }

@@ -273,8 +273,8 @@ static void save_hf(Trainer *t, int step, const char *path) {
     ParamTable global;
     params_global_view(&global, &t->model.params);
     train_state_load(path, &global, NULL, NULL);
-    t->args.spec->save_hf(dir, &t->args, &global,
-                          strcmp(dtype, "bfloat16") ? SAFETENSORS_F32 : SAFETENSORS_BF16);
+    HfExport how = {.dtype = strcmp(dtype, "bfloat16") ? SAFETENSORS_F32 : SAFETENSORS_BF16};
+    t->args.spec->save_hf(dir, &t->args, &global, how);
     SYS_CHECK(unlink(path));
     free(global.data);
     params_free(&global);

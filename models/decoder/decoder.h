@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
 #include "models/model.h"
 #include "models/moe/moe.h"
 
@@ -93,6 +94,14 @@ typedef struct {
 } DecoderArgs;
 
 #define DECODER_MAX_MTP 8  // model.mtp_layers' bound
+
+// How a decoder is written as a Hugging Face folder: its tensors' dtype, and whether the MTP
+// modules go too, as DeepSeek's release has them (layers n_layers + k, which transformers
+// skips; `titan convert --to hf --mtp`), or are dropped.
+typedef struct {
+    SafetensorsDtype dtype;
+    bool mtp;
+} HfExport;
 
 // The dense FFN's width (0 when every layer is MoE, whose experts have their own: moe.hidden).
 int decoder_hidden_dim(const DecoderArgs *args);

@@ -72,64 +72,97 @@ typedef struct {
     RopeRows rows;
 } HfTensor;
 
+// DeepSeek-V3's multi-token prediction module k (from 1) in DeepSeek's release: layer
+// n_layers + k - 1, its own weights beside the block's (which are named as a layer's), and
+// copies of the shared embedding and output (MTP_SHARED).
+static const NamePair MTP_NAMES[] = {
+    {"enorm.weight", "enorm.weight", ROWS_AS_THEY_ARE},
+    {"hnorm.weight", "hnorm.weight", ROWS_AS_THEY_ARE},
+    {"eh_proj.weight", "eh_proj.weight", ROWS_AS_THEY_ARE},
+    {"mtp_norm.weight", "shared_head.norm.weight", ROWS_AS_THEY_ARE},
+};
+static const NamePair MTP_SHARED[] = {
+    {"tok_embeddings.weight", "embed_tokens.weight", ROWS_AS_THEY_ARE},
+    {"output.weight", "shared_head.head.weight", ROWS_AS_THEY_ARE},
+};
+
 // out = HF's name for titan's parameter `name`, expert j's for a stacked MoE one (the MoE
 // layer's names are models/moe's); *rows how its rows are laid out. Returns how many HF tensors
 // the parameter is: 1, n_experts for stacked experts, 0 for one HF does not have (a Qwen3-MoE
-// router's expert bias, DeepSeek-V3's multi-token prediction modules: transformers' models
-// have none).
-static int hf_name(const char *name, const DecoderArgs *a, int j, char *out, size_t n,
-                   RopeRows *rows) {
+// router's expert bias; DeepSeek-V3's multi-token prediction modules unless mtp: transformers'
+// model has none).
+static int hf_name(const char *name, const DecoderArgs *a, bool mtp, int j, char *out,
+                   size_t n, RopeRows *rows) {
     int layer, at = 0;
     *rows = ROWS_AS_THEY_ARE;
-    if (!strncmp(name, "mtp_layers.", 11)) return 0;
-    if (sscanf(name, "layers.%d.%n", &layer, &at) == 1 && at > 0) {
-        const NamePair *pair = decoder_has_mla(a) ? name_find(MLA_NAMES, COUNT(MLA_NAMES), name + at)
-                                                  : NULL;
-        if (!pair) pair = name_find(LAYER_NAMES, COUNT(LAYER_NAMES), name + at);
+    if (sscanf(name, "mtp_layers.%d.%n", &layer, &at) == 1 && at > 0) {
+        if (!mtp) return 0;
+        layer += a->n_layers;
+        const NamePair *pair = name_find(MTP_NAMES, COUNT(MTP_NAMES), name + at);
         if (pair) {
             snprintf(out, n, "model.layers.%d.%s", layer, pair->hf);
-            *rows = pair->rows;
             return 1;
         }
-        char moe[PARAM_NAME_MAX + 32];
-        int E = decoder_has_moe(a) ? a->moe.router.n_experts : 1;
-        int count = moe_hf_name(name + at, E, j, decoder_has_mla(a), moe, sizeof moe);
-        if (count > 0) snprintf(out, n, "model.layers.%d.%s", layer, moe);
-        if (count >= 0) return count;
-    } else {
+    } else if (!(sscanf(name, "layers.%d.%n", &layer, &at) == 1 && at > 0)) {
         const NamePair *pair = name_find(MODEL_NAMES, COUNT(MODEL_NAMES), name);
         if (pair) {
             snprintf(out, n, "%s", pair->hf);
             return 1;
         }
+        die_internal(__FILE__, __LINE__, "parameter %s has no Hugging Face name", name);
     }
+    const NamePair *pair = decoder_has_mla(a) ? name_find(MLA_NAMES, COUNT(MLA_NAMES), name + at)
+                                              : NULL;
+    if (!pair) pair = name_find(LAYER_NAMES, COUNT(LAYER_NAMES), name + at);
+    if (pair) {
+        snprintf(out, n, "model.layers.%d.%s", layer, pair->hf);
+        *rows = pair->rows;
+        return 1;
+    }
+    char moe[PARAM_NAME_MAX + 32];
+    int E = decoder_has_moe(a) ? a->moe.router.n_experts : 1;
+    int count = moe_hf_name(name + at, E, j, decoder_has_mla(a), moe, sizeof moe);
+    if (count > 0) snprintf(out, n, "model.layers.%d.%s", layer, moe);
+    if (count >= 0) return count;
     die_internal(__FILE__, __LINE__, "parameter %s has no Hugging Face name", name);
 }
 
 // The HF tensors of params in the table's order (none of a copy: its original is the tensor),
-// experts in order: *out (to free); returns how many.
-static int hf_tensors(const ParamTable *params, const DecoderArgs *a, HfTensor **out) {
-    int n = 0, total = 0;
+// experts in order, the MTP modules' with mtp (and with shared, their copies of the embedding
+// and the output, which an export writes and an import leaves): *out (to free); returns how
+// many.
+static int hf_tensors(const ParamTable *params, const DecoderArgs *a, bool mtp, bool shared,
+                      HfTensor **out) {
+    int n = 0, total = 0, copies = mtp && shared ? a->mtp_layers * COUNT(MTP_SHARED) : 0;
     RopeRows rows;
     char name[sizeof (*out)->name];
     for (int i = 0; i < params->count; i++)
         if (!params->items[i].copy)
-            total += hf_name(params->items[i].name, a, 0, name, sizeof name, &rows);
-    *out = xcalloc((size_t)total, sizeof **out);
+            total += hf_name(params->items[i].name, a, mtp, 0, name, sizeof name, &rows);
+    *out = xcalloc((size_t)(total + copies), sizeof **out);
     for (int i = 0; i < params->count; i++) {
         const Param *p = &params->items[i];
         if (p->copy) continue;  // its original's tensor
         CHECK(p->ndim <= 3 && p->numel == param_global_numel(p));  // a host table of whole tensors
         int stacked = p->ndim == 3;  // (E, rows, cols): one (rows, cols) HF tensor per expert
-        int count = hf_name(p->name, a, 0, name, sizeof name, &rows);
+        int count = hf_name(p->name, a, mtp, 0, name, sizeof name, &rows);
         for (int j = 0; j < count; j++) {
             HfTensor *t = &(*out)[n++];
             *t = (HfTensor){.param = i, .ndim = p->ndim - stacked, .rows = rows,
                             .offset = (size_t)j * (p->numel / count)};
-            hf_name(p->name, a, j, t->name, sizeof t->name, &rows);
+            hf_name(p->name, a, mtp, j, t->name, sizeof t->name, &rows);
             t->shape[0] = p->shape[stacked];
             t->shape[1] = t->ndim > 1 ? p->shape[stacked + 1] : 0;
         }
+    }
+    for (int k = 0; k < copies; k++) {
+        const NamePair *c = &MTP_SHARED[k % COUNT(MTP_SHARED)];
+        const Param *p = params_find(params, c->titan);
+        HfTensor *t = &(*out)[n++];
+        *t = (HfTensor){.param = (int)(p - params->items), .ndim = 2,
+                        .shape = {p->shape[0], p->shape[1]}};
+        snprintf(t->name, sizeof t->name, "model.layers.%d.%s",
+                 a->n_layers + k / COUNT(MTP_SHARED), c->hf);
     }
     return n;
 }
@@ -346,10 +379,10 @@ static bool extras_check(const Safetensors *st, const DecoderArgs *a, const char
 }
 
 // Whether HF's file has p at all (the MoE layers' expert biases it has not).
-static bool hf_has(const Param *p, const DecoderArgs *a) {
+static bool hf_has(const Param *p, const DecoderArgs *a, bool mtp) {
     char name[PARAM_NAME_MAX + 48];
     RopeRows rows;
-    return hf_name(p->name, a, 0, name, sizeof name, &rows) > 0;
+    return hf_name(p->name, a, mtp, 0, name, sizeof name, &rows) > 0;
 }
 
 // A parameter HF has no tensor for (an expert bias) starts at zero, as a new model's: the
@@ -357,7 +390,7 @@ static bool hf_has(const Param *p, const DecoderArgs *a) {
 static void zero_missing(ParamTable *params, const DecoderArgs *a) {
     for (int i = 0; i < params->count; i++) {
         Param *p = &params->items[i];
-        if (hf_has(p, a)) continue;
+        if (hf_has(p, a, a->mtp_layers > 0)) continue;
         CHECK(p->buffer);
         memset(p->data, 0, sizeof(float) * p->numel);
     }
@@ -368,7 +401,7 @@ bool decoder_try_load_hf(const char *path, const DecoderArgs *a, const char *mod
     Safetensors st;
     if (!safetensors_try_open(path, &st, err, errlen)) return false;
     HfTensor *tensors;
-    int n = hf_tensors(params, a, &tensors);
+    int n = hf_tensors(params, a, a->mtp_layers > 0, false, &tensors);
     bool ok = extras_check(&st, a, model, tensors, n, err, errlen);
     float *scratch = rope_scratch(a);
     for (int i = 0; ok && i < n; i++) {
@@ -388,27 +421,28 @@ bool decoder_try_load_hf(const char *path, const DecoderArgs *a, const char *mod
 // What HF's model cannot hold, said: Qwen3-MoE's expert biases when they are not all zero
 // (HF's model then routes without what titan's steered by; torchtitan's adapter drops them the
 // same way), DeepSeek-V3's multi-token prediction modules (transformers' drops them too).
-static void warn_dropped(const ParamTable *params, const DecoderArgs *a) {
+static void warn_dropped(const ParamTable *params, const DecoderArgs *a, bool mtp) {
     double most = 0;
     for (int i = 0; i < params->count; i++) {
         const Param *p = &params->items[i];
-        if (hf_has(p, a) || !p->buffer) continue;
+        if (hf_has(p, a, mtp) || !p->buffer) continue;
         for (size_t e = 0; e < p->numel; e++) most = fmax(most, fabs(p->data[e]));
     }
     if (most > 0)
         log_warn("Hugging Face export: the MoE expert biases (max |bias| %.3g) are dropped; "
                  "HF's router chooses by the scores alone", most);
-    if (a->mtp_layers)
+    if (a->mtp_layers && !mtp)
         log_warn("Hugging Face export: the %d multi-token prediction modules are dropped, as "
-                 "transformers' DeepseekV3ForCausalLM has none", a->mtp_layers);
+                 "transformers' DeepseekV3ForCausalLM has none (titan convert --to hf --mtp "
+                 "keeps them as DeepSeek's release does)", a->mtp_layers);
 }
 
 void decoder_save_hf_weights(const char *dir, const DecoderArgs *a, const ParamTable *params,
-                             SafetensorsDtype dtype) {
+                             HfExport how) {
     make_dirs(dir);
     HfTensor *tensors;
-    int n = hf_tensors(params, a, &tensors);
-    warn_dropped(params, a);
+    int n = hf_tensors(params, a, how.mtp, true, &tensors);
+    warn_dropped(params, a, how.mtp);
     CkptTensor *list = xcalloc((size_t)n, sizeof *list);
     for (int i = 0; i < n; i++)
         list[i] = (CkptTensor){.path = tensors[i].name, .ndim = tensors[i].ndim,
@@ -416,7 +450,7 @@ void decoder_save_hf_weights(const char *dir, const DecoderArgs *a, const ParamT
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, WEIGHTS_NAME);
     SafetensorsWriter w;
-    safetensors_write_begin(&w, path, list, n, dtype);
+    safetensors_write_begin(&w, path, list, n, how.dtype);
     float *scratch = rope_scratch(a);
     for (int i = 0; i < n; i++) {
         const HfTensor *t = &tensors[i];

@@ -72,9 +72,10 @@ void hf_config_write(const char *dir, json_t *c);
 
 // Fills params (built from a, allocated) from the safetensors at path (a file, or a folder
 // with model.safetensors or a sharded model.safetensors.index.json); every parameter must be
-// there with its shape, and no tensor that is not one.
+// there with its shape (a's MTP modules as DeepSeek's release has them), and no tensor that is
+// not one (but a release's MTP layers, left unread when a has none).
 bool decoder_try_load_hf(const char *path, const DecoderArgs *a, const char *model,
                          ParamTable *params, char *err, size_t errlen);
-// Writes dir/model.safetensors (in dtype), creating dir.
+// Writes dir/model.safetensors (in how.dtype, the MTP modules with how.mtp), creating dir.
 void decoder_save_hf_weights(const char *dir, const DecoderArgs *a, const ParamTable *params,
-                             SafetensorsDtype dtype);
+                             HfExport how);

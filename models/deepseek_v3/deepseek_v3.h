@@ -36,4 +36,4 @@ bool deepseek_v3_try_args_from_hf(const char *dir, DeepseekV3Args *args, char *e
                                   size_t errlen);
 void deepseek_v3_load_hf(const char *path, const DeepseekV3Args *args, ParamTable *params);
 void deepseek_v3_save_hf(const char *dir, const DeepseekV3Args *args, const ParamTable *params,
-                         SafetensorsDtype dtype);
+                         HfExport how);

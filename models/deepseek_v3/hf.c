@@ -93,6 +93,18 @@ static bool moe_read(const HfConfig *r, DecoderArgs *a) {
     return true;
 }
 
+// Whether the weights in dir hold MTP module 1 as DeepSeek's release does (layer n_layers):
+// a transformers save keeps num_nextn_predict_layers in config.json but drops the layers.
+static bool weights_hold_mtp(const char *dir, const DecoderArgs *a) {
+    Safetensors st;
+    char err[1024], name[64];
+    if (!safetensors_try_open(dir, &st, err, sizeof err)) return false;
+    snprintf(name, sizeof name, "model.layers.%d.eh_proj.weight", a->n_layers);
+    bool found = safetensors_find(&st, name) != NULL;
+    safetensors_close(&st);
+    return found;
+}
+
 bool deepseek_v3_try_args_from_hf(const char *dir, DeepseekV3Args *args, char *err,
                                   size_t errlen) {
     char path[4096];
@@ -111,6 +123,9 @@ bool deepseek_v3_try_args_from_hf(const char *dir, DeepseekV3Args *args, char *e
     if (ok && a->tie_word_embeddings)
         ok = error_set(err, errlen, "%s: tie_word_embeddings is true; titan's %s has its own "
                        "output projection", path, MODEL);
+    int mtp = 0;  // the MTP modules, where the weights hold them
+    ok = ok && hf_config_int(&r, "num_nextn_predict_layers", 0, DECODER_MAX_MTP, 0, &mtp);
+    a->mtp_layers = ok && mtp && weights_hold_mtp(dir, a) ? mtp : 0;
     a->head_dim = 0;  // MLA's q and k heads are qk_nope + qk_rope wide
     json_decref(root);
     return ok;
@@ -134,7 +149,7 @@ static json_t *yarn_json(const DecoderArgs *a) {
 }
 
 void deepseek_v3_save_hf(const char *dir, const DeepseekV3Args *args, const ParamTable *params,
-                         SafetensorsDtype dtype) {
+                         HfExport how) {
     const DecoderArgs *a = &args->decoder;
     const MoeArgs *m = &a->moe;
     if (m->router.score_func != MOE_SCORE_SIGMOID || m->shared_hidden % m->hidden != 0)
@@ -146,8 +161,8 @@ void deepseek_v3_save_hf(const char *dir, const DeepseekV3Args *args, const Para
                  "this model with %g (torchtitan's flavors: every norm's): its logits differ "
                  "slightly (1e-5 relative at the debug shapes)", HF_LATENT_NORM_EPS,
                  a->mla.norm_eps);
-    decoder_save_hf_weights(dir, a, params, dtype);
-    json_t *c = decoder_hf_config_json(a, "DeepseekV3ForCausalLM", MODEL_TYPE, dtype);
+    decoder_save_hf_weights(dir, a, params, how);
+    json_t *c = decoder_hf_config_json(a, "DeepseekV3ForCausalLM", MODEL_TYPE, how.dtype);
     // HF recomputes YaRN's factor as max_position_embeddings / original (DeepSeek-V3: 163840)
     int positions = a->yarn.factor > 1 ? (int)lround(a->yarn.factor * a->yarn.original_seq_len)
                                        : a->max_seq_len;
@@ -173,6 +188,7 @@ void deepseek_v3_save_hf(const char *dir, const DeepseekV3Args *args, const Para
                               json_integer(grouped ? m->router.limited_groups : 1)) == 0 &&
           json_object_set_new(c, "norm_topk_prob", json_boolean(m->router.route_norm)) == 0 &&
           json_object_set_new(c, "first_k_dense_replace", json_integer(a->n_dense_layers)) == 0 &&
-          json_object_set_new(c, "num_nextn_predict_layers", json_integer(0)) == 0);
+          json_object_set_new(c, "num_nextn_predict_layers",
+                              json_integer(how.mtp ? a->mtp_layers : 0)) == 0);
     hf_config_write(dir, c);
 }

@@ -59,9 +59,9 @@ void llama3_load_hf(const char *path, const LlamaArgs *a, ParamTable *params) {
 }
 
 void llama3_save_hf(const char *dir, const LlamaArgs *a, const ParamTable *params,
-                    SafetensorsDtype dtype) {
-    decoder_save_hf_weights(dir, a, params, dtype);
-    json_t *c = decoder_hf_config_json(a, "LlamaForCausalLM", "llama", dtype);
+                    HfExport how) {
+    decoder_save_hf_weights(dir, a, params, how);
+    json_t *c = decoder_hf_config_json(a, "LlamaForCausalLM", "llama", how.dtype);
     json_t *scaling = a->rope_scaling
         ? json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor",
                     a->rope_scaling_factor, "low_freq_factor", a->rope_low_freq_factor,

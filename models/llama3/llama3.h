@@ -52,4 +52,4 @@ bool llama3_try_load_hf(const char *path, const LlamaArgs *args, ParamTable *par
 void llama3_load_hf(const char *path, const LlamaArgs *args, ParamTable *params);
 // Writes dir/model.safetensors (in dtype) and dir/config.json, creating dir.
 void llama3_save_hf(const char *dir, const LlamaArgs *args, const ParamTable *params,
-                    SafetensorsDtype dtype);
+                    HfExport how);

@@ -97,13 +97,13 @@ static void moe_config_write(json_t *c, const MoeArgs *m) {
 }
 
 void qwen3_save_hf(const char *dir, const Qwen3Args *args, const ParamTable *params,
-                   SafetensorsDtype dtype) {
+                   HfExport how) {
     const DecoderArgs *a = &args->decoder;
     bool moe = decoder_has_moe(a);
     if (moe) moe_check_exportable(dir, &a->moe);
-    decoder_save_hf_weights(dir, a, params, dtype);
+    decoder_save_hf_weights(dir, a, params, how);
     json_t *c = decoder_hf_config_json(a, moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM",
-                                       moe ? MOE_TYPE : "qwen3", dtype);
+                                       moe ? MOE_TYPE : "qwen3", how.dtype);
     CHECK(json_object_set_new(c, "rope_scaling", json_null()) == 0 &&
           json_object_set_new(c, "use_sliding_window", json_false()) == 0);
     if (moe) moe_config_write(c, &a->moe);

@@ -32,4 +32,4 @@ void qwen3_args_from_checkpoint(const char *path, Qwen3Args *args);
 bool qwen3_try_args_from_hf(const char *dir, Qwen3Args *args, char *err, size_t errlen);
 void qwen3_load_hf(const char *path, const Qwen3Args *args, ParamTable *params);
 void qwen3_save_hf(const char *dir, const Qwen3Args *args, const ParamTable *params,
-                   SafetensorsDtype dtype);
+                   HfExport how);

@@ -20,7 +20,8 @@
 # - Hugging Face's DeepseekV3ForCausalLM: a trained checkpoint (its expert biases moved) goes to
 #   HF and back bit for bit (but the latents' RMSNorm eps, HF's 1e-6), and the export run the
 #   way transformers runs it (tests/reference/check_hf.py) gives the import's logits within
-#   1e-5; the MTP modules are dropped saying so; a softmax router (debugmodel) has no HF form;
+#   1e-5; the MTP modules are dropped saying so, or kept with --mtp as DeepSeek's release has
+#   them (and imported back bit for bit); a softmax router (debugmodel) has no HF form;
 #   config.json keys titan's model cannot be are refused.
 # - Bad shapes (from a checkpoint's attributes) and a tp that does not divide the heads: one
 #   line, exit 2.
@@ -159,6 +160,35 @@ fi
 $VENV/bin/python tests/reference/check_hf.py "$SCRATCH/hf" "$SCRATCH/hf-dump.h5"
 $TITAN convert --to hf "$SCRATCH/mtp1/checkpoint/step-0.h5" "$SCRATCH/hf-mtp" 2>&1 >/dev/null |
   grep -q "the 1 multi-token prediction modules are dropped" || fail "no word of the MTP modules dropped"
+# Kept on request (--mtp) as DeepSeek's release has them, layers n_layers + k with copies of the
+# embedding and the output; an import takes them back bit for bit (its expert biases moved
+# under pp 2), and none where config.json names some the weights lack (a transformers save).
+mtp_ckpt="$SCRATCH/mtp,pp=2,1F1B/checkpoint/step-10.h5"
+$TITAN convert --to hf --mtp "$mtp_ckpt" "$SCRATCH/hf-kept" >/dev/null 2>&1
+$TITAN convert --to titan "$SCRATCH/hf-kept" "$SCRATCH/hf-kept.h5" >/dev/null
+$PY - "$mtp_ckpt" "$SCRATCH/hf-kept.h5" "$SCRATCH/hf-kept" <<'PY'
+import json, struct, sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+assert sorted(a["model"]) == sorted(b["model"]), set(a["model"]) ^ set(b["model"])
+for name in a["model"]:
+    assert np.array_equal(a["model"][name][...], b["model"][name][...]), name
+assert b.attrs["model.mtp_layers"] == 2 and np.any(a["model"]["mtp_layers.1.moe.expert_bias_E"][...])
+assert json.load(open(sys.argv[3] + "/config.json"))["num_nextn_predict_layers"] == 2
+with open(sys.argv[3] + "/model.safetensors", "rb") as f:
+    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+for k in range(2):
+    for name in ("enorm", "hnorm", "eh_proj", "shared_head.norm", "shared_head.head", "embed_tokens"):
+        assert f"model.layers.{3 + k}.{name}.weight" in header, (k, name)
+print(f"ok: {len(a['model'])} tensors with 2 MTP modules round-trip through HF (--mtp) bit for bit")
+PY
+rm -rf "$SCRATCH/hf-edit" && cp -r "$SCRATCH/hf" "$SCRATCH/hf-edit"
+$PY -c "import json, sys; p = sys.argv[1]; c = json.load(open(p)); c['num_nextn_predict_layers'] = 1; json.dump(c, open(p, 'w'))" \
+  "$SCRATCH/hf-edit/config.json"
+$TITAN convert --to titan "$SCRATCH/hf-edit" "$SCRATCH/hf-edit.h5" >/dev/null
+$PY -c "import sys, h5py; assert 'model.mtp_layers' not in h5py.File(sys.argv[1], 'r').attrs" \
+  "$SCRATCH/hf-edit.h5" || fail "an import made MTP modules the weights do not hold"
+expect_user_error "^titan: error: --mtp: checkpoint .* has no multi-token prediction modules$" \
+  $TITAN convert --to hf --mtp "$ckpt" "$SCRATCH/hf-none"
 expect_user_error "DeepseekV3ForCausalLM's router scores by sigmoid" \
   $TITAN convert --to hf "$SCRATCH/debug/checkpoint/step-0.h5" "$SCRATCH/hf-debug"
 hf_refused() {  # python edit of config.json (c), pattern: the import refuses it in one line
