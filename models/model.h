@@ -31,10 +31,12 @@ typedef struct {
 } ModelLinear;
 
 // A block's training FLOPs per token: its GEMMs' (6 per weight) and its attention's as MFU
-// counts them (torchtitan's 12 H Q T, the whole square even under a causal mask), and the
-// attention FLOPs its kernels do (half the square under a causal mask): what a step takes.
+// counts them (torchtitan's 12 H Q T, the whole square even under a causal mask), and those its
+// kernels do, what a step takes: the GEMMs' with a weight used again counted again (the
+// decoder's output projection in each MTP module), half the attention's square under a
+// causal mask.
 typedef struct {
-    double gemm, attention, attention_done;
+    double gemm, gemm_done, attention, attention_done;
 } BlockFlops;
 
 typedef struct Model Model;

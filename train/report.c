@@ -184,7 +184,8 @@ static BlockFlops rank_flops_per_token(Trainer *t) {
             mine = pl.stage_rank[s] == pl.rank && b >= pl.first[s] && b < pl.first[s + 1];
         if (!mine) continue;
         const BlockFlops *f = &t->model.block_flops[b];
-        sum.gemm += f->gemm, sum.attention += f->attention, sum.attention_done += f->attention_done;
+        sum.gemm += f->gemm, sum.gemm_done += f->gemm_done;
+        sum.attention += f->attention, sum.attention_done += f->attention_done;
     }
     return sum;
 }
@@ -322,8 +323,8 @@ static StepWork step_work(Trainer *t, int sharing) {
     double f8_bytes = float8_cast_bytes(t, microbatch_rows(t), &f8_share) *
                       (model_gemm > 0 ? flops.gemm / model_gemm : 1);
     GemmPrecision compute = gemm_precision_of(t->precision.param);
-    w.gemm_flops[GEMM_FLOAT8] = tokens * flops.gemm * f8_share;
-    w.gemm_flops[compute] = tokens * flops.gemm * (1 - f8_share);
+    w.gemm_flops[GEMM_FLOAT8] = tokens * flops.gemm_done * f8_share;
+    w.gemm_flops[compute] = tokens * flops.gemm_done * (1 - f8_share);
     w.attention_flops = tokens * flops.attention_done;
     // A pipeline's arena holds its peak live microbatches' regions: one microbatch's is a region.
     double per_micro = t->pipeline && pl.regions > 0 ? 1.0 / pl.regions : 1;
@@ -333,10 +334,12 @@ static StepWork step_work(Trainer *t, int sharing) {
     w.cast_bytes = micro * f8_bytes;
     w.optimizer_bytes = (double)t->model.params.shard_numel *
                         (OPTIMIZER_BYTES + (t->cfg.training.ema_decay > 0 ? EMA_BYTES : 0));
-    int blocks = 0;
+    // the head's MTP modules each issue a layer's and a loss's
+    int blocks = 0, head = t->model.n_blocks, mtp = model_shape(&t->args).mtp_layers;
     for (int s = 0; s < pl.stages; s++)
-        if (pl.stage_rank[s] == pl.rank) blocks += pl.first[s + 1] - pl.first[s];
-    w.ops = OPS_PER_BLOCK * micro * (t->pipeline ? blocks : t->model.n_blocks);
+        if (pl.stage_rank[s] == pl.rank)
+            blocks += pl.first[s + 1] - pl.first[s] + (pl.first[s + 1] == head ? mtp : 0);
+    w.ops = OPS_PER_BLOCK * micro * (t->pipeline ? blocks : head + mtp);
     GroupBytes groups[MAX_GROUPS];
     w.n_groups = comm_per_step(t, groups);
     for (int g = 0; g < w.n_groups; g++) w.groups[g] = group_work(t, groups[g]);

@@ -289,10 +289,13 @@ static void count_flops(Model *m, const DecoderArgs *a, int seq_len, const Param
             double active = p->expert ? (double)a->moe.router.top_k / a->moe.router.n_experts : 1;
             if (p != embed && !p->copy && !p->buffer) weights += (double)p->numel * active;
         }
-        // the head's MTP modules' attention is done, not counted by torchtitan's MFU
+        // the head's MTP modules' attention, and their uses of the output projection, are
+        // done, not counted by torchtitan's MFU
         bool layer = b > 0 && b + 1 < m->n_blocks, head = b + 1 == m->n_blocks;
+        double reused = head ? 6.0 * a->mtp_layers * a->vocab_size * a->dim : 0;
         BlockFlops *f = &m->block_flops[b];
-        *f = (BlockFlops){.gemm = 6 * weights, .attention = layer ? attention : 0,
+        *f = (BlockFlops){.gemm = 6 * weights, .gemm_done = 6 * weights + reused,
+                          .attention = layer ? attention : 0,
                           .attention_done = layer  ? attention_done
                                             : head ? a->mtp_layers * attention_done
                                                    : 0};

@@ -213,7 +213,7 @@ static void count_flops(Model *m, const Flux *f) {
         linear_flops(&f->head.linear, N) + linear_flops(&f->head.adaln, 1);
     for (int b = 0; b < m->n_blocks; b++) {
         flops[b].gemm /= S, flops[b].attention /= S;
-        flops[b].attention_done = flops[b].attention;
+        flops[b].gemm_done = flops[b].gemm, flops[b].attention_done = flops[b].attention;
         m->flops_per_token += flops[b].gemm + flops[b].attention;
     }
 }
