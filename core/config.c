@@ -46,7 +46,8 @@ static bool ip_address_valid(const char *t) {
     return inet_pton(AF_INET, t, address) == 1 || inet_pton(AF_INET6, t, address) == 1;
 }
 
-static const char *const OPTIMIZERS[] = {"Adam", "AdamW", NULL};
+static const char *const OPTIMIZERS[] = {"Adam", "AdamW", "Muon", NULL};
+static const char *const MUON_LR_ADJUSTMENTS[] = {"original", "match_rms_adamw", NULL};
 static const char *const OPTIMIZER_IMPLS[] = {"for-loop", "foreach", "fused", NULL};
 static const char *const DECAY_TYPES[] = {"linear", "sqrt", "cosine", NULL};
 static const char *const TRAIN_DTYPES[] = {"bfloat16", "float32", NULL};

@@ -83,6 +83,12 @@ typedef struct {
     double weight_decay;
     char *implementation;
     bool early_step_in_backward;
+    // Muon's (optim/muon.c): lr and weight_decay are the fields above, AdamW's too
+    char *muon_pattern;
+    double momentum;
+    bool nesterov;
+    int64_t ns_steps;
+    char *adjust_lr_fn;
 } OptimizerSection;
 
 typedef struct {

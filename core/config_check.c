@@ -18,7 +18,7 @@ typedef struct {
 
 static const Implemented IMPLEMENTED[] = {
     {"model.converters", {"[]", "[float8]"}},
-    {"optimizer.name", {"AdamW"}},
+    {"optimizer.name", {"AdamW", "Muon"}},
     {"optimizer.early_step_in_backward", {"false"}},
     {"training.enable_cpu_offload", {"false"}},
     {"training.dtype", {"float32"}},

@@ -7,6 +7,55 @@
 #include "core/param.h"
 #include "kernels/kernels.h"
 
+// Muon (optim/muon.c; Jordan et al. 2024, torch.optim.Muon) for the matrices it selects: per
+// matrix, momentum = beta momentum + (1 - beta) grad; U = (1 - beta) grad + beta momentum
+// (Nesterov) or the momentum; O = U orthogonalized by ns_steps of Newton-Schulz's quintic
+// (torch's coefficients) on U / ||U||_F; w = (1 - lr wd) w - lr adjust(rows, cols) O. A
+// stacked expert weight (E, rows, cols) is E matrices. A matrix cut over ranks (FSDP, TP) is
+// made whole for the iteration by Muon.shards.
+// How Muon's matrices cut over ranks are made whole and cut again (parallel/muon_shards.h,
+// torchtitan's DistMuon).
+typedef struct MuonShards MuonShards;
+struct MuonShards {
+    // p's whole update, from shard (this rank's) and the other ranks': shard itself where it is
+    // whole here, else gathered into whole (p's global tensor); NULL on the ranks that do not
+    // orthogonalize it (one does; ordinal: the count of Muon's parameters before p).
+    float *(*gather)(MuonShards *h, const Param *p, int ordinal, const float *shard,
+                     float *whole);
+    // shard = this rank's box of whole as gather's chosen rank orthogonalized it (nothing where
+    // shard was whole).
+    void (*scatter)(MuonShards *h, const Param *p, int ordinal, float *whole, float *shard);
+    float *buffer;  // (floats) theirs, carved by muon_allocate
+    size_t floats;
+};
+
+typedef struct {
+    double momentum;
+    bool nesterov, match_rms_adamw;  // adjust_lr_fn: match_rms_adamw, else original
+    int ns_steps;
+    bool *is_muon;           // (parameters) which it updates; NULL: none (AdamW alone)
+    MuonShards *shards;      // NULL: each matrix is whole on the rank updating it
+    float *scratch;          // (scratch_floats) a parameter's whole update and this rank's
+    size_t scratch_floats;   // shard of it, one matrix's iteration operand and two (s, s)
+                             // Gram products
+} Muon;
+
+// Chooses the parameters whose names `pattern` (optimizer.muon_pattern, PCRE2) matches; false
+// and one line in err (from `origin`, where the key was set) for a bad pattern, a 1-D match or
+// no match at all.
+bool muon_select(Muon *m, const ParamTable *params, const char *pattern, const char *origin,
+                 char *err, size_t errlen);
+// Carves the scratch from the optimizer arena.
+void muon_allocate(Muon *m, Arena *state);
+// The FLOPs of orthogonalizing n of p's elements (whole matrices): ns_steps of 4 s^2 l + 2 s^3
+// per (s, l) matrix, s its shorter side.
+double muon_flops(const Muon *m, const Param *p, size_t n);
+// One Muon update of p's shard (weight, grad, momentum: its shard_numel floats); ordinal: the
+// count of Muon's parameters before p (MuonShards'). Collective over p's shard groups when
+// m->shards cuts it.
+void muon_update(const Muon *m, const KernelOps *k, const Param *p, int ordinal, float *weight,
+                 const float *grad, float *momentum, double lr, double weight_decay);
+
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     int step;               // updates done so far (AdamW's t is step + 1 in the next update)
@@ -18,13 +67,17 @@ typedef struct {
     // resharded as they are.
     double ema_decay;
     float *ema;
+    // optimizer.name Muon: the matrices it updates in AdamW's place, each one's exp_avg its
+    // momentum buffer (exp_avg_sq unused, zero).
+    Muon muon;
 } AdamW;
 
 // Carves both moments, and the average when ema_decay > 0, from the optimizer arena (zeroed
 // by arena_commit: the caller starts the average from the weights).
 void adamw_allocate(AdamW *opt, size_t numel, Arena *state);
 // One update of every parameter's shard at learning rate lr (torchtitan applies weight decay
-// to all), then of the average over the whole shard (buffers averaged too, as they change).
+// to all): Muon's for its matrices, AdamW's for the others; then of the average over the whole
+// shard (buffers averaged too, as they change).
 void adamw_step(AdamW *opt, const KernelOps *k, ParamTable *params, double lr);
 
 typedef enum { DECAY_LINEAR, DECAY_SQRT, DECAY_COSINE } DecayType;

@@ -300,6 +300,24 @@ static bool excluded(const Trainer *t, const char *state) {
 // The full training state of path: model, optimizer (unless excluded; a file without it is a
 // model-only save, resumed only with consent), progress, data position (unless excluded) and
 // the LR schedule's clock (restarted when excluded).
+// The optimizer state of path is this run's optimizer's: the same optimizer.name and, under
+// Muon, the same matrices (Muon keeps its momentum where AdamW keeps exp_avg).
+static void optimizer_check(const Trainer *t, const char *path) {
+    Config saved;
+    model_spec_of_checkpoint(path, &saved);
+    const OptimizerSection *a = &saved.optimizer, *b = &t->cfg.optimizer;
+    const char *key = NULL, *had = NULL, *has = NULL;
+    if (strcmp(a->name, b->name))
+        key = "optimizer.name", had = a->name, has = b->name;
+    else if (!strcmp(b->name, "Muon") && strcmp(a->muon_pattern, b->muon_pattern))
+        key = "optimizer.muon_pattern", had = a->muon_pattern, has = b->muon_pattern;
+    if (key)
+        die_user("checkpoint %s holds the state of %s %s, this run has %s: resume with the "
+                 "same, or add optimizer to checkpoint.exclude_from_loading to start this "
+                 "optimizer afresh", path, key, had, has);
+    config_free(&saved);
+}
+
 static void load_full(Trainer *t, HostState *h, const char *path) {
     bool optimizer = !excluded(t, "optimizer");
     int64_t step = ckpt_read_int_in(path, "step", 0, INT_MAX);
@@ -308,6 +326,7 @@ static void load_full(Trainer *t, HostState *h, const char *path) {
                  "at step %lld would restart AdamW from zero moments; add optimizer to "
                  "checkpoint.exclude_from_loading to accept that", path, (long long)step);
     optimizer = optimizer && train_state_has_optimizer(path);
+    if (optimizer) optimizer_check(t, path);
     h->ema_loaded = train_state_load(path, &h->params, optimizer ? &h->opt : NULL, &t->progress);
     if (excluded(t, "dataloader")) t->progress.windows_consumed = 0;
     if (excluded(t, "lr_scheduler")) t->lr_origin = (int)t->progress.step;

@@ -105,6 +105,14 @@ static EpEstimate ep_per_step(Trainer *t) {
 
 static bool ep_on(Trainer *t) { return t->mesh.layout.ep > 1 && model_shape(&t->args).moe; }
 
+// Muon's gathers and broadcasts of its matrices over group (parallel/muon_shards.h) a step.
+static uint64_t muon_bytes(const Trainer *t, int group) {
+    uint64_t bytes = 0;
+    for (int i = 0; t->opt.muon.is_muon && i < t->model.params.count; i++)
+        if (t->opt.muon.is_muon[i]) bytes += muon_dist_bytes(&t->model.params.items[i], group);
+    return bytes;
+}
+
 static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
     int n = 0;
     const int *size = t->mesh.layout.size;
@@ -131,7 +139,8 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
             uint64_t reduces = (t->pipeline ? 1 : passes) * v[g]->reduce_scatter;
             uint64_t norm = g == 0 ? sizeof(double) : 0;  // the grad norm's sum goes over fsdp
             uint64_t precompute = g == 0 ? e.float8_precompute : 0;
-            out[n++] = (GroupBytes){names[g], gathers + reduces + norm + precompute};
+            uint64_t muon = g == 0 ? muon_bytes(t, MESH_GROUP_FSDP) : 0;
+            out[n++] = (GroupBytes){names[g], gathers + reduces + norm + precompute + muon};
         }
         if (size[MESH_DP_REPLICATE] > 1) out[n++] = (GroupBytes){"dp_replicate", e.replicate_all_reduce};
     }
@@ -148,7 +157,8 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
                                                            t->tp.hooks.loss_parallel, first, last);
         }
         size_t replicated = grads_replicated_floats(&t->model.params);
-        out[n++] = (GroupBytes){"tp", t->accum * micro + 4 * replicated + sizeof(double)};
+        out[n++] = (GroupBytes){"tp", t->accum * micro + 4 * replicated + sizeof(double) +
+                                          muon_bytes(t, MESH_TP)};
     }
     if (t->cp_on) out[n++] = (GroupBytes){"cp", cp_bytes_per_step(t)};
     if (t->pipeline) {  // the sends, then the step's loss and grad norm summed over the stages
@@ -305,6 +315,21 @@ static double float8_cast_bytes(const Trainer *t, double rows, double *share) {
     return bytes;
 }
 
+// Muon's Newton-Schulz GEMMs on this rank a step: its whole matrices', and a 1/n share of
+// those n ranks cut (each is one rank's in turn).
+static double muon_gemm_flops(const Trainer *t) {
+    const Muon *m = &t->opt.muon;
+    double flops = 0;
+    for (int i = 0; m->is_muon && i < t->model.params.count; i++) {
+        const Param *p = &t->model.params.items[i];
+        if (!m->is_muon[i] || !p->shard_numel) continue;
+        int n = muon_dist_members(p);
+        flops += n > 1 ? muon_flops(m, p, param_global_numel(p)) / n
+                       : muon_flops(m, p, p->shard_numel);
+    }
+    return flops;
+}
+
 // Rows of one microbatch: the local batch's, or a pipeline microbatch's.
 static double microbatch_rows(const Trainer *t) {
     return (double)t->train.step_T *
@@ -324,7 +349,7 @@ static StepWork step_work(Trainer *t, int sharing) {
                       (model_gemm > 0 ? flops.gemm / model_gemm : 1);
     GemmPrecision compute = gemm_precision_of(t->precision.param);
     w.gemm_flops[GEMM_FLOAT8] = tokens * flops.gemm_done * f8_share;
-    w.gemm_flops[compute] = tokens * flops.gemm_done * (1 - f8_share);
+    w.gemm_flops[compute] = tokens * flops.gemm_done * (1 - f8_share) + muon_gemm_flops(t);
     w.attention_flops = tokens * flops.attention_done;
     // A pipeline's arena holds its peak live microbatches' regions: one microbatch's is a region.
     double per_micro = t->pipeline && pl.regions > 0 ? 1.0 / pl.regions : 1;

@@ -189,6 +189,23 @@ static ArenaBytes train_activation_bytes(Trainer *t) {
     return model_activation_bytes(&t->model, t->k, t->train.B, t->train.step_T);
 }
 
+// Once every placement is made (FSDP's last): the matrices FSDP or tensor parallel cut are
+// gathered whole for Muon (parallel/muon_shards.h).
+static void plan_muon_shards(Trainer *t) {
+    Muon *m = &t->opt.muon;
+    size_t most = 0;
+    char err[1024];
+    for (int i = 0; m->is_muon && i < t->model.params.count; i++) {
+        size_t floats;
+        if (!m->is_muon[i]) continue;
+        if (!muon_dist_plan(&t->model.params.items[i], &floats, err, sizeof err))
+            die_user("%s", err);
+        most = floats > most ? floats : most;
+    }
+    muon_dist_init(&t->muon_dist, &t->mesh, t->k, most);
+    m->shards = most ? &t->muon_dist.hooks : NULL;
+}
+
 // Sizes every arena with the same calls that then carve it (core/arena.h; commit false: all
 // that --estimate and the memory check need), or allocates what that pass sized and carves it
 // (commit true, after a sizing pass).
@@ -221,6 +238,7 @@ static void allocate_arenas(Trainer *t, bool commit) {
     } else {
         model_size(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena);
     }
+    plan_muon_shards(t);
     arena_init_sizing(&t->optim_arena, "optimizer");
     adamw_allocate(&t->opt, m->params.shard_numel, &t->optim_arena);
 }
@@ -421,14 +439,41 @@ static void warn_warmup_cut(const Config *c) {
              c->training.steps == 1 ? "" : "s");
 }
 
-// The optimizer (AdamW, with the parameters' average under training.ema_decay) and its lr
-// schedule.
+// Muon's matrices: optimizer.muon_pattern's.
+static void setup_muon(Trainer *t) {
+    const Config *c = &t->cfg;
+    char origin[1024], err[1536];
+    config_key_origin(c, "optimizer.muon_pattern", origin, sizeof origin);
+    Muon *m = &t->opt.muon;
+    *m = (Muon){.momentum = c->optimizer.momentum, .nesterov = c->optimizer.nesterov,
+                .ns_steps = (int)c->optimizer.ns_steps,
+                .match_rms_adamw = !strcmp(c->optimizer.adjust_lr_fn, "match_rms_adamw")};
+    if (!muon_select(m, &t->model.params, c->optimizer.muon_pattern, origin, err, sizeof err))
+        die_user("%s", err);
+}
+
+// The optimizer (AdamW, or Muon for the matrices with AdamW for the rest; the parameters'
+// average under training.ema_decay) and its lr schedule.
 static void setup_optimizer(Trainer *t) {
     const Config *c = &t->cfg;
     t->opt = (AdamW){.lr = c->optimizer.lr, .beta1 = c->optimizer.beta1,
                      .beta2 = c->optimizer.beta2, .eps = c->optimizer.eps,
                      .weight_decay = c->optimizer.weight_decay,
                      .ema_decay = c->training.ema_decay};
+    if (!strcmp(c->optimizer.name, "Muon")) {
+        setup_muon(t);
+    } else {  // Muon's keys do nothing to another optimizer: set, they are refused by name
+        static const char *const MUON_KEYS[] = {"optimizer.muon_pattern", "optimizer.momentum",
+                                                "optimizer.nesterov", "optimizer.ns_steps",
+                                                "optimizer.adjust_lr_fn"};
+        char origin[1024];
+        for (size_t i = 0; i < sizeof MUON_KEYS / sizeof MUON_KEYS[0]; i++) {
+            CHECK(config_key_origin(c, MUON_KEYS[i], origin, sizeof origin));
+            if (strcmp(origin, "default") != 0)
+                die_user("%s: %s acts on optimizer.name Muon only; this run's optimizer is %s",
+                         origin, MUON_KEYS[i], c->optimizer.name);
+        }
+    }
     double decay_ratio = isnan(c->lr_scheduler.decay_ratio) ? -1 : c->lr_scheduler.decay_ratio;
     t->schedule = lr_schedule_make((int)c->training.steps, (int)c->lr_scheduler.warmup_steps,
                                    decay_ratio, decay_type_of(c->lr_scheduler.decay_type),

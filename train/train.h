@@ -27,6 +27,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/grads.h"
 #include "parallel/mesh.h"
+#include "parallel/muon_shards.h"
 #include "parallel/pp/schedule.h"
 #include "parallel/tp.h"
 
@@ -98,6 +99,7 @@ typedef struct {
     Arena input_arena;            // the step's token ids and positions in the backend's memory
     size_t act_bytes_ac[3];       // the activation arena under each of AC_MODES
     AdamW opt;
+    MuonDist muon_dist;           // opt.muon.shards when Muon's matrices are cut over ranks
     LrSchedule schedule;
     int lr_origin;                // the step the schedule counts from (exclude_from_loading)
     Tokenizer *tokenizer;         // NULL when the data is pre-tokenized and none is named

@@ -259,6 +259,10 @@ check qwen3-moe,dp_shard=2xtp=2,AC 4 $P.data_parallel_shard_degree 2 \
 check deepseek-mtp,dp_shard=2xtp=2,AC 4 $P.data_parallel_shard_degree 2 \
   $P.tensor_parallel_degree 2 --model.name deepseek_v3 --model.flavor small --model.mtp_layers 2 \
   --model.moe_aux_loss_alpha 0.01 --activation_checkpoint.mode full
+# Muon under FSDP and TP: each matrix's update all-gathered over fsdp, then tp, and its
+# orthogonalization broadcast back over tp, then fsdp; its scratch in the optimizer arena.
+check muon,dp_shard=2xtp=2 4 $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2 \
+  --optimizer.name Muon
 # In a pipeline the head's copy of the embedding table (on the last stage) and the first
 # stage's table sum their gradients over pp_tied: rank 0's shard of it a step.
 check deepseek-mtp,pp=2 2 $P.pipeline_parallel_degree 2 $P.pipeline_parallel_microbatch_size 2 \

@@ -1,13 +1,16 @@
 """Trains the PyTorch reference from titan's seed checkpoint and compares titan's metrics.
 
 usage: /usr/bin/python3 tests/reference/check_train.py SEED_CKPT.h5 METRICS.jsonl
-           [--steps N] [--data PATH]
+           [--steps N] [--data PATH] [--dtype float32|float64] [--tolerance X]
 
 The config (titan's resolved YAML) and model args come from the checkpoint's attributes; the
 data from training.dataset_path (relative paths resolve against the current directory, titan's
 repository root) unless --data is given. The reference trains in fp32, titan's own precision,
 with torch.optim.AdamW, torch.nn.utils.clip_grad_norm_ and torchtitan's LR lambda through
-LambdaLR, as torchtitan's train loop does. A MoE model adds its layers' balance loss to the
+LambdaLR, as torchtitan's train loop does; under optimizer.name Muon, the matrices
+optimizer.muon_pattern names take the Muon update below (written from Jordan et al.'s published
+algorithm, as torch.optim.Muon runs it, but in the reference's dtype: --dtype float64 makes the
+whole reference float64) and the rest AdamW. A MoE model adds its layers' balance loss to the
 objective (model.moe_aux_loss_alpha; logged apart as aux_loss) and moves its expert biases
 after clipping, before the optimizer step, by the step's expert load summed over the
 microbatches (model.moe_load_balance_coeff). Every step titan logged is compared: loss,
@@ -17,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 
 import torch
@@ -29,21 +33,72 @@ GRAD_NORM_TOLERANCE = 1e-4
 LR_TOLERANCE = 1e-6
 
 
+def newton_schulz(g, steps, eps=1e-7):
+    """g's orthogonalization: `steps` of the quintic X = a X + (b A + c A^2) X, A = X X^T, on
+    X = g / ||g||_F in its wide orientation (Jordan et al.'s coefficients)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    tall = g.shape[0] > g.shape[1]
+    x = g.T if tall else g
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+class MuonAndAdamW(torch.optim.Optimizer):
+    """Muon for the first param group's matrices (a 3-D stack: one per expert), the inner
+    AdamW for its groups, which this optimizer's param_groups share (LambdaLR sets both)."""
+
+    def __init__(self, matrices, adamw, opt_cfg):
+        super().__init__(matrices, dict(lr=float(opt_cfg["lr"]),
+                                        weight_decay=float(opt_cfg["weight_decay"])))
+        self.adamw, self.momentum = adamw, float(opt_cfg["momentum"])
+        self.nesterov, self.ns_steps = bool(opt_cfg["nesterov"]), int(opt_cfg["ns_steps"])
+        self.rms = opt_cfg["adjust_lr_fn"] == "match_rms_adamw"
+        self.param_groups += adamw.param_groups
+
+    @torch.no_grad()
+    def step(self):
+        group = self.param_groups[0]
+        for p in group["params"]:
+            buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+            buf.lerp_(p.grad, 1 - self.momentum)
+            update = p.grad.lerp(buf, self.momentum) if self.nesterov else buf
+            rows, cols = p.shape[-2:]
+            ortho = torch.stack([newton_schulz(u, self.ns_steps)
+                                 for u in update.reshape(-1, rows, cols)]).reshape(p.shape)
+            ratio = 0.2 * math.sqrt(max(rows, cols)) if self.rms else math.sqrt(max(1, rows / cols))
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+            p.add_(ortho, alpha=-group["lr"] * ratio)
+        self.adamw.step()
+
+
 def build_optimizer(model, config, ckpt_path, start_step):
-    """AdamW + LambdaLR positioned after `start_step` updates (moments restored if saved)."""
+    """AdamW (or Muon and AdamW) + LambdaLR positioned after `start_step` updates (moments
+    restored if saved)."""
     opt_cfg, training = config["optimizer"], config["training"]
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=float(opt_cfg["lr"]), eps=float(opt_cfg["eps"]),
+    muon = opt_cfg["name"] == "Muon"
+    pattern = re.compile(opt_cfg["muon_pattern"])
+    is_muon = {name: muon and bool(pattern.search(name)) for name, _ in model.named_parameters()}
+    adamw = torch.optim.AdamW(
+        [p for name, p in model.named_parameters() if not is_muon[name]],
+        lr=float(opt_cfg["lr"]), eps=float(opt_cfg["eps"]),
         betas=(float(opt_cfg["beta1"]), float(opt_cfg["beta2"])),
         weight_decay=float(opt_cfg["weight_decay"]))
+    optimizer = adamw if not muon else MuonAndAdamW(
+        [p for name, p in model.named_parameters() if is_muon[name]], adamw, opt_cfg)
     moments = llama_ref.load_optimizer_state(ckpt_path, model)
     if start_step > 0 and moments is None:
         raise SystemExit(f"{ckpt_path}: step {start_step} but no /optimizer state to resume")
     if moments is not None and start_step > 0:
         for name, param in model.named_parameters():
             exp_avg, exp_avg_sq = moments[name]
-            optimizer.state[param] = {"step": torch.tensor(float(start_step)),
-                                      "exp_avg": exp_avg.clone(), "exp_avg_sq": exp_avg_sq.clone()}
+            if is_muon[name]:  # titan keeps Muon's momentum as exp_avg
+                optimizer.state[param] = {"momentum_buffer": exp_avg.clone()}
+                continue
+            adamw.state[param] = {"step": torch.tensor(float(start_step)),
+                                  "exp_avg": exp_avg.clone(), "exp_avg_sq": exp_avg_sq.clone()}
     for group in optimizer.param_groups:
         group["initial_lr"] = group["lr"]
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -101,10 +156,10 @@ def train_step(model, optimizer, scheduler, stream, step, training, bias_coeff):
     return sum(losses) / accum, grad_norm.item(), lr, aux
 
 
-def train(ckpt_path, steps, data_path):
+def train(ckpt_path, steps, data_path, dtype):
     """Reference metrics {step: (loss, grad_norm, lr, aux_loss)} for `steps` updates after the
     checkpoint."""
-    model, _, config = llama_ref.load_checkpoint(ckpt_path)
+    model, _, config = llama_ref.load_checkpoint(ckpt_path, dtype)
     bias_coeff = model.configure_moe(config["model"])
     training = config["training"]
     stream = llama_ref.read_tokens(data_path or training["dataset_path"])
@@ -161,14 +216,21 @@ def compare(titan, torch_metrics):
 
 
 def main():
+    global LOSS_TOLERANCE, GRAD_NORM_TOLERANCE
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("seed_ckpt")
     parser.add_argument("metrics")
     parser.add_argument("--steps", type=int, help="updates to train (default: training.steps)")
     parser.add_argument("--data", help="token shard or directory (default: training.dataset_path)")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                        help="the reference's (default: float32, titan's)")
+    parser.add_argument("--tolerance", type=float, default=LOSS_TOLERANCE,
+                        help=f"loss and grad_norm bound, relative (default: {LOSS_TOLERANCE:g})")
     args = parser.parse_args()
+    LOSS_TOLERANCE = GRAD_NORM_TOLERANCE = args.tolerance
     titan = read_metrics(args.metrics)
-    return 0 if compare(titan, train(args.seed_ckpt, args.steps, args.data)) else 1
+    dtype = getattr(torch, args.dtype)
+    return 0 if compare(titan, train(args.seed_ckpt, args.steps, args.data, dtype)) else 1
 
 
 if __name__ == "__main__":
