@@ -8,7 +8,7 @@
 #   takes 70 s.)
 # - The debug model's layouts within 1e-5 of the 1-rank run: FSDP, TP and both (each matrix
 #   gathered whole and orthogonalized by one rank of those cutting it, in turn) and pp (whole
-#   on each rank); a checkpoint (Muon's momentum as exp_avg) saved on one rank resumes under
+#   on each rank); Qwen3 small_moe's under ep 2 x dp_shard 2 (whole experts); a checkpoint (Muon's momentum as exp_avg) saved on one rank resumes under
 #   dp_shard 2 x tp 2; another optimizer's state is refused.
 # - Bad settings, one line, exit 2: a pattern matching a 1-D parameter, matching none, not a
 #   regular expression; a Muon key under AdamW.
@@ -51,6 +51,12 @@ layout tp=2 2 8 $P.tensor_parallel_degree 2 $P.data_parallel_shard_degree 1
 layout dp_shard=2xtp=2 4 4 $P.data_parallel_shard_degree 2 $P.tensor_parallel_degree 2
 layout pp=2 2 8 $P.pipeline_parallel_degree 2 $P.pipeline_parallel_microbatch_size 2 \
   $P.data_parallel_shard_degree 1
+# Expert parallel keeps each expert whole on its rank while FSDP cuts the dense matrices.
+MOE=(--model.name qwen3 --model.flavor small_moe)
+$TITAN "${lrun[@]}" "${MOE[@]}" --training.local_batch_size 8 --job.dump_folder "$SCRATCH/moe-ref" \
+  >/dev/null
+REF_RUN=moe-ref layout moe,ep=2xdp_shard=2 2 4 "${MOE[@]}" $P.data_parallel_shard_degree 2 \
+  $P.expert_parallel_degree 2
 
 mkdir -p "$SCRATCH/resumed/checkpoint"
 cp "$SCRATCH/ref/checkpoint/step-5.h5" "$SCRATCH/resumed/checkpoint/"
