@@ -14,11 +14,12 @@
 // tokenizer.json, tokenizer_config.json, generation_config.json and config.json's BOS/EOS ids
 // (convert/hf_tokenizer.c).
 // To titan: HF_PATH is a folder with config.json and model.safetensors or a sharded index;
-// OUT.h5 is a model-only checkpoint (with the MTP modules a DeepSeek-V3 release holds) as create_seed_checkpoint writes (step 0, no optimizer),
-// for checkpoint.initial_load_path, generate and the reference tools, its stored config only
-// the model.name of the architecture whose reader takes the folder and the training.seq_len
-// HF's max_position_embeddings gives. The weights go through fp32 both
-// ways, so titan -> HF (float32) -> titan gives back every tensor bit for bit.
+// OUT.h5 is a model-only checkpoint (with the MTP modules a DeepSeek-V3 release holds) as
+// create_seed_checkpoint writes (step 0, no optimizer), for checkpoint.initial_load_path,
+// generate and the reference tools, its stored config only the model.name of the
+// architecture whose reader takes the folder and the training.seq_len HF's
+// max_position_embeddings gives. The weights go through fp32 both ways, so titan -> HF
+// (float32) -> titan gives back every tensor bit for bit.
 #include "convert/convert.h"
 
 #include <errno.h>

@@ -7,12 +7,6 @@
 #include "core/param.h"
 #include "kernels/kernels.h"
 
-// Muon (optim/muon.c; Jordan et al. 2024, torch.optim.Muon) for the matrices it selects: per
-// matrix, momentum = beta momentum + (1 - beta) grad; U = (1 - beta) grad + beta momentum
-// (Nesterov) or the momentum; O = U orthogonalized by ns_steps of Newton-Schulz's quintic
-// (torch's coefficients) on U / ||U||_F; w = (1 - lr wd) w - lr adjust(rows, cols) O. A
-// stacked expert weight (E, rows, cols) is E matrices. A matrix cut over ranks (FSDP, TP) is
-// made whole for the iteration by Muon.shards.
 // How Muon's matrices cut over ranks are made whole and cut again (parallel/muon_shards.h,
 // torchtitan's DistMuon).
 typedef struct MuonShards MuonShards;
@@ -29,6 +23,12 @@ struct MuonShards {
     size_t floats;
 };
 
+// Muon (optim/muon.c; Jordan et al. 2024, torch.optim.Muon) for the matrices it selects: per
+// matrix, momentum = beta momentum + (1 - beta) grad; U = (1 - beta) grad + beta momentum
+// (Nesterov) or the momentum; O = U orthogonalized by ns_steps of Newton-Schulz's quintic
+// (torch's coefficients) on U / ||U||_F; w = (1 - lr wd) w - lr adjust(rows, cols) O. A
+// stacked expert weight (E, rows, cols) is E matrices. A matrix cut over ranks (FSDP, TP) is
+// made whole for the iteration by Muon.shards.
 typedef struct {
     double momentum;
     bool nesterov, match_rms_adamw;  // adjust_lr_fn: match_rms_adamw, else original

@@ -87,7 +87,8 @@ static float *gather(MuonShards *h, const Param *p, int ordinal, const float *sh
             RunCopy r = {d->k, whole, all + ((size_t)t * c.nf + f) * S, true};
             param_box_runs(p, &box, run_copy, &r);
         }
-    int t = c.tp >= 0 ? p->placements[c.tp].rank : 0, f = c.fsdp >= 0 ? p->placements[c.fsdp].rank : 0;
+    int t = c.tp >= 0 ? p->placements[c.tp].rank : 0;
+    int f = c.fsdp >= 0 ? p->placements[c.fsdp].rank : 0;
     return t * c.nf + f == owner_of(&c, ordinal) ? whole : NULL;
 }
 

@@ -137,7 +137,8 @@ static void embed_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
     const DecoderEmbed *e = b->self;
     int BT = s->B * s->T, D = e->args->dim;
     float *full = s->tp ? arena_floats(s->act, (size_t)BT * D) : NULL;
-    if (!step_sizing(s)) embed_rows_backward(e->tok_embeddings, s, dy, token_batch(s)->tokens, full);
+    if (!step_sizing(s))
+        embed_rows_backward(e->tok_embeddings, s, dy, token_batch(s)->tokens, full);
 }
 
 // ---- transformer block: h = x + Attention(attention_norm(x)); y = h + FFN(ffn_norm(h)) ------
