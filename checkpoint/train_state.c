@@ -1,6 +1,7 @@
 #include "checkpoint/train_state.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,30 +12,35 @@ enum { MODEL, EXP_AVG, EXP_AVG_SQ, EMA, N_KINDS };
 static const char *const GROUP[N_KINDS] = {"/model/", "/optimizer/exp_avg/",
                                            "/optimizer/exp_avg_sq/", "/ema/"};
 
-// One CkptTensor per parameter and kind: its global shape and this rank's shard box.
+// One CkptTensor per parameter and kind that has it: its global shape and this rank's shard box.
 typedef struct {
     CkptTensor *tensors;
+    int *param;  // each tensor's parameter
     char (*names)[PARAM_NAME_MAX + 32];
     ParamBox *boxes;  // (params->count) shared by the kinds
     int count;
 } TensorList;
 
-// The tensors of the n_kinds kinds listed, each kind's shards laid out like params' at base[k].
+// The tensors of the n_kinds kinds listed, each kind's shards at base[k]: laid out like
+// params', but AdamW's second moments where opt says (none for Muon's matrices).
 static TensorList tensor_list(const ParamTable *params, const int *kinds, float *const *base,
-                              int n_kinds) {
+                              int n_kinds, const AdamW *opt) {
     int n = params->count;
     TensorList l = {.tensors = xcalloc((size_t)n * n_kinds, sizeof(CkptTensor)),
+                    .param = xcalloc((size_t)n * n_kinds, sizeof(int)),
                     .names = xcalloc((size_t)n * n_kinds, sizeof *l.names),
-                    .boxes = xcalloc((size_t)n, sizeof(ParamBox)), .count = n * n_kinds};
+                    .boxes = xcalloc((size_t)n, sizeof(ParamBox))};
     for (int i = 0; i < n; i++) l.boxes[i] = param_box(&params->items[i], true);
     for (int k = 0; k < n_kinds; k++) {
         for (int i = 0; i < n; i++) {
             const Param *p = &params->items[i];
-            int j = k * n + i;
+            size_t at = kinds[k] == EXP_AVG_SQ ? adamw_second_at(opt, params, i) : p->shard_offset;
+            if (at == SIZE_MAX) continue;
+            int j = l.count++;
             snprintf(l.names[j], sizeof l.names[j], "%s%s", GROUP[kinds[k]], p->name);
+            l.param[j] = i;
             l.tensors[j] = (CkptTensor){.path = l.names[j], .ndim = p->ndim,
-                                        .shape = p->global_shape,
-                                        .data = base[k] + p->shard_offset,
+                                        .shape = p->global_shape, .data = base[k] + at,
                                         .box = &l.boxes[i],
                                         .replica = !param_is_primary_replica(p)};
         }
@@ -52,11 +58,12 @@ static TensorList state_list(const ParamTable *params, const AdamW *opt, bool em
         kinds[n] = EXP_AVG_SQ, base[n++] = opt->exp_avg_sq;
     }
     if (ema) kinds[n] = EMA, base[n++] = opt->ema;
-    return tensor_list(params, kinds, base, n);
+    return tensor_list(params, kinds, base, n, opt);
 }
 
 static void tensor_list_free(TensorList *l) {
     free(l->tensors);
+    free(l->param);
     free(l->names);
     free(l->boxes);
 }
@@ -64,8 +71,8 @@ static void tensor_list_free(TensorList *l) {
 // FSDP's padding after each box: zero, as the optimizer's invariant needs.
 static void padding_zero(const TensorList *l, const ParamTable *params) {
     for (int j = 0; j < l->count; j++) {
-        const Param *p = &params->items[j % params->count];
-        size_t n = box_numel(&l->boxes[j % params->count]);
+        const Param *p = &params->items[l->param[j]];
+        size_t n = box_numel(&l->boxes[l->param[j]]);
         memset(l->tensors[j].data + n, 0, (p->shard_numel - n) * sizeof(float));
     }
 }
@@ -87,7 +94,7 @@ bool train_state_try_save(const char *path, const ParamTable *params, const Adam
     // A copy's tensor is its original's (Param.copy): written once, under the original.
     int n = 0;
     for (int j = 0; j < list.count; j++)
-        if (!params->items[j % params->count].copy) list.tensors[n++] = list.tensors[j];
+        if (!params->items[list.param[j]].copy) list.tensors[n++] = list.tensors[j];
     bool ok = ckpt_try_save(path, list.tensors, n, attrs, n_attrs, comm, err, errlen);
     free(attrs);
     tensor_list_free(&list);
@@ -127,7 +134,7 @@ void train_state_load_ema(const char *path, ParamTable *params) {
                  "training.ema_decay 0 (or it is a seed checkpoint)", path);
     static const int kinds[] = {EMA};
     float *const base[] = {params->shard_data};
-    TensorList list = tensor_list(params, kinds, base, 1);
+    TensorList list = tensor_list(params, kinds, base, 1, NULL);
     ckpt_load(path, list.tensors, list.count);
     padding_zero(&list, params);
     tensor_list_free(&list);

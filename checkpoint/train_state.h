@@ -1,5 +1,6 @@
 // What a training checkpoint holds, in torchtitan's terms: the model's state dict under
-// /model/<fqn>, AdamW's exp_avg / exp_avg_sq under /optimizer/..., titan's average of the
+// /model/<fqn>, AdamW's exp_avg / exp_avg_sq under /optimizer/... (Muon's matrices: their
+// momentum as exp_avg, no exp_avg_sq), titan's average of the
 // weights under /ema/<fqn> (training.ema_decay > 0), and the progress (step,
 // optimizer step, data-loader position) plus the resolved config and the model's arguments
 // as root attributes. A seed checkpoint (checkpoint.create_seed_checkpoint) has the model only.

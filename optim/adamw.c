@@ -1,12 +1,9 @@
 #include "optim/optim.h"
 
-void adamw_allocate(AdamW *opt, size_t numel, Arena *state) {
-    opt->numel = numel;
-    opt->exp_avg = arena_floats(state, numel);
-    opt->exp_avg_sq = arena_floats(state, numel);
-    opt->ema = opt->ema_decay > 0 ? arena_floats(state, numel) : NULL;
-    if (opt->muon.is_muon) muon_allocate(&opt->muon, state);
-}
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "core/errors.h"
 
 // Whether AdamW updates parameter i: not a buffer (Param.buffer: weight decay would shrink
 // it), nor one of Muon's.
@@ -14,11 +11,36 @@ static bool adamw_updates(const AdamW *opt, const ParamTable *params, int i) {
     return !params->items[i].buffer && !(opt->muon.is_muon && opt->muon.is_muon[i]);
 }
 
-static void update(const AdamW *opt, const KernelOps *k, ParamTable *params, size_t first,
-                   size_t n, double lr) {
+size_t adamw_second_at(const AdamW *opt, const ParamTable *params, int i) {
+    return opt->second_at ? opt->second_at[i] : params->items[i].shard_offset;
+}
+
+void adamw_allocate(AdamW *opt, const ParamTable *params, Arena *state) {
+    opt->numel = opt->second_numel = params->shard_numel;
+    if (opt->muon.is_muon) {  // the second moments of the others, one after another
+        free(opt->second_at);
+        opt->second_at = xcalloc((size_t)params->count, sizeof(size_t));
+        opt->second_numel = 0;
+        for (int i = 0; i < params->count; i++) {
+            bool muon = opt->muon.is_muon[i];
+            opt->second_at[i] = muon ? SIZE_MAX : opt->second_numel;
+            opt->second_numel += muon ? 0 : params->items[i].shard_numel;
+        }
+    }
+    opt->exp_avg = arena_floats(state, opt->numel);
+    opt->exp_avg_sq = arena_floats(state, opt->second_numel);
+    opt->ema = opt->ema_decay > 0 ? arena_floats(state, opt->numel) : NULL;
+    if (opt->muon.is_muon) muon_allocate(&opt->muon, state);
+}
+
+// AdamW over the n floats of shard storage from parameter i's shard on: parameters laid out
+// one after another, every one AdamW's.
+static void update(const AdamW *opt, const KernelOps *k, ParamTable *params, int i, size_t n,
+                   double lr) {
+    size_t first = params->items[i].shard_offset, second = adamw_second_at(opt, params, i);
     k->adamw_update(params->shard_data + first, params->shard_grad + first, opt->exp_avg + first,
-                    opt->exp_avg_sq + first, n, (float)lr, (float)opt->beta1, (float)opt->beta2,
-                    (float)opt->eps, (float)opt->weight_decay, opt->step);
+                    opt->exp_avg_sq + second, n, (float)lr, (float)opt->beta1,
+                    (float)opt->beta2, (float)opt->eps, (float)opt->weight_decay, opt->step);
 }
 
 // One update over the whole shard buffer; when some parameters are not AdamW's, one per run of
@@ -27,20 +49,22 @@ static void update_trained(AdamW *opt, const KernelOps *k, ParamTable *params, d
     bool others = false;
     for (int i = 0; i < params->count; i++) others = others || !adamw_updates(opt, params, i);
     if (!others) {
-        update(opt, k, params, 0, opt->numel, lr);
+        if (params->count) update(opt, k, params, 0, opt->numel, lr);
         return;
     }
-    size_t first = 0, end = 0;
+    int run = -1;  // the first parameter of the run, -1: none open
+    size_t end = 0;
     for (int i = 0; i < params->count; i++) {
         const Param *p = &params->items[i];
         bool mine = adamw_updates(opt, params, i);
-        if (!mine || p->shard_offset != end) {
-            if (end > first) update(opt, k, params, first, end - first, lr);
-            first = end = p->shard_offset + (mine ? 0 : p->shard_numel);
+        if (run >= 0 && (!mine || p->shard_offset != end)) {
+            update(opt, k, params, run, end - params->items[run].shard_offset, lr);
+            run = -1;
         }
-        if (mine) end = p->shard_offset + p->shard_numel;
+        if (mine && run < 0) run = i;
+        end = p->shard_offset + p->shard_numel;
     }
-    if (end > first) update(opt, k, params, first, end - first, lr);
+    if (run >= 0) update(opt, k, params, run, end - params->items[run].shard_offset, lr);
 }
 
 static void update_muon(AdamW *opt, const KernelOps *k, ParamTable *params, double lr) {

@@ -61,20 +61,27 @@ typedef struct {
     int step;               // updates done so far (AdamW's t is step + 1 in the next update)
     size_t numel;
     float *exp_avg;         // first moment, laid out like ParamTable.shard_data
-    float *exp_avg_sq;      // second moment
+    float *exp_avg_sq;      // (second_numel) second moment: laid out like shard_data, or, with
+                            // Muon's matrices (which have none), at second_at
+    size_t second_numel;
+    size_t *second_at;      // (parameters) where each one's second moment starts, SIZE_MAX
+                            // for Muon's; NULL: at its shard_offset
     // The weights' exponential moving average (training.ema_decay > 0, else NULL), laid out
     // like shard_data: it lives with the moments, so that it is sharded, checkpointed and
     // resharded as they are.
     double ema_decay;
     float *ema;
     // optimizer.name Muon: the matrices it updates in AdamW's place, each one's exp_avg its
-    // momentum buffer (exp_avg_sq unused, zero).
+    // momentum buffer.
     Muon muon;
 } AdamW;
 
-// Carves both moments, and the average when ema_decay > 0, from the optimizer arena (zeroed
-// by arena_commit: the caller starts the average from the weights).
-void adamw_allocate(AdamW *opt, size_t numel, Arena *state);
+// Carves both moments (the second for AdamW's parameters only), and the average when
+// ema_decay > 0, from the optimizer arena (zeroed by arena_commit: the caller starts the
+// average from the weights).
+void adamw_allocate(AdamW *opt, const ParamTable *params, Arena *state);
+// Where parameter i's second moment starts in exp_avg_sq; SIZE_MAX: it has none (Muon's).
+size_t adamw_second_at(const AdamW *opt, const ParamTable *params, int i);
 // One update of every parameter's shard at learning rate lr (torchtitan applies weight decay
 // to all): Muon's for its matrices, AdamW's for the others; then of the average over the whole
 // shard (buffers averaged too, as they change).

@@ -218,7 +218,7 @@ static void allocate_arenas(Trainer *t, bool commit) {
             model_allocate(m, t->act_arena.peak, &t->param_arena, &t->grad_arena, &t->act_arena,
                            &t->memory);
         arena_commit(&t->optim_arena, &t->memory);
-        adamw_allocate(&t->opt, m->params.shard_numel, &t->optim_arena);
+        adamw_allocate(&t->opt, &m->params, &t->optim_arena);
         if (t->pipeline) trainer_pipeline_start(t);
         return;
     }
@@ -240,7 +240,7 @@ static void allocate_arenas(Trainer *t, bool commit) {
     }
     plan_muon_shards(t);
     arena_init_sizing(&t->optim_arena, "optimizer");
-    adamw_allocate(&t->opt, m->params.shard_numel, &t->optim_arena);
+    adamw_allocate(&t->opt, &m->params, &t->optim_arena);
 }
 
 // "name 10.0 MiB (bf16 8.00, fp32 2.00)": an arena's size, split by the dtypes it holds at its

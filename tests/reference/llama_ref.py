@@ -582,12 +582,14 @@ def checkpoint_step(path):
 
 
 def load_optimizer_state(path, model):
-    """The checkpoint's AdamW moments as {param name: (exp_avg, exp_avg_sq)}, or None if absent."""
+    """The checkpoint's AdamW moments as {param name: (exp_avg, exp_avg_sq)}, or None if absent
+    (a Muon matrix: its momentum as exp_avg, exp_avg_sq None)."""
     with h5py.File(path, "r") as f:
         if "optimizer/exp_avg" not in f:
             return None
+        second = f["optimizer/exp_avg_sq"]
         return {name: (torch.from_numpy(f["optimizer/exp_avg/" + name][...]),
-                       torch.from_numpy(f["optimizer/exp_avg_sq/" + name][...]))
+                       torch.from_numpy(second[name][...]) if name in second else None)
                 for name, _ in model.named_parameters()}
 
 
