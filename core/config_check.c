@@ -150,7 +150,7 @@ static bool relations_check(const Config *c, char *err, size_t n) {
            degrees_fit(c, err, n) && debug_server_check(c, err, n);
 }
 
-// "... is not implemented yet (implemented: AdamW)"; a boolean's one value goes unsaid.
+// "... is not implemented yet (implemented: AdamW, Muon)"; a boolean's one value goes unsaid.
 static bool not_implemented_error(const Config *c, const Implemented *r, char *err, size_t n) {
     char what[256] = "is not implemented yet";
     if (spec_must_find(r->name)->type != CONFIG_BOOL) {

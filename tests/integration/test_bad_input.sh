@@ -46,7 +46,7 @@ expect_user_error "^titan: error: unknown option '--print-confg' \(did you mean 
   $TITAN "${SMALL[@]}" --print-confg
 expect_user_error "^titan: error: unknown option '--estimat' \(did you mean '--estimate'\?\)$" \
   $TITAN "${SMALL[@]}" --estimat
-expect_user_error "^titan: error: --optimizer.name: optimizer.name = 'Adam' is not implemented yet \(implemented: AdamW\)$" \
+expect_user_error "^titan: error: --optimizer.name: optimizer.name = 'Adam' is not implemented yet \(implemented: AdamW, Muon\)$" \
   $TITAN "${SMALL[@]}" --optimizer.name Adam
 expect_user_error "^titan: error: parallelism: 1 ranks cannot be split into pp x dp_replicate x cp x tp = 8 groups to infer data_parallel_shard_degree; try --estimate --world-size 8$" \
   $TITAN --estimate --config configs/llama3_70b.yaml

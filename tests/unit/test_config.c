@@ -328,7 +328,7 @@ static void test_check_supported(void **state) {
                        "(implemented: [], [float8])");
     supported_error_is("--optimizer.name=Adam",
                        "--optimizer.name: optimizer.name = 'Adam' is not implemented yet "
-                       "(implemented: AdamW)");
+                       "(implemented: AdamW, Muon)");
     supported_error_is("--training.compile",
                        "--training.compile: training.compile = true is not implemented yet");
     supported_error_is("--training.global_batch_size=12",
@@ -587,7 +587,7 @@ static void test_messages_are_one_line(void **state) {
                   "'training.steps'?)");
     file_error_is("\"tr'ain\": {}\n", "1:1: unknown section 'tr\\'ain'");
     char *value[] = {"titan", "--optimizer.name", "Ad\nam"};
-    arg_error_is(3, value, "--optimizer.name: expects one of Adam, AdamW, got 'Ad\\nam'");
+    arg_error_is(3, value, "--optimizer.name: expects one of Adam, AdamW, Muon, got 'Ad\\nam'");
     char *stray[] = {"titan", "x\ny"};
     arg_error_is(2, stray, "unexpected argument 'x\\ny'");
     char long_value[1000];

@@ -372,9 +372,9 @@ static void test_balance_update_and_optimizer(void **state) {
     for (size_t i = 0; i < t.numel; i++) t.grad[i] = 0.5f;  // as if a gradient reached all
     AdamW opt = {.lr = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
     arena_init_sizing(&opt_state, "opt");
-    adamw_allocate(&opt, t.shard_numel, &opt_state);
+    adamw_allocate(&opt, &t, &opt_state);
     arena_commit(&opt_state, NULL);
-    adamw_allocate(&opt, t.shard_numel, &opt_state);
+    adamw_allocate(&opt, &t, &opt_state);
     adamw_step(&opt, k, &t, opt.lr);
     for (int e = 0; e < 4; e++) {
         assert_true(fabsf(b.bias[0]->data[e] - want[e]) < 1e-7f);
