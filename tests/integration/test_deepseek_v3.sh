@@ -189,6 +189,8 @@ $PY -c "import sys, h5py; assert 'model.mtp_layers' not in h5py.File(sys.argv[1]
   "$SCRATCH/hf-edit.h5" || fail "an import made MTP modules the weights do not hold"
 expect_user_error "^titan: error: --mtp: checkpoint .* has no multi-token prediction modules$" \
   $TITAN convert --to hf --mtp "$ckpt" "$SCRATCH/hf-none"
+expect_user_error "^titan: error: --mtp applies to --to hf: an import takes the MTP modules the weights hold$" \
+  $TITAN convert --to titan --mtp "$SCRATCH/hf-kept" "$SCRATCH/none.h5"
 expect_user_error "DeepseekV3ForCausalLM's router scores by sigmoid" \
   $TITAN convert --to hf "$SCRATCH/debug/checkpoint/step-0.h5" "$SCRATCH/hf-debug"
 hf_refused() {  # python edit of config.json (c), pattern: the import refuses it in one line

@@ -186,6 +186,10 @@ expect_user_error "odd/0.h5.*15.*patch" \
   $TITAN "${FLUX[@]}" --training.dataset_path "$SCRATCH/odd"
 expect_user_error "parallelism.tensor_parallel_degree 8 does not divide num_heads \\(4\\)" \
   $TITAN "${FLUX[@]}" --estimate --world-size 8 --parallelism.tensor_parallel_degree 8
+# Muon cannot make a fused weight tp cuts in blocks whole (yet).
+expect_user_error "optimizer.name Muon cannot gather double_blocks.0.img_attn.qkv.weight whole: it is cut in blocks" \
+  $TITAN "${FLUX[@]}" --estimate --world-size 2 --parallelism.tensor_parallel_degree 2 \
+  --optimizer.name Muon --optimizer.muon_pattern 'attn\.qkv\.weight$' 
 expect_user_error "context_parallel_degree 16: FLUX's joint sequence of 72 tokens .* not a multiple" \
   $TITAN "${FLUX[@]}" --estimate --world-size 16 --parallelism.context_parallel_degree 16
 expect_user_error "training.classifier_free_guidance_prob does nothing: model llama3" \

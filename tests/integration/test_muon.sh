@@ -11,7 +11,8 @@
 #   on each rank); Qwen3 small_moe's under ep 2 x dp_shard 2 (whole experts); a checkpoint (Muon's momentum as exp_avg) saved on one rank resumes under
 #   dp_shard 2 x tp 2; another optimizer's state is refused.
 # - Bad settings, one line, exit 2: a pattern matching a 1-D parameter, matching none, not a
-#   regular expression; a Muon key under AdamW.
+#   regular expression; a Muon key under AdamW; a resume under another pattern; an expert
+#   stack efsdp cuts (and, in test_flux_train, a fused weight tp cuts in blocks).
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -79,5 +80,11 @@ expect_user_error "^titan: error: --optimizer.muon_pattern: optimizer.muon_patte
   $TITAN "${lrun[@]}" --optimizer.muon_pattern 'nothing' --job.dump_folder "$SCRATCH/bad"
 expect_user_error "^titan: error: --optimizer.muon_pattern: optimizer.muon_pattern is not a regular expression: missing closing parenthesis" \
   $TITAN "${lrun[@]}" --optimizer.muon_pattern '(wq' --job.dump_folder "$SCRATCH/bad"
+expect_user_error "^titan: error: optimizer.name Muon cannot gather layers.0.moe.routed_experts.inner_experts.w1_EFD whole: it is an expert weight FSDP shards over efsdp" \
+  $TITAN "${lrun[@]}" "${MOE[@]}" --estimate --world-size 4 $P.data_parallel_shard_degree 4 \
+  $P.expert_parallel_degree 2 --training.global_batch_size 16
+expect_user_error "holds the state of optimizer.muon_pattern .*, this run has wq" \
+  $TITAN "${lrun[@]}" --training.local_batch_size 8 --optimizer.muon_pattern wq \
+  --checkpoint.enable --job.dump_folder "$SCRATCH/adamw"
 expect_user_error "^titan: error: --optimizer.ns_steps: optimizer.ns_steps acts on optimizer.name Muon only; this run's optimizer is AdamW" \
   $TITAN "${SMALL[@]}" --optimizer.ns_steps 3 --job.dump_folder "$SCRATCH/bad"
