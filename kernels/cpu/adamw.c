@@ -23,3 +23,14 @@ void cpu_ema_update(float *ema, const float *param, size_t n, float weight) {
 #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++) ema[i] += weight * (param[i] - ema[i]);
 }
+
+void cpu_outer_sgd_update(float *outer, float *momentum, float *param, const float *delta,
+                          size_t n, float lr, float mu, bool nesterov, float alpha) {
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) {
+        float m = momentum[i] * mu + delta[i];
+        momentum[i] = m;
+        outer[i] -= lr * (nesterov ? delta[i] + mu * m : m);
+        param[i] = outer[i] + alpha * (param[i] - outer[i]);
+    }
+}

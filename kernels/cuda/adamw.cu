@@ -69,3 +69,23 @@ void cuda_ema_update(float *ema, const float *param, size_t n, float weight) {
     ema_update_elements<<<cuda_grid(n), CUDA_THREADS, 0, cuda_stream()>>>(ema, param, n, weight);
     CUDA_LAUNCH_CHECK();
 }
+
+static __global__ void outer_sgd_elements(float *outer, float *momentum, float *param,
+                                          const float *delta, size_t n, float lr, float mu,
+                                          bool nesterov, float alpha) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float m = momentum[i] * mu + delta[i];
+        momentum[i] = m;
+        float o = outer[i] - lr * (nesterov ? delta[i] + mu * m : m);
+        outer[i] = o;
+        param[i] = o + alpha * (param[i] - o);
+    }
+}
+
+void cuda_outer_sgd_update(float *outer, float *momentum, float *param, const float *delta,
+                           size_t n, float lr, float mu, bool nesterov, float alpha) {
+    outer_sgd_elements<<<cuda_grid(n), CUDA_THREADS, 0, cuda_stream()>>>(
+        outer, momentum, param, delta, n, lr, mu, nesterov, alpha);
+    CUDA_LAUNCH_CHECK();
+}

@@ -1065,6 +1065,31 @@ static void check_ema(size_t n) {
     pair_free(&a.ema), pair_free(&a.p);
 }
 
+typedef struct {
+    Pair outer, momentum, param, delta;
+    size_t n;
+} OuterArgs;
+
+static void outer_run(int s, void *ctx) {
+    OuterArgs *a = ctx;
+    side[s]->outer_sgd_update(F(a->outer, s), F(a->momentum, s), F(a->param, s), F(a->delta, s),
+                              a->n, 0.7f, 0.9f, true, 0.25f);
+}
+
+// DiLoCo's outer step: the weights move by lr times the momentum-corrected pseudo-gradient,
+// their error normalised by that move (cuda may fuse the multiply-adds).
+static void check_outer_sgd(size_t n) {
+    OuterArgs a = {pair_random(n, -1, 1), pair_random(n, -0.01, 0.01), pair_random(n, -1, 1),
+                   pair_random(n, -0.01, 0.01), n};
+    char shape[32];
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    Output out[] = {{"outer", &a.outer, NULL, CMP_INCREMENT, BOUND_FP32},
+                    {"momentum", &a.momentum, NULL, CMP_NORMALISED, BOUND_FP32},
+                    {"param", &a.param, NULL, CMP_INCREMENT, BOUND_FP32}};
+    op_check("outer_sgd_update", shape, outer_run, &a, out, 3);
+    pair_free(&a.outer), pair_free(&a.momentum), pair_free(&a.param), pair_free(&a.delta);
+}
+
 // ---- diffusion transformer (FLUX) ------------------------------------------------------------
 
 typedef struct {
@@ -1757,6 +1782,7 @@ static int table_holes(const KernelOps *k) {
     NEED(moe_unpermute), NEED(moe_weight_grad), NEED(grouped_matmul), NEED(moe_aux_stats);
     NEED(moe_aux_backward);
     NEED(to_bf16), NEED(from_bf16), NEED(adamw_update), NEED(ema_update);
+    NEED(outer_sgd_update);
     NEED(float8_amax), NEED(float8_quantize), NEED(matmul_float8_workspace_bytes);
     NEED(matmul_float8), NEED(float8_transpose), NEED(grouped_matmul_float8_workspace_bytes);
     NEED(grouped_matmul_float8);
@@ -1821,6 +1847,8 @@ static void check_all(void) {
     check_adamw(((size_t)1 << 24) + 5, 10);
     check_ema(5);
     check_ema(((size_t)1 << 24) + 5);
+    check_outer_sgd(5);
+    check_outer_sgd(((size_t)1 << 20) + 5);
     check_float8();
 }
 

@@ -977,6 +977,36 @@ static void test_adamw(void **state) {
     free(p);
 }
 
+// The outer SGD step against the header's formula in double, Nesterov and plain, with the
+// local weights kept in part (alpha) and replaced (alpha 0), over two steps (momentum from zero).
+static void test_outer_sgd(void **state) {
+    (void)state;
+    rng_seed(13);
+    enum { N = 777 };
+    const float lr = 0.7f, mu = 0.9f;
+    for (int variant = 0; variant < 2; variant++) {
+        bool nesterov = variant == 0;
+        float alpha = nesterov ? 0.0f : 0.25f;
+        float *outer = floats_random(N, 1.0), *param = floats_random(N, 1.0), mom[N] = {0};
+        double ro[N], rm[N] = {0}, rp[N];
+        for (int i = 0; i < N; i++) ro[i] = outer[i], rp[i] = param[i];
+        for (int step = 0; step < 2; step++) {
+            float *delta = floats_random(N, 0.01);
+            ops->outer_sgd_update(outer, mom, param, delta, N, lr, mu, nesterov, alpha);
+            for (int i = 0; i < N; i++) {
+                rm[i] = mu * rm[i] + delta[i];
+                ro[i] -= lr * (nesterov ? delta[i] + mu * rm[i] : rm[i]);
+                rp[i] = ro[i] + alpha * (rp[i] - ro[i]);
+            }
+            assert_close("outer momentum", mom, rm, N, FWD_TOL);
+            assert_close("outer weights", outer, ro, N, FWD_TOL);
+            assert_close("local weights", param, rp, N, FWD_TOL);
+            free(delta);
+        }
+        free(outer), free(param);
+    }
+}
+
 // ---- determinism ---------------------------------------------------------------------------
 
 // Two identical calls must give identical bits: no atomics, reductions in a fixed order.
@@ -1047,6 +1077,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_casts),
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_outer_sgd),
         cmocka_unit_test(test_determinism),
     };
     return cmocka_run_group_tests(tests, setup_backend, NULL);
