@@ -8,57 +8,92 @@
 
 #include "core/errors.h"
 
-enum { MODEL, EXP_AVG, EXP_AVG_SQ, EMA, N_KINDS };
+enum { MODEL, EXP_AVG, EXP_AVG_SQ, EMA, OUTER_WEIGHTS, OUTER_MOMENTUM, OUTER_DELTA, N_KINDS };
 static const char *const GROUP[N_KINDS] = {"/model/", "/optimizer/exp_avg/",
-                                           "/optimizer/exp_avg_sq/", "/ema/"};
+                                           "/optimizer/exp_avg_sq/", "/ema/",
+                                           "/semi_sync/outer_weights/",
+                                           "/semi_sync/outer_momentum/", "/semi_sync/delta/"};
+// Semi-synchronous training: the replica groups' own state (the kinds before OUTER_WEIGHTS)
+// of group r > 0 under /semi_sync/replica_<r>/..., group 0's under the usual names (what a
+// model-only reader takes).
+#define REPLICA_PREFIX "/semi_sync/replica_"
+#define REPLICAS_ATTR "semi_sync.replicas"
 
 // One CkptTensor per parameter and kind that has it: its global shape and this rank's shard box.
 typedef struct {
     CkptTensor *tensors;
     int *param;  // each tensor's parameter
-    char (*names)[PARAM_NAME_MAX + 32];
+    char (*names)[PARAM_NAME_MAX + 64];
     ParamBox *boxes;  // (params->count) shared by the kinds
-    int count;
+    int count, capacity;
 } TensorList;
 
-// The tensors of the n_kinds kinds listed, each kind's shards at base[k]: laid out like
-// params', but AdamW's second moments where opt says (none for Muon's matrices).
-static TensorList tensor_list(const ParamTable *params, const int *kinds, float *const *base,
-                              int n_kinds, const AdamW *opt) {
+static TensorList tensor_list_new(const ParamTable *params, int capacity) {
     int n = params->count;
-    TensorList l = {.tensors = xcalloc((size_t)n * n_kinds, sizeof(CkptTensor)),
-                    .param = xcalloc((size_t)n * n_kinds, sizeof(int)),
-                    .names = xcalloc((size_t)n * n_kinds, sizeof *l.names),
-                    .boxes = xcalloc((size_t)n, sizeof(ParamBox))};
+    TensorList l = {.tensors = xcalloc((size_t)capacity, sizeof(CkptTensor)),
+                    .param = xcalloc((size_t)capacity, sizeof(int)),
+                    .names = xcalloc((size_t)capacity, sizeof *l.names),
+                    .boxes = xcalloc((size_t)n, sizeof(ParamBox)), .capacity = capacity};
     for (int i = 0; i < n; i++) l.boxes[i] = param_box(&params->items[i], true);
-    for (int k = 0; k < n_kinds; k++) {
-        for (int i = 0; i < n; i++) {
-            const Param *p = &params->items[i];
-            size_t at = kinds[k] == EXP_AVG_SQ ? adamw_second_at(opt, params, i) : p->shard_offset;
-            if (at == SIZE_MAX) continue;
-            int j = l.count++;
-            snprintf(l.names[j], sizeof l.names[j], "%s%s", GROUP[kinds[k]], p->name);
-            l.param[j] = i;
-            l.tensors[j] = (CkptTensor){.path = l.names[j], .ndim = p->ndim,
-                                        .shape = p->global_shape, .data = base[k] + at,
-                                        .box = &l.boxes[i],
-                                        .replica = !param_is_primary_replica(p)};
-        }
-    }
     return l;
 }
 
-// The model's weights, opt's moments when it has them, and with ema its average.
-static TensorList state_list(const ParamTable *params, const AdamW *opt, bool ema) {
-    int kinds[N_KINDS], n = 0;
-    float *base[N_KINDS];
-    kinds[n] = MODEL, base[n++] = params->shard_data;
-    if (opt && opt->exp_avg) {
-        kinds[n] = EXP_AVG, base[n++] = opt->exp_avg;
-        kinds[n] = EXP_AVG_SQ, base[n++] = opt->exp_avg_sq;
+// Adds kind's tensors of parameters [from, to), its shards at base: laid out like params', but
+// AdamW's second moments where opt says (none for Muon's matrices). replica: the replica group
+// whose state they are (-1: shared by the groups; > 0: named under REPLICA_PREFIX), which only
+// its ranks write.
+static void list_add(TensorList *l, const ParamTable *params, int kind, float *base,
+                     const AdamW *opt, int from, int to, int replica) {
+    for (int i = from; i < to; i++) {
+        const Param *p = &params->items[i];
+        size_t at = kind == EXP_AVG_SQ ? adamw_second_at(opt, params, i) : p->shard_offset;
+        if (at == SIZE_MAX) continue;
+        CHECK(l->count < l->capacity);
+        int j = l->count++;
+        if (replica > 0)
+            snprintf(l->names[j], sizeof l->names[j], REPLICA_PREFIX "%d%s%s", replica,
+                     GROUP[kind], p->name);
+        else
+            snprintf(l->names[j], sizeof l->names[j], "%s%s", GROUP[kind], p->name);
+        bool writes = replica < 0 || !opt || !opt->outer.on
+                          ? param_is_primary_replica(p)
+                          : replica == opt->outer.replica &&
+                                param_is_primary_replica_within(p, opt->outer.group);
+        l->param[j] = i;
+        l->tensors[j] = (CkptTensor){.path = l->names[j], .ndim = p->ndim,
+                                     .shape = p->global_shape, .data = base + at,
+                                     .box = &l->boxes[i], .replica = !writes};
     }
-    if (ema) kinds[n] = EMA, base[n++] = opt->ema;
-    return tensor_list(params, kinds, base, n, opt);
+}
+
+// What a save writes and a load reads: the model's weights; opt's moments when it has them
+// and its average with ema, each replica group's of them (replicas: the groups listed, from
+// `replica`; 1 without semi-sync); with outer, the outer weights and momentum and the delta in
+// flight.
+typedef struct {
+    bool moments, ema, outer;
+    int replica, replicas;
+} StateKinds;
+
+static TensorList state_list(const ParamTable *params, const AdamW *opt, StateKinds k) {
+    int n = params->count;
+    TensorList l = tensor_list_new(params, n * (4 * k.replicas + 3));
+    for (int r = k.replica; r < k.replica + k.replicas; r++) {
+        int named = opt && opt->outer.on ? r : 0;
+        list_add(&l, params, MODEL, params->shard_data, opt, 0, n, named);
+        if (k.moments) {
+            list_add(&l, params, EXP_AVG, opt->exp_avg, opt, 0, n, named);
+            list_add(&l, params, EXP_AVG_SQ, opt->exp_avg_sq, opt, 0, n, named);
+        }
+        if (k.ema) list_add(&l, params, EMA, opt->ema, opt, 0, n, named);
+    }
+    if (k.outer) {
+        const OuterState *o = &opt->outer;
+        list_add(&l, params, OUTER_WEIGHTS, o->weights, opt, 0, n, -1);
+        list_add(&l, params, OUTER_MOMENTUM, o->momentum, opt, 0, n, -1);
+        list_add(&l, params, OUTER_DELTA, o->delta, opt, o->delta_from, o->delta_to, -1);
+    }
+    return l;
 }
 
 static void tensor_list_free(TensorList *l) {
@@ -81,8 +116,11 @@ bool train_state_try_save(const char *path, const ParamTable *params, const Adam
                           TrainProgress progress, uint64_t seed, const char *config_yaml,
                           const CkptAttr *run_attrs, int n_run_attrs, MPI_Comm comm, char *err,
                           size_t errlen) {
-    TensorList list = state_list(params, opt, opt && opt->ema);
-    int n_attrs = 5 + n_run_attrs;
+    bool outer = opt && opt->outer.on && opt->exp_avg;
+    StateKinds kinds = {.moments = opt && opt->exp_avg, .ema = opt && opt->ema, .outer = outer,
+                        .replicas = outer ? opt->outer.replicas : 1};
+    TensorList list = state_list(params, opt, kinds);
+    int n_attrs = 5 + n_run_attrs + outer;
     CkptAttr *attrs = xcalloc((size_t)n_attrs, sizeof(CkptAttr));
     attrs[0] = (CkptAttr){.name = "step", .type = CKPT_INT, .i = progress.step};
     attrs[1] = (CkptAttr){.name = "optimizer_step", .type = CKPT_INT, .i = opt ? opt->step : 0};
@@ -91,6 +129,9 @@ bool train_state_try_save(const char *path, const ParamTable *params, const Adam
     attrs[3] = (CkptAttr){.name = "seed", .type = CKPT_INT, .i = (int64_t)seed};
     attrs[4] = (CkptAttr){.name = "config", .type = CKPT_STRING, .s = config_yaml};
     for (int i = 0; i < n_run_attrs; i++) attrs[5 + i] = run_attrs[i];
+    if (outer)
+        attrs[5 + n_run_attrs] = (CkptAttr){.name = REPLICAS_ATTR, .type = CKPT_INT,
+                                            .i = opt->outer.replicas};
     // A copy's tensor is its original's (Param.copy): written once, under the original.
     int n = 0;
     for (int j = 0; j < list.count; j++)
@@ -115,7 +156,21 @@ bool train_state_has_ema(const char *path) { return ckpt_has(path, "/ema"); }
 
 bool train_state_load(const char *path, ParamTable *params, AdamW *opt, TrainProgress *progress) {
     bool ema = opt && opt->ema && train_state_has_ema(path);
-    TensorList list = state_list(params, opt, ema);
+    StateKinds kinds = {.moments = opt != NULL, .ema = ema, .replicas = 1};
+    if (opt && opt->outer.on) {
+        OuterState *o = &opt->outer;
+        int64_t saved = ckpt_has_attr(path, REPLICAS_ATTR) ? ckpt_read_int(path, REPLICAS_ATTR) : 1;
+        // Each group its own state when the file has as many; else every group group 0's.
+        kinds.replica = saved == o->replicas ? o->replica : 0;
+        kinds.outer = o->loaded = ckpt_has(path, "/semi_sync/outer_weights");
+        char delta[PARAM_NAME_MAX + 64];
+        if (o->delta_from < o->delta_to)
+            snprintf(delta, sizeof delta, "%s%s", GROUP[OUTER_DELTA],
+                     params->items[o->delta_from].name);
+        if (!kinds.outer || (o->delta_from < o->delta_to && !ckpt_has(path, delta)))
+            o->delta_from = o->delta_to = 0;  // not in the file: semi_sync_start makes it
+    }
+    TensorList list = state_list(params, opt, kinds);
     ckpt_load(path, list.tensors, list.count);
     padding_zero(&list, params);
     if (opt) opt->step = (int)ckpt_read_int_in(path, "optimizer_step", 0, INT_MAX);
@@ -132,9 +187,8 @@ void train_state_load_ema(const char *path, ParamTable *params) {
     if (!train_state_has_ema(path))
         die_user("checkpoint %s holds no average of the weights (/ema): its run had "
                  "training.ema_decay 0 (or it is a seed checkpoint)", path);
-    static const int kinds[] = {EMA};
-    float *const base[] = {params->shard_data};
-    TensorList list = tensor_list(params, kinds, base, 1, NULL);
+    TensorList list = tensor_list_new(params, params->count);
+    list_add(&list, params, EMA, params->shard_data, NULL, 0, params->count, -1);
     ckpt_load(path, list.tensors, list.count);
     padding_zero(&list, params);
     tensor_list_free(&list);

@@ -5,6 +5,13 @@
 // optimizer step, data-loader position) plus the resolved config and the model's arguments
 // as root attributes. A seed checkpoint (checkpoint.create_seed_checkpoint) has the model only.
 //
+// Semi-synchronous training (AdamW.outer; parallel/semi_sync.h) adds /semi_sync/outer_weights
+// and /semi_sync/outer_momentum/<fqn>, the averaged delta of the fragment in flight under
+// /semi_sync/delta/<fqn>, and, since the replica groups' weights and moments differ between
+// syncs, group r's under /semi_sync/replica_<r>/model/..., .../optimizer/..., .../ema/... (group
+// 0's under the usual names, which model-only readers take). A load under as many groups gives
+// each its own; under another count every group takes group 0's.
+//
 // Each rank saves and loads its parameters' shards (core/param.h: the shard box of every
 // global tensor; replicas write once, FSDP's padding is never written), so a checkpoint of any
 // layout loads under any other.
@@ -44,7 +51,9 @@ bool train_state_has_optimizer(const char *path);
 bool train_state_has_ema(const char *path);
 // Loads this rank's shards of the model; with opt, also the optimizer state (the file must
 // hold it: train_state_has_optimizer), and the average when opt keeps one and the file has it
-// (returns whether it did: else the caller starts it); with progress, the step and data
+// (returns whether it did: else the caller starts it), and under opt->outer.on the outer state
+// when the file has it (setting outer.loaded; the delta of parameters [outer.delta_from,
+// delta_to) when it has that, else that range is emptied); with progress, the step and data
 // position. Steps (the trainer's int) and the position are range-checked: a value outside
 // dies naming the file and attribute, exit 2. Both NULL: weights only, from any file with
 // /model/<fqn> datasets (initial_load_path). Shard padding is zeroed.

@@ -63,6 +63,7 @@ static const char *const CP_ROTATE_METHODS[] = {"allgather", "alltoall", NULL};
 static const char *const COMM_BACKENDS[] = {"auto", "nccl", "mpi", NULL};
 static const char *const ASYNC_MODES[] = {"disabled", "async", "async_with_pinned_mem", NULL};
 const char *const AC_MODES[] = {"none", "selective", "full", NULL};
+static const char *const SEMI_SYNC_METHODS[] = {"none", "diloco", "streaming_diloco", NULL};
 static const char *const FLOAT8_RECIPES[] = {"tensorwise", "rowwise", "rowwise_with_gw_hp", NULL};
 
 // Every key, grouped by section in printing order: core/config_keys.def. Defaults are

@@ -186,11 +186,26 @@ typedef struct {
     int64_t train_timeout_seconds;
     int64_t trace_buf_size;
     char *save_traces_folder;
+    double dp_replicate_link_latency_ms;  // comm_simulate_link over dp_replicate; 0: off
+    double dp_replicate_link_gbps;        // its bandwidth; 0: unlimited
     bool enable_debug_server;   // core/debug_server.h, on every rank
     int64_t debug_server_port;  // rank r listens on this + r
     char *debug_server_host;    // the address every rank's server binds
     bool debug_server_allow_remote;  // a host other than loopback: unauthenticated to all
 } CommSection;
+
+// titan's semi-synchronous training over dp_replicate (parallel/semi_sync.h), with the names
+// torchtitan's fault_tolerance section gives the same settings where it has them.
+typedef struct {
+    char *method;                  // none, diloco or streaming_diloco
+    int64_t sync_steps;            // H: inner steps between two syncs of each fragment
+    int64_t num_fragments;         // streaming DiLoCo's fragments (1 under diloco)
+    int64_t fragment_sync_delay;   // inner steps a fragment's all-reduce overlaps
+    double fragment_update_alpha;  // the local weights' share at a fragment's sync
+    double outer_lr;               // the outer SGD's (torchtitan hard-codes 0.7, 0.9, Nesterov)
+    double outer_momentum;
+    bool outer_nesterov;
+} SemiSyncSection;
 
 typedef struct {
     bool enable;
@@ -216,6 +231,7 @@ typedef struct {
     Float8Section float8;
     CommSection comm;
     ValidationSection validation;
+    SemiSyncSection semi_sync;
     char **origin;  // per key of the table, owned: where its value came from; NULL = default
 } Config;
 

@@ -255,7 +255,69 @@ static bool float8_check(const Config *c, char *err, size_t n) {
     return true;
 }
 
+// The first semi_sync key other than method set to other than its default and not one of
+// `kept` (names after "semi_sync."), NULL: none.
+static const KeySpec *semi_sync_changed(const Config *c, const char *const *kept, int n_kept) {
+    for (size_t i = 0; i < KEY_COUNT; i++) {
+        bool keep = !strcmp(KEYS[i].key, "method");
+        for (int j = 0; j < n_kept; j++) keep = keep || !strcmp(KEYS[i].key, kept[j]);
+        if (!strcmp(KEYS[i].section, "semi_sync") && !keep && setting_changed(c, &KEYS[i]))
+            return &KEYS[i];
+    }
+    return NULL;
+}
+
+// semi_sync (parallel/semi_sync.h): its keys act on its methods only, the streaming ones on
+// streaming_diloco only; the fragments take turns within sync_steps. (That they divide the
+// layers is the trainer's to check, with the model.)
+static bool semi_sync_check(const Config *c, char *err, size_t n) {
+    const SemiSyncSection *s = &c->semi_sync;
+    char a[1024], b[1024], name[NAME_MAX_LEN + 16];
+    static const char *const OUTER[] = {"sync_steps", "outer_lr", "outer_momentum",
+                                        "outer_nesterov"};
+    bool none = !strcmp(s->method, "none"), streaming = !strcmp(s->method, "streaming_diloco");
+    const KeySpec *stray = none ? semi_sync_changed(c, NULL, 0)
+                           : streaming ? NULL
+                                       : semi_sync_changed(c, OUTER, 4);
+    if (stray) {
+        snprintf(name, sizeof name, "semi_sync.%s", stray->key);
+        return setting_error(c, name, none ? "does nothing: semi_sync.method is none"
+                                           : "is streaming DiLoCo's: set semi_sync.method "
+                                             "streaming_diloco", err, n);
+    }
+    if (none) return true;
+    if (c->parallelism.data_parallel_replicate_degree < 2)
+        return error_set(err, n, "%s needs replica groups to sync: %s must be at least 2",
+                         setting_describe(c, "semi_sync.method", a, sizeof a),
+                         setting_describe(c, "parallelism.data_parallel_replicate_degree", b,
+                                          sizeof b));
+    if (s->sync_steps % s->num_fragments)
+        return error_set(err, n, "%s must be a multiple of %s: one fragment syncs every "
+                         "sync_steps / num_fragments steps",
+                         setting_describe(c, "semi_sync.sync_steps", a, sizeof a),
+                         setting_describe(c, "semi_sync.num_fragments", b, sizeof b));
+    if (s->fragment_sync_delay >= s->sync_steps / s->num_fragments)
+        return error_set(err, n, "%s must be less than sync_steps / num_fragments = %lld: a "
+                         "fragment's all-reduce completes before the next one starts",
+                         setting_describe(c, "semi_sync.fragment_sync_delay", a, sizeof a),
+                         (long long)(s->sync_steps / s->num_fragments));
+    return true;
+}
+
+// The simulated link between replica groups needs replica groups.
+static bool link_check(const Config *c, char *err, size_t n) {
+    static const char *const KEYS[] = {"comm.dp_replicate_link_latency_ms",
+                                       "comm.dp_replicate_link_gbps"};
+    for (int i = 0; i < 2 && c->parallelism.data_parallel_replicate_degree < 2; i++)
+        if (setting_changed(c, spec_must_find(KEYS[i])))
+            return setting_error(c, KEYS[i], "does nothing: parallelism."
+                                 "data_parallel_replicate_degree is 1 (no link between replica "
+                                 "groups)", err, n);
+    return true;
+}
+
 bool config_check_supported(const Config *c, char *err, size_t errlen) {
     return relations_check(c, err, errlen) && implemented_check(c, err, errlen) &&
-           dataset_names_unused(c, err, errlen) && float8_check(c, err, errlen);
+           dataset_names_unused(c, err, errlen) && float8_check(c, err, errlen) &&
+           semi_sync_check(c, err, errlen) && link_check(c, err, errlen);
 }

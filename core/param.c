@@ -226,12 +226,16 @@ const Placement *param_placement_on(const Param *p, int group) {
     return NULL;
 }
 
-bool param_is_primary_replica(const Param *p) {
+bool param_is_primary_replica_within(const Param *p, int group) {
     if (p->copy) return false;
-    for (int i = 0; i < p->n_placements; i++)
-        if (p->placements[i].kind == PLACE_REPLICATE && p->placements[i].rank != 0) return false;
+    for (int i = 0; i < p->n_placements; i++) {
+        const Placement *pl = &p->placements[i];
+        if (pl->kind == PLACE_REPLICATE && pl->group != group && pl->rank != 0) return false;
+    }
     return true;
 }
+
+bool param_is_primary_replica(const Param *p) { return param_is_primary_replica_within(p, -1); }
 
 size_t param_global_numel(const Param *p) {
     size_t n = 1;

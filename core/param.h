@@ -176,6 +176,8 @@ int64_t box_start(const ParamBox *b, int d);
 // Whether this rank writes p's shard when the replicas write once: it is replica 0 of every
 // Replicate placement (and p no copy: the original is written).
 bool param_is_primary_replica(const Param *p);
+// The same within one replica of mesh group `group`: replica 0 of every other Replicate.
+bool param_is_primary_replica_within(const Param *p, int group);
 size_t param_global_numel(const Param *p);
 // The global flattened (row-major) index of element i (row-major) of p's box b.
 size_t param_global_index(const Param *p, const ParamBox *b, size_t i);

@@ -30,6 +30,10 @@ void adamw_allocate(AdamW *opt, const ParamTable *params, Arena *state) {
     opt->exp_avg = arena_floats(state, opt->numel);
     opt->exp_avg_sq = arena_floats(state, opt->second_numel);
     opt->ema = opt->ema_decay > 0 ? arena_floats(state, opt->numel) : NULL;
+    OuterState *o = &opt->outer;
+    o->weights = o->on ? arena_floats(state, opt->numel) : NULL;
+    o->momentum = o->on ? arena_floats(state, opt->numel) : NULL;
+    o->delta = o->on ? arena_floats(state, opt->numel) : NULL;
     if (opt->muon.is_muon) muon_allocate(&opt->muon, state);
 }
 

@@ -56,6 +56,21 @@ double muon_flops(const Muon *m, const Param *p, size_t n);
 void muon_update(const Muon *m, const KernelOps *k, const Param *p, int ordinal, float *weight,
                  const float *grad, float *momentum, double lr, double weight_decay);
 
+// Semi-synchronous training's outer state (parallel/semi_sync.h), laid out like shard_data
+// and kept with the moments as the average is, so that it is checkpointed and resharded as they
+// are: the outer weights (each fragment's at its last sync), the outer SGD's momentum, and the
+// averaged pseudo-gradient of the fragment whose sync is in flight.
+typedef struct {
+    bool on;
+    float *weights, *momentum, *delta;  // (shard_numel each) NULL: off
+    // What a checkpoint keeps apart: the replica groups' own weights and moments, which differ
+    // between syncs (this rank's group `replica` of `replicas`, over mesh group `group`), and
+    // the parameters [delta_from, delta_to) whose delta is in flight (equal: none).
+    int replica, replicas, group;
+    int delta_from, delta_to;
+    bool loaded;  // set by a checkpoint load that gave the outer weights and momentum
+} OuterState;
+
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     int step;               // updates done so far (AdamW's t is step + 1 in the next update)
@@ -74,10 +89,11 @@ typedef struct {
     // optimizer.name Muon: the matrices it updates in AdamW's place, each one's exp_avg its
     // momentum buffer.
     Muon muon;
+    OuterState outer;  // semi_sync.method other than none
 } AdamW;
 
-// Carves both moments (the second for AdamW's parameters only), and the average when
-// ema_decay > 0, from the optimizer arena (zeroed by arena_commit: the caller starts the
+// Carves both moments (the second for AdamW's parameters only), the average when
+// ema_decay > 0 and the outer state when outer.on, from the optimizer arena (zeroed by arena_commit: the caller starts the
 // average from the weights).
 void adamw_allocate(AdamW *opt, const ParamTable *params, Arena *state);
 // Where parameter i's second moment starts in exp_avg_sq; SIZE_MAX: it has none (Muon's).

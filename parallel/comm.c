@@ -376,7 +376,8 @@ static void wait_until(CommHandle *h, bool (*done)(void *request)) {
     bool traced = profiler_recording();  // a profiled step's trace shows the wait
     double traced_start = traced ? profiler_now() : 0;
     long pause_ns = 0;
-    while (!done(h->request)) {
+    bool arrived = false;  // the backend's test releases the request once it reports true
+    while (!(arrived = arrived || done(h->request)) || flight_now() < h->done_at) {
         flight_poll_signal();
         double waited = flight_now() - start;
         if (timeout_seconds > 0 && waited >= timeout_seconds) abort_on_timeout(h);
@@ -389,7 +390,7 @@ static void wait_until(CommHandle *h, bool (*done)(void *request)) {
 
 bool comm_test(CommHandle *h) {
     if (!h->request) return true;
-    if (!backend->test(h->request)) return false;
+    if (flight_now() < h->done_at || !backend->test(h->request)) return false;
     handle_complete(h);
     return true;
 }
@@ -407,8 +408,15 @@ static CommHandle handle_begin(CommGroup *g, const char *op, uint64_t bytes, int
     g->bytes += bytes;
     g->ops++;
     int64_t seq = flight_start(op, g->name, bytes, peer);
+    double link = g->link_latency_s + (g->link_bytes_per_s > 0 ? bytes / g->link_bytes_per_s : 0);
     return (CommHandle){.trace_id = seq, .group = g, .op = op, .bytes = bytes,
-                        .profile_id = profiler_collective_begin(op, g->name, bytes, seq, peer)};
+                        .profile_id = profiler_collective_begin(op, g->name, bytes, seq, peer),
+                        .done_at = link > 0 ? flight_now() + link : 0};
+}
+
+void comm_simulate_link(CommGroup *g, double latency_s, double bytes_per_s) {
+    g->link_latency_s = latency_s;
+    g->link_bytes_per_s = bytes_per_s;
 }
 
 static void average_on_wait(CommHandle *h, CommOp op, float *buf, size_t n) {

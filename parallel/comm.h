@@ -46,6 +46,7 @@ typedef struct {
     float *chunks;
     float *sum_out;
     size_t sum_n;
+    double done_at;  // a simulated link's (comm_simulate_link): not complete before this time
 } CommHandle;
 
 typedef struct {
@@ -157,6 +158,12 @@ double comm_all_reduce_double(CommGroup *g, double value, CommOp op);
 // recv (size * n) = block `rank` (n ints) of every rank's send (size * n), in rank order:
 // MPI_Alltoall of host ints (expert parallel's token counts), on both backends.
 void comm_all_to_all_ints(CommGroup *g, const int *send, int *recv, int n);
+
+// For benchmarks: every operation on g completes no sooner than latency_s + its bytes /
+// bytes_per_s (0: no limit) after it starts, as over a slower link between g's ranks (the
+// wide-area link between replica groups that semi-synchronous training is for). The wait
+// counts the difference as waiting; an operation overlapped with compute hides it.
+void comm_simulate_link(CommGroup *g, double latency_s, double bytes_per_s);
 
 // Bytes this rank has handed to g's operations so far: the size of each operation's local
 // input (all-reduce of n floats: 4n; all-gather of n per rank: 4n, in bf16 2n, of n bytes n;

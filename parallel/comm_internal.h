@@ -19,6 +19,7 @@ struct CommGroup {
     void *channels;     // the NCCL backend's (comm_nccl.c), NULL on MPI
     char name[32];
     uint64_t bytes, ops;
+    double link_latency_s, link_bytes_per_s;  // comm_simulate_link's; 0: the real link
 };
 
 // Element types of the all-gather and reduce-scatter (bytes: all-gather only).

@@ -293,7 +293,8 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
         .param_unsharded = unsharded.peak, .grad_bytes = grads.peak.total,
         .comm_bytes = comm.peak.total,
         .fsdp = v[PART_DENSE], .efsdp = v[PART_EXPERTS],
-        .replicate_all_reduce = f->config.replicate_size > 1 ? f->numel * sizeof(float) : 0,
+        .replicate_all_reduce = f->config.replicate_size > 1 && !f->config.replicas_step_alone
+                                    ? f->numel * sizeof(float) : 0,
         .float8_precompute = f->config.float8_precompute ? f->n_float8 * sizeof(float) : 0};
 }
 
@@ -627,7 +628,8 @@ void fsdp_finish_step(Fsdp *f) {
         f->config.k->zero(f->full_grad + u->grad_offset, u->full_numel * sizeof(float));
     }
     scatter_finish(f);
-    if (f->config.replicate_size > 1) comm_all_reduce(f->replicate, f->grad, f->numel, COMM_AVG);
+    if (f->config.replicate_size > 1 && !f->config.replicas_step_alone)
+        comm_all_reduce(f->replicate, f->grad, f->numel, COMM_AVG);
     reshard_all(f);
 }
 

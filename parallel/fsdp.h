@@ -61,6 +61,9 @@ typedef struct {
     int size, rank;            // the fsdp group (dp_shard x cp) and this rank's index in it
     int replicate_size;        // dp_replicate: > 1 is HSDP
     int replicate_rank;        // this rank's index in it
+    // Semi-synchronous training (parallel/semi_sync.h): each replica group steps alone, its
+    // gradients never averaged over dp_replicate (the weights are, every few steps).
+    bool replicas_step_alone;
     FsdpReshard reshard;
     // The run's mixed precision (torchtitan's MixedPrecisionPolicy): param bf16 all-gathers
     // the compute weights in bf16 (the model then computes with bf16-rounded weights; the
@@ -164,7 +167,8 @@ typedef struct {
     ArenaBytes param_shards, param_unsharded;
     FsdpVolume fsdp;                // the fsdp group's: the dense parameters
     FsdpVolume efsdp;               // the efsdp group's: the experts (zero without)
-    uint64_t replicate_all_reduce;  // per step, dp_replicate group (HSDP)
+    uint64_t replicate_all_reduce;  // per step, dp_replicate group (HSDP; 0 when the
+                                    // replicas step alone)
     uint64_t float8_precompute;     // per step, fsdp group: every float8 amax, all-reduced once
 } FsdpEstimate;
 

@@ -14,8 +14,8 @@
 #include "convert/convert.h"
 #include "train/train.h"
 
-// The trained state (every parameter's shard, its AdamW moments and its average when kept)
-// as host memory, which initialisation and checkpoints read and write: the tensors themselves
+// The trained state (every parameter's shard, its AdamW moments, its average and the outer
+// state of semi-synchronous training when kept) as host memory, which initialisation and checkpoints read and write: the tensors themselves
 // on the cpu backend; on a device, host copies, downloaded to be saved or uploaded once loaded
 // or initialised.
 typedef struct {
@@ -33,7 +33,20 @@ static HostState host_state_alloc(const Trainer *t) {
     h.opt.exp_avg = xcalloc(n, sizeof(float));
     h.opt.exp_avg_sq = xcalloc(t->opt.second_numel, sizeof(float));
     h.opt.ema = t->opt.ema ? xcalloc(n, sizeof(float)) : NULL;
+    OuterState *o = &h.opt.outer;
+    o->weights = o->on ? xcalloc(n, sizeof(float)) : NULL;
+    o->momentum = o->on ? xcalloc(n, sizeof(float)) : NULL;
+    o->delta = o->on ? xcalloc(n, sizeof(float)) : NULL;
     return h;
+}
+
+// The outer state's three tensors, the trainer's (t) and h's, for copying between them.
+static int outer_tensors(const Trainer *t, const HostState *h, float *theirs[3], float *ours[3]) {
+    if (!t->opt.outer.on) return 0;
+    const OuterState *a = &t->opt.outer, *b = &h->opt.outer;
+    theirs[0] = a->weights, theirs[1] = a->momentum, theirs[2] = a->delta;
+    ours[0] = b->weights, ours[1] = b->momentum, ours[2] = b->delta;
+    return 3;
 }
 
 // The trainer's state now into h's copies (a memcpy on the cpu backend), its step count included.
@@ -43,7 +56,11 @@ static void host_state_download(const Trainer *t, HostState *h) {
     t->k->download(h->opt.exp_avg, t->opt.exp_avg, bytes);
     t->k->download(h->opt.exp_avg_sq, t->opt.exp_avg_sq, t->opt.second_numel * sizeof(float));
     if (h->opt.ema) t->k->download(h->opt.ema, t->opt.ema, bytes);
+    float *theirs[3], *ours[3];
+    for (int i = 0, n = outer_tensors(t, h, theirs, ours); i < n; i++)
+        t->k->download(ours[i], theirs[i], bytes);
     h->opt.step = t->opt.step;
+    h->opt.outer.delta_from = t->opt.outer.delta_from, h->opt.outer.delta_to = t->opt.outer.delta_to;
 }
 
 static HostState host_state_open(Trainer *t, bool download) {
@@ -57,14 +74,23 @@ static HostState host_state_open(Trainer *t, bool download) {
 // step count included.
 static void host_state_close(Trainer *t, HostState *h, bool upload) {
     if (upload) t->opt.step = h->opt.step;  // h->opt is a copy even when not staged
+    if (upload) {  // what the load found of the outer state
+        OuterState *o = &t->opt.outer;
+        o->loaded = h->opt.outer.loaded;
+        o->delta_from = h->opt.outer.delta_from, o->delta_to = h->opt.outer.delta_to;
+    }
     if (!h->staged) return;
+    float *theirs[3], *ours[3];
+    int n_outer = outer_tensors(t, h, theirs, ours);
     if (upload) {
         size_t bytes = t->model.params.shard_numel * sizeof(float);
         t->k->upload(t->model.params.shard_data, h->params.shard_data, bytes);
         t->k->upload(t->opt.exp_avg, h->opt.exp_avg, bytes);
         t->k->upload(t->opt.exp_avg_sq, h->opt.exp_avg_sq, t->opt.second_numel * sizeof(float));
         if (h->opt.ema) t->k->upload(t->opt.ema, h->opt.ema, bytes);
+        for (int i = 0; i < n_outer; i++) t->k->upload(theirs[i], ours[i], bytes);
     }
+    for (int i = 0; i < n_outer; i++) free(ours[i]);
     free(h->params.shard_data);
     free(h->opt.exp_avg);
     free(h->opt.exp_avg_sq);
@@ -204,8 +230,8 @@ static bool async_on(const Trainer *t) {
 }
 
 size_t trainer_checkpoint_staging_bytes(const Trainer *t) {
-    // params, moments and the average
-    size_t tensors = t->opt.ema_decay > 0 ? 4 : 3;
+    // params, moments, the average and the outer state's three
+    size_t tensors = 3 + (t->opt.ema_decay > 0) + 3 * t->opt.outer.on;
     return async_on(t) ? tensors * t->model.params.shard_numel * sizeof(float) : 0;
 }
 
@@ -318,9 +344,39 @@ static void optimizer_check(const Trainer *t, const char *path) {
     config_free(&saved);
 }
 
+// Semi-synchronous state in path (parallel/semi_sync.h): its fragments' schedule must be this
+// run's (their syncs in flight and the delta saved depend on it); a run without semi-sync
+// takes replica group 0's weights and moments and says what it leaves.
+static void semi_sync_check(Trainer *t, HostState *h, const char *path, int64_t step) {
+    if (!ckpt_has(path, "/semi_sync")) return;
+    if (!t->opt.outer.on) {
+        log_info("checkpoint: %s was saved under semi-synchronous training: this run "
+                 "(semi_sync.method none) takes replica group 0's weights and optimizer state, "
+                 "not the outer weights or the other groups'", path);
+        return;
+    }
+    Config saved;
+    model_spec_of_checkpoint(path, &saved);
+    static const char *const KEYS[] = {"semi_sync.sync_steps", "semi_sync.num_fragments",
+                                       "semi_sync.fragment_sync_delay"};
+    const SemiSyncSection *a = &saved.semi_sync, *b = &t->cfg.semi_sync;
+    const int64_t had[] = {a->sync_steps, a->num_fragments, a->fragment_sync_delay},
+                  has[] = {b->sync_steps, b->num_fragments, b->fragment_sync_delay};
+    for (int i = 0; i < 3; i++)
+        if (had[i] != has[i])
+            die_user("checkpoint %s was saved with %s %lld, this run has %lld: the fragments' "
+                     "syncs in flight follow it; resume with the same", path, KEYS[i],
+                     (long long)had[i], (long long)has[i]);
+    config_free(&saved);
+    OuterState *o = &h->opt.outer;  // the delta the file should hold, if any
+    if (!semi_sync_window(&t->semi_sync, (int)step, &o->delta_from, &o->delta_to))
+        o->delta_from = o->delta_to = 0;
+}
+
 static void load_full(Trainer *t, HostState *h, const char *path) {
     bool optimizer = !excluded(t, "optimizer");
     int64_t step = ckpt_read_int_in(path, "step", 0, INT_MAX);
+    semi_sync_check(t, h, path, step);
     if (optimizer && step > 0 && !train_state_has_optimizer(path))
         die_user("checkpoint %s holds the model only (a last_save_model_only save): resuming it "
                  "at step %lld would restart AdamW from zero moments; add optimizer to "
@@ -475,6 +531,10 @@ void trainer_load_or_initialize(Trainer *t) {
     if (h.opt.ema && !h.ema_loaded)
         memcpy(h.opt.ema, h.params.shard_data, t->model.params.shard_numel * sizeof(float));
     host_state_close(t, &h, true);
+    if (t->opt.outer.on)
+        semi_sync_start(&t->semi_sync, t->k, &t->model.params, &t->opt,
+                        t->mesh.group[MESH_DP_REPLICATE], (int)t->progress.step,
+                        t->opt.outer.loaded);
     if (async_on(t)) async_save_open(t);
 }
 
@@ -491,6 +551,7 @@ void trainer_maybe_checkpoint(Trainer *t, int step, bool preempted) {
           (step == 1 && ck->enable_first_step_checkpoint)))
         return;
     debug_server_phase("checkpoint");
+    if (t->opt.outer.on) semi_sync_wait(&t->semi_sync);  // its delta is saved averaged
     char path[4096 + 64];
     make_dirs(t->ckpt_folder);
     ckpt_path_for_step(path, sizeof path, t->ckpt_folder, step);

@@ -101,7 +101,7 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
                  isnan(loss) ? "NaN" : "infinite", kept);
     }
     if (t->fsdp_on) fsdp_finish_step(&t->fsdp);
-    if (t->ddp_on) ddp_finish_step(params, t->mesh.group[MESH_DP_REPLICATE]);
+    if (t->ddp_on && !t->opt.outer.on) ddp_finish_step(params, t->mesh.group[MESH_DP_REPLICATE]);
     CommGroup *tp = t->tp_on ? t->tp.group : NULL, *fsdp = t->fsdp_on ? t->mesh.fsdp : NULL;
     grads_reduce_replicated(params, tp);
     grads_sum_copies(t->k, params, t->pp_tied);
@@ -112,6 +112,7 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
     m->lr = t->opt.lr * lr_schedule_factor(&t->schedule, step - t->lr_origin);
     balance_experts(t, m);
     adamw_step(&t->opt, t->k, params, m->lr);
+    if (t->opt.outer.on) semi_sync_after_step(&t->semi_sync, t->k, params, &t->opt, step);
 }
 
 // A write the disk refused on some rank (core/errors.h's deferred error: a metrics record,
@@ -225,6 +226,7 @@ static void finish(Trainer *t, MetricsLog *log, bool preempted, double started,
                    double waited_before) {
     profiler_finish();
     debug_server_phase("done");
+    if (t->opt.outer.on) semi_sync_wait(&t->semi_sync);  // a fragment's sync left in flight
     trainer_close_checkpoint(t);  // the last save, if still in the background, completes
     if (preempted) log_preemption(t, (int)t->progress.step);
     metrics_close(log);

@@ -142,9 +142,16 @@ static int comm_per_step(Trainer *t, GroupBytes out[MAX_GROUPS]) {
             uint64_t muon = g == 0 ? muon_bytes(t, MESH_GROUP_FSDP) : 0;
             out[n++] = (GroupBytes){names[g], gathers + reduces + norm + precompute + muon};
         }
-        if (size[MESH_DP_REPLICATE] > 1) out[n++] = (GroupBytes){"dp_replicate", e.replicate_all_reduce};
+        if (size[MESH_DP_REPLICATE] > 1 && !t->opt.outer.on)
+            out[n++] = (GroupBytes){"dp_replicate", e.replicate_all_reduce};
     }
-    if (t->ddp_on) out[n++] = (GroupBytes){"dp_replicate", ddp_bytes_per_step(&t->model.params)};
+    if (t->ddp_on && !t->opt.outer.on)
+        out[n++] = (GroupBytes){"dp_replicate", ddp_bytes_per_step(&t->model.params)};
+    if (t->opt.outer.on) {  // the fragments' syncs over the run, a mean per step
+        int steps = (int)t->cfg.training.steps;
+        size_t floats = semi_sync_floats(&t->semi_sync, steps);
+        out[n++] = (GroupBytes){"dp_replicate", steps > 0 ? 4 * floats / steps : 0};
+    }
     if (t->tp_on) {
         uint64_t micro = 0;  // this rank's blocks: all, or its pipeline stages'
         for (int s = 0; s < (t->pipeline ? pl.stages : 1); s++) {
@@ -602,9 +609,11 @@ static StateBytes params_bytes(const Trainer *t) {
 }
 
 // What a save writes, per rank (the rank that writes most) and in all: the full state
-// (parameters, AdamW's two moments and the average under training.ema_decay) and the model
-// only (the parameters and the average); with --checkpoint-bandwidth, how long each takes at
-// that rate (the storage's, shared by every rank).
+// (parameters, AdamW's two moments and the average under training.ema_decay; under semi_sync
+// each replica group's own, and the outer weights, outer momentum and at most a whole model's
+// delta in flight) and the model only (the parameters and the average); with
+// --checkpoint-bandwidth, how long each takes at that rate (the storage's, shared by every
+// rank).
 static void print_checkpoint_plan(const Trainer *ranks, int n, double bandwidth) {
     StateBytes params = params_bytes(&ranks[0]);
     int most = 0;
@@ -612,13 +621,17 @@ static void print_checkpoint_plan(const Trainer *ranks, int n, double bandwidth)
         StateBytes b = params_bytes(&ranks[r]);
         if (b.rank > params.rank) params.rank = b.rank, most = r;
     }
-    int ema = ranks[0].cfg.training.ema_decay > 0, full = 3 + ema, model = 1 + ema;
+    const OuterState *outer = &ranks[0].opt.outer;
+    int ema = ranks[0].cfg.training.ema_decay > 0, model = 1 + ema;
+    int full = (3 + ema) * (outer->on ? outer->replicas : 1) + (outer->on ? 3 : 0);
+    int rank_full = 3 + ema + (outer->on ? 3 : 0);  // a rank writes its own group's state
     char who[32] = "";
     if (n > 1) snprintf(who, sizeof who, " (pp rank %d)", most);
-    printf("checkpoint: full state %.0f bytes (%.3f GB: parameters, AdamW's two moments%s), "
+    printf("checkpoint: full state %.0f bytes (%.3f GB: parameters, AdamW's two moments%s%s), "
            "%.3f GB per rank at most%s; model only %.0f bytes (%.3f GB), %.3f GB per rank\n",
            full * params.all, full * params.all / 1e9, ema ? ", the average" : "",
-           full * params.rank / 1e9, who, model * params.all, model * params.all / 1e9,
+           outer->on ? ", each replica group's; the outer state" : "",
+           rank_full * params.rank / 1e9, who, model * params.all, model * params.all / 1e9,
            model * params.rank / 1e9);
     if (bandwidth > 0)
         printf("checkpoint at %.4g GB/s: a full save takes %.3g s, a model-only save %.3g s\n",

@@ -158,6 +158,7 @@ static void allocate_fsdp(Trainer *t, ArenaBytes act_bytes, bool commit) {
                              .rank = t->mesh.fsdp ? comm_rank(t->mesh.fsdp) : 0,
                              .replicate_size = size[MESH_DP_REPLICATE],
                              .replicate_rank = t->mesh.coord[MESH_DP_REPLICATE],
+                             .replicas_step_alone = t->opt.outer.on,
                              .reshard = fsdp_reshard_parse(p->fsdp_reshard_after_forward),
                              .k = t->k};
         const MeshLayout *l = &t->mesh.layout;
@@ -206,6 +207,17 @@ static void plan_muon_shards(Trainer *t) {
     m->shards = most ? &t->muon_dist.hooks : NULL;
 }
 
+// semi_sync's fragments of the model, once every shard is placed.
+static void plan_semi_sync(Trainer *t) {
+    const SemiSyncSection *c = &t->cfg.semi_sync;
+    SemiSyncConfig config = {.sync_steps = (int)c->sync_steps, .fragments = (int)c->num_fragments,
+                             .delay = (int)c->fragment_sync_delay, .lr = c->outer_lr,
+                             .momentum = c->outer_momentum, .alpha = c->fragment_update_alpha,
+                             .nesterov = c->outer_nesterov};
+    char err[1024];
+    if (!semi_sync_plan(&t->semi_sync, &config, &t->model, err, sizeof err)) die_user("%s", err);
+}
+
 // Sizes every arena with the same calls that then carve it (core/arena.h; commit false: all
 // that --estimate and the memory check need), or allocates what that pass sized and carves it
 // (commit true, after a sizing pass).
@@ -239,6 +251,7 @@ static void allocate_arenas(Trainer *t, bool commit) {
         model_size(m, act_bytes, &t->param_arena, &t->grad_arena, &t->act_arena);
     }
     plan_muon_shards(t);
+    if (t->opt.outer.on) plan_semi_sync(t);
     arena_init_sizing(&t->optim_arena, "optimizer");
     adamw_allocate(&t->opt, &m->params, &t->optim_arena);
 }
@@ -347,6 +360,11 @@ static void setup_mesh(Trainer *t) {
         t->mesh = (Mesh){.layout = layout, .coord[MESH_PP] = t->estimate_pp_rank};  // no groups
     } else {
         mesh_build(&t->mesh, &layout);
+        const CommSection *cs = &c->comm;
+        if (layout.size[MESH_DP_REPLICATE] > 1)
+            comm_simulate_link(t->mesh.group[MESH_DP_REPLICATE],
+                               cs->dp_replicate_link_latency_ms / 1e3,
+                               cs->dp_replicate_link_gbps * 1e9 / 8);
     }
     t->tp_on = layout.size[MESH_TP] > 1;
     t->cp_on = layout.size[MESH_CP] > 1;
@@ -460,6 +478,10 @@ static void setup_optimizer(Trainer *t) {
                      .beta2 = c->optimizer.beta2, .eps = c->optimizer.eps,
                      .weight_decay = c->optimizer.weight_decay,
                      .ema_decay = c->training.ema_decay};
+    if (strcmp(c->semi_sync.method, "none") != 0)
+        t->opt.outer = (OuterState){.on = true, .replica = t->mesh.coord[MESH_DP_REPLICATE],
+                                    .replicas = t->mesh.layout.size[MESH_DP_REPLICATE],
+                                    .group = MESH_DP_REPLICATE};
     if (!strcmp(c->optimizer.name, "Muon")) {
         setup_muon(t);
     } else {  // Muon's keys do nothing to another optimizer: set, they are refused by name

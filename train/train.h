@@ -29,6 +29,7 @@
 #include "parallel/mesh.h"
 #include "parallel/muon_shards.h"
 #include "parallel/pp/schedule.h"
+#include "parallel/semi_sync.h"
 #include "parallel/tp.h"
 
 // One dataset read in batches: the training split or the validation split.
@@ -100,6 +101,7 @@ typedef struct {
     size_t act_bytes_ac[3];       // the activation arena under each of AC_MODES
     AdamW opt;
     MuonDist muon_dist;           // opt.muon.shards when Muon's matrices are cut over ranks
+    SemiSync semi_sync;           // used when opt.outer.on (semi_sync.method other than none)
     LrSchedule schedule;
     int lr_origin;                // the step the schedule counts from (exclude_from_loading)
     Tokenizer *tokenizer;         // NULL when the data is pre-tokenized and none is named

@@ -15,6 +15,12 @@ objective (model.moe_aux_loss_alpha; logged apart as aux_loss) and moves its exp
 after clipping, before the optimizer step, by the step's expert load summed over the
 microbatches (model.moe_load_balance_coeff). Every step titan logged is compared: loss,
 grad_norm and aux_loss within 1e-4 relative, lr within 1e-6 relative. Exit 1 on failure.
+
+Under semi_sync.method diloco or streaming_diloco the reference trains one model per replica
+group (parallelism.data_parallel_replicate_degree), each on its rows of the global batch with
+its own optimizer, and syncs them as DiLoCo does (train_semi_sync below, written from Douillard
+et al. and TorchFT's local_sgd.DiLoCo); titan's loss is then the groups' mean and its grad_norm
+group 0's.
 """
 import argparse
 import json
@@ -23,7 +29,10 @@ import os
 import re
 import sys
 
+import h5py
+import numpy as np
 import torch
+import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_ref  # noqa: E402
@@ -170,6 +179,84 @@ def train(ckpt_path, steps, data_path, dtype):
             for s in range(start + 1, start + steps + 1)}
 
 
+def fragment_of(name, n_layers, fragments):
+    """Streaming DiLoCo's fragment of a parameter: the embedding, each layer, and the final
+    norm with the output (a unit each, as torchtitan's fragment split weighs them) in equal
+    runs."""
+    match = re.match(r"layers\.(\d+)\.", name)
+    unit = 1 + int(match.group(1)) if match else 0 if name.startswith("tok_embeddings") else n_layers + 1
+    return unit * fragments // (n_layers + 2)
+
+
+def train_semi_sync(ckpt_path, steps, data_path, dtype):
+    """DiLoCo over R replica groups from the seed checkpoint: each group takes inner steps (its
+    AdamW, its rows: group r's are rows [r B/R, (r+1) B/R) of each step's global batch of B);
+    every sync_steps / F steps one fragment f (in turn) syncs: delta = outer - local averaged over
+    the groups (taken fragment_sync_delay steps before it is used), the outer SGD (torch.optim.SGD
+    semantics: momentum = mu momentum + delta, Nesterov's delta + mu momentum) steps the outer
+    weights, and each group's weights become outer + alpha (local - outer)."""
+    model, args, config = llama_ref.load_checkpoint(ckpt_path, dtype)
+    if model.moe_layers():
+        raise SystemExit("the semi-sync reference covers dense models (the MoE expert bias "
+                         "is a buffer every group shares)")
+    training, sync = config["training"], config["semi_sync"]
+    replicas = int(config["parallelism"]["data_parallel_replicate_degree"])
+    if int(training["global_batch_size"]) != -1:
+        raise SystemExit("the semi-sync reference takes one microbatch a step "
+                         "(training.global_batch_size -1)")
+    stream = llama_ref.read_tokens(data_path or training["dataset_path"])
+    start = llama_ref.checkpoint_step(ckpt_path)
+    if start != 0:
+        raise SystemExit("the semi-sync reference starts from a seed checkpoint (step 0)")
+    groups = []
+    for _ in range(replicas):
+        copy, _, _ = llama_ref.load_checkpoint(ckpt_path, dtype)
+        optimizer, scheduler = build_optimizer(copy, config, ckpt_path, 0)
+        groups.append((copy, optimizer, scheduler))
+    fragments, delay = int(sync["num_fragments"]), int(sync["fragment_sync_delay"])
+    period = int(sync["sync_steps"]) // fragments
+    lr, mu = float(sync["outer_lr"]), float(sync["outer_momentum"])
+    nesterov, alpha = bool(sync["outer_nesterov"]), float(sync["fragment_update_alpha"])
+    outer = {name: p.detach().clone() for name, p in model.named_parameters()}
+    momentum = {name: torch.zeros_like(p) for name, p in outer.items()}
+    delta = {}
+    rows = int(training["local_batch_size"]) * int(config["parallelism"]["data_parallel_shard_degree"])
+    seqlen = int(training["seq_len"])
+    metrics = {}
+    for step in range(1, int(training["steps"] if steps is None else steps) + 1):
+        results = []
+        for r, (copy, optimizer, scheduler) in enumerate(groups):
+            optimizer.zero_grad(set_to_none=True)
+            first = ((step - 1) * replicas + r) * rows
+            tokens = torch.from_numpy(np.stack([llama_ref.window(stream, first + i, seqlen)
+                                                for i in range(rows)]))
+            loss = copy.objective(copy(tokens[:, :-1]), tokens[:, 1:])
+            loss.backward()
+            grad_norm = clip_grad_norm(copy.parameters(), float(training["max_norm"]))
+            lr_used = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            scheduler.step()
+            results.append((loss.item(), grad_norm.item(), lr_used))
+        into = step % period
+        with torch.no_grad():
+            if into == (period - delay) % period:  # the fragment's all-reduce starts
+                f = ((step - into + (period if into else 0)) // period - 1) % fragments
+                locals_ = [dict(copy.named_parameters()) for copy, _, _ in groups]
+                delta = {name: sum(outer[name] - l[name] for l in locals_) / replicas
+                         for name in outer if fragment_of(name, args.n_layers, fragments) == f}
+            if into == 0:  # its outer step
+                for name, d in delta.items():
+                    momentum[name].mul_(mu).add_(d)
+                    update = d + mu * momentum[name] if nesterov else momentum[name]
+                    outer[name] -= lr * update
+                    for copy, _, _ in groups:
+                        local = dict(copy.named_parameters())[name]
+                        local.copy_(outer[name] + alpha * (local - outer[name]))
+                delta = {}
+        metrics[step] = (sum(x[0] for x in results) / replicas, results[0][1], results[0][2], None)
+    return metrics
+
+
 def read_metrics(path):
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
@@ -230,7 +317,12 @@ def main():
     LOSS_TOLERANCE = GRAD_NORM_TOLERANCE = args.tolerance
     titan = read_metrics(args.metrics)
     dtype = getattr(torch, args.dtype)
-    return 0 if compare(titan, train(args.seed_ckpt, args.steps, args.data, dtype)) else 1
+    with h5py.File(args.seed_ckpt, "r") as f:
+        config = yaml.safe_load(llama_ref.attr_text(f.attrs["config"]))
+    semi_sync = config.get("semi_sync", {}).get("method", "none") != "none"
+    reference = (train_semi_sync if semi_sync else train)(args.seed_ckpt, args.steps, args.data,
+                                                          dtype)
+    return 0 if compare(titan, reference) else 1
 
 
 if __name__ == "__main__":
