@@ -132,8 +132,8 @@ void semi_sync_after_step(SemiSync *s, const KernelOps *k, ParamTable *params, A
 }
 
 size_t semi_sync_floats(const SemiSync *s, int steps) {
-    size_t floats = 0;
-    for (int step = s->period; step <= steps; step += s->period) {
+    size_t floats = 0;  // each sync whose all-reduce starts within the steps
+    for (int step = s->period; step - s->config.delay <= steps; step += s->period) {
         int f = fragment_at(s, step);
         floats += s->first[f + 1] - s->first[f];
     }

@@ -68,5 +68,5 @@ void semi_sync_after_step(SemiSync *s, const KernelOps *k, ParamTable *params, A
 // end of the run); opt->outer.delta_from / delta_to name its parameters.
 void semi_sync_wait(SemiSync *s);
 // Floats all-reduced over dp_replicate in `steps` steps from step 1 (for --estimate's mean
-// bytes per step and the benchmark): each fragment's floats once per sync.
+// bytes per step): each fragment's floats once per sync whose all-reduce starts by then.
 size_t semi_sync_floats(const SemiSync *s, int steps);

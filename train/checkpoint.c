@@ -344,15 +344,19 @@ static void optimizer_check(const Trainer *t, const char *path) {
     config_free(&saved);
 }
 
-// Semi-synchronous state in path (parallel/semi_sync.h): its fragments' schedule must be this
-// run's (their syncs in flight and the delta saved depend on it); a run without semi-sync
-// takes replica group 0's weights and moments and says what it leaves.
-static void semi_sync_check(Trainer *t, HostState *h, const char *path, int64_t step) {
+// Semi-synchronous state in path (parallel/semi_sync.h), which comes with the optimizer's:
+// its fragments' schedule must be this run's (their syncs in flight and the delta saved depend
+// on it); a run without semi-sync, or one that excludes the optimizer, takes replica group 0's
+// weights and says what it leaves.
+static void semi_sync_check(Trainer *t, HostState *h, const char *path, int64_t step,
+                            bool optimizer) {
     if (!ckpt_has(path, "/semi_sync")) return;
-    if (!t->opt.outer.on) {
-        log_info("checkpoint: %s was saved under semi-synchronous training: this run "
-                 "(semi_sync.method none) takes replica group 0's weights and optimizer state, "
-                 "not the outer weights or the other groups'", path);
+    if (!t->opt.outer.on || !optimizer) {
+        log_info("checkpoint: %s was saved under semi-synchronous training: this run (%s) takes "
+                 "replica group 0's weights%s, not the outer state or the other groups'", path,
+                 t->opt.outer.on ? "checkpoint.exclude_from_loading optimizer"
+                                 : "semi_sync.method none",
+                 optimizer ? " and optimizer state" : "");
         return;
     }
     Config saved;
@@ -376,13 +380,13 @@ static void semi_sync_check(Trainer *t, HostState *h, const char *path, int64_t 
 static void load_full(Trainer *t, HostState *h, const char *path) {
     bool optimizer = !excluded(t, "optimizer");
     int64_t step = ckpt_read_int_in(path, "step", 0, INT_MAX);
-    semi_sync_check(t, h, path, step);
     if (optimizer && step > 0 && !train_state_has_optimizer(path))
         die_user("checkpoint %s holds the model only (a last_save_model_only save): resuming it "
                  "at step %lld would restart AdamW from zero moments; add optimizer to "
                  "checkpoint.exclude_from_loading to accept that", path, (long long)step);
     optimizer = optimizer && train_state_has_optimizer(path);
     if (optimizer) optimizer_check(t, path);
+    semi_sync_check(t, h, path, step, optimizer);
     h->ema_loaded = train_state_load(path, &h->params, optimizer ? &h->opt : NULL, &t->progress);
     if (excluded(t, "dataloader")) t->progress.windows_consumed = 0;
     if (excluded(t, "lr_scheduler")) t->lr_origin = (int)t->progress.step;
