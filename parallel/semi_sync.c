@@ -5,18 +5,18 @@
 
 #include "core/errors.h"
 
-// The parameters of blocks [first, end): [*p0, *p1) of the table (a block's are consecutive).
-static void block_params(const Model *m, int first, int end, int *p0, int *p1) {
+// The parameters of blocks [first, end): [*p0, *p1) of the table.
+static void params_of_blocks(const int *block_params, int first, int end, int *p0, int *p1) {
     int at = 0;
-    for (int b = 0; b < first; b++) at += m->blocks[b].n_params;
+    for (int b = 0; b < first; b++) at += block_params[b];
     *p0 = at;
-    for (int b = first; b < end; b++) at += m->blocks[b].n_params;
+    for (int b = first; b < end; b++) at += block_params[b];
     *p1 = at;
 }
 
-bool semi_sync_plan(SemiSync *s, const SemiSyncConfig *config, const Model *m, char *err,
-                    size_t errlen) {
-    int f = config->fragments, blocks = m->n_blocks;
+bool semi_sync_plan(SemiSync *s, const SemiSyncConfig *config, const ParamTable *t,
+                    const int *block_params, int n_blocks, char *err, size_t errlen) {
+    int f = config->fragments, blocks = n_blocks;
     if (blocks % f) {
         snprintf(err, errlen, "semi_sync.num_fragments %d does not divide the model's %d blocks "
                  "(its %d layers, the embedding and the head, which torchtitan's fragments "
@@ -24,7 +24,6 @@ bool semi_sync_plan(SemiSync *s, const SemiSyncConfig *config, const Model *m, c
                  blocks - 2);
         return false;
     }
-    const ParamTable *t = &m->params;
     *s = (SemiSync){.config = *config, .period = config->sync_steps / f,
                     .first = xcalloc((size_t)f + 1, sizeof(size_t)),
                     .runs = xcalloc((size_t)t->count, sizeof(SemiSyncRun)),
@@ -33,7 +32,7 @@ bool semi_sync_plan(SemiSync *s, const SemiSyncConfig *config, const Model *m, c
     int *fragment_of = xcalloc((size_t)t->count, sizeof(int)), n_runs = 0;
     for (int i = 0; i < f; i++) {
         int b0 = i * blocks / f, b1 = (i + 1) * blocks / f, p0, p1;
-        block_params(m, b0, b1, &p0, &p1);
+        params_of_blocks(block_params, b0, b1, &p0, &p1);
         s->first[i] = p0 < t->count ? t->items[p0].shard_offset : t->shard_numel;
         s->first_run[i] = n_runs;
         s->first_param[i] = p0;

@@ -17,8 +17,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "core/param.h"
 #include "kernels/kernels.h"
-#include "models/model.h"
 #include "optim/optim.h"
 #include "parallel/comm.h"
 
@@ -49,8 +49,9 @@ typedef struct {
 // fragment split weighs the first and the last as a layer each) in `fragments` equal runs.
 // False and one line in err where they cannot be cut so: the blocks not divisible, or a
 // parameter copy (Param.copy) in another fragment than its original (they must stay equal).
-bool semi_sync_plan(SemiSync *s, const SemiSyncConfig *config, const Model *m, char *err,
-                    size_t errlen);
+// block_params (n_blocks): each block's parameters, consecutive in the table in block order.
+bool semi_sync_plan(SemiSync *s, const SemiSyncConfig *config, const ParamTable *t,
+                    const int *block_params, int n_blocks, char *err, size_t errlen);
 // Whether after `step` steps a fragment's all-reduce is in flight (started, its outer step
 // not yet taken): then its parameters are [*from, *to).
 bool semi_sync_window(const SemiSync *s, int step, int *from, int *to);

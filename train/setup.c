@@ -214,8 +214,14 @@ static void plan_semi_sync(Trainer *t) {
                              .delay = (int)c->fragment_sync_delay, .lr = c->outer_lr,
                              .momentum = c->outer_momentum, .alpha = c->fragment_update_alpha,
                              .nesterov = c->outer_nesterov};
+    const Model *m = &t->model;
+    int *block_params = xcalloc((size_t)m->n_blocks, sizeof(int));
+    for (int b = 0; b < m->n_blocks; b++) block_params[b] = m->blocks[b].n_params;
     char err[1024];
-    if (!semi_sync_plan(&t->semi_sync, &config, &t->model, err, sizeof err)) die_user("%s", err);
+    bool planned = semi_sync_plan(&t->semi_sync, &config, &m->params, block_params, m->n_blocks,
+                                  err, sizeof err);
+    free(block_params);
+    if (!planned) die_user("%s", err);
 }
 
 // Sizes every arena with the same calls that then carve it (core/arena.h; commit false: all
