@@ -172,7 +172,7 @@ echo "ok: damage cases in $((SECONDS - started)) s"
 # measured duration, so the checkpoints advance by one every other kill. 4. keep_latest_k 2
 # deletes as the kills land: the newest complete checkpoint must survive every kill. mpirun
 # ends the surviving rank at once (by default it waits 1 s after each signal).
-STEPS=30
+STEPS=40
 MPIRUN=(mpirun --oversubscribe -np 2 --mca odls_base_sigkill_timeout 0)
 kill_run=(${run[@]} --training.steps $STEPS --checkpoint.keep_latest_k 2 --job.dump_folder "$SCRATCH/killed")
 FOLDER=$SCRATCH/killed/checkpoint
