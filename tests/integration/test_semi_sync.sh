@@ -92,6 +92,13 @@ expect_user_error "semi_sync.sync_steps = 7 .* must be a multiple of semi_sync.n
   $TITAN "${bad[@]}" "${STREAMING[@]}" --semi_sync.sync_steps 7
 expect_user_error "semi_sync.fragment_sync_delay = 2 .* must be less than sync_steps / num_fragments = 2" \
   $TITAN "${bad[@]}" "${STREAMING[@]}" --semi_sync.fragment_sync_delay 2
+expect_user_error "^titan: error: --comm.dp_replicate_link_gbps: comm.dp_replicate_link_gbps = 1.0 does nothing: parallelism.data_parallel_replicate_degree is 1" \
+  $TITAN "${SMALL[@]}" --comm.dp_replicate_link_gbps 1 --estimate
+# DeepSeek's MTP head keeps a copy of the embedding (Param.copy): both must sync together.
+expect_user_error "^titan: error: semi_sync.num_fragments 2 puts tok_embeddings.weight's two copies .* in different fragments" \
+  $TITAN --config configs/deepseek_v3_debug.yaml --model.tokenizer_path null --model.mtp_layers 1 \
+  $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2 "${STREAMING[@]}" \
+  --estimate --world-size 4
 expect_job_error "checkpoint .*step-5.h5 was saved with semi_sync.sync_steps 4, this run has 12" \
   mpirun --oversubscribe -np 4 $TITAN "${run[@]}" --semi_sync.sync_steps 12 --checkpoint.enable \
   --job.dump_folder "$SCRATCH/resumed-same" --checkpoint.load_step 5
