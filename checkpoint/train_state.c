@@ -48,6 +48,9 @@ static void list_add(TensorList *l, const ParamTable *params, int kind, float *b
         const Param *p = &params->items[i];
         size_t at = kind == EXP_AVG_SQ ? adamw_second_at(opt, params, i) : p->shard_offset;
         if (at == SIZE_MAX) continue;
+        // A frozen weight has no optimizer state (its average is itself, kept for the readers
+        // of /ema, which take every weight from there).
+        if (p->frozen && kind != MODEL && kind != EMA) continue;
         CHECK(l->count < l->capacity);
         int j = l->count++;
         if (replica > 0)

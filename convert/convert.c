@@ -32,6 +32,7 @@
 #include "core/config.h"
 #include "core/errors.h"
 #include "core/host_memory.h"
+#include "models/lora.h"
 #include "models/registry.h"
 
 #define USAGE                                                                                  \
@@ -104,20 +105,21 @@ static void to_hf(const ConvertOptions *o) {
     const char *path = o->tokenizer ? o->tokenizer : trained.model.tokenizer_path;
     char tokenizer[4096];
     if (path) CHECK(snprintf(tokenizer, sizeof tokenizer, "%s", path) < (int)sizeof tokenizer);
-    config_free(&trained);
     Model m;
     ParamTable params;
     float *data;
     table_build(&m, &args, &params, &data);
     if (o->ema) train_state_load_ema(o->from, &params);
     else train_state_load(o->from, &params, NULL, NULL);
+    int merged = lora_merge(o->from, &trained, &params, o->ema ? "/ema/" : "/model/");
+    config_free(&trained);
     bool bf16 = !strcmp(o->dtype, "bfloat16");
     spec->save_hf(o->out, &args, &params,
                   (HfExport){bf16 ? SAFETENSORS_BF16 : SAFETENSORS_F32, o->mtp});
     char note[1024];
     convert_hf_tokenizer(path ? tokenizer : NULL, o->out, note, sizeof note);
-    printf("convert: %s -> %s/model.safetensors (%s), config.json and %s\n", o->from, o->out,
-           o->dtype, note);
+    printf("convert: %s -> %s/model.safetensors (%s%s), config.json and %s\n", o->from, o->out,
+           o->dtype, merged ? ", the LoRA adapters merged" : "", note);
     params_free(&params);
     free(data);
     spec->free(&m);

@@ -180,6 +180,13 @@ typedef struct {
     StringList moe_fqns_prototype;
 } Float8Section;
 
+// torchtitan's LoRAConverter.Config, read when model.converters has lora (models/lora.h).
+typedef struct {
+    int64_t rank;
+    double alpha;
+    StringList target_modules;  // empty: every Linear
+} LoraSection;
+
 typedef struct {
     char *backend;              // auto, nccl or mpi (train/setup.c's select_comm)
     int64_t init_timeout_seconds;
@@ -229,6 +236,7 @@ typedef struct {
     CheckpointSection checkpoint;
     ActivationCheckpointSection activation_checkpoint;
     Float8Section float8;
+    LoraSection lora;
     CommSection comm;
     ValidationSection validation;
     SemiSyncSection semi_sync;

@@ -17,7 +17,6 @@ typedef struct {
 } Implemented;
 
 static const Implemented IMPLEMENTED[] = {
-    {"model.converters", {"[]", "[float8]"}},
     {"optimizer.name", {"AdamW", "Muon"}},
     {"optimizer.early_step_in_backward", {"false"}},
     {"training.enable_cpu_offload", {"false"}},
@@ -208,21 +207,24 @@ static bool dataset_names_unused(const Config *c, char *err, size_t n) {
     return true;
 }
 
-// Without the float8 converter every float8.* key must keep its default: it would do nothing.
-static bool float8_keys_unused(const Config *c, char *err, size_t n) {
-    const KeySpec *changed = NULL;
-    for (size_t i = 0; i < KEY_COUNT && !changed; i++)
-        if (!strcmp(KEYS[i].section, "float8") && setting_changed(c, &KEYS[i])) changed = &KEYS[i];
-    if (!changed) return true;
-    char name[NAME_MAX_LEN + 16];
-    snprintf(name, sizeof name, "float8.%s", changed->key);
-    return setting_error(c, name, "does nothing: model.converters has no float8", err, n);
+// Without converter `section` in model.converters every key of that section must keep its
+// default: it would do nothing.
+static bool converter_keys_unused(const Config *c, const char *section, char *err, size_t n) {
+    if (config_converts(c, section)) return true;
+    for (size_t i = 0; i < KEY_COUNT; i++)
+        if (!strcmp(KEYS[i].section, section) && setting_changed(c, &KEYS[i])) {
+            char name[NAME_MAX_LEN + 16], what[128];
+            snprintf(name, sizeof name, "%s.%s", section, KEYS[i].key);
+            snprintf(what, sizeof what, "does nothing: model.converters has no %s", section);
+            return setting_error(c, name, what, err, n);
+        }
+    return true;
 }
 
 // The float8 converter (models/linear.h) as torchtitan's Float8LinearConverter configures it,
 // less what is not written yet, refused by name rather than ignored.
 static bool float8_check(const Config *c, char *err, size_t n) {
-    if (!config_converts(c, "float8")) return float8_keys_unused(c, err, n);
+    if (!config_converts(c, "float8")) return converter_keys_unused(c, "float8", err, n);
     const Float8Section *f = &c->float8;
     char a[1024], b[1024];
     // torchao gathers float8 weights for its tensorwise recipe only (torchtitan asserts it);
@@ -252,6 +254,21 @@ static bool float8_check(const Config *c, char *err, size_t n) {
                          "thresholds with %s",
                          setting_describe(c, "float8.filter_fqns", a, sizeof a),
                          setting_describe(c, "float8.recipe_name", b, sizeof b));
+    return true;
+}
+
+// model.converters: each of titan's converters at most once (torchtitan's others, mx and the
+// quantized formats, are not written).
+static bool converters_check(const Config *c, char *err, size_t n) {
+    const StringList *l = &c->model.converters;
+    for (int i = 0; i < l->count; i++) {
+        if (strcmp(l->items[i], "float8") != 0 && strcmp(l->items[i], "lora") != 0)
+            return setting_error(c, "model.converters",
+                                 "is not implemented yet (implemented: float8, lora)", err, n);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(l->items[i], l->items[j]))
+                return setting_error(c, "model.converters", "names a converter twice", err, n);
+    }
     return true;
 }
 
@@ -318,6 +335,7 @@ static bool link_check(const Config *c, char *err, size_t n) {
 
 bool config_check_supported(const Config *c, char *err, size_t errlen) {
     return relations_check(c, err, errlen) && implemented_check(c, err, errlen) &&
-           dataset_names_unused(c, err, errlen) && float8_check(c, err, errlen) &&
+           dataset_names_unused(c, err, errlen) && converters_check(c, err, errlen) &&
+           float8_check(c, err, errlen) && converter_keys_unused(c, "lora", err, errlen) &&
            semi_sync_check(c, err, errlen) && link_check(c, err, errlen);
 }

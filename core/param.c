@@ -318,6 +318,15 @@ void params_view(ParamTable *view, const ParamTable *t, float *shard_data) {
     }
 }
 
+void params_select(ParamTable *sub, const ParamTable *t, bool (*keep)(const Param *p)) {
+    *sub = *t;
+    sub->items = xcalloc((size_t)(t->count ? t->count : 1), sizeof(Param));
+    sub->count = 0;
+    sub->capacity = t->count;
+    for (int i = 0; i < t->count; i++)
+        if (keep(&t->items[i])) sub->items[sub->count++] = t->items[i];
+}
+
 void params_global_view(ParamTable *global, const ParamTable *t) {
     params_init(global, t->count);
     for (int i = 0; i < t->count; i++) {

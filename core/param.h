@@ -119,6 +119,10 @@ typedef struct {
     // original's are summed each step (grads_sum_copies) and counted once in the norm, so the
     // two take the same optimizer steps; checkpoints and exports hold the original only.
     bool copy;
+    // A pretrained weight fine-tuning leaves as it is (LoRA's base, models/lora.h): no
+    // gradient is taken for it (a frozen Linear weight's GEMM is skipped; the trainer zeroes
+    // what other blocks' backward writes) and the optimizer leaves it.
+    bool frozen;
     ParamInit init;
     double init_std;      // for the normal inits
     double init_cutoff;   // truncation bound |x| <= cutoff (absolute, as torch's a/b)
@@ -189,6 +193,9 @@ void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena);
 // too when no padded placement sets them apart (else NULL), grads NULL. Free it with
 // params_free.
 void params_view(ParamTable *view, const ParamTable *t, float *shard_data);
+// sub = the parameters of t for which keep(p) holds, in t's order, over t's storage (the same
+// offsets and pointers): a table to load part of a model through. Free it with params_free.
+void params_select(ParamTable *sub, const ParamTable *t, bool (*keep)(const Param *p));
 // global = t's parameters as whole global tensors (no placements) over new zeroed host
 // storage (global->data), e.g. a model read from a file of whole tensors; a copy shares its
 // original's tensor. Free global->data, then params_free.

@@ -23,6 +23,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -31,6 +32,7 @@
 #include "core/errors.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
+#include "models/lora.h"
 #include "models/registry.h"
 
 #define USAGE                                                                                  \
@@ -293,6 +295,12 @@ static void load_model(Loaded *l, const char *path, int n_ctx, bool ema) {
         train_state_load(path, t, NULL, NULL);
     else
         spec->load_llama2c(path, &l->model);
+    if (!l->hdf5) return;
+    Config trained;  // a LoRA run's adapters merge into the weights they adapt
+    model_spec_of_checkpoint(path, &trained);
+    int merged = lora_merge(path, &trained, t, ema ? "/ema/" : "/model/");
+    if (merged) fprintf(stderr, "generate: merged the LoRA adapters of %d weights\n", merged);
+    config_free(&trained);
 }
 
 // ---- sampling ------------------------------------------------------------------------------

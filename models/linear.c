@@ -66,7 +66,7 @@ const char *linear_precision_name(LinearPrecision p) {
     return NAMES[p];
 }
 
-Linear linear_of(const Param *weight) { return (Linear){weight, LINEAR_BACKEND}; }
+Linear linear_of(const Param *weight) { return (Linear){.weight = weight}; }
 
 static int out_dim(const Linear *l) { return (int)l->weight->shape[l->weight->ndim - 2]; }
 static int in_dim(const Linear *l) { return (int)l->weight->shape[l->weight->ndim - 1]; }
@@ -327,6 +327,76 @@ static void gemm(const Linear *l, const StepCtx *s, LinearGemm which, float *c, 
         backend_run(l, s, which, c, x, dy, rows, beta, run);
 }
 
+// ---- LoRA's adapters -----------------------------------------------------------------------
+// Hu et al. 2021: the adapted layer adds s (x A^T) B^T, a (rows, rank) product in between.
+// Each direction recomputes what it needs of it (rows x rank x in multiply-adds, small beside
+// the weight's), so nothing is kept from forward to backward.
+
+static int lora_rank(const Linear *l) { return (int)l->lora_a->shape[0]; }
+
+// f (n, fp32) in the dtype of the activations it joins: itself, or its bf16 cast in scratch.
+static LinearAct as_act(const StepCtx *s, float *f, size_t n, Dtype dtype, bool run) {
+    if (dtype == DTYPE_FP32) return linear_fp32(f);
+    uint16_t *h = arena_tensor(s->act, n, DTYPE_BF16);
+    if (run) s->k->to_bf16(h, f, n);
+    return linear_act(h, dtype);
+}
+
+// h (rows, rank) = s x A^T, carved from s->act.
+static LinearAct lora_down(const Linear *l, const StepCtx *s, LinearAct x, int rows, bool run) {
+    Linear a = linear_of(l->lora_a);
+    size_t n = (size_t)rows * lora_rank(l);
+    float *h = arena_floats(s->act, n);
+    gemm(&a, s, GEMM_OUTPUT, h, x, linear_fp32(NULL), rows, 0, run);
+    if (run) s->k->scale(h, n, l->lora_scale);
+    return as_act(s, h, n, x.dtype, run);
+}
+
+// g (rows, rank) = s dy B, carved from s->act: the gradient of x A^T.
+static LinearAct lora_up_grad(const Linear *l, const StepCtx *s, LinearAct dy, int rows,
+                              bool run) {
+    Linear b = linear_of(l->lora_b);
+    size_t n = (size_t)rows * lora_rank(l);
+    float *g = arena_floats(s->act, n);
+    gemm(&b, s, GEMM_GRAD_INPUT, g, linear_fp32(NULL), dy, rows, 0, run);
+    if (run) s->k->scale(g, n, l->lora_scale);
+    return as_act(s, g, n, dy.dtype, run);
+}
+
+// The adapters' share of the GEMM `which` (after the weight's, into the same c for the output
+// and input gradient; into their own gradients for the weights'); run false: carve only.
+static void lora_gemm(const Linear *l, const StepCtx *s, LinearGemm which, float *c,
+                      LinearAct x, LinearAct dy, int rows, bool run) {
+    if (!l->lora_a) return;
+    Linear a = linear_of(l->lora_a), b = linear_of(l->lora_b);
+    size_t mark = arena_mark(s->act);
+    switch (which) {
+    case GEMM_OUTPUT:  // y += h B^T
+        gemm(&b, s, GEMM_OUTPUT, c, lora_down(l, s, x, rows, run), dy, rows, 1, run);
+        break;
+    case GEMM_GRAD_INPUT:  // dx += g A
+        gemm(&a, s, GEMM_GRAD_INPUT, c, x, lora_up_grad(l, s, dy, rows, run), rows, 1, run);
+        break;
+    case GEMM_GRAD_WEIGHT: {  // dA += g^T x, dB += dy^T h
+        LinearAct g = lora_up_grad(l, s, dy, rows, run);
+        gemm(&a, s, GEMM_GRAD_WEIGHT, l->lora_a->grad, x, g, rows, 1, run);
+        gemm(&b, s, GEMM_GRAD_WEIGHT, l->lora_b->grad, lora_down(l, s, x, rows, run), dy, rows,
+             1, run);
+        break;
+    }
+    }
+    arena_release(s->act, mark);
+}
+
+// The GEMM `which` of a Linear: its weight's (none for a frozen weight's gradient), then its
+// adapters'.
+static void linear_gemm(const Linear *l, const StepCtx *s, LinearGemm which, float *c,
+                        LinearAct x, LinearAct dy, int rows, float beta, bool run) {
+    if (!(which == GEMM_GRAD_WEIGHT && l->weight->frozen))
+        gemm(l, s, which, c, x, dy, rows, beta, run);
+    lora_gemm(l, s, which, c, x, dy, rows, run);
+}
+
 void linear_reserve(const StepCtx *s, const Linear *const *linears, int n, int rows,
                     Dtype dtype) {
     for (int i = 0; i < n; i++) {
@@ -334,23 +404,23 @@ void linear_reserve(const StepCtx *s, const Linear *const *linears, int n, int r
         LinearAct act = linear_act(NULL, grouped ? DTYPE_FP32 : dtype);
         for (LinearGemm g = GEMM_OUTPUT; g <= GEMM_GRAD_WEIGHT; g++)
             if (!grouped || gemm_is_float8(linears[i], g))  // grouped_matmul carves nothing
-                gemm(linears[i], s, g, NULL, act, act, rows, 0, false);
+                linear_gemm(linears[i], s, g, NULL, act, act, rows, 0, false);
     }
 }
 
 void linear_forward(const Linear *l, const StepCtx *s, float *y, LinearAct x, int rows,
                     float beta) {
-    gemm(l, s, GEMM_OUTPUT, y, x, linear_fp32(NULL), rows, beta, true);
+    linear_gemm(l, s, GEMM_OUTPUT, y, x, linear_fp32(NULL), rows, beta, true);
 }
 
 void linear_backward_input(const Linear *l, const StepCtx *s, float *dx, LinearAct dy, int rows,
                            float beta) {
-    gemm(l, s, GEMM_GRAD_INPUT, dx, linear_fp32(NULL), dy, rows, beta, true);
+    linear_gemm(l, s, GEMM_GRAD_INPUT, dx, linear_fp32(NULL), dy, rows, beta, true);
 }
 
 void linear_backward_weight(const Linear *l, const StepCtx *s, LinearAct dy, LinearAct x,
                             int rows) {
-    gemm(l, s, GEMM_GRAD_WEIGHT, l->weight->grad, x, dy, rows, 1, true);
+    linear_gemm(l, s, GEMM_GRAD_WEIGHT, l->weight->grad, x, dy, rows, 1, true);
 }
 
 // c = the GEMM `which` of a stacked weight over the experts' groups of rows.
@@ -375,5 +445,6 @@ void linear_grouped_backward_input(const Linear *l, const StepCtx *s, float *dx,
 
 void linear_grouped_backward_weight(const Linear *l, const StepCtx *s, const float *dy,
                                     const float *x, const int *offsets) {
+    if (l->weight->frozen) return;
     grouped_gemm(l, s, GEMM_GRAD_WEIGHT, l->weight->grad, x, dy, offsets, 1);
 }

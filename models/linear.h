@@ -32,6 +32,11 @@ typedef enum {
 typedef struct {
     const Param *weight;  // (out, in), or (E, out, in) stacked experts: its local compute tensor
     LinearPrecision precision;
+    // LoRA's adapters (models/lora.h), at the backend's precision whatever the weight's: the
+    // layer computes x W^T + lora_scale (x A^T) B^T. NULL: none (never on stacked experts).
+    const Param *lora_a;  // (rank, in)
+    const Param *lora_b;  // (out, rank)
+    float lora_scale;     // alpha / rank
 } Linear;
 
 // The precision of the layer `module` ("layers.0.attention.wq", torchtitan's module fqn) over
@@ -80,6 +85,9 @@ static inline LinearAct linear_act_at(LinearAct x, size_t first) {
 // act: the dtype of the activations the calls will read.
 void linear_reserve(const StepCtx *s, const Linear *const *linears, int n, int rows, Dtype act);
 
+// With adapters each direction adds theirs (y += s (x A^T) B^T; dx += s (dy B) A; dA and dB
+// accumulated), the low-rank products recomputed rather than kept; a frozen weight
+// (Param.frozen) takes no gradient.
 // y (rows, out) = x (rows, in) W^T + beta y.
 void linear_forward(const Linear *l, const StepCtx *s, float *y, LinearAct x, int rows,
                     float beta);

@@ -40,6 +40,7 @@ static int module_layer(const char *module, const char **rest) {
 }
 
 static bool module_matches(const ModelLinear *e, LinearSet set) {
+    if (set == LINEARS_LORA) return e->linear->lora_a != NULL;
     if (e->linear->precision == LINEAR_BACKEND) return set == LINEARS_BACKEND;
     return set == (e->linear->weight->ndim == 3 ? LINEARS_FLOAT8_EXPERTS : LINEARS_FLOAT8);
 }

@@ -103,8 +103,9 @@ void model_linear_add(Model *m, Linear *l, const char *module);
 // any parallelism: each Linear's precision by linear_precision_for under float8.
 void model_convert_float8(Model *m, const Float8Section *float8);
 // Which Linears model_linears_describe lists: those at the backend's precision, the float8
-// ones of plain weights (the recipe's), or the float8 stacked experts (the grouped GEMMs').
-typedef enum { LINEARS_BACKEND, LINEARS_FLOAT8, LINEARS_FLOAT8_EXPERTS } LinearSet;
+// ones of plain weights (the recipe's), the float8 stacked experts (the grouped GEMMs'), or
+// those with LoRA adapters.
+typedef enum { LINEARS_BACKEND, LINEARS_FLOAT8, LINEARS_FLOAT8_EXPERTS, LINEARS_LORA } LinearSet;
 // The modules of the Linears in set, as "layers.0-5.attention.wq, ..., output" (layer indices
 // merged into ranges, "none" for no module) into buf; returns how many Linears that is.
 int model_linears_describe(const Model *m, LinearSet set, char *buf, size_t n);

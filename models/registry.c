@@ -97,7 +97,7 @@ const ModelSpec *model_spec_llama2c(void) {
 }
 
 void *model_args_fill(ModelArgs *a, const ModelSpec *spec) {
-    a->spec = spec;
+    *a = (ModelArgs){.spec = spec};  // no LoRA until a run asks (ModelArgs.lora)
     return &a->as;
 }
 

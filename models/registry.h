@@ -36,6 +36,9 @@ typedef struct Tp Tp;  // parallel/tp.h
 
 typedef struct {
     const ModelSpec *spec;  // the architecture that filled `as`
+    // LoRA's adapters for the build to add (model.converters: [lora], models/lora.h); NULL:
+    // none. Only for a spec whose build adds them (ModelSpec.lora).
+    const LoraSection *lora;
     union {
         LlamaArgs llama3;
         Qwen3Args qwen3;
@@ -107,6 +110,8 @@ struct ModelSpec {
 
     // The parameter table and block list, as the architecture's build (e.g. decoder_build).
     void (*build)(Model *m, const ModelArgs *a, bool activation_checkpoint);
+    // Whether build adds LoRA's adapters where ModelArgs.lora targets its Linears.
+    bool lora;
     void (*free)(Model *m);  // what build allocated (not the arenas)
 
     // Tensor parallel: why the model cannot run on tp ranks with microbatches of B x T (one
@@ -186,8 +191,8 @@ static inline ModelShape model_shape(const ModelArgs *a) { return a->spec->shape
 
 // ---- for an architecture's spec (its spec.c) -----------------------------------------------
 
-// a's member for spec, which spec's reader is about to fill (it sets a->spec), and the member
-// filled by it, for everything else (checked: the args are spec's).
+// a's member for spec, which spec's reader is about to fill (a zeroed, a->spec set), and the
+// member filled by it, for everything else (checked: the args are spec's).
 void *model_args_fill(ModelArgs *a, const ModelSpec *spec);
 const void *model_args_of(const ModelArgs *a, const ModelSpec *spec);
 

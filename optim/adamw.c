@@ -6,9 +6,10 @@
 #include "core/errors.h"
 
 // Whether AdamW updates parameter i: not a buffer (Param.buffer: weight decay would shrink
-// it), nor one of Muon's.
+// it) nor frozen (Param.frozen), nor one of Muon's.
 static bool adamw_updates(const AdamW *opt, const ParamTable *params, int i) {
-    return !params->items[i].buffer && !(opt->muon.is_muon && opt->muon.is_muon[i]);
+    const Param *p = &params->items[i];
+    return !p->buffer && !p->frozen && !(opt->muon.is_muon && opt->muon.is_muon[i]);
 }
 
 size_t adamw_second_at(const AdamW *opt, const ParamTable *params, int i) {

@@ -42,7 +42,7 @@ bool muon_select(Muon *m, const ParamTable *params, const char *pattern, const c
     bool ok = true;
     for (int i = 0; i < params->count && ok; i++) {
         const Param *p = &params->items[i];
-        if (p->buffer) continue;  // not trained (a copy goes as its original: the same name)
+        if (p->buffer || p->frozen) continue;  // not trained (a copy goes as its original)
         int rc = pcre2_match(re, (PCRE2_SPTR)p->name, PCRE2_ZERO_TERMINATED, 0, 0, match, NULL);
         if (rc < 0) continue;
         if (p->ndim < 2) {

@@ -11,9 +11,9 @@ static bool tp_replicated(const Param *p) {
 }
 
 // Replicated with each rank's gradient a partial sum (the plan's TP_REPLICATE, not
-// TP_REDUNDANT, whose grads are already whole on every rank).
+// TP_REDUNDANT, whose grads are already whole on every rank), and trained.
 static bool tp_partial(const Param *p) {
-    return tp_replicated(p) && param_placement_on(p, MESH_TP)->grad_partial;
+    return !p->frozen && tp_replicated(p) && param_placement_on(p, MESH_TP)->grad_partial;
 }
 
 size_t grads_replicated_floats(const ParamTable *t) {
@@ -35,7 +35,7 @@ void grads_reduce_replicated(const ParamTable *t, CommGroup *tp) {
 void grads_sum_copies(const KernelOps *k, const ParamTable *t, CommGroup *ends) {
     for (int i = 0; i < t->count; i++) {
         const Param *p = &t->items[i];
-        if (!p->copy) continue;
+        if (!p->copy || p->frozen) continue;
         const Param *o = params_find(t, p->name);
         float *g = t->shard_grad + p->shard_offset, *go = t->shard_grad + o->shard_offset;
         if (p->shard_numel && o->shard_numel) {  // both here: the same boxes
@@ -53,7 +53,7 @@ size_t grads_copies_floats(const ParamTable *t) {
     size_t n = 0;
     for (int i = 0; i < t->count; i++) {
         const Param *p = &t->items[i];
-        if (!p->copy) continue;
+        if (!p->copy || p->frozen) continue;
         const Param *o = params_find(t, p->name);
         if (!p->shard_numel != !o->shard_numel) n += p->shard_numel + o->shard_numel;
     }
@@ -65,7 +65,8 @@ double grads_sum_squares(const KernelOps *k, const ParamTable *t, CommGroup *fsd
     double local = 0;
     for (int i = 0; i < t->count; i++) {
         const Param *p = &t->items[i];
-        if (p->copy) continue;  // its original's gradient, counted there
+        // a copy's is its original's gradient, counted there; a frozen one has none
+        if (p->copy || p->frozen) continue;
         double weight = tp && tp_replicated(p) ? 1.0 / comm_size(tp) : 1.0;
         local += weight * k->sum_squares(t->shard_grad + p->shard_offset, p->shard_numel);
     }

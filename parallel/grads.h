@@ -3,6 +3,7 @@
 // parallel each rank's rows' share; those computed redundantly are whole already), and the global L2 norm for clipping counted exactly once per element of the
 // unsharded model (docs/design.md "Parameters carry their layout").
 //
+// A frozen parameter (Param.frozen) has none: these skip it.
 // A parameter's gradient is its shard's (ParamTable.shard_grad at Param.shard_offset): FSDP's
 // shard when FSDP placed it, else its compute tensor's. fsdp / tp NULL: no such group.
 #pragma once

@@ -457,20 +457,53 @@ static void hf_config_check(const Trainer *t, const char *path) {
     }
 }
 
+// The base model's parameters under LoRA: all but the adapters (the frozen weights and the
+// buffers).
+static bool lora_base(const Param *p) { return p->frozen || p->buffer; }
+
+// Under LoRA a file without the adapters (a pre-training run's checkpoint, Hugging Face
+// weights) is the base model's: its weights are loaded, and nothing else (its optimizer state
+// and step are another run's); the adapters start from their init.
+static bool base_only(const Trainer *t, const char *path) {
+    if (!t->args.lora) return false;
+    if (t->cfg.checkpoint.initial_load_in_hf) return true;
+    char name[PARAM_NAME_MAX + 16];
+    for (int i = 0; i < t->model.params.count; i++) {
+        const Param *p = &t->model.params.items[i];
+        if (lora_base(p)) continue;
+        snprintf(name, sizeof name, "/model/%s", p->name);
+        return !ckpt_has(path, name);
+    }
+    return false;
+}
+
 static void initial_load(Trainer *t, HostState *h) {
     const CheckpointSection *ck = &t->cfg.checkpoint;
     const char *path = ck->initial_load_path;
+    ParamTable all = h->params;
+    bool base = base_only(t, path);
+    if (base) {  // the adapters' init, then the base's weights over the rest
+        params_initialize(&all, (uint64_t)t->cfg.training.seed);
+        params_select(&h->params, &all, lora_base);
+    }
     if (ck->initial_load_in_hf) {  // whole tensors: each rank keeps its shards of them
         hf_config_check(t, path);
         ParamTable global;
-        params_global_view(&global, &t->model.params);
+        params_global_view(&global, &h->params);
         t->args.spec->load_hf(path, &t->args, &global);
         params_shards_from_global(&h->params, &global);
         free(global.data);
         params_free(&global);
-        log_info("checkpoint: initial weights from Hugging Face %s", path);
-        return;
+        log_info("checkpoint: initial weights from Hugging Face %s%s", path,
+                 base ? "; LoRA adapters initialised" : "");
+    } else if (base) {
+        run_attrs_check(t, path, false, false);
+        train_state_load(path, &h->params, NULL, NULL);
+        log_info("checkpoint: base weights from %s; LoRA adapters initialised", path);
     }
+    if (base) params_free(&h->params);
+    h->params = all;
+    if (base || ck->initial_load_in_hf) return;
     run_attrs_check(t, path, false, !ck->initial_load_model_only);
     if (ck->initial_load_model_only) {
         train_state_load(path, &h->params, NULL, NULL);

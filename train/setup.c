@@ -98,7 +98,14 @@ static void check_mtp_keys(const Trainer *t) {
 static void build_model(Trainer *t) {
     const Config *c = &t->cfg;
     trainer_model_args(c, &t->args);
+    t->args.lora = config_converts(c, "lora") ? &c->lora : NULL;
     const ModelSpec *spec = t->args.spec;
+    char why[512];
+    if (t->args.lora && !spec->lora) {
+        CHECK(config_key_origin(c, "model.converters", why, sizeof why));
+        die_user("%s: model.converters has lora, but model %s adds no LoRA adapters (the "
+                 "decoders' Linears take them)", why, spec->name);
+    }
     spec->update_from_config(&t->args, &c->model,
                              t->tokenizer ? tokenizer_vocab_size(t->tokenizer) : 0,
                              t->train.T > t->val.T ? t->train.T : t->val.T);
@@ -107,7 +114,6 @@ static void build_model(Trainer *t) {
     if (ck->initial_load_in_hf || ck->last_save_in_hf)
         model_spec_require_hf(spec, ck->initial_load_in_hf ? "checkpoint.initial_load_in_hf"
                                                            : "checkpoint.last_save_in_hf");
-    char why[256];
     int tp = t->mesh.layout.size[MESH_TP];
     if (spec->tp_check(&t->args, tp, t->train.B, t->train.step_T, why, sizeof why) ||
         (t->val.B > 0 && spec->tp_check(&t->args, tp, t->val.B, t->val.step_T, why, sizeof why)))
@@ -115,6 +121,7 @@ static void build_model(Trainer *t) {
     spec->build(&t->model, &t->args, false);
     t->model.precision = t->precision;  // bf16 mixed precision stores bf16 activations
     if (config_converts(c, "float8")) trainer_convert_float8(t);
+    if (t->args.lora) model_convert_lora(&t->model, c);
     check_moe_keys(t);
     check_mtp_keys(t);
 }
@@ -131,6 +138,7 @@ static void parallelize_model(Trainer *t) {
         if (t->estimate_world_size) tp_plan(&t->tp, 0, tp, loss_parallel);
         else tp_init(&t->tp, t->mesh.group[MESH_TP], t->k, loss_parallel);
         spec->parallelize_tp(&t->model, &t->tp);
+        if (t->args.lora) lora_parallelize_tp(&t->model, &t->tp);
     }
     if (t->cp_on) setup_context_parallel(t);
     if (t->mesh.layout.ep > 1) setup_expert_parallel(t);
@@ -525,6 +533,7 @@ static void log_setup(Trainer *t) {
     log_info("precision: %s compute (training.mixed_precision_param %s), fp32 master weights and "
              "optimizer state", dtype_name(t->precision.param), c->training.mixed_precision_param);
     if (config_converts(c, "float8")) trainer_log_float8(t);
+    if (t->args.lora) lora_log(&t->model, &c->lora);
     if (t->mesh.layout.ep > 1)
         log_info("experts: ep %d x efsdp %d over dp_shard x cp x tp", t->mesh.layout.ep,
                  size[MESH_DP_SHARD] * size[MESH_CP] * size[MESH_TP] / t->mesh.layout.ep);

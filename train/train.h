@@ -17,6 +17,7 @@
 #include "data/loader.h"
 #include "data/token_batch.h"
 #include "data/tokenizer.h"
+#include "models/lora.h"
 #include "models/moe/balance.h"
 #include "models/registry.h"
 #include "optim/optim.h"

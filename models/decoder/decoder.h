@@ -91,6 +91,9 @@ typedef struct {
     // mtp_loss_weight in the objective.
     int mtp_layers;
     double mtp_loss_weight;
+    // LoRA's adapters, which the build adds after each Linear weight lora targets
+    // (models/lora.h); NULL: none. Set by the run, as the vocabulary is.
+    const LoraSection *lora;
 } DecoderArgs;
 
 #define DECODER_MAX_MTP 8  // model.mtp_layers' bound

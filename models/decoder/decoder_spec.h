@@ -25,7 +25,8 @@ void decoder_spec_kv_cache_free(void *cache);
 // Those functions' slots, for a decoder architecture's ModelSpec initializer (beside its own:
 // name, flavors, update_from_config, checkpoint formats).
 #define DECODER_SPEC_SLOTS                                                                     \
-    .shape = decoder_spec_shape, .build = decoder_spec_build, .free = decoder_free,            \
+    .shape = decoder_spec_shape, .build = decoder_spec_build, .lora = true,                    \
+    .free = decoder_free,                                                                      \
     .tp_check = decoder_spec_tp_check, .parallelize_tp = decoder_parallelize_tp,               \
     .tp_bytes_per_microbatch = decoder_spec_tp_bytes_per_microbatch,                           \
     .describe = decoder_spec_describe, .kv_cache_new = decoder_spec_kv_cache_new,              \

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "core/errors.h"
+#include "models/lora.h"
 #include "models/decoder/blocks.h"
 #include "models/moe/balance.h"
 
@@ -66,11 +67,16 @@ static void rope_tables(Decoder *l) {
     }
 }
 
-// A parameter named prefix + name ("layers.3." + "attention.wq.weight"; "" for the model's own).
-static Param *add_matrix(ParamTable *t, ParamInit init, double std, int64_t rows, int64_t cols,
-                         const char *prefix, const char *name) {
-    int64_t shape[2] = {rows, cols};
-    return &t->items[params_add(t, init, std, 2, shape, "%s%s", prefix, name)];
+// The weight (out, in) of the Linear named prefix + module ("layers.3." + "attention.wq"; ""
+// for the model's own), module.weight, and its LoRA adapters where a->lora targets it.
+static Param *add_matrix(ParamTable *t, const DecoderArgs *a, ParamInit init, double std,
+                         int64_t out, int64_t in, const char *prefix, const char *module) {
+    int64_t shape[2] = {out, in};
+    Param *w = &t->items[params_add(t, init, std, 2, shape, "%s%s.weight", prefix, module)];
+    char name[PARAM_NAME_MAX];
+    snprintf(name, sizeof name, "%s%s", prefix, module);
+    lora_add_adapters(t, a->lora, name, out, in);
+    return w;
 }
 
 static Param *add_vector(ParamTable *t, int64_t n, const char *prefix, const char *name) {
@@ -115,19 +121,19 @@ static void add_mla(DecoderLayer *L, ParamTable *t, const LayerInit *init) {
     ParamInit k = init->kind;
     w->on = true;
     if (m->q_lora_rank) {
-        w->wq_a = add_matrix(t, k, init->in, m->q_lora_rank, a->dim, P, "attention.wq_a.weight");
+        w->wq_a = add_matrix(t, a, k, init->in, m->q_lora_rank, a->dim, P, "attention.wq_a");
         w->q_norm = add_vector(t, m->q_lora_rank, P, "attention.q_norm.weight");
-        w->wq_b = add_matrix(t, k, init->in, q, m->q_lora_rank, P, "attention.wq_b.weight");
+        w->wq_b = add_matrix(t, a, k, init->in, q, m->q_lora_rank, P, "attention.wq_b");
         w->linear.wq_a = linear_of(w->wq_a);
         w->linear.wq_b = linear_of(w->wq_b);
     } else {
-        w->wq = add_matrix(t, k, init->in, q, a->dim, P, "attention.wq.weight");
+        w->wq = add_matrix(t, a, k, init->in, q, a->dim, P, "attention.wq");
         w->linear.wq = linear_of(w->wq);
     }
-    w->wkv_a = add_matrix(t, k, init->in, m->kv_lora_rank + m->qk_rope_head_dim, a->dim,
-                          P, "attention.wkv_a.weight");
+    w->wkv_a = add_matrix(t, a, k, init->in, m->kv_lora_rank + m->qk_rope_head_dim, a->dim,
+                          P, "attention.wkv_a");
     w->kv_norm = add_vector(t, m->kv_lora_rank, P, "attention.kv_norm.weight");
-    w->wkv_b = add_matrix(t, k, init->in, kv, m->kv_lora_rank, P, "attention.wkv_b.weight");
+    w->wkv_b = add_matrix(t, a, k, init->in, kv, m->kv_lora_rank, P, "attention.wkv_b");
     w->linear.wkv_a = linear_of(w->wkv_a);
     w->linear.wkv_b = linear_of(w->wkv_b);
 }
@@ -138,12 +144,12 @@ static void add_gqa(DecoderLayer *L, ParamTable *t, const LayerInit *init) {
     const char *P = L->prefix;
     int hd = decoder_head_dim(a);
     ParamInit k = init->kind;
-    L->wq = add_matrix(t, k, init->in, (int64_t)a->n_heads * hd, a->dim,
-                       P, "attention.wq.weight");
-    L->wk = add_matrix(t, k, init->in, (int64_t)a->n_kv_heads * hd, a->dim,
-                       P, "attention.wk.weight");
-    L->wv = add_matrix(t, k, init->in, (int64_t)a->n_kv_heads * hd, a->dim,
-                       P, "attention.wv.weight");
+    L->wq = add_matrix(t, a, k, init->in, (int64_t)a->n_heads * hd, a->dim,
+                       P, "attention.wq");
+    L->wk = add_matrix(t, a, k, init->in, (int64_t)a->n_kv_heads * hd, a->dim,
+                       P, "attention.wk");
+    L->wv = add_matrix(t, a, k, init->in, (int64_t)a->n_kv_heads * hd, a->dim,
+                       P, "attention.wv");
     L->linear.wq = linear_of(L->wq);
     L->linear.wk = linear_of(L->wk);
     L->linear.wv = linear_of(L->wv);
@@ -180,7 +186,7 @@ static void add_layer(Decoder *l, DecoderLayer *L, ParamTable *t, const char *pr
         add_gqa(L, t, &init);
     int64_t heads_out = (int64_t)a->n_heads * (decoder_has_mla(a) ? a->mla.v_head_dim
                                                                    : decoder_head_dim(a));
-    L->wo = add_matrix(t, k, init.wo, a->dim, heads_out, P, "attention.wo.weight");
+    L->wo = add_matrix(t, a, k, init.wo, a->dim, heads_out, P, "attention.wo");
     if (a->qk_norm) {
         int hd = decoder_head_dim(a);
         L->q_norm = add_vector(t, hd, P, "attention.q_norm.weight");
@@ -189,12 +195,12 @@ static void add_layer(Decoder *l, DecoderLayer *L, ParamTable *t, const char *pr
     L->ffn_norm = add_vector(t, a->dim, P, "ffn_norm.weight");
     if (moe) {
         L->moe = moe;
-        moe_layer_init(moe, &a->moe, moe_index, t, P, &init.moe);
+        moe_layer_init(moe, &a->moe, moe_index, t, P, &init.moe, a->lora);
         l->balance.bias[moe_index] = moe->expert_bias;
     } else {
-        L->w1 = add_matrix(t, k, init.in, H, a->dim, P, "feed_forward.w1.weight");
-        L->w2 = add_matrix(t, k, init.w2, a->dim, H, P, "feed_forward.w2.weight");
-        L->w3 = add_matrix(t, k, init.w3, H, a->dim, P, "feed_forward.w3.weight");
+        L->w1 = add_matrix(t, a, k, init.in, H, a->dim, P, "feed_forward.w1");
+        L->w2 = add_matrix(t, a, k, init.w2, a->dim, H, P, "feed_forward.w2");
+        L->w3 = add_matrix(t, a, k, init.w3, H, a->dim, P, "feed_forward.w3");
         L->linear.w1 = linear_of(L->w1);
         L->linear.w2 = linear_of(L->w2);
         L->linear.w3 = linear_of(L->w3);
@@ -221,8 +227,8 @@ static void add_mtp(Decoder *l, ParamTable *t, int j) {
     snprintf(prefix, sizeof prefix, "mtp_layers.%d.", j);
     m->enorm = add_vector(t, a->dim, prefix, "enorm.weight");
     m->hnorm = add_vector(t, a->dim, prefix, "hnorm.weight");
-    m->eh_proj = add_matrix(t, INIT_KAIMING_UNIFORM, 0, a->dim, 2 * (int64_t)a->dim, prefix,
-                            "eh_proj.weight");
+    m->eh_proj = add_matrix(t, a, INIT_KAIMING_UNIFORM, 0, a->dim, 2 * (int64_t)a->dim, prefix,
+                            "eh_proj");
     m->eh_linear = linear_of(m->eh_proj);
     int moe_index = a->n_layers - a->n_dense_layers + j;
     add_layer(l, &m->layer, t, prefix, a->n_layers - 1, mtp_is_moe(a) ? &l->moe[moe_index] : NULL,
@@ -243,9 +249,9 @@ static Param *add_embedding(ParamTable *t, const DecoderArgs *a) {
 // _LINEAR_INIT N(0, 0.02).
 static Param *add_output(ParamTable *t, const DecoderArgs *a) {
     if (a->init == DECODER_INIT_QWEN3)
-        return add_matrix(t, INIT_NORMAL, 0.02, a->vocab_size, a->dim, "", "output.weight");
+        return add_matrix(t, a, INIT_NORMAL, 0.02, a->vocab_size, a->dim, "", "output");
     double std = 1 / sqrt((double)a->dim);
-    Param *p = add_matrix(t, INIT_TRUNC_NORMAL, std, a->vocab_size, a->dim, "", "output.weight");
+    Param *p = add_matrix(t, a, INIT_TRUNC_NORMAL, std, a->vocab_size, a->dim, "", "output");
     p->init_cutoff = 3 * std;
     return p;
 }
@@ -357,27 +363,32 @@ void decoder_build(Model *m, const DecoderArgs *args, bool activation_checkpoint
     int n_params = 1 + head_params;
     for (int i = 0; i < a->n_layers; i++)
         n_params += layer_param_count(a, decoder_layer_is_moe(a, i));
-    params_init(t, n_params);
+    params_init(t, a->lora ? 3 * n_params : n_params);  // at most two adapters per weight
 
+    // Each block's parameters are those the table gained while it was added.
+    m->blocks = xcalloc((size_t)m->n_blocks, sizeof(Block));
     l->embed = (DecoderEmbed){.args = a};
     l->embed.tok_embeddings = add_embedding(t, a);
-    for (int i = 0; i < a->n_layers; i++) add_main_layer(l, t, i);
+    m->blocks[0] = (Block){.ops = &DECODER_EMBED_OPS, .self = &l->embed, .n_params = t->count};
+    for (int i = 0; i < a->n_layers; i++) {
+        int first = t->count;
+        add_main_layer(l, t, i);
+        m->blocks[i + 1] = (Block){.ops = &DECODER_LAYER_OPS, .self = &l->layers[i],
+                                   .checkpointed = activation_checkpoint,
+                                   .n_params = t->count - first};
+    }
+    int first = t->count;
     l->head = (DecoderHead){.args = a, .mtp = l->mtp};
     l->head.norm = add_vector(t, a->dim, "", "norm.weight");
     l->head.output = a->tie_word_embeddings ? l->embed.tok_embeddings : add_output(t, a);
+    if (a->tie_word_embeddings)  // the output Linear's adapters are the head's
+        lora_add_adapters(t, a->lora, "output", a->vocab_size, a->dim);
     l->head.linear = linear_of(l->head.output);
     if (K) l->head.embed = &t->items[params_add_copy(t, (int)(l->embed.tok_embeddings - t->items))];
     for (int j = 0; j < K; j++) add_mtp(l, t, j);
-    add_linears(m, l);
-
-    m->blocks = xcalloc((size_t)m->n_blocks, sizeof(Block));
-    m->blocks[0] = (Block){.ops = &DECODER_EMBED_OPS, .self = &l->embed, .n_params = 1};
-    for (int i = 0; i < a->n_layers; i++)
-        m->blocks[i + 1] = (Block){.ops = &DECODER_LAYER_OPS, .self = &l->layers[i],
-                                   .checkpointed = activation_checkpoint,
-                                   .n_params = layer_param_count(a, decoder_layer_is_moe(a, i))};
     m->blocks[m->n_blocks - 1] = (Block){.ops = &DECODER_HEAD_OPS, .self = &l->head,
-                                         .n_params = head_params};
+                                         .n_params = t->count - first};
+    add_linears(m, l);
     count_flops(m, a, a->max_seq_len, l->embed.tok_embeddings);
     model_slots_init(&m->slots, m);
 }

@@ -25,7 +25,9 @@ ModelShape decoder_spec_shape(const ModelArgs *a) {
 }
 
 void decoder_spec_build(Model *m, const ModelArgs *a, bool activation_checkpoint) {
-    decoder_build(m, decoder_args_of(a), activation_checkpoint);
+    DecoderArgs args = *decoder_args_of(a);
+    args.lora = a->lora;
+    decoder_build(m, &args, activation_checkpoint);
 }
 
 const char *decoder_spec_tp_check(const ModelArgs *a, int tp, int B, int T, char *err,

@@ -1,9 +1,11 @@
 #include "models/moe/moe.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/errors.h"
+#include "models/lora.h"
 
 // The host scratch (moe_layer_init's): counts (E), offsets (E + 1), the exchanged counts (E),
 // the rows kept per expert (E), send and receive rows (2 ep <= 2E), local offsets (E + 1).
@@ -13,6 +15,17 @@ static Param *add_param(ParamTable *t, ParamInit init, double std, int ndim, int
                         int64_t d1, int64_t d2, const char *prefix, const char *name) {
     int64_t shape[3] = {d0, d1, d2};
     return &t->items[params_add(t, init, std, ndim, shape, "%s%s", prefix, name)];
+}
+
+// A Linear's weight (out, in) and its LoRA adapters where lora targets it.
+static Param *add_linear(ParamTable *t, const LoraSection *lora, ParamInit init, double std,
+                         int64_t out, int64_t in, const char *prefix, const char *module) {
+    char name[PARAM_NAME_MAX];
+    snprintf(name, sizeof name, "%s.weight", module);
+    Param *w = add_param(t, init, std, 2, out, in, 0, prefix, name);
+    snprintf(name, sizeof name, "%s%s", prefix, module);
+    lora_add_adapters(t, lora, name, out, in);
+    return w;
 }
 
 void moe_args_from_config(MoeArgs *a, const ModelSection *c) {
@@ -26,12 +39,12 @@ int moe_param_count(const MoeArgs *args) {
 }
 
 void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
-                    const char *prefix, const MoeInit *init) {
+                    const char *prefix, const MoeInit *init, const LoraSection *lora) {
     int64_t E = args->router.n_experts, D = args->dim, F = args->hidden;
     int64_t Fs = args->shared_hidden;
     ParamInit k = init->kind;
     *m = (MoeLayer){.args = args, .index = index};
-    m->gate = add_param(t, k, init->gate, 2, E, D, 0, prefix, "moe.router.gate.weight");
+    m->gate = add_linear(t, lora, k, init->gate, E, D, prefix, "moe.router.gate");
     m->w1 = add_param(t, k, init->w1, 3, E, F, D, prefix,
                       "moe.routed_experts.inner_experts.w1_EFD");
     m->w2 = add_param(t, k, init->w2, 3, E, D, F, prefix,
@@ -40,12 +53,9 @@ void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
                       "moe.routed_experts.inner_experts.w3_EFD");
     m->w1->expert = m->w2->expert = m->w3->expert = true;
     if (Fs > 0) {
-        m->shared_w1 =
-            add_param(t, k, init->w1, 2, Fs, D, 0, prefix, "moe.shared_experts.w1.weight");
-        m->shared_w2 =
-            add_param(t, k, init->w2, 2, D, Fs, 0, prefix, "moe.shared_experts.w2.weight");
-        m->shared_w3 =
-            add_param(t, k, init->w3, 2, Fs, D, 0, prefix, "moe.shared_experts.w3.weight");
+        m->shared_w1 = add_linear(t, lora, k, init->w1, Fs, D, prefix, "moe.shared_experts.w1");
+        m->shared_w2 = add_linear(t, lora, k, init->w2, D, Fs, prefix, "moe.shared_experts.w2");
+        m->shared_w3 = add_linear(t, lora, k, init->w3, Fs, D, prefix, "moe.shared_experts.w3");
         m->linear.shared_w1 = linear_of(m->shared_w1);
         m->linear.shared_w2 = linear_of(m->shared_w2);
         m->linear.shared_w3 = linear_of(m->shared_w3);

@@ -85,10 +85,11 @@ typedef struct {
 // Adds the layer's parameters to t under prefix ("layers.3."), with torchtitan's names
 // (moe.router.gate.weight, moe.routed_experts.inner_experts.w1_EFD / w2_EDF / w3_EFD,
 // moe.shared_experts.w1/w2/w3.weight; with a load_balance_coeff the buffer moe.expert_bias_E,
-// zeros), initialised as init says. The layer keeps args (not copied). Allocates the host
-// scratch.
+// zeros), initialised as init says, and after the router's and the shared experts' weights
+// their LoRA adapters where lora (NULL: none) targets them (models/lora.h). The layer keeps
+// args (not copied). Allocates the host scratch.
 void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
-                    const char *prefix, const MoeInit *init);
+                    const char *prefix, const MoeInit *init, const LoraSection *lora);
 // The model.moe_* keys over a flavor's MoE settings (an architecture's update_from_config):
 // the balancing coefficient (null: 0, no bias), the balance loss weight, the capacity factor
 // (null: 0, none dropped).

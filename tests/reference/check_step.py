@@ -3,7 +3,8 @@
 usage: /usr/bin/python3 tests/reference/check_step.py CKPT.h5 DUMP.h5
 
 DUMP.h5 is written by build/tests/dump_step: /tokens (B, T+1) int32, /loss (1,) float64,
-/logits (B*T, vocab) fp32 and /grad/<fqn> fp32 for every parameter. The reference runs in
+/logits (B*T, vocab) fp32 and /grad/<fqn> fp32 for every parameter trained (under LoRA the
+adapters). The reference runs in
 float64 from the checkpoint's fp32 weights, so its own rounding is ~1e-15 and the measured error
 is titan's fp32 error alone; the bound (relative L2 error < 1e-5 on loss, logits and every
 gradient) is then a statement about titan, not about two fp32 summation orders. A MoE model's
@@ -30,7 +31,7 @@ def reference_step(ckpt_path, tokens):
     logits = model(inputs)
     loss = model.objective(logits, targets)
     loss.backward()
-    grads = {name: p.grad.numpy() for name, p in model.named_parameters()}
+    grads = {name: p.grad.numpy() for name, p in model.named_parameters() if p.requires_grad}
     empty = [int((m.load == 0).sum()) for m in model.moe_layers()]
     if any(empty):
         print(f"experts no token chose, per MoE layer: {empty}")

@@ -13,7 +13,9 @@ algorithm, as torch.optim.Muon runs it, but in the reference's dtype: --dtype fl
 whole reference float64) and the rest AdamW. A MoE model adds its layers' balance loss to the
 objective (model.moe_aux_loss_alpha; logged apart as aux_loss) and moves its expert biases
 after clipping, before the optimizer step, by the step's expert load summed over the
-microbatches (model.moe_load_balance_coeff). Every step titan logged is compared: loss,
+microbatches (model.moe_load_balance_coeff). Under model.converters [lora] the reference's
+Linears are llama_ref's LoRALinear (the paper's formula) and only the adapters train. Every
+step titan logged is compared: loss,
 grad_norm and aux_loss within 1e-4 relative, lr within 1e-6 relative. Exit 1 on failure.
 
 Under semi_sync.method diloco or streaming_diloco the reference trains one model per replica
@@ -89,19 +91,20 @@ def build_optimizer(model, config, ckpt_path, start_step):
     opt_cfg, training = config["optimizer"], config["training"]
     muon = opt_cfg["name"] == "Muon"
     pattern = re.compile(opt_cfg["muon_pattern"])
-    is_muon = {name: muon and bool(pattern.search(name)) for name, _ in model.named_parameters()}
+    trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    is_muon = {name: muon and bool(pattern.search(name)) for name, _ in trained}
     adamw = torch.optim.AdamW(
-        [p for name, p in model.named_parameters() if not is_muon[name]],
+        [p for name, p in trained if not is_muon[name]],
         lr=float(opt_cfg["lr"]), eps=float(opt_cfg["eps"]),
         betas=(float(opt_cfg["beta1"]), float(opt_cfg["beta2"])),
         weight_decay=float(opt_cfg["weight_decay"]))
     optimizer = adamw if not muon else MuonAndAdamW(
-        [p for name, p in model.named_parameters() if is_muon[name]], adamw, opt_cfg)
+        [p for name, p in trained if is_muon[name]], adamw, opt_cfg)
     moments = llama_ref.load_optimizer_state(ckpt_path, model)
     if start_step > 0 and moments is None:
         raise SystemExit(f"{ckpt_path}: step {start_step} but no /optimizer state to resume")
     if moments is not None and start_step > 0:
-        for name, param in model.named_parameters():
+        for name, param in trained:
             exp_avg, exp_avg_sq = moments[name]
             if is_muon[name]:  # titan keeps Muon's momentum as exp_avg
                 optimizer.state[param] = {"momentum_buffer": exp_avg.clone()}

@@ -2,7 +2,7 @@
 // stream, written as HDF5 for tests/reference/check_step.py to compare against PyTorch:
 //   dump_step CKPT.h5 DATA B T OUT.h5
 // OUT holds /tokens (B, T+1), /loss (1), /logits (B*T, vocab) and /grad/<fqn> for every
-// parameter (the gradient of the mean loss), all float32.
+// parameter trained (the gradient of the mean loss; under LoRA the adapters'), all float32.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +11,7 @@
 #include "core/errors.h"
 #include "data/shard.h"
 #include "data/token_batch.h"
+#include "models/lora.h"
 #include "models/registry.h"
 #include "parallel/grads.h"
 
@@ -24,8 +25,16 @@ int main(int argc, char **argv) {
     spec->args_from_checkpoint(ckpt, &args);
     spec->update_from_config(&args, NULL, 0, T);
     int vocab_size = model_shape(&args).vocab_size;
+    // A run with LoRA (its config, in the checkpoint) has the adapters: the build adds them.
+    Config cfg;
+    config_defaults(&cfg);
+    char *yaml = ckpt_read_string(ckpt, "config"), err[1024];
+    if (!config_parse_text(&cfg, ckpt, yaml, strlen(yaml), err, sizeof err)) die_user("%s", err);
+    free(yaml);
+    args.lora = config_converts(&cfg, "lora") ? &cfg.lora : NULL;
     Model m;
     spec->build(&m, &args, false);
+    if (args.lora) model_convert_lora(&m, &cfg);
     Arena params, grads, acts;
     model_allocate(&m, model_activation_bytes(&m, k, B, T), &params, &grads, &acts, NULL);
     train_state_load(ckpt, &m.params, NULL, NULL);
@@ -63,7 +72,7 @@ int main(int argc, char **argv) {
     list[2] = (CkptTensor){.path = "/logits", .ndim = 2, .shape = logit_shape, .data = logits};
     for (int i = 0; i < m.params.count; i++) {
         Param *p = &m.params.items[i];
-        if (p->copy) continue;
+        if (p->copy || p->frozen) continue;  // a frozen weight takes no gradient
         snprintf(names[i], sizeof names[i], "/grad/%s", p->name);
         list[n++] = (CkptTensor){.path = names[i], .ndim = p->ndim, .shape = p->shape,
                                  .data = p->grad};

@@ -454,6 +454,43 @@ class MTPBlock(TransformerBlock):
         return self.mtp_norm(super().forward(h, cos, sin))
 
 
+class LoRALinear(nn.Module):
+    """LoRA's adapted Linear, written from Hu et al. 2021 (eq. 3, with their alpha / r scale):
+    y = x W^T + (alpha / r) (x A^T) B^T, W frozen, A (r, in) and B (out, r) trained. Its
+    parameters are named as titan's (weight, lora_a.weight, lora_b.weight)."""
+    def __init__(self, base, rank, alpha):
+        super().__init__()
+        self.weight = nn.Parameter(base.weight.detach().clone(), requires_grad=False)
+        self.lora_a = nn.Linear(base.in_features, rank, bias=False)
+        self.lora_b = nn.Linear(rank, base.out_features, bias=False)
+        self.scale = alpha / rank
+
+    def forward(self, x):
+        low_rank = F.linear(F.linear(x, self.lora_a.weight), self.lora_b.weight)
+        return F.linear(x, self.weight) + self.scale * low_rank
+
+
+def lora_targets(module, targets):
+    """PEFT's rule for lora.target_modules: the whole name or its end after a dot; none: all."""
+    return not targets or any(module == t or module.endswith("." + t) for t in targets)
+
+
+def apply_lora(model, lora):
+    """model.converters [lora]: each nn.Linear lora.target_modules names becomes a LoRALinear,
+    and every parameter but the adapters is frozen."""
+    rank, alpha = int(lora["rank"]), float(lora["alpha"])
+    targets = list(lora.get("target_modules") or [])
+    if model.output is None and lora_targets("output", targets):
+        raise SystemExit("reference: LoRA on a tied output projection is not modelled")
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            fqn = f"{parent_name}.{name}" if parent_name else name
+            if isinstance(child, nn.Linear) and lora_targets(fqn, targets):
+                setattr(parent, name, LoRALinear(child, rank, alpha))
+    for name, param in model.named_parameters():
+        param.requires_grad_(".lora_a." in name or ".lora_b." in name)
+
+
 class Transformer(nn.Module):
     def __init__(self, args):
         super().__init__()
@@ -477,7 +514,6 @@ class Transformer(nn.Module):
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, cos, sin)
-        out_weight = self.tok_embeddings.weight if self.output is None else self.output.weight
         self.mtp_logits, prev = [], h
         for k, module in enumerate(self.mtp_layers, 1):  # torchtitan's roll_mtp_sequence
             shifted = torch.zeros_like(tokens)
@@ -485,8 +521,13 @@ class Transformer(nn.Module):
             valid = torch.zeros(tokens.shape, dtype=dtype)
             valid[:, :seqlen - k] = 1
             prev = module(self.tok_embeddings(shifted), prev, valid, cos, sin)
-            self.mtp_logits.append(F.linear(prev, out_weight))
-        return F.linear(self.norm(h), out_weight)
+            self.mtp_logits.append(self.project(prev))
+        return self.project(self.norm(h))
+
+    def project(self, h):
+        """The output projection: the embedding's transpose when tied, else output (a module,
+        which LoRA may adapt)."""
+        return F.linear(h, self.tok_embeddings.weight) if self.output is None else self.output(h)
 
     def objective(self, logits, targets):
         """The mean cross-entropy of logits, plus with MTP modules torchtitan's MTPLoss: each
@@ -561,6 +602,8 @@ def load_checkpoint(path, dtype=torch.float32):
         args = ModelArgs.from_attrs(f.attrs)
         config = yaml.safe_load(attr_text(f.attrs["config"]))
         model = Transformer(args)
+        if "lora" in (config["model"].get("converters") or []):
+            apply_lora(model, config["lora"])
         state = {}
         # the parameters, then the MoE layers' expert biases (buffers, never trained)
         for name, param in (*model.named_parameters(), *model.named_buffers()):
@@ -590,7 +633,7 @@ def load_optimizer_state(path, model):
         second = f["optimizer/exp_avg_sq"]
         return {name: (torch.from_numpy(f["optimizer/exp_avg/" + name][...]),
                        torch.from_numpy(second[name][...]) if name in second else None)
-                for name, _ in model.named_parameters()}
+                for name, p in model.named_parameters() if p.requires_grad}
 
 
 def read_shard(path):

@@ -18,7 +18,7 @@ typedef struct {
 static inline void moe_bare_init(MoeBare *b) {
     params_init(&b->t, moe_param_count(&b->args));
     moe_layer_init(&b->m, &b->args, 0, &b->t, "layers.0.",
-                   &(MoeInit){INIT_NORMAL, 0.5, 0.5, 0.5, 0.5});
+                   &(MoeInit){INIT_NORMAL, 0.5, 0.5, 0.5, 0.5}, NULL);
 }
 
 // Carves the parameters' data and grads (zeroed) from b->params and b->grads, each sized by

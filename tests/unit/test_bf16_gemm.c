@@ -210,7 +210,7 @@ static void linear_run(LinearPrecision precision, Dtype dtype, const float *x, c
     memcpy(wcopy, w, sizeof wcopy);
     memset(o, 0, sizeof *o);
     p.data = wcopy, p.grad = o->dw;
-    Linear l = {&p, precision};
+    Linear l = {.weight = &p, .precision = precision};
     Arena act;
     arena_init_sizing(&act, "act");
     StepCtx s = {.k = ops, .act = &act, .B = 1, .T = LROWS, .act_dtype = dtype};

@@ -325,7 +325,9 @@ static void test_check_supported(void **state) {
                        "model.converters has no float8");
     supported_error_is("--model.converters=mx",
                        "--model.converters: model.converters = [mx] is not implemented yet "
-                       "(implemented: [], [float8])");
+                       "(implemented: float8, lora)");
+    supported_error_is("--lora.alpha=8",
+                       "--lora.alpha: lora.alpha = 8.0 does nothing: model.converters has no lora");
     supported_error_is("--optimizer.name=Adam",
                        "--optimizer.name: optimizer.name = 'Adam' is not implemented yet "
                        "(implemented: AdamW, Muon)");

@@ -202,7 +202,7 @@ static void check_recipe(LinearPrecision precision) {
     for (int i = 0; i < OUT * IN; i++) grad0[i] = grad[i];
     Param p = weight_of("layers.0.attention.wq.weight", OUT, IN);
     p.data = w, p.grad = grad;
-    Linear l = {&p, precision};
+    Linear l = {.weight = &p, .precision = precision};
     const Linear *all[] = {&l};
     Arena act;
     arena_init_sizing(&act, "act");
@@ -251,7 +251,7 @@ static void test_grouped_rowwise(void **state) {
     memcpy(grad0, grad, sizeof grad);
     Param p = {.ndim = 3, .global_shape = {E, OUT, IN}, .shape = {E, OUT, IN}, .expert = true};
     p.data = w, p.grad = grad;
-    Linear l = {&p, LINEAR_FLOAT8_ROWWISE};
+    Linear l = {.weight = &p, .precision = LINEAR_FLOAT8_ROWWISE};
     const Linear *all[] = {&l};
     Arena act;
     arena_init_sizing(&act, "act");

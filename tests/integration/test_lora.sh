@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# LoRA (model.converters: [lora], models/lora.h) on the debug model, rank 4, alpha 8, on wq, wv,
+# w2 and the output projection:
+# - 20 steps within 1e-5 of a float64 PyTorch reference written from the LoRA paper's formula
+#   (llama_ref.LoRALinear; check_train.py), and one step's adapter gradients, at step 10 where
+#   B is no longer zero, within 1e-5 (check_step.py);
+# - the base weights bit-equal to the seed's after 20 steps, and optimizer state for the
+#   adapters only;
+# - convert --to hf merges the adapters (W + alpha / rank B A): the export, read back, gives
+#   the adapted model's logits within 1e-5;
+# - FSDP (dp_shard 2) and TP 2 (adapters placed after their weight) within 1e-5 of one rank;
+# - a resume from step 10 gives the same losses bit for bit;
+# - a pre-training checkpoint without adapters loads as the base (adapters from their init);
+# - bad settings, one line, exit 2.
+source "$(dirname "$0")/lib.sh"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+LORA=(${SMALL[@]} --model.converters lora --lora.rank 4 --lora.alpha 8
+      --lora.target_modules wq,wv,w2,output --lr_scheduler.warmup_steps 3 --optimizer.lr 1e-2)
+run=("${LORA[@]}" --training.steps 20 --job.dump_folder "$SCRATCH/run")
+
+# ---- parity with the reference, and what stays frozen ------------------------------------------
+$TITAN "${run[@]}" --checkpoint.create_seed_checkpoint >/dev/null
+seed=$SCRATCH/run/checkpoint/step-0.h5
+$TITAN "${run[@]}" --checkpoint.initial_load_path "$seed" --checkpoint.enable \
+  --checkpoint.interval 10 >"$SCRATCH/run.log"
+grep -q "lora: rank 4, alpha 8 on 19 linears" "$SCRATCH/run.log" ||
+  fail "no lora line naming 19 linears: $(grep lora: "$SCRATCH/run.log")"
+$PY tests/reference/check_train.py "$seed" "$SCRATCH/run/metrics.jsonl" --dtype float64 \
+  --tolerance 1e-5 | tail -1
+./build/tests/dump_step "$SCRATCH/run/checkpoint/step-10.h5" "$DATA" 2 64 "$SCRATCH/dump.h5" \
+  >/dev/null
+$PY tests/reference/check_step.py "$SCRATCH/run/checkpoint/step-10.h5" "$SCRATCH/dump.h5" | tail -1
+$PY - "$seed" "$SCRATCH/run/checkpoint/step-10.h5" "$SCRATCH/run/checkpoint/step-20.h5" <<'PY'
+import sys, h5py, numpy as np
+seed, mid, last = (h5py.File(p, "r") for p in sys.argv[1:])
+base = [k for k in seed["model"] if ".lora_" not in k]
+adapters = [k for k in seed["model"] if ".lora_" in k]
+assert len(adapters) == 38, len(adapters)
+changed = [k for k in base if not np.array_equal(seed["model"][k][...], last["model"][k][...])]
+assert not changed, f"base weights changed: {changed}"
+assert all(not np.array_equal(seed["model"][k][...], last["model"][k][...]) for k in adapters)
+assert sorted(mid["optimizer/exp_avg"]) == sorted(adapters), "optimizer state beyond the adapters"
+print(f"ok: {len(base)} base tensors bit-equal after 20 steps; moments for the adapters only")
+PY
+
+# ---- merged at export: the adapted model's logits ------------------------------------------------
+$TITAN convert --to hf --dtype float32 "$SCRATCH/run/checkpoint/step-20.h5" "$SCRATCH/hf" |
+  grep -q "the LoRA adapters merged" || fail "convert --to hf did not merge the adapters"
+$TITAN convert --to titan "$SCRATCH/hf" "$SCRATCH/merged.h5" >/dev/null
+for ckpt in run/checkpoint/step-20 merged; do
+  ./build/tests/dump_step "$SCRATCH/$ckpt.h5" "$DATA" 2 64 "$SCRATCH/${ckpt//\//_}.dump.h5" \
+    >/dev/null
+done
+$PY - "$SCRATCH/run_checkpoint_step-20.dump.h5" "$SCRATCH/merged.dump.h5" <<'PY'
+import sys, h5py, numpy as np
+adapted, merged = (h5py.File(p, "r")["logits"][...].astype(np.float64) for p in sys.argv[1:])
+err = np.linalg.norm(merged - adapted) / np.linalg.norm(adapted)
+assert err < 1e-5, f"merged weights' logits {err:.2e} from the adapted model's"
+print(f"ok: the merged export's logits within {err:.1e} of the adapted model's")
+PY
+
+# ---- layouts and resume --------------------------------------------------------------------------
+short=("${LORA[@]}" --training.steps 10 --checkpoint.initial_load_path "$seed")
+in_background train_ranks fsdp 2 "${short[@]}" --parallelism.data_parallel_shard_degree 2 \
+  --training.local_batch_size 2
+in_background train_ranks tp 2 "${short[@]}" --parallelism.tensor_parallel_degree 2
+wait_background
+OMP_NUM_THREADS=2 $TITAN "${short[@]}" --job.dump_folder "$SCRATCH/one" >/dev/null
+for layout in fsdp tp; do
+  layout_matches "lora $layout 2" "$SCRATCH/one/metrics.jsonl" "$SCRATCH/$layout/metrics.jsonl" \
+    loss grad_norm
+done
+mkdir -p "$SCRATCH/resumed/checkpoint"
+cp "$SCRATCH/run/checkpoint/step-10.h5" "$SCRATCH/resumed/checkpoint/"
+$TITAN "${LORA[@]}" --training.steps 20 --checkpoint.enable --job.dump_folder "$SCRATCH/resumed" \
+  >/dev/null
+same_metrics "lora resumed at step 10" "$SCRATCH/run/metrics.jsonl" \
+  "$SCRATCH/resumed/metrics.jsonl" 11 0
+
+# ---- a base model without adapters ---------------------------------------------------------------
+$TITAN ${SMALL[@]} --training.steps 2 --job.dump_folder "$SCRATCH/base" --checkpoint.enable \
+  --checkpoint.interval 2 >/dev/null
+$TITAN "${LORA[@]}" --training.steps 2 --job.dump_folder "$SCRATCH/tuned" \
+  --checkpoint.initial_load_path "$SCRATCH/base/checkpoint/step-2.h5" >"$SCRATCH/tuned.log"
+grep -q "checkpoint: base weights from .*step-2.h5; LoRA adapters initialised" \
+  "$SCRATCH/tuned.log" ||
+  fail "the base checkpoint did not load as the base: $(grep checkpoint: "$SCRATCH/tuned.log")"
+echo "ok: a checkpoint without adapters loads as the base"
+
+# ---- bad settings --------------------------------------------------------------------------------
+expect_user_error 'lora.rank = 4 does nothing: model.converters has no lora' \
+  $TITAN ${SMALL[@]} --lora.rank 4
+expect_user_error 'lora.target_modules entry wz names no Linear of model llama3 debugmodel' \
+  $TITAN "${LORA[@]}" --lora.target_modules wq,wz
+expect_user_error 'model.converters = \[lora, lora\] names a converter twice' \
+  $TITAN "${LORA[@]}" --model.converters lora,lora
+expect_user_error 'model.converters = \[mx\] is not implemented yet \(implemented: float8, lora\)' \
+  $TITAN ${SMALL[@]} --model.converters mx
+expect_user_error 'model flux adds no LoRA adapters' \
+  $TITAN --config configs/flux_debug.yaml --model.converters lora --training.steps 1 \
+  --job.dump_folder "$SCRATCH/flux"
