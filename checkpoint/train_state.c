@@ -46,11 +46,13 @@ static void list_add(TensorList *l, const ParamTable *params, int kind, float *b
                      const AdamW *opt, int from, int to, int replica) {
     for (int i = from; i < to; i++) {
         const Param *p = &params->items[i];
-        size_t at = kind == EXP_AVG_SQ ? adamw_second_at(opt, params, i) : p->shard_offset;
-        if (at == SIZE_MAX) continue;
-        // A frozen weight has no optimizer state (its average is itself, kept for the readers
-        // of /ema, which take every weight from there).
-        if (p->frozen && kind != MODEL && kind != EMA) continue;
+        size_t at = kind == EXP_AVG_SQ ? adamw_second_at(opt, params, i)
+                    : kind == EXP_AVG  ? adamw_first_at(opt, params, i)
+                                       : p->shard_offset;
+        if (at == SIZE_MAX) continue;  // a moment it has not (Muon's, a frozen weight's)
+        // Nor has a frozen weight outer state to keep: it never changes (its average is itself,
+        // kept for the readers of /ema, which take every weight from there).
+        if (p->frozen && kind >= OUTER_WEIGHTS) continue;
         CHECK(l->count < l->capacity);
         int j = l->count++;
         if (replica > 0)

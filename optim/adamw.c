@@ -12,23 +12,41 @@ static bool adamw_updates(const AdamW *opt, const ParamTable *params, int i) {
     return !p->buffer && !p->frozen && !(opt->muon.is_muon && opt->muon.is_muon[i]);
 }
 
+size_t adamw_first_at(const AdamW *opt, const ParamTable *params, int i) {
+    return opt->first_at ? opt->first_at[i] : params->items[i].shard_offset;
+}
+
 size_t adamw_second_at(const AdamW *opt, const ParamTable *params, int i) {
     return opt->second_at ? opt->second_at[i] : params->items[i].shard_offset;
 }
 
-void adamw_allocate(AdamW *opt, const ParamTable *params, Arena *state) {
-    opt->numel = opt->second_numel = params->shard_numel;
-    if (opt->muon.is_muon) {  // the second moments of the others, one after another
-        free(opt->second_at);
-        opt->second_at = xcalloc((size_t)params->count, sizeof(size_t));
-        opt->second_numel = 0;
-        for (int i = 0; i < params->count; i++) {
-            bool muon = opt->muon.is_muon[i];
-            opt->second_at[i] = muon ? SIZE_MAX : opt->second_numel;
-            opt->second_numel += muon ? 0 : params->items[i].shard_numel;
-        }
+// at (parameters) = where each one's moment starts in an array holding those of the
+// parameters `has` keeps, one after another; returns their floats.
+static size_t moments_layout(size_t **at, const ParamTable *params, const bool *has) {
+    free(*at);
+    *at = xcalloc((size_t)(params->count ? params->count : 1), sizeof(size_t));
+    size_t n = 0;
+    for (int i = 0; i < params->count; i++) {
+        (*at)[i] = has[i] ? n : SIZE_MAX;
+        n += has[i] ? params->items[i].shard_numel : 0;
     }
-    opt->exp_avg = arena_floats(state, opt->numel);
+    return n;
+}
+
+void adamw_allocate(AdamW *opt, const ParamTable *params, Arena *state) {
+    opt->numel = opt->first_numel = opt->second_numel = params->shard_numel;
+    bool frozen = false;
+    for (int i = 0; i < params->count; i++) frozen = frozen || params->items[i].frozen;
+    if (frozen || opt->muon.is_muon) {  // compacted: only the parameters that have them
+        bool *has = xcalloc((size_t)(params->count ? params->count : 1), sizeof(bool));
+        for (int i = 0; i < params->count; i++) has[i] = !params->items[i].frozen;
+        if (frozen) opt->first_numel = moments_layout(&opt->first_at, params, has);
+        for (int i = 0; i < params->count; i++)
+            has[i] = has[i] && !(opt->muon.is_muon && opt->muon.is_muon[i]);
+        opt->second_numel = moments_layout(&opt->second_at, params, has);
+        free(has);
+    }
+    opt->exp_avg = arena_floats(state, opt->first_numel);
     opt->exp_avg_sq = arena_floats(state, opt->second_numel);
     opt->ema = opt->ema_decay > 0 ? arena_floats(state, opt->numel) : NULL;
     OuterState *o = &opt->outer;
@@ -42,8 +60,9 @@ void adamw_allocate(AdamW *opt, const ParamTable *params, Arena *state) {
 // one after another, every one AdamW's.
 static void update(const AdamW *opt, const KernelOps *k, ParamTable *params, int i, size_t n,
                    double lr) {
-    size_t first = params->items[i].shard_offset, second = adamw_second_at(opt, params, i);
-    k->adamw_update(params->shard_data + first, params->shard_grad + first, opt->exp_avg + first,
+    size_t at = params->items[i].shard_offset, first = adamw_first_at(opt, params, i);
+    size_t second = adamw_second_at(opt, params, i);
+    k->adamw_update(params->shard_data + at, params->shard_grad + at, opt->exp_avg + first,
                     opt->exp_avg_sq + second, n, (float)lr, (float)opt->beta1,
                     (float)opt->beta2, (float)opt->eps, (float)opt->weight_decay, opt->step);
 }
@@ -78,7 +97,8 @@ static void update_muon(AdamW *opt, const KernelOps *k, ParamTable *params, doub
         size_t at = p->shard_offset;
         if (!opt->muon.is_muon[i] || !p->shard_numel) continue;  // (other stages': empty)
         muon_update(&opt->muon, k, p, ordinal++, params->shard_data + at,
-                    params->shard_grad + at, opt->exp_avg + at, lr, opt->weight_decay);
+                    params->shard_grad + at, opt->exp_avg + adamw_first_at(opt, params, i), lr,
+                    opt->weight_decay);
     }
 }
 

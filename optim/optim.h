@@ -74,13 +74,18 @@ typedef struct {
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     int step;               // updates done so far (AdamW's t is step + 1 in the next update)
-    size_t numel;
-    float *exp_avg;         // first moment, laid out like ParamTable.shard_data
+    size_t numel;           // ParamTable.shard_numel: the average's and the outer state's
+    float *exp_avg;         // (first_numel) first moment: laid out like ParamTable.shard_data,
+                            // or, with frozen parameters (which have none), at first_at
+    size_t first_numel;
+    size_t *first_at;       // (parameters) where each one's first moment starts, SIZE_MAX for
+                            // a frozen one; NULL: at its shard_offset
     float *exp_avg_sq;      // (second_numel) second moment: laid out like shard_data, or, with
-                            // Muon's matrices (which have none), at second_at
+                            // Muon's matrices or frozen parameters (which have none), at
+                            // second_at
     size_t second_numel;
     size_t *second_at;      // (parameters) where each one's second moment starts, SIZE_MAX
-                            // for Muon's; NULL: at its shard_offset
+                            // for Muon's and frozen ones; NULL: at its shard_offset
     // The weights' exponential moving average (training.ema_decay > 0, else NULL), laid out
     // like shard_data: it lives with the moments, so that it is sharded, checkpointed and
     // resharded as they are.
@@ -92,11 +97,16 @@ typedef struct {
     OuterState outer;  // semi_sync.method other than none
 } AdamW;
 
-// Carves both moments (the second for AdamW's parameters only), the average when
+// Carves both moments (none for frozen parameters, the second for AdamW's parameters only),
+// the average when
 // ema_decay > 0 and the outer state when outer.on, from the optimizer arena (zeroed by arena_commit: the caller starts the
 // average from the weights).
 void adamw_allocate(AdamW *opt, const ParamTable *params, Arena *state);
-// Where parameter i's second moment starts in exp_avg_sq; SIZE_MAX: it has none (Muon's).
+// Where parameter i's first moment (Muon's: its momentum) starts in exp_avg; SIZE_MAX: it has
+// none (frozen).
+size_t adamw_first_at(const AdamW *opt, const ParamTable *params, int i);
+// Where parameter i's second moment starts in exp_avg_sq; SIZE_MAX: it has none (Muon's, or
+// frozen).
 size_t adamw_second_at(const AdamW *opt, const ParamTable *params, int i);
 // One update of every parameter's shard at learning rate lr (torchtitan applies weight decay
 // to all): Muon's for its matrices, AdamW's for the others; then of the average over the whole

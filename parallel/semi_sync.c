@@ -39,7 +39,7 @@ bool semi_sync_plan(SemiSync *s, const SemiSyncConfig *config, const ParamTable 
         for (int j = p0; j < p1; j++) {
             const Param *p = &t->items[j];
             fragment_of[j] = i;
-            if (p->buffer || !p->shard_numel) continue;
+            if (p->buffer || p->frozen || !p->shard_numel) continue;
             SemiSyncRun *last = n_runs > s->first_run[i] ? &s->runs[n_runs - 1] : NULL;
             if (last && last->first + last->count == p->shard_offset) last->count += p->shard_numel;
             else s->runs[n_runs++] = (SemiSyncRun){p->shard_offset, p->shard_numel};

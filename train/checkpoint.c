@@ -30,7 +30,7 @@ static HostState host_state_alloc(const Trainer *t) {
     size_t n = t->model.params.shard_numel;
     HostState h = {.opt = t->opt, .staged = true};
     params_view(&h.params, &t->model.params, xcalloc(n, sizeof(float)));
-    h.opt.exp_avg = xcalloc(n, sizeof(float));
+    h.opt.exp_avg = xcalloc(t->opt.first_numel, sizeof(float));
     h.opt.exp_avg_sq = xcalloc(t->opt.second_numel, sizeof(float));
     h.opt.ema = t->opt.ema ? xcalloc(n, sizeof(float)) : NULL;
     OuterState *o = &h.opt.outer;
@@ -53,7 +53,7 @@ static int outer_tensors(const Trainer *t, const HostState *h, float *theirs[3],
 static void host_state_download(const Trainer *t, HostState *h) {
     size_t bytes = t->model.params.shard_numel * sizeof(float);
     t->k->download(h->params.shard_data, t->model.params.shard_data, bytes);
-    t->k->download(h->opt.exp_avg, t->opt.exp_avg, bytes);
+    t->k->download(h->opt.exp_avg, t->opt.exp_avg, t->opt.first_numel * sizeof(float));
     t->k->download(h->opt.exp_avg_sq, t->opt.exp_avg_sq, t->opt.second_numel * sizeof(float));
     if (h->opt.ema) t->k->download(h->opt.ema, t->opt.ema, bytes);
     float *theirs[3], *ours[3];
@@ -85,7 +85,7 @@ static void host_state_close(Trainer *t, HostState *h, bool upload) {
     if (upload) {
         size_t bytes = t->model.params.shard_numel * sizeof(float);
         t->k->upload(t->model.params.shard_data, h->params.shard_data, bytes);
-        t->k->upload(t->opt.exp_avg, h->opt.exp_avg, bytes);
+        t->k->upload(t->opt.exp_avg, h->opt.exp_avg, t->opt.first_numel * sizeof(float));
         t->k->upload(t->opt.exp_avg_sq, h->opt.exp_avg_sq, t->opt.second_numel * sizeof(float));
         if (h->opt.ema) t->k->upload(t->opt.ema, h->opt.ema, bytes);
         for (int i = 0; i < n_outer; i++) t->k->upload(theirs[i], ours[i], bytes);

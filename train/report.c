@@ -364,8 +364,12 @@ static StepWork step_work(Trainer *t, int sharing) {
     double recomputed = kept - (double)t->act_arena.peak.total * per_micro;
     w.elementwise_bytes = micro * (ELEMENTWISE_PASSES * kept + (recomputed > 0 ? recomputed : 0));
     w.cast_bytes = micro * f8_bytes;
-    w.optimizer_bytes = (double)t->model.params.shard_numel *
-                        (OPTIMIZER_BYTES + (t->cfg.training.ema_decay > 0 ? EMA_BYTES : 0));
+    const ParamTable *params = &t->model.params;
+    double trained = 0;  // AdamW and the gradient norm pass over the trained parameters
+    for (int i = 0; i < params->count; i++)
+        if (!params->items[i].frozen) trained += (double)params->items[i].shard_numel;
+    double ema = t->cfg.training.ema_decay > 0 ? EMA_BYTES * (double)params->shard_numel : 0;
+    w.optimizer_bytes = trained * OPTIMIZER_BYTES + ema;
     // the head's MTP modules each issue a layer's and a loss's
     int blocks = 0, head = t->model.n_blocks, mtp = model_shape(&t->args).mtp_layers;
     for (int s = 0; s < pl.stages; s++)
@@ -595,12 +599,13 @@ typedef struct {
     double rank, all;
 } StateBytes;
 
-// Every pp rank's table lists the whole model's parameters (another stage's with empty boxes).
-static StateBytes params_bytes(const Trainer *t) {
+// Every pp rank's table lists the whole model's parameters (another stage's with empty boxes);
+// trained: only those with optimizer state (not frozen).
+static StateBytes params_bytes(const Trainer *t, bool trained) {
     StateBytes b = {0};
     for (int i = 0; i < t->model.params.count; i++) {
         const Param *p = &t->model.params.items[i];
-        if (p->copy) continue;  // saved as its original
+        if (p->copy || (trained && p->frozen)) continue;  // a copy is saved as its original
         ParamBox box = param_box(p, true);
         if (param_is_primary_replica(p)) b.rank += 4.0 * (double)box_numel(&box);
         b.all += 4.0 * (double)param_global_numel(p);
@@ -609,33 +614,36 @@ static StateBytes params_bytes(const Trainer *t) {
 }
 
 // What a save writes, per rank (the rank that writes most) and in all: the full state
-// (parameters, AdamW's two moments and the average under training.ema_decay; under semi_sync
-// each replica group's own, and the outer weights, outer momentum and at most a whole model's
-// delta in flight) and the model only (the parameters and the average); with
-// --checkpoint-bandwidth, how long each takes at that rate (the storage's, shared by every
-// rank).
+// (parameters, AdamW's two moments of the trained ones and the average under
+// training.ema_decay; under semi_sync each replica group's own, and the trained ones' outer
+// weights, outer momentum and at most a whole model's delta in flight) and the model only (the
+// parameters and the average); with --checkpoint-bandwidth, how long each takes at that rate
+// (the storage's, shared by every rank).
 static void print_checkpoint_plan(const Trainer *ranks, int n, double bandwidth) {
-    StateBytes params = params_bytes(&ranks[0]);
+    StateBytes params = params_bytes(&ranks[0], false), trained = params_bytes(&ranks[0], true);
     int most = 0;
     for (int r = 1; r < n; r++) {
-        StateBytes b = params_bytes(&ranks[r]);
-        if (b.rank > params.rank) params.rank = b.rank, most = r;
+        StateBytes b = params_bytes(&ranks[r], false);
+        if (b.rank > params.rank)
+            params.rank = b.rank, trained.rank = params_bytes(&ranks[r], true).rank, most = r;
     }
     const OuterState *outer = &ranks[0].opt.outer;
-    int ema = ranks[0].cfg.training.ema_decay > 0, model = 1 + ema;
-    int full = (3 + ema) * (outer->on ? outer->replicas : 1) + (outer->on ? 3 : 0);
-    int rank_full = 3 + ema + (outer->on ? 3 : 0);  // a rank writes its own group's state
+    int ema = ranks[0].cfg.training.ema_decay > 0, groups = outer->on ? outer->replicas : 1;
+    int outer_kinds = outer->on ? 3 : 0;
+    double model = (1 + ema) * params.all, model_rank = (1 + ema) * params.rank;
+    double full = groups * (model + 2 * trained.all) + outer_kinds * trained.all;
+    // a rank writes its own group's state
+    double rank_full = model_rank + (2 + outer_kinds) * trained.rank;
     char who[32] = "";
     if (n > 1) snprintf(who, sizeof who, " (pp rank %d)", most);
     printf("checkpoint: full state %.0f bytes (%.3f GB: parameters, AdamW's two moments%s%s), "
            "%.3f GB per rank at most%s; model only %.0f bytes (%.3f GB), %.3f GB per rank\n",
-           full * params.all, full * params.all / 1e9, ema ? ", the average" : "",
-           outer->on ? ", each replica group's; the outer state" : "",
-           rank_full * params.rank / 1e9, who, model * params.all, model * params.all / 1e9,
-           model * params.rank / 1e9);
+           full, full / 1e9, ema ? ", the average" : "",
+           outer->on ? ", each replica group's; the outer state" : "", rank_full / 1e9, who,
+           model, model / 1e9, model_rank / 1e9);
     if (bandwidth > 0)
         printf("checkpoint at %.4g GB/s: a full save takes %.3g s, a model-only save %.3g s\n",
-               bandwidth / 1e9, full * params.all / bandwidth, model * params.all / bandwidth);
+               bandwidth / 1e9, full / bandwidth, model / bandwidth);
 }
 
 // `titan --estimate`: every arena per rank, FLOPs and communication per step, for any flavor

@@ -31,8 +31,6 @@ expect_user_error "^titan: error: float8.filter_fqns = \[auto_filter_small_kn\] 
   $TITAN "${R[@]}" "${F8[@]}" --float8.filter_fqns auto_filter_small_kn --float8.recipe_name rowwise_with_gw_hp
 expect_user_error "^titan: error: --float8.emulate: float8.emulate = true is not implemented on training.device cuda" \
   $TITAN "${R[@]}" "${F8[@]}" --float8.emulate --training.device cuda
-expect_user_error "^titan: error: --model.converters: model.converters = \[mx\] is not implemented yet \(implemented: \[\], \[float8\]\)$" \
-  $TITAN "${R[@]}" --model.converters mx
 # cuBLASLt's float8 GEMMs reduce over multiples of 16 (the weight gradient over the tokens);
 # --estimate plans a cuda run without a GPU.
 expect_user_error "^titan: error: float8 on training.device cuda needs a multiple of 16 tokens per microbatch and rank, not training's 1 x 60$" \

@@ -9,6 +9,7 @@
 # - convert --to hf merges the adapters (W + alpha / rank B A): the export, read back, gives
 #   the adapted model's logits within 1e-5;
 # - FSDP (dp_shard 2) and TP 2 (adapters placed after their weight) within 1e-5 of one rank;
+#   --estimate's arenas, traffic and checkpoint bytes equal the runs';
 # - a resume from step 10 gives the same losses bit for bit;
 # - a pre-training checkpoint without adapters loads as the base (adapters from their init);
 # - bad settings, one line, exit 2.
@@ -71,6 +72,30 @@ for layout in fsdp tp; do
   layout_matches "lora $layout 2" "$SCRATCH/one/metrics.jsonl" "$SCRATCH/$layout/metrics.jsonl" \
     loss grad_norm
 done
+# --estimate (at the run's one thread per rank: the attention's scratch is per thread): the FSDP
+# run's arenas and traffic, and the checkpoint files' bytes (moments for the
+# adapters only), as the runs had them.
+OMP_NUM_THREADS=1 $TITAN --estimate --world-size 2 "${short[@]}" \
+  --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2 >"$SCRATCH/fsdp.estimate"
+$TITAN --estimate "${run[@]}" >"$SCRATCH/run.estimate"
+$PY - "$SCRATCH/fsdp.estimate" "$SCRATCH/fsdp/run_summary.json" "$SCRATCH/run.estimate" \
+  "$SCRATCH/run/checkpoint/step-10.h5" "$SCRATCH/run/checkpoint/step-20.h5" <<'PY'
+import json, re, sys, h5py
+estimate, summary = open(sys.argv[1]).read().splitlines(), json.load(open(sys.argv[2]))
+rows = {l.split()[0]: int(l.split()[1]) for l in estimate if l.startswith("  ") and l.split()[1].isdigit()}
+for arena, got in summary["arena_bytes"].items():
+    assert rows[arena] == got, f"{arena} estimated {rows[arena]}, allocated {got}"
+for group, got in summary["comm_bytes"].items():
+    assert summary["steps"] * rows.get(group, 0) == got, f"group {group}: sent {got}"
+plan = re.search(r"^checkpoint: full state (\d+) bytes .* model only (\d+) bytes", open(sys.argv[3]).read(), re.M)
+def nbytes(path):
+    sizes = []
+    h5py.File(path, "r").visititems(lambda n, o: sizes.append(o.nbytes) if isinstance(o, h5py.Dataset) else None)
+    return sum(sizes)
+assert (int(plan[1]), int(plan[2])) == (nbytes(sys.argv[4]), nbytes(sys.argv[5])), plan[0]
+print(f"ok: --estimate: the LoRA run's arenas and traffic, and its checkpoints' {plan[1]} and {plan[2]} bytes")
+PY
+
 mkdir -p "$SCRATCH/resumed/checkpoint"
 cp "$SCRATCH/run/checkpoint/step-10.h5" "$SCRATCH/resumed/checkpoint/"
 $TITAN "${LORA[@]}" --training.steps 20 --checkpoint.enable --job.dump_folder "$SCRATCH/resumed" \
