@@ -13,6 +13,9 @@ typedef struct {
     // sequence order, also under context parallel (where T is this rank's share):
     // training.document_masking, attention stays within a document. NULL: causal attention.
     const int *doc;
+    // (B, T) 1 where the target counts, 0 where the loss ignores it (SFT's prompt tokens,
+    // torchtitan's IGNORE_INDEX labels), whatever the target there is. NULL: every one counts.
+    const int *loss_mask;
 } TokenBatch;
 
 // The rows [first, first + rows) of b, its microbatch: T the tokens of each row b holds,
@@ -22,5 +25,6 @@ static inline TokenBatch token_batch_rows(const TokenBatch *b, int first, int T,
     return (TokenBatch){.tokens = b->tokens ? b->tokens + at : NULL,
                         .targets = b->targets ? b->targets + at : NULL,
                         .pos = b->pos,
-                        .doc = b->doc ? b->doc + (size_t)first * whole_T : NULL};
+                        .doc = b->doc ? b->doc + (size_t)first * whole_T : NULL,
+                        .loss_mask = b->loss_mask ? b->loss_mask + at : NULL};
 }

@@ -118,6 +118,11 @@ struct StepCtx {
     // the decoder's (llama3, qwen3) is data/token_batch.h's TokenBatch.
     const void *input;
     float loss_scale;    // d(objective)/d(mean loss of this microbatch): 1 / microbatches
+    // The count this microbatch's summed token losses are divided by; 0: its B*T positions.
+    // Under a loss mask (SFT) the step's targets over its microbatches and data-parallel ranks,
+    // divided by their number, so that their average is the mean over the step's targets
+    // (torchtitan's global_valid_tokens).
+    double loss_tokens;
     double loss;         // out: the model's objective, its mean over the microbatch (the
                          // decoder's: cross-entropy, plus its MTP modules' weighted loss;
                          // every tp rank has the whole)

@@ -1,3 +1,5 @@
+#include <string.h>
+
 #include "core/bf16.h"
 #include "kernels/cpu/cpu.h"
 
@@ -92,6 +94,12 @@ void cpu_add(float *y, const float *x, size_t n) {
 void cpu_scale(float *x, size_t n, float s) {
 #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+void cpu_zero_masked_rows(float *x, const int *keep, int n, size_t width) {
+#pragma omp parallel for
+    for (int i = 0; i < n; i++)
+        if (!keep[i]) memset(x + (size_t)i * width, 0, width * sizeof(float));
 }
 
 // x^2 (squares) or x summed over SUM_CHUNKS fixed chunks whatever the thread count, the

@@ -206,6 +206,20 @@ void cuda_scale(float *x, size_t n, float s) {
     CUDA_LAUNCH_CHECK();
 }
 
+// One block per row of x; the rows to keep are left as they are.
+static __global__ void zero_masked_rows_kernel(float *x, const int *keep, size_t width) {
+    if (keep[blockIdx.x]) return;
+    float *row = x + (size_t)blockIdx.x * width;
+    for (size_t j = threadIdx.x; j < width; j += blockDim.x) row[j] = 0.0f;
+}
+
+// n == 0 returns before any launch: an empty grid is a launch error.
+void cuda_zero_masked_rows(float *x, const int *keep, int n, size_t width) {
+    if (n == 0) return;
+    zero_masked_rows_kernel<<<n, CUDA_THREADS, 0, cuda_stream()>>>(x, keep, width);
+    CUDA_LAUNCH_CHECK();
+}
+
 void cuda_to_bf16(uint16_t *dst, const float *src, size_t n) {
     size_t n4 = aligned(dst, 8) && aligned(src, 16) ? n / 4 : 0;
     to_bf16_elements<<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(dst, src, n,

@@ -618,13 +618,19 @@ static void head_chunk_scratch(const DecoderHead *h, StepCtx *s, HeadChunk *c, i
     c->scratch = logits_gathered(s) ? arena_floats(s->act, (size_t)rows * V) : NULL;
 }
 
-// What one loss reads: its rows' norm, their targets (B*T), and which MTP module's it is (0:
-// the main model's; k: rows T - k and later of each sequence have no target).
+// What one loss reads: its rows' norm, their targets (B*T) and loss mask (B*T, NULL: every
+// target counts), and which MTP module's it is (0: the main model's; k: rows T - k and later of
+// each sequence have no target).
 typedef struct {
     const Param *norm;
-    const int *targets;
+    const int *targets, *mask;
     int depth;
 } LossInput;
+
+// What the microbatch's summed token losses are divided by (StepCtx.loss_tokens).
+static double loss_tokens(const StepCtx *s) {
+    return s->loss_tokens > 0 ? s->loss_tokens : (double)s->B * s->T;
+}
 
 // The chunk's logits of rows [r0, r0 + n).
 static void head_chunk_logits(const DecoderHead *h, StepCtx *s, const LossSaved *sv,
@@ -660,6 +666,7 @@ static void head_chunk_loss(DecoderHead *h, StepCtx *s, LossSaved *sv, LossInput
         s->k->cross_entropy_forward(sv->losses + r0, c->full, in.targets + r0, n,
                                     h->args->vocab_size);
     if (in.depth) zero_tail_rows(s, sv->losses + r0, 1, r0, n, in.depth);
+    if (in.mask) s->k->zero_masked_rows(sv->losses + r0, in.mask + r0, n, 1);
 }
 
 // One loss over x (rows, D): carves what it keeps into sv and returns the sum of its rows'
@@ -701,12 +708,22 @@ static void mtp_inputs(DecoderHead *h, StepCtx *s, HeadSaved *sv, int j) {
     int BT = s->B * s->T;
     size_t rows = (size_t)step_rows(s) * h->args->dim;
     int *tokens = at(sv->tokens, (size_t)j * BT * sizeof(int));
+    const TokenBatch *in = token_batch(s);
     if (!step_sizing(s)) {
-        shift_ids(s, tokens, token_batch(s)->tokens, j + 1);
-        shift_ids(s, at(sv->targets, (size_t)j * BT * sizeof(int)), token_batch(s)->targets,
-                  j + 1);
+        shift_ids(s, tokens, in->tokens, j + 1);
+        shift_ids(s, at(sv->targets, (size_t)j * BT * sizeof(int)), in->targets, j + 1);
+        if (in->loss_mask)
+            shift_ids(s, at(sv->loss_mask, (size_t)j * BT * sizeof(int)), in->loss_mask, j + 1);
     }
     embed_rows(h->embed, s, at(sv->embed, j * rows * sizeof(float)), tokens);
+}
+
+// MTP module j's loss: its norm, its targets and loss mask shifted j + 1 positions.
+static LossInput mtp_loss_input(const DecoderHead *h, const StepCtx *s, const HeadSaved *sv,
+                                int j) {
+    size_t at_j = (size_t)j * s->B * s->T * sizeof(int);
+    return (LossInput){h->mtp[j].mtp_norm, at(sv->targets, at_j),
+                       sv->loss_mask ? at(sv->loss_mask, at_j) : NULL, j + 1};
 }
 
 static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
@@ -716,11 +733,14 @@ static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, floa
     const DecoderArgs *a = h->args;
     int BT = s->B * s->T, K = a->mtp_layers;
     size_t rows = (size_t)step_rows(s) * a->dim;
-    LossInput main = {h->norm, token_batch(s)->targets, 0};
-    double loss = loss_forward(h, s, &sv->main, main, x, true) / BT;
+    const int *mask = token_batch(s)->loss_mask;
+    LossInput main = {h->norm, token_batch(s)->targets, mask, 0};
+    double tokens = loss_tokens(s);
+    double loss = loss_forward(h, s, &sv->main, main, x, true) / tokens;
     if (K) {
         sv->tokens = arena_alloc(s->act, (size_t)K * BT * sizeof(int));
         sv->targets = arena_alloc(s->act, (size_t)K * BT * sizeof(int));
+        sv->loss_mask = mask ? arena_alloc(s->act, (size_t)K * BT * sizeof(int)) : NULL;
         sv->embed = arena_floats(s->act, K * rows);
     }
     const float *prev = x;
@@ -729,9 +749,8 @@ static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, floa
         mtp_inputs(h, s, sv, j);
         mtp_forward(&h->mtp[j], s, &sv->mtp[j], prev, at(sv->embed, j * rows * sizeof(float)),
                     j + 1);
-        LossInput depth = {h->mtp[j].mtp_norm, at(sv->targets, (size_t)j * BT * sizeof(int)),
-                           j + 1};
-        mtp += loss_forward(h, s, &sv->mtp[j].loss, depth, sv->mtp[j].y, false) / BT;
+        mtp += loss_forward(h, s, &sv->mtp[j].loss, mtp_loss_input(h, s, sv, j), sv->mtp[j].y,
+                            false) / tokens;
         prev = sv->mtp[j].out;
     }
     if (!step_sizing(s)) s->loss = loss + (K ? a->mtp_loss_weight * mtp / K : 0);
@@ -754,6 +773,7 @@ static void head_chunk_dlogits(DecoderHead *h, StepCtx *s, const LossSaved *sv, 
                             Vl * sizeof(float), n);
     }
     if (in.depth) zero_tail_rows(s, c->logits, (size_t)Vl, r0, n, in.depth);
+    if (in.mask) s->k->zero_masked_rows(c->logits, in.mask + r0, n, (size_t)Vl);
 }
 
 // dx (rows, D) += the gradient of x of one loss, each of its rows' losses weighing dloss.
@@ -809,7 +829,8 @@ static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, c
                        K > 1 ? arena_floats(s->act, rows) : NULL};
     float *dembed = K ? arena_floats(s->act, rows) : NULL;
     float *full = K && s->tp ? arena_floats(s->act, (size_t)BT * a->dim) : NULL;
-    float dmtp = K ? (float)(s->loss_scale * a->mtp_loss_weight / K / BT) : 0;
+    double tokens = loss_tokens(s);
+    float dmtp = K ? (float)(s->loss_scale * a->mtp_loss_weight / K / tokens) : 0;
     for (int j = K - 1; j >= 0; j--) {
         const MtpSaved *m = &sv->mtp[j];
         float *dprev = j > 0 ? douts[j % 2] : dx;
@@ -820,15 +841,13 @@ static void head_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, c
             zero(s, dembed, rows);
             if (j > 0) zero(s, dprev, rows);
         }
-        LossInput depth = {h->mtp[j].mtp_norm, at(sv->targets, (size_t)j * BT * sizeof(int)),
-                           j + 1};
-        loss_backward(h, s, &m->loss, depth, m->y, dmtp, dy_mtp);
+        loss_backward(h, s, &m->loss, mtp_loss_input(h, s, sv, j), m->y, dmtp, dy_mtp);
         mtp_backward(&h->mtp[j], s, m, at(sv->embed, j * bytes), dy_mtp, dout, dembed, dprev,
                      j + 1);
         if (!step_sizing(s)) embed_rows_backward(h->embed, s, dembed, tokens, full);
     }
-    LossInput main = {h->norm, token_batch(s)->targets, 0};
-    loss_backward(h, s, &sv->main, main, x, s->loss_scale / BT, dx);
+    LossInput main = {h->norm, token_batch(s)->targets, token_batch(s)->loss_mask, 0};
+    loss_backward(h, s, &sv->main, main, x, s->loss_scale / (float)tokens, dx);
 }
 
 const BlockOps DECODER_EMBED_OPS = {"embed", 0, embed_forward, embed_backward};

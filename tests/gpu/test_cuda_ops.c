@@ -857,6 +857,31 @@ static void check_cross_entropy(int n, int vocab) {
     pair_free(&a.losses), pair_free(&a.logits), pair_free(&a.targets);
 }
 
+typedef struct {
+    Pair x, keep;
+    int n;
+    size_t width;
+} MaskArgs;
+
+static void zero_masked_rows_run(int s, void *ctx) {
+    MaskArgs *a = ctx;
+    side[s]->zero_masked_rows(F(a->x, s), I(a->keep, s), a->n, a->width);
+}
+
+// SFT's loss mask over n rows of width floats, every third row ignored.
+static void check_zero_masked_rows(int n, size_t width) {
+    int *keep = host_alloc((size_t)n * sizeof *keep);
+    for (int i = 0; i < n; i++) keep[i] = i % 3 != 1;
+    MaskArgs a = {.x = pair_random((size_t)n * width, -1, 1), .keep = pair_ints(keep, (size_t)n),
+                  .n = n, .width = width};
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d width=%zu", n, width);
+    Output out[] = {{"", &a.x, NULL, CMP_BITS32, BOUND_EXACT}};
+    op_check("zero_masked_rows", shape, zero_masked_rows_run, &a, out, 1);
+    pair_free(&a.x), pair_free(&a.keep);
+    free(keep);
+}
+
 // The whole row's lse that the slice backward takes: the slice's own (in double) plus what the
 // other slices would add, log(1 + u) for u in [0, 3).
 static Pair ce_row_lse(const CeArgs *a) {
@@ -1835,6 +1860,8 @@ static void check_all(void) {
     check_cross_entropy_slice(256, 10000, 12000, 32000);
     check_cross_entropy_slice(4, 64128, 64128, 128256);
     check_cross_entropy_merge(8192);
+    check_zero_masked_rows(256, 32000);
+    check_zero_masked_rows(4096, 1);
     check_flux();
     check_moes();
     check_vector_ops(0);

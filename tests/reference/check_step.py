@@ -4,9 +4,9 @@ usage: /usr/bin/python3 tests/reference/check_step.py CKPT.h5 DUMP.h5
 
 DUMP.h5 is written by build/tests/dump_step: /tokens (B, T+1) int32, /loss (1,) float64,
 /logits (B*T, vocab) fp32 and /grad/<fqn> fp32 for every parameter trained (under LoRA the
-adapters). The reference runs in
-float64 from the checkpoint's fp32 weights, so its own rounding is ~1e-15 and the measured error
-is titan's fp32 error alone; the bound (relative L2 error < 1e-5 on loss, logits and every
+adapters); with a loss mask, /mask (B, T), whose 0s are targets the loss ignores (the
+reference's ignore_index). The reference runs in float64 from the checkpoint's fp32 weights,
+so its own rounding is ~1e-15 and the measured error is titan's fp32 error alone; the bound (relative L2 error < 1e-5 on loss, logits and every
 gradient) is then a statement about titan, not about two fp32 summation orders. A MoE model's
 expert biases are buffers: titan's gradient for them must be exactly zero. Exit 1 on failure.
 """
@@ -23,11 +23,13 @@ import llama_ref  # noqa: E402
 TOLERANCE = 1e-5
 
 
-def reference_step(ckpt_path, tokens):
+def reference_step(ckpt_path, tokens, mask=None):
     """float64 loss, logits (B*T, vocab), {fqn: grad} and the buffers' names for tokens
-    (B, T+1)."""
+    (B, T+1); mask (B, T): 0 where the target is ignored (-100, torch's ignore_index)."""
     model, _, _ = llama_ref.load_checkpoint(ckpt_path, dtype=torch.float64)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    inputs, targets = tokens[:, :-1], tokens[:, 1:].clone()
+    if mask is not None:
+        targets[mask == 0] = -100
     logits = model(inputs)
     loss = model.objective(logits, targets)
     loss.backward()
@@ -58,7 +60,8 @@ def main(argv):
     ckpt_path, dump_path = argv[1], argv[2]
     with h5py.File(dump_path, "r") as dump:
         tokens = torch.from_numpy(dump["tokens"][...].astype(np.int64))
-        loss, logits, grads, buffers = reference_step(ckpt_path, tokens)
+        mask = torch.from_numpy(dump["mask"][...]) if "mask" in dump else None
+        loss, logits, grads, buffers = reference_step(ckpt_path, tokens, mask)
         ok = compare("loss", dump["loss"][...].reshape(()), np.float64(loss))
         ok &= compare("logits", dump["logits"][...], logits)
         dumped = set(dump["grad"].keys()) if "grad" in dump else set()

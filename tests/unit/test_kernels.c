@@ -797,6 +797,18 @@ static void test_cross_entropy(void **state) {
     free(alias);
 }
 
+// The loss mask's rows: those kept are untouched, bit for bit, the others zero.
+static void test_zero_masked_rows(void **state) {
+    (void)state;
+    enum { N = 5, W = 33 };
+    int keep[N] = {1, 0, 0, 1, 0};
+    float *x = floats_random(N * W, 1.0), *x0 = floats_copy(x, N * W);
+    ops->zero_masked_rows(x, keep, N, W);
+    for (int i = 0; i < N * W; i++)
+        assert_true(keep[i / W] ? x[i] == x0[i] : x[i] == 0.0f);
+    free(x), free(x0);
+}
+
 // Vocab-parallel cross-entropy: the vocabulary cut into three slices, as three tp ranks hold
 // it. Merging the slices' log-sum-exps and target logits must give the full-row loss; each
 // slice's backward, with the whole row's lse, its columns of the full gradient (and of the
@@ -1072,6 +1084,7 @@ int main(void) {
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_cross_entropy_slices),
+        cmocka_unit_test(test_zero_masked_rows),
         cmocka_unit_test(test_embedding_foreign_ids),
         cmocka_unit_test(test_add_scale_sum_squares),
         cmocka_unit_test(test_bf16_casts),
