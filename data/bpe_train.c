@@ -533,8 +533,9 @@ typedef struct {
     size_t n, cap_offsets;
 } DocumentStore;
 
-static void document_keep(const char *text, size_t len, uint64_t bytes_read, void *ctx) {
-    (void)bytes_read;
+static void document_keep(const char *text, size_t len, const DocParts *parts,
+                          uint64_t bytes_read, void *ctx) {
+    (void)parts, (void)bytes_read;  // a supervised example's text is text to learn merges from
     DocumentStore *s = ctx;
     s->text = xgrow(s->text, &s->cap, s->len + len + 1, 1);  // never NULL, even if empty
     memcpy(s->text + s->len, text, len);

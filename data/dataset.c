@@ -19,11 +19,12 @@ typedef struct {
     uint64_t bytes_before;  // size of the files read before the current one
 } Reader;
 
-static void document_emit(const char *text, size_t len, uint64_t bytes_read, void *ctx) {
+static void document_emit(const char *text, size_t len, const DocParts *parts,
+                          uint64_t bytes_read, void *ctx) {
     Reader *r = ctx;
     if (len == 0) return;
     r->documents++;
-    r->fn(text, len, r->bytes_before + bytes_read, r->ctx);
+    r->fn(text, len, parts, r->bytes_before + bytes_read, r->ctx);
 }
 
 static bool name_ends(const char *name, const char *suffix) {
@@ -106,14 +107,38 @@ static bool line_blank(const char *line, size_t len) {
     return true;
 }
 
+// A prompt-completion example: the two strings back to back, the prompt untrained.
+static void example_emit(const json_t *prompt, const json_t *completion, uint64_t bytes_read,
+                         Reader *r) {
+    size_t p = json_string_length(prompt), c = json_string_length(completion);
+    char *text = xmalloc(p + c + 1);
+    memcpy(text, json_string_value(prompt), p);
+    memcpy(text + p, json_string_value(completion), c);
+    size_t end[2] = {p, p + c};
+    bool trained[2] = {false, true};
+    document_emit(text, p + c, &(DocParts){2, end, trained}, bytes_read, r);
+    free(text);
+}
+
 static void jsonl_line(const char *path, long number, const char *line, size_t len,
                        uint64_t bytes_read, Reader *r) {
     json_error_t e;
     json_t *doc = json_loadb(line, len, JSON_ALLOW_NUL, &e);
     if (!doc) die_user("%s:%ld:%d: %s", path, number, e.column, e.text);
     json_t *text = json_object_get(doc, "text");  // NULL when doc is not an object
-    if (!json_is_string(text)) die_user("%s:%ld: no \"text\" field", path, number);
-    document_emit(json_string_value(text), json_string_length(text), bytes_read, r);
+    json_t *prompt = json_object_get(doc, "prompt");
+    json_t *completion = json_object_get(doc, "completion");
+    if (json_is_string(text)) {
+        document_emit(json_string_value(text), json_string_length(text), NULL, bytes_read, r);
+    } else if (json_is_string(prompt) && json_is_string(completion)) {
+        example_emit(prompt, completion, bytes_read, r);
+    } else if (json_object_get(doc, "messages")) {
+        die_user("%s:%ld: \"messages\" (a conversation) needs a chat template, which titan "
+                 "does not render yet: give \"prompt\" and \"completion\"", path, number);
+    } else {
+        die_user("%s:%ld: no \"text\" field (nor \"prompt\" and \"completion\", strings)",
+                 path, number);
+    }
     json_decref(doc);
 }
 
@@ -138,7 +163,7 @@ static void file_read_whole(const char *path, uint64_t size, Reader *r) {
     size_t len;
     uint8_t *data = gz_read_all(path, size, &len);
     if (format_is(path, ".rdb")) rdata_for_each_document(path, data, len, size, document_emit, r);
-    else document_emit((const char *)data, len, size, r);
+    else document_emit((const char *)data, len, NULL, size, r);
     free(data);
 }
 

@@ -3,7 +3,8 @@
 // A dataset path is one file or a folder; a folder's files (not its subfolders, not its
 // hidden files) are read in bytewise name order, so every rank and machine sees one order.
 // A file's format comes from its name; FILE.gz is FILE compressed with gzip (or zlib):
-//   .jsonl  one document per line, its "text" field (a JSON string); blank lines skipped
+//   .jsonl  one document per line, its "text" field (a JSON string), or a supervised example,
+//           its "prompt" and "completion" fields (DocParts); blank lines skipped
 //   .rdb    R's lazy-load database (data/rdata.c): each character vector is a document, its
 //           elements joined by "\n" (Debian's r-cran-janeaustenr ships the Austen novels so)
 //   .bin    pre-tokenized shards (data/shard.h), not a source of documents
@@ -19,10 +20,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// One document, text[0, len) (not NUL-terminated, valid during the call only). bytes_read is
-// how much of the dataset's files on disk has been read so far (compressed bytes for .gz),
-// for progress against dataset_bytes.
-typedef void (*DocumentFn)(const char *text, size_t len, uint64_t bytes_read, void *ctx);
+// A supervised example's parts (SFT): part k is text[end[k - 1], end[k]) (from 0), whose
+// tokens are targets the loss trains on when trained[k], and context only otherwise (a
+// prompt). A .jsonl line {"prompt": P, "completion": C} (TRL's prompt-completion format) is
+// P untrained, then C trained.
+typedef struct {
+    int n;
+    const size_t *end;
+    const bool *trained;
+} DocParts;
+
+// One document, text[0, len) (not NUL-terminated, valid during the call only); parts: a
+// supervised example's (NULL: pre-training text, every token trained). bytes_read is how much
+// of the dataset's files on disk has been read so far (compressed bytes for .gz), for progress
+// against dataset_bytes.
+typedef void (*DocumentFn)(const char *text, size_t len, const DocParts *parts,
+                           uint64_t bytes_read, void *ctx);
 
 // Calls fn on every document of the text dataset at path, in order; returns their number.
 // die_user naming the path when it is missing, tokenized, or holds no document, and naming

@@ -19,13 +19,15 @@ void loader_close(DataLoader *l) {
     *l = (DataLoader){0};
 }
 
-void loader_next(DataLoader *l, int32_t *inputs, int32_t *targets) {
+void loader_next(DataLoader *l, int32_t *inputs, int32_t *targets, int32_t *loss_mask) {
     size_t T = (size_t)l->seq_len;
     int64_t first = l->position + (int64_t)l->dp_rank * l->rows;
     for (int r = 0; r < l->rows; r++) {
         token_stream_window(l->stream, first + r, l->seq_len, l->window);
         memcpy(inputs + (size_t)r * T, l->window, T * sizeof(int32_t));
         memcpy(targets + (size_t)r * T, l->window + 1, T * sizeof(int32_t));
+        if (loss_mask)
+            token_stream_window_mask(l->stream, first + r, l->seq_len, loss_mask + r * T);
     }
     l->position += (int64_t)l->dp_size * l->rows;
 }

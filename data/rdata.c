@@ -86,7 +86,7 @@ static void object_read(Cursor *c, size_t size, uint64_t bytes_read, DocumentFn 
     if (n < 0) cursor_fail(c, "a character vector with a negative length");
     char *text = xmalloc(size);
     size_t len = strings_join(c, n, text);
-    fn(text, len, bytes_read, ctx);
+    fn(text, len, NULL, bytes_read, ctx);
     free(text);
 }
 

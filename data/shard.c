@@ -133,10 +133,16 @@ void token_stream_from_tokens(TokenStream *s, const char *path, int32_t *tokens,
     s->first[1] = n;
 }
 
+void token_stream_set_trained(TokenStream *s, uint8_t *trained) {
+    CHECK(s->owned && !s->trained);
+    s->trained = trained;
+}
+
 void token_stream_close(TokenStream *s) {
     for (int i = 0; i < s->n_shards; i++)
         if (s->shards[i].map) SYS_CHECK(munmap((void *)s->shards[i].map, s->shards[i].bytes));
     free(s->owned);
+    free(s->trained);
     free(s->shards);
     free(s->first);
     free(s->path);
@@ -171,6 +177,12 @@ void token_stream_window(const TokenStream *s, int64_t w, int seq_len, int32_t *
     CHECK(w >= 0);
     int64_t n = token_stream_num_windows(s, seq_len);
     tokens_copy(s, (w % n) * seq_len, (int64_t)seq_len + 1, out);
+}
+
+void token_stream_window_mask(const TokenStream *s, int64_t w, int seq_len, int32_t *out) {
+    CHECK(w >= 0 && s->trained);
+    const uint8_t *first = s->trained + (w % token_stream_num_windows(s, seq_len)) * seq_len + 1;
+    for (int t = 0; t < seq_len; t++) out[t] = first[t];
 }
 
 static void tokens_write(FILE *f, const char *tmp, const uint32_t *tokens, int64_t n,

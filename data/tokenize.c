@@ -23,21 +23,46 @@ typedef struct {
     size_t text_len, text_cap;
     size_t start[BATCH_DOCS + 1];  // document i is text[start[i], start[i + 1])
     int n_docs;
+    // A supervised example's parts (DocParts, their ends relative to its start): document i's
+    // are parts [first_part[i], first_part[i + 1]) of part_end and part_trained (none: text).
+    int first_part[BATCH_DOCS + 1];
+    size_t *part_end, parts_cap, trained_cap;
+    bool *part_trained;
+    bool supervised;        // some document of the batch has parts
     int32_t *ids[BATCH_DOCS];  // document i's ids; the buffers are kept from batch to batch
     size_t n_ids[BATCH_DOCS], cap[BATCH_DOCS];
+    uint8_t *trained[BATCH_DOCS];  // a supervised document's: whether each of its ids is
+    size_t trained_ids_cap[BATCH_DOCS];
     int32_t *out;           // (out_cap) the batch's tokens, wrapped and in order
-    size_t out_cap;
+    uint8_t *out_trained;   // (out_cap) whether each is trained, when the batch is supervised
+    size_t out_cap, out_trained_cap;
     uint64_t bytes_read;    // after the batch's last document
 } Batch;
 
-// buf, grown (doubling) to hold need items of size bytes; *cap is its capacity in items.
+// Whether document i's last token is trained (its EOS is then too: the model learns to stop).
+static bool ends_trained(const Batch *b, int i) {
+    int last = b->first_part[i + 1] - 1;
+    return last < b->first_part[i] || b->part_trained[last];
+}
+
+// The batch's documents as [BOS] ids [EOS] (BOS and EOS where the tokenizer has them), and
+// when supervised whether each token is trained (a BOS never is: nothing predicts it).
 static size_t batch_wrap(Batch *b) {
     int32_t bos = tokenizer_bos_id(b->t), eos = tokenizer_eos_id(b->t);
     size_t total = 0;
     for (int i = 0; i < b->n_docs; i++) total += b->n_ids[i] + (bos >= 0) + (eos >= 0);
     b->out = xgrow(b->out, &b->out_cap, total, sizeof(int32_t));
+    if (b->supervised) b->out_trained = xgrow(b->out_trained, &b->out_trained_cap, total, 1);
     size_t n = 0;
     for (int i = 0; i < b->n_docs; i++) {
+        bool parts = b->first_part[i + 1] > b->first_part[i];
+        if (b->supervised) {
+            if (bos >= 0) b->out_trained[n] = 0;
+            uint8_t *to = b->out_trained + n + (bos >= 0);
+            if (parts) memcpy(to, b->trained[i], b->n_ids[i]);
+            else memset(to, 1, b->n_ids[i]);
+            if (eos >= 0) to[b->n_ids[i]] = ends_trained(b, i);
+        }
         if (bos >= 0) b->out[n++] = bos;
         memcpy(b->out + n, b->ids[i], b->n_ids[i] * sizeof(int32_t));
         n += b->n_ids[i];
@@ -46,26 +71,58 @@ static size_t batch_wrap(Batch *b) {
     return n;
 }
 
+// Document i's ids: its text's, or its parts' one after another, each encoded alone, and then
+// whether each is trained.
+static void document_encode(Batch *b, int i) {
+    const char *text = b->text + b->start[i];
+    if (b->first_part[i + 1] == b->first_part[i]) {
+        b->n_ids[i] = tokenizer_encode(b->t, text, b->start[i + 1] - b->start[i], &b->ids[i],
+                                       &b->cap[i]);
+        return;
+    }
+    int32_t *part = NULL;
+    size_t part_cap = 0, n = 0, from = 0;
+    for (int k = b->first_part[i]; k < b->first_part[i + 1]; k++) {
+        size_t m = tokenizer_encode(b->t, text + from, b->part_end[k] - from, &part, &part_cap);
+        b->ids[i] = xgrow(b->ids[i], &b->cap[i], n + m, sizeof(int32_t));
+        b->trained[i] = xgrow(b->trained[i], &b->trained_ids_cap[i], n + m, 1);
+        memcpy(b->ids[i] + n, part, m * sizeof(int32_t));
+        memset(b->trained[i] + n, b->part_trained[k], m);
+        n += m, from = b->part_end[k];
+    }
+    free(part);
+    b->n_ids[i] = n;
+}
+
 static void batch_flush(Batch *b) {
     // Dynamic scheduling, as documents' lengths differ by orders of magnitude.
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < b->n_docs; i++)
-        b->n_ids[i] = tokenizer_encode(b->t, b->text + b->start[i], b->start[i + 1] - b->start[i],
-                                       &b->ids[i], &b->cap[i]);
+    for (int i = 0; i < b->n_docs; i++) document_encode(b, i);
     size_t n = batch_wrap(b);  // before reading b->out, which it may move
-    b->fn(b->out, n, b->bytes_read, b->ctx);
-    b->n_docs = 0, b->text_len = 0;
+    b->fn(b->out, b->supervised ? b->out_trained : NULL, n, b->bytes_read, b->ctx);
+    b->n_docs = 0, b->text_len = 0, b->supervised = false;
 }
 
-static void batch_add(const char *text, size_t len, uint64_t bytes_read, void *ctx) {
+static void batch_add(const char *text, size_t len, const DocParts *parts, uint64_t bytes_read,
+                      void *ctx) {
     Batch *b = ctx;
     if (b->n_docs == BATCH_DOCS || (b->n_docs > 0 && b->text_len + len > BATCH_BYTES))
         batch_flush(b);
     b->text = xgrow(b->text, &b->text_cap, b->text_len + len, 1);
     memcpy(b->text + b->text_len, text, len);
     b->start[b->n_docs] = b->text_len;
+    int first = b->first_part[b->n_docs], n_parts = parts ? parts->n : 0;
+    b->part_end = xgrow(b->part_end, &b->parts_cap, (size_t)(first + n_parts), sizeof(size_t));
+    b->part_trained = xgrow(b->part_trained, &b->trained_cap, (size_t)(first + n_parts),
+                            sizeof(bool));
+    for (int k = 0; k < n_parts; k++) {
+        b->part_end[first + k] = parts->end[k];
+        b->part_trained[first + k] = parts->trained[k];
+    }
+    b->supervised = b->supervised || n_parts > 0;
     b->text_len += len;
     b->start[++b->n_docs] = b->text_len;
+    b->first_part[b->n_docs] = first + n_parts;
     b->bytes_read = bytes_read;
 }
 
@@ -74,21 +131,33 @@ int64_t tokenize_dataset(const char *path, const Tokenizer *t, TokensFn fn, void
     b->t = t, b->fn = fn, b->ctx = ctx;
     int64_t documents = dataset_for_each_document(path, batch_add, b);
     batch_flush(b);
-    for (int i = 0; i < BATCH_DOCS; i++) free(b->ids[i]);
-    free(b->text), free(b->out), free(b);
+    for (int i = 0; i < BATCH_DOCS; i++) free(b->ids[i]), free(b->trained[i]);
+    free(b->text), free(b->out), free(b->out_trained), free(b->part_end), free(b->part_trained);
+    free(b);
     return documents;
 }
 
 typedef struct {
     int32_t *ids;
-    size_t n, cap;
+    uint8_t *trained;  // once some token is not: whether each is
+    size_t n, cap, trained_cap;
 } TokenArray;
 
-static void tokens_append(const int32_t *ids, size_t n, uint64_t bytes_read, void *ctx) {
+static void tokens_append(const int32_t *ids, const uint8_t *trained, size_t n,
+                          uint64_t bytes_read, void *ctx) {
     (void)bytes_read;
     TokenArray *a = ctx;
     a->ids = xgrow(a->ids, &a->cap, a->n + n, sizeof(int32_t));
     memcpy(a->ids + a->n, ids, n * sizeof(int32_t));
+    if (trained && !a->trained) {  // the tokens before were all trained
+        a->trained = xgrow(NULL, &a->trained_cap, a->n + n, 1);
+        memset(a->trained, 1, a->n);
+    }
+    if (a->trained) {
+        a->trained = xgrow(a->trained, &a->trained_cap, a->n + n, 1);
+        if (trained) memcpy(a->trained + a->n, trained, n);
+        else memset(a->trained + a->n, 1, n);
+    }
     a->n += n;
 }
 
@@ -101,6 +170,7 @@ void token_stream_from_dataset(TokenStream *s, const char *path, const Tokenizer
     TokenArray a = {0};
     tokenize_dataset(path, t, tokens_append, &a);
     token_stream_from_tokens(s, path, a.ids, (int64_t)a.n);
+    if (a.trained) token_stream_set_trained(s, a.trained);
 }
 
 // ---- titan tokenize ----
@@ -184,8 +254,12 @@ static void shard_flush(ShardWriter *w) {
     w->shards++, w->n = 0;
 }
 
-static void shard_add(const int32_t *ids, size_t n, uint64_t bytes_read, void *ctx) {
+static void shard_add(const int32_t *ids, const uint8_t *trained, size_t n, uint64_t bytes_read,
+                      void *ctx) {
     ShardWriter *w = ctx;
+    if (trained)
+        die_user("titan tokenize: supervised examples (\"prompt\", \"completion\") are "
+                 "tokenized when training starts: token shards hold no loss mask");
     for (size_t done = 0; done < n;) {
         size_t room = (size_t)(w->shard_tokens - w->n), take = n - done < room ? n - done : room;
         memcpy(w->shard + w->n, ids + done, take * sizeof(int32_t));

@@ -4,6 +4,7 @@
 // that reads its own inputs (its spec's ModelData), that data; and the position a checkpoint
 // saves.
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -70,6 +71,29 @@ void trainer_open_model_data(Trainer *t) {
     t->train.step_T = d->example_rows(&t->args, t->mesh.layout.size[MESH_CP]);
 }
 
+// A supervised dataset's examples: how many there are (each ends at the tokenizer's EOS), the
+// share of tokens the loss trains on, and how many are longer than a window: packed windows
+// split those, the part in the later window trained without the earlier in its context
+// (torchtitan's packing; nothing is dropped).
+static void log_examples(const Split *sp, const Tokenizer *tok) {
+    const TokenStream *s = &sp->stream;
+    int64_t n = token_stream_num_tokens(s), examples = 0, longer = 0, trained = 0, length = 0;
+    int32_t eos = tokenizer_eos_id(tok), *all = xmalloc((size_t)n * sizeof(int32_t));
+    token_stream_window(s, 0, (int)(n - 1), all);  // one window of the whole stream
+    for (int64_t i = 0; i < n; i++) {
+        trained += s->trained[i];
+        length++;
+        if (all[i] != eos && i + 1 < n) continue;  // the example goes on
+        examples++;
+        longer += length > sp->T + 1;
+        length = 0;
+    }
+    free(all);
+    log_info("data: %lld examples, %.1f%% of the tokens trained (the completions); %lld longer "
+             "than a window of %d tokens, split across windows", (long long)examples,
+             100.0 * (double)trained / (double)n, (long long)longer, sp->T + 1);
+}
+
 // A text dataset needs a tokenizer; a pre-tokenized one (token shards) is read as it is.
 static void split_open(Split *sp, const char *key, const char *path, const Tokenizer *tok,
                        const Mesh *mesh, int doc_eos) {
@@ -82,10 +106,12 @@ static void split_open(Split *sp, const char *key, const char *path, const Token
     sp->path = path;
     token_stream_from_dataset(&sp->stream, path, tok);
     log_info("data: %s, %lld tokens", path, (long long)token_stream_num_tokens(&sp->stream));
+    if (sp->stream.trained) log_examples(sp, tok);
     loader_open(&sp->loader, &sp->stream, sp->T, mesh_dp_rank(mesh), mesh_dp_size(&mesh->layout),
                 sp->B);
     sp->tokens = xmalloc((size_t)sp->B * sp->T * sizeof(int));
     sp->targets = xmalloc((size_t)sp->B * sp->T * sizeof(int));
+    if (sp->stream.trained) sp->loss_mask = xmalloc((size_t)sp->B * sp->T * sizeof(int));
     if (sp->step_T != sp->T) sp->local = xmalloc((size_t)sp->B * sp->step_T * sizeof(int));
     if (doc_eos >= 0) sp->doc = xmalloc((size_t)sp->B * sp->T * sizeof(int));
     // Positions 0, 1, ..., or under context parallel this rank's chunks' (head-tail).
@@ -124,31 +150,45 @@ void trainer_allocate_inputs(Trainer *t) {
             sp->step_pos = arena_tensor(a, (size_t)sp->step_T, DTYPE_INT32);
             if (t->doc_eos >= 0)
                 sp->step_doc = arena_tensor(a, (size_t)sp->B * sp->T, DTYPE_INT32);
+            if (sp->loss_mask) sp->step_loss_mask = arena_tensor(a, ids, DTYPE_INT32);
         }
     }
     for (int i = 0; i < 2 && !t->data; i++) {
         Split *sp = splits[i];
         sp->batch = (TokenBatch){.tokens = sp->step_tokens, .targets = sp->step_targets,
-                                 .pos = sp->step_pos, .doc = sp->step_doc};
+                                 .pos = sp->step_pos, .doc = sp->step_doc,
+                                 .loss_mask = sp->step_loss_mask};
         if (sp->B > 0) t->k->upload(sp->step_pos, sp->pos, sp->step_T * sizeof(int));
     }
 }
 
+// This rank's columns of a batch (B, T) of the split: full itself, or them in sp->local.
+static const int *rank_columns(Split *sp, const int *full) {
+    if (sp->step_T == sp->T) return full;
+    cp_select(full, sp->B, sp->T, sp->pos, sp->step_T, sp->local);
+    return sp->local;
+}
+
 // This rank's columns of a batch (B, T) of the split, handed to the backend at dst.
 static void upload_columns(const KernelOps *k, Split *sp, int *dst, const int *full) {
-    const int *src = full;
-    if (sp->step_T != sp->T) {
-        cp_select(full, sp->B, sp->T, sp->pos, sp->step_T, sp->local);
-        src = sp->local;
-    }
-    k->upload(dst, src, (size_t)sp->B * sp->step_T * sizeof(int));
+    k->upload(dst, rank_columns(sp, full), (size_t)sp->B * sp->step_T * sizeof(int));
+}
+
+// The loader's next batch, and under a loss mask the count of this rank's targets that count.
+static void split_read(Split *sp) {
+    loader_next(&sp->loader, sp->tokens, sp->targets, sp->loss_mask);
+    if (!sp->loss_mask) return;
+    const int *mine = rank_columns(sp, sp->loss_mask);
+    double n = 0;
+    for (size_t i = 0; i < (size_t)sp->B * sp->step_T; i++) n += mine[i];
+    sp->targets_counted = n;
 }
 
 // The split's next batch, checked against the vocabulary (a shard may come from another one),
 // then this rank's columns handed to the backend, and the documents of the whole sequences
 // when attention is masked by document (doc_eos >= 0).
 static void split_next(const KernelOps *k, Split *sp, int vocab_size, int doc_eos) {
-    loader_next(&sp->loader, sp->tokens, sp->targets);
+    split_read(sp);
     size_t n = (size_t)sp->B * sp->T;
     for (size_t i = 0; i < n; i++) {
         int bad = sp->tokens[i] < 0 || sp->tokens[i] >= vocab_size     ? sp->tokens[i]
@@ -160,6 +200,7 @@ static void split_next(const KernelOps *k, Split *sp, int vocab_size, int doc_eo
     }
     upload_columns(k, sp, sp->step_tokens, sp->tokens);
     upload_columns(k, sp, sp->step_targets, sp->targets);
+    if (sp->loss_mask) upload_columns(k, sp, sp->step_loss_mask, sp->loss_mask);
     if (doc_eos < 0) return;
     document_ids(sp->tokens, sp->B, sp->T, doc_eos, sp->doc);
     k->upload(sp->step_doc, sp->doc, n * sizeof(int));
@@ -173,6 +214,20 @@ const void *trainer_next_batch(Trainer *t) {
     if (t->data) return t->args.spec->data->next(t->data, t->k);
     trainer_split_next(t, &t->train);
     return &t->train.batch;
+}
+
+void trainer_count_targets(Trainer *t) {
+    Split *sp = &t->train;
+    if (!sp->loss_mask) return;
+    int64_t at = loader_position(&sp->loader);
+    double counted = 0;
+    for (int mb = 0; mb < t->accum; mb++) {
+        split_read(sp);
+        counted += sp->targets_counted;
+    }
+    loader_set_position(&sp->loader, at);
+    CommGroup *g = t->mesh.loss;
+    t->loss_tokens = comm_all_reduce_double(g, counted, COMM_SUM) / comm_size(g) / t->accum;
 }
 
 int64_t trainer_data_position(const Trainer *t) {

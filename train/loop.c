@@ -40,6 +40,7 @@ static double validate(Trainer *t) {
             continue;
         }
         StepCtx s = step_ctx(t, v, &v->batch);
+        s.loss_tokens = v->targets_counted;  // under a loss mask, this batch's mean over them
         loss += model_forward(&t->model, &s) / batches;
     }
     if (t->pipeline) loss = comm_all_reduce_double(t->mesh.group[MESH_PP], loss, COMM_SUM);
@@ -65,6 +66,7 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
     debug_server_phase("forward_backward");
     t->k->zero(params->shard_grad, params->shard_numel * sizeof(float));
     double loss = 0, aux = 0;
+    trainer_count_targets(t);
     for (int mb = 0; mb < t->accum; mb++) {
         const void *input = trainer_next_batch(t);
         if (t->pipeline) {
@@ -75,6 +77,7 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
         }
         StepCtx s = step_ctx(t, &t->train, input);
         s.loss_scale = 1.0f / t->accum;
+        s.loss_tokens = t->loss_tokens;
         s.grads_hold_sum = t->model.accumulates_grads && mb > 0;
         s.expert_load = t->model.moe ? t->model.moe->load : NULL;
         loss += model_forward_backward(&t->model, &s) / t->accum;

@@ -48,6 +48,10 @@ typedef struct {
     int *doc;                // (B*T) document ids of the whole batch (document masking), host
                              // memory; NULL without
     int *step_doc;           // the backend's copy; NULL: no document masking
+    // (B*T) host: whether each target counts (a supervised dataset's loss mask, its prompts
+    // not), and the backend's copy of this rank's columns; NULL: every target counts
+    int *loss_mask, *step_loss_mask;
+    double targets_counted;  // this rank's targets that count in the batch read last
     TokenBatch batch;        // the step's inputs: the step_* tensors, as the model reads them
 } Split;
 
@@ -110,6 +114,9 @@ typedef struct {
     void *data;                   // the model's own training data (its spec's ModelData), read
                                   // instead of train's token batches; NULL: token batches
     int accum;                    // microbatches per step
+    // The step's StepCtx.loss_tokens for a whole batch under a loss mask (the pipeline's
+    // microbatches divide it); 0: none (trainer_count_targets).
+    double loss_tokens;
     int doc_eos;                  // training.document_masking: the token that ends a document;
                                   // -1: off
     TrainProgress progress;
@@ -141,6 +148,12 @@ void trainer_allocate_inputs(Trainer *t);
 // the model reads it (StepCtx.input).
 void trainer_split_next(Trainer *t, Split *sp);
 const void *trainer_next_batch(Trainer *t);
+// Under a loss mask, before the step's first microbatch: t->loss_tokens = the targets that
+// count in the step's batches over the loss group's ranks (read ahead, the loader then put
+// back), divided by their number and by t->accum (torchtitan's global_valid_tokens, so that
+// the microbatches' and ranks' mean loss is the mean over those targets). A collective over
+// the loss group; nothing without a mask.
+void trainer_count_targets(Trainer *t);
 // The training data's position (examples or windows consumed by all ranks): a checkpoint's
 // data-loader state, and back.
 int64_t trainer_data_position(const Trainer *t);

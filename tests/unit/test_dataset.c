@@ -37,8 +37,9 @@ typedef struct {
     int n;
 } Docs;
 
-static void docs_add(const char *text, size_t len, uint64_t bytes_read, void *ctx) {
-    (void)bytes_read;
+static void docs_add(const char *text, size_t len, const DocParts *parts, uint64_t bytes_read,
+                     void *ctx) {
+    (void)parts, (void)bytes_read;
     Docs *d = ctx;
     assert_true(d->n < 16);
     d->text[d->n] = malloc(len);
@@ -268,10 +269,16 @@ static void expect_docs_error(const char *name, const char *content, const char 
 
 static void test_errors(void **state) {
     (void)state;
+#define NO_TEXT "no \"text\" field (nor \"prompt\" and \"completion\", strings)\n"
     expect_docs_error("no_text.jsonl", "{\"text\": \"a\"}\n\n{\"body\": \"b\"}\n",
-                      "titan: error: %s:3: no \"text\" field\n");
-    expect_docs_error("array.jsonl", "[\"text\"]\n", "titan: error: %s:1: no \"text\" field\n");
-    expect_docs_error("number.jsonl", "{\"text\": 7}\n", "titan: error: %s:1: no \"text\" field\n");
+                      "titan: error: %s:3: " NO_TEXT);
+    expect_docs_error("array.jsonl", "[\"text\"]\n", "titan: error: %s:1: " NO_TEXT);
+    expect_docs_error("number.jsonl", "{\"text\": 7}\n", "titan: error: %s:1: " NO_TEXT);
+    expect_docs_error("half.jsonl", "{\"prompt\": \"a\"}\n", "titan: error: %s:1: " NO_TEXT);
+#undef NO_TEXT
+    expect_docs_error("chat.jsonl", "{\"messages\": []}\n",
+                      "titan: error: %s:1: \"messages\" (a conversation) needs a chat template, "
+                      "which titan does not render yet: give \"prompt\" and \"completion\"\n");
     expect_docs_error("bad.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\" \"c\"}\n",
                       "titan: error: %s:2:16: '}' expected near '\"c\"'\n");
     expect_docs_error("missing.txt", NULL, "titan: error: dataset %s does not exist\n");
@@ -354,6 +361,44 @@ static void test_bos_eos_wrapping(void **state) {
     int32_t *got = stream_tokens(&s, &n);
     assert_int_equal(n, n_want);
     assert_memory_equal(got, want, n_want * sizeof(int32_t));
+    free(got), free(ids);
+    token_stream_close(&s);
+    tokenizer_free(t);
+}
+
+// A supervised example ("prompt", "completion") among text: [BOS] prompt completion [EOS],
+// the prompt and the completion each encoded alone; trained are the completion's tokens and
+// its EOS, and every token of the text document (the BOS never: nothing predicts it).
+static void test_supervised_examples(void **state) {
+    (void)state;
+    char path[300];
+    path_make(path, sizeof(path), "sft.jsonl");
+    text_write(path, "{\"prompt\": \"Q: two plus two?\\nA:\", \"completion\": \" four\"}\n"
+                     "{\"text\": \"It is a truth\"}\n");
+    Tokenizer *t = tokenizer_load(LLAMA3);
+    const char *parts[3] = {"Q: two plus two?\nA:", " four", "It is a truth"};
+    int32_t want[64], *ids = NULL;
+    uint8_t trained[64];
+    size_t n_want = 0, cap = 0;
+    for (int i = 0; i < 3; i++) {
+        if (i != 1) want[n_want] = LLAMA3_BOS, trained[n_want++] = 0;
+        size_t n = tokenizer_encode(t, parts[i], strlen(parts[i]), &ids, &cap);
+        memcpy(want + n_want, ids, n * sizeof(int32_t));
+        memset(trained + n_want, i > 0, n);
+        n_want += n;
+        if (i != 0) want[n_want] = LLAMA3_EOS, trained[n_want++] = 1;
+    }
+    TokenStream s;
+    token_stream_from_dataset(&s, path, t);
+    int64_t n;
+    int32_t *got = stream_tokens(&s, &n);
+    assert_int_equal(n, n_want);
+    assert_memory_equal(got, want, n_want * sizeof(int32_t));
+    assert_non_null(s.trained);
+    assert_memory_equal(s.trained, trained, n_want);
+    int32_t mask[64];  // window 0's targets: token t + 1's flag
+    token_stream_window_mask(&s, 0, (int)n - 1, mask);
+    for (int64_t i = 0; i + 1 < n; i++) assert_int_equal(mask[i], trained[i + 1]);
     free(got), free(ids);
     token_stream_close(&s);
     tokenizer_free(t);
@@ -491,6 +536,7 @@ int main(void) {
         cmocka_unit_test(test_thread_count_independent),
         cmocka_unit_test(test_tokenize_writes_shards),
         cmocka_unit_test(test_tokenize_errors),
+        cmocka_unit_test(test_supervised_examples),
     };
     return cmocka_run_group_tests(tests, dir_setup, dir_teardown);
 }
