@@ -76,7 +76,7 @@ endif
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 TOOLS    := $(patsubst tests/reference/%.c,$(BUILD)/tests/%,$(wildcard tests/reference/*.c))
 
-.PHONY: all test run setup clean check train-default gpu sanitize fuzz flux test-data
+.PHONY: all test run setup clean check train-default gpu sanitize fuzz flux test-data finetune
 all: $(TITAN)
 
 $(BUILD)/%.o: %.c
@@ -212,6 +212,11 @@ test-data: build/test-data/.checked
 
 train-default: $(TITAN)
 	@bash scripts/run_default.sh
+
+# LoRA on make run's model (training.md's fine-tuning): its checkpoint (make run first when
+# missing), a generated instruction set, then the tuned model greeting names it never saw.
+finetune: setup $(TITAN)
+	@bash scripts/run_finetune.sh
 
 # FLUX on the bundled digits (docs/flux.md): the shards, flux-digits trained for 600
 # steps, then a grid of 8 samples of each digit.

@@ -11,6 +11,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 
 # config|model|flavor|--estimate's world size (the layout's degrees need it)
 TABLE='debug_model|llama3|debugmodel|2
+debug_lora|llama3|debugmodel|2
 llama3_8b|llama3|8B|8
 llama3_70b|llama3|70B|64
 llama3_405b|llama3|405B|512
@@ -62,7 +63,12 @@ grep -aq "ep 2" "$SCRATCH/qwen3_moe_debug.log" || fail "qwen3_moe_debug did not 
 train_ranks deepseek_v3_debug 2 --config configs/deepseek_v3_debug.yaml "${SHORT[@]}" --training.steps 1
 grep -aq "ep 2" "$SCRATCH/deepseek_v3_debug.log" ||
   fail "deepseek_v3_debug did not shard its experts over 2 ranks"
-for name in qwen3_debug qwen3_moe_debug deepseek_v3_debug; do
+# debug_lora's base is make run's checkpoint: a step from the seed, its adapters trained.
+train_ranks debug_lora 2 --config configs/debug_lora.yaml "${SHORT[@]}" --training.steps 1 \
+  --checkpoint.initial_load_path null --checkpoint.enable false --training.document_masking false
+grep -aq "lora: rank 8, alpha 16 on 43 linears" "$SCRATCH/debug_lora.log" ||
+  fail "debug_lora did not adapt every Linear"
+for name in qwen3_debug qwen3_moe_debug deepseek_v3_debug debug_lora; do
   [ -n "$(losses "$SCRATCH/$name/metrics.jsonl")" ] || fail "$name logged no loss"
 done
 echo "ok: qwen3_debug (DDP), qwen3_moe_debug and deepseek_v3_debug (ep 2) train on 2 ranks"
