@@ -4,6 +4,7 @@
 //   titan convert --to hf [--dtype float32|bfloat16] [--ema] [--mtp] [--tokenizer PATH]
 //                         CHECKPOINT.h5 OUT_DIR
 //   titan convert --to titan HF_PATH OUT.h5
+//   titan convert --to peft [--ema] CHECKPOINT.h5 OUT_DIR
 //
 // To HF: OUT_DIR gets model.safetensors and config.json, whose max_position_embeddings is the
 // training.seq_len of the config stored in the checkpoint (titan's RoPE tables are that long);
@@ -20,6 +21,9 @@
 // architecture whose reader takes the folder and the training.seq_len HF's
 // max_position_embeddings gives. The weights go through fp32 both ways, so titan -> HF
 // (float32) -> titan gives back every tensor bit for bit.
+// To PEFT: a LoRA run's adapters as PEFT's adapter_model.safetensors and adapter_config.json,
+// for `PeftModel.from_pretrained` on the base model (its weights in the checkpoint are the
+// base's, unchanged; --to hf exports them with the adapters merged).
 #include "convert/convert.h"
 
 #include <errno.h>
@@ -38,7 +42,8 @@
 #define USAGE                                                                                  \
     "usage: titan convert --to hf [--dtype float32|bfloat16] [--ema] [--mtp] [--tokenizer PATH]\n" \
     "                         CHECKPOINT.h5 OUT_DIR\n"                                          \
-    "       titan convert --to titan HF_DIR OUT.h5"
+    "       titan convert --to titan HF_DIR OUT.h5\n"                                        \
+    "       titan convert --to peft [--ema] CHECKPOINT.h5 OUT_DIR"
 
 typedef struct {
     const char *to, *dtype, *from, *out;
@@ -64,8 +69,10 @@ static void parse_options(ConvertOptions *o, int argc, char **argv) {
         else *positional[n++] = argv[i];
     }
     if (!o->to || n != 2) die_user("convert needs --to and two paths; " USAGE);
-    if (strcmp(o->to, "hf") && strcmp(o->to, "titan"))
-        die_user("--to expects hf or titan, got '%s'", o->to);
+    if (strcmp(o->to, "hf") && strcmp(o->to, "titan") && strcmp(o->to, "peft"))
+        die_user("--to expects hf, titan or peft, got '%s'", o->to);
+    if (!strcmp(o->to, "peft") && (strcmp(o->dtype, "float32") || o->mtp || o->tokenizer))
+        die_user("--to peft takes --ema only: PEFT's adapter is float32 LoRA matrices");
     if (strcmp(o->dtype, "float32") && strcmp(o->dtype, "bfloat16"))
         die_user("--dtype expects float32 or bfloat16, got '%s'", o->dtype);
     if (!strcmp(o->to, "titan") && strcmp(o->dtype, "float32"))
@@ -146,10 +153,37 @@ static void to_titan(const ConvertOptions *o) {
     spec->free(&m);
 }
 
+static void to_peft(const ConvertOptions *o) {
+    Config trained;
+    const ModelSpec *spec = model_spec_of_checkpoint(o->from, &trained);
+    if (!config_converts(&trained, "lora"))
+        die_user("convert --to peft: checkpoint %s is not a LoRA run's (its model.converters "
+                 "has no lora)", o->from);
+    CHECK(spec->save_peft);  // a spec that builds adapters exports them
+    ModelArgs args;
+    spec->args_from_checkpoint(o->from, &args);
+    spec->update_from_config(&args, NULL, 0, (int)trained.training.seq_len);
+    args.lora = &trained.lora;  // the table with the adapters, to read them
+    Model m;
+    ParamTable params;
+    float *data;
+    table_build(&m, &args, &params, &data);
+    if (o->ema) train_state_load_ema(o->from, &params);
+    else train_state_load(o->from, &params, NULL, NULL);
+    spec->save_peft(o->out, &args, &params, &trained.lora);
+    printf("convert: %s -> %s/adapter_model.safetensors and adapter_config.json (rank %lld, "
+           "alpha %g)\n", o->from, o->out, (long long)trained.lora.rank, trained.lora.alpha);
+    config_free(&trained);
+    params_free(&params);
+    free(data);
+    spec->free(&m);
+}
+
 int convert_main(int argc, char **argv) {
     ConvertOptions o;
     parse_options(&o, argc, argv);
     if (!strcmp(o.to, "hf")) to_hf(&o);
+    else if (!strcmp(o.to, "peft")) to_peft(&o);
     else to_titan(&o);
     return 0;
 }

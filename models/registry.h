@@ -110,8 +110,11 @@ struct ModelSpec {
 
     // The parameter table and block list, as the architecture's build (e.g. decoder_build).
     void (*build)(Model *m, const ModelArgs *a, bool activation_checkpoint);
-    // Whether build adds LoRA's adapters where ModelArgs.lora targets its Linears.
+    // Whether build adds LoRA's adapters where ModelArgs.lora targets its Linears, and how
+    // they export as PEFT's adapter (convert --to peft; whole tensors).
     bool lora;
+    void (*save_peft)(const char *dir, const ModelArgs *a, const ParamTable *params,
+                      const LoraSection *lora);
     void (*free)(Model *m);  // what build allocated (not the arenas)
 
     // Tensor parallel: why the model cannot run on tp ranks with microbatches of B x T (one

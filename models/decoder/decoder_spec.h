@@ -21,11 +21,14 @@ void *decoder_spec_kv_cache_new(const Model *m, int max_ctx, const KernelOps *k)
 const float *decoder_spec_decode_step(const Model *m, void *cache, const KernelOps *k, int token,
                                       int pos);
 void decoder_spec_kv_cache_free(void *cache);
+void decoder_spec_save_peft(const char *dir, const ModelArgs *a, const ParamTable *params,
+                            const LoraSection *lora);
 
 // Those functions' slots, for a decoder architecture's ModelSpec initializer (beside its own:
 // name, flavors, update_from_config, checkpoint formats).
 #define DECODER_SPEC_SLOTS                                                                     \
     .shape = decoder_spec_shape, .build = decoder_spec_build, .lora = true,                    \
+    .save_peft = decoder_spec_save_peft,                                                       \
     .free = decoder_free,                                                                      \
     .tp_check = decoder_spec_tp_check, .parallelize_tp = decoder_parallelize_tp,               \
     .tp_bytes_per_microbatch = decoder_spec_tp_bytes_per_microbatch,                           \

@@ -331,14 +331,17 @@ json_t *decoder_hf_config_json(const DecoderArgs *a, const char *architecture,
     return c;
 }
 
-void hf_config_write(const char *dir, json_t *c) {
+// c (taken) as dir/name, through a temporary file.
+static void json_write(const char *dir, const char *name, json_t *c) {
     char path[4096], tmp[4096 + 8];
-    snprintf(path, sizeof path, "%s/%s", dir, CONFIG_NAME);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
     ckpt_tmp_prepare(path, tmp, sizeof tmp);
     if (json_dump_file(c, tmp, JSON_INDENT(2)) != 0) die_user("cannot write %s", tmp);
     ckpt_publish(tmp, path);
     json_decref(c);
 }
+
+void hf_config_write(const char *dir, json_t *c) { json_write(dir, CONFIG_NAME, c); }
 
 // ---- weights -------------------------------------------------------------------------------
 
@@ -462,4 +465,69 @@ void decoder_save_hf_weights(const char *dir, const DecoderArgs *a, const ParamT
     free(scratch);
     free(tensors);
     free(list);
+}
+
+// ---- PEFT adapters ---------------------------------------------------------------------------
+
+// A LoRA adapter's parameter: its module's name (before ".lora_a.weight") and which matrix;
+// false for any other parameter.
+static bool adapter_parse(const char *name, char *module, size_t n, char *which) {
+    size_t len = strlen(name), suffix = strlen(".lora_a.weight");
+    if (len <= suffix || (strcmp(name + len - suffix, ".lora_a.weight") &&
+                          strcmp(name + len - suffix, ".lora_b.weight")))
+        return false;
+    *which = name[len - suffix + 6];  // 'a' or 'b'
+    snprintf(module, n, "%.*s.weight", (int)(len - suffix), name);
+    return true;
+}
+
+void decoder_save_peft(const char *dir, const DecoderArgs *a, const ParamTable *params,
+                       const LoraSection *lora) {
+    make_dirs(dir);
+    int n = 0;
+    CkptTensor *list = xcalloc((size_t)params->count, sizeof *list);
+    char (*names)[PARAM_NAME_MAX + 64] = xcalloc((size_t)params->count, sizeof *names);
+    const Param **tensors = xcalloc((size_t)params->count, sizeof *tensors);
+    RopeRows *rows = xcalloc((size_t)params->count, sizeof *rows);
+    json_t *targets = json_array();
+    for (int i = 0; i < params->count; i++) {
+        const Param *p = &params->items[i];
+        char module[PARAM_NAME_MAX + 16], hf[PARAM_NAME_MAX + 64], which;
+        if (!adapter_parse(p->name, module, sizeof module, &which)) continue;
+        if (!strcmp(module, "output.weight") && a->tie_word_embeddings)
+            die_user("convert --to peft: the adapted output projection is the embedding's "
+                     "transpose (tied), which PEFT's lm_head adapter cannot be");
+        CHECK(hf_name(module, a, false, 0, hf, sizeof hf, &rows[n]) == 1);
+        hf[strlen(hf) - strlen(".weight")] = '\0';
+        snprintf(names[n], sizeof names[n], "base_model.model.%s.lora_%c.weight", hf,
+                 which == 'a' ? 'A' : 'B');
+        if (which == 'a') rows[n] = ROWS_AS_THEY_ARE;  // A reads the input: only B's rows rotate
+        const char *last = strrchr(hf, '.') ? strrchr(hf, '.') + 1 : hf;  // lm_head: whole
+        bool listed = false;
+        for (size_t k = 0; k < json_array_size(targets); k++)
+            listed = listed || !strcmp(json_string_value(json_array_get(targets, k)), last);
+        if (!listed) json_array_append_new(targets, json_string(last));
+        tensors[n] = p;
+        list[n] = (CkptTensor){.path = names[n], .ndim = 2, .shape = p->shape};
+        n++;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    SafetensorsWriter w;
+    safetensors_write_begin(&w, path, list, n, SAFETENSORS_F32);
+    float *scratch = xmalloc(sizeof(float) * (size_t)a->n_heads * decoder_head_dim(a) * lora->rank);
+    for (int i = 0; i < n; i++) {
+        if (rows[i] != ROWS_AS_THEY_ARE)
+            param_permute(scratch, tensors[i]->data, tensors[i], a, rows[i], true);
+        safetensors_write_put(&w, rows[i] == ROWS_AS_THEY_ARE ? tensors[i]->data : scratch);
+    }
+    safetensors_write_end(&w);
+    free(scratch), free(rows), free(tensors), free(names), free(list);
+    json_t *c = json_pack("{s:s, s:s, s:I, s:f, s:f, s:s, s:o, s:b, s:b, s:n}", "peft_type",
+                          "LORA", "task_type", "CAUSAL_LM", "r", (json_int_t)lora->rank,
+                          "lora_alpha", lora->alpha, "lora_dropout", 0.0, "bias", "none",
+                          "target_modules", targets, "fan_in_fan_out", false, "use_rslora",
+                          false, "base_model_name_or_path");
+    CHECK(c != NULL);
+    json_write(dir, "adapter_config.json", c);
 }

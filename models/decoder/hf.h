@@ -79,3 +79,9 @@ bool decoder_try_load_hf(const char *path, const DecoderArgs *a, const char *mod
 // Writes dir/model.safetensors (in how.dtype, the MTP modules with how.mtp), creating dir.
 void decoder_save_hf_weights(const char *dir, const DecoderArgs *a, const ParamTable *params,
                              HfExport how);
+// A LoRA run's adapters as PEFT's: dir/adapter_model.safetensors (fp32, each adapter named as
+// PEFT names it on the exported model, "base_model.model.model.layers.0.self_attn.q_proj.
+// lora_A.weight", B's rows in HF's order where its weight's are permuted) and
+// adapter_config.json (r, lora_alpha, the adapted modules' HF names). params: whole tensors.
+void decoder_save_peft(const char *dir, const DecoderArgs *a, const ParamTable *params,
+                       const LoraSection *lora);

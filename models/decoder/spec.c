@@ -3,6 +3,7 @@
 
 #include "core/errors.h"
 #include "models/decoder/decoder_spec.h"
+#include "models/decoder/hf.h"
 
 _Static_assert(DECODER_MAX_ATTRS <= MODEL_MAX_ATTRS, "a decoder describes itself in more attributes");
 
@@ -60,4 +61,9 @@ const float *decoder_spec_decode_step(const Model *m, void *cache, const KernelO
 void decoder_spec_kv_cache_free(void *cache) {
     decoder_kv_cache_free(cache);
     free(cache);
+}
+
+void decoder_spec_save_peft(const char *dir, const ModelArgs *a, const ParamTable *params,
+                            const LoraSection *lora) {
+    decoder_save_peft(dir, decoder_args_of(a), params, lora);
 }

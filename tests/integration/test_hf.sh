@@ -163,7 +163,7 @@ expect_user_error "safetensors .*cut/model.safetensors: header length [0-9]+ doe
   $TITAN convert --to titan "$SCRATCH/cut" "$SCRATCH/x.h5"
 expect_user_error "^titan: error: Hugging Face config: unable to open .*/x.h5/config.json" \
   $TITAN convert --to titan "$SCRATCH/x.h5" "$SCRATCH/y.h5"
-expect_user_error "^titan: error: --to expects hf or titan, got 'gguf'$" $TITAN convert --to gguf a b
+expect_user_error "^titan: error: --to expects hf, titan or peft, got 'gguf'$" $TITAN convert --to gguf a b
 # A checkpoint whose config attribute does not parse has no model shapes to export: refused,
 # not exported with the defaults' (a 2048-token context where the run trained 64).
 cp "$gqa" "$SCRATCH/garbled.h5"

@@ -7,7 +7,8 @@
 # - the base weights bit-equal to the seed's after 20 steps, and optimizer state for the
 #   adapters only;
 # - convert --to hf merges the adapters (W + alpha / rank B A): the export, read back, gives
-#   the adapted model's logits within 1e-5;
+#   the adapted model's logits within 1e-5; convert --to peft's adapter on the base's export is
+#   the merged export, tensor by tensor;
 # - FSDP (dp_shard 2) and TP 2 (adapters placed after their weight) within 1e-5 of one rank;
 #   --estimate's arenas, traffic and checkpoint bytes equal the runs';
 # - a resume from step 10 gives the same losses bit for bit;
@@ -59,6 +60,36 @@ adapted, merged = (h5py.File(p, "r")["logits"][...].astype(np.float64) for p in 
 err = np.linalg.norm(merged - adapted) / np.linalg.norm(adapted)
 assert err < 1e-5, f"merged weights' logits {err:.2e} from the adapted model's"
 print(f"ok: the merged export's logits within {err:.1e} of the adapted model's")
+PY
+
+# PEFT's adapter (convert --to peft): on the base's export (the seed's: B is zero there),
+# W + alpha / rank B A is the merged export's every weight, names and HF's row order included.
+$TITAN convert --to hf --dtype float32 "$seed" "$SCRATCH/base-hf" >/dev/null
+$TITAN convert --to peft "$SCRATCH/run/checkpoint/step-20.h5" "$SCRATCH/peft" >/dev/null
+$PY - "$SCRATCH/base-hf" "$SCRATCH/hf" "$SCRATCH/peft" <<'PY'
+import json, struct, sys
+import numpy as np
+def tensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header, data = json.loads(f.read(n)), f.read()
+    return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], "<f4").reshape(v["shape"])
+            for k, v in header.items() if k != "__metadata__"}
+base, merged = (tensors(f"{d}/model.safetensors") for d in sys.argv[1:3])
+adapter, config = tensors(f"{sys.argv[3]}/adapter_model.safetensors"), json.load(open(f"{sys.argv[3]}/adapter_config.json"))
+assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8.0), config
+assert sorted(config["target_modules"]) == ["down_proj", "lm_head", "q_proj", "v_proj"], config
+worst, adapted = 0.0, 0
+for name, w in merged.items():
+    key = "base_model.model." + name[:-len(".weight")]
+    want = base[name].astype(np.float64)
+    if key + ".lora_A.weight" in adapter:
+        a, b = adapter[key + ".lora_A.weight"], adapter[key + ".lora_B.weight"]
+        want = want + 2.0 * b.astype(np.float64) @ a.astype(np.float64)
+        adapted += 1
+    worst = max(worst, float(np.abs(w - want).max() / np.abs(want).max()))
+assert adapted == 19 and len(adapter) == 38 and worst < 1e-6, (adapted, len(adapter), worst)
+print(f"ok: PEFT's adapter on the base export gives the merged export, {adapted} weights within {worst:.1e}")
 PY
 
 # ---- layouts and resume --------------------------------------------------------------------------
@@ -125,3 +156,5 @@ expect_user_error 'model.converters = \[mx\] is not implemented yet \(implemente
 expect_user_error 'model flux adds no LoRA adapters' \
   $TITAN --config configs/flux_debug.yaml --model.converters lora --training.steps 1 \
   --job.dump_folder "$SCRATCH/flux"
+expect_user_error 'convert --to peft: checkpoint .*step-2.h5 is not a LoRA run.s' \
+  $TITAN convert --to peft "$SCRATCH/base/checkpoint/step-2.h5" "$SCRATCH/not-lora"
