@@ -134,6 +134,15 @@ $TITAN "${LORA[@]}" --training.steps 20 --checkpoint.enable --job.dump_folder "$
 same_metrics "lora resumed at step 10" "$SCRATCH/run/metrics.jsonl" \
   "$SCRATCH/resumed/metrics.jsonl" 11 0
 
+# A float8 base (model.converters [float8, lora]): its GEMMs rowwise float8, the adapters'
+# at the backend's precision.
+train_ranks float8 1 "${LORA[@]}" --model.converters float8,lora --float8.recipe_name rowwise \
+  --training.steps 3
+grep -aq "float8: rowwise recipe on 43 linears" "$SCRATCH/float8.log" &&
+  [ "$(losses "$SCRATCH/float8/metrics.jsonl" | wc -l)" -eq 3 ] ||
+  fail "float8 with lora: $(grep -a 'float8:\|error' "$SCRATCH/float8.log")"
+echo "ok: LoRA over a rowwise float8 base trains"
+
 # ---- a base model without adapters ---------------------------------------------------------------
 $TITAN ${SMALL[@]} --training.steps 2 --job.dump_folder "$SCRATCH/base" --checkpoint.enable \
   --checkpoint.interval 2 >/dev/null
