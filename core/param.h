@@ -120,8 +120,9 @@ typedef struct {
     // two take the same optimizer steps; checkpoints and exports hold the original only.
     bool copy;
     // A pretrained weight fine-tuning leaves as it is (LoRA's base, models/lora.h): no
-    // gradient is taken for it (a frozen Linear weight's GEMM is skipped; the trainer zeroes
-    // what other blocks' backward writes) and the optimizer leaves it.
+    // gradient is taken for it (a frozen Linear weight's GEMM is skipped; what the norms' and
+    // the embedding's backward write is ignored): the optimizer, the grad norm and the
+    // checkpoints' optimizer state skip it.
     bool frozen;
     ParamInit init;
     double init_std;      // for the normal inits

@@ -32,17 +32,31 @@ int lora_add_adapters(ParamTable *t, const LoraSection *lora, const char *module
     return 2;
 }
 
+Param *lora_add_linear(ParamTable *t, const LoraSection *lora, ParamInit init, double std,
+                       int64_t out, int64_t in, const char *prefix, const char *module) {
+    int64_t shape[2] = {out, in};
+    Param *w = &t->items[params_add(t, init, std, 2, shape, "%s%s.weight", prefix, module)];
+    char name[PARAM_NAME_MAX];
+    snprintf(name, sizeof name, "%s%s", prefix, module);
+    lora_add_adapters(t, lora, name, out, in);
+    return w;
+}
+
+bool lora_adapter_of(const char *name, char *module, size_t n, char *which) {
+    size_t len = strlen(name), suffix = strlen(".lora_a.weight");
+    if (len <= suffix || (strcmp(name + len - suffix, ".lora_a.weight") &&
+                          strcmp(name + len - suffix, ".lora_b.weight")))
+        return false;
+    if (which) *which = name[len - suffix + strlen(".lora_")];
+    if (module) snprintf(module, n, "%.*s.weight", (int)(len - suffix), name);
+    return true;
+}
+
 // The adapter `which` ("lora_a") of module, NULL if the build added none.
 static Param *adapter_of(Model *m, const char *module, const char *which) {
     char name[PARAM_NAME_MAX + 16];
     snprintf(name, sizeof name, "%s.%s.weight", module, which);
     return params_find(&m->params, name);
-}
-
-static bool is_adapter(const Param *p) {
-    size_t n = strlen(p->name), suffix = strlen(".lora_a.weight");
-    return n > suffix && (!strcmp(p->name + n - suffix, ".lora_a.weight") ||
-                          !strcmp(p->name + n - suffix, ".lora_b.weight"));
 }
 
 // MFU's FLOPs with the base frozen: its weights' GEMMs lose the weight gradient's share (4 of
@@ -53,7 +67,7 @@ static void count_flops(Model *m) {
     for (int b = 0, param = 0; b < m->n_blocks; b++) {
         double adapters = 0;
         for (int j = 0; j < m->blocks[b].n_params; j++, param++)
-            if (is_adapter(&m->params.items[param]))
+            if (lora_adapter_of(m->params.items[param].name, NULL, 0, NULL))
                 adapters += (double)param_global_numel(&m->params.items[param]);
         BlockFlops *f = &m->block_flops[b];
         f->gemm = f->gemm * 2 / 3 + 2 * adapters;
@@ -71,6 +85,13 @@ void model_convert_lora(Model *m, const Config *c) {
         Param *a = adapter_of(m, e->module, "lora_a"), *b = adapter_of(m, e->module, "lora_b");
         CHECK(!a == !b && (!a || lora_targets(lora, e->module)));
         if (!a) continue;
+        if (strcmp(e->linear->weight->name, "output.weight") && !strcmp(e->module, "output")) {
+            CHECK(config_key_origin(c, "lora.target_modules", origin, sizeof origin));
+            die_user("%s: lora.target_modules adapts output, which is the embedding's transpose "
+                     "in this tied model %s %s: its adapter could be neither merged nor "
+                     "exported; name the modules to adapt without it", origin, c->model.name,
+                     c->model.flavor);
+        }
         e->linear->lora_a = a;
         e->linear->lora_b = b;
         e->linear->lora_scale = (float)(lora->alpha / (double)lora->rank);
@@ -89,7 +110,7 @@ void model_convert_lora(Model *m, const Config *c) {
     CHECK(adapted > 0);  // the spec says its build adds them (ModelSpec.lora)
     for (int i = 0; i < m->params.count; i++) {
         Param *p = &m->params.items[i];
-        p->frozen = !is_adapter(p) && !p->buffer;
+        p->frozen = !lora_adapter_of(p->name, NULL, 0, NULL) && !p->buffer;
     }
     count_flops(m);
 }

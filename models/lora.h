@@ -28,6 +28,14 @@ bool lora_targets(const LoraSection *lora, const char *module);
 // as its base). Returns how many parameters it added (0 or 2).
 int lora_add_adapters(ParamTable *t, const LoraSection *lora, const char *module, int64_t out,
                       int64_t in);
+// The build's Linear weight prefix + module + ".weight" (out, in), initialised as init and std
+// say, then its adapters (lora_add_adapters). Returns the weight.
+Param *lora_add_linear(ParamTable *t, const LoraSection *lora, ParamInit init, double std,
+                       int64_t out, int64_t in, const char *prefix, const char *module);
+// Whether parameter `name` is an adapter ("<module>.lora_a.weight" or ".lora_b.weight"); then
+// module gets "<module>.weight", its Linear's weight, and *which 'a' or 'b' (either may be
+// NULL).
+bool lora_adapter_of(const char *name, char *module, size_t n, char *which);
 
 // The converter, after the build: attaches each Linear's adapters (found by name) and freezes
 // every other parameter (c's lora section). die_user naming the key when an entry of

@@ -464,17 +464,24 @@ static bool lora_base(const Param *p) { return p->frozen || p->buffer; }
 // Under LoRA a file without the adapters (a pre-training run's checkpoint, Hugging Face
 // weights) is the base model's: its weights are loaded, and nothing else (its optimizer state
 // and step are another run's); the adapters start from their init.
+// A file with some of the run's adapters but not all is another LoRA run's: refused.
 static bool base_only(const Trainer *t, const char *path) {
     if (!t->args.lora) return false;
     if (t->cfg.checkpoint.initial_load_in_hf) return true;
-    char name[PARAM_NAME_MAX + 16];
+    char name[PARAM_NAME_MAX + 16], missing[PARAM_NAME_MAX] = "";
+    int has = 0, adapters = 0;
     for (int i = 0; i < t->model.params.count; i++) {
         const Param *p = &t->model.params.items[i];
         if (lora_base(p)) continue;
         snprintf(name, sizeof name, "/model/%s", p->name);
-        return !ckpt_has(path, name);
+        adapters++;
+        if (ckpt_has(path, name)) has++;
+        else if (!missing[0]) snprintf(missing, sizeof missing, "%s", p->name);
     }
-    return false;
+    if (has > 0 && has < adapters)
+        die_user("checkpoint %s has %d of this run's %d LoRA adapters but not %s: another LoRA "
+                 "run's (set lora.target_modules as it did)", path, has, adapters, missing);
+    return has == 0;
 }
 
 static void initial_load(Trainer *t, HostState *h) {

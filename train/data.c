@@ -4,7 +4,6 @@
 // that reads its own inputs (its spec's ModelData), that data; and the position a checkpoint
 // saves.
 #include <errno.h>
-#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -71,26 +70,31 @@ void trainer_open_model_data(Trainer *t) {
     t->train.step_T = d->example_rows(&t->args, t->mesh.layout.size[MESH_CP]);
 }
 
-// A supervised dataset's examples: how many there are (each ends at the tokenizer's EOS), the
-// share of tokens the loss trains on, and how many are longer than a window: packed windows
-// split those, the part in the later window trained without the earlier in its context
-// (torchtitan's packing; nothing is dropped).
+// A supervised dataset's documents (each ends at the tokenizer's EOS; a supervised dataset is
+// tokenized in memory, TokenStream.owned), the share of tokens the loss trains on, and how
+// many documents are longer than a window. Packing splits every document that crosses a
+// window's end, the part in the later window read without the earlier (torchtitan's packing;
+// nothing is dropped); those longer than a window are always split.
 static void log_examples(const Split *sp, const Tokenizer *tok) {
     const TokenStream *s = &sp->stream;
-    int64_t n = token_stream_num_tokens(s), examples = 0, longer = 0, trained = 0, length = 0;
-    int32_t eos = tokenizer_eos_id(tok), *all = xmalloc((size_t)n * sizeof(int32_t));
-    token_stream_window(s, 0, (int)(n - 1), all);  // one window of the whole stream
+    CHECK(s->owned && s->trained);
+    int64_t n = token_stream_num_tokens(s), documents = 0, longer = 0, trained = 0, length = 0;
+    int32_t eos = tokenizer_eos_id(tok);
     for (int64_t i = 0; i < n; i++) {
         trained += s->trained[i];
         length++;
-        if (all[i] != eos && i + 1 < n) continue;  // the example goes on
-        examples++;
+        if (s->owned[i] != eos && i + 1 < n) continue;  // the document goes on
+        documents++;
         longer += length > sp->T + 1;
         length = 0;
     }
-    free(all);
-    log_info("data: %lld examples, %.1f%% of the tokens trained (the completions); %lld longer "
-             "than a window of %d tokens, split across windows", (long long)examples,
+    if (eos < 0) {  // no document boundary to count by
+        log_info("data: %.1f%% of the tokens trained (the completions)",
+                 100.0 * (double)trained / (double)n);
+        return;
+    }
+    log_info("data: %lld documents, %.1f%% of the tokens trained (the completions); %lld longer "
+             "than a window of %d tokens, split across windows", (long long)documents,
              100.0 * (double)trained / (double)n, (long long)longer, sp->T + 1);
 }
 

@@ -24,7 +24,9 @@ static StepCtx step_ctx(Trainer *t, const Split *sp, const void *input) {
 }
 
 // torchtitan's validator: the mean loss over validation.steps batches (-1: one pass over the
-// validation set) from its start, forward only.
+// validation set) from its start, forward only. Under a loss mask, the mean over the targets
+// that count in all of them, on every rank (torchtitan's global_valid_tokens): each batch's
+// mean over this rank's, weighed by their count.
 static double validate(Trainer *t) {
     debug_server_phase("validation");
     Split *v = &t->val;
@@ -32,19 +34,24 @@ static double validate(Trainer *t) {
     if (batches < 0) batches = token_stream_num_windows(&v->stream, v->T) / v->B;
     if (batches < 1) batches = 1;
     loader_set_position(&v->loader, 0);
-    double loss = 0;
+    double loss = 0, counted = 0;
     for (int64_t i = 0; i < batches; i++) {
         trainer_split_next(t, v);
+        double batch;
         if (t->pipeline) {
-            loss += trainer_pipeline_eval(t) / batches;
-            continue;
+            batch = trainer_pipeline_eval(t);
+        } else {
+            StepCtx s = step_ctx(t, v, &v->batch);
+            s.loss_tokens = v->targets_counted;  // 0 without a mask: B*T
+            batch = model_forward(&t->model, &s);
         }
-        StepCtx s = step_ctx(t, v, &v->batch);
-        s.loss_tokens = v->targets_counted;  // under a loss mask, this batch's mean over them
-        loss += model_forward(&t->model, &s) / batches;
+        loss += v->loss_mask ? batch * v->targets_counted : batch / batches;
+        counted += v->targets_counted;
     }
     if (t->pipeline) loss = comm_all_reduce_double(t->mesh.group[MESH_PP], loss, COMM_SUM);
-    return comm_all_reduce_double(t->mesh.loss, loss, COMM_AVG);
+    if (!v->loss_mask) return comm_all_reduce_double(t->mesh.loss, loss, COMM_AVG);
+    counted = comm_all_reduce_double(t->mesh.loss, counted, COMM_SUM);
+    return counted > 0 ? comm_all_reduce_double(t->mesh.loss, loss, COMM_SUM) / counted : 0;
 }
 
 // torchtitan's MoE pre-step hook: the step's expert load summed over every rank (each holds

@@ -723,7 +723,7 @@ static LossInput mtp_loss_input(const DecoderHead *h, const StepCtx *s, const He
                                 int j) {
     size_t at_j = (size_t)j * s->B * s->T * sizeof(int);
     return (LossInput){h->mtp[j].mtp_norm, at(sv->targets, at_j),
-                       sv->loss_mask ? at(sv->loss_mask, at_j) : NULL, j + 1};
+                       token_batch(s)->loss_mask ? at(sv->loss_mask, at_j) : NULL, j + 1};
 }
 
 static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
@@ -740,7 +740,8 @@ static void head_forward(Block *b, StepCtx *s, void *saved, const float *x, floa
     if (K) {
         sv->tokens = arena_alloc(s->act, (size_t)K * BT * sizeof(int));
         sv->targets = arena_alloc(s->act, (size_t)K * BT * sizeof(int));
-        sv->loss_mask = mask ? arena_alloc(s->act, (size_t)K * BT * sizeof(int)) : NULL;
+        // (carved with or without a mask: the sizing pass has no batch to tell)
+        sv->loss_mask = arena_alloc(s->act, (size_t)K * BT * sizeof(int));
         sv->embed = arena_floats(s->act, K * rows);
     }
     const float *prev = x;

@@ -201,7 +201,7 @@ typedef struct {
     int *tokens, *targets;  // (mtp_layers, BT): module k's token t + k and its target at each
                             // position t (0 past the sequence's end: rows without either)
     int *loss_mask;         // (mtp_layers, BT): the batch's loss mask shifted as the targets
-                            // (NULL without one)
+                            // (unused without one)
     float *embed;           // (mtp_layers, rows, dim): those tokens' embeddings, this rank's rows
     MtpSaved mtp[DECODER_MAX_MTP];
 } HeadSaved;

@@ -8,6 +8,7 @@
 #include "core/errors.h"
 #include "core/files.h"
 #include "models/decoder/hf.h"
+#include "models/lora.h"
 #include "models/moe/moe.h"
 
 #define CONFIG_NAME "config.json"
@@ -469,18 +470,6 @@ void decoder_save_hf_weights(const char *dir, const DecoderArgs *a, const ParamT
 
 // ---- PEFT adapters ---------------------------------------------------------------------------
 
-// A LoRA adapter's parameter: its module's name (before ".lora_a.weight") and which matrix;
-// false for any other parameter.
-static bool adapter_parse(const char *name, char *module, size_t n, char *which) {
-    size_t len = strlen(name), suffix = strlen(".lora_a.weight");
-    if (len <= suffix || (strcmp(name + len - suffix, ".lora_a.weight") &&
-                          strcmp(name + len - suffix, ".lora_b.weight")))
-        return false;
-    *which = name[len - suffix + 6];  // 'a' or 'b'
-    snprintf(module, n, "%.*s.weight", (int)(len - suffix), name);
-    return true;
-}
-
 void decoder_save_peft(const char *dir, const DecoderArgs *a, const ParamTable *params,
                        const LoraSection *lora) {
     make_dirs(dir);
@@ -489,24 +478,24 @@ void decoder_save_peft(const char *dir, const DecoderArgs *a, const ParamTable *
     char (*names)[PARAM_NAME_MAX + 64] = xcalloc((size_t)params->count, sizeof *names);
     const Param **tensors = xcalloc((size_t)params->count, sizeof *tensors);
     RopeRows *rows = xcalloc((size_t)params->count, sizeof *rows);
-    json_t *targets = json_array();
+    json_t *targets = json_array();  // the adapted modules' whole names: PEFT adapts no other
+    int mtp = 0;
     for (int i = 0; i < params->count; i++) {
         const Param *p = &params->items[i];
         char module[PARAM_NAME_MAX + 16], hf[PARAM_NAME_MAX + 64], which;
-        if (!adapter_parse(p->name, module, sizeof module, &which)) continue;
+        if (!lora_adapter_of(p->name, module, sizeof module, &which)) continue;
         if (!strcmp(module, "output.weight") && a->tie_word_embeddings)
             die_user("convert --to peft: the adapted output projection is the embedding's "
                      "transpose (tied), which PEFT's lm_head adapter cannot be");
-        CHECK(hf_name(module, a, false, 0, hf, sizeof hf, &rows[n]) == 1);
+        if (!hf_name(module, a, false, 0, hf, sizeof hf, &rows[n])) {  // transformers has none
+            mtp++;
+            continue;
+        }
         hf[strlen(hf) - strlen(".weight")] = '\0';
         snprintf(names[n], sizeof names[n], "base_model.model.%s.lora_%c.weight", hf,
                  which == 'a' ? 'A' : 'B');
         if (which == 'a') rows[n] = ROWS_AS_THEY_ARE;  // A reads the input: only B's rows rotate
-        const char *last = strrchr(hf, '.') ? strrchr(hf, '.') + 1 : hf;  // lm_head: whole
-        bool listed = false;
-        for (size_t k = 0; k < json_array_size(targets); k++)
-            listed = listed || !strcmp(json_string_value(json_array_get(targets, k)), last);
-        if (!listed) json_array_append_new(targets, json_string(last));
+        else json_array_append_new(targets, json_string(hf));
         tensors[n] = p;
         list[n] = (CkptTensor){.path = names[n], .ndim = 2, .shape = p->shape};
         n++;
@@ -530,4 +519,7 @@ void decoder_save_peft(const char *dir, const DecoderArgs *a, const ParamTable *
                           false, "base_model_name_or_path");
     CHECK(c != NULL);
     json_write(dir, "adapter_config.json", c);
+    if (mtp)
+        log_info("convert: %d adapter matrices of the multi-token prediction modules left out: "
+                 "transformers' model has no such modules", mtp);
 }

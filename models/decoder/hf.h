@@ -82,6 +82,8 @@ void decoder_save_hf_weights(const char *dir, const DecoderArgs *a, const ParamT
 // A LoRA run's adapters as PEFT's: dir/adapter_model.safetensors (fp32, each adapter named as
 // PEFT names it on the exported model, "base_model.model.model.layers.0.self_attn.q_proj.
 // lora_A.weight", B's rows in HF's order where its weight's are permuted) and
-// adapter_config.json (r, lora_alpha, the adapted modules' HF names). params: whole tensors.
+// adapter_config.json (r, lora_alpha, the adapted modules' whole HF names, so PEFT adapts
+// those only). The MTP modules' adapters are left out, said in a log line: transformers' model
+// has no MTP modules. params: whole tensors.
 void decoder_save_peft(const char *dir, const DecoderArgs *a, const ParamTable *params,
                        const LoraSection *lora);

@@ -71,12 +71,7 @@ static void rope_tables(Decoder *l) {
 // for the model's own), module.weight, and its LoRA adapters where a->lora targets it.
 static Param *add_matrix(ParamTable *t, const DecoderArgs *a, ParamInit init, double std,
                          int64_t out, int64_t in, const char *prefix, const char *module) {
-    int64_t shape[2] = {out, in};
-    Param *w = &t->items[params_add(t, init, std, 2, shape, "%s%s.weight", prefix, module)];
-    char name[PARAM_NAME_MAX];
-    snprintf(name, sizeof name, "%s%s", prefix, module);
-    lora_add_adapters(t, a->lora, name, out, in);
-    return w;
+    return lora_add_linear(t, a->lora, init, std, out, in, prefix, module);
 }
 
 static Param *add_vector(ParamTable *t, int64_t n, const char *prefix, const char *name) {

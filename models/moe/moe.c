@@ -1,7 +1,6 @@
 #include "models/moe/moe.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/errors.h"
@@ -15,17 +14,6 @@ static Param *add_param(ParamTable *t, ParamInit init, double std, int ndim, int
                         int64_t d1, int64_t d2, const char *prefix, const char *name) {
     int64_t shape[3] = {d0, d1, d2};
     return &t->items[params_add(t, init, std, ndim, shape, "%s%s", prefix, name)];
-}
-
-// A Linear's weight (out, in) and its LoRA adapters where lora targets it.
-static Param *add_linear(ParamTable *t, const LoraSection *lora, ParamInit init, double std,
-                         int64_t out, int64_t in, const char *prefix, const char *module) {
-    char name[PARAM_NAME_MAX];
-    snprintf(name, sizeof name, "%s.weight", module);
-    Param *w = add_param(t, init, std, 2, out, in, 0, prefix, name);
-    snprintf(name, sizeof name, "%s%s", prefix, module);
-    lora_add_adapters(t, lora, name, out, in);
-    return w;
 }
 
 void moe_args_from_config(MoeArgs *a, const ModelSection *c) {
@@ -44,7 +32,7 @@ void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
     int64_t Fs = args->shared_hidden;
     ParamInit k = init->kind;
     *m = (MoeLayer){.args = args, .index = index};
-    m->gate = add_linear(t, lora, k, init->gate, E, D, prefix, "moe.router.gate");
+    m->gate = lora_add_linear(t, lora, k, init->gate, E, D, prefix, "moe.router.gate");
     m->w1 = add_param(t, k, init->w1, 3, E, F, D, prefix,
                       "moe.routed_experts.inner_experts.w1_EFD");
     m->w2 = add_param(t, k, init->w2, 3, E, D, F, prefix,
@@ -53,9 +41,12 @@ void moe_layer_init(MoeLayer *m, const MoeArgs *args, int index, ParamTable *t,
                       "moe.routed_experts.inner_experts.w3_EFD");
     m->w1->expert = m->w2->expert = m->w3->expert = true;
     if (Fs > 0) {
-        m->shared_w1 = add_linear(t, lora, k, init->w1, Fs, D, prefix, "moe.shared_experts.w1");
-        m->shared_w2 = add_linear(t, lora, k, init->w2, D, Fs, prefix, "moe.shared_experts.w2");
-        m->shared_w3 = add_linear(t, lora, k, init->w3, Fs, D, prefix, "moe.shared_experts.w3");
+        m->shared_w1 =
+            lora_add_linear(t, lora, k, init->w1, Fs, D, prefix, "moe.shared_experts.w1");
+        m->shared_w2 =
+            lora_add_linear(t, lora, k, init->w2, D, Fs, prefix, "moe.shared_experts.w2");
+        m->shared_w3 =
+            lora_add_linear(t, lora, k, init->w3, Fs, D, prefix, "moe.shared_experts.w3");
         m->linear.shared_w1 = linear_of(m->shared_w1);
         m->linear.shared_w2 = linear_of(m->shared_w2);
         m->linear.shared_w3 = linear_of(m->shared_w3);

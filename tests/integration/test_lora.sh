@@ -78,7 +78,8 @@ def tensors(path):
 base, merged = (tensors(f"{d}/model.safetensors") for d in sys.argv[1:3])
 adapter, config = tensors(f"{sys.argv[3]}/adapter_model.safetensors"), json.load(open(f"{sys.argv[3]}/adapter_config.json"))
 assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8.0), config
-assert sorted(config["target_modules"]) == ["down_proj", "lm_head", "q_proj", "v_proj"], config
+want = [f"model.layers.{i}.{m}" for i in range(6) for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")]
+assert sorted(config["target_modules"]) == sorted(want + ["lm_head"]), config
 worst, adapted = 0.0, 0
 for name, w in merged.items():
     key = "base_model.model." + name[:-len(".weight")]
@@ -162,6 +163,8 @@ expect_user_error 'model.converters = \[lora, lora\] names a converter twice' \
   $TITAN "${LORA[@]}" --model.converters lora,lora
 expect_user_error 'model.converters = \[mx\] is not implemented yet \(implemented: float8, lora\)' \
   $TITAN ${SMALL[@]} --model.converters mx
+expect_user_error "lora.target_modules adapts output, which is the embedding's transpose in this tied model" \
+  $TITAN "${LORA[@]}" --lora.target_modules wq,output --model.tie_word_embeddings
 expect_user_error 'model flux adds no LoRA adapters' \
   $TITAN --config configs/flux_debug.yaml --model.converters lora --training.steps 1 \
   --job.dump_folder "$SCRATCH/flux"

@@ -7,7 +7,10 @@
 #   batch of 4 rows, FSDP over 2 ranks of 2 rows, 2 accumulated microbatches of 2 rows, PP 2,
 #   CP 2 and TP 2 give the same losses and grad norms within 1e-5 (a per-rank or
 #   per-microbatch mean would not: the ranks' rows hold different numbers of trained targets).
-# - The startup line counts the examples, the trained share and those longer than a window.
+# - The startup line counts the documents, the trained share and those longer than a window.
+# - Validation's loss is the mean over the trained targets too: the same on one rank and on
+#   FSDP's two.
+# - A DeepSeek-V3 model with an MTP module trains on it (the mask shifted with the targets).
 # - Bad input, one line, exit 2: a conversation ("messages": no chat template yet), an
 #   example without its completion, `titan tokenize` of a supervised dataset.
 source "$(dirname "$0")/lib.sh"
@@ -30,7 +33,7 @@ SFT=(--config configs/debug_model.yaml --training.dataset_path "$SCRATCH/sums.js
      --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 "${FP32[@]}")
 P=--parallelism
 $TITAN "${SFT[@]}" --job.dump_folder "$SCRATCH/one" >"$SCRATCH/one.log"
-grep -q "data: 600 examples, [0-9.]*% of the tokens trained (the completions); 0 longer than a window of 65 tokens" \
+grep -q "data: 600 documents, [0-9.]*% of the tokens trained (the completions); 0 longer than a window of 65 tokens" \
   "$SCRATCH/one.log" || fail "no examples line: $(grep data: "$SCRATCH/one.log")"
 in_background train_ranks fsdp 2 "${SFT[@]}" $P.data_parallel_shard_degree 2 \
   --training.local_batch_size 2
@@ -44,6 +47,23 @@ $TITAN "${SFT[@]}" --training.local_batch_size 2 --training.global_batch_size 4 
 for run in fsdp pp cp tp accum; do
   layout_matches "sft $run" "$SCRATCH/one/metrics.jsonl" "$SCRATCH/$run/metrics.jsonl" loss grad_norm
 done
+
+# DeepSeek-V3 with an MTP module: its targets and loss mask shifted one more position.
+train_ranks mtp 1 "${SFT[@]}" --model.name deepseek_v3 --model.flavor small \
+  --model.mtp_layers 1 --training.steps 2
+[ "$(losses "$SCRATCH/mtp/metrics.jsonl" | wc -l)" -eq 2 ] || fail "the MTP model did not train"
+
+VAL=(--validation.enable --validation.dataset_path "$SCRATCH/sums.jsonl" --validation.freq 2
+     --validation.steps 3 --validation.seq_len 64 --validation.local_batch_size 2)
+$TITAN "${SFT[@]}" "${VAL[@]}" --training.steps 2 --job.dump_folder "$SCRATCH/val-one" >/dev/null
+train_ranks val-fsdp 2 "${SFT[@]}" "${VAL[@]}" --training.steps 2 $P.data_parallel_shard_degree 2 \
+  --training.local_batch_size 2 --validation.local_batch_size 1
+$PY - "$SCRATCH/val-one/metrics.jsonl" "$SCRATCH/val-fsdp/metrics.jsonl" <<'PY'
+import json, sys
+one, fsdp = ([json.loads(l)["validation_loss"] for l in open(p) if "validation_loss" in l] for p in sys.argv[1:])
+assert len(one) == len(fsdp) == 1 and abs(one[0] - fsdp[0]) <= 1e-5 * one[0], (one, fsdp)
+print(f"ok: validation's loss over the trained targets: {one[0]:.6f} on one rank and on FSDP's two")
+PY
 
 printf '{"messages": [{"role": "user", "content": "hi"}]}\n' >"$SCRATCH/chat.jsonl"
 expect_user_error 'chat.jsonl:1: "messages" \(a conversation\) needs a chat template' \
