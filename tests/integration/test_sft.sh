@@ -48,9 +48,10 @@ for run in fsdp pp cp tp accum; do
   layout_matches "sft $run" "$SCRATCH/one/metrics.jsonl" "$SCRATCH/$run/metrics.jsonl" loss grad_norm
 done
 
-# DeepSeek-V3 with an MTP module: its targets and loss mask shifted one more position.
+# DeepSeek-V3 with an MTP module (whose sequences are one document each: no document
+# masking): its targets and loss mask shifted one more position.
 train_ranks mtp 1 "${SFT[@]}" --model.name deepseek_v3 --model.flavor small \
-  --model.mtp_layers 1 --training.steps 2
+  --model.mtp_layers 1 --training.steps 2 --training.document_masking false
 [ "$(losses "$SCRATCH/mtp/metrics.jsonl" | wc -l)" -eq 2 ] || fail "the MTP model did not train"
 
 VAL=(--validation.enable --validation.dataset_path "$SCRATCH/sums.jsonl" --validation.freq 2
