@@ -184,6 +184,7 @@ typedef struct {
 typedef struct {
     int64_t rank;
     double alpha;
+    double dropout;             // PEFT's lora_dropout
     StringList target_modules;  // empty: every Linear
 } LoraSection;
 

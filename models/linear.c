@@ -334,6 +334,24 @@ static void gemm(const Linear *l, const StepCtx *s, LinearGemm which, float *c, 
 
 static int lora_rank(const Linear *l) { return (int)l->lora_a->shape[0]; }
 
+// Whether this pass drops (a training pass of a Linear with dropout), or, carving only, might.
+static bool lora_drops(const Linear *l, const StepCtx *s, bool run) {
+    return l->lora_dropout > 0 && (s->dropout_seed || !run);
+}
+
+static uint64_t lora_seed(const Linear *l, const StepCtx *s) {
+    return s->dropout_seed * 0x9E3779B97F4A7C15ull + l->lora_id;
+}
+
+// x (rows, in) as the adapters read it: itself, or its dropout in scratch.
+static LinearAct lora_input(const Linear *l, const StepCtx *s, LinearAct x, int rows, bool run) {
+    if (!lora_drops(l, s, run)) return x;
+    size_t n = (size_t)rows * in_dim(l);
+    void *dropped = arena_tensor(s->act, n, x.dtype);
+    if (run) s->k->dropout(dropped, x.data, x.dtype, n, l->lora_dropout, lora_seed(l, s));
+    return linear_act(dropped, x.dtype);
+}
+
 // f (n, fp32) in the dtype of the activations it joins: itself, or its bf16 cast in scratch.
 static LinearAct as_act(const StepCtx *s, float *f, size_t n, Dtype dtype, bool run) {
     if (dtype == DTYPE_FP32) return linear_fp32(f);
@@ -342,7 +360,7 @@ static LinearAct as_act(const StepCtx *s, float *f, size_t n, Dtype dtype, bool 
     return linear_act(h, dtype);
 }
 
-// h (rows, rank) = s x A^T, carved from s->act.
+// h (rows, rank) = s x A^T, carved from s->act (x: the adapters' input, lora_input's).
 static LinearAct lora_down(const Linear *l, const StepCtx *s, LinearAct x, int rows, bool run) {
     Linear a = linear_of(l->lora_a);
     size_t n = (size_t)rows * lora_rank(l);
@@ -372,16 +390,30 @@ static void lora_gemm(const Linear *l, const StepCtx *s, LinearGemm which, float
     size_t mark = arena_mark(s->act);
     switch (which) {
     case GEMM_OUTPUT:  // y += h B^T
-        gemm(&b, s, GEMM_OUTPUT, c, lora_down(l, s, x, rows, run), dy, rows, 1, run);
+        gemm(&b, s, GEMM_OUTPUT, c, lora_down(l, s, lora_input(l, s, x, rows, run), rows, run),
+             dy, rows, 1, run);
         break;
-    case GEMM_GRAD_INPUT:  // dx += g A
-        gemm(&a, s, GEMM_GRAD_INPUT, c, x, lora_up_grad(l, s, dy, rows, run), rows, 1, run);
-        break;
-    case GEMM_GRAD_WEIGHT: {  // dA += g^T x, dB += dy^T h
+    case GEMM_GRAD_INPUT: {  // dx += g A, through the dropout's mask and scale
         LinearAct g = lora_up_grad(l, s, dy, rows, run);
-        gemm(&a, s, GEMM_GRAD_WEIGHT, l->lora_a->grad, x, g, rows, 1, run);
-        gemm(&b, s, GEMM_GRAD_WEIGHT, l->lora_b->grad, lora_down(l, s, x, rows, run), dy, rows,
-             1, run);
+        if (!lora_drops(l, s, run)) {
+            gemm(&a, s, GEMM_GRAD_INPUT, c, x, g, rows, 1, run);
+            break;
+        }
+        size_t n = (size_t)rows * in_dim(l);
+        float *t = arena_floats(s->act, n);
+        gemm(&a, s, GEMM_GRAD_INPUT, t, x, g, rows, 0, run);
+        if (run) {
+            s->k->dropout(t, t, DTYPE_FP32, n, l->lora_dropout, lora_seed(l, s));
+            s->k->add(c, t, n);
+        }
+        break;
+    }
+    case GEMM_GRAD_WEIGHT: {  // dA += g^T x', dB += dy^T h, x' the adapters' input
+        LinearAct dropped = lora_input(l, s, x, rows, run);
+        LinearAct g = lora_up_grad(l, s, dy, rows, run);
+        gemm(&a, s, GEMM_GRAD_WEIGHT, l->lora_a->grad, dropped, g, rows, 1, run);
+        gemm(&b, s, GEMM_GRAD_WEIGHT, l->lora_b->grad, lora_down(l, s, dropped, rows, run), dy,
+             rows, 1, run);
         break;
     }
     }

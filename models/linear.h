@@ -37,6 +37,10 @@ typedef struct {
     const Param *lora_a;  // (rank, in)
     const Param *lora_b;  // (out, rank)
     float lora_scale;     // alpha / rank
+    // PEFT's lora_dropout on the adapters' input in training passes (StepCtx.dropout_seed),
+    // its elements drawn from the seed and lora_id, this Linear's own.
+    float lora_dropout;
+    uint32_t lora_id;
 } Linear;
 
 // The precision of the layer `module` ("layers.0.attention.wq", torchtitan's module fqn) over

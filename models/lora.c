@@ -95,6 +95,8 @@ void model_convert_lora(Model *m, const Config *c) {
         e->linear->lora_a = a;
         e->linear->lora_b = b;
         e->linear->lora_scale = (float)(lora->alpha / (double)lora->rank);
+        e->linear->lora_dropout = (float)lora->dropout;
+        e->linear->lora_id = (uint32_t)i;
         adapted++;
     }
     for (int k = 0; k < lora->target_modules.count; k++) {

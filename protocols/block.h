@@ -123,6 +123,9 @@ struct StepCtx {
     // divided by their number, so that their average is the mean over the step's targets
     // (torchtitan's global_valid_tokens).
     double loss_tokens;
+    // A training pass's seed for LoRA's dropout (nonzero, this microbatch's own); 0: no dropout
+    // (evaluation).
+    uint64_t dropout_seed;
     double loss;         // out: the model's objective, its mean over the microbatch (the
                          // decoder's: cross-entropy, plus its MTP modules' weighted loss;
                          // every tp rank has the whole)

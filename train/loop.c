@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/rng.h"
 #include "train/train.h"
 
 static double now_seconds(void) {
@@ -67,6 +68,13 @@ static void balance_experts(Trainer *t, StepMetrics *m) {
     m->expert_load_mean = st.mean;
 }
 
+// LoRA's dropout seed of microbatch mb of step: odd (never 0, which is no dropout), a function
+// of the run's seed, the step and the microbatch alone.
+static uint64_t dropout_seed(const Trainer *t, int step, int mb) {
+    uint64_t key = rng_key((uint64_t)t->cfg.training.seed, "lora dropout");
+    return (key ^ ((uint64_t)step << 20 | (uint64_t)mb)) | 1;
+}
+
 // One optimizer step over `accum` microbatches: sets m's loss, grad norm, lr and expert load.
 static void train_step(Trainer *t, int step, StepMetrics *m) {
     ParamTable *params = &t->model.params;
@@ -76,6 +84,7 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
     trainer_count_targets(t);
     for (int mb = 0; mb < t->accum; mb++) {
         const void *input = trainer_next_batch(t);
+        t->dropout_seed = dropout_seed(t, step, mb);
         if (t->pipeline) {
             double stage_aux;
             loss += trainer_pipeline_step(t, input, &stage_aux) / t->accum;
@@ -85,6 +94,7 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
         StepCtx s = step_ctx(t, &t->train, input);
         s.loss_scale = 1.0f / t->accum;
         s.loss_tokens = t->loss_tokens;
+        s.dropout_seed = t->dropout_seed;
         s.grads_hold_sum = t->model.accumulates_grads && mb > 0;
         s.expert_load = t->model.moe ? t->model.moe->load : NULL;
         loss += model_forward_backward(&t->model, &s) / t->accum;

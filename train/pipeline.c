@@ -52,8 +52,10 @@ static float *stage_forward(const PpStageFns *f, int stage, int mb, int region, 
     // a loss mask's count, of the step's batches (training) or of this batch (evaluation),
     // shared by the batch's microbatches
     double targets = p->running == &p->train ? t->loss_tokens : sp->targets_counted;
+    bool training = p->running == &p->train;
     *s = (StepCtx){.k = t->k, .act = act, .B = p->rows, .T = sp->step_T, .input = input,
-                   .loss_scale = p->loss_scale, .loss_tokens = targets / p->running->m};
+                   .loss_scale = p->loss_scale, .loss_tokens = targets / p->running->m,
+                   .dropout_seed = training ? t->dropout_seed + 2 * (uint64_t)mb : 0};
     if (p->running == &p->train && t->model.moe) s->expert_load = t->model.moe->load;
     int last = p->first[stage + 1];
     float *y = model_forward_blocks(&t->model, s, &p->slots[region], p->first[stage], last, x);

@@ -117,6 +117,10 @@ typedef struct {
     // The step's StepCtx.loss_tokens for a whole batch under a loss mask (the pipeline's
     // microbatches divide it); 0: none (trainer_count_targets).
     double loss_tokens;
+    // The training microbatch's seed for LoRA's dropout (StepCtx.dropout_seed; the pipeline's
+    // microbatches derive theirs): a function of training.seed, the step and the microbatch,
+    // so a resume draws what the run would have.
+    uint64_t dropout_seed;
     int doc_eos;                  // training.document_masking: the token that ends a document;
                                   // -1: off
     TrainProgress progress;

@@ -2,6 +2,7 @@
 
 #include "core/bf16.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/dropout.h"
 
 #define SUM_CHUNKS 256
 
@@ -94,6 +95,21 @@ void cpu_add(float *y, const float *x, size_t n) {
 void cpu_scale(float *x, size_t n, float s) {
 #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+void cpu_dropout(void *out, const void *x, Dtype dtype, size_t n, float p, uint64_t seed) {
+    uint32_t threshold = dropout_threshold(p);
+    float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        bool keep = dropout_keeps(seed, i, threshold);
+        if (dtype == DTYPE_FP32) {
+            ((float *)out)[i] = keep ? ((const float *)x)[i] * scale : 0.0f;
+        } else {
+            float v = bf16_to_float(((const uint16_t *)x)[i]);
+            ((uint16_t *)out)[i] = bf16_from_float(keep ? v * scale : 0.0f);
+        }
+    }
 }
 
 void cpu_zero_masked_rows(float *x, const int *keep, int n, size_t width) {

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/device.cuh"
+#include "kernels/dropout.h"
 
 static bool aligned(const void *p, uintptr_t bytes) { return ((uintptr_t)p & (bytes - 1)) == 0; }
 
@@ -203,6 +204,27 @@ void cuda_add(float *y, const float *x, size_t n) {
 void cuda_scale(float *x, size_t n, float s) {
     size_t n4 = aligned(x, 16) ? n / 4 : 0;
     scale_elements<<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(x, n, n4, s);
+    CUDA_LAUNCH_CHECK();
+}
+
+static __global__ void dropout_elements(void *out, const void *x, bool bf16, size_t n,
+                                        uint32_t threshold, float scale, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        bool keep = dropout_keeps(seed, i, threshold);
+        if (!bf16) {
+            ((float *)out)[i] = keep ? ((const float *)x)[i] * scale : 0.0f;
+        } else {
+            float v = __uint_as_float((uint32_t)((const uint16_t *)x)[i] << 16);
+            ((uint16_t *)out)[i] = (uint16_t)bf16_bits(keep ? v * scale : 0.0f);
+        }
+    }
+}
+
+void cuda_dropout(void *out, const void *x, Dtype dtype, size_t n, float p, uint64_t seed) {
+    if (n == 0) return;
+    dropout_elements<<<cuda_grid(n), CUDA_THREADS, 0, cuda_stream()>>>(
+        out, x, dtype == DTYPE_BF16, n, dropout_threshold(p), 1.0f / (1.0f - p), seed);
     CUDA_LAUNCH_CHECK();
 }
 

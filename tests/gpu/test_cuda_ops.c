@@ -858,6 +858,35 @@ static void check_cross_entropy(int n, int vocab) {
 }
 
 typedef struct {
+    Pair x, out;
+    Dtype dtype;
+    size_t n;
+} DropoutArgs;
+
+static void dropout_run(int s, void *ctx) {
+    DropoutArgs *a = ctx;
+    side[s]->dropout(a->out.at[s], a->x.at[s], a->dtype, a->n, 0.3f, 0x1234567887654321ull);
+}
+
+// LoRA's dropout: the same elements dropped and the same values, bit for bit, in fp32 and bf16.
+static void check_dropout(size_t n) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%zu fp32", n);
+    DropoutArgs a = {pair_random(n, -2, 2), pair_nan(n), DTYPE_FP32, n};
+    Output fp32[] = {{"", &a.out, NULL, CMP_BITS32, BOUND_EXACT}};
+    op_check("dropout", shape, dropout_run, &a, fp32, 1);
+    pair_free(&a.x), pair_free(&a.out);
+    uint16_t *h = host_alloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++) h[i] = (uint16_t)(0x3c00u + rng_int(0, 0x800));
+    snprintf(shape, sizeof shape, "n=%zu bf16", n);
+    a = (DropoutArgs){pair_of(h, n * 2), pair_of(h, n * 2), DTYPE_BF16, n};
+    Output bf16[] = {{"", &a.out, NULL, CMP_BITS16, BOUND_EXACT}};
+    op_check("dropout", shape, dropout_run, &a, bf16, 1);
+    pair_free(&a.x), pair_free(&a.out);
+    free(h);
+}
+
+typedef struct {
     Pair x, keep;
     int n;
     size_t width;
@@ -1861,6 +1890,7 @@ static void check_all(void) {
     check_cross_entropy_slice(4, 64128, 64128, 128256);
     check_cross_entropy_merge(8192);
     check_zero_masked_rows(256, 32000);
+    check_dropout((size_t)4096 * 1024 + 7);
     check_zero_masked_rows(4096, 1);
     check_flux();
     check_moes();

@@ -3,7 +3,8 @@
 # w2 and the output projection:
 # - 20 steps within 1e-5 of a float64 PyTorch reference written from the LoRA paper's formula
 #   (llama_ref.LoRALinear; check_train.py), and one step's adapter gradients, at step 10 where
-#   B is no longer zero, within 1e-5 (check_step.py);
+#   B is no longer zero, within 1e-5 (check_step.py); with lora.dropout 0.3, 8 steps within
+#   1e-5 of the reference drawing the same dropped elements;
 # - the base weights bit-equal to the seed's after 20 steps, and optimizer state for the
 #   adapters only;
 # - convert --to hf merges the adapters (W + alpha / rank B A): the export, read back, gives
@@ -45,6 +46,14 @@ assert all(not np.array_equal(seed["model"][k][...], last["model"][k][...]) for 
 assert sorted(mid["optimizer/exp_avg"]) == sorted(adapters), "optimizer state beyond the adapters"
 print(f"ok: {len(base)} base tensors bit-equal after 20 steps; moments for the adapters only")
 PY
+
+# lora.dropout 0.3 (PEFT's lora_dropout): 8 steps within 1e-5 of the reference drawing the
+# elements titan drops (kernels/dropout.h's hash of the step's seed and the Linear's index).
+drop=("${LORA[@]}" --lora.dropout 0.3 --training.steps 8 --job.dump_folder "$SCRATCH/drop")
+$TITAN "${drop[@]}" --checkpoint.create_seed_checkpoint >/dev/null 2>&1
+$TITAN "${drop[@]}" --checkpoint.initial_load_path "$SCRATCH/drop/checkpoint/step-0.h5" >/dev/null
+$PY tests/reference/check_train.py "$SCRATCH/drop/checkpoint/step-0.h5" \
+  "$SCRATCH/drop/metrics.jsonl" --dtype float64 --tolerance 1e-5 | tail -1
 
 # ---- merged at export: the adapted model's logits ------------------------------------------------
 $TITAN convert --to hf --dtype float32 "$SCRATCH/run/checkpoint/step-20.h5" "$SCRATCH/hf" |

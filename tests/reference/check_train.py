@@ -14,7 +14,8 @@ whole reference float64) and the rest AdamW. A MoE model adds its layers' balanc
 objective (model.moe_aux_loss_alpha; logged apart as aux_loss) and moves its expert biases
 after clipping, before the optimizer step, by the step's expert load summed over the
 microbatches (model.moe_load_balance_coeff). Under model.converters [lora] the reference's
-Linears are llama_ref's LoRALinear (the paper's formula) and only the adapters train. Every
+Linears are llama_ref's LoRALinear (the paper's formula; lora.dropout drawing titan's
+elements) and only the adapters train. Every
 step titan logged is compared: loss,
 grad_norm and aux_loss within 1e-4 relative, lr within 1e-6 relative. Exit 1 on failure.
 
@@ -150,7 +151,9 @@ def train_step(model, optimizer, scheduler, stream, step, training, bias_coeff):
     batch, seqlen = int(training["local_batch_size"]), int(training["seq_len"])
     optimizer.zero_grad(set_to_none=True)
     losses, aux_losses = [], []
+    key = llama_ref.rng_key(int(training["seed"]), "lora dropout")
     for micro in range(accum):
+        model.dropout_seed = (key ^ (step << 20 | micro)) | 1  # titan's, for LoRA's dropout
         tokens = llama_ref.microbatch(stream, step, micro, accum, batch, seqlen)
         loss = model.objective(model(tokens[:, :-1]), tokens[:, 1:])
         aux = model.aux_loss()

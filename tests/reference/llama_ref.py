@@ -454,19 +454,60 @@ class MTPBlock(TransformerBlock):
         return self.mtp_norm(super().forward(h, cos, sin))
 
 
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(z):
+    """splitmix64's output mixing of uint64 array z (wrapping arithmetic)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def rng_key(seed, name):
+    """titan's core/rng.c rng_key: FNV-1a of the name mixed with the seed."""
+    h = 0xCBF29CE484222325
+    for c in name.encode():
+        h = ((h ^ c) * 0x100000001B3) & MASK64
+    mix = lambda z: int(splitmix64(np.array([(z + 0x9E3779B97F4A7C15) & MASK64], np.uint64))[0])
+    return mix(h ^ mix(seed))
+
+
+def dropout_keep(seed, n, p):
+    """titan's kernels/dropout.h: which of n elements a pass seeded by seed keeps."""
+    with np.errstate(over="ignore"):
+        i = np.arange(1, n + 1, dtype=np.uint64)
+        z = np.uint64(seed) + i * np.uint64(0x9E3779B97F4A7C15)
+        bits = splitmix64(z) >> np.uint64(32)
+    threshold = min(float(np.float32(p)) * 4294967296.0, 4294967295.0)
+    return torch.from_numpy(bits >= np.uint64(int(threshold)))
+
+
 class LoRALinear(nn.Module):
     """LoRA's adapted Linear, written from Hu et al. 2021 (eq. 3, with their alpha / r scale):
-    y = x W^T + (alpha / r) (x A^T) B^T, W frozen, A (r, in) and B (out, r) trained. Its
-    parameters are named as titan's (weight, lora_a.weight, lora_b.weight)."""
-    def __init__(self, base, rank, alpha):
+    y = x W^T + (alpha / r) (drop(x) A^T) B^T, W frozen, A (r, in) and B (out, r) trained,
+    drop PEFT's lora_dropout (p) with titan's draw: the elements of x titan keeps, given the
+    pass's seed (the model's dropout_seed; 0: none) and this Linear's index among the model's
+    (lora_id). Its parameters are named as titan's (weight, lora_a.weight, lora_b.weight)."""
+    def __init__(self, base, rank, alpha, dropout=0.0, lora_id=0, model=None):
         super().__init__()
         self.weight = nn.Parameter(base.weight.detach().clone(), requires_grad=False)
         self.lora_a = nn.Linear(base.in_features, rank, bias=False)
         self.lora_b = nn.Linear(rank, base.out_features, bias=False)
         self.scale = alpha / rank
+        self.dropout, self.lora_id = dropout, lora_id
+        self.model = [model]  # not a submodule
 
     def forward(self, x):
-        low_rank = F.linear(F.linear(x, self.lora_a.weight), self.lora_b.weight)
+        seed = getattr(self.model[0], "dropout_seed", 0)
+        if self.dropout > 0 and seed:
+            with np.errstate(over="ignore"):
+                pass_seed = (seed * 0x9E3779B97F4A7C15 + self.lora_id) & MASK64
+            keep = dropout_keep(pass_seed, x.numel(), self.dropout).reshape(x.shape)
+            x_in = x * keep.to(x.dtype) / (1.0 - float(np.float32(self.dropout)))
+        else:
+            x_in = x
+        low_rank = F.linear(F.linear(x_in, self.lora_a.weight), self.lora_b.weight)
         return F.linear(x, self.weight) + self.scale * low_rank
 
 
@@ -475,18 +516,35 @@ def lora_targets(module, targets):
     return not targets or any(module == t or module.endswith("." + t) for t in targets)
 
 
+# titan's Linears of a dense layer, in its order (lora_id = 7 layer + index; output after).
+LAYER_LINEARS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
+                 "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
+
+
+def lora_id(model, fqn):
+    """The index of Linear fqn among titan's (its dropout's draw), for a dense GQA model."""
+    if fqn == "output":
+        return len(LAYER_LINEARS) * len(model.layers)
+    layer, rest = fqn.split(".", 2)[1:]
+    return len(LAYER_LINEARS) * int(layer) + LAYER_LINEARS.index(rest)
+
+
 def apply_lora(model, lora):
     """model.converters [lora]: each nn.Linear lora.target_modules names becomes a LoRALinear,
     and every parameter but the adapters is frozen."""
     rank, alpha = int(lora["rank"]), float(lora["alpha"])
+    dropout = float(lora.get("dropout") or 0.0)
     targets = list(lora.get("target_modules") or [])
     if model.output is None and lora_targets("output", targets):
         raise SystemExit("reference: LoRA on a tied output projection is not modelled")
+    if dropout > 0 and (model.moe_layers() or model.args.mla_kv_lora_rank or model.mtp_layers):
+        raise SystemExit("reference: LoRA dropout is modelled on dense GQA models only")
     for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             fqn = f"{parent_name}.{name}" if parent_name else name
             if isinstance(child, nn.Linear) and lora_targets(fqn, targets):
-                setattr(parent, name, LoRALinear(child, rank, alpha))
+                setattr(parent, name, LoRALinear(child, rank, alpha, dropout,
+                                                 lora_id(model, fqn), model))
     for name, param in model.named_parameters():
         param.requires_grad_(".lora_a." in name or ".lora_b." in name)
 

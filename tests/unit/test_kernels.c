@@ -797,6 +797,28 @@ static void test_cross_entropy(void **state) {
     free(alias);
 }
 
+// LoRA's dropout: p's share of the elements dropped (within 1% of 10^5), the others scaled by
+// 1 / (1 - p); the same seed drops the same elements (in place too), another seed others.
+static void test_dropout(void **state) {
+    (void)state;
+    enum { N = 100000 };
+    float *x = floats_random(N, 1.0), *a = malloc(N * sizeof *a), *b = floats_copy(x, N);
+    ops->dropout(a, x, DTYPE_FP32, N, 0.25f, 77);
+    ops->dropout(b, b, DTYPE_FP32, N, 0.25f, 77);  // in place
+    int dropped = 0;
+    for (int i = 0; i < N; i++) {
+        assert_true(a[i] == b[i]);
+        if (a[i] == 0.0f && x[i] != 0.0f) dropped++;
+        else assert_float_equal(a[i], x[i] / 0.75f, 1e-6f * fabsf(x[i]) + 1e-7f);
+    }
+    assert_in_range(dropped, N / 4 - N / 100, N / 4 + N / 100);
+    ops->dropout(b, x, DTYPE_FP32, N, 0.25f, 78);
+    int differ = 0;
+    for (int i = 0; i < N; i++) differ += (a[i] == 0.0f) != (b[i] == 0.0f);
+    assert_true(differ > N / 10);
+    free(x), free(a), free(b);
+}
+
 // The loss mask's rows: those kept are untouched, bit for bit, the others zero.
 static void test_zero_masked_rows(void **state) {
     (void)state;
@@ -1085,6 +1107,7 @@ int main(void) {
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_cross_entropy_slices),
         cmocka_unit_test(test_zero_masked_rows),
+        cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_embedding_foreign_ids),
         cmocka_unit_test(test_add_scale_sum_squares),
         cmocka_unit_test(test_bf16_casts),
