@@ -153,6 +153,9 @@ static void to_titan(const ConvertOptions *o) {
     spec->free(&m);
 }
 
+static bool is_adapter(const Param *p) { return lora_adapter_of(p->name, NULL, 0, NULL); }
+
+// Reads the adapters only: the base's weights stay on disk, whatever their size.
 static void to_peft(const ConvertOptions *o) {
     Config trained;
     const ModelSpec *spec = model_spec_of_checkpoint(o->from, &trained);
@@ -165,17 +168,19 @@ static void to_peft(const ConvertOptions *o) {
     spec->update_from_config(&args, NULL, 0, (int)trained.training.seq_len);
     args.lora = &trained.lora;  // the table with the adapters, to read them
     Model m;
-    ParamTable params;
-    float *data;
-    table_build(&m, &args, &params, &data);
-    if (o->ema) train_state_load_ema(o->from, &params);
-    else train_state_load(o->from, &params, NULL, NULL);
-    spec->save_peft(o->out, &args, &params, &trained.lora);
+    spec->build(&m, &args, false);
+    ParamTable adapters, global;  // the adapters alone, whole, in host memory
+    params_select(&adapters, &m.params, is_adapter);
+    params_global_view(&global, &adapters);
+    if (o->ema) train_state_load_ema(o->from, &global);
+    else train_state_load(o->from, &global, NULL, NULL);
+    spec->save_peft(o->out, &args, &global, &trained.lora);
     printf("convert: %s -> %s/adapter_model.safetensors and adapter_config.json (rank %lld, "
            "alpha %g)\n", o->from, o->out, (long long)trained.lora.rank, trained.lora.alpha);
     config_free(&trained);
-    params_free(&params);
-    free(data);
+    free(global.data);
+    params_free(&global);
+    params_free(&adapters);
     spec->free(&m);
 }
 
