@@ -167,11 +167,13 @@ echo "ok: damage cases in $((SECONDS - started)) s"
 # 3. SIGKILL of one rank (drawn at random) of a 2-rank job at a random moment of a save, 20
 # times; each restart is the next victim, so every one of them must resume from the newest
 # complete checkpoint the kill before it left, never from a step-N.h5.tmp. Every step saves
-# the small flavor (50 MB with AdamW), most of a step's time. The victim is the first or (at
-# random) the second save after the resume, the moment a random fraction of the last save's
-# measured duration, so the checkpoints advance by one every other kill. 4. keep_latest_k 2
-# deletes as the kills land: the newest complete checkpoint must survive every kill. mpirun
-# ends the surviving rank at once (by default it waits 1 s after each signal).
+# the small flavor (50 MB with AdamW, ~30 ms of a ~250 ms step). The victim is the first or (at
+# random) the second save after the resume; odd kills land the moment its .tmp is seen (always
+# inside the save, so restarts do meet stale .tmp files), even ones a random fraction of the
+# last save's measured duration later, so the checkpoints advance by one every other kill.
+# 4. keep_latest_k 2 deletes as the kills land: the newest complete checkpoint must survive
+# every kill. mpirun ends the surviving rank at once (by default it waits 1 s after each
+# signal).
 STEPS=40
 MPIRUN=(mpirun --oversubscribe -np 2 --mca odls_base_sigkill_timeout 0)
 kill_run=(${run[@]} --training.steps $STEPS --checkpoint.keep_latest_k 2 --job.dump_folder "$SCRATCH/killed")
@@ -195,12 +197,13 @@ saved() { [ -f "$FOLDER/step-$1.h5" ]; }
 saving() { [ "$FOLDER/step-$1.h5.tmp" -nt "$SCRATCH/start" ] || saved "$1"; }
 # abort MESSAGE: fail, ending the job first.
 abort() { kill -9 "$launcher" $(pgrep -P "$launcher") 2>/dev/null || true; fail "$@"; }
-# until_job CMD...: polls CMD while the job runs (30 s at most); fails if it never holds.
+# until_job CMD...: polls CMD every 5 ms (a save lasts ~30 ms) while the job runs (30 s at
+# most); fails if it never holds.
 until_job() {
-  for _ in $(seq 1500); do
+  for _ in $(seq 6000); do
     "$@" && return 0
     kill -0 "$launcher" 2>/dev/null || break
-    sleep 0.02
+    sleep 0.005
   done
   abort "kill $kill: '$*' never held: $(grep titan "$log")"
 }
@@ -223,11 +226,14 @@ for kill in $(seq 20); do
     save_us=$(($(now_us) - begun + 1000))
     target=$((first + 1))
   fi
+  rank=$((RANDOM % 2))  # the victim's pid found now: the kill itself is one builtin
+  until_job rank_pid $launcher $rank >/dev/null
+  pid=$(rank_pid $launcher $rank)
   until_job saving $target
-  delay=$(((RANDOM << 15 | RANDOM) % save_us))
-  sleep "$((delay / 1000000)).$(printf %06d $((delay % 1000000)))"
-  rank=$((RANDOM % 2))
-  pid=$(rank_pid $launcher $rank) || abort "kill $kill: no rank $rank to kill: $(grep titan "$log")"
+  if [ $((kill % 2)) -eq 0 ]; then
+    delay=$(((RANDOM << 15 | RANDOM) % save_us))
+    sleep "$((delay / 1000000)).$(printf %06d $((delay % 1000000)))"
+  fi
   kill -9 "$pid"
   wait $launcher && fail "kill $kill: the job ended before the kill (steps too few for the kills)"
   # The job ended by the kill alone, having resumed from the newest checkpoint the kill before
