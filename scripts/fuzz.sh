@@ -23,6 +23,10 @@ shard_seed() {  # file -> stdout
 }
 mkdir -p build/fuzz/seeds
 head -c 3000 build/test-data/corpus/austen.txt >build/fuzz/seeds/austen.txt
+# A chat template with a conversation for fuzz_jinja (its "#vars" part).
+{ cat build/test-data/chat_templates/qwen3.jinja; printf '\n#vars\n%s\n' \
+  '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>a</think>b", "tool_calls": [{"name": "f", "arguments": {"x": 1}}]}], "add_generation_prompt": true}'
+} >build/fuzz/seeds/chat.jinja
 rm -rf build/fuzz/seeds/austen
 ./titan tokenize --tokenizer bytes --out build/fuzz/seeds/austen build/fuzz/seeds/austen.txt \
   >/dev/null
