@@ -535,7 +535,11 @@ typedef struct {
 
 static void document_keep(const char *text, size_t len, const DocParts *parts,
                           uint64_t bytes_read, void *ctx) {
-    (void)parts, (void)bytes_read;  // a supervised example's text is text to learn merges from
+    (void)bytes_read;  // a supervised example's text is text to learn merges from
+    if (parts && parts->conversation)
+        die_user("%s: titan tokenizer train reads text: a conversation (\"messages\") is "
+                 "rendered by a chat template, which a tokenizer being trained has not",
+                 parts->where);
     DocumentStore *s = ctx;
     s->text = xgrow(s->text, &s->cap, s->len + len + 1, 1);  // never NULL, even if empty
     memcpy(s->text + s->len, text, len);

@@ -22,7 +22,7 @@ typedef struct {
 static void document_emit(const char *text, size_t len, const DocParts *parts,
                           uint64_t bytes_read, void *ctx) {
     Reader *r = ctx;
-    if (len == 0) return;
+    if (len == 0 && !(parts && parts->conversation)) return;
     r->documents++;
     r->fn(text, len, parts, r->bytes_before + bytes_read, r->ctx);
 }
@@ -116,7 +116,7 @@ static void example_emit(const json_t *prompt, const json_t *completion, uint64_
     memcpy(text + p, json_string_value(completion), c);
     size_t end[2] = {p, p + c};
     bool trained[2] = {false, true};
-    document_emit(text, p + c, &(DocParts){2, end, trained}, bytes_read, r);
+    document_emit(text, p + c, &(DocParts){2, end, trained, NULL, NULL}, bytes_read, r);
     free(text);
 }
 
@@ -133,11 +133,12 @@ static void jsonl_line(const char *path, long number, const char *line, size_t l
     } else if (json_is_string(prompt) && json_is_string(completion)) {
         example_emit(prompt, completion, bytes_read, r);
     } else if (json_object_get(doc, "messages")) {
-        die_user("%s:%ld: \"messages\" (a conversation) needs a chat template, which titan "
-                 "does not render yet: give \"prompt\" and \"completion\"", path, number);
+        char where[PATH_MAX + 32];
+        snprintf(where, sizeof where, "%s:%ld", path, number);
+        document_emit("", 0, &(DocParts){0, NULL, NULL, doc, where}, bytes_read, r);
     } else {
-        die_user("%s:%ld: no \"text\" field (nor \"prompt\" and \"completion\", strings)",
-                 path, number);
+        die_user("%s:%ld: no \"text\" field (nor \"prompt\" and \"completion\", strings, nor "
+                 "\"messages\")", path, number);
     }
     json_decref(doc);
 }

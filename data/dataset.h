@@ -3,8 +3,9 @@
 // A dataset path is one file or a folder; a folder's files (not its subfolders, not its
 // hidden files) are read in bytewise name order, so every rank and machine sees one order.
 // A file's format comes from its name; FILE.gz is FILE compressed with gzip (or zlib):
-//   .jsonl  one document per line, its "text" field (a JSON string), or a supervised example,
-//           its "prompt" and "completion" fields (DocParts); blank lines skipped
+//   .jsonl  one document per line, its "text" field (a JSON string), or a supervised example:
+//           its "prompt" and "completion" fields (DocParts), or a conversation, its
+//           "messages" (DocParts.conversation, data/chat.h); blank lines skipped
 //   .rdb    R's lazy-load database (data/rdata.c): each character vector is a document, its
 //           elements joined by "\n" (Debian's r-cran-janeaustenr ships the Austen novels so)
 //   .bin    pre-tokenized shards (data/shard.h), not a source of documents
@@ -16,6 +17,7 @@
 // would only teach that nothing follows BOS.
 #pragma once
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -23,11 +25,15 @@
 // A supervised example's parts (SFT): part k is text[end[k - 1], end[k]) (from 0), whose
 // tokens are targets the loss trains on when trained[k], and context only otherwise (a
 // prompt). A .jsonl line {"prompt": P, "completion": C} (TRL's prompt-completion format) is
-// P untrained, then C trained.
+// P untrained, then C trained. A conversation (a .jsonl line with "messages") has no text and
+// no parts yet: its line, which the tokenizer's chat template renders (data/chat.h), and its
+// FILE:LINE for messages.
 typedef struct {
     int n;
     const size_t *end;
     const bool *trained;
+    const json_t *conversation;
+    const char *where;
 } DocParts;
 
 // One document, text[0, len) (not NUL-terminated, valid during the call only); parts: a

@@ -5,5 +5,7 @@
 
 // doc (rows, T): the document of each token of tokens (rows, T), counted from 0 in each row:
 // the number of end-of-text tokens (id eos) before it in its row, so that an end-of-text token
-// belongs to the document it ends (as torchtitan's mask).
-void document_ids(const int *tokens, int rows, int T, int eos, int *doc);
+// belongs to the document it ends (as torchtitan's mask). ends (rows, T), when not NULL, marks
+// the tokens that end a document in place of eos (supervised data, TOKEN_ENDS_DOCUMENT: a
+// conversation holds EOS tokens that end its turns, not it).
+void document_ids(const int *tokens, const int *ends, int rows, int T, int eos, int *doc);

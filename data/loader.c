@@ -19,7 +19,8 @@ void loader_close(DataLoader *l) {
     *l = (DataLoader){0};
 }
 
-void loader_next(DataLoader *l, int32_t *inputs, int32_t *targets, int32_t *loss_mask) {
+void loader_next(DataLoader *l, int32_t *inputs, int32_t *targets, int32_t *loss_mask,
+                 int32_t *doc_ends) {
     size_t T = (size_t)l->seq_len;
     int64_t first = l->position + (int64_t)l->dp_rank * l->rows;
     for (int r = 0; r < l->rows; r++) {
@@ -28,6 +29,8 @@ void loader_next(DataLoader *l, int32_t *inputs, int32_t *targets, int32_t *loss
         memcpy(targets + (size_t)r * T, l->window + 1, T * sizeof(int32_t));
         if (loss_mask)
             token_stream_window_mask(l->stream, first + r, l->seq_len, loss_mask + r * T);
+        if (doc_ends)
+            token_stream_window_ends(l->stream, first + r, l->seq_len, doc_ends + r * T);
     }
     l->position += (int64_t)l->dp_size * l->rows;
 }

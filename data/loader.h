@@ -26,9 +26,10 @@ void loader_open(DataLoader *l, const TokenStream *stream, int seq_len, int dp_r
                  int rows);
 void loader_close(DataLoader *l);
 // This rank's next rows windows: inputs[r*seq_len + t] = window[t], targets[...] = window[t+1],
-// (rows, seq_len) each, and when loss_mask is not NULL whether each target is trained (the
-// stream's TokenStream.trained, which must be set); then the position moves past the whole
-// global microbatch.
-void loader_next(DataLoader *l, int32_t *inputs, int32_t *targets, int32_t *loss_mask);
+// (rows, seq_len) each; when loss_mask and doc_ends are not NULL, whether each target is
+// trained and whether each input ends a document (the stream's TokenStream.flags, which must be
+// set); then the position moves past the whole global microbatch.
+void loader_next(DataLoader *l, int32_t *inputs, int32_t *targets, int32_t *loss_mask,
+                 int32_t *doc_ends);
 int64_t loader_position(const DataLoader *l);
 void loader_set_position(DataLoader *l, int64_t position);

@@ -133,16 +133,16 @@ void token_stream_from_tokens(TokenStream *s, const char *path, int32_t *tokens,
     s->first[1] = n;
 }
 
-void token_stream_set_trained(TokenStream *s, uint8_t *trained) {
-    CHECK(s->owned && !s->trained);
-    s->trained = trained;
+void token_stream_set_flags(TokenStream *s, uint8_t *flags) {
+    CHECK(s->owned && !s->flags);
+    s->flags = flags;
 }
 
 void token_stream_close(TokenStream *s) {
     for (int i = 0; i < s->n_shards; i++)
         if (s->shards[i].map) SYS_CHECK(munmap((void *)s->shards[i].map, s->shards[i].bytes));
     free(s->owned);
-    free(s->trained);
+    free(s->flags);
     free(s->shards);
     free(s->first);
     free(s->path);
@@ -179,10 +179,20 @@ void token_stream_window(const TokenStream *s, int64_t w, int seq_len, int32_t *
     tokens_copy(s, (w % n) * seq_len, (int64_t)seq_len + 1, out);
 }
 
+// out[t] = whether token t + offset of window w has the TOKEN_* bit.
+static void window_bits(const TokenStream *s, int64_t w, int seq_len, int offset, uint8_t bit,
+                        int32_t *out) {
+    CHECK(w >= 0 && s->flags);
+    const uint8_t *first = s->flags + (w % token_stream_num_windows(s, seq_len)) * seq_len;
+    for (int t = 0; t < seq_len; t++) out[t] = (first[t + offset] & bit) != 0;
+}
+
 void token_stream_window_mask(const TokenStream *s, int64_t w, int seq_len, int32_t *out) {
-    CHECK(w >= 0 && s->trained);
-    const uint8_t *first = s->trained + (w % token_stream_num_windows(s, seq_len)) * seq_len + 1;
-    for (int t = 0; t < seq_len; t++) out[t] = first[t];
+    window_bits(s, w, seq_len, 1, TOKEN_TRAINED, out);
+}
+
+void token_stream_window_ends(const TokenStream *s, int64_t w, int seq_len, int32_t *out) {
+    window_bits(s, w, seq_len, 0, TOKEN_ENDS_DOCUMENT, out);
 }
 
 static void tokens_write(FILE *f, const char *tmp, const uint32_t *tokens, int64_t n,

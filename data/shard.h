@@ -41,10 +41,18 @@ typedef struct {
     int n_shards;
     int64_t num_tokens;
     int32_t *owned;       // (num_tokens) the in-memory tokens, freed on close; NULL if mapped
-    // (num_tokens) 1 for a token the loss trains on as a target, 0 for one it only reads (a
-    // supervised example's prompt, data/dataset.h's DocParts); owned. NULL: every token.
-    uint8_t *trained;
+    // (num_tokens) for supervised data, each token's TOKEN_* bits; owned. NULL: pre-training
+    // text, every token trained, documents ended by the tokenizer's EOS.
+    uint8_t *flags;
 } TokenStream;
+
+// A token the loss trains on as a target (not one it only reads: a supervised example's prompt,
+// data/dataset.h's DocParts, a conversation's user turns).
+#define TOKEN_TRAINED 1
+// The last token of its document (document masking's boundary): the EOS titan appends, or the
+// last token of a rendered conversation, whose template writes EOS tokens inside it (an
+// instruct model's end of turn) that end no document.
+#define TOKEN_ENDS_DOCUMENT 2
 
 // Opens a file or directory of shards; die_user naming the file on a missing path, bad magic,
 // bad version, size that disagrees with the header (truncated shard) or empty dataset.
@@ -54,9 +62,8 @@ bool token_stream_try_open(TokenStream *s, const char *path, char *err, size_t e
 // A stream of n tokens held in memory; it takes ownership of tokens (malloc'd, every id >= 0).
 // path names the dataset they came from, in messages.
 void token_stream_from_tokens(TokenStream *s, const char *path, int32_t *tokens, int64_t n);
-// Gives s (in memory) which of its tokens are targets the loss trains on: trained
-// (num_tokens, taken over).
-void token_stream_set_trained(TokenStream *s, uint8_t *trained);
+// Gives s (in memory) its tokens' TOKEN_* bits: flags (num_tokens, taken over).
+void token_stream_set_flags(TokenStream *s, uint8_t *flags);
 void token_stream_close(TokenStream *s);
 
 int64_t token_stream_num_tokens(const TokenStream *s);
@@ -66,8 +73,11 @@ int64_t token_stream_num_windows(const TokenStream *s, int seq_len);
 // repeats as epochs) to out.
 void token_stream_window(const TokenStream *s, int64_t w, int seq_len, int32_t *out);
 // The loss mask of window w's targets: out[t] = whether its token t + 1 is trained (seq_len
-// values; s->trained must be set).
+// values; s->flags must be set).
 void token_stream_window_mask(const TokenStream *s, int64_t w, int seq_len, int32_t *out);
+// The document ends of window w's inputs: out[t] = whether its token t ends a document (seq_len
+// values; s->flags must be set).
+void token_stream_window_ends(const TokenStream *s, int64_t w, int seq_len, int32_t *out);
 
 // Writes n tokens as a shard of the given version (1 needs every token < 65536), to
 // path.tmp first and then renamed, so a reader never sees half a shard.

@@ -8,6 +8,7 @@
 
 #include "core/errors.h"
 #include "core/files.h"
+#include "data/chat.h"
 #include "data/dataset.h"
 
 // Documents are gathered into batches and each batch is tokenized in parallel: enough text to
@@ -17,6 +18,7 @@
 
 typedef struct {
     const Tokenizer *t;
+    char *bos, *eos;        // their text, for chat templates (NULL: the tokenizer has none)
     TokensFn fn;
     void *ctx;
     char *text;             // (text_cap) the batch's documents, back to back
@@ -28,14 +30,15 @@ typedef struct {
     int first_part[BATCH_DOCS + 1];
     size_t *part_end, parts_cap, trained_cap;
     bool *part_trained;
+    bool chat[BATCH_DOCS];  // document i is a conversation its chat template rendered
     bool supervised;        // some document of the batch has parts
     int32_t *ids[BATCH_DOCS];  // document i's ids; the buffers are kept from batch to batch
     size_t n_ids[BATCH_DOCS], cap[BATCH_DOCS];
     uint8_t *trained[BATCH_DOCS];  // a supervised document's: whether each of its ids is
     size_t trained_ids_cap[BATCH_DOCS];
     int32_t *out;           // (out_cap) the batch's tokens, wrapped and in order
-    uint8_t *out_trained;   // (out_cap) whether each is trained, when the batch is supervised
-    size_t out_cap, out_trained_cap;
+    uint8_t *out_flags;     // (out_cap) their TOKEN_* bits, when the batch is supervised
+    size_t out_cap, out_flags_cap;
     uint64_t bytes_read;    // after the batch's last document
 } Batch;
 
@@ -45,36 +48,67 @@ static bool ends_trained(const Batch *b, int i) {
     return last < b->first_part[i] || b->part_trained[last];
 }
 
-// The batch's documents as [BOS] ids [EOS] (BOS and EOS where the tokenizer has them), and
-// when supervised whether each token is trained (a BOS never is: nothing predicts it).
+// The batch's documents as [BOS] ids [EOS] (BOS and EOS where the tokenizer has them; a
+// conversation as its template rendered it, which writes its own), and when supervised each
+// token's TOKEN_* bits (a BOS is never trained: nothing predicts it).
 static size_t batch_wrap(Batch *b) {
     int32_t bos = tokenizer_bos_id(b->t), eos = tokenizer_eos_id(b->t);
     size_t total = 0;
     for (int i = 0; i < b->n_docs; i++) total += b->n_ids[i] + (bos >= 0) + (eos >= 0);
     b->out = xgrow(b->out, &b->out_cap, total, sizeof(int32_t));
-    if (b->supervised) b->out_trained = xgrow(b->out_trained, &b->out_trained_cap, total, 1);
+    if (b->supervised) b->out_flags = xgrow(b->out_flags, &b->out_flags_cap, total, 1);
     size_t n = 0;
     for (int i = 0; i < b->n_docs; i++) {
         bool parts = b->first_part[i + 1] > b->first_part[i];
+        bool add_bos = bos >= 0 && !b->chat[i], add_eos = eos >= 0 && !b->chat[i];
         if (b->supervised) {
-            if (bos >= 0) b->out_trained[n] = 0;
-            uint8_t *to = b->out_trained + n + (bos >= 0);
+            if (add_bos) b->out_flags[n] = 0;
+            uint8_t *to = b->out_flags + n + add_bos;
             if (parts) memcpy(to, b->trained[i], b->n_ids[i]);
-            else memset(to, 1, b->n_ids[i]);
-            if (eos >= 0) to[b->n_ids[i]] = ends_trained(b, i);
+            else memset(to, TOKEN_TRAINED, b->n_ids[i]);
+            if (add_eos) to[b->n_ids[i]] = ends_trained(b, i) ? TOKEN_TRAINED : 0;
+            if (b->n_ids[i] + add_eos > 0) to[b->n_ids[i] + add_eos - 1] |= TOKEN_ENDS_DOCUMENT;
         }
-        if (bos >= 0) b->out[n++] = bos;
+        if (add_bos) b->out[n++] = bos;
         memcpy(b->out + n, b->ids[i], b->n_ids[i] * sizeof(int32_t));
         n += b->n_ids[i];
-        if (eos >= 0) b->out[n++] = eos;
+        if (add_eos) b->out[n++] = eos;
     }
     return n;
 }
 
+// A conversation's ids: the rendered text encoded whole, added tokens recognised, as
+// transformers tokenizes it; a token is trained when it overlaps a trained part (an assistant
+// turn), as return_assistant_tokens_mask marks tokens by their characters.
+static void conversation_encode(Batch *b, int i) {
+    const char *text = b->text + b->start[i];
+    size_t n = tokenizer_encode_chat(b->t, text, b->start[i + 1] - b->start[i], &b->ids[i],
+                                     &b->cap[i]);
+    b->trained[i] = xgrow(b->trained[i], &b->trained_ids_cap[i], n, 1);
+    int k = b->first_part[i], end = b->first_part[i + 1];
+    size_t at = 0;
+    for (size_t j = 0; j < n; j++) {
+        size_t len;
+        tokenizer_token_bytes(b->t, b->ids[i][j], &len);
+        while (k < end && b->part_end[k] <= at) k++;
+        bool trained = false;
+        for (int q = k; q < end && (q == k || b->part_end[q - 1] < at + len); q++)
+            trained = trained || b->part_trained[q];
+        b->trained[i][j] = trained ? TOKEN_TRAINED : 0;
+        at += len;
+    }
+    CHECK(at == b->start[i + 1] - b->start[i]);  // byte-level: the tokens spell the text
+    b->n_ids[i] = n;
+}
+
 // Document i's ids: its text's, or its parts' one after another, each encoded alone, and then
-// whether each is trained.
+// whether each is trained; a conversation's by conversation_encode.
 static void document_encode(Batch *b, int i) {
     const char *text = b->text + b->start[i];
+    if (b->chat[i]) {
+        conversation_encode(b, i);
+        return;
+    }
     if (b->first_part[i + 1] == b->first_part[i]) {
         b->n_ids[i] = tokenizer_encode(b->t, text, b->start[i + 1] - b->start[i], &b->ids[i],
                                        &b->cap[i]);
@@ -87,7 +121,7 @@ static void document_encode(Batch *b, int i) {
         b->ids[i] = xgrow(b->ids[i], &b->cap[i], n + m, sizeof(int32_t));
         b->trained[i] = xgrow(b->trained[i], &b->trained_ids_cap[i], n + m, 1);
         memcpy(b->ids[i] + n, part, m * sizeof(int32_t));
-        memset(b->trained[i] + n, b->part_trained[k], m);
+        memset(b->trained[i] + n, b->part_trained[k] ? TOKEN_TRAINED : 0, m);
         n += m, from = b->part_end[k];
     }
     free(part);
@@ -99,18 +133,18 @@ static void batch_flush(Batch *b) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < b->n_docs; i++) document_encode(b, i);
     size_t n = batch_wrap(b);  // before reading b->out, which it may move
-    b->fn(b->out, b->supervised ? b->out_trained : NULL, n, b->bytes_read, b->ctx);
+    b->fn(b->out, b->supervised ? b->out_flags : NULL, n, b->bytes_read, b->ctx);
     b->n_docs = 0, b->text_len = 0, b->supervised = false;
 }
 
-static void batch_add(const char *text, size_t len, const DocParts *parts, uint64_t bytes_read,
-                      void *ctx) {
-    Batch *b = ctx;
+static void document_add(Batch *b, const char *text, size_t len, const DocParts *parts,
+                         bool chat, uint64_t bytes_read) {
     if (b->n_docs == BATCH_DOCS || (b->n_docs > 0 && b->text_len + len > BATCH_BYTES))
         batch_flush(b);
     b->text = xgrow(b->text, &b->text_cap, b->text_len + len, 1);
     memcpy(b->text + b->text_len, text, len);
     b->start[b->n_docs] = b->text_len;
+    b->chat[b->n_docs] = chat;
     int first = b->first_part[b->n_docs], n_parts = parts ? parts->n : 0;
     b->part_end = xgrow(b->part_end, &b->parts_cap, (size_t)(first + n_parts), sizeof(size_t));
     b->part_trained = xgrow(b->part_trained, &b->trained_cap, (size_t)(first + n_parts),
@@ -126,37 +160,86 @@ static void batch_add(const char *text, size_t len, const DocParts *parts, uint6
     b->bytes_read = bytes_read;
 }
 
+// A conversation, rendered by the tokenizer's chat template: its text, the assistant turns
+// trained and the rest not.
+static void conversation_add(Batch *b, const DocParts *conv, uint64_t bytes_read) {
+    char err[1024];
+    const Jinja *tmpl = tokenizer_chat_template(b->t, err, sizeof err);
+    if (!tmpl) die_user("%s: a conversation (\"messages\") is rendered by the tokenizer's chat "
+                        "template: %s", conv->where, err);
+    ChatExample e;
+    if (!chat_render(tmpl, b->bos, b->eos, conv->conversation, &e, err, sizeof err))
+        die_user("%s: %s", conv->where, err);
+    int n = 2 * e.n + 1;
+    size_t *end = xmalloc((size_t)n * sizeof(size_t));
+    bool *trained = xmalloc((size_t)n * sizeof(bool));
+    for (int k = 0; k < e.n; k++) {
+        end[2 * k] = e.start[k], trained[2 * k] = false;
+        end[2 * k + 1] = e.end[k], trained[2 * k + 1] = true;
+    }
+    end[n - 1] = e.len, trained[n - 1] = false;
+    document_add(b, e.text, e.len, &(DocParts){n, end, trained, NULL, NULL}, true, bytes_read);
+    free(end), free(trained);
+    chat_example_free(&e);
+}
+
+static void batch_add(const char *text, size_t len, const DocParts *parts, uint64_t bytes_read,
+                      void *ctx) {
+    if (parts && parts->conversation) conversation_add(ctx, parts, bytes_read);
+    else document_add(ctx, text, len, parts, false, bytes_read);
+}
+
+// The text of token id, NUL-terminated (malloc'd); NULL for id -1.
+static char *token_text(const Tokenizer *t, int32_t id) {
+    if (id < 0) return NULL;
+    size_t len;
+    const char *s = tokenizer_token_bytes(t, id, &len);
+    char *text = xmalloc(len + 1);
+    memcpy(text, s, len);
+    text[len] = '\0';
+    return text;
+}
+
 int64_t tokenize_dataset(const char *path, const Tokenizer *t, TokensFn fn, void *ctx) {
     Batch *b = xcalloc(1, sizeof(Batch));  // 2 MB of per-document arrays: not on the stack
     b->t = t, b->fn = fn, b->ctx = ctx;
+    b->bos = token_text(t, tokenizer_bos_id(t)), b->eos = token_text(t, tokenizer_eos_id(t));
     int64_t documents = dataset_for_each_document(path, batch_add, b);
     batch_flush(b);
     for (int i = 0; i < BATCH_DOCS; i++) free(b->ids[i]), free(b->trained[i]);
-    free(b->text), free(b->out), free(b->out_trained), free(b->part_end), free(b->part_trained);
+    free(b->text), free(b->out), free(b->out_flags), free(b->part_end), free(b->part_trained);
+    free(b->bos), free(b->eos);
     free(b);
     return documents;
 }
 
 typedef struct {
     int32_t *ids;
-    uint8_t *trained;  // once some token is not: whether each is
-    size_t n, cap, trained_cap;
+    uint8_t *flags;  // once some document is supervised: every token's TOKEN_* bits
+    size_t n, cap, flags_cap;
+    int32_t eos;     // the tokenizer's, which ends each pre-training document
 } TokenArray;
 
-static void tokens_append(const int32_t *ids, const uint8_t *trained, size_t n,
+// Pre-training text's bits: every token trained, each EOS the end of a document.
+static void text_flags(uint8_t *flags, const int32_t *ids, size_t n, int32_t eos) {
+    for (size_t i = 0; i < n; i++)
+        flags[i] = TOKEN_TRAINED | (ids[i] == eos ? TOKEN_ENDS_DOCUMENT : 0);
+}
+
+static void tokens_append(const int32_t *ids, const uint8_t *flags, size_t n,
                           uint64_t bytes_read, void *ctx) {
     (void)bytes_read;
     TokenArray *a = ctx;
     a->ids = xgrow(a->ids, &a->cap, a->n + n, sizeof(int32_t));
     memcpy(a->ids + a->n, ids, n * sizeof(int32_t));
-    if (trained && !a->trained) {  // the tokens before were all trained
-        a->trained = xgrow(NULL, &a->trained_cap, a->n + n, 1);
-        memset(a->trained, 1, a->n);
+    if (flags && !a->flags) {  // the tokens before were pre-training text
+        a->flags = xgrow(NULL, &a->flags_cap, a->n + n, 1);
+        text_flags(a->flags, a->ids, a->n, a->eos);
     }
-    if (a->trained) {
-        a->trained = xgrow(a->trained, &a->trained_cap, a->n + n, 1);
-        if (trained) memcpy(a->trained + a->n, trained, n);
-        else memset(a->trained + a->n, 1, n);
+    if (a->flags) {
+        a->flags = xgrow(a->flags, &a->flags_cap, a->n + n, 1);
+        if (flags) memcpy(a->flags + a->n, flags, n);
+        else text_flags(a->flags + a->n, ids, n, a->eos);
     }
     a->n += n;
 }
@@ -167,10 +250,10 @@ void token_stream_from_dataset(TokenStream *s, const char *path, const Tokenizer
         return;
     }
     CHECK(t);
-    TokenArray a = {0};
+    TokenArray a = {.eos = tokenizer_eos_id(t)};
     tokenize_dataset(path, t, tokens_append, &a);
     token_stream_from_tokens(s, path, a.ids, (int64_t)a.n);
-    if (a.trained) token_stream_set_trained(s, a.trained);
+    if (a.flags) token_stream_set_flags(s, a.flags);
 }
 
 // ---- titan tokenize ----
@@ -254,12 +337,13 @@ static void shard_flush(ShardWriter *w) {
     w->shards++, w->n = 0;
 }
 
-static void shard_add(const int32_t *ids, const uint8_t *trained, size_t n, uint64_t bytes_read,
+static void shard_add(const int32_t *ids, const uint8_t *flags, size_t n, uint64_t bytes_read,
                       void *ctx) {
     ShardWriter *w = ctx;
-    if (trained)
-        die_user("titan tokenize: supervised examples (\"prompt\", \"completion\") are "
-                 "tokenized when training starts: token shards hold no loss mask");
+    if (flags)
+        die_user("titan tokenize: supervised examples (\"prompt\" and \"completion\", or "
+                 "\"messages\") are tokenized when training starts: token shards hold no loss "
+                 "mask");
     for (size_t done = 0; done < n;) {
         size_t room = (size_t)(w->shard_tokens - w->n), take = n - done < room ? n - done : room;
         memcpy(w->shard + w->n, ids + done, take * sizeof(int32_t));

@@ -172,7 +172,10 @@ bool tokenizer_add_token(Tokenizer *t, int32_t id, const char *s, size_t n, bool
     t->len[id] = (int32_t)n;
     blob_append(t, s, n);
     if (id >= t->n_ids) t->n_ids = id + 1;
-    if (special) return true;
+    if (special) {
+        tokenizer_mark_added(t, id);
+        return true;
+    }
     if (2 * (t->tokens.count + 1) > t->tokens.mask + 1) bytetable_grow(t);
     bytetable_place(t, id);
     return true;
@@ -200,7 +203,20 @@ void tokenizer_free(Tokenizer *t) {
     pretokenizer_free(t->pretok);
     free(t->tokens.slots), free(t->pairs.slots);
     free(t->blob), free(t->start), free(t->len);
+    free(t->added), free(t->chat_error);
+    jinja_free(t->chat);
     free(t);
+}
+
+void tokenizer_mark_added(Tokenizer *t, int32_t id) {
+    t->added = xgrow(t->added, &t->added_cap, t->n_added + 1, sizeof(int32_t));
+    t->added[t->n_added++] = id;
+}
+
+const Jinja *tokenizer_chat_template(const Tokenizer *t, char *err, size_t errlen) {
+    if (!t->chat) snprintf(err, errlen, "%s", t->chat_error ? t->chat_error
+                                                            : "the tokenizer has no chat template");
+    return t->chat;
 }
 
 int tokenizer_vocab_size(const Tokenizer *t) { return t->n_ids; }

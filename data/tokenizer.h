@@ -47,6 +47,17 @@ const char *tokenizer_format(const Tokenizer *t);  // "tiktoken", "huggingface",
 // (exit 2) naming the tokenizer file.
 size_t tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
                         size_t *cap);
+// tokenizer_encode for text a chat template rendered (data/chat.h): the text of each added
+// token (special tokens, and added ones such as Qwen3's <think>) becomes that token, leftmost and
+// longest first, the text between them is encoded as by tokenizer_encode: as transformers'
+// apply_chat_template tokenizes its rendering.
+size_t tokenizer_encode_chat(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
+                             size_t *cap);
+// The chat template of the tokenizer_config.json (its `chat_template`, or the "default" one of
+// a list) or chat_template.jinja beside the tokenizer's file; NULL with the reason in err when
+// there is none or titan cannot parse it (data/jinja.h).
+typedef struct Jinja Jinja;
+const Jinja *tokenizer_chat_template(const Tokenizer *t, char *err, size_t errlen);
 // tokenizer_encode without dying: false and the one-line reason in err on such a failed match
 // (*n then counts the ids of the text before it).
 bool tokenizer_try_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,

@@ -205,3 +205,35 @@ size_t tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_
     if (!tokenizer_try_encode(t, text, len, ids, cap, &n, err, sizeof err)) die_user("%s", err);
     return n;
 }
+
+// The added token whose text starts s[0, n), the longest; -1 for none.
+static int32_t added_at(const Tokenizer *t, const char *s, size_t n) {
+    unsigned char first = (unsigned char)s[0];
+    if (!(t->added_first[first / 8] & (1u << (first % 8)))) return -1;
+    for (size_t k = 0; k < t->n_added; k++) {
+        int32_t id = t->added[k];
+        size_t len = (size_t)t->len[id];
+        if (len <= n && memcmp(s, t->blob + t->start[id], len) == 0) return id;
+    }
+    return -1;
+}
+
+size_t tokenizer_encode_chat(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
+                             size_t *cap) {
+    int32_t *part = NULL;
+    size_t part_cap = 0, n = 0, from = 0;
+    for (size_t i = 0; i <= len; i++) {
+        int32_t id = i < len ? added_at(t, text + i, len - i) : -1;
+        if (id < 0 && i < len) continue;
+        size_t m = i > from ? tokenizer_encode(t, text + from, i - from, &part, &part_cap) : 0;
+        *ids = xgrow(*ids, cap, n + m + 1, sizeof(int32_t));
+        memcpy(*ids + n, part, m * sizeof(int32_t));
+        n += m;
+        if (id < 0) break;
+        (*ids)[n++] = id;
+        from = i + (size_t)t->len[id];
+        i = from - 1;
+    }
+    free(part);
+    return n;
+}

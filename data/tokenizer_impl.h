@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "data/jinja.h"
 #include "data/pretokenize.h"
 #include "data/tokenizer.h"
 
@@ -52,9 +53,22 @@ struct Tokenizer {
     PairTable pairs;
     int32_t byte_ids[256];  // the token of each single byte, where BPE starts
     Pretokenizer *pretok;   // NULL for the bytes tokenizer, which needs no pieces
+    // The added tokens (the special ones, and a tokenizer.json's other added_tokens such as
+    // Qwen3's <think>), longest first once loaded, and a bitmap of their first bytes: text a
+    // chat template renders is split at them (tokenizer_encode_chat).
+    int32_t *added;
+    size_t n_added, added_cap;
+    uint8_t added_first[32];
+    Jinja *chat;            // the chat template beside the file; NULL: none, or chat_error
+    char *chat_error;       // why there is none (malloc'd)
 };
 
 Tokenizer *tokenizer_new(const char *format);
+// Records id as an added token (tokenizer_add_token does so for every special one).
+void tokenizer_mark_added(Tokenizer *t, int32_t id);
+// Ends loading a file's tokenizer: orders the added tokens and reads the chat template of the
+// tokenizer_config.json (or chat_template.jinja) beside path.
+void tokenizer_chat_load(Tokenizer *t, const char *path);
 // Gives id the bytes s[0, n), n > 0; ordinary tokens also become encodable, special ones do not.
 // False (and nothing changed) when the id or, for an ordinary token, the bytes are taken.
 bool tokenizer_add_token(Tokenizer *t, int32_t id, const char *s, size_t n, bool special);

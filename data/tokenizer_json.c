@@ -172,6 +172,7 @@ static bool hf_added_tokens_add(Tokenizer *t, const json_t *added, const char *p
             !tokenizer_add_token(t, id, content, strlen(content), special))
             return error_set(err, errlen, "tokenizer %s: added_tokens[%zu] is not a new token",
                              path, i);
+        if (!special) tokenizer_mark_added(t, id);
     }
     return true;
 }

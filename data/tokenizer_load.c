@@ -1,5 +1,6 @@
 // Finding the format of a tokenizer path, the tiktoken rank-file loader and the built-in
 // `bytes` vocabulary. The JSON formats (tokenizer.json, GPT-2) are in data/tokenizer_json.c.
+#include <jansson.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,15 +195,78 @@ static Tokenizer *load_file(const char *path, char *err, size_t errlen) {
     return t;
 }
 
+static int added_longest_first(const void *a, const void *b, void *t) {
+    const int32_t *len = ((const Tokenizer *)t)->len;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return len[x] != len[y] ? (len[y] > len[x]) - (len[y] < len[x]) : (x > y) - (x < y);
+}
+
+// The template source of config's chat_template: a string, or the "default" entry of a list
+// of {"name", "template"} (transformers' named templates); NULL (and why) otherwise.
+static const char *config_chat_template(const json_t *config, const char **why) {
+    const json_t *v = json_object_get(config, "chat_template"), *entry;
+    size_t i;
+    *why = "has no chat_template";
+    if (json_is_string(v)) return json_string_value(v);
+    json_array_foreach(v, i, entry) {
+        const char *name = json_string_value(json_object_get(entry, "name"));
+        if (name && strcmp(name, "default") == 0)
+            return json_string_value(json_object_get(entry, "template"));
+    }
+    if (v) *why = "has a chat_template that is neither a string nor a list with a \"default\"";
+    return NULL;
+}
+
+void tokenizer_chat_load(Tokenizer *t, const char *path) {
+    if (t->n_added) qsort_r(t->added, t->n_added, sizeof(int32_t), added_longest_first, t);
+    for (size_t k = 0; k < t->n_added; k++) {
+        unsigned char first = (unsigned char)t->blob[t->start[t->added[k]]];
+        t->added_first[first / 8] |= (uint8_t)(1u << (first % 8));
+    }
+    char jinja_path[PATH_MAX], config_path[PATH_MAX], err[PATH_MAX + 256];
+    tokenizer_sibling_path(path, "chat_template.jinja", jinja_path, sizeof jinja_path);
+    tokenizer_sibling_path(path, "tokenizer_config.json", config_path, sizeof config_path);
+    size_t len;
+    char *text = NULL;
+    json_t *config = NULL;
+    json_error_t jerr;
+    if (access(jinja_path, R_OK) == 0) {
+        if ((text = tokenizer_read_file(jinja_path, &len, err, sizeof err)))
+            t->chat = jinja_parse(jinja_path, text, len, err, sizeof err);
+    } else if (access(config_path, R_OK) == 0) {
+        const char *why, *src = NULL;
+        if (!(config = json_load_file(config_path, JSON_DECODE_INT_AS_REAL, &jerr)))
+            snprintf(err, sizeof err, "%s:%d:%d: %s", config_path, jerr.line, jerr.column,
+                     jerr.text);
+        else if (!(src = config_chat_template(config, &why)))
+            snprintf(err, sizeof err, "%s %s", config_path, why);
+        char name[PATH_MAX + 32];
+        snprintf(name, sizeof name, "%s chat_template", config_path);
+        if (src) t->chat = jinja_parse(name, src, strlen(src), err, sizeof err);
+    } else {
+        snprintf(err, sizeof err, "there is no chat template beside tokenizer %s (its "
+                 "tokenizer_config.json's chat_template, or chat_template.jinja)", path);
+    }
+    if (!t->chat) {
+        t->chat_error = strdup(err);
+        CHECK(t->chat_error);
+    }
+    free(text);
+    json_decref(config);
+}
+
 Tokenizer *tokenizer_try_load(const char *path, char *err, size_t errlen) {
     if (strcmp(path, "bytes") == 0) return load_bytes();
     struct stat st;
     if (stat(path, &st) != 0)
         return error_set(err, errlen, "tokenizer %s: %s", path, strerror(errno)), NULL;
-    if (!S_ISDIR(st.st_mode)) return load_file(path, err, errlen);
     char file[PATH_MAX];
-    if (!folder_pick_file(path, file, sizeof file, err, errlen)) return NULL;
-    return load_file(file, err, errlen);
+    if (S_ISDIR(st.st_mode) && !folder_pick_file(path, file, sizeof file, err, errlen))
+        return NULL;
+    const char *chosen = S_ISDIR(st.st_mode) ? file : path;
+    Tokenizer *t = load_file(chosen, err, errlen);
+    if (t) tokenizer_chat_load(t, chosen);
+    return t;
 }
 
 Tokenizer *tokenizer_load(const char *path) {

@@ -20,6 +20,7 @@ PACKAGES=(
   libfuse3-dev fuse3                  # test_disk_errors.sh's fault-injecting file system
   clang-14 libclang-rt-14-dev libomp-14-dev   # `make fuzz`: libFuzzer, its sanitizers, OpenMP
   python3-torch python3-numpy python3-h5py python3-yaml   # the PyTorch reference tests
+  python3-jinja2                      # test_chat: chat templates as transformers renders them
   python3-sklearn                     # the bundled 8x8 digits of scripts/flux_preprocess.py
   python3-venv                        # test_tensorboard's venv of PyPI's tensorboard (its reader)
   python3-matplotlib                  # scripts/plot_metrics

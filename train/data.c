@@ -70,32 +70,27 @@ void trainer_open_model_data(Trainer *t) {
     t->train.step_T = d->example_rows(&t->args, t->mesh.layout.size[MESH_CP]);
 }
 
-// A supervised dataset's documents (each ends at the tokenizer's EOS; a supervised dataset is
-// tokenized in memory, TokenStream.owned), the share of tokens the loss trains on, and how
-// many documents are longer than a window. Packing splits every document that crosses a
-// window's end, the part in the later window read without the earlier (torchtitan's packing;
-// nothing is dropped); those longer than a window are always split.
-static void log_examples(const Split *sp, const Tokenizer *tok) {
+// A supervised dataset's documents (a supervised dataset is tokenized in memory,
+// TokenStream.owned, each token's TOKEN_* bits marking the documents' ends), the share of tokens
+// the loss trains on, and how many documents are longer than a window. Packing splits every
+// document that crosses a window's end, the part in the later window read without the earlier
+// (torchtitan's packing; nothing is dropped); those longer than a window are always split.
+static void log_examples(const Split *sp) {
     const TokenStream *s = &sp->stream;
-    CHECK(s->owned && s->trained);
+    CHECK(s->owned && s->flags);
     int64_t n = token_stream_num_tokens(s), documents = 0, longer = 0, trained = 0, length = 0;
-    int32_t eos = tokenizer_eos_id(tok);
     for (int64_t i = 0; i < n; i++) {
-        trained += s->trained[i];
+        trained += s->flags[i] & TOKEN_TRAINED;
         length++;
-        if (s->owned[i] != eos && i + 1 < n) continue;  // the document goes on
+        if (!(s->flags[i] & TOKEN_ENDS_DOCUMENT) && i + 1 < n) continue;
         documents++;
         longer += length > sp->T + 1;
         length = 0;
     }
-    if (eos < 0) {  // no document boundary to count by
-        log_info("data: %.1f%% of the tokens trained (the completions)",
-                 100.0 * (double)trained / (double)n);
-        return;
-    }
-    log_info("data: %lld documents, %.1f%% of the tokens trained (the completions); %lld longer "
-             "than a window of %d tokens, split across windows", (long long)documents,
-             100.0 * (double)trained / (double)n, (long long)longer, sp->T + 1);
+    log_info("data: %lld documents, %.1f%% of the tokens trained (completions, assistant turns); "
+             "%lld longer than a window of %d tokens, split across windows",
+             (long long)documents, 100.0 * (double)trained / (double)n, (long long)longer,
+             sp->T + 1);
 }
 
 // A text dataset needs a tokenizer; a pre-tokenized one (token shards) is read as it is.
@@ -110,12 +105,14 @@ static void split_open(Split *sp, const char *key, const char *path, const Token
     sp->path = path;
     token_stream_from_dataset(&sp->stream, path, tok);
     log_info("data: %s, %lld tokens", path, (long long)token_stream_num_tokens(&sp->stream));
-    if (sp->stream.trained) log_examples(sp, tok);
+    if (sp->stream.flags) log_examples(sp);
     loader_open(&sp->loader, &sp->stream, sp->T, mesh_dp_rank(mesh), mesh_dp_size(&mesh->layout),
                 sp->B);
     sp->tokens = xmalloc((size_t)sp->B * sp->T * sizeof(int));
     sp->targets = xmalloc((size_t)sp->B * sp->T * sizeof(int));
-    if (sp->stream.trained) sp->loss_mask = xmalloc((size_t)sp->B * sp->T * sizeof(int));
+    if (sp->stream.flags) sp->loss_mask = xmalloc((size_t)sp->B * sp->T * sizeof(int));
+    if (sp->stream.flags && doc_eos >= 0)
+        sp->doc_ends = xmalloc((size_t)sp->B * sp->T * sizeof(int));
     if (sp->step_T != sp->T) sp->local = xmalloc((size_t)sp->B * sp->step_T * sizeof(int));
     if (doc_eos >= 0) sp->doc = xmalloc((size_t)sp->B * sp->T * sizeof(int));
     // Positions 0, 1, ..., or under context parallel this rank's chunks' (head-tail).
@@ -180,7 +177,7 @@ static void upload_columns(const KernelOps *k, Split *sp, int *dst, const int *f
 
 // The loader's next batch, and under a loss mask the count of this rank's targets that count.
 static void split_read(Split *sp) {
-    loader_next(&sp->loader, sp->tokens, sp->targets, sp->loss_mask);
+    loader_next(&sp->loader, sp->tokens, sp->targets, sp->loss_mask, sp->doc_ends);
     if (!sp->loss_mask) return;
     const int *mine = rank_columns(sp, sp->loss_mask);
     double n = 0;
@@ -206,7 +203,7 @@ static void split_next(const KernelOps *k, Split *sp, int vocab_size, int doc_eo
     upload_columns(k, sp, sp->step_targets, sp->targets);
     if (sp->loss_mask) upload_columns(k, sp, sp->step_loss_mask, sp->loss_mask);
     if (doc_eos < 0) return;
-    document_ids(sp->tokens, sp->B, sp->T, doc_eos, sp->doc);
+    document_ids(sp->tokens, sp->doc_ends, sp->B, sp->T, doc_eos, sp->doc);
     k->upload(sp->step_doc, sp->doc, n * sizeof(int));
 }
 

@@ -47,6 +47,8 @@ typedef struct {
     int *step_pos;           // (step_T) RoPE positions of those tokens, the backend's memory
     int *doc;                // (B*T) document ids of the whole batch (document masking), host
                              // memory; NULL without
+    int *doc_ends;           // (B*T) host: whether each token ends a document, for supervised
+                             // data's document masking (TOKEN_ENDS_DOCUMENT); NULL: EOS does
     int *step_doc;           // the backend's copy; NULL: no document masking
     // (B*T) host: whether each target counts (a supervised dataset's loss mask, its prompts
     // not), and the backend's copy of this rank's columns; NULL: every target counts

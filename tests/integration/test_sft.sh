@@ -11,8 +11,8 @@
 # - Validation's loss is the mean over the trained targets too: the same on one rank and on
 #   FSDP's two.
 # - A DeepSeek-V3 model with an MTP module trains on it (the mask shifted with the targets).
-# - Bad input, one line, exit 2: a conversation ("messages": no chat template yet), an
-#   example without its completion, `titan tokenize` of a supervised dataset.
+# - Bad input, one line, exit 2: a conversation ("messages") under a tokenizer without a chat
+#   template, an example without its completion, `titan tokenize` of a supervised dataset.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -33,7 +33,7 @@ SFT=(--config configs/debug_model.yaml --training.dataset_path "$SCRATCH/sums.js
      --lr_scheduler.warmup_steps 2 --metrics.log_freq 1 "${FP32[@]}")
 P=--parallelism
 $TITAN "${SFT[@]}" --job.dump_folder "$SCRATCH/one" >"$SCRATCH/one.log"
-grep -q "data: 600 documents, [0-9.]*% of the tokens trained (the completions); 0 longer than a window of 65 tokens" \
+grep -q "data: 600 documents, [0-9.]*% of the tokens trained (completions, assistant turns); 0 longer than a window of 65 tokens" \
   "$SCRATCH/one.log" || fail "no examples line: $(grep data: "$SCRATCH/one.log")"
 in_background train_ranks fsdp 2 "${SFT[@]}" $P.data_parallel_shard_degree 2 \
   --training.local_batch_size 2
@@ -67,10 +67,10 @@ print(f"ok: validation's loss over the trained targets: {one[0]:.6f} on one rank
 PY
 
 printf '{"messages": [{"role": "user", "content": "hi"}]}\n' >"$SCRATCH/chat.jsonl"
-expect_user_error 'chat.jsonl:1: "messages" \(a conversation\) needs a chat template' \
+expect_user_error 'chat.jsonl:1: a conversation \("messages"\) is rendered by the tokenizer.s chat template: there is no chat template beside tokenizer' \
   $TITAN "${SFT[@]}" --training.dataset_path "$SCRATCH/chat.jsonl"
 printf '{"prompt": "1 + 1 ="}\n' >"$SCRATCH/half.jsonl"
-expect_user_error 'half.jsonl:1: no "text" field \(nor "prompt" and "completion", strings\)' \
+expect_user_error 'half.jsonl:1: no "text" field \(nor "prompt" and "completion", strings, nor "messages"\)' \
   $TITAN "${SFT[@]}" --training.dataset_path "$SCRATCH/half.jsonl"
-expect_user_error 'supervised examples \("prompt", "completion"\) are tokenized when training starts' \
+expect_user_error 'supervised examples \("prompt" and "completion", or "messages"\) are tokenized when training starts' \
   $TITAN tokenize --tokenizer "$SCRATCH/sums.tiktoken" --out "$SCRATCH/shards" "$SCRATCH/sums.jsonl"

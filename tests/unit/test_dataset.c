@@ -269,16 +269,13 @@ static void expect_docs_error(const char *name, const char *content, const char 
 
 static void test_errors(void **state) {
     (void)state;
-#define NO_TEXT "no \"text\" field (nor \"prompt\" and \"completion\", strings)\n"
+#define NO_TEXT "no \"text\" field (nor \"prompt\" and \"completion\", strings, nor \"messages\")\n"
     expect_docs_error("no_text.jsonl", "{\"text\": \"a\"}\n\n{\"body\": \"b\"}\n",
                       "titan: error: %s:3: " NO_TEXT);
     expect_docs_error("array.jsonl", "[\"text\"]\n", "titan: error: %s:1: " NO_TEXT);
     expect_docs_error("number.jsonl", "{\"text\": 7}\n", "titan: error: %s:1: " NO_TEXT);
     expect_docs_error("half.jsonl", "{\"prompt\": \"a\"}\n", "titan: error: %s:1: " NO_TEXT);
 #undef NO_TEXT
-    expect_docs_error("chat.jsonl", "{\"messages\": []}\n",
-                      "titan: error: %s:1: \"messages\" (a conversation) needs a chat template, "
-                      "which titan does not render yet: give \"prompt\" and \"completion\"\n");
     expect_docs_error("bad.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\" \"c\"}\n",
                       "titan: error: %s:2:16: '}' expected near '\"c\"'\n");
     expect_docs_error("missing.txt", NULL, "titan: error: dataset %s does not exist\n");
@@ -386,7 +383,8 @@ static void test_supervised_examples(void **state) {
         memcpy(want + n_want, ids, n * sizeof(int32_t));
         memset(trained + n_want, i > 0, n);
         n_want += n;
-        if (i != 0) want[n_want] = LLAMA3_EOS, trained[n_want++] = 1;
+        if (i != 0)
+            want[n_want] = LLAMA3_EOS, trained[n_want++] = TOKEN_TRAINED | TOKEN_ENDS_DOCUMENT;
     }
     TokenStream s;
     token_stream_from_dataset(&s, path, t);
@@ -394,11 +392,11 @@ static void test_supervised_examples(void **state) {
     int32_t *got = stream_tokens(&s, &n);
     assert_int_equal(n, n_want);
     assert_memory_equal(got, want, n_want * sizeof(int32_t));
-    assert_non_null(s.trained);
-    assert_memory_equal(s.trained, trained, n_want);
+    assert_non_null(s.flags);
+    assert_memory_equal(s.flags, trained, n_want);
     int32_t mask[64];  // window 0's targets: token t + 1's flag
     token_stream_window_mask(&s, 0, (int)n - 1, mask);
-    for (int64_t i = 0; i + 1 < n; i++) assert_int_equal(mask[i], trained[i + 1]);
+    for (int64_t i = 0; i + 1 < n; i++) assert_int_equal(mask[i], trained[i + 1] & TOKEN_TRAINED);
     free(got), free(ids);
     token_stream_close(&s);
     tokenizer_free(t);

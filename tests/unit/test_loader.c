@@ -40,7 +40,7 @@ static void test_single_rank_windows(void **state) {
     loader_open(&l, &s, T, 0, 1, GLOBAL_ROWS);
     int32_t in[GLOBAL_ROWS * T], tgt[GLOBAL_ROWS * T];
     for (int64_t step = 0; step < STEPS; step++) {
-        loader_next(&l, in, tgt, NULL);
+        loader_next(&l, in, tgt, NULL, NULL);
         for (int r = 0; r < GLOBAL_ROWS; r++)
             for (int k = 0; k < T; k++) {
                 assert_int_equal(in[r * T + k], window_token(step * GLOBAL_ROWS + r, k));
@@ -60,9 +60,9 @@ static void dp_matches_single_rank(const TokenStream *s, int dp) {
     for (int r = 0; r < dp; r++) loader_open(&ranks[r], s, T, r, dp, rows);
     int32_t in[GLOBAL_ROWS * T], tgt[GLOBAL_ROWS * T], rin[GLOBAL_ROWS * T], rtgt[GLOBAL_ROWS * T];
     for (int step = 0; step < STEPS; step++) {
-        loader_next(&one, in, tgt, NULL);
+        loader_next(&one, in, tgt, NULL, NULL);
         for (int r = 0; r < dp; r++) {
-            loader_next(&ranks[r], rin + r * rows * T, rtgt + r * rows * T, NULL);
+            loader_next(&ranks[r], rin + r * rows * T, rtgt + r * rows * T, NULL, NULL);
             assert_int_equal(loader_position(&ranks[r]), loader_position(&one));
         }
         assert_memory_equal(rin, in, sizeof(in));
@@ -89,22 +89,22 @@ static void test_resume_and_rewind(void **state) {
     DataLoader a, b;
     loader_open(&a, &s, T, 1, 2, 3);
     int32_t first[3 * T], in[3 * T], tgt[3 * T], in_b[3 * T], tgt_b[3 * T];
-    loader_next(&a, first, tgt, NULL);
+    loader_next(&a, first, tgt, NULL, NULL);
     for (int r = 0; r < 3; r++)  // rank 1 of 2, 3 rows: windows 3, 4, 5
         for (int k = 0; k < T; k++) assert_int_equal(first[r * T + k], window_token(3 + r, k));
-    for (int step = 1; step < 7; step++) loader_next(&a, in, tgt, NULL);
+    for (int step = 1; step < 7; step++) loader_next(&a, in, tgt, NULL, NULL);
     int64_t saved = loader_position(&a);
     assert_int_equal(saved, 7 * 2 * 3);
     loader_open(&b, &s, T, 1, 2, 3);
     loader_set_position(&b, saved);
     for (int step = 0; step < 30; step++) {
-        loader_next(&a, in, tgt, NULL);
-        loader_next(&b, in_b, tgt_b, NULL);
+        loader_next(&a, in, tgt, NULL, NULL);
+        loader_next(&b, in_b, tgt_b, NULL, NULL);
         assert_memory_equal(in, in_b, sizeof(in));
         assert_memory_equal(tgt, tgt_b, sizeof(tgt));
     }
     loader_set_position(&b, 0);
-    loader_next(&b, in_b, tgt_b, NULL);
+    loader_next(&b, in_b, tgt_b, NULL, NULL);
     assert_memory_equal(in_b, first, sizeof(first));
     loader_close(&a);
     loader_close(&b);

@@ -342,6 +342,20 @@ static float *forward_logits(Built *b, const int *tokens, const int *doc, int T)
     return logits;
 }
 
+// Supervised data marks its documents' ends (TOKEN_ENDS_DOCUMENT): an EOS inside a conversation
+// (an instruct model's end of turn) ends no document, the marked token does.
+static void test_document_ids_from_ends(void **state) {
+    (void)state;
+    enum { EOS = 9 };
+    int tokens[2 * 4] = {5, EOS, 6, EOS, EOS, 7, 8, 3}, ends[2 * 4] = {0, 0, 0, 1, 0, 0, 1, 0};
+    int doc[2 * 4], want_ends[2 * 4] = {0, 0, 0, 0, 0, 0, 0, 1},
+                    want_eos[2 * 4] = {0, 0, 1, 1, 0, 1, 1, 1};
+    document_ids(tokens, ends, 2, 4, EOS, doc);
+    assert_memory_equal(doc, want_ends, sizeof doc);
+    document_ids(tokens, NULL, 2, 4, EOS, doc);
+    assert_memory_equal(doc, want_eos, sizeof doc);
+}
+
 static void test_document_masking_isolates_documents(void **state) {
     (void)state;
     enum { T = 32, A = 12, EOS = 1 };
@@ -353,7 +367,7 @@ static void test_document_masking_isolates_documents(void **state) {
     int tokens[T], doc[T];
     for (int i = 0; i < T; i++) tokens[i] = 2 + (i * 37 + 11) % (window.args.vocab_size - 2);
     tokens[A - 1] = EOS;
-    document_ids(tokens, 1, T, EOS, doc);
+    document_ids(tokens, NULL, 1, T, EOS, doc);
     assert_int_equal(doc[A - 1], 0);  // the end-of-text token ends document 0
     assert_int_equal(doc[A], 1);
     float *masked = forward_logits(&window, tokens, doc, T);
@@ -458,6 +472,7 @@ int main(void) {
         cmocka_unit_test(test_checkpointing_saves_memory),
         cmocka_unit_test(test_checkpointing_every_nth_counts_from_one),
         cmocka_unit_test(test_chunked_head_matches_one_chunk),
+        cmocka_unit_test(test_document_ids_from_ends),
         cmocka_unit_test(test_document_masking_isolates_documents),
         cmocka_unit_test(test_lr_schedule_values),
         cmocka_unit_test(test_qk_norm_gradients_match_finite_differences),
