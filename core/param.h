@@ -121,8 +121,8 @@ typedef struct {
     bool copy;
     // A pretrained weight fine-tuning leaves as it is (LoRA's base, models/lora.h): no
     // gradient is taken for it (a frozen Linear weight's GEMM is skipped; what the norms' and
-    // the embedding's backward write is ignored): the optimizer, the grad norm and the
-    // checkpoints' optimizer state skip it.
+    // the embedding's backward write is ignored): the optimizer, the grad norm, FSDP's
+    // reduce-scatter and the checkpoints' optimizer state skip it.
     bool frozen;
     ParamInit init;
     double init_std;      // for the normal inits

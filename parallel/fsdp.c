@@ -46,28 +46,37 @@ static int64_t rank_rows(const Fsdp *f, const Param *p, int k, int64_t *first) {
     return placement_slice(&pl, p->shape[0], k, first);
 }
 
+// The gradients' layouts leave the frozen parameters out (Param.frozen: LoRA's base), which
+// take no gradient: grads selects them, the parameters' layouts being the same with all.
+static bool in_layout(const Param *p, bool grads) { return !(grads && p->frozen); }
+
+static const size_t *part_sizes(const FsdpUnit *u, bool grads) {
+    return grads ? u->grad_part_numel : u->part_numel;
+}
+
 // Where part starts in u's packed shard (the dense parameters' shards, then the experts') and
 // in its rank-major buffers (every rank's dense part, then every rank's experts' part).
-static size_t packed_start(const FsdpUnit *u, int part) {
-    return part == PART_EXPERTS ? u->part_numel[PART_DENSE] : 0;
+static size_t packed_start(const FsdpUnit *u, int part, bool grads) {
+    return part == PART_EXPERTS ? part_sizes(u, grads)[PART_DENSE] : 0;
 }
 
-static size_t rank_major_start(const Fsdp *f, const FsdpUnit *u, int part) {
-    return part == PART_EXPERTS ? (size_t)f->config.size * u->part_numel[PART_DENSE] : 0;
+static size_t rank_major_start(const Fsdp *f, const FsdpUnit *u, int part, bool grads) {
+    return part == PART_EXPERTS ? (size_t)f->config.size * part_sizes(u, grads)[PART_DENSE] : 0;
 }
 
-static size_t rank_major_numel(const Fsdp *f, const FsdpUnit *u) {
-    return rank_major_start(f, u, PART_EXPERTS) +
-           (size_t)f->config.expert_size * u->part_numel[PART_EXPERTS];
+static size_t rank_major_numel(const Fsdp *f, const FsdpUnit *u, bool grads) {
+    return rank_major_start(f, u, PART_EXPERTS, grads) +
+           (size_t)f->config.expert_size * part_sizes(u, grads)[PART_EXPERTS];
 }
 
 // Where parameter j of unit u starts in the unit's packed shard.
-static size_t packed_offset(const Fsdp *f, const FsdpUnit *u, int j) {
+static size_t packed_offset(const Fsdp *f, const FsdpUnit *u, int j, bool grads) {
     const Param *items = f->params->items;
     int part = part_of(f, &items[j]);
-    size_t at = packed_start(u, part);
+    size_t at = packed_start(u, part, grads);
     for (int i = u->first_param; i < j; i++)
-        if (part_of(f, &items[i]) == part) at += items[i].shard_numel;
+        if (part_of(f, &items[i]) == part && in_layout(&items[i], grads))
+            at += items[i].shard_numel;
     return at;
 }
 
@@ -154,12 +163,16 @@ void fsdp_plan(Fsdp *f, ParamTable *params, const Block *blocks, int n_blocks,
                                                     : t->shard_numel;
         u->shard_numel = (end < t->count ? t->items[end].shard_offset : t->shard_numel) -
                          u->shard_offset;
-        for (int j = u->first_param; j < end; j++)
-            u->part_numel[part_of(f, &t->items[j])] += t->items[j].shard_numel;
+        for (int j = u->first_param; j < end; j++) {
+            const Param *p = &t->items[j];
+            u->part_numel[part_of(f, p)] += p->shard_numel;
+            if (!p->frozen) u->grad_part_numel[part_of(f, p)] += p->shard_numel;
+            u->has_frozen |= p->frozen;
+        }
         CHECK(u->part_numel[PART_DENSE] + u->part_numel[PART_EXPERTS] == u->shard_numel);
         f->experts_apart |= u->part_numel[PART_EXPERTS] > 0;
-        f->max_rank_major = max_size(f->max_rank_major, rank_major_numel(f, u));
-        f->rank_major_total += rank_major_numel(f, u);
+        f->max_rank_major = max_size(f->max_rank_major, rank_major_numel(f, u, false));
+        f->rank_major_total += rank_major_numel(f, u, false);
         f->max_shard_numel = max_size(f->max_shard_numel, u->shard_numel);
         f->max_full_numel = max_size(f->max_full_numel, u->full_numel);
         u->grad_offset = f->grad_numel;
@@ -283,7 +296,7 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
             uint64_t sent = q == PART_DENSE && u->wire_bytes ? u->wire_bytes : n * gathered;
             v[q].all_gather_forward += sent;
             if (gathers == 2) v[q].all_gather_backward += sent;
-            v[q].reduce_scatter += (uint64_t)part_size(f, q) * n * reduced;
+            v[q].reduce_scatter += (uint64_t)part_size(f, q) * u->grad_part_numel[q] * reduced;
         }
         if (!f->config.float8_precompute && u->full_numel > 0)  // not another stage's
             v[PART_DENSE].float8_amax += (uint64_t)gathers * u->n_float8 * sizeof(float);
@@ -305,17 +318,19 @@ void fsdp_free(Fsdp *f) {
 
 // Copies parameter j of unit u between its place as the model sees it (full: the unit's
 // parameters unpadded, one after another) and rank-major (every rank's shard in rank order:
-// the all-gather's output and the reduce-scatter's input, padding rows zero).
+// the all-gather's output (to_full), and the reduce-scatter's input in the gradients' layout,
+// padding rows zero).
 static void param_copy(const Fsdp *f, const FsdpUnit *u, int j, float *full, float *rank_major,
                        bool to_full) {
     const KernelOps *k_ = f->config.k;
     const Param *p = &f->params->items[j];
     int q = part_of(f, p);
-    float *block = rank_major + rank_major_start(f, u, q) +
-                   (packed_offset(f, u, j) - packed_start(u, q));
+    bool grads = !to_full;
+    float *block = rank_major + rank_major_start(f, u, q, grads) +
+                   (packed_offset(f, u, j, grads) - packed_start(u, q, grads));
     for (int k = 0; k < part_size(f, q); k++) {
         int64_t first, rows = rank_rows(f, p, k, &first);
-        float *part = block + (size_t)k * u->part_numel[q];
+        float *part = block + (size_t)k * part_sizes(u, grads)[q];
         float *whole = full + (p->offset - u->table_offset) + (size_t)first * row_numel(p);
         size_t n = (size_t)rows * row_numel(p);
         if (to_full) {
@@ -330,18 +345,20 @@ static void param_copy(const Fsdp *f, const FsdpUnit *u, int j, float *full, flo
 static void unit_copy(const Fsdp *f, const FsdpUnit *u, float *full, float *rank_major,
                       bool to_full) {
     for (int j = u->first_param; j < u->first_param + u->n_params; j++)
-        param_copy(f, u, j, full, rank_major, to_full);
+        if (in_layout(&f->params->items[j], !to_full))
+            param_copy(f, u, j, full, rank_major, to_full);
 }
 
 // Between u's shard (the table's order) and its packed shard: a copy of the parameters
-// (to_packed), or the packed gradient added into the shard grads.
+// (to_packed), or the packed gradient (the gradients' layout) added into the shard grads.
 static void unit_pack(const Fsdp *f, const FsdpUnit *u, float *shard, float *packed,
                       bool to_packed) {
     const KernelOps *k = f->config.k;
     for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
         const Param *p = &f->params->items[j];
+        if (!in_layout(p, !to_packed)) continue;
         float *mine = shard + (p->shard_offset - u->shard_offset);
-        float *in_packed = packed + packed_offset(f, u, j);
+        float *in_packed = packed + packed_offset(f, u, j, !to_packed);
         if (to_packed) k->copy(in_packed, mine, p->shard_numel * sizeof(float));
         else k->add(mine, in_packed, p->shard_numel);
     }
@@ -416,7 +433,7 @@ static void wire_gather_start(Fsdp *f, FsdpUnit *u, const float *shard) {
     for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
         const Param *p = &f->params->items[j];
         if (part_of(f, p) != PART_DENSE) continue;
-        const float *mine = shard + packed_offset(f, u, j);
+        const float *mine = shard + packed_offset(f, u, j, false);
         uint8_t *out = f->wire_send + wire_offset(f, u, j);
         if (p->gather_float8) float8_shard_cast(f, u, j, mine, out);
         else if (gathers_bf16(f)) k->to_bf16((uint16_t *)out, mine, p->shard_numel);
@@ -456,7 +473,8 @@ static void parts_gather_start(Fsdp *f, FsdpUnit *u, bool compute) {
         shard = f->packed;
     }
     for (int q = 0; q < N_PARTS; q++) {
-        size_t n = u->part_numel[q], at = packed_start(u, q), out = rank_major_start(f, u, q);
+        size_t n = u->part_numel[q], at = packed_start(u, q, false);
+        size_t out = rank_major_start(f, u, q, false);
         if (q == PART_EXPERTS && n == 0) continue;
         if (q == PART_DENSE && compute && u->wire_bytes) {
             wire_gather_start(f, u, shard);
@@ -489,10 +507,10 @@ static void gather_finish(Fsdp *f) {
     f->gathering = -1;
     for (int j = 0; j < f->n_units; j++)
         if (f->units[j].full == u->full) f->units[j].gathered = false;
-    size_t wired = u->wire_bytes ? rank_major_start(f, u, PART_EXPERTS) : 0;  // not in bf16
+    size_t wired = u->wire_bytes ? rank_major_start(f, u, PART_EXPERTS, false) : 0;  // not bf16
     if (gathers_bf16(f))
         f->config.k->from_bf16(f->gather_buf + wired, f->gather_recv16 + wired,
-                               rank_major_numel(f, u) - wired);
+                               rank_major_numel(f, u, false) - wired);
     for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
         if (u->wire_bytes && part_of(f, &f->params->items[j]) == PART_DENSE)
             param_unwire(f, u, j);
@@ -537,27 +555,32 @@ static void scatter_finish(Fsdp *f) {
     parts_wait(f->scatter);
     f->scattering = -1;
     float divide = 1.0f / (float)f->config.size;
+    size_t experts = u->grad_part_numel[PART_EXPERTS];
+    size_t n = u->grad_part_numel[PART_DENSE] + experts;
     if (reduces_bf16(f)) {  // a bf16 sum: the average is taken in fp32
-        k->from_bf16(f->scatter_recv, f->scatter_recv16, u->shard_numel);
-        k->scale(f->scatter_recv, u->shard_numel, divide);
-    } else if (u->part_numel[PART_EXPERTS] > 0) {
-        k->scale(f->scatter_recv + packed_start(u, PART_EXPERTS), u->part_numel[PART_EXPERTS],
-                 divide);
+        k->from_bf16(f->scatter_recv, f->scatter_recv16, n);
+        k->scale(f->scatter_recv, n, divide);
+    } else if (experts > 0) {
+        k->scale(f->scatter_recv + packed_start(u, PART_EXPERTS, true), experts, divide);
     }
-    if (u->part_numel[PART_EXPERTS] > 0)
+    if (experts > 0 || u->has_frozen)
         unit_pack(f, u, f->grad + u->shard_offset, f->scatter_recv, false);
     else
-        k->add(f->grad + u->shard_offset, f->scatter_recv, u->shard_numel);
+        k->add(f->grad + u->shard_offset, f->scatter_recv, n);
 }
 
+// Starts the reduce-scatter of u's gradients, those of its trained parameters only (a unit
+// whose parameters are all frozen has none to send).
 static void scatter_start(Fsdp *f, FsdpUnit *u) {
     scatter_finish(f);  // it overlapped this unit's backward; its buffers are needed now
+    if (u->grad_part_numel[PART_DENSE] + u->grad_part_numel[PART_EXPERTS] == 0) return;
     unit_copy(f, u, f->full_grad + u->grad_offset, f->scatter_send, false);
     if (reduces_bf16(f))
-        f->config.k->to_bf16(f->scatter_send16, f->scatter_send, rank_major_numel(f, u));
+        f->config.k->to_bf16(f->scatter_send16, f->scatter_send, rank_major_numel(f, u, true));
     for (int q = 0; q < N_PARTS; q++) {
-        size_t n = u->part_numel[q], at = packed_start(u, q), in = rank_major_start(f, u, q);
-        if (q == PART_EXPERTS && n == 0) continue;
+        size_t n = u->grad_part_numel[q], at = packed_start(u, q, true);
+        size_t in = rank_major_start(f, u, q, true);
+        if (n == 0) continue;
         if (reduces_bf16(f)) {
             f->scatter[q] = comm_reduce_scatter_bf16_start(
                 part_group(f, q), f->scatter_send16 + in, f->scatter_recv16 + at, n);

@@ -21,7 +21,9 @@
 // Gradients are those of the global-batch mean loss: each rank's loss is the mean over its
 // own tokens, so the reduce-scatter averages over the fsdp group and HSDP then averages the
 // shard grads over dp_replicate. Each microbatch's reduce-scatter is added (+=) to the shard
-// grads, which the caller zeroes once per step.
+// grads, which the caller zeroes once per step. Frozen parameters (Param.frozen, LoRA's base)
+// take no gradient: the reduce-scatter moves the unit's trained parameters' only, packed
+// without them (FsdpUnit.grad_part_numel), and their shard grads stay zero.
 //
 // float8 (FsdpConfig.float8_precompute, Param.gather_float8): a unit holding weights of
 // tensorwise float8 Linears gathers its dense part as bytes, those weights' shards cast to e4m3
@@ -97,6 +99,10 @@ typedef struct {
     size_t shard_offset;       // in floats, into Fsdp.data / Fsdp.grad
     size_t shard_numel;        // this rank's floats of the unit (the same on every rank)
     size_t part_numel[2];      // of which its dense parameters' and its experts'
+    // Those of its trained parameters: its gradients' parts, what the reduce-scatter moves
+    // (a frozen parameter, LoRA's base, takes no gradient: Param.frozen).
+    size_t grad_part_numel[2];
+    bool has_frozen;
     size_t full_numel;         // floats of the unit's (unpadded) parameters
     size_t table_offset;       // in floats: where they start in ParamTable's layout
     size_t grad_offset;        // in floats, into Fsdp.full_grad (reduce_once_per_step; else 0)

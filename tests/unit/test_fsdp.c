@@ -120,10 +120,19 @@ typedef struct {
     const char *name;
     bool bf16_params, bf16_reduce;  // FsdpConfig.precision: param, reduce bf16
     bool experts;  // w1, w3 as experts over efsdp (the fsdp ranks reversed)
+    bool frozen;   // the embedding and attention weights frozen (Param.frozen, LoRA's base)
 } Case;
 
 static CommGroup *efsdp;  // the fsdp group's ranks in reverse order
 
+
+// The embedding (a unit of its own: it then sends no gradient at all) and every attention
+// weight, between trained parameters of their units.
+static void mark_frozen(ParamTable *t) {
+    for (int j = 0; j < t->count; j++)
+        t->items[j].frozen = strstr(t->items[j].name, "tok_embeddings") ||
+                             strstr(t->items[j].name, "attention.w");
+}
 
 static void mark_experts(ParamTable *t) {
     for (int j = 0; j < t->count; j++)
@@ -142,6 +151,7 @@ static void sharded_build(Sharded *sh, const Mesh *mesh, const Case *c, int rows
     const KernelOps *k = kernels_backend("cpu");
     net_build(&sh->net, c->activation_checkpoint);
     if (c->experts) mark_experts(&sh->net.m.params);
+    if (c->frozen) mark_frozen(&sh->net.m.params);
     int replicate = mesh->layout.size[MESH_DP_REPLICATE];
     FsdpConfig config = {.size = comm_size(mesh->fsdp), .rank = comm_rank(mesh->fsdp),
                          .replicate_size = replicate,
@@ -187,9 +197,16 @@ static size_t box_of(const Param *p, size_t *first) {
     return box_numel(&b);
 }
 
+// A frozen parameter's shard grad is never reduce-scattered into: it stays zero.
 static void check_grads(const Fsdp *f, const Reference *r, const char *name, double tolerance) {
     for (int j = 0; j < f->params->count; j++) {
         const Param *p = &f->params->items[j];
+        if (p->frozen) {
+            for (size_t i = 0; i < p->shard_numel; i++)
+                EXPECT(f->params->shard_grad[p->shard_offset + i] == 0,
+                       "%s: frozen %s took a gradient", name, p->name);
+            continue;
+        }
         size_t first, n = box_of(p, &first);
         const float *want = r->grad + p->offset + first;
         const float *got = f->params->shard_grad + p->shard_offset;
@@ -278,8 +295,20 @@ static void check_case(const Reference *r, const Reference *rounded, const Mesh 
     check_grads(&sh.f, want, c->name, tolerance);
     const KernelOps *k = kernels_backend("cpu");
     double norm = sqrt(grads_sum_squares(k, &sh.net.m.params, mesh->fsdp, NULL, NULL));
-    EXPECT(close_to(norm, want->grad_norm, tolerance), "%s: grad norm %.9g, 1-rank %.9g",
-           c->name, norm, want->grad_norm);
+    double want_norm = want->grad_norm, trained_numel = 0;
+    if (c->frozen) {  // the norm of the trained parameters' gradients
+        double sum = 0;
+        for (int j = 0; j < sh.net.m.params.count; j++) {
+            const Param *p = &sh.net.m.params.items[j];
+            if (p->frozen) continue;
+            trained_numel += (double)p->shard_numel;
+            for (size_t i = 0; i < p->numel; i++)
+                sum += (double)want->grad[p->offset + i] * want->grad[p->offset + i];
+        }
+        want_norm = sqrt(sum);
+    }
+    EXPECT(close_to(norm, want_norm, tolerance), "%s: grad norm %.9g, 1-rank %.9g", c->name,
+           norm, want_norm);
     grad_clip_to_norm(k, sh.f.grad, sh.f.numel, norm, norm / 2);
     double clipped = sqrt(grads_sum_squares(k, &sh.net.m.params, mesh->fsdp, NULL, NULL));
     EXPECT(close_to(clipped, norm / 2, TOLERANCE), "%s: clipped norm %.9g, want %.9g", c->name,
@@ -290,6 +319,11 @@ static void check_case(const Reference *r, const Reference *rounded, const Mesh 
            "%s: all-gathers of %llu bytes for %zu elements", c->name,
            (unsigned long long)gathered, sh.f.numel);
     EXPECT((e.efsdp.reduce_scatter > 0) == c->experts, "%s: efsdp's share", c->name);
+    uint64_t scattered = e.fsdp.reduce_scatter + e.efsdp.reduce_scatter;
+    EXPECT(!c->frozen || scattered == (uint64_t)trained_numel * (uint64_t)sh.f.config.size *
+                                          (c->bf16_reduce ? 2 : 4),
+           "%s: reduce-scatters of %llu bytes for the %.0f trained elements", c->name,
+           (unsigned long long)scattered, trained_numel);
     if (world_rank == 0)
         printf("ok %s: loss %.6f, grad norm %.6f; per rank: %zu of %zu params, MiB params %.2f "
                "grads %.2f comm %.2f\n", c->name, loss, norm, sh.f.numel, r->numel,
@@ -370,25 +404,28 @@ int main(int argc, char **argv) {
     reference_compute(&rounded, true);
     check_uneven_placement(&r);
     const Case cases[] = {
-        {FSDP_RESHARD_DEFAULT, false, 1, false, "default", false, false, false},
-        {FSDP_RESHARD_ALWAYS, false, 1, false, "always", false, false, false},
-        {FSDP_RESHARD_NEVER, false, 1, false, "never", false, false, false},
-        {FSDP_RESHARD_DEFAULT, true, 1, false, "default+ac", false, false, false},
-        {FSDP_RESHARD_ALWAYS, true, 1, false, "always+ac", false, false, false},
-        {FSDP_RESHARD_NEVER, true, 1, false, "never+ac", false, false, false},
-        {FSDP_RESHARD_ALWAYS, true, 2, false, "always+ac, 2 microbatches", false, false, false},
+        {FSDP_RESHARD_DEFAULT, false, 1, false, "default", false, false, false, false},
+        {FSDP_RESHARD_ALWAYS, false, 1, false, "always", false, false, false, false},
+        {FSDP_RESHARD_NEVER, false, 1, false, "never", false, false, false, false},
+        {FSDP_RESHARD_DEFAULT, true, 1, false, "default+ac", false, false, false, false},
+        {FSDP_RESHARD_ALWAYS, true, 1, false, "always+ac", false, false, false, false},
+        {FSDP_RESHARD_NEVER, true, 1, false, "never+ac", false, false, false, false},
+        {FSDP_RESHARD_ALWAYS, true, 2, false, "always+ac, 2 microbatches", false, false, false, false},
         {FSDP_RESHARD_DEFAULT, true, 1, true, "default+ac after a forward-only pass", false, false,
-         false},
+         false, false},
         {FSDP_RESHARD_NEVER, false, 1, true, "never after a forward-only pass", false, false,
-         false},
-        {FSDP_RESHARD_DEFAULT, false, 1, false, "default, bf16 params", true, false, false},
+         false, false},
+        {FSDP_RESHARD_DEFAULT, false, 1, false, "default, bf16 params", true, false, false, false},
         {FSDP_RESHARD_ALWAYS, true, 2, false, "always+ac, 2 microbatches, bf16 params and reduce",
-         true, true, false},
-        {FSDP_RESHARD_DEFAULT, false, 1, false, "experts apart", false, false, true},
+         true, true, false, false},
+        {FSDP_RESHARD_DEFAULT, false, 1, false, "experts apart", false, false, true, false},
         {FSDP_RESHARD_ALWAYS, true, 2, false, "experts apart, always+ac, 2 microbatches",
-         false, false, true},
+         false, false, true, false},
         {FSDP_RESHARD_ALWAYS, false, 1, false, "experts apart, bf16 params and reduce", true,
-         true, true},
+         true, true, false},
+        {FSDP_RESHARD_DEFAULT, false, 1, false, "frozen", false, false, false, true},
+        {FSDP_RESHARD_ALWAYS, true, 2, false, "frozen, experts apart, always+ac, 2 microbatches, "
+         "bf16 reduce", false, true, true, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_case(&r, &rounded, &mesh, &cases[i]);
