@@ -24,10 +24,11 @@ static void table_layout(ParamTable *t) {
     for (int i = 0; i < t->count; i++) {
         Param *p = &t->items[i];
         p->offset = t->numel;
-        p->shard_offset = t->shard_numel;
+        p->shard_offset = p->shard_grad_offset = t->shard_numel;
         t->numel += p->numel;
         t->shard_numel += p->shard_numel;
     }
+    t->shard_grad_numel = t->shard_numel;
 }
 
 int params_add(ParamTable *t, ParamInit init, double init_std, int ndim, const int64_t *shape,
@@ -49,8 +50,9 @@ int params_add(ParamTable *t, ParamInit init, double init_std, int ndim, const i
     p->shard_numel = p->numel;
     // Laid out after the others (table_layout's order), in constant time: a table is built
     // one parameter at a time.
-    p->offset = t->numel, p->shard_offset = t->shard_numel;
+    p->offset = t->numel, p->shard_offset = p->shard_grad_offset = t->shard_numel;
     t->numel += p->numel, t->shard_numel += p->shard_numel;
+    t->shard_grad_numel = t->shard_numel;
     return t->count++;
 }
 

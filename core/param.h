@@ -103,8 +103,11 @@ typedef struct {
     size_t numel;
     size_t offset;        // in floats, into ParamTable.data / grad
     size_t shard_numel;   // floats this rank stores, padding included
-    size_t shard_offset;  // in floats, into ParamTable.shard_data / shard_grad and the
-                          // optimizer's moments
+    size_t shard_offset;  // in floats, into ParamTable.shard_data and the optimizer's moments
+    // In floats, into ParamTable.shard_grad: shard_offset, but under FSDP, whose shard grads
+    // leave the frozen parameters out (they take none), the trained ones' packed, and SIZE_MAX
+    // for a frozen one.
+    size_t shard_grad_offset;
     // A routed expert's weight, (E, out, in) stacked over the E experts: expert parallel
     // shards dim 0 over the ep group and FSDP the rest over efsdp (parallel/ep).
     bool expert;
@@ -146,9 +149,10 @@ typedef struct {
     size_t numel;        // total floats of the compute tensors
     size_t shard_numel;  // total floats of the shards
     float *data, *grad;  // (numel) the flat buffers the compute pointers point into
-    // (shard_numel) the fp32 masters and their grads: data and grad themselves unless a
-    // padded placement (FSDP) keeps them elsewhere.
+    // (shard_numel) the fp32 masters and (shard_grad_numel) their grads: data and grad
+    // themselves unless a padded placement (FSDP) keeps them elsewhere.
     float *shard_data, *shard_grad;
+    size_t shard_grad_numel;  // shard_numel, less the frozen parameters' under FSDP
 } ParamTable;
 
 void params_init(ParamTable *t, int capacity);

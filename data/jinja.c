@@ -865,7 +865,8 @@ static void fail(Render *r, const Node *at, const char *fmt, ...) {
     longjmp(r->fail, 1);
 }
 
-static Value NONE = {.kind = V_NONE}, TRUE_ = {.kind = V_BOOL, .b = true}, FALSE_ = {.kind = V_BOOL, .b = false};
+static Value NONE = {.kind = V_NONE}, TRUE_ = {.kind = V_BOOL, .b = true},
+             FALSE_ = {.kind = V_BOOL, .b = false};
 
 static Value *boolean(bool b) { return b ? &TRUE_ : &FALSE_; }
 

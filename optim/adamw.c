@@ -61,8 +61,8 @@ void adamw_allocate(AdamW *opt, const ParamTable *params, Arena *state) {
 static void update(const AdamW *opt, const KernelOps *k, ParamTable *params, int i, size_t n,
                    double lr) {
     size_t at = params->items[i].shard_offset, first = adamw_first_at(opt, params, i);
-    size_t second = adamw_second_at(opt, params, i);
-    k->adamw_update(params->shard_data + at, params->shard_grad + at, opt->exp_avg + first,
+    size_t second = adamw_second_at(opt, params, i), grad = params->items[i].shard_grad_offset;
+    k->adamw_update(params->shard_data + at, params->shard_grad + grad, opt->exp_avg + first,
                     opt->exp_avg_sq + second, n, (float)lr, (float)opt->beta1,
                     (float)opt->beta2, (float)opt->eps, (float)opt->weight_decay, opt->step);
 }
@@ -97,7 +97,8 @@ static void update_muon(AdamW *opt, const KernelOps *k, ParamTable *params, doub
         size_t at = p->shard_offset;
         if (!opt->muon.is_muon[i] || !p->shard_numel) continue;  // (other stages': empty)
         muon_update(&opt->muon, k, p, ordinal++, params->shard_data + at,
-                    params->shard_grad + at, opt->exp_avg + adamw_first_at(opt, params, i), lr,
+                    params->shard_grad + p->shard_grad_offset,
+                    opt->exp_avg + adamw_first_at(opt, params, i), lr,
                     opt->weight_decay);
     }
 }

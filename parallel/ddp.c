@@ -9,8 +9,8 @@ void ddp_place(ParamTable *t, int size, int rank) {
                                                   .rank = rank});
 }
 
-size_t ddp_bytes_per_step(const ParamTable *t) { return t->shard_numel * sizeof(float); }
+size_t ddp_bytes_per_step(const ParamTable *t) { return t->shard_grad_numel * sizeof(float); }
 
 void ddp_finish_step(const ParamTable *t, CommGroup *replicate) {
-    comm_all_reduce(replicate, t->shard_grad, t->shard_numel, COMM_AVG);
+    comm_all_reduce(replicate, t->shard_grad, t->shard_grad_numel, COMM_AVG);
 }

@@ -167,7 +167,6 @@ void fsdp_plan(Fsdp *f, ParamTable *params, const Block *blocks, int n_blocks,
             const Param *p = &t->items[j];
             u->part_numel[part_of(f, p)] += p->shard_numel;
             if (!p->frozen) u->grad_part_numel[part_of(f, p)] += p->shard_numel;
-            u->has_frozen |= p->frozen;
         }
         CHECK(u->part_numel[PART_DENSE] + u->part_numel[PART_EXPERTS] == u->shard_numel);
         f->experts_apart |= u->part_numel[PART_EXPERTS] > 0;
@@ -181,6 +180,19 @@ void fsdp_plan(Fsdp *f, ParamTable *params, const Block *blocks, int n_blocks,
     }
     if (!config->reduce_once_per_step) f->grad_numel = f->max_full_numel;
     f->numel = f->params->shard_numel;
+    // The shard grads: the trained parameters' only, in table order.
+    ParamTable *t = f->params;
+    size_t at = 0;
+    for (int i = 0; i < f->n_units; i++) {
+        FsdpUnit *u = &f->units[i];
+        u->shard_grad_offset = at;
+        for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
+            Param *p = &t->items[j];
+            p->shard_grad_offset = p->frozen ? SIZE_MAX : at;
+            if (!p->frozen) at += p->shard_numel;
+        }
+    }
+    f->grad_shard_numel = t->shard_grad_numel = at;
 }
 
 // Whether unit i stays gathered from its forward to its backward. torchtitan's default keeps
@@ -248,7 +260,7 @@ static void carve_params(Fsdp *f, Arena *shards, Arena *unsharded) {
 void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
     size_t rank_major = f->max_rank_major;
     carve_params(f, params, params);
-    f->grad = arena_floats(grads, f->numel);
+    f->grad = arena_floats(grads, f->grad_shard_numel);
     f->full_grad = arena_floats(grads, f->grad_numel);
     f->gather_buf = arena_floats(comm, rank_major);
     f->scatter_send = arena_floats(comm, rank_major);
@@ -307,7 +319,7 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
         .comm_bytes = comm.peak.total,
         .fsdp = v[PART_DENSE], .efsdp = v[PART_EXPERTS],
         .replicate_all_reduce = f->config.replicate_size > 1 && !f->config.replicas_step_alone
-                                    ? f->numel * sizeof(float) : 0,
+                                    ? f->grad_shard_numel * sizeof(float) : 0,
         .float8_precompute = f->config.float8_precompute ? f->n_float8 * sizeof(float) : 0};
 }
 
@@ -351,13 +363,12 @@ static void unit_copy(const Fsdp *f, const FsdpUnit *u, float *full, float *rank
 
 // Between u's shard (the table's order) and its packed shard: a copy of the parameters
 // (to_packed), or the packed gradient (the gradients' layout) added into the shard grads.
-static void unit_pack(const Fsdp *f, const FsdpUnit *u, float *shard, float *packed,
-                      bool to_packed) {
+static void unit_pack(const Fsdp *f, const FsdpUnit *u, float *packed, bool to_packed) {
     const KernelOps *k = f->config.k;
     for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
         const Param *p = &f->params->items[j];
         if (!in_layout(p, !to_packed)) continue;
-        float *mine = shard + (p->shard_offset - u->shard_offset);
+        float *mine = to_packed ? f->data + p->shard_offset : f->grad + p->shard_grad_offset;
         float *in_packed = packed + packed_offset(f, u, j, !to_packed);
         if (to_packed) k->copy(in_packed, mine, p->shard_numel * sizeof(float));
         else k->add(mine, in_packed, p->shard_numel);
@@ -469,7 +480,7 @@ static void parts_gather_start(Fsdp *f, FsdpUnit *u, bool compute) {
     bool bf16 = compute && gathers_bf16(f);
     const float *shard = f->data + u->shard_offset;
     if (u->part_numel[PART_EXPERTS] > 0) {
-        unit_pack(f, u, f->data + u->shard_offset, f->packed, true);
+        unit_pack(f, u, f->packed, true);
         shard = f->packed;
     }
     for (int q = 0; q < N_PARTS; q++) {
@@ -563,10 +574,8 @@ static void scatter_finish(Fsdp *f) {
     } else if (experts > 0) {
         k->scale(f->scatter_recv + packed_start(u, PART_EXPERTS, true), experts, divide);
     }
-    if (experts > 0 || u->has_frozen)
-        unit_pack(f, u, f->grad + u->shard_offset, f->scatter_recv, false);
-    else
-        k->add(f->grad + u->shard_offset, f->scatter_recv, n);
+    if (experts > 0) unit_pack(f, u, f->scatter_recv, false);
+    else k->add(f->grad + u->shard_grad_offset, f->scatter_recv, n);  // the same layout
 }
 
 // Starts the reduce-scatter of u's gradients, those of its trained parameters only (a unit
@@ -652,7 +661,7 @@ void fsdp_finish_step(Fsdp *f) {
     }
     scatter_finish(f);
     if (f->config.replicate_size > 1 && !f->config.replicas_step_alone)
-        comm_all_reduce(f->replicate, f->grad, f->numel, COMM_AVG);
+        comm_all_reduce(f->replicate, f->grad, f->grad_shard_numel, COMM_AVG);
     reshard_all(f);
 }
 

@@ -102,7 +102,7 @@ typedef struct {
     // Those of its trained parameters: its gradients' parts, what the reduce-scatter moves
     // (a frozen parameter, LoRA's base, takes no gradient: Param.frozen).
     size_t grad_part_numel[2];
-    bool has_frozen;
+    size_t shard_grad_offset;  // in floats, into Fsdp.grad: where its trained shards' start
     size_t full_numel;         // floats of the unit's (unpadded) parameters
     size_t table_offset;       // in floats: where they start in ParamTable's layout
     size_t grad_offset;        // in floats, into Fsdp.full_grad (reduce_once_per_step; else 0)
@@ -133,7 +133,9 @@ struct Fsdp {
     size_t rank_major_total;        // the same summed over the units
     bool experts_apart;             // some unit has experts' shards (packed apart)
     size_t grad_numel;              // floats of full_grad
-    float *data, *grad;             // (numel) the params' shard_data and shard_grad
+    float *data;                    // (numel) the params' shard_data
+    float *grad;                    // (grad_shard_numel) their shard_grad: the trained ones'
+    size_t grad_shard_numel;
     float *full_params;             // one slot shared by the resharded units, or one per unit
     float *full_grad;               // (max_full_numel) the grads of the unit in backward; or
                                     // every unit's (reduce_once_per_step)

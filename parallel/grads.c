@@ -28,7 +28,7 @@ void grads_reduce_replicated(const ParamTable *t, CommGroup *tp) {
     for (int i = 0; i < t->count; i++) {
         const Param *p = &t->items[i];
         if (tp_partial(p))
-            comm_all_reduce(tp, t->shard_grad + p->shard_offset, p->shard_numel, COMM_SUM);
+            comm_all_reduce(tp, t->shard_grad + p->shard_grad_offset, p->shard_numel, COMM_SUM);
     }
 }
 
@@ -37,7 +37,8 @@ void grads_sum_copies(const KernelOps *k, const ParamTable *t, CommGroup *ends) 
         const Param *p = &t->items[i];
         if (!p->copy || p->frozen) continue;
         const Param *o = params_find(t, p->name);
-        float *g = t->shard_grad + p->shard_offset, *go = t->shard_grad + o->shard_offset;
+        float *g = t->shard_grad + p->shard_grad_offset;
+        float *go = t->shard_grad + o->shard_grad_offset;
         if (p->shard_numel && o->shard_numel) {  // both here: the same boxes
             k->add(go, g, o->shard_numel);
             k->copy(g, go, p->shard_numel * sizeof(float));
@@ -68,7 +69,7 @@ double grads_sum_squares(const KernelOps *k, const ParamTable *t, CommGroup *fsd
         // a copy's is its original's gradient, counted there; a frozen one has none
         if (p->copy || p->frozen) continue;
         double weight = tp && tp_replicated(p) ? 1.0 / comm_size(tp) : 1.0;
-        local += weight * k->sum_squares(t->shard_grad + p->shard_offset, p->shard_numel);
+        local += weight * k->sum_squares(t->shard_grad + p->shard_grad_offset, p->shard_numel);
     }
     if (fsdp) local = comm_all_reduce_double(fsdp, local, COMM_SUM);
     if (tp) local = comm_all_reduce_double(tp, local, COMM_SUM);

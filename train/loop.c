@@ -79,7 +79,7 @@ static uint64_t dropout_seed(const Trainer *t, int step, int mb) {
 static void train_step(Trainer *t, int step, StepMetrics *m) {
     ParamTable *params = &t->model.params;
     debug_server_phase("forward_backward");
-    t->k->zero(params->shard_grad, params->shard_numel * sizeof(float));
+    t->k->zero(params->shard_grad, params->shard_grad_numel * sizeof(float));
     double loss = 0, aux = 0;
     trainer_count_targets(t);
     for (int mb = 0; mb < t->accum; mb++) {
@@ -127,7 +127,7 @@ static void train_step(Trainer *t, int step, StepMetrics *m) {
     grads_sum_copies(t->k, params, t->pp_tied);
     m->loss = loss;
     m->grad_norm = sqrt(grads_sum_squares(t->k, params, fsdp, tp, pp));
-    grad_clip_to_norm(t->k, params->shard_grad, params->shard_numel, m->grad_norm,
+    grad_clip_to_norm(t->k, params->shard_grad, params->shard_grad_numel, m->grad_norm,
                       t->cfg.training.max_norm);
     m->lr = t->opt.lr * lr_schedule_factor(&t->schedule, step - t->lr_origin);
     balance_experts(t, m);

@@ -29,7 +29,8 @@ static char *token_text(const Tokenizer *t, int32_t id) {
 int main(int argc, char **argv) {
     if (argc != 3) die_user("usage: render_chat TOKENIZER FILE.jsonl");
     Tokenizer *t = tokenizer_load(argv[1]);
-    char err[1024], *bos = token_text(t, tokenizer_bos_id(t)), *eos = token_text(t, tokenizer_eos_id(t));
+    char err[1024], *bos = token_text(t, tokenizer_bos_id(t));
+    char *eos = token_text(t, tokenizer_eos_id(t));
     const Jinja *tmpl = tokenizer_chat_template(t, err, sizeof err);
     if (!tmpl) die_user("%s", err);
     FILE *f = fopen(argv[2], "r");

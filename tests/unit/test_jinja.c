@@ -58,7 +58,8 @@ static void test_whitespace_control(void **state) {
 
 static void test_expressions(void **state) {
     (void)state;
-    expect("{{ messages|length - 1 }} {{ 'x' ~ (1 + 2) }} {{ not a is defined }}", "{\"messages\": [1, 2]}",
+    expect("{{ messages|length - 1 }} {{ 'x' ~ (1 + 2) }} {{ not a is defined }}",
+           "{\"messages\": [1, 2]}",
            "1 x3 True");
     expect("{{ [3, 1, 2][::-1] }} {{ 'abcdef'[1:5:2] }} {{ {'a': [1]}['a'][0] }}", "{}",
            "[2, 1, 3] bd 1");
