@@ -18,17 +18,26 @@ void params_free(ParamTable *t) {
     *t = (ParamTable){0};
 }
 
-// Every parameter's offsets follow the ones before it, in table order, in both forms.
+void params_layout_grads(ParamTable *t) {
+    t->shard_grad_numel = 0;
+    for (int i = 0; i < t->count; i++) {
+        Param *p = &t->items[i];
+        p->shard_grad_offset = p->frozen ? SIZE_MAX : t->shard_grad_numel;
+        if (!p->frozen) t->shard_grad_numel += p->shard_numel;
+    }
+}
+
+// Every parameter's offsets follow the ones before it, in table order, in every form.
 static void table_layout(ParamTable *t) {
     t->numel = t->shard_numel = 0;
     for (int i = 0; i < t->count; i++) {
         Param *p = &t->items[i];
         p->offset = t->numel;
-        p->shard_offset = p->shard_grad_offset = t->shard_numel;
+        p->shard_offset = t->shard_numel;
         t->numel += p->numel;
         t->shard_numel += p->shard_numel;
     }
-    t->shard_grad_numel = t->shard_numel;
+    params_layout_grads(t);
 }
 
 int params_add(ParamTable *t, ParamInit init, double init_std, int ndim, const int64_t *shape,
@@ -50,9 +59,10 @@ int params_add(ParamTable *t, ParamInit init, double init_std, int ndim, const i
     p->shard_numel = p->numel;
     // Laid out after the others (table_layout's order), in constant time: a table is built
     // one parameter at a time.
-    p->offset = t->numel, p->shard_offset = p->shard_grad_offset = t->shard_numel;
+    p->offset = t->numel, p->shard_offset = t->shard_numel;
+    p->shard_grad_offset = t->shard_grad_numel;
     t->numel += p->numel, t->shard_numel += p->shard_numel;
-    t->shard_grad_numel = t->shard_numel;
+    t->shard_grad_numel += p->shard_numel;
     return t->count++;
 }
 
@@ -296,11 +306,11 @@ void param_box_runs(const Param *p, const ParamBox *b,
 void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena) {
     CHECK(t->shard_numel == t->numel);  // a padded placement's owner places the shards
     t->data = t->shard_data = arena_floats(data_arena, t->numel);
-    t->grad = t->shard_grad = arena_floats(grad_arena, t->numel);
+    t->grad = t->shard_grad = arena_floats(grad_arena, t->shard_grad_numel);
     for (int i = 0; i < t->count; i++) {
         Param *p = &t->items[i];
         p->data = t->data ? t->data + p->offset : NULL;
-        p->grad = t->grad ? t->grad + p->offset : NULL;
+        p->grad = t->grad && !p->frozen ? t->grad + p->shard_grad_offset : NULL;
     }
 }
 

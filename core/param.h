@@ -104,9 +104,8 @@ typedef struct {
     size_t offset;        // in floats, into ParamTable.data / grad
     size_t shard_numel;   // floats this rank stores, padding included
     size_t shard_offset;  // in floats, into ParamTable.shard_data and the optimizer's moments
-    // In floats, into ParamTable.shard_grad: shard_offset, but under FSDP, whose shard grads
-    // leave the frozen parameters out (they take none), the trained ones' packed, and SIZE_MAX
-    // for a frozen one.
+    // In floats, into ParamTable.shard_grad, which holds the trained parameters' shard grads
+    // only, one after another in table order: a frozen one takes none (SIZE_MAX).
     size_t shard_grad_offset;
     // A routed expert's weight, (E, out, in) stacked over the E experts: expert parallel
     // shards dim 0 over the ep group and FSDP the rest over efsdp (parallel/ep).
@@ -123,9 +122,10 @@ typedef struct {
     // two take the same optimizer steps; checkpoints and exports hold the original only.
     bool copy;
     // A pretrained weight fine-tuning leaves as it is (LoRA's base, models/lora.h): no
-    // gradient is taken for it (a frozen Linear weight's GEMM is skipped; what the norms' and
-    // the embedding's backward write is ignored): the optimizer, the grad norm, FSDP's
-    // reduce-scatter and the checkpoints' optimizer state skip it.
+    // gradient is taken for it (its grad is NULL: a Linear skips its weight-gradient GEMM, a
+    // norm its weight's sum, the embedding its backward), nor stored (no shard grad): the
+    // optimizer, the grad norm, FSDP's reduce-scatter and the checkpoints' optimizer state
+    // skip it.
     bool frozen;
     ParamInit init;
     double init_std;      // for the normal inits
@@ -149,10 +149,10 @@ typedef struct {
     size_t numel;        // total floats of the compute tensors
     size_t shard_numel;  // total floats of the shards
     float *data, *grad;  // (numel) the flat buffers the compute pointers point into
-    // (shard_numel) the fp32 masters and (shard_grad_numel) their grads: data and grad
-    // themselves unless a padded placement (FSDP) keeps them elsewhere.
+    // (shard_numel) the fp32 masters and (shard_grad_numel) the trained ones' grads: data and
+    // grad themselves unless a padded placement (FSDP) keeps them elsewhere.
     float *shard_data, *shard_grad;
-    size_t shard_grad_numel;  // shard_numel, less the frozen parameters' under FSDP
+    size_t shard_grad_numel;  // shard_numel less the frozen parameters'
 } ParamTable;
 
 void params_init(ParamTable *t, int capacity);
@@ -190,8 +190,11 @@ bool param_is_primary_replica_within(const Param *p, int group);
 size_t param_global_numel(const Param *p);
 // The global flattened (row-major) index of element i (row-major) of p's box b.
 size_t param_global_index(const Param *p, const ParamBox *b, size_t i);
-// Carves the compute data and grad buffers (numel floats each) from the arenas and sets
-// every pointer; the shard buffers are the same ones unless the caller (FSDP) places them.
+// Lays the shard grads out again after Param.frozen changed (models/lora.c).
+void params_layout_grads(ParamTable *t);
+// Carves the compute data (numel floats) and grad (shard_grad_numel) buffers from the arenas
+// and sets every pointer (a frozen parameter's grad NULL); the shard buffers are the same ones
+// unless the caller (FSDP) places them.
 void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena);
 // view = t's parameters with their shards over other storage: shard_data (t->shard_numel
 // floats), e.g. a host copy of shards that live on a device; the compute tensors point there

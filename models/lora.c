@@ -114,6 +114,7 @@ void model_convert_lora(Model *m, const Config *c) {
         Param *p = &m->params.items[i];
         p->frozen = !lora_adapter_of(p->name, NULL, 0, NULL) && !p->buffer;
     }
+    params_layout_grads(&m->params);  // the frozen take no shard grads
     count_flops(m);
 }
 

@@ -197,17 +197,20 @@ float *model_forward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int 
     return a->hidden[last];
 }
 
-// Block i's gradients: its parameters', one after another in ParamTable.grad from *offset.
+// Block i's gradients: its trained parameters', one after another in ParamTable.grad from
+// *offset (a frozen one's go to a scratch nothing reads).
 static size_t block_grads(const Model *m, int i, size_t *offset) {
     int first = 0;
     for (int j = 0; j < i; j++) first += m->blocks[j].n_params;
     const Param *p = &m->params.items[first];
     size_t numel = 0;
+    *offset = 0;
     for (int j = 0; j < m->blocks[i].n_params; j++) {
-        CHECK(p[j].offset == p[0].offset + numel);
+        if (p[j].frozen) continue;
+        if (numel == 0) *offset = p[j].shard_grad_offset;
+        CHECK(p[j].shard_grad_offset == *offset + numel);
         numel += p[j].numel;
     }
-    *offset = m->blocks[i].n_params > 0 ? p[0].offset : 0;
     return numel;
 }
 

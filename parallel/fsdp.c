@@ -180,19 +180,17 @@ void fsdp_plan(Fsdp *f, ParamTable *params, const Block *blocks, int n_blocks,
     }
     if (!config->reduce_once_per_step) f->grad_numel = f->max_full_numel;
     f->numel = f->params->shard_numel;
-    // The shard grads: the trained parameters' only, in table order.
-    ParamTable *t = f->params;
-    size_t at = 0;
+    // The shard grads, the trained parameters' only in table order (core/param.h): a unit's
+    // are one run, its reduce-scatter's dense layout.
+    params_layout_grads(f->params);
+    f->grad_shard_numel = f->params->shard_grad_numel;
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        u->shard_grad_offset = at;
-        for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
-            Param *p = &t->items[j];
-            p->shard_grad_offset = p->frozen ? SIZE_MAX : at;
-            if (!p->frozen) at += p->shard_numel;
-        }
+        u->shard_grad_offset = i > 0 ? f->units[i - 1].shard_grad_offset +
+                                           f->units[i - 1].grad_part_numel[PART_DENSE] +
+                                           f->units[i - 1].grad_part_numel[PART_EXPERTS]
+                                     : 0;
     }
-    f->grad_shard_numel = t->shard_grad_numel = at;
 }
 
 // Whether unit i stays gathered from its forward to its backward. torchtitan's default keeps
@@ -237,7 +235,8 @@ static void point_params(Fsdp *f) {
         for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
             Param *p = &f->params->items[j];
             p->data = u->full + (p->offset - u->table_offset);
-            p->grad = f->full_grad + u->grad_offset + (p->offset - u->table_offset);
+            p->grad = p->frozen ? NULL
+                                : f->full_grad + u->grad_offset + (p->offset - u->table_offset);
             if (!p->gather_float8) continue;
             p->float8_data = u->full8 + float8_at;
             p->float8_scale_inv = f->float8_scale_inv + float8_index++;

@@ -74,7 +74,7 @@ static void rmsnorm_backward_weight(float *dweight, const float *dout, const flo
 void cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
                           const float *weight, const float *rstd, int n, int dim) {
     rmsnorm_backward_input(dx, dout, x, weight, rstd, n, dim);
-    rmsnorm_backward_weight(dweight, dout, x, rstd, n, dim);
+    if (dweight) rmsnorm_backward_weight(dweight, dout, x, rstd, n, dim);
 }
 
 // Two passes over the row (the mean, then the variance about it): no cancellation in

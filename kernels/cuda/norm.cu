@@ -139,7 +139,7 @@ void cuda_rmsnorm_backward(float *dx, float *dweight, const float *dout, const f
     rmsnorm_backward_rows<<<n, CUDA_THREADS, 0, cuda_stream()>>>(dx, dout, x, weight, rstd, dim,
                                                                  vec);
     CUDA_LAUNCH_CHECK();
-    rmsnorm_backward_weight(dweight, dout, x, rstd, n, dim);
+    if (dweight) rmsnorm_backward_weight(dweight, dout, x, rstd, n, dim);
 }
 
 // LayerNorm without affine: the cpu twin's two passes (the mean, then the variance about it).

@@ -113,9 +113,10 @@ static void embed_rows(const Param *table, StepCtx *s, float *rows, const int *i
 }
 
 // The table's gradient += that of rows' embeddings, drows (step_rows, D). full: (BT, D) under
-// TP.
+// TP. A frozen table (LoRA's base) takes none: nothing to do, on every rank alike.
 static void embed_rows_backward(const Param *table, StepCtx *s, const float *drows,
                                 const int *ids, float *full) {
+    if (table->frozen) return;
     int BT = s->B * s->T, D = (int)table->shape[1];
     const float *all = grad_gathered(s, drows, full, step_rows(s), D);
     s->k->embedding_backward(table->grad, all, ids, BT, D, vocab_start(table),

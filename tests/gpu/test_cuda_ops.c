@@ -434,6 +434,12 @@ static void rmsnorm_backward_run(int s, void *ctx) {
                               F(a->rstd, s), a->n, a->dim);
 }
 
+static void rmsnorm_backward_frozen_run(int s, void *ctx) {  // a frozen weight: no dweight
+    RmsArgs *a = ctx;
+    side[s]->rmsnorm_backward(F(a->dx, s), NULL, F(a->dout, s), F(a->x, s), F(a->w, s),
+                              F(a->rstd, s), a->n, a->dim);
+}
+
 // The forward with an fp32 output, and with a bf16 one (out_type): bf16 normed rows.
 static void check_rmsnorm(int n, int dim) {
     size_t nd = (size_t)n * dim;
@@ -454,6 +460,7 @@ static void check_rmsnorm(int n, int dim) {
     Output bwd[] = {{"dx", &a.dx, NULL, CMP_INCREMENT, BOUND_REDUCE},
                     {"dweight", &a.dw, NULL, CMP_INCREMENT, BOUND_REDUCE}};
     op_check("rmsnorm_bwd", shape, rmsnorm_backward_run, &a, bwd, 2);
+    op_check("rmsnorm_bwd frozen", shape, rmsnorm_backward_frozen_run, &a, bwd, 1);
     Pair *all[] = {&a.out, &a.rstd, &a.x, &a.w, &a.dout, &a.dx, &a.dw};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
 }

@@ -141,6 +141,10 @@ static void test_rmsnorm(void **state) {
     assert_close("rmsnorm dweight", dw, want_dw, dim, FWD_TOL);
     assert_close("rmsnorm dx fd", dx, fdw_dx, nd, FD_TOL);
     assert_close("rmsnorm dweight fd", dw, fdw_dw, dim, FD_TOL);
+    float *dx_frozen = floats_copy(dx0, nd);  // a frozen weight: dweight NULL, dx the same
+    ops->rmsnorm_backward(dx_frozen, NULL, dout, x, w, rstd, n, dim);
+    assert_memory_equal(dx_frozen, dx, nd * sizeof(float));
+    free(dx_frozen);
     free(x), free(w), free(dout), free(out), free(rstd), free(c.x), free(c.w), free(want);
     free(want_rstd), free(dx0), free(dw0), free(dx), free(dw), free(ref_dx), free(ref_dw);
     free(fd_dx), free(fd_dw), free(want_dx), free(want_dw), free(fdw_dx), free(fdw_dw);
