@@ -5,25 +5,34 @@
 
 #include "core/errors.h"
 
-// The template's variables: the line's members, messages cut to its first `turns`, the
-// tokenizer's special tokens and add_generation_prompt.
-static json_t *chat_vars(const json_t *line, size_t turns, bool generation_prompt,
-                         const char *bos, const char *eos) {
-    json_t *vars = json_copy((json_t *)line), *messages = json_array();
-    const json_t *all = json_object_get(line, "messages");
+// A conversation being rendered: its template, the tokenizer's special tokens and the JSONL
+// line.
+typedef struct {
+    const Jinja *tmpl;
+    const json_t *specials, *line;
+    const char *eos;  // specials' eos_token; NULL: none
+} Chat;
+
+// The template's variables, as transformers' apply_chat_template passes them: the special
+// tokens, messages (cut to the first `turns`), tools (the line's, else None), documents (None),
+// add_generation_prompt and the line's chat_template_kwargs (TRL's column).
+static json_t *chat_vars(const Chat *c, size_t turns, bool generation_prompt) {
+    json_t *vars = json_copy((json_t *)c->specials), *messages = json_array();
+    const json_t *all = json_object_get(c->line, "messages");
     for (size_t k = 0; k < turns; k++) json_array_append(messages, json_array_get(all, k));
     json_object_set_new(vars, "messages", messages);
-    if (bos) json_object_set_new(vars, "bos_token", json_string(bos));
-    if (eos) json_object_set_new(vars, "eos_token", json_string(eos));
+    json_t *tools = json_object_get(c->line, "tools");
+    json_object_set_new(vars, "tools", tools ? json_incref(tools) : json_null());
+    json_object_set_new(vars, "documents", json_null());
     json_object_set_new(vars, "add_generation_prompt", json_boolean(generation_prompt));
+    json_object_update(vars, json_object_get(c->line, "chat_template_kwargs"));
     return vars;
 }
 
-static char *render(const Jinja *tmpl, const json_t *line, size_t turns, bool generation_prompt,
-                    const char *bos, const char *eos, size_t *len, JinjaSpans *spans, char *err,
-                    size_t errlen) {
-    json_t *vars = chat_vars(line, turns, generation_prompt, bos, eos);
-    char *text = jinja_render(tmpl, vars, len, spans, err, errlen);
+static char *render(const Chat *c, size_t turns, bool generation_prompt, size_t *len,
+                    JinjaSpans *spans, char *err, size_t errlen) {
+    json_t *vars = chat_vars(c, turns, generation_prompt);
+    char *text = jinja_render(c->tmpl, vars, len, spans, err, errlen);
     json_decref(vars);
     return text;
 }
@@ -40,10 +49,9 @@ static bool is_prefix(const char *text, size_t len, const char *prefix, size_t n
 }
 
 // Assistant turn i's span by the prefix rule (data/chat.h); false with a reason.
-static bool turn_find(const Jinja *tmpl, const json_t *line, size_t i, const char *bos,
-                      const char *eos, ChatExample *e, char *err, size_t errlen) {
+static bool turn_find(const Chat *c, size_t i, ChatExample *e, char *err, size_t errlen) {
     size_t before_len, upto_len;
-    char *before = render(tmpl, line, i, true, bos, eos, &before_len, NULL, err, errlen);
+    char *before = render(c, i, true, &before_len, NULL, err, errlen);
     if (!before) return false;
     bool ok = is_prefix(e->text, e->len, before, before_len);
     free(before);
@@ -55,14 +63,14 @@ static bool turn_find(const Jinja *tmpl, const json_t *line, size_t i, const cha
         return false;
     }
     const char *hit = NULL;
-    if (eos && *eos) {
-        hit = memmem(e->text + before_len, e->len - before_len, eos, strlen(eos));
+    if (c->eos && *c->eos) {
+        hit = memmem(e->text + before_len, e->len - before_len, c->eos, strlen(c->eos));
         if (hit) {
-            span_add(e, before_len, (size_t)(hit - e->text) + strlen(eos));
+            span_add(e, before_len, (size_t)(hit - e->text) + strlen(c->eos));
             return true;
         }
     }
-    char *upto = render(tmpl, line, i + 1, false, bos, eos, &upto_len, NULL, err, errlen);
+    char *upto = render(c, i + 1, false, &upto_len, NULL, err, errlen);
     if (!upto) return false;
     ok = is_prefix(e->text, e->len, upto, upto_len) && upto_len > before_len;
     free(upto);
@@ -76,9 +84,15 @@ static bool turn_find(const Jinja *tmpl, const json_t *line, size_t i, const cha
     return true;
 }
 
-bool chat_render(const Jinja *tmpl, const char *bos, const char *eos, const json_t *line,
+bool chat_render(const Jinja *tmpl, const json_t *specials, const json_t *line,
                  ChatExample *out, char *err, size_t errlen) {
     *out = (ChatExample){0};
+    Chat c = {tmpl, specials, line, json_string_value(json_object_get(specials, "eos_token"))};
+    const json_t *kwargs = json_object_get(line, "chat_template_kwargs");
+    if (kwargs && !json_is_object(kwargs)) {
+        snprintf(err, errlen, "\"chat_template_kwargs\" must be an object");
+        return false;
+    }
     const json_t *messages = json_object_get(line, "messages"), *m;
     size_t n = json_array_size(messages), i;
     if (!json_is_array(messages) || n == 0) {
@@ -92,15 +106,14 @@ bool chat_render(const Jinja *tmpl, const char *bos, const char *eos, const json
         }
     }
     JinjaSpans spans;
-    out->text = render(tmpl, line, n, false, bos, eos, &out->len, &spans, err, errlen);
+    out->text = render(&c, n, false, &out->len, &spans, err, errlen);
     if (!out->text) return false;
     if (jinja_has_generation(tmpl)) {
         for (int k = 0; k < spans.n; k++) span_add(out, spans.start[k], spans.end[k]);
     } else {
         json_array_foreach(messages, i, m) {
             const char *role = json_string_value(json_object_get(m, "role"));
-            if (strcmp(role, "assistant") == 0 && !turn_find(tmpl, line, i, bos, eos, out, err,
-                                                             errlen)) {
+            if (strcmp(role, "assistant") == 0 && !turn_find(&c, i, out, err, errlen)) {
                 jinja_spans_free(&spans);
                 chat_example_free(out);
                 return false;

@@ -26,10 +26,12 @@ typedef struct {
     int n;
 } ChatExample;
 
-// Renders the conversation `line` (a JSONL object: its "messages" and any other members, such
-// as "tools", are the template's variables, with bos_token, eos_token (their text; NULL: none)
-// and add_generation_prompt false). False with a one-line reason in err (a template error, a
-// conversation without an assistant turn, turns the rule above cannot find).
-bool chat_render(const Jinja *tmpl, const char *bos, const char *eos, const json_t *line,
+// Renders the conversation `line` (a JSONL object) with the variables apply_chat_template
+// passes: specials (the tokenizer's special tokens, tokenizer_chat_template), its "messages",
+// its "tools" (else None), documents None, add_generation_prompt false, and the members of its
+// "chat_template_kwargs" (TRL's column; e.g. enable_thinking). False with a one-line reason in
+// err (a template error, a conversation without an assistant turn, turns the rule above cannot
+// find).
+bool chat_render(const Jinja *tmpl, const json_t *specials, const json_t *line,
                  ChatExample *out, char *err, size_t errlen);
 void chat_example_free(ChatExample *e);

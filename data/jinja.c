@@ -4,6 +4,8 @@
 // longjmp out of any depth) frees everything with the arena.
 #include "data/jinja.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -95,8 +97,8 @@ typedef struct {
 } Tok;
 
 typedef enum { N_TEXT, N_OUT, N_IF, N_FOR, N_SET, N_GEN, N_BREAK, N_CONTINUE, N_LIT, N_NAME,
-               N_ATTR, N_INDEX, N_SLICE, N_CALL, N_FILTER, N_TEST, N_NOT, N_NEG, N_BIN, N_AND,
-               N_OR, N_COND, N_LIST, N_DICT } NodeKind;
+               N_ATTR, N_INDEX, N_SLICE, N_CALL, N_FILTER, N_TEST, N_NOT, N_NEG, N_BIN,
+               N_COMPARE, N_AND, N_OR, N_COND, N_LIST, N_DICT } NodeKind;
 
 typedef enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD, OP_POW, OP_CAT, OP_EQ,
                OP_NE, OP_LT, OP_LE, OP_GT, OP_GE, OP_IN, OP_NOTIN } Op;
@@ -108,10 +110,11 @@ struct Node {
     Str name, name2;  // name / attribute / filter / test; N_SET's attribute, N_FOR's 2nd name
     Value *lit;       // N_LIT, N_TEXT
     int op;           // N_BIN's Op; N_TEST: negated
+    int *ops;         // N_COMPARE's operators (n - 1 of them)
     Node *a, *b, *c, *d;
     Node **items;     // a body's statements, a call's arguments, a list's items, a dict's k, v
     Str *keys;        // a call's keyword names (n == 0: positional)
-    int n;
+    int n, cap;
 };
 
 struct Jinja {
@@ -189,8 +192,10 @@ static size_t utf8_put(char *out, uint32_t cp) {
 static Str lex_string(Parser *p, size_t *i) {
     const char *s = p->j->src;
     char quote = s[*i];
-    size_t start = *i, k = *i + 1;
-    char *out = arena_alloc(&p->j->arena, p->j->len - start + 1);
+    size_t start = *i, k = *i + 1, end = k;
+    while (end < p->j->len && s[end] != quote) end += s[end] == '\\' ? 2 : 1;
+    if (end >= p->j->len) parse_fail(p, start, "unterminated string");
+    char *out = arena_alloc(&p->j->arena, end - start + 1);  // escapes only shrink the text
     size_t n = 0;
     for (;; k++) {
         if (k >= p->j->len) parse_fail(p, start, "unterminated string");
@@ -198,11 +203,20 @@ static Str lex_string(Parser *p, size_t *i) {
         if (c == quote) break;
         if (c != '\\') { out[n++] = c; continue; }
         if (++k >= p->j->len) parse_fail(p, start, "unterminated string");
-        const char *simple = strchr("nrtabfv0\\'\"", s[k]);
+        const char *simple = strchr("nrtabfv\\'\"", s[k]);
         if (simple && s[k]) {
-            out[n++] = "\n\r\t\a\b\f\v\0\\'\""[simple - "nrtabfv0\\'\""];
+            out[n++] = "\n\r\t\a\b\f\v\\'\""[simple - "nrtabfv\\'\""];
             continue;
         }
+        if (s[k] >= '0' && s[k] <= '7') {  // octal, up to three digits
+            unsigned v = 0;
+            for (int d = 0; d < 3 && k < end && s[k] >= '0' && s[k] <= '7'; d++, k++)
+                v = v * 8 + (unsigned)(s[k] - '0');
+            k--;
+            n += utf8_put(out + n, v);
+            continue;
+        }
+        if (s[k] == 'N') parse_fail(p, k - 1, "\\N{...} escapes are not supported");
         int hex = s[k] == 'x' ? 2 : s[k] == 'u' ? 4 : s[k] == 'U' ? 8 : 0;
         if (!hex) { out[n++] = '\\', out[n++] = s[k]; continue; }  // kept, as Python does
         uint32_t cp = 0;
@@ -225,19 +239,82 @@ static const char *const OPERATORS[] = {"//", "**", "==", "!=", "<=", ">=", "+",
                                         "%", "~", "<", ">", "=", "(", ")", "[", "]", "{", "}",
                                         ",", ".", ":", "|"};
 
-// The tokens of a tag from s[i], up to and including its close ("}}" or "%}", optionally
-// after "-"); returns the offset after the close and sets *strip when it was "-".
+// The digits of base from s[*k] on, underscores between them (Python's literals), into out
+// without the underscores; their count.
+static size_t lex_digits(const char *s, size_t len, size_t *k, int base, char *out,
+                         size_t *n) {
+    size_t count = 0;
+    for (; *k < len; ++*k) {
+        char c = s[*k];
+        int v = is_digit(c) ? c - '0' : (c | 32) >= 'a' && (c | 32) <= 'f' ? (c | 32) - 'a' + 10
+                                                                           : 99;
+        if (c == '_' && count > 0 && *k + 1 < len && s[*k + 1] != '_') continue;
+        if (v >= base) break;
+        if (*n < 63) out[(*n)++] = c;
+        count++;
+    }
+    return count;
+}
+
+// A number literal from s[i]: an integer (0x, 0o and 0b prefixes too) or a float (a fraction
+// needs a digit after the point, and a number right after "." is an integer: `messages.0`).
+static size_t lex_number(Parser *p, size_t i) {
+    const char *s = p->j->src;
+    size_t len = p->j->len, k = i, n = 0;
+    char text[64];
+    int base = 10;
+    if (s[i] == '0' && i + 1 < len && strchr("xXoObB", s[i + 1]) && s[i + 1]) {
+        base = (s[i + 1] | 32) == 'x' ? 16 : (s[i + 1] | 32) == 'o' ? 8 : 2;
+        k += 2;
+        if (!lex_digits(s, len, &k, base, text, &n)) parse_fail(p, i, "a number without digits");
+    } else {
+        lex_digits(s, len, &k, 10, text, &n);
+    }
+    bool after_dot = p->n > 0 && p->toks[p->n - 1].kind == TK_OP &&
+                     str_is(p->toks[p->n - 1].s, ".");
+    bool real = false;
+    if (base == 10 && !after_dot && k + 1 < len && s[k] == '.' && is_digit(s[k + 1])) {
+        text[n++] = s[k++];
+        lex_digits(s, len, &k, 10, text, &n);
+        real = true;
+    }
+    if (base == 10 && !after_dot && k < len && (s[k] | 32) == 'e') {
+        size_t e = k + 1;
+        char sign = e < len && (s[e] == '+' || s[e] == '-') ? s[e++] : 0;
+        if (e < len && is_digit(s[e]) && n < 60) {
+            text[n++] = 'e';
+            if (sign) text[n++] = sign;
+            k = e;
+            lex_digits(s, len, &k, 10, text, &n);
+            real = true;
+        }
+    }
+    if (n >= 63) parse_fail(p, i, "a number literal longer than 62 digits");
+    text[n] = '\0';
+    Tok *t = tok_push(p, real ? TK_FLOAT : TK_INT, i);
+    errno = 0;
+    if (real) t->f = strtod(text, NULL);
+    else t->i = strtoll(text, NULL, base);
+    if (errno == ERANGE && !real) parse_fail(p, i, "an integer beyond 64 bits");
+    return k;
+}
+
+// The tokens of a tag from s[i], up to and including its close ("}}" or "%}" outside any
+// bracket, optionally after "-" or, for "%}", "+"); returns the offset after the close and
+// sets *strip when it was "-", *keep when "+" (no trim_blocks).
 static size_t lex_tag(Parser *p, size_t i, const char *close, TokKind end, size_t open,
-                      bool *strip) {
+                      bool *strip, bool *keep) {
     const char *s = p->j->src;
     size_t len = p->j->len;
+    int depth = 0;  // brackets open: a dict literal's "}}" closes nothing
     for (;;) {
         while (i < len && is_space(s[i])) i++;
         if (i >= len) parse_fail(p, open, "unclosed tag: no %s", close);
-        *strip = s[i] == '-' && strncmp(s + i + 1, close, 2) == 0;
-        if (*strip || strncmp(s + i, close, 2) == 0) {
+        *strip = depth == 0 && s[i] == '-' && strncmp(s + i + 1, close, 2) == 0;
+        *keep = depth == 0 && close[0] == '%' && s[i] == '+' && strncmp(s + i + 1, close, 2) == 0;
+        if (*strip || *keep || (depth == 0 && strncmp(s + i, close, 2) == 0)) {
             tok_push(p, end, i);
-            return i + 2 + *strip;
+            return i + 2 + (*strip || *keep);
         }
         if (is_name_start(s[i])) {
             size_t k = i;
@@ -245,14 +322,7 @@ static size_t lex_tag(Parser *p, size_t i, const char *close, TokKind end, size_
             tok_push(p, TK_NAME, i)->s = (Str){s + i, k - i};
             i = k;
         } else if (is_digit(s[i])) {
-            char *e;
-            double f = strtod(s + i, &e);
-            size_t k = (size_t)(e - s);
-            bool real = memchr(s + i, '.', k - i) || memchr(s + i, 'e', k - i) ||
-                        memchr(s + i, 'E', k - i);
-            Tok *t = tok_push(p, real ? TK_FLOAT : TK_INT, i);
-            t->f = f, t->i = real ? 0 : strtoll(s + i, NULL, 10);
-            i = k;
+            i = lex_number(p, i);
         } else if (s[i] == '\'' || s[i] == '"') {
             size_t at = i;
             Str str = lex_string(p, &i);
@@ -264,6 +334,8 @@ static size_t lex_tag(Parser *p, size_t i, const char *close, TokKind end, size_
             if (k == sizeof OPERATORS / sizeof *OPERATORS)
                 parse_fail(p, i, "unexpected character '%c'", s[i]);
             tok_push(p, TK_OP, i)->s = (Str){OPERATORS[k], strlen(OPERATORS[k])};
+            if (strchr("([{", s[i])) depth++;
+            else if (strchr(")]}", s[i]) && depth > 0) depth--;
             i += strlen(OPERATORS[k]);
         }
     }
@@ -299,7 +371,7 @@ static void lex(Parser *p) {
         if (text_end > pos) tok_push(p, TK_TEXT, pos)->s = (Str){s + pos, text_end - pos};
         if (!tag) break;
         size_t after, body = i + 2 + (sign != 0);
-        bool strip;
+        bool strip, keep = false;
         if (kind == '#') {
             const char *end = strstr(s + body, "#}");
             if (!end) parse_fail(p, i, "unclosed comment");
@@ -308,10 +380,10 @@ static void lex(Parser *p) {
         } else {
             tok_push(p, kind == '{' ? TK_VAR_BEGIN : TK_BLOCK_BEGIN, i);
             after = lex_tag(p, body, kind == '{' ? "}}" : "%}",
-                            kind == '{' ? TK_VAR_END : TK_BLOCK_END, i, &strip);
+                            kind == '{' ? TK_VAR_END : TK_BLOCK_END, i, &strip, &keep);
         }
         strip_next = strip;
-        if (!strip && kind != '{' && after < len && s[after] == '\n') after++;  // trim_blocks
+        if (!strip && !keep && kind != '{' && after < len && s[after] == '\n') after++;  // trim
         line_starting = after > 0 && s[after - 1] == '\n';
         if (strip) {
             while (after < len && is_space(s[after])) after++;
@@ -376,12 +448,15 @@ static Node *node_new(Parser *p, NodeKind kind, size_t pos) {
 }
 
 static void node_add(Parser *p, Node *n, Node *item, Str key) {
-    Node **items = arena_alloc(&p->j->arena, (size_t)(n->n + 1) * sizeof(Node *));
-    Str *keys = arena_alloc(&p->j->arena, (size_t)(n->n + 1) * sizeof(Str));
-    if (n->n) memcpy(items, n->items, (size_t)n->n * sizeof(Node *)),
-              memcpy(keys, n->keys, (size_t)n->n * sizeof(Str));
-    items[n->n] = item, keys[n->n] = key;
-    n->items = items, n->keys = keys, n->n++;
+    if (n->n == n->cap) {  // doubling: the arena keeps every old array, in all twice the last
+        n->cap = n->cap ? 2 * n->cap : 4;
+        Node **items = arena_alloc(&p->j->arena, (size_t)n->cap * sizeof(Node *));
+        Str *keys = arena_alloc(&p->j->arena, (size_t)n->cap * sizeof(Str));
+        if (n->n) memcpy(items, n->items, (size_t)n->n * sizeof(Node *)),
+                  memcpy(keys, n->keys, (size_t)n->n * sizeof(Str));
+        n->items = items, n->keys = keys;
+    }
+    n->items[n->n] = item, n->keys[n->n++] = key;
 }
 
 static Value *value_new(Arena *a, Kind kind) {
@@ -486,6 +561,12 @@ static Node *parse_postfix(Parser *p, Node *n) {
     for (;;) {
         size_t pos = peek(p)->pos;
         if (accept_op(p, ".")) {
+            if (peek(p)->kind == TK_INT) {  // `messages.0`: an item, as Jinja2 reads it
+                Node *x = node_new(p, N_INDEX, pos);
+                x->a = n, x->b = parse_primary(p);
+                n = x;
+                continue;
+            }
             Node *a = node_new(p, N_ATTR, pos);
             a->a = n, a->name = expect_name(p);
             n = a;
@@ -548,11 +629,15 @@ static Node *parse_filters(Parser *p, Node *n) {
             if (!listed(t->name, TESTS, sizeof TESTS / sizeof *TESTS))
                 parse_fail(p, pos, "test '%.*s' is not in titan's chat-template subset",
                            (int)t->name.n, t->name.s);
+            // An argument in parentheses, or one without them: a literal, a name (not "else",
+            // "or", "and") or a list or dict, as Jinja2's parse_test takes it.
+            Tok *next = peek(p);
             if (accept_op(p, "(")) parse_args(p, t);
-            else if (peek(p)->kind == TK_INT || peek(p)->kind == TK_FLOAT ||
-                     peek(p)->kind == TK_STRING || is_name(p, "none") || is_name(p, "true") ||
-                     is_name(p, "false"))
-                node_add(p, t, parse_primary(p), (Str){0});
+            else if (next->kind == TK_INT || next->kind == TK_FLOAT || next->kind == TK_STRING ||
+                     (next->kind == TK_NAME && !is_name(p, "else") && !is_name(p, "or") &&
+                      !is_name(p, "and")) ||
+                     is_op(p, "[") || is_op(p, "{"))
+                node_add(p, t, parse_postfix(p, parse_primary(p)), (Str){0});
             n = t;
         } else {
             return n;
@@ -618,26 +703,38 @@ static Node *parse_math1(Parser *p) {
     }
 }
 
+// A comparison chain, as Python reads it: `a < b < c` is `a < b and b < c`, b evaluated once
+// (N_COMPARE: its operands in items, each operator in ops).
 static Node *parse_compare(Parser *p) {
     static const struct { const char *op; Op code; } COMPARE[] = {
         {"==", OP_EQ}, {"!=", OP_NE}, {"<=", OP_LE}, {">=", OP_GE}, {"<", OP_LT}, {">", OP_GT}};
-    Node *n = parse_math1(p);
+    Node *first = parse_math1(p), *chain = NULL;
     for (;;) {
         size_t pos = peek(p)->pos;
         int k = 0;
+        Op op;
         while (k < 6 && !is_op(p, COMPARE[k].op)) k++;
         if (k < 6) {
             advance(p);
-            n = binary(p, pos, COMPARE[k].code, n, parse_math1(p));
+            op = COMPARE[k].code;
         } else if (accept_name(p, "in")) {
-            n = binary(p, pos, OP_IN, n, parse_math1(p));
+            op = OP_IN;
         } else if (is_name(p, "not") && p->toks[p->at + 1].kind == TK_NAME &&
                    str_is(p->toks[p->at + 1].s, "in")) {
             p->at += 2;
-            n = binary(p, pos, OP_NOTIN, n, parse_math1(p));
+            op = OP_NOTIN;
         } else {
-            return n;
+            return chain ? chain : first;
         }
+        if (!chain) {
+            chain = node_new(p, N_COMPARE, pos);
+            node_add(p, chain, first, (Str){0});
+        }
+        int *ops = arena_alloc(&p->j->arena, (size_t)chain->n * sizeof(int));
+        if (chain->n > 1) memcpy(ops, chain->ops, (size_t)(chain->n - 1) * sizeof(int));
+        ops[chain->n - 1] = op;
+        chain->ops = ops;
+        node_add(p, chain, parse_math1(p), (Str){0});
     }
 }
 
@@ -744,7 +841,10 @@ static Node *parse_statement(Parser *p) {
         static const char *const END[] = {"endgeneration"};
         expect_kind(p, TK_BLOCK_END, "'%}'");
         n = node_new(p, N_GEN, t->pos);
+        int loops = p->loops;  // a call block (transformers' AssistantTracker): a function of
+        p->loops = 0;          // its own, which no break or continue leaves
         n->b = parse_body(p, END, 1, &ended);
+        p->loops = loops;
         p->j->generation = true;
     } else if (str_is(word, "break") || str_is(word, "continue")) {
         if (!p->loops) parse_fail(p, t->pos, "'%.*s' outside a for loop", (int)word.n, word.s);
@@ -1235,9 +1335,8 @@ static Value *str_split(Render *r, Str s, const Str *sep, long long max, const N
             }
             if (i >= s.n) break;
             size_t start = i;
-            if (max >= 0 && (long long)out->list.n == max) {
-                Str rest = str_strip(r, (Str){s.s + i, s.n - i}, NULL, false, true);
-                list_push(r, out, string(r, rest.s, rest.n));
+            if (max >= 0 && (long long)out->list.n == max) {  // the rest, as it is
+                list_push(r, out, string(r, s.s + i, s.n - i));
                 break;
             }
             while (i < s.n) {
@@ -1258,15 +1357,19 @@ static Value *str_split(Render *r, Str s, const Str *sep, long long max, const N
     }
 }
 
-static Str str_case(Render *r, Str s, int mode) {  // 0 lower, 1 upper, 2 capitalize, 3 title
+// ASCII letters only (other characters are kept as they are). Modes: 0 lower, 1 upper, 2
+// capitalize, 3 Python's str.title (a word starts after any non-letter), 4 Jinja2's title
+// filter (a word starts after whitespace or one of -({[<).
+static Str str_case(Render *r, Str s, int mode) {
     char *d = arena_dup(r, s.s, s.n);
     bool word_start = true;
     for (size_t i = 0; i < s.n; i++) {
         char c = d[i];
         bool letter = (c | 32) >= 'a' && (c | 32) <= 'z';
-        bool up = mode == 1 || (mode == 2 && i == 0) || (mode == 3 && word_start);
+        bool up = mode == 1 || (mode == 2 && i == 0) || (mode >= 3 && word_start);
         if (letter) d[i] = up ? (char)(c & ~32) : (char)(c | 32);
-        word_start = !letter && !((unsigned char)c & 0x80);
+        word_start = mode == 3 ? !letter && !((unsigned char)c & 0x80)
+                               : is_space(c) || (c && strchr("-({[<", c));
     }
     return (Str){d, s.n};
 }
@@ -1339,7 +1442,7 @@ static void room_check(Render *r, const Node *at, double n) {
 }
 
 static bool contains(Render *r, const Node *at, const Value *needle, const Value *hay) {
-    if (hay->kind == V_UNDEF) undefined_fail(r, at, hay);
+    if (hay->kind == V_UNDEF) return false;  // Jinja2's Undefined contains nothing
     if (hay->kind == V_STR) {
         if (needle->kind != V_STR)
             fail(r, at, "'in <string>' requires a string, not %s", kind_name(needle));
@@ -1366,6 +1469,40 @@ static int compare(Render *r, const Node *at, const Value *a, const Value *b) {
     fail(r, at, "cannot order %s and %s", kind_name(a), kind_name(b));
 }
 
+// Python's integer arithmetic in 64 bits: a result beyond them is an error, not a wrap.
+static Value *int_arithmetic(Render *r, const Node *at, Op op, long long x, long long y) {
+    long long v = 0;
+    bool over = false;
+    if ((op == OP_DIV || op == OP_FLOORDIV || op == OP_MOD) && y == 0)
+        fail(r, at, "division by zero");
+    switch (op) {
+    case OP_ADD: over = __builtin_add_overflow(x, y, &v); break;
+    case OP_SUB: over = __builtin_sub_overflow(x, y, &v); break;
+    case OP_MUL: over = __builtin_mul_overflow(x, y, &v); break;
+    case OP_DIV: return real(r, (double)x / (double)y);
+    case OP_FLOORDIV:
+        if (x == LLONG_MIN && y == -1) { over = true; break; }
+        v = x / y - ((x % y != 0) && ((x < 0) != (y < 0)));
+        break;
+    case OP_MOD:
+        if (y == -1) return integer(r, 0);
+        v = x % y;
+        if (v != 0 && (v < 0) != (y < 0)) v += y;
+        break;
+    case OP_POW:
+        if (y < 0) return real(r, pow((double)x, (double)y));
+        v = 1;  // by squaring
+        for (long long base = x, e = y; e > 0 && !over; e >>= 1) {
+            if (e & 1) over = __builtin_mul_overflow(v, base, &v);
+            if (e > 1 && !over) over = __builtin_mul_overflow(base, base, &base);
+        }
+        break;
+    default: CHECK(false);
+    }
+    if (over) fail(r, at, "an integer beyond 64 bits");
+    return integer(r, v);
+}
+
 static Value *arithmetic(Render *r, const Node *at, Op op, Value *a, Value *b) {
     if (a->kind == V_UNDEF) undefined_fail(r, at, a);
     if (b->kind == V_UNDEF) undefined_fail(r, at, b);
@@ -1382,36 +1519,30 @@ static Value *arithmetic(Render *r, const Node *at, Op op, Value *a, Value *b) {
         for (size_t k = 0; k < b->list.n; k++) list_push(r, v, b->list.v[k]);
         return v;
     }
-    if (op == OP_MUL && a->kind == V_STR && b->kind == V_INT) {
-        room_check(r, at, (double)a->str.n * (double)b->i);
+    if (op == OP_MUL && (a->kind == V_STR) != (b->kind == V_STR) &&
+        (a->kind == V_INT || b->kind == V_INT)) {  // "ab" * 3, 3 * "ab"
+        Value *text = a->kind == V_STR ? a : b;
+        long long times = a->kind == V_STR ? b->i : a->i;
+        room_check(r, at, (double)text->str.n * (double)times);
         Buf buf = {0};
-        for (long long k = 0; k < b->i; k++) buf_put(&buf, a->str.s, a->str.n);
+        for (long long k = 0; k < times; k++) buf_put(&buf, text->str.s, text->str.n);
         return buf_value(r, &buf);
     }
     if (!numeric(a) || !numeric(b))
         fail(r, at, "unsupported operand types: %s and %s", kind_name(a), kind_name(b));
-    bool ints = a->kind != V_FLOAT && b->kind != V_FLOAT;
-    long long x = ints ? as_int(a) : 0, y = ints ? as_int(b) : 0;
+    if (a->kind != V_FLOAT && b->kind != V_FLOAT) return int_arithmetic(r, at, op, as_int(a),
+                                                                         as_int(b));
     double f = as_double(a), g = as_double(b);
     if ((op == OP_DIV || op == OP_FLOORDIV || op == OP_MOD) && g == 0)
         fail(r, at, "division by zero");
     switch (op) {
-    case OP_ADD: return ints ? integer(r, x + y) : real(r, f + g);
-    case OP_SUB: return ints ? integer(r, x - y) : real(r, f - g);
-    case OP_MUL: return ints ? integer(r, x * y) : real(r, f * g);
+    case OP_ADD: return real(r, f + g);
+    case OP_SUB: return real(r, f - g);
+    case OP_MUL: return real(r, f * g);
     case OP_DIV: return real(r, f / g);
-    case OP_FLOORDIV:
-        return ints ? integer(r, x / y - ((x % y != 0) && ((x < 0) != (y < 0))))
-                    : real(r, floor(f / g));
-    case OP_MOD:
-        return ints ? integer(r, ((x % y) + y) % y) : real(r, f - g * floor(f / g));
-    case OP_POW:
-        if (ints && y >= 0) {
-            long long p = 1;
-            for (long long k = 0; k < y; k++) p *= x;
-            return integer(r, p);
-        }
-        return real(r, pow(f, g));
+    case OP_FLOORDIV: return real(r, floor(f / g));
+    case OP_MOD: return real(r, f - g * floor(f / g));
+    case OP_POW: return real(r, pow(f, g));
     default: break;
     }
     CHECK(false);
@@ -1447,8 +1578,9 @@ static Value *attribute(Render *r, const Node *at, Value *obj, Str name) {
 // Python's slice.indices(n) for bounds that may be absent.
 static void slice_bounds(Render *r, const Node *at, Value *lo, Value *hi, Value *st, long long n,
                          long long *start, long long *stop, long long *step) {
-    *step = st ? as_int(st) : 1;
+    if (st && st->kind == V_NONE) st = NULL;
     if (st && st->kind != V_INT) fail(r, at, "slice step must be an integer");
+    *step = st ? st->i : 1;
     if (*step == 0) fail(r, at, "slice step cannot be zero");
     long long lower = *step < 0 ? -1 : 0, upper = *step < 0 ? n - 1 : n;
     Value *bounds[2] = {lo, hi};
@@ -1460,7 +1592,8 @@ static void slice_bounds(Render *r, const Node *at, Value *lo, Value *hi, Value 
             continue;
         }
         if (v->kind != V_INT) fail(r, at, "slice bounds must be integers");
-        long long x = v->i < 0 ? v->i + n : v->i;
+        long long x = v->i;
+        if (x < 0) x = x < -n ? -n - 1 : x + n;  // no overflow at LLONG_MIN
         *out[k] = x < lower ? lower : x > upper ? upper : x;
     }
 }
@@ -1481,9 +1614,10 @@ static Value *subscript(Render *r, const Node *n) {
         slice_bounds(r, n, lo, hi, st, (long long)count, &start, &stop, &step);
         Value *out = value_new(&r->arena, V_LIST);
         Buf b = {0};
-        for (long long i = start; step > 0 ? i < stop : i > stop; i += step) {
+        for (long long i = start; step > 0 ? i < stop : i > stop;) {
             if (obj->kind == V_LIST) list_push(r, out, obj->list.v[i]);
             else buf_put(&b, obj->str.s + cp[i], cp[i + 1] - cp[i]);
+            if (__builtin_add_overflow(i, step, &i)) break;  // past either end: done
         }
         return obj->kind == V_LIST ? out : buf_value(r, &b);
     }
@@ -1536,6 +1670,56 @@ static Value *arg(const Args *a, int i, const char *name) {
     return NULL;
 }
 
+// What a method, filter or test takes: at most `positional` arguments so, and the keywords
+// named in `keywords` (space-separated). Anything else is refused rather than ignored.
+typedef struct {
+    const char *name;
+    int positional;
+    const char *keywords;
+} Signature;
+
+static const Signature STRING_METHODS[] = {
+    {"startswith", 1, ""}, {"endswith", 1, ""}, {"strip", 1, ""}, {"lstrip", 1, ""},
+    {"rstrip", 1, ""}, {"split", 2, "sep maxsplit"}, {"lower", 0, ""}, {"upper", 0, ""},
+    {"capitalize", 0, ""}, {"title", 0, ""}, {"replace", 3, ""}, {"find", 1, ""},
+    {"join", 1, ""}};
+static const Signature DICT_METHODS[] = {
+    {"get", 2, ""}, {"items", 0, ""}, {"keys", 0, ""}, {"values", 0, ""}};
+static const Signature FILTER_SIGNATURES[] = {
+    {"length", 0, ""}, {"count", 0, ""}, {"trim", 1, "chars"}, {"tojson", 1, "indent"},
+    {"string", 0, ""}, {"lower", 0, ""}, {"upper", 0, ""}, {"capitalize", 0, ""},
+    {"title", 0, ""}, {"replace", 3, "old new count"}, {"default", 2, "default_value boolean"},
+    {"d", 2, "default_value boolean"}, {"join", 1, "d"}, {"first", 0, ""}, {"last", 0, ""},
+    {"list", 0, ""}, {"reverse", 0, ""}, {"items", 0, ""}, {"int", 0, ""}, {"float", 0, ""},
+    {"abs", 0, ""}, {"safe", 0, ""}};
+static const Signature TEST_SIGNATURES[] = {
+    {"divisibleby", 1, "num"}, {"eq", 1, "other"}, {"equalto", 1, "other"}, {"ne", 1, "other"},
+    {"sameas", 1, "other"}};
+
+static bool keyword_listed(const char *keywords, Str key) {
+    for (const char *k = keywords; *k;) {
+        size_t n = strcspn(k, " ");
+        if (str_eq((Str){k, n}, key)) return true;
+        k += n + (k[n] == ' ');
+    }
+    return false;
+}
+
+// Checks a's arguments against name's entry of table (none: no arguments at all).
+static void args_check(Render *r, const Node *at, const Signature *table, size_t n, Str name,
+                       const Args *a, const char *what) {
+    Signature sig = {"", 0, ""};
+    for (size_t k = 0; k < n; k++)
+        if (str_is(name, table[k].name)) sig = table[k];
+    if (a->n_pos > sig.positional)
+        fail(r, at, "%s '%.*s' takes %d positional argument%s in titan's chat-template subset",
+             what, (int)name.n, name.s, sig.positional, sig.positional == 1 ? "" : "s");
+    for (int k = 0; k < a->n_kw; k++)
+        if (!keyword_listed(sig.keywords, a->key[k]))
+            fail(r, at, "%s '%.*s': argument '%.*s' is not in titan's chat-template subset",
+                 what, (int)name.n, name.s, (int)a->key[k].n, a->key[k].s);
+}
+
 static Str arg_str(Render *r, const Node *at, const Args *a, int i, const char *name) {
     Value *v = arg(a, i, name);
     if (!v || v->kind != V_STR) fail(r, at, "argument '%s' must be a string", name);
@@ -1561,6 +1745,8 @@ static Value *join(Render *r, Value *list, Str sep, const Node *at) {
 }
 
 static Value *string_method(Render *r, const Node *at, Str s, Str m, const Args *a) {
+    args_check(r, at, STRING_METHODS, sizeof STRING_METHODS / sizeof *STRING_METHODS, m, a,
+               "string method");
     if (str_is(m, "startswith") || str_is(m, "endswith")) {
         Value *affix = arg(a, 0, "prefix");
         bool start = m.s[0] == 's', hit = false;
@@ -1611,6 +1797,8 @@ static Value *string_method(Render *r, const Node *at, Str s, Str m, const Args 
 }
 
 static Value *dict_method(Render *r, const Node *at, Value *d, Str m, const Args *a) {
+    args_check(r, at, DICT_METHODS, sizeof DICT_METHODS / sizeof *DICT_METHODS, m, a,
+               "dict method");
     if (str_is(m, "get")) {
         Str key = arg_str(r, at, a, 0, "key");
         Value **v = dict_slot(d, key), *fallback = arg(a, 1, "default");
@@ -1657,9 +1845,10 @@ static Value *global_call(Render *r, const Node *n, Str name, const Args *a) {
         }
         if (bound[2] == 0) fail(r, n, "range step cannot be zero");
         Value *out = value_new(&r->arena, V_LIST);
-        for (long long i = bound[0]; bound[2] > 0 ? i < bound[1] : i > bound[1]; i += bound[2]) {
+        for (long long i = bound[0]; bound[2] > 0 ? i < bound[1] : i > bound[1];) {
             if (out->list.n >= 1000000) fail(r, n, "range longer than a million");
             list_push(r, out, integer(r, i));
+            if (__builtin_add_overflow(i, bound[2], &i)) break;
         }
         return out;
     }
@@ -1714,10 +1903,36 @@ static Value *iterable(Render *r, const Node *at, Value *v) {
     return out;
 }
 
+// Jinja2's int and float filters: a number converted, a string read whole as Python's int()
+// or float() reads it (surrounding whitespace allowed), anything else 0. A float beyond 64-bit
+// integers (Python's have no bound) is an error, as inf and nan are in Jinja2.
+static Value *number_of(Render *r, const Node *at, const Value *v, bool to_int) {
+    double x = 0;
+    bool is_int = v->kind == V_INT || v->kind == V_BOOL;
+    long long i = is_int ? as_int(v) : 0;
+    if (v->kind == V_FLOAT) x = v->f;
+    if (v->kind == V_STR) {
+        Str t = str_strip(r, v->str, NULL, true, true);
+        char *text = arena_dup(r, t.s, t.n), *end;
+        bool hex = strchr(text, 'x') || strchr(text, 'X') || strchr(text, 'p');
+        errno = 0;
+        i = strtoll(text, &end, 10);
+        is_int = t.n > 0 && *end == '\0' && errno == 0;
+        x = strtod(text, &end);
+        if (!is_int && (t.n == 0 || *end != '\0' || hex)) x = 0;
+    }
+    if (!to_int) return real(r, is_int ? (double)i : x);
+    if (is_int) return integer(r, i);
+    if (!isfinite(x) || fabs(x) >= 9.2e18) fail(r, at, "int: %g is beyond 64-bit integers", x);
+    return integer(r, (long long)x);
+}
+
 static Value *filter(Render *r, const Node *n) {
     Value *v = eval(r, n->a);
     Args a = args_eval(r, n);
     Str f = n->name;
+    args_check(r, n, FILTER_SIGNATURES, sizeof FILTER_SIGNATURES / sizeof *FILTER_SIGNATURES, f,
+               &a, "filter");
     if (str_is(f, "default") || str_is(f, "d")) {
         Value *fallback = arg(&a, 0, "default_value"), *b = arg(&a, 1, "boolean");
         bool use = v->kind == V_UNDEF || (b && truthy(b) && !truthy(v));
@@ -1766,15 +1981,10 @@ static Value *filter(Render *r, const Node *n) {
     if (str_is(f, "int") || str_is(f, "float") || str_is(f, "abs")) {
         if (str_is(f, "abs")) {
             if (!numeric(v)) fail(r, n, "abs needs a number, not %s", kind_name(v));
-            return v->kind == V_FLOAT ? real(r, fabs(v->f)) : integer(r, llabs(as_int(v)));
+            if (v->kind == V_FLOAT) return real(r, fabs(v->f));
+            return int_arithmetic(r, n, OP_MUL, as_int(v), as_int(v) < 0 ? -1 : 1);
         }
-        double x = numeric(v) ? as_double(v) : 0;
-        if (v->kind == V_STR) {
-            char *s = arena_dup(r, v->str.s, v->str.n), *end;
-            x = strtod(s, &end);
-            if (end == s) x = 0;
-        }
-        return f.s[0] == 'i' ? integer(r, (long long)x) : real(r, x);
+        return number_of(r, n, v, f.s[0] == 'i');
     }
     Str s = to_str(r, v);  // the string filters
     if (str_is(f, "string")) return string(r, s.s, s.n);
@@ -1786,22 +1996,20 @@ static Value *filter(Render *r, const Node *n) {
     }
     if (str_is(f, "replace")) return string_method(r, n, s, f, &a);
     Str out = str_case(r, s, str_is(f, "lower") ? 0 : str_is(f, "upper") ? 1
-                             : str_is(f, "capitalize") ? 2 : 3);
-    if (str_is(f, "capitalize")) {  // the rest lowered
-        Str rest = str_case(r, (Str){out.s + (out.n > 0), out.n - (out.n > 0)}, 0);
-        memcpy((char *)out.s + (out.n > 0), rest.s, rest.n);
-    }
+                             : str_is(f, "capitalize") ? 2 : 4);
     return string(r, out.s, out.n);
 }
 
 static bool test(Render *r, const Node *n, Value *v) {
     Str t = n->name;
     Args a = args_eval(r, n);
+    args_check(r, n, TEST_SIGNATURES, sizeof TEST_SIGNATURES / sizeof *TEST_SIGNATURES, t, &a,
+               "test");
     if (str_is(t, "defined")) return v->kind != V_UNDEF;
     if (str_is(t, "undefined")) return v->kind == V_UNDEF;
     if (str_is(t, "none")) return v->kind == V_NONE;
     if (str_is(t, "string")) return v->kind == V_STR;
-    if (str_is(t, "number")) return numeric(v) && v->kind != V_BOOL;
+    if (str_is(t, "number")) return numeric(v);  // Python's bool is a Number
     if (str_is(t, "integer")) return v->kind == V_INT;
     if (str_is(t, "float")) return v->kind == V_FLOAT;
     if (str_is(t, "boolean")) return v->kind == V_BOOL;
@@ -1826,6 +2034,22 @@ static bool test(Render *r, const Node *n, Value *v) {
 
 // ---- expressions ----
 
+// One link of a comparison chain: a op b.
+static bool compared(Render *r, const Node *at, int op, const Value *a, const Value *b) {
+    switch ((Op)op) {
+    case OP_EQ: return equal(a, b);
+    case OP_NE: return !equal(a, b);
+    case OP_LT: return compare(r, at, a, b) < 0;
+    case OP_LE: return compare(r, at, a, b) <= 0;
+    case OP_GT: return compare(r, at, a, b) > 0;
+    case OP_GE: return compare(r, at, a, b) >= 0;
+    case OP_IN: return contains(r, at, a, b);
+    case OP_NOTIN: return !contains(r, at, a, b);
+    default: CHECK(false);
+    }
+    return false;
+}
+
 static Value *eval(Render *r, const Node *n) {
     Value *a, *b;
     if (++r->steps > RENDER_STEPS) fail(r, n, "the template runs too long (a loop without end?)");
@@ -1841,7 +2065,7 @@ static Value *eval(Render *r, const Node *n) {
     case N_NEG:
         a = eval(r, n->a);
         if (!numeric(a)) fail(r, n, "bad operand for unary -: %s", kind_name(a));
-        return a->kind == V_FLOAT ? real(r, -a->f) : integer(r, -as_int(a));
+        return a->kind == V_FLOAT ? real(r, -a->f) : int_arithmetic(r, n, OP_SUB, 0, as_int(a));
     case N_AND: a = eval(r, n->a); return truthy(a) ? eval(r, n->b) : a;
     case N_OR: a = eval(r, n->a); return truthy(a) ? a : eval(r, n->b);
     case N_COND:
@@ -1861,17 +2085,14 @@ static Value *eval(Render *r, const Node *n) {
         }
         return v;
     }
+    case N_COMPARE:
+        a = eval(r, n->items[0]);
+        for (int k = 1; k < n->n; k++, a = b)
+            if (!compared(r, n, n->ops[k - 1], a, b = eval(r, n->items[k]))) return &FALSE_;
+        return &TRUE_;
     case N_BIN:
         a = eval(r, n->a), b = eval(r, n->b);
         switch ((Op)n->op) {
-        case OP_EQ: return boolean(equal(a, b));
-        case OP_NE: return boolean(!equal(a, b));
-        case OP_LT: return boolean(compare(r, n, a, b) < 0);
-        case OP_LE: return boolean(compare(r, n, a, b) <= 0);
-        case OP_GT: return boolean(compare(r, n, a, b) > 0);
-        case OP_GE: return boolean(compare(r, n, a, b) >= 0);
-        case OP_IN: return boolean(contains(r, n, a, b));
-        case OP_NOTIN: return boolean(!contains(r, n, a, b));
         case OP_CAT: {
             Str x = to_str(r, a), y = to_str(r, b);
             room_check(r, n, (double)x.n + (double)y.n);
@@ -1901,33 +2122,35 @@ static void run_body(Render *r, const Node *body);
 
 static void set_var(Render *r, Str name, Value *v) { dict_set(r, r->frame->vars, name, v); }
 
+// Binds a loop's names to item in a fresh scope (Jinja2 starts every iteration with a new
+// one: what the body sets stays in its iteration).
+static void loop_bind(Render *r, const Node *n, Frame *frame, Value *item) {
+    frame->vars = value_new(&r->arena, V_DICT);
+    if (!n->name2.n) {
+        set_var(r, n->name, item);
+        return;
+    }
+    if (item->kind != V_LIST || item->list.n != 2)
+        fail(r, n, "cannot unpack %s into two names", kind_name(item));
+    set_var(r, n->name, item->list.v[0]), set_var(r, n->name2, item->list.v[1]);
+}
+
 static void run_for(Render *r, const Node *n) {
     Value *items = iterable(r, n, eval(r, n->a));
-    Frame frame = {.vars = value_new(&r->arena, V_DICT), .up = r->frame};
+    Frame frame = {.up = r->frame};
     r->frame = &frame;
     Value *kept = items;
     if (n->d) {  // the loop filter runs before loop.length is known
         kept = value_new(&r->arena, V_LIST);
         for (size_t k = 0; k < items->list.n; k++) {
-            Value *item = items->list.v[k];
-            set_var(r, n->name, item);
-            if (n->name2.n) {
-                if (item->kind != V_LIST || item->list.n != 2)
-                    fail(r, n, "cannot unpack %s into two names", kind_name(item));
-                set_var(r, n->name, item->list.v[0]), set_var(r, n->name2, item->list.v[1]);
-            }
-            if (truthy(eval(r, n->d))) list_push(r, kept, item);
+            loop_bind(r, n, &frame, items->list.v[k]);
+            if (truthy(eval(r, n->d))) list_push(r, kept, items->list.v[k]);
         }
     }
     size_t count = kept->list.n;
     for (size_t k = 0; k < count; k++) {
-        Value *item = kept->list.v[k], *loop = value_new(&r->arena, V_DICT);
-        set_var(r, n->name, item);
-        if (n->name2.n) {
-            if (item->kind != V_LIST || item->list.n != 2)
-                fail(r, n, "cannot unpack %s into two names", kind_name(item));
-            set_var(r, n->name, item->list.v[0]), set_var(r, n->name2, item->list.v[1]);
-        }
+        Value *loop = value_new(&r->arena, V_DICT);
+        loop_bind(r, n, &frame, kept->list.v[k]);
         dict_set(r, loop, (Str){"index0", 6}, integer(r, (long long)k));
         dict_set(r, loop, (Str){"index", 5}, integer(r, (long long)k + 1));
         dict_set(r, loop, (Str){"revindex0", 9}, integer(r, (long long)(count - k - 1)));
@@ -1967,10 +2190,13 @@ static void run_statement(Render *r, const Node *n) {
         dict_set(r, ns, n->name2, v);
         return;
     }
-    case N_GEN: {
+    case N_GEN: {  // a call block: its own scope, as transformers' AssistantTracker's
         size_t start = r->len;
+        Frame frame = {.vars = value_new(&r->arena, V_DICT), .up = r->frame};
+        r->frame = &frame;
         r->generation++;
         run_body(r, n->b);
+        r->frame = frame.up;
         if (--r->generation == 0 && r->spans && r->len > start) {
             JinjaSpans *s = r->spans;
             if (s->n == s->cap) {

@@ -18,7 +18,6 @@
 
 typedef struct {
     const Tokenizer *t;
-    char *bos, *eos;        // their text, for chat templates (NULL: the tokenizer has none)
     TokensFn fn;
     void *ctx;
     char *text;             // (text_cap) the batch's documents, back to back
@@ -164,11 +163,12 @@ static void document_add(Batch *b, const char *text, size_t len, const DocParts 
 // trained and the rest not.
 static void conversation_add(Batch *b, const DocParts *conv, uint64_t bytes_read) {
     char err[1024];
-    const Jinja *tmpl = tokenizer_chat_template(b->t, err, sizeof err);
+    const json_t *specials;
+    const Jinja *tmpl = tokenizer_chat_template(b->t, &specials, err, sizeof err);
     if (!tmpl) die_user("%s: a conversation (\"messages\") is rendered by the tokenizer's chat "
                         "template: %s", conv->where, err);
     ChatExample e;
-    if (!chat_render(tmpl, b->bos, b->eos, conv->conversation, &e, err, sizeof err))
+    if (!chat_render(tmpl, specials, conv->conversation, &e, err, sizeof err))
         die_user("%s: %s", conv->where, err);
     int n = 2 * e.n + 1;
     size_t *end = xmalloc((size_t)n * sizeof(size_t));
@@ -189,26 +189,13 @@ static void batch_add(const char *text, size_t len, const DocParts *parts, uint6
     else document_add(ctx, text, len, parts, false, bytes_read);
 }
 
-// The text of token id, NUL-terminated (malloc'd); NULL for id -1.
-static char *token_text(const Tokenizer *t, int32_t id) {
-    if (id < 0) return NULL;
-    size_t len;
-    const char *s = tokenizer_token_bytes(t, id, &len);
-    char *text = xmalloc(len + 1);
-    memcpy(text, s, len);
-    text[len] = '\0';
-    return text;
-}
-
 int64_t tokenize_dataset(const char *path, const Tokenizer *t, TokensFn fn, void *ctx) {
     Batch *b = xcalloc(1, sizeof(Batch));  // 2 MB of per-document arrays: not on the stack
     b->t = t, b->fn = fn, b->ctx = ctx;
-    b->bos = token_text(t, tokenizer_bos_id(t)), b->eos = token_text(t, tokenizer_eos_id(t));
     int64_t documents = dataset_for_each_document(path, batch_add, b);
     batch_flush(b);
     for (int i = 0; i < BATCH_DOCS; i++) free(b->ids[i]), free(b->trained[i]);
     free(b->text), free(b->out), free(b->out_flags), free(b->part_end), free(b->part_trained);
-    free(b->bos), free(b->eos);
     free(b);
     return documents;
 }

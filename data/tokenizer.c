@@ -205,6 +205,7 @@ void tokenizer_free(Tokenizer *t) {
     free(t->blob), free(t->start), free(t->len);
     free(t->added), free(t->chat_error);
     jinja_free(t->chat);
+    json_decref(t->chat_specials);
     free(t);
 }
 
@@ -213,9 +214,11 @@ void tokenizer_mark_added(Tokenizer *t, int32_t id) {
     t->added[t->n_added++] = id;
 }
 
-const Jinja *tokenizer_chat_template(const Tokenizer *t, char *err, size_t errlen) {
+const Jinja *tokenizer_chat_template(const Tokenizer *t, const json_t **specials, char *err,
+                                     size_t errlen) {
     if (!t->chat) snprintf(err, errlen, "%s", t->chat_error ? t->chat_error
                                                             : "the tokenizer has no chat template");
+    *specials = t->chat_specials;
     return t->chat;
 }
 

@@ -11,6 +11,7 @@
 // from ordinary text by encode.
 #pragma once
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -54,10 +55,13 @@ size_t tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_
 size_t tokenizer_encode_chat(const Tokenizer *t, const char *text, size_t len, int32_t **ids,
                              size_t *cap);
 // The chat template of the tokenizer_config.json (its `chat_template`, or the "default" one of
-// a list) or chat_template.jinja beside the tokenizer's file; NULL with the reason in err when
-// there is none or titan cannot parse it (data/jinja.h).
+// a list) or chat_template.jinja beside the tokenizer's file, and in *specials the special
+// tokens' text it renders with (tokenizer_config.json's bos_token, eos_token, unk_token,
+// sep_token, pad_token, cls_token, mask_token where set: transformers' special_tokens_map);
+// NULL with the reason in err when there is none or titan cannot parse it (data/jinja.h).
 typedef struct Jinja Jinja;
-const Jinja *tokenizer_chat_template(const Tokenizer *t, char *err, size_t errlen);
+const Jinja *tokenizer_chat_template(const Tokenizer *t, const json_t **specials, char *err,
+                                     size_t errlen);
 // tokenizer_encode without dying: false and the one-line reason in err on such a failed match
 // (*n then counts the ids of the text before it).
 bool tokenizer_try_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids,

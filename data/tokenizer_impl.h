@@ -61,6 +61,9 @@ struct Tokenizer {
     uint8_t added_first[32];
     Jinja *chat;            // the chat template beside the file; NULL: none, or chat_error
     char *chat_error;       // why there is none (malloc'd)
+    // tokenizer_config.json's special tokens (bos_token, eos_token, ...: transformers'
+    // special_tokens_map), their text, the chat template's variables; an empty object if none.
+    json_t *chat_specials;
 };
 
 Tokenizer *tokenizer_new(const char *format);

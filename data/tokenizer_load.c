@@ -217,6 +217,20 @@ static const char *config_chat_template(const json_t *config, const char **why) 
     return NULL;
 }
 
+// transformers' special_tokens_map from tokenizer_config.json: each of its special-token keys
+// set there (a string, or {"content": ...}), as text.
+static json_t *config_specials(const json_t *config) {
+    static const char *const KEYS[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                       "pad_token", "cls_token", "mask_token"};
+    json_t *specials = json_object();
+    for (size_t k = 0; k < sizeof KEYS / sizeof *KEYS; k++) {
+        const json_t *v = json_object_get(config, KEYS[k]);
+        const json_t *text = json_is_string(v) ? v : json_object_get(v, "content");
+        if (json_is_string(text)) json_object_set(specials, KEYS[k], (json_t *)text);
+    }
+    return specials;
+}
+
 void tokenizer_chat_load(Tokenizer *t, const char *path) {
     if (t->n_added) qsort_r(t->added, t->n_added, sizeof(int32_t), added_longest_first, t);
     for (size_t k = 0; k < t->n_added; k++) {
@@ -230,20 +244,20 @@ void tokenizer_chat_load(Tokenizer *t, const char *path) {
     char *text = NULL;
     json_t *config = NULL;
     json_error_t jerr;
-    if (access(jinja_path, R_OK) == 0) {
+    bool have_jinja = access(jinja_path, R_OK) == 0, have_config = access(config_path, R_OK) == 0;
+    if (have_config && !(config = json_load_file(config_path, JSON_DECODE_INT_AS_REAL, &jerr)))
+        snprintf(err, sizeof err, "%s:%d:%d: %s", config_path, jerr.line, jerr.column, jerr.text);
+    t->chat_specials = config_specials(config);
+    if (have_jinja) {  // transformers reads it in place of the config's
         if ((text = tokenizer_read_file(jinja_path, &len, err, sizeof err)))
             t->chat = jinja_parse(jinja_path, text, len, err, sizeof err);
-    } else if (access(config_path, R_OK) == 0) {
-        const char *why, *src = NULL;
-        if (!(config = json_load_file(config_path, JSON_DECODE_INT_AS_REAL, &jerr)))
-            snprintf(err, sizeof err, "%s:%d:%d: %s", config_path, jerr.line, jerr.column,
-                     jerr.text);
-        else if (!(src = config_chat_template(config, &why)))
-            snprintf(err, sizeof err, "%s %s", config_path, why);
+    } else if (config) {
+        const char *why, *src = config_chat_template(config, &why);
         char name[PATH_MAX + 32];
         snprintf(name, sizeof name, "%s chat_template", config_path);
         if (src) t->chat = jinja_parse(name, src, strlen(src), err, sizeof err);
-    } else {
+        else snprintf(err, sizeof err, "%s %s", config_path, why);
+    } else if (!have_config) {
         snprintf(err, sizeof err, "there is no chat template beside tokenizer %s (its "
                  "tokenizer_config.json's chat_template, or chat_template.jinja)", path);
     }

@@ -198,7 +198,7 @@ float *model_forward_blocks(Model *m, StepCtx *s, ModelSlots *a, int first, int 
 }
 
 // Block i's gradients: its trained parameters', one after another in ParamTable.grad from
-// *offset (a frozen one's go to a scratch nothing reads).
+// *offset (a frozen one takes none).
 static size_t block_grads(const Model *m, int i, size_t *offset) {
     int first = 0;
     for (int j = 0; j < i; j++) first += m->blocks[j].n_params;

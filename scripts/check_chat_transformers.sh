@@ -38,7 +38,7 @@ generation = re.search(r"{%-?\s*generation", tok.chat_template) is not None
 ids, mask = [], []
 for line, got in zip(open(conversations), titan):
     c = json.loads(line)
-    kw = {"tools": c["tools"]} if "tools" in c else {}
+    kw = {"tools": c.get("tools"), **c.get("chat_template_kwargs", {})}
     text = tok.apply_chat_template(c["messages"], tokenize=False, **kw)
     assert text == got["text"], (text, got["text"])
     enc = tok.apply_chat_template(c["messages"], tokenize=True, return_dict=True,

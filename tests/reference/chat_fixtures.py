@@ -89,7 +89,8 @@ def main(llama3, templates, out, name=None, template=None):
                      template_file=f"{templates}/features.jinja")
     write_lines(f"{out}/chats.jsonl", [{"messages": c} for c in CHATS])
     write_lines(f"{out}/qwen3.jsonl", [{"messages": c} for c in CHATS] +
-                [{"messages": TOOL_CHAT, "tools": TOOLS}, {"messages": RAW_TOOL_CHAT}])
+                [{"messages": TOOL_CHAT, "tools": TOOLS}, {"messages": RAW_TOOL_CHAT},
+                 {"messages": CHATS[0], "chat_template_kwargs": {"enable_thinking": False}}])
     write_lines(f"{out}/features.jsonl", [{"messages": c} for c in FEATURE_CHATS])
 
 

@@ -4,9 +4,9 @@
 
 The chat template beside the tokenizer (chat_template.jinja) is rendered by Jinja2 in the
 environment transformers' apply_chat_template builds (trim_blocks, lstrip_blocks, loop controls,
-its tojson and raise_exception); {% generation %} blocks are found by markers written in their
-place. The assistant spans follow data/chat.h's rule, written here from its words. Then the token
-stream: its tokens' bytes (from tokenizer.json's byte-level vocabulary) spell the conversations
+its tojson and raise_exception); {% generation %} blocks are call blocks, as its
+AssistantTracker compiles them, whose output markers give the spans. The assistant spans follow
+data/chat.h's rule, written here from its words. Then the token stream: its tokens' bytes (from tokenizer.json's byte-level vocabulary) spell the conversations
 back to back, every added token's text is that one token, a token is trained exactly when it
 overlaps a span, and only each conversation's last token ends a document.
 """
@@ -30,37 +30,53 @@ def environment():
                           sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+                                        extensions=[jinja2.ext.loopcontrols, Generation])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     return env
 
 
-def with_markers(source):
-    """{% generation %} / {% endgeneration %} as marker outputs between two tags that keep the
-    original's whitespace control (its left side on the first, its right side on the second)."""
-    def tag(marker):
-        return lambda m: ("{%" + m.group(1) + " set _g = 0 %}{{ '" + marker + "' }}"
-                          "{% set _g = 0 " + m.group(2) + "%}")
-    source = re.sub(r"{%(-?)\s*generation\s*(-?)%}", tag(GEN_START), source)
-    return re.sub(r"{%(-?)\s*endgeneration\s*(-?)%}", tag(GEN_END), source)
+class Generation(jinja2.ext.Extension):
+    """{% generation %}: a call block, as transformers' AssistantTracker compiles it (its own
+    scope), whose output is wrapped in markers that give the spans."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        call = self.call_method("_mark")
+        return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    def _mark(self, caller):
+        return GEN_START + caller() + GEN_END
 
 
-def special(config, key):
-    v = config.get(key)
-    return v.get("content") if isinstance(v, dict) else v
+SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                "mask_token")
+
+
+def specials_of(config):
+    """transformers' special_tokens_map: the keys set in tokenizer_config.json, as text."""
+    out = {}
+    for key in SPECIAL_KEYS:
+        v = config.get(key)
+        v = v.get("content") if isinstance(v, dict) else v
+        if isinstance(v, str):
+            out[key] = v
+    return out
 
 
 def bytes_of(text, end):
     return len(text[:end].encode())
 
 
-def spans_of(template, line, bos, eos, generation):
-    def render(turns, prompt):
-        variables = dict(line)
-        variables["messages"] = line["messages"][:turns]
-        variables.update(bos_token=bos, eos_token=eos, add_generation_prompt=prompt)
-        return template.render(**{k: v for k, v in variables.items() if v is not None})
+def spans_of(template, line, specials, generation):
+    eos = specials.get("eos_token")
+
+    def render(turns, prompt):  # as apply_chat_template calls it
+        return template.render(messages=line["messages"][:turns], tools=line.get("tools"),
+                               documents=None, add_generation_prompt=prompt,
+                               **{**specials, **line.get("chat_template_kwargs", {})})
 
     n = len(line["messages"])
     full = render(n, False)
@@ -110,16 +126,16 @@ def vocabulary(folder):
 
 def main(folder, conversations, rendered):
     config = json.load(open(f"{folder}/tokenizer_config.json"))
-    bos, eos = special(config, "bos_token"), special(config, "eos_token")
+    specials = specials_of(config)
     source = open(f"{folder}/chat_template.jinja").read()
     generation = re.search(r"{%-?\s*generation", source) is not None
-    template = environment().from_string(with_markers(source))
+    template = environment().from_string(source)
     lines = [json.loads(l) for l in open(conversations)]
     outputs = [json.loads(l) for l in open(rendered)]
     assert len(outputs) == len(lines) + 1, (len(outputs), len(lines))
     texts = []
     for number, (line, got) in enumerate(zip(lines, outputs), 1):
-        text, spans = spans_of(template, line, bos, eos, generation)
+        text, spans = spans_of(template, line, specials, generation)
         assert "error" not in got, f"line {number}: titan: {got['error']}"
         assert got["text"] == text, f"line {number}:\n titan  {got['text']!r}\n jinja2 {text!r}"
         assert got["spans"] == spans, f"line {number}: spans {got['spans']} != {spans}"

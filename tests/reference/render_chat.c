@@ -20,18 +20,12 @@ static void print(json_t *object) {
     json_decref(object);
 }
 
-static char *token_text(const Tokenizer *t, int32_t id) {
-    size_t len;
-    const char *s = id >= 0 ? tokenizer_token_bytes(t, id, &len) : NULL;
-    return s ? strndup(s, len) : NULL;
-}
-
 int main(int argc, char **argv) {
     if (argc != 3) die_user("usage: render_chat TOKENIZER FILE.jsonl");
     Tokenizer *t = tokenizer_load(argv[1]);
-    char err[1024], *bos = token_text(t, tokenizer_bos_id(t));
-    char *eos = token_text(t, tokenizer_eos_id(t));
-    const Jinja *tmpl = tokenizer_chat_template(t, err, sizeof err);
+    char err[1024];
+    const json_t *specials;
+    const Jinja *tmpl = tokenizer_chat_template(t, &specials, err, sizeof err);
     if (!tmpl) die_user("%s", err);
     FILE *f = fopen(argv[2], "r");
     if (!f) die_user("cannot read %s", argv[2]);
@@ -42,7 +36,7 @@ int main(int argc, char **argv) {
         json_t *conv = json_loads(line, 0, &jerr);
         if (!conv) die_user("%s: %s", argv[2], jerr.text);
         ChatExample e;
-        if (chat_render(tmpl, bos, eos, conv, &e, err, sizeof err)) {
+        if (chat_render(tmpl, specials, conv, &e, err, sizeof err)) {
             json_t *spans = json_array();
             for (int k = 0; k < e.n; k++)
                 json_array_append_new(spans, json_pack("[I, I]", (json_int_t)e.start[k],
@@ -68,7 +62,7 @@ int main(int argc, char **argv) {
         json_array_append_new(flags, json_integer(s.flags ? s.flags[i] : TOKEN_TRAINED));
     }
     print(json_pack("{s:o, s:o}", "ids", ids, "flags", flags));
-    free(window), free(bos), free(eos);
+    free(window);
     token_stream_close(&s);
     tokenizer_free(t);
     return 0;

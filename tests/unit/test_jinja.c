@@ -1,7 +1,7 @@
 // The chat-template subset (data/jinja.h) on cases whose output is written out by hand from
 // Jinja2's documented rules (test_chat checks whole templates against Jinja2 itself): the
-// whitespace controls under trim_blocks and lstrip_blocks, scoping (a loop's `set` stays in the
-// loop, a namespace's attribute does not), {% generation %} spans, and errors that name the
+// whitespace controls under trim_blocks and lstrip_blocks, scoping (a loop's `set` stays in its
+// iteration, a namespace's attribute does not), {% generation %} spans, and errors that name the
 // template's line and column, at parse time (syntax, anything outside the subset) or render
 // time (an undefined value's attribute, raise_exception, a type error).
 #include <setjmp.h>
@@ -76,6 +76,9 @@ static void test_expressions(void **state) {
 static void test_scoping(void **state) {
     (void)state;
     expect("{% set x = 1 %}{% for i in [1, 2] %}{% set x = i %}{% endfor %}{{ x }}", "{}", "1");
+    // Every iteration starts afresh: what one sets, the next does not see.
+    expect("{% for i in [1, 2] %}{% if i == 2 %}[{{ y }}]{% endif %}{% set y = i %}{% endfor %}",
+           "{}", "[]");
     expect("{% set ns = namespace(x=1) %}{% for i in [1, 2] %}{% set ns.x = ns.x + i %}"
            "{% endfor %}{{ ns.x }}", "{}", "4");
     expect("{% for i in [1, 2, 3] if i != 2 %}{{ loop.index }}/{{ loop.length }}"
@@ -114,6 +117,18 @@ static void test_errors(void **state) {
     expect("{{ 'a' + 1 }}", "{}", "ERROR: t:1:8: unsupported operand types: string and integer");
     expect("{% set x.y = 1 %}", "{\"x\": {}}",
            "ERROR: t:1:4: cannot set an attribute of 'x': not a namespace()");
+    // Integers are 64-bit: past them an error, never a wrap (nor a trap: LLONG_MIN // -1).
+    expect("{{ (-9223372036854775807 - 1) // -1 }}", "{}",
+           "ERROR: t:1:31: an integer beyond 64 bits");
+    expect("{{ 2 ** 63 }}", "{}", "ERROR: t:1:6: an integer beyond 64 bits");
+    expect("{{ 1 ** 99999999999999 }} {{ 1 % 9223372036854775807 }} {{ -7 % -3 }}", "{}",
+           "1 1 -1");
+    expect("{{ x | tojson(separators=(',', ':')) }}", "{\"x\": 1}",
+           "ERROR: t:1:6: filter 'tojson': argument 'separators' is not in titan's chat-template "
+           "subset");
+    expect("{{ 'abc'.find('a', 1) }}", "{}", "ERROR: t:1:14: string method 'find' takes 1 "
+                                             "positional argument in titan's chat-template "
+                                             "subset");
 }
 
 int main(void) {
