@@ -137,3 +137,10 @@ void chat_example_free(ChatExample *e) {
     free(e->text), free(e->start), free(e->end);
     *e = (ChatExample){0};
 }
+
+char *chat_render_prompt(const Jinja *tmpl, const json_t *specials, const json_t *line,
+                         size_t *len, char *err, size_t errlen) {
+    Chat c = {tmpl, specials, line, NULL};
+    return render(&c, json_array_size(json_object_get(line, "messages")), true, len, NULL, err,
+                  errlen);
+}

@@ -35,3 +35,8 @@ typedef struct {
 bool chat_render(const Jinja *tmpl, const json_t *specials, const json_t *line,
                  ChatExample *out, char *err, size_t errlen);
 void chat_example_free(ChatExample *e);
+// The conversation `line` rendered as chat_render renders it but with add_generation_prompt:
+// what a model continues with the assistant's reply (`titan generate --chat`). The malloc'd
+// text (*len bytes), or NULL with a one-line reason in err.
+char *chat_render_prompt(const Jinja *tmpl, const json_t *specials, const json_t *line,
+                         size_t *len, char *err, size_t errlen);

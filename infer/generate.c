@@ -3,22 +3,24 @@
 // models/decoder/decode.c).
 //
 //   titan generate --checkpoint C [--tokenizer T] (--prompt TEXT | --prompt-ids 1,2,3)
-//                  [--max-new-tokens 100] [--temperature 0.8] [--top-p 0.9] [--seed 0]
-//                  [--max-context N] [--ids] [--ema] [--device cpu|cuda]
+//                  [--chat] [--max-new-tokens 100] [--temperature 0.8] [--top-p 0.9]
+//                  [--seed 0] [--max-context N] [--ids] [--ema] [--device cpu|cuda]
 //
 // C is a titan HDF5 checkpoint (the architecture its stored config names, the model from its
 // attributes) or a llama2.c .bin, told apart by the HDF5 signature. With a tokenizer, a text
 // prompt is encoded after its BOS (if it has one), the continuation is streamed to stdout as
-// text, and EOS ends it; without one (or with --ids) the continuation is printed as
-// space-separated ids. Temperature 0 is greedy (argmax, the lowest id on ties); otherwise
-// softmax(logits / t) sampled by nucleus (top-p) with the counter-based RNG of --seed, so a
-// seed fixes the output. Prompt plus continuation stay within --max-context positions: by
-// default the llama2.c header's seq_len, or 2048 (torchtitan's default training.seq_len) for a
-// titan checkpoint, whose model attributes do not record the length it was trained at. Timing
-// goes to stderr. --ema generates with the checkpoint's average of the weights (saved by a run
-// with training.ema_decay) in place of the weights. --device cuda keeps the weights and the KV
-// cache in the GPU's memory (loaded through host memory, as training's checkpoints are) and
-// brings each step's logits back for the sampler; cpu runs the same code, its copies memcpy.
+// text, and EOS ends it (with --chat, the prompt is a user's message in the tokenizer's chat
+// template, data/chat.h, and the template's eos_token ends the reply); without one (or with
+// --ids) the continuation is printed as space-separated ids. Temperature 0 is greedy (argmax,
+// the lowest id on ties); otherwise softmax(logits / t) sampled by nucleus (top-p) with the
+// counter-based RNG of --seed, so a seed fixes the output. Prompt plus continuation stay
+// within --max-context positions: by default the llama2.c header's seq_len, or 2048
+// (torchtitan's default training.seq_len) for a titan checkpoint, whose model attributes do not
+// record the length it was trained at. Timing goes to stderr. --ema generates with the
+// checkpoint's average of the weights (saved by a run with training.ema_decay) in place of the
+// weights. --device cuda keeps the weights and the KV cache in the GPU's memory (loaded through
+// host memory, as training's checkpoints are) and brings each step's logits back for the
+// sampler; cpu runs the same code, its copies memcpy.
 #include "infer/generate.h"
 
 #include <limits.h>
@@ -31,14 +33,15 @@
 #include "checkpoint/train_state.h"
 #include "core/errors.h"
 #include "core/rng.h"
+#include "data/chat.h"
 #include "data/tokenizer.h"
 #include "models/lora.h"
 #include "models/registry.h"
 
 #define USAGE                                                                                  \
     "usage: titan generate --checkpoint C [--tokenizer T] (--prompt TEXT | --prompt-ids 1,2,3) " \
-    "[--max-new-tokens N] [--temperature t] [--top-p p] [--seed s] [--max-context N] [--ids] "  \
-    "[--ema] [--device cpu|cuda]"
+    "[--chat] [--max-new-tokens N] [--temperature t] [--top-p p] [--seed s] [--max-context N] " \
+    "[--ids] [--ema] [--device cpu|cuda]"
 // --help without a FLUX checkpoint: the decoders' usage and flags, and where FLUX's sampler's
 // are.
 #define HELP                                                                                   \
@@ -52,6 +55,9 @@
     "                        it: a .tiktoken file, a tokenizer.json, a folder with one, `bytes`\n" \
     "  --prompt TEXT         the prompt as text, after the tokenizer's BOS (needs --tokenizer)\n" \
     "  --prompt-ids 1,2,3    the prompt as token ids (no tokenizer needed)\n"                    \
+    "  --chat                --prompt is a user's message, rendered by the tokenizer's chat\n"  \
+    "                        template with its generation prompt; the template's eos_token\n"  \
+    "                        (an instruct model's end of turn) ends the reply\n"               \
     "  --max-new-tokens N    at most N tokens after the prompt (default 100)\n"                  \
     "  --temperature t       softmax temperature; 0 is greedy, the lowest id on ties (default " \
     "0.8)\n"                                                                                   \
@@ -77,7 +83,8 @@ typedef struct {
     double temperature, top_p;
     long seed;
     bool print_ids;
-    bool ema;  // the average of the weights, not the weights
+    bool ema;   // the average of the weights, not the weights
+    bool chat;  // the prompt is a user's message for the chat template (data/chat.h)
 } GenOptions;
 
 // ---- options -------------------------------------------------------------------------------
@@ -141,6 +148,8 @@ static void parse_options(GenOptions *o, int argc, char **argv) {
             o->print_ids = true;
         else if (strcmp(argv[i], "--ema") == 0)
             o->ema = true;
+        else if (strcmp(argv[i], "--chat") == 0)
+            o->chat = true;
         else if (set_option(o, argv[i], i + 1 < argc ? argv[i + 1] : NULL))
             i++;
         else
@@ -150,6 +159,7 @@ static void parse_options(GenOptions *o, int argc, char **argv) {
     if (!o->prompt == !o->prompt_ids) die_user("generate needs one of --prompt and --prompt-ids");
     if (o->prompt && !o->tokenizer)
         die_user("--prompt needs --tokenizer to encode it (or give token ids with --prompt-ids)");
+    if (o->chat && !o->prompt) die_user("--chat needs --prompt (the user's message)");
 }
 
 // ---- the prompt ----------------------------------------------------------------------------
@@ -177,6 +187,35 @@ static void parse_prompt_ids(Ids *p, const char *text) {
         if (!*end) return;
         at = end + 1;
     }
+}
+
+// The user's message in the tokenizer's chat template, up to its generation prompt, tokenized
+// as a conversation is for training (data/chat.h); *eos: the template's eos_token's id, which
+// ends the reply (the tokenizer's EOS if it is not one token).
+static Ids chat_prompt(const GenOptions *o, const Tokenizer *tok, int32_t *eos) {
+    char err[1024];
+    const json_t *specials;
+    const Jinja *tmpl = tokenizer_chat_template(tok, &specials, err, sizeof err);
+    if (!tmpl) die_user("--chat: %s", err);
+    json_t *line = json_pack("{s:[{s:s, s:s}]}", "messages", "role", "user", "content",
+                             o->prompt);
+    CHECK(line);
+    size_t len, cap = 0;
+    char *text = chat_render_prompt(tmpl, specials, line, &len, err, sizeof err);
+    json_decref(line);
+    if (!text) die_user("--chat: %s", err);
+    Ids p = {0};
+    p.n = tokenizer_encode_chat(tok, text, len, &p.ids, &cap);
+    p.cap = cap;
+    free(text);
+    const char *eos_text = json_string_value(json_object_get(specials, "eos_token"));
+    int32_t *ids = NULL;
+    size_t ids_cap = 0;
+    *eos = tokenizer_eos_id(tok);
+    if (eos_text && tokenizer_encode_chat(tok, eos_text, strlen(eos_text), &ids, &ids_cap) == 1)
+        *eos = ids[0];
+    free(ids);
+    return p;
 }
 
 static Ids read_prompt(const GenOptions *o, const Tokenizer *tok) {
@@ -437,7 +476,8 @@ int generate_main(int argc, char **argv) {
     GenOptions o;
     parse_options(&o, argc, argv);
     Tokenizer *tok = o.tokenizer ? tokenizer_load(o.tokenizer) : NULL;
-    Ids prompt = read_prompt(&o, tok);
+    int32_t eos = tok ? tokenizer_eos_id(tok) : -1;
+    Ids prompt = o.chat ? chat_prompt(&o, tok, &eos) : read_prompt(&o, tok);
     Loaded l = {0};
     read_args(&l, o.checkpoint);
     const ModelSpec *spec = l.args.spec;
@@ -462,8 +502,7 @@ int generate_main(int argc, char **argv) {
                  .candidates = xmalloc(sizeof(Candidate) * n_choices)};
     const Tokenizer *text = o.print_ids ? NULL : tok;
     double start = now_seconds();
-    GenCount n = generate(&l, cache, k, &s, &prompt, n_ctx - (int)prompt.n, text,
-                          tok ? tokenizer_eos_id(tok) : -1, logits);
+    GenCount n = generate(&l, cache, k, &s, &prompt, n_ctx - (int)prompt.n, text, eos, logits);
     double seconds = now_seconds() - start;
     fprintf(stderr, "generate: %zu prompt + %d new tokens, %d decode steps in %.3f s (%.1f "
             "tokens/s)\n", prompt.n, n.new_tokens, n.steps, seconds, n.steps / seconds);

@@ -10,7 +10,8 @@
 #   of tests/reference/chat_fixtures.py). scripts/check_chat_transformers.sh checks the same
 #   against transformers itself (ids, assistant masks), outside CI.
 # - Training reads them: the startup line counts conversations, not turns, under document
-#   masking (an instruct EOS ends turns, not documents).
+#   masking (an instruct EOS ends turns, not documents); `generate --chat` prompts the trained
+#   checkpoint with a message in the template.
 # - Bad input, one line, exit 2: a template outside the subset, an error the template raises,
 #   a conversation without an assistant turn, a multi-turn conversation whose turns the rule
 #   cannot find (Meta's base Llama 3 template, which always appends a generation prompt).
@@ -34,12 +35,27 @@ CHAT=(--config configs/debug_model.yaml --training.dataset_path "$SCRATCH/chats.
       --model.tokenizer_path "$SCRATCH/llama3-instruct" --training.document_masking
       --training.seq_len 64 --training.local_batch_size 2 --training.steps 2
       --metrics.log_freq 1 "${FP32[@]}")
-$TITAN "${CHAT[@]}" --job.dump_folder "$SCRATCH/train" >"$SCRATCH/train.log" ||
+$TITAN "${CHAT[@]}" --job.dump_folder "$SCRATCH/train" --checkpoint.enable \
+  --checkpoint.interval 2 >"$SCRATCH/train.log" ||
   fail "training on conversations failed: $(tail -3 "$SCRATCH/train.log")"
 grep -q "data: 3 documents, [0-9.]*% of the tokens trained (completions, assistant turns); 0 longer than a window of 65 tokens" \
   "$SCRATCH/train.log" || fail "no conversations line: $(grep data: "$SCRATCH/train.log")"
 [ "$(losses "$SCRATCH/train/metrics.jsonl" | wc -l)" -eq 2 ] || fail "no 2 steps trained"
 echo "ok: trained on 3 conversations (their 5 assistant turns) under document masking"
+
+# generate --chat: the user's message in the template up to its generation prompt, the 12 ids
+# <|begin_of_text|><|start_header_id|> user <|end_header_id|> \n\n Hi there <|eot_id|>
+# <|start_header_id|> assistant <|end_header_id|> \n\n (render_chat's first conversation's
+# first 12), then the reply.
+$TITAN generate --checkpoint "$SCRATCH/train/checkpoint/step-2.h5" --tokenizer \
+  "$SCRATCH/llama3-instruct" --chat --prompt "Hi there" --temperature 0 --max-new-tokens 3 \
+  --ids >"$SCRATCH/reply.txt" 2>"$SCRATCH/reply.err" || fail "generate --chat: $(cat "$SCRATCH/reply.err")"
+grep -q "^generate: 12 prompt + [1-3] new tokens" "$SCRATCH/reply.err" ||
+  fail "generate --chat's prompt: $(cat "$SCRATCH/reply.err")"
+echo "ok: generate --chat renders the message with the template's generation prompt (12 ids)"
+expect_user_error "--chat: the tokenizer has no chat template" \
+  $TITAN generate --checkpoint "$SCRATCH/train/checkpoint/step-2.h5" --tokenizer bytes --chat \
+  --prompt hi
 
 bad() {  # bad NAME TEMPLATE JSONL_LINE PATTERN: Llama 3 Instruct's template where TEMPLATE is ''
   $PY tests/reference/chat_fixtures.py "$LLAMA3" "$TEMPLATES" "$SCRATCH" "$1" \
