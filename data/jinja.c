@@ -1867,8 +1867,9 @@ static Value *call(Render *r, const Node *n) {
     Value *obj = eval(r, n->a->a);
     if (obj->kind == V_UNDEF) undefined_fail(r, n, obj);
     if (obj->kind == V_STR) return string_method(r, n, obj->str, n->a->name, &a);
-    if (obj->kind == V_DICT && !dict_slot(obj, n->a->name))
-        return dict_method(r, n, obj, n->a->name, &a);
+    // A method call, as Python's getattr finds it before any item: `properties.items()` of a
+    // tool schema whose properties include one named "items".
+    if (obj->kind == V_DICT) return dict_method(r, n, obj, n->a->name, &a);
     fail(r, n, "%s has no method '%.*s'", kind_name(obj), (int)n->a->name.n, n->a->name.s);
 }
 

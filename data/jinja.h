@@ -16,8 +16,8 @@
 // else (macros, includes, other filters, a filter's or method's arguments beyond those named
 // here) is refused, naming the template's line and column. Where titan differs from Jinja2:
 // integers are 64-bit (beyond, an error); upper/lower/title change ASCII letters only; a dict's
-// attribute is its item before its method (`d.items` is d["items"] when d has one); tuples are
-// lists (and print as such).
+// attribute not called is its item before its method (`d.items` is d["items"] when d has one;
+// `d.items()` is always the method); tuples are lists (and print as such).
 //
 // Values are JSON's (the variables come as a JSON object) plus undefined; each loop iteration
 // and each {% generation %} block is a scope of its own, as in Jinja2.

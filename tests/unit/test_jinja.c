@@ -85,6 +85,9 @@ static void test_scoping(void **state) {
            "{% if loop.last %}.{% endif %}{% endfor %}", "{}", "1/22/2.");
     expect("{% for k, v in d.items() %}{{ k }}{{ v }}{% endfor %}", "{\"d\": {\"a\": 1, \"b\": 2}}",
            "a1b2");
+    // A call is a method's, even where the dict has an item of its name (a JSON schema's).
+    expect("{% for k, v in d.items() %}{{ k }}{% endfor %}", "{\"d\": {\"items\": 1, \"get\": 2}}",
+           "itemsget");
 }
 
 static void test_generation_spans(void **state) {
