@@ -746,25 +746,20 @@ static Node *parse_not(Parser *p) {
     return n;
 }
 
-static Node *parse_and(Parser *p) {
-    Node *n = parse_not(p);
-    for (size_t pos = peek(p)->pos; accept_name(p, "and"); pos = peek(p)->pos) {
-        Node *a = node_new(p, N_AND, pos);
-        a->a = n, a->b = parse_not(p);
-        n = a;
+// A left-associative chain of `operand word operand ...` as nodes of kind (and, or).
+static Node *parse_boolean(Parser *p, Node *(*operand)(Parser *), const char *word,
+                           NodeKind kind) {
+    Node *n = operand(p);
+    for (size_t pos = peek(p)->pos; accept_name(p, word); pos = peek(p)->pos) {
+        Node *b = node_new(p, kind, pos);
+        b->a = n, b->b = operand(p);
+        n = b;
     }
     return n;
 }
 
-static Node *parse_or(Parser *p) {
-    Node *n = parse_and(p);
-    for (size_t pos = peek(p)->pos; accept_name(p, "or"); pos = peek(p)->pos) {
-        Node *o = node_new(p, N_OR, pos);
-        o->a = n, o->b = parse_and(p);
-        n = o;
-    }
-    return n;
-}
+static Node *parse_and(Parser *p) { return parse_boolean(p, parse_not, "and", N_AND); }
+static Node *parse_or(Parser *p) { return parse_boolean(p, parse_and, "or", N_OR); }
 
 // An expression; with_cond allows "a if b else c" (a for-loop's iterable does not, as its
 // "if" is the loop filter).
