@@ -13,8 +13,10 @@
 #   masking (an instruct EOS ends turns, not documents); `generate --chat` prompts the trained
 #   checkpoint with a message in the template.
 # - Bad input, one line, exit 2: a template outside the subset, an error the template raises,
-#   a conversation without an assistant turn, a multi-turn conversation whose turns the rule
-#   cannot find (Meta's base Llama 3 template, which always appends a generation prompt).
+#   a conversation without an assistant turn or a role, chat_template_kwargs not an object, a
+#   config's chat_template neither a string nor a named list, generate --chat without a text
+#   prompt, a multi-turn conversation whose turns the rule cannot find (Meta's base Llama 3
+#   template, which always appends a generation prompt).
 source "$(dirname "$0")/lib.sh"
 export OMP_NUM_THREADS=1
 RENDER=build/tests/render_chat
@@ -74,6 +76,16 @@ bad raise "{% if messages[0].role == 'user' %}{{ raise_exception('System first')
 bad no-assistant "" '{"messages": [{"role": "user", "content": "hi"}]}' \
   'no-assistant.jsonl:1: the conversation has no assistant turn to train on'
 bad no-role "" '{"messages": [{"content": "hi"}]}' 'no-role.jsonl:1: message 0 has no "role"'
+bad kwargs "" '{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": 1}' \
+  'kwargs.jsonl:1: "chat_template_kwargs" must be an object'
+# tokenizer_config.json's chat_template neither a string nor a list with a "default".
+mkdir -p "$SCRATCH/number" && cp "$LLAMA3/tokenizer.json" "$SCRATCH/number/"
+$PY -c 'import json, sys; c = json.load(open(sys.argv[1])); c["chat_template"] = 5
+json.dump(c, open(sys.argv[2], "w"))' "$LLAMA3/tokenizer_config.json" "$SCRATCH/number/tokenizer_config.json"
+expect_user_error 'chats.jsonl:1: .*tokenizer_config.json has a chat_template that is neither a string nor a list with a "default"' \
+  $TITAN "${CHAT[@]}" --model.tokenizer_path "$SCRATCH/number" --training.dataset_path "$SCRATCH/chats.jsonl"
+expect_user_error '--chat needs --prompt' \
+  $TITAN generate --checkpoint "$SCRATCH/train/checkpoint/step-2.h5" --chat --prompt-ids 1,2
 mkdir -p "$SCRATCH/base" && cp "$LLAMA3"/tokenizer.json "$LLAMA3"/tokenizer_config.json "$SCRATCH/base/"
 printf '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}\n' \
   >"$SCRATCH/base.jsonl"
