@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/errors.h"
+#include "core/nf4.h"
 
 enum { MODEL, EXP_AVG, EXP_AVG_SQ, EMA, OUTER_WEIGHTS, OUTER_MOMENTUM, OUTER_DELTA, N_KINDS };
 static const char *const GROUP[N_KINDS] = {"/model/", "/optimizer/exp_avg/",
@@ -19,22 +20,47 @@ static const char *const GROUP[N_KINDS] = {"/model/", "/optimizer/exp_avg/",
 #define REPLICA_PREFIX "/semi_sync/replica_"
 #define REPLICAS_ATTR "semi_sync.replicas"
 
+// QLoRA's NF4 weights (Param.nf4) are saved as their blobs, /nf4/<fqn>: a 1-D float32 dataset
+// of nf4_bytes(numel) / 4 words whose bytes are core/nf4.h's blob of the whole tensor (the
+// words are never computed with: HDF5 moves float32 to float32 as it is), so a resume takes
+// the very codes it trained with; a reader of whole fp32 tensors (generate, export) takes them
+// dequantized.
+#define NF4_GROUP_PATH "/nf4/"
+
 // One CkptTensor per parameter and kind that has it: its global shape and this rank's shard box.
 typedef struct {
     CkptTensor *tensors;
     int *param;  // each tensor's parameter
     char (*names)[PARAM_NAME_MAX + 64];
-    ParamBox *boxes;  // (params->count) shared by the kinds
+    ParamBox *boxes;  // (params->count) shared by the kinds; an NF4 one's its blob's words
+    int64_t *nf4_words;  // (params->count) an NF4 parameter's blob's global shape
     int count, capacity;
 } TensorList;
+
+static int64_t nf4_words(const Param *p) {
+    return (int64_t)(nf4_bytes(param_global_numel(p)) / sizeof(float));
+}
+
+// The words of an NF4 parameter's blob this rank holds: all of them, or none off its pipeline
+// stage (its only placements are a stage's and Replicate: core/param.h).
+static ParamBox nf4_box(const Param *p) {
+    int64_t words = nf4_words(p);
+    return (ParamBox){.ndim = 1, .count = {p->numel ? words : 0},
+                      .ranges = {{.n = p->numel > 0, .count = {words}}}};
+}
 
 static TensorList tensor_list_new(const ParamTable *params, int capacity) {
     int n = params->count;
     TensorList l = {.tensors = xcalloc((size_t)capacity, sizeof(CkptTensor)),
                     .param = xcalloc((size_t)capacity, sizeof(int)),
                     .names = xcalloc((size_t)capacity, sizeof *l.names),
-                    .boxes = xcalloc((size_t)n, sizeof(ParamBox)), .capacity = capacity};
-    for (int i = 0; i < n; i++) l.boxes[i] = param_box(&params->items[i], true);
+                    .boxes = xcalloc((size_t)n, sizeof(ParamBox)),
+                    .nf4_words = xcalloc((size_t)n, sizeof(int64_t)), .capacity = capacity};
+    for (int i = 0; i < n; i++) {
+        const Param *p = &params->items[i];
+        l.boxes[i] = p->nf4 ? nf4_box(p) : param_box(p, true);
+        l.nf4_words[i] = p->nf4 ? nf4_words(p) : 0;
+    }
     return l;
 }
 
@@ -49,7 +75,9 @@ static void list_add(TensorList *l, const ParamTable *params, int kind, float *b
         size_t at = kind == EXP_AVG_SQ ? adamw_second_at(opt, params, i)
                     : kind == EXP_AVG  ? adamw_first_at(opt, params, i)
                                        : p->shard_offset;
-        if (at == SIZE_MAX) continue;  // a moment it has not (Muon's, a frozen weight's)
+        bool nf4 = p->nf4 && kind == MODEL;  // its blob; it has no other kind
+        if (at == SIZE_MAX && !nf4) continue;  // a moment it has not (Muon's, a frozen weight's)
+        if (nf4 && replica > 0) continue;      // frozen: every replica group's is group 0's
         // Nor has a frozen weight outer state to keep: it never changes (its average is itself,
         // kept for the readers of /ema, which take every weight from there).
         if (p->frozen && kind >= OUTER_WEIGHTS) continue;
@@ -59,14 +87,16 @@ static void list_add(TensorList *l, const ParamTable *params, int kind, float *b
             snprintf(l->names[j], sizeof l->names[j], REPLICA_PREFIX "%d%s%s", replica,
                      GROUP[kind], p->name);
         else
-            snprintf(l->names[j], sizeof l->names[j], "%s%s", GROUP[kind], p->name);
+            snprintf(l->names[j], sizeof l->names[j], "%s%s", nf4 ? NF4_GROUP_PATH : GROUP[kind],
+                     p->name);
         bool writes = replica < 0 || !opt || !opt->outer.on
                           ? param_is_primary_replica(p)
                           : replica == opt->outer.replica &&
                                 param_is_primary_replica_within(p, opt->outer.group);
         l->param[j] = i;
-        l->tensors[j] = (CkptTensor){.path = l->names[j], .ndim = p->ndim,
-                                     .shape = p->global_shape, .data = base + at,
+        l->tensors[j] = (CkptTensor){.path = l->names[j], .ndim = nf4 ? 1 : p->ndim,
+                                     .shape = nf4 ? &l->nf4_words[i] : p->global_shape,
+                                     .data = nf4 ? (float *)p->nf4_data : base + at,
                                      .box = &l->boxes[i], .replica = !writes};
     }
 }
@@ -106,15 +136,85 @@ static void tensor_list_free(TensorList *l) {
     free(l->param);
     free(l->names);
     free(l->boxes);
+    free(l->nf4_words);
 }
 
 // FSDP's padding after each box: zero, as the optimizer's invariant needs.
 static void padding_zero(const TensorList *l, const ParamTable *params) {
     for (int j = 0; j < l->count; j++) {
         const Param *p = &params->items[l->param[j]];
+        if (p->nf4) continue;  // a blob, never padded
         size_t n = box_numel(&l->boxes[l->param[j]]);
         memset(l->tensors[j].data + n, 0, (p->shard_numel - n) * sizeof(float));
     }
+}
+
+// One weight of a file's other form, alone, through a whole fp32 tensor in host memory: an
+// NF4 parameter's from a file of fp32 weights (quantized), or an fp32 whole tensor from a
+// QLoRA run's blob (dequantized). Collective as ckpt_load: a rank off the weight's pipeline
+// stage reads an empty box.
+static void load_converted(const char *path, const Param *p, float *data) {
+    char name[PARAM_NAME_MAX + 64];
+    size_t n = param_global_numel(p);
+    ParamBox b = param_box(p, true);  // whole, or empty
+    bool held = box_numel(&b) > 0;
+    if (p->nf4) {
+        float *x = xmalloc((held ? n : 1) * sizeof(float));
+        snprintf(name, sizeof name, "%s%s", GROUP[MODEL], p->name);
+        CkptTensor t = {.path = name, .ndim = p->ndim, .shape = p->global_shape, .data = x,
+                        .box = &b};
+        ckpt_load(path, &t, 1);
+        if (held) nf4_quantize(p->nf4_data, x, n);
+        free(x);
+        return;
+    }
+    if (held && box_numel(&b) != n)  // QLoRA's layouts hold NF4 weights whole: so must readers
+        die_user("checkpoint %s holds %s as NF4 (a QLoRA run's), which loads whole, not as "
+                 "this run's shard", path, p->name);
+    int64_t words = nf4_words(p);
+    ParamBox blob_box = {.ndim = 1, .count = {held ? words : 0},
+                         .ranges = {{.n = held, .count = {words}}}};
+    float *blob = xmalloc((size_t)(held ? words : 1) * sizeof(float));
+    snprintf(name, sizeof name, "%s%s", NF4_GROUP_PATH, p->name);
+    CkptTensor t = {.path = name, .ndim = 1, .shape = &words, .data = blob, .box = &blob_box};
+    ckpt_load(path, &t, 1);
+    if (held) nf4_dequantize(data, (const uint8_t *)blob, n);
+    free(blob);
+}
+
+// Whether tensor j of l is in the file in its other form: an NF4 weight's blob missing (a file
+// of fp32 weights), or an fp32 weight missing where the file has its blob (a QLoRA run's).
+static bool stored_other(const char *path, const TensorList *l, int j, const Param *p,
+                         bool file_nf4) {
+    if (p->nf4) return !file_nf4 || !ckpt_has(path, l->tensors[j].path);
+    if (!file_nf4 || ckpt_has(path, l->tensors[j].path)) return false;
+    char blob[PARAM_NAME_MAX + 64];
+    snprintf(blob, sizeof blob, "%s%s", NF4_GROUP_PATH, p->name);
+    return ckpt_has(path, blob);
+}
+
+// Loads the listed tensors, those the file holds in their other form converted, one at a time.
+static void load_tensors(const char *path, TensorList *l, const ParamTable *params) {
+    bool file_nf4 = ckpt_has(path, NF4_GROUP_PATH);
+    int kept = 0, n_other = 0, *other = xcalloc((size_t)l->count + 1, sizeof(int));
+    float **other_data = xcalloc((size_t)l->count + 1, sizeof(float *));
+    for (int j = 0; j < l->count; j++) {
+        const Param *p = &params->items[l->param[j]];
+        if (stored_other(path, l, j, p, file_nf4)) {
+            other[n_other] = l->param[j];
+            other_data[n_other++] = l->tensors[j].data;
+            continue;
+        }
+        l->tensors[kept] = l->tensors[j];
+        l->param[kept++] = l->param[j];
+    }
+    l->count = kept;
+    ckpt_load(path, l->tensors, l->count);
+    padding_zero(l, params);
+    for (int k = 0; k < n_other; k++)
+        load_converted(path, &params->items[other[k]], other_data[k]);
+    free(other);
+    free(other_data);
 }
 
 bool train_state_try_save(const char *path, const ParamTable *params, const AdamW *opt,
@@ -176,8 +276,7 @@ bool train_state_load(const char *path, ParamTable *params, AdamW *opt, TrainPro
             o->delta_from = o->delta_to = 0;  // not in the file: semi_sync_start makes it
     }
     TensorList list = state_list(params, opt, kinds);
-    ckpt_load(path, list.tensors, list.count);
-    padding_zero(&list, params);
+    load_tensors(path, &list, params);
     if (opt) opt->step = (int)ckpt_read_int_in(path, "optimizer_step", 0, INT_MAX);
     if (progress) {
         progress->step = ckpt_read_int_in(path, "step", 0, INT_MAX);
@@ -194,7 +293,6 @@ void train_state_load_ema(const char *path, ParamTable *params) {
                  "training.ema_decay 0 (or it is a seed checkpoint)", path);
     TensorList list = tensor_list_new(params, params->count);
     list_add(&list, params, EMA, params->shard_data, NULL, 0, params->count, -1);
-    ckpt_load(path, list.tensors, list.count);
-    padding_zero(&list, params);
+    load_tensors(path, &list, params);
     tensor_list_free(&list);
 }

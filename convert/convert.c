@@ -97,7 +97,7 @@ static void table_build(Model *m, const ModelArgs *args, ParamTable *params, flo
                  "%.2f GiB is free", (double)m->params.numel, need / 1073741824.0,
                  room / 1073741824.0);
     *data = xcalloc(m->params.numel, sizeof(float));
-    params_view(params, &m->params, *data);
+    params_view(params, &m->params, *data, NULL);
 }
 
 static void to_hf(const ConvertOptions *o) {

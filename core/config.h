@@ -185,6 +185,7 @@ typedef struct {
     int64_t rank;
     double alpha;
     double dropout;             // PEFT's lora_dropout
+    bool quantize_base;         // QLoRA: the adapted weights NF4 (Param.nf4)
     StringList target_modules;  // empty: every Linear
 } LoraSection;
 

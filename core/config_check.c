@@ -272,6 +272,17 @@ static bool converters_check(const Config *c, char *err, size_t n) {
     return true;
 }
 
+// QLoRA's NF4 base is what the adapted Linears' frozen weights compute in; float8 would
+// compute them in float8 instead (a float8 base is the float8 converter beside lora).
+static bool qlora_check(const Config *c, char *err, size_t n) {
+    if (c->lora.quantize_base && config_converts(c, "float8"))
+        return setting_error(c, "lora.quantize_base", "holds the base as NF4, which the float8 "
+                             "converter would cast to float8 instead: choose one (drop float8 "
+                             "from model.converters, or lora.quantize_base for a float8 base)",
+                             err, n);
+    return true;
+}
+
 // The first semi_sync key other than method set to other than its default and not one of
 // `kept` (names after "semi_sync."), NULL: none.
 static const KeySpec *semi_sync_changed(const Config *c, const char *const *kept, int n_kept) {
@@ -337,5 +348,6 @@ bool config_check_supported(const Config *c, char *err, size_t errlen) {
     return relations_check(c, err, errlen) && implemented_check(c, err, errlen) &&
            dataset_names_unused(c, err, errlen) && converters_check(c, err, errlen) &&
            float8_check(c, err, errlen) && converter_keys_unused(c, "lora", err, errlen) &&
+           qlora_check(c, err, errlen) &&
            semi_sync_check(c, err, errlen) && link_check(c, err, errlen);
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/errors.h"
+#include "core/nf4.h"
 #include "core/rng.h"
 
 void params_init(ParamTable *t, int capacity) {
@@ -27,17 +28,32 @@ void params_layout_grads(ParamTable *t) {
     }
 }
 
-// Every parameter's offsets follow the ones before it, in table order, in every form.
+size_t param_nf4_bytes(const Param *p) { return p->numel ? nf4_bytes(p->numel) : 0; }
+
+// Every parameter's offsets follow the ones before it, in table order, in every form; an NF4
+// one's blob follows the ones before it in the NF4 buffer.
 static void table_layout(ParamTable *t) {
-    t->numel = t->shard_numel = 0;
+    t->numel = t->shard_numel = t->nf4_bytes = 0;
     for (int i = 0; i < t->count; i++) {
         Param *p = &t->items[i];
+        if (p->nf4) {
+            p->offset = p->shard_offset = SIZE_MAX;
+            p->nf4_offset = t->nf4_bytes;
+            t->nf4_bytes += param_nf4_bytes(p);
+            continue;
+        }
         p->offset = t->numel;
         p->shard_offset = t->shard_numel;
         t->numel += p->numel;
         t->shard_numel += p->shard_numel;
     }
     params_layout_grads(t);
+}
+
+void params_make_nf4(ParamTable *t, Param *p) {
+    CHECK(p->frozen && !p->copy && !p->buffer && !p->expert && p->ndim == 2 && !t->data);
+    p->nf4 = true;
+    table_layout(t);
 }
 
 int params_add(ParamTable *t, ParamInit init, double init_std, int ndim, const int64_t *shape,
@@ -211,6 +227,7 @@ void params_place(ParamTable *t, Param *p, Placement pl) {
     else CHECK(pl.n_blocks == 0);
     CHECK(!pl.grad_partial || pl.kind == PLACE_REPLICATE);
     if (pl.kind == PLACE_OWNED) CHECK(pl.dim == 0 && pl.owner >= 0 && pl.owner < pl.size);
+    CHECK(!p->nf4 || pl.kind == PLACE_REPLICATE || pl.kind == PLACE_OWNED);  // a whole blob
     bool cuts_compute = pl.kind == PLACE_SHARD || pl.kind == PLACE_OWNED;
     for (int i = 0; i < p->n_placements && cuts_compute; i++)
         CHECK(p->placements[i].kind != PLACE_SHARD_PADDED);
@@ -306,15 +323,17 @@ void param_box_runs(const Param *p, const ParamBox *b,
 void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena) {
     CHECK(t->shard_numel == t->numel);  // a padded placement's owner places the shards
     t->data = t->shard_data = arena_floats(data_arena, t->numel);
+    t->nf4 = t->nf4_bytes ? arena_alloc(data_arena, t->nf4_bytes) : NULL;
     t->grad = t->shard_grad = arena_floats(grad_arena, t->shard_grad_numel);
     for (int i = 0; i < t->count; i++) {
         Param *p = &t->items[i];
-        p->data = t->data ? t->data + p->offset : NULL;
+        p->data = t->data && !p->nf4 ? t->data + p->offset : NULL;
+        p->nf4_data = t->nf4 && p->nf4 ? t->nf4 + p->nf4_offset : NULL;
         p->grad = t->grad && !p->frozen ? t->grad + p->shard_grad_offset : NULL;
     }
 }
 
-void params_view(ParamTable *view, const ParamTable *t, float *shard_data) {
+void params_view(ParamTable *view, const ParamTable *t, float *shard_data, uint8_t *nf4) {
     *view = *t;
     view->items = xmalloc((size_t)t->count * sizeof(Param));
     memcpy(view->items, t->items, (size_t)t->count * sizeof(Param));
@@ -323,9 +342,11 @@ void params_view(ParamTable *view, const ParamTable *t, float *shard_data) {
     view->shard_data = shard_data;
     view->data = whole ? shard_data : NULL;
     view->grad = view->shard_grad = NULL;
+    view->nf4 = nf4;
     for (int i = 0; i < t->count; i++) {
         Param *p = &view->items[i];
-        p->data = whole ? shard_data + p->shard_offset : NULL;
+        p->data = whole && !p->nf4 ? shard_data + p->shard_offset : NULL;
+        p->nf4_data = p->nf4 ? nf4 + p->nf4_offset : NULL;
         p->grad = NULL;
     }
 }
@@ -345,6 +366,7 @@ void params_global_view(ParamTable *global, const ParamTable *t) {
         Param *p = &global->items[i];
         *p = t->items[i];
         p->n_placements = 0;
+        p->nf4 = false;
         p->numel = param_global_numel(p);
         p->shard_numel = p->numel;
         for (int d = 0; d < p->ndim; d++) p->shape[d] = p->global_shape[d];
@@ -361,6 +383,7 @@ void params_global_view(ParamTable *global, const ParamTable *t) {
             p->offset = o->offset, p->shard_offset = o->shard_offset;
         }
         p->data = data + p->offset;
+        p->nf4_data = NULL;
         p->grad = NULL;
     }
 }
@@ -375,10 +398,20 @@ static void copy_run(size_t global_first, size_t local_first, size_t count, void
     memcpy(c->to + local_first, c->from + global_first, count * sizeof(float));
 }
 
+// An NF4 parameter's whole compute tensor (no placement but a stage's) from x, quantized.
+static void nf4_store(const Param *p, const float *x) {
+    CHECK(p->numel == 0 || p->numel == param_global_numel(p));
+    if (p->numel) nf4_quantize(p->nf4_data, x, p->numel);
+}
+
 void params_shards_from_global(ParamTable *t, const ParamTable *global) {
     CHECK(global->count == t->count);
     for (int i = 0; i < t->count; i++) {
         const Param *p = &t->items[i];
+        if (p->nf4) {
+            nf4_store(p, global->items[i].data);
+            continue;
+        }
         ParamBox b = param_box(p, true);
         CopyRun c = {global->items[i].data, t->shard_data + p->shard_offset};
         size_t n = box_numel(&b);
@@ -432,6 +465,13 @@ static void fill_run(size_t global_first, size_t local_first, size_t count, void
 void params_initialize(ParamTable *t, uint64_t seed) {
     for (int i = 0; i < t->count; i++) {
         const Param *p = &t->items[i];
+        if (p->nf4) {  // one weight in fp32 at a time
+            float *x = xmalloc((p->numel ? p->numel : 1) * sizeof(float));
+            param_fill(p, seed, 0, p->numel, x);
+            nf4_store(p, x);
+            free(x);
+            continue;
+        }
         ParamBox b = param_box(p, true);
         FillRun f = {p, seed, t->shard_data + p->shard_offset};
         size_t n = box_numel(&b);

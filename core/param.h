@@ -127,6 +127,15 @@ typedef struct {
     // optimizer, the grad norm, FSDP's reduce-scatter and the checkpoints' optimizer state
     // skip it.
     bool frozen;
+    // QLoRA's base (lora.quantize_base, models/lora.h): a frozen weight held as NF4 (core/nf4.h)
+    // instead of fp32, its compute tensor's blob of nf4_bytes(numel) at nf4_offset bytes into
+    // ParamTable.nf4 (nf4_data), which the Linear dequantizes at each GEMM. It has no floats in
+    // the table's buffers (data NULL; offset and shard_offset SIZE_MAX), is never placed by a
+    // padded or compute placement (only a pipeline stage's PLACE_OWNED), and is not in a
+    // checkpoint: a run re-derives it from its source (core/param.h's loaders quantize it).
+    bool nf4;
+    size_t nf4_offset;
+    uint8_t *nf4_data;
     ParamInit init;
     double init_std;      // for the normal inits
     double init_cutoff;   // truncation bound |x| <= cutoff (absolute, as torch's a/b)
@@ -153,6 +162,8 @@ typedef struct {
     // grad themselves unless a padded placement (FSDP) keeps them elsewhere.
     float *shard_data, *shard_grad;
     size_t shard_grad_numel;  // shard_numel less the frozen parameters'
+    uint8_t *nf4;             // (nf4_bytes) the NF4 parameters' blobs (Param.nf4)
+    size_t nf4_bytes;
 } ParamTable;
 
 void params_init(ParamTable *t, int capacity);
@@ -192,27 +203,31 @@ size_t param_global_numel(const Param *p);
 size_t param_global_index(const Param *p, const ParamBox *b, size_t i);
 // Lays the shard grads out again after Param.frozen changed (models/lora.c).
 void params_layout_grads(ParamTable *t);
-// Carves the compute data (numel floats) and grad (shard_grad_numel) buffers from the arenas
-// and sets every pointer (a frozen parameter's grad NULL); the shard buffers are the same ones
-// unless the caller (FSDP) places them.
+// Makes the frozen weight p an NF4 parameter (Param.nf4), before params_allocate.
+void params_make_nf4(ParamTable *t, Param *p);
+// The bytes of p's blob: 0 when its compute tensor is empty (another stage's).
+size_t param_nf4_bytes(const Param *p);
+// Carves the compute data (numel floats), the NF4 blobs (nf4_bytes) and the grad
+// (shard_grad_numel) buffers from the arenas and sets every pointer (a frozen parameter's grad
+// NULL); the shard buffers are the same ones unless the caller (FSDP) places them.
 void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena);
 // view = t's parameters with their shards over other storage: shard_data (t->shard_numel
-// floats), e.g. a host copy of shards that live on a device; the compute tensors point there
-// too when no padded placement sets them apart (else NULL), grads NULL. Free it with
-// params_free.
-void params_view(ParamTable *view, const ParamTable *t, float *shard_data);
+// floats) and nf4 (t->nf4_bytes), e.g. host copies of what lives on a device; the compute
+// tensors point there too when no padded placement sets them apart (else NULL), grads NULL.
+// Free it with params_free.
+void params_view(ParamTable *view, const ParamTable *t, float *shard_data, uint8_t *nf4);
 // sub = the parameters of t for which keep(p) holds, in t's order, over t's storage (the same
 // offsets and pointers): a table to load part of a model through. Free it with params_free.
 void params_select(ParamTable *sub, const ParamTable *t, bool (*keep)(const Param *p));
-// global = t's parameters as whole global tensors (no placements) over new zeroed host
-// storage (global->data), e.g. a model read from a file of whole tensors; a copy shares its
-// original's tensor. Free global->data, then params_free.
+// global = t's parameters as whole global fp32 tensors (no placements, no NF4) over new
+// zeroed host storage (global->data), e.g. a model read from a file of whole tensors; a copy
+// shares its original's tensor. Free global->data, then params_free.
 void params_global_view(ParamTable *global, const ParamTable *t);
 // Copies every parameter's shard box out of global (params_global_view's layout) into t's
-// shard storage (padding zero).
+// shard storage (padding zero); an NF4 parameter's is quantized into its blob.
 void params_shards_from_global(ParamTable *t, const ParamTable *global);
 // Fills every parameter's shard (padding zero) from (seed, name, global index) as its init
-// says: the same numbers on every layout.
+// says: the same numbers on every layout (an NF4 parameter's quantized).
 void params_initialize(ParamTable *t, uint64_t seed);
 // dst (count) = elements [first, first + count) of p's initial value (row-major, global
 // indices): the same numbers params_initialize writes there, so a piece is filled alone.

@@ -269,13 +269,21 @@ static void float8_run(const Linear *l, const StepCtx *s, LinearGemm which, floa
 // ---- the backend's GEMMs -------------------------------------------------------------------
 
 // The weight in the activations' dtype: the fp32 tensor itself, or its bf16 cast carved from
-// s->act (made at each call: the weight FSDP gathered, or the optimizer changed, since).
+// s->act (made at each call: the weight FSDP gathered, or the optimizer changed, since). An
+// NF4 weight (QLoRA's base) is dequantized into s->act first, at each call, as bitsandbytes'
+// Linear4bit does: only its blob is kept.
 static const void *weight_as(const Linear *l, const StepCtx *s, Dtype t, bool run) {
-    if (t == DTYPE_FP32) return l->weight->data;
     size_t n = (size_t)out_dim(l) * in_dim(l);
-    uint16_t *w = arena_tensor(s->act, n, DTYPE_BF16);
-    if (run) s->k->to_bf16(w, l->weight->data, n);
-    return w;
+    const float *w = l->weight->data;
+    if (l->weight->nf4) {
+        float *dequantized = arena_floats(s->act, n);
+        if (run) s->k->nf4_dequantize(dequantized, l->weight->nf4_data, n);
+        w = dequantized;
+    }
+    if (t == DTYPE_FP32) return w;
+    uint16_t *w16 = arena_tensor(s->act, n, DTYPE_BF16);
+    if (run) s->k->to_bf16(w16, w, n);
+    return w16;
 }
 
 static void backend_run(const Linear *l, const StepCtx *s, LinearGemm which, float *c,

@@ -6,6 +6,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/errors.h"
+#include "core/nf4.h"
 #include "parallel/mesh.h"
 #include "parallel/tp.h"
 
@@ -115,6 +116,10 @@ void model_convert_lora(Model *m, const Config *c) {
         p->frozen = !lora_adapter_of(p->name, NULL, 0, NULL) && !p->buffer;
     }
     params_layout_grads(&m->params);  // the frozen take no shard grads
+    for (int i = 0; i < m->n_linears && lora->quantize_base; i++)
+        if (m->linears[i].linear->lora_a)
+            params_make_nf4(&m->params,
+                            &m->params.items[m->linears[i].linear->weight - m->params.items]);
     count_flops(m);
 }
 
@@ -151,6 +156,17 @@ void lora_log(const Model *m, const LoraSection *lora) {
     log_info("lora: rank %lld, alpha %g on %d linears (%s); %zu of %zu parameters trained "
              "(%.3f%%), the rest frozen", (long long)lora->rank, lora->alpha, n, modules, trained,
              total, 100.0 * (double)trained / (double)total);
+    if (!lora->quantize_base) return;
+    size_t quantized = 0, bytes = 0;
+    for (int i = 0; i < m->params.count; i++) {
+        const Param *p = &m->params.items[i];
+        if (!p->nf4) continue;
+        quantized += param_global_numel(p);
+        bytes += nf4_bytes(param_global_numel(p));
+    }
+    log_info("lora: quantize_base: the %d adapted weights (%zu parameters) held as NF4, %.1f "
+             "MiB in place of %.1f MiB in fp32", n, quantized, (double)bytes / 1048576.0,
+             quantized * 4.0 / 1048576.0);
 }
 
 int lora_merge(const char *path, const Config *c, ParamTable *t, const char *group) {

@@ -29,7 +29,9 @@ typedef struct {
 static HostState host_state_alloc(const Trainer *t) {
     size_t n = t->model.params.shard_numel;
     HostState h = {.opt = t->opt, .staged = true};
-    params_view(&h.params, &t->model.params, xcalloc(n, sizeof(float)));
+    size_t nf4 = t->model.params.nf4_bytes;
+    params_view(&h.params, &t->model.params, xcalloc(n, sizeof(float)),
+                nf4 ? xmalloc(nf4) : NULL);
     h.opt.exp_avg = xcalloc(t->opt.first_numel, sizeof(float));
     h.opt.exp_avg_sq = xcalloc(t->opt.second_numel, sizeof(float));
     h.opt.ema = t->opt.ema ? xcalloc(n, sizeof(float)) : NULL;
@@ -53,6 +55,7 @@ static int outer_tensors(const Trainer *t, const HostState *h, float *theirs[3],
 static void host_state_download(const Trainer *t, HostState *h) {
     size_t bytes = t->model.params.shard_numel * sizeof(float);
     t->k->download(h->params.shard_data, t->model.params.shard_data, bytes);
+    t->k->download(h->params.nf4, t->model.params.nf4, t->model.params.nf4_bytes);
     t->k->download(h->opt.exp_avg, t->opt.exp_avg, t->opt.first_numel * sizeof(float));
     t->k->download(h->opt.exp_avg_sq, t->opt.exp_avg_sq, t->opt.second_numel * sizeof(float));
     if (h->opt.ema) t->k->download(h->opt.ema, t->opt.ema, bytes);
@@ -85,6 +88,7 @@ static void host_state_close(Trainer *t, HostState *h, bool upload) {
     if (upload) {
         size_t bytes = t->model.params.shard_numel * sizeof(float);
         t->k->upload(t->model.params.shard_data, h->params.shard_data, bytes);
+        t->k->upload(t->model.params.nf4, h->params.nf4, t->model.params.nf4_bytes);
         t->k->upload(t->opt.exp_avg, h->opt.exp_avg, t->opt.first_numel * sizeof(float));
         t->k->upload(t->opt.exp_avg_sq, h->opt.exp_avg_sq, t->opt.second_numel * sizeof(float));
         if (h->opt.ema) t->k->upload(t->opt.ema, h->opt.ema, bytes);
@@ -92,6 +96,7 @@ static void host_state_close(Trainer *t, HostState *h, bool upload) {
     }
     for (int i = 0; i < n_outer; i++) free(ours[i]);
     free(h->params.shard_data);
+    free(h->params.nf4);
     free(h->opt.exp_avg);
     free(h->opt.exp_avg_sq);
     free(h->opt.ema);

@@ -9,6 +9,7 @@
 
 #include "kernels/device.h"
 #include "kernels/step_time.h"
+#include "core/nf4.h"
 #include "train/train.h"
 
 // <dump_folder>/run_summary.json: what this run allocated and sent (rank 0's view), in the
@@ -593,22 +594,30 @@ static void print_verdict(const Trainer *ranks, int n, double device, int sharin
            "GiB%s; try %s\n", need / GiB, where, room / GiB, shared, fix);
 }
 
-// A checkpoint's bytes, float32: the parameters this rank writes (its boxes where it is the
-// primary replica: the plan's rank, every coordinate but pp 0, writes most), and all of them.
+// A checkpoint's bytes: the parameters this rank writes (its boxes where it is the primary
+// replica: the plan's rank, every coordinate but pp 0, writes most), and all of them.
 typedef struct {
     double rank, all;
 } StateBytes;
 
-// Every pp rank's table lists the whole model's parameters (another stage's with empty boxes);
-// trained: only those with optimizer state (not frozen).
-static StateBytes params_bytes(const Trainer *t, bool trained) {
+// Which parameters' bytes: the fp32 ones (every kind of state has them), those with optimizer
+// state (not frozen), or QLoRA's NF4 blobs (the model's only: no average, one per run).
+typedef enum { STATE_FP32, STATE_TRAINED, STATE_NF4 } StateParams;
+
+// Every pp rank's table lists the whole model's parameters (another stage's with empty boxes).
+static StateBytes params_bytes(const Trainer *t, StateParams which) {
     StateBytes b = {0};
     for (int i = 0; i < t->model.params.count; i++) {
         const Param *p = &t->model.params.items[i];
-        if (p->copy || (trained && p->frozen)) continue;  // a copy is saved as its original
+        if (p->copy || (which == STATE_TRAINED && p->frozen) || p->nf4 != (which == STATE_NF4))
+            continue;  // a copy is saved as its original
         ParamBox box = param_box(p, true);
-        if (param_is_primary_replica(p)) b.rank += 4.0 * (double)box_numel(&box);
-        b.all += 4.0 * (double)param_global_numel(p);
+        double all = which == STATE_NF4 ? (double)nf4_bytes(param_global_numel(p))
+                                        : 4.0 * (double)param_global_numel(p);
+        if (param_is_primary_replica(p) && box_numel(&box)) {
+            b.rank += which == STATE_NF4 ? all : 4.0 * (double)box_numel(&box);
+        }
+        b.all += all;
     }
     return b;
 }
@@ -616,22 +625,27 @@ static StateBytes params_bytes(const Trainer *t, bool trained) {
 // What a save writes, per rank (the rank that writes most) and in all: the full state
 // (parameters, AdamW's two moments of the trained ones and the average under
 // training.ema_decay; under semi_sync each replica group's own, and the trained ones' outer
-// weights, outer momentum and at most a whole model's delta in flight) and the model only (the
-// parameters and the average); with --checkpoint-bandwidth, how long each takes at that rate
-// (the storage's, shared by every rank).
+// weights, outer momentum and at most a whole model's delta in flight; QLoRA's NF4 blobs once)
+// and the model only (the parameters and the average); with --checkpoint-bandwidth, how long
+// each takes at that rate (the storage's, shared by every rank).
 static void print_checkpoint_plan(const Trainer *ranks, int n, double bandwidth) {
-    StateBytes params = params_bytes(&ranks[0], false), trained = params_bytes(&ranks[0], true);
+    StateBytes params = params_bytes(&ranks[0], STATE_FP32);
+    StateBytes trained = params_bytes(&ranks[0], STATE_TRAINED);
+    StateBytes nf4 = params_bytes(&ranks[0], STATE_NF4);
     int most = 0;
     for (int r = 1; r < n; r++) {
-        StateBytes b = params_bytes(&ranks[r], false);
-        if (b.rank > params.rank)
-            params.rank = b.rank, trained.rank = params_bytes(&ranks[r], true).rank, most = r;
+        StateBytes b = params_bytes(&ranks[r], STATE_FP32), q = params_bytes(&ranks[r], STATE_NF4);
+        if (b.rank + q.rank > params.rank + nf4.rank)
+            params.rank = b.rank, trained.rank = params_bytes(&ranks[r], STATE_TRAINED).rank,
+            nf4.rank = q.rank, most = r;
     }
     const OuterState *outer = &ranks[0].opt.outer;
     int ema = ranks[0].cfg.training.ema_decay > 0, groups = outer->on ? outer->replicas : 1;
     int outer_kinds = outer->on ? 3 : 0;
-    double model = (1 + ema) * params.all, model_rank = (1 + ema) * params.rank;
-    double full = groups * (model + 2 * trained.all) + outer_kinds * trained.all;
+    double model = (1 + ema) * params.all + nf4.all;
+    double model_rank = (1 + ema) * params.rank + nf4.rank;
+    double full = groups * (model - nf4.all + 2 * trained.all) + nf4.all +
+                  outer_kinds * trained.all;
     // a rank writes its own group's state
     double rank_full = model_rank + (2 + outer_kinds) * trained.rank;
     char who[32] = "";

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "core/bf16.h"
+#include "core/nf4.h"
 #include "kernels/kernels.h"
 
 enum { CPU, GPU, N_SIDES };
@@ -1813,6 +1814,34 @@ static void check_float8(void) {
     check_grouped_matmul_float8(true, 256, 512, 0.0f);
 }
 
+// ---- QLoRA's NF4 weights ---------------------------------------------------------------------
+
+typedef struct {
+    Pair blob, x;
+    size_t n;
+} Nf4Args;
+
+static void nf4_dequantize_run(int s, void *ctx) {
+    Nf4Args *a = ctx;
+    side[s]->nf4_dequantize(F(a->x, s), (const uint8_t *)a->blob.at[s], a->n);
+}
+
+// A blob quantized on the host (core/nf4.h) dequantized on both sides, bit for bit: n odd, its
+// last block short and its last group part-full, over several groups.
+static void check_nf4_dequantize(size_t n) {
+    float *w = host_random(n, -0.05, 0.05);
+    uint8_t *blob = host_alloc(nf4_bytes(n));
+    nf4_quantize(blob, w, n);
+    Nf4Args a = {.blob = pair_of(blob, nf4_bytes(n)), .x = pair_alloc(n * sizeof(float)), .n = n};
+    free(w), free(blob);
+    char shape[32];
+    snprintf(shape, sizeof shape, "%zu", n);
+    Output out[] = {{"", &a.x, NULL, CMP_BYTES, BOUND_EXACT}};
+    op_check("nf4_dequantize", shape, nf4_dequantize_run, &a, out, 1);
+    pair_free(&a.blob);
+    pair_free(&a.x);
+}
+
 // ---- setup -----------------------------------------------------------------------------------
 
 static int table_need(const KernelOps *k, const char *member, bool present) {
@@ -1846,7 +1875,7 @@ static int table_holes(const KernelOps *k) {
     NEED(outer_sgd_update);
     NEED(float8_amax), NEED(float8_quantize), NEED(matmul_float8_workspace_bytes);
     NEED(matmul_float8), NEED(float8_transpose), NEED(grouped_matmul_float8_workspace_bytes);
-    NEED(grouped_matmul_float8);
+    NEED(grouped_matmul_float8), NEED(nf4_dequantize);
 #undef NEED
     return holes;
 }
@@ -1914,6 +1943,8 @@ static void check_all(void) {
     check_outer_sgd(5);
     check_outer_sgd(((size_t)1 << 20) + 5);
     check_float8();
+    check_nf4_dequantize(1);
+    check_nf4_dequantize(4096 * 1024 + 4 * 64 * 256 + 37);
 }
 
 int main(int argc, char **argv) {

@@ -8,8 +8,9 @@
 # (saved from device memory through host copies, loaded back the same way) continues within
 # 1e-3 of the uninterrupted run (not bit for bit: the embedding backward's atomics). `titan
 # generate --device cuda` (weights and KV cache on the GPU) continues a prompt from the bf16
-# run's last checkpoint with the same 24 greedy ids as the cpu backend. Also: with no visible
-# device, --device cuda exits 2 with one line.
+# run's last checkpoint with the same 24 greedy ids as the cpu backend. QLoRA (NF4 weights
+# dequantized at each GEMM) in fp32 compute matches its cpu run within 1e-3. Also: with no
+# visible device, --device cuda exits 2 with one line.
 #
 # Usage: tests/gpu/test_train_cuda.sh [DIR] (after `make CUDA=1`): the runs' dump folders and
 # logs go to DIR (kept), else to a scratch folder removed at exit. Exits 0, or 1 naming what
@@ -62,6 +63,9 @@ train cuda_bf16 --device cuda --checkpoint.enable --checkpoint.interval 10
 mkdir -p "$RUNS/cuda_resumed/checkpoint"
 cp "$RUNS/cuda_bf16/checkpoint/step-10.h5" "$RUNS/cuda_resumed/checkpoint/"
 train cuda_resumed --device cuda --checkpoint.enable --checkpoint.interval 10
+QLORA=(--training.mixed_precision_param float32 --model.converters lora --lora.quantize_base)
+train qlora_cpu --device cpu "${QLORA[@]}"
+train qlora_cuda --device cuda "${QLORA[@]}"
 
 losses() { grep -o '"loss": [^,]*' "$RUNS/$1/metrics.jsonl" | cut -d' ' -f2; }
 
@@ -69,15 +73,17 @@ echo "step  cpu                  cuda fp32            cuda bf16"
 paste <(losses cpu) <(losses cuda_fp32) <(losses cuda_bf16) |
   awk '{ printf "%4d  %-20.15g %-20.15g %-20.15g\n", NR, $1, $2, $3 }'
 
-# within NAME TOL: NAME's loss within TOL relative of the cpu loss at each of the STEPS steps.
+# within NAME TOL [REF]: NAME's loss within TOL relative of REF's (cpu's) at each of the STEPS
+# steps.
 within() {
-  paste <(losses cpu) <(losses "$1") | awk -v name="$1" -v tol="$2" -v steps="$STEPS" '
+  paste <(losses "${3:-cpu}") <(losses "$1") | awk -v name="$1" -v tol="$2" -v steps="$STEPS" \
+    -v ref="${3:-cpu}" '
     BEGIN { worst = 0; at = 1 }
     { d = ($2 - $1) / $1; d = d < 0 ? -d : d; if (d > worst) { worst = d; at = NR } }
     END {
       if (NR != steps) { printf "FAIL: %s logged %d steps, expected %d\n", name, NR, steps; exit 1 }
-      printf "%s: %s relative to cpu, worst %.3g at step %d (bound %g)\n",
-             worst <= tol ? "ok" : "FAIL", name, worst, at, tol
+      printf "%s: %s relative to %s, worst %.3g at step %d (bound %g)\n",
+             worst <= tol ? "ok" : "FAIL", name, ref, worst, at, tol
       exit worst > tol
     }'
 }
@@ -121,6 +127,7 @@ fi
 resumed || status=1
 within cuda_fp32 "$FP32_TOL" || status=1
 within cuda_bf16 "$BF16_TOL" || status=1
+within qlora_cuda "$FP32_TOL" qlora_cpu || status=1  # the NF4 weights dequantized on the GPU
 for run in cpu cuda_fp32 cuda_bf16; do falls "$run" || status=1; done
 [ "$status" -eq 0 ] || fail "cuda training does not match cpu"
 echo "ok: cuda training matches cpu (fp32 within $FP32_TOL, bf16 within $BF16_TOL) and learns"

@@ -264,7 +264,7 @@ static void state_make(StateCase *c, uint32_t fill_seed) {
     params_add(&c->params, INIT_ONES, 0.0, 1, (const int64_t[]){7}, "norm.weight");
     size_t n = c->params.numel;
     ParamTable table = c->params;
-    params_view(&c->params, &table, xcalloc(n, sizeof(float)));
+    params_view(&c->params, &table, xcalloc(n, sizeof(float)), NULL);
     params_free(&table);
     c->opt = (AdamW){.numel = n, .exp_avg = xcalloc(n, sizeof(float)),
                      .exp_avg_sq = xcalloc(n, sizeof(float))};
