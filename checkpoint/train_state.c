@@ -41,12 +41,13 @@ static int64_t nf4_words(const Param *p) {
     return (int64_t)(nf4_bytes(param_global_numel(p)) / sizeof(float));
 }
 
-// The words of an NF4 parameter's blob this rank holds: all of them, or none off its pipeline
-// stage (its only placements are a stage's and Replicate: core/param.h).
+// The words of an NF4 parameter's blob this rank stores (core/param.h: all of them, its FSDP
+// chunk, or none off its pipeline stage).
 static ParamBox nf4_box(const Param *p) {
-    int64_t words = nf4_words(p);
-    return (ParamBox){.ndim = 1, .count = {p->numel ? words : 0},
-                      .ranges = {{.n = p->numel > 0, .count = {words}}}};
+    int64_t held = (int64_t)(param_nf4_held(p) / 4);
+    int64_t first = (int64_t)((size_t)p->nf4_shard_rank * p->nf4_shard_bytes / 4);
+    return (ParamBox){.ndim = 1, .count = {held},
+                      .ranges = {{.n = held > 0, .start = {first}, .count = {held}}}};
 }
 
 static TensorList tensor_list_new(const ParamTable *params, int capacity) {
@@ -96,7 +97,7 @@ static void list_add(TensorList *l, const ParamTable *params, int kind, float *b
         l->param[j] = i;
         l->tensors[j] = (CkptTensor){.path = l->names[j], .ndim = nf4 ? 1 : p->ndim,
                                      .shape = nf4 ? &l->nf4_words[i] : p->global_shape,
-                                     .data = nf4 ? (float *)p->nf4_data : base + at,
+                                     .data = nf4 ? (float *)p->nf4_shard : base + at,
                                      .box = &l->boxes[i], .replica = !writes};
     }
 }
@@ -139,11 +140,16 @@ static void tensor_list_free(TensorList *l) {
     free(l->nf4_words);
 }
 
-// FSDP's padding after each box: zero, as the optimizer's invariant needs.
+// FSDP's padding after each box: zero, as the optimizer's invariant needs (and an NF4 chunk's,
+// which the gather copies as it is).
 static void padding_zero(const TensorList *l, const ParamTable *params) {
     for (int j = 0; j < l->count; j++) {
         const Param *p = &params->items[l->param[j]];
-        if (p->nf4) continue;  // a blob, never padded
+        if (p->nf4) {  // the words past the blob's end in FSDP's last chunks
+            size_t held = param_nf4_held(p);
+            memset(p->nf4_shard + held, 0, p->nf4_shard_bytes - held);
+            continue;
+        }
         size_t n = box_numel(&l->boxes[l->param[j]]);
         memset(l->tensors[j].data + n, 0, (p->shard_numel - n) * sizeof(float));
     }
@@ -164,7 +170,7 @@ static void load_converted(const char *path, const Param *p, float *data) {
         CkptTensor t = {.path = name, .ndim = p->ndim, .shape = p->global_shape, .data = x,
                         .box = &b};
         ckpt_load(path, &t, 1);
-        if (held) nf4_quantize(p->nf4_data, x, n);
+        if (held) param_nf4_store(p, x);
         free(x);
         return;
     }

@@ -30,6 +30,12 @@ void params_layout_grads(ParamTable *t) {
 
 size_t param_nf4_bytes(const Param *p) { return p->numel ? nf4_bytes(p->numel) : 0; }
 
+size_t param_nf4_held(const Param *p) {
+    size_t first = (size_t)p->nf4_shard_rank * p->nf4_shard_bytes, all = param_nf4_bytes(p);
+    size_t rest = all > first ? all - first : 0;
+    return rest < p->nf4_shard_bytes ? rest : p->nf4_shard_bytes;
+}
+
 // Every parameter's offsets follow the ones before it, in table order, in every form; an NF4
 // one's blob follows the ones before it in the NF4 buffer.
 static void table_layout(ParamTable *t) {
@@ -38,8 +44,9 @@ static void table_layout(ParamTable *t) {
         Param *p = &t->items[i];
         if (p->nf4) {
             p->offset = p->shard_offset = SIZE_MAX;
+            if (p->nf4_shards == 1) p->nf4_shard_bytes = param_nf4_bytes(p);
             p->nf4_offset = t->nf4_bytes;
-            t->nf4_bytes += param_nf4_bytes(p);
+            t->nf4_bytes += p->nf4_shard_bytes;
             continue;
         }
         p->offset = t->numel;
@@ -53,7 +60,33 @@ static void table_layout(ParamTable *t) {
 void params_make_nf4(ParamTable *t, Param *p) {
     CHECK(p->frozen && !p->copy && !p->buffer && !p->expert && p->ndim == 2 && !t->data);
     p->nf4 = true;
+    p->nf4_shards = 1;
     table_layout(t);
+}
+
+void params_shard_nf4(ParamTable *t, Param *p, int size, int rank) {
+    CHECK(p->nf4 && p->nf4_shards == 1 && rank >= 0 && rank < size && !t->nf4);
+    size_t words = param_nf4_bytes(p) / 4;
+    p->nf4_shards = size, p->nf4_shard_rank = rank;
+    p->nf4_shard_bytes = (words + (size_t)size - 1) / (size_t)size * 4;
+    table_layout(t);
+}
+
+void params_point_nf4(ParamTable *t, uint8_t *nf4) {
+    t->nf4 = nf4;
+    for (int i = 0; i < t->count; i++) {
+        Param *p = &t->items[i];
+        if (!p->nf4) continue;
+        p->nf4_shard = nf4 ? nf4 + p->nf4_offset : NULL;
+        if (p->nf4_shards == 1) p->nf4_data = p->nf4_shard;
+    }
+}
+
+// p's shard of the whole blob `blob` (param_nf4_bytes) into p->nf4_shard, padding zero.
+static void nf4_shard_from(const Param *p, const uint8_t *blob) {
+    size_t held = param_nf4_held(p);
+    memcpy(p->nf4_shard, blob + (size_t)p->nf4_shard_rank * p->nf4_shard_bytes, held);
+    memset(p->nf4_shard + held, 0, p->nf4_shard_bytes - held);
 }
 
 int params_add(ParamTable *t, ParamInit init, double init_std, int ndim, const int64_t *shape,
@@ -323,12 +356,11 @@ void param_box_runs(const Param *p, const ParamBox *b,
 void params_allocate(ParamTable *t, Arena *data_arena, Arena *grad_arena) {
     CHECK(t->shard_numel == t->numel);  // a padded placement's owner places the shards
     t->data = t->shard_data = arena_floats(data_arena, t->numel);
-    t->nf4 = t->nf4_bytes ? arena_alloc(data_arena, t->nf4_bytes) : NULL;
+    params_point_nf4(t, t->nf4_bytes ? arena_alloc(data_arena, t->nf4_bytes) : NULL);
     t->grad = t->shard_grad = arena_floats(grad_arena, t->shard_grad_numel);
     for (int i = 0; i < t->count; i++) {
         Param *p = &t->items[i];
         p->data = t->data && !p->nf4 ? t->data + p->offset : NULL;
-        p->nf4_data = t->nf4 && p->nf4 ? t->nf4 + p->nf4_offset : NULL;
         p->grad = t->grad && !p->frozen ? t->grad + p->shard_grad_offset : NULL;
     }
 }
@@ -342,13 +374,13 @@ void params_view(ParamTable *view, const ParamTable *t, float *shard_data, uint8
     view->shard_data = shard_data;
     view->data = whole ? shard_data : NULL;
     view->grad = view->shard_grad = NULL;
-    view->nf4 = nf4;
     for (int i = 0; i < t->count; i++) {
         Param *p = &view->items[i];
         p->data = whole && !p->nf4 ? shard_data + p->shard_offset : NULL;
-        p->nf4_data = p->nf4 ? nf4 + p->nf4_offset : NULL;
+        p->nf4_data = NULL;  // a gathered blob is the device's
         p->grad = NULL;
     }
+    params_point_nf4(view, nf4);
 }
 
 void params_select(ParamTable *sub, const ParamTable *t, bool (*keep)(const Param *p)) {
@@ -383,7 +415,7 @@ void params_global_view(ParamTable *global, const ParamTable *t) {
             p->offset = o->offset, p->shard_offset = o->shard_offset;
         }
         p->data = data + p->offset;
-        p->nf4_data = NULL;
+        p->nf4_data = p->nf4_shard = NULL;
         p->grad = NULL;
     }
 }
@@ -398,10 +430,17 @@ static void copy_run(size_t global_first, size_t local_first, size_t count, void
     memcpy(c->to + local_first, c->from + global_first, count * sizeof(float));
 }
 
-// An NF4 parameter's whole compute tensor (no placement but a stage's) from x, quantized.
-static void nf4_store(const Param *p, const float *x) {
+void param_nf4_store(const Param *p, const float *x) {
     CHECK(p->numel == 0 || p->numel == param_global_numel(p));
-    if (p->numel) nf4_quantize(p->nf4_data, x, p->numel);
+    if (!p->numel) return;
+    if (p->nf4_shards == 1) {
+        nf4_quantize(p->nf4_shard, x, p->numel);
+        return;
+    }
+    uint8_t *blob = xmalloc(param_nf4_bytes(p));
+    nf4_quantize(blob, x, p->numel);
+    nf4_shard_from(p, blob);
+    free(blob);
 }
 
 void params_shards_from_global(ParamTable *t, const ParamTable *global) {
@@ -409,7 +448,7 @@ void params_shards_from_global(ParamTable *t, const ParamTable *global) {
     for (int i = 0; i < t->count; i++) {
         const Param *p = &t->items[i];
         if (p->nf4) {
-            nf4_store(p, global->items[i].data);
+            param_nf4_store(p, global->items[i].data);
             continue;
         }
         ParamBox b = param_box(p, true);
@@ -468,7 +507,7 @@ void params_initialize(ParamTable *t, uint64_t seed) {
         if (p->nf4) {  // one weight in fp32 at a time
             float *x = xmalloc((p->numel ? p->numel : 1) * sizeof(float));
             param_fill(p, seed, 0, p->numel, x);
-            nf4_store(p, x);
+            param_nf4_store(p, x);
             free(x);
             continue;
         }

@@ -128,13 +128,18 @@ typedef struct {
     // skip it.
     bool frozen;
     // QLoRA's base (lora.quantize_base, models/lora.h): a frozen weight held as NF4 (core/nf4.h)
-    // instead of fp32, its compute tensor's blob of nf4_bytes(numel) at nf4_offset bytes into
-    // ParamTable.nf4 (nf4_data), which the Linear dequantizes at each GEMM. It has no floats in
-    // the table's buffers (data NULL; offset and shard_offset SIZE_MAX), is never placed by a
-    // padded or compute placement (only a pipeline stage's PLACE_OWNED), and is not in a
-    // checkpoint: a run re-derives it from its source (core/param.h's loaders quantize it).
+    // instead of fp32: the blob of its whole tensor (param_nf4_bytes; none off its pipeline
+    // stage: only Replicate and PLACE_OWNED place it), which the Linear reads at nf4_data and
+    // dequantizes at each GEMM. It has no floats in the table's buffers (data NULL; offset and
+    // shard_offset SIZE_MAX). This rank stores bytes [nf4_shard_rank * nf4_shard_bytes, + that)
+    // of the blob at nf4_offset in ParamTable.nf4 (nf4_shard), zero past its end: the whole blob
+    // (nf4_shard == nf4_data), or under FSDP one of nf4_shards equal chunks, which FSDP gathers
+    // into nf4_data before the weight computes (params_shard_nf4).
     bool nf4;
     size_t nf4_offset;
+    size_t nf4_shard_bytes;
+    int nf4_shards, nf4_shard_rank;
+    uint8_t *nf4_shard;
     uint8_t *nf4_data;
     ParamInit init;
     double init_std;      // for the normal inits
@@ -162,7 +167,7 @@ typedef struct {
     // grad themselves unless a padded placement (FSDP) keeps them elsewhere.
     float *shard_data, *shard_grad;
     size_t shard_grad_numel;  // shard_numel less the frozen parameters'
-    uint8_t *nf4;             // (nf4_bytes) the NF4 parameters' blobs (Param.nf4)
+    uint8_t *nf4;             // (nf4_bytes) the NF4 parameters' stored blobs (Param.nf4_shard)
     size_t nf4_bytes;
 } ParamTable;
 
@@ -205,8 +210,18 @@ size_t param_global_index(const Param *p, const ParamBox *b, size_t i);
 void params_layout_grads(ParamTable *t);
 // Makes the frozen weight p an NF4 parameter (Param.nf4), before params_allocate.
 void params_make_nf4(ParamTable *t, Param *p);
+// FSDP's shard of NF4 parameter p: rank's of `size` equal chunks of its blob, whole 4-byte
+// words (checkpoints store the blob as float32 words).
+void params_shard_nf4(ParamTable *t, Param *p, int size, int rank);
 // The bytes of p's blob: 0 when its compute tensor is empty (another stage's).
 size_t param_nf4_bytes(const Param *p);
+// The bytes of p's blob this rank's shard holds (the rest of Param.nf4_shard_bytes is padding).
+size_t param_nf4_held(const Param *p);
+// Points every NF4 parameter's nf4_shard into nf4 (t->nf4_bytes), and its nf4_data too when its
+// shard is the whole blob (t->nf4 = nf4).
+void params_point_nf4(ParamTable *t, uint8_t *nf4);
+// NF4 parameter p's shard (padding zero) from x, its whole tensor (on its stage), quantized.
+void param_nf4_store(const Param *p, const float *x);
 // Carves the compute data (numel floats), the NF4 blobs (nf4_bytes) and the grad
 // (shard_grad_numel) buffers from the arenas and sets every pointer (a frozen parameter's grad
 // NULL); the shard buffers are the same ones unless the caller (FSDP) places them.

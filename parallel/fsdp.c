@@ -47,8 +47,9 @@ static int64_t rank_rows(const Fsdp *f, const Param *p, int k, int64_t *first) {
 }
 
 // The gradients' layouts leave the frozen parameters out (Param.frozen: LoRA's base), which
-// take no gradient: grads selects them, the parameters' layouts being the same with all.
-static bool in_layout(const Param *p, bool grads) { return !(grads && p->frozen); }
+// take no gradient: grads selects them, the parameters' layouts being the same with all but
+// the NF4 weights (QLoRA's base), which travel as bytes of their own.
+static bool in_layout(const Param *p, bool grads) { return !p->nf4 && !(grads && p->frozen); }
 
 static const size_t *part_sizes(const FsdpUnit *u, bool grads) {
     return grads ? u->grad_part_numel : u->part_numel;
@@ -103,7 +104,7 @@ static void plan_float8(Fsdp *f, FsdpUnit *u) {
     size_t wire = 0;
     for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
         const Param *p = &f->params->items[j];
-        if (part_of(f, p) != PART_DENSE) continue;
+        if (part_of(f, p) != PART_DENSE || !in_layout(p, false)) continue;
         wire += p->shard_numel * wire_size(f, p);
         if (!p->gather_float8) continue;
         CHECK(p->ndim == 2 && p->shard_numel % row_numel(p) == 0);
@@ -119,21 +120,37 @@ static void plan_float8(Fsdp *f, FsdpUnit *u) {
     f->max_wire_bytes = max_size(f->max_wire_bytes, wire);
 }
 
+// The first fp32 offset (Param.offset, or shard_offset) at or after parameter j: NF4 ones have
+// none (SIZE_MAX); the table's end if none follows.
+static size_t offset_from(const ParamTable *t, int j, bool shard) {
+    for (; j < t->count; j++)
+        if (!t->items[j].nf4) return shard ? t->items[j].shard_offset : t->items[j].offset;
+    return shard ? t->shard_numel : t->numel;
+}
+
 static void plan_unit(Fsdp *f, FsdpUnit *u) {
     ParamTable *t = f->params;
-    u->table_offset = u->first_param < t->count ? t->items[u->first_param].offset : t->numel;
+    u->table_offset = offset_from(t, u->first_param, false);
     for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
         Param *p = &t->items[j];
-        CHECK(p->offset == u->table_offset + u->full_numel);  // a block's params are contiguous
         int part = part_of(f, p);
         int rank = part == PART_EXPERTS ? f->config.expert_rank : f->config.rank;
-        params_place(t, p, fsdp_placement(f, part, rank));
+        if (p->nf4) params_shard_nf4(t, p, f->config.size, f->config.rank);
+        else params_place(t, p, fsdp_placement(f, part, rank));
         params_place(t, p, (Placement){.kind = PLACE_REPLICATE, .group = MESH_DP_REPLICATE,
                                        .size = f->config.replicate_size,
                                        .rank = f->config.replicate_rank});
+        if (p->nf4) {
+            u->nf4_full_bytes += param_nf4_bytes(p);
+            continue;
+        }
+        CHECK(p->offset == u->table_offset + u->full_numel);  // a block's params are contiguous
         u->full_numel += p->numel;
     }
 }
+
+// Whether unit u has nothing on this rank (another pipeline stage's).
+static bool unit_empty(const FsdpUnit *u) { return u->full_numel == 0 && u->nf4_full_bytes == 0; }
 
 void fsdp_plan(Fsdp *f, ParamTable *params, const Block *blocks, int n_blocks,
                const FsdpConfig *config) {
@@ -159,15 +176,21 @@ void fsdp_plan(Fsdp *f, ParamTable *params, const Block *blocks, int n_blocks,
         FsdpUnit *u = &f->units[i];
         const ParamTable *t = f->params;
         int end = u->first_param + u->n_params;
-        u->shard_offset = u->first_param < t->count ? t->items[u->first_param].shard_offset
-                                                    : t->shard_numel;
-        u->shard_numel = (end < t->count ? t->items[end].shard_offset : t->shard_numel) -
-                         u->shard_offset;
+        u->shard_offset = offset_from(t, u->first_param, true);
+        u->shard_numel = offset_from(t, end, true) - u->shard_offset;
+        u->nf4_offset = SIZE_MAX;
         for (int j = u->first_param; j < end; j++) {
             const Param *p = &t->items[j];
+            if (p->nf4) {  // its chunks are one run of the table's NF4 buffer
+                if (u->nf4_offset == SIZE_MAX) u->nf4_offset = p->nf4_offset;
+                CHECK(p->nf4_offset == u->nf4_offset + u->nf4_shard_bytes);
+                u->nf4_shard_bytes += p->nf4_shard_bytes;
+                continue;
+            }
             u->part_numel[part_of(f, p)] += p->shard_numel;
             if (!p->frozen) u->grad_part_numel[part_of(f, p)] += p->shard_numel;
         }
+        f->max_nf4_shard_bytes = max_size(f->max_nf4_shard_bytes, u->nf4_shard_bytes);
         CHECK(u->part_numel[PART_DENSE] + u->part_numel[PART_EXPERTS] == u->shard_numel);
         f->experts_apart |= u->part_numel[PART_EXPERTS] > 0;
         f->max_rank_major = max_size(f->max_rank_major, rank_major_numel(f, u, false));
@@ -205,21 +228,26 @@ static bool keeps_after_forward(const Fsdp *f, int i) {
     return false;
 }
 
-static size_t slot_numel(const FsdpUnit *u, bool float8) {
-    return float8 ? u->float8_numel : u->full_numel;
+// What a unit gathers into a slot: its full parameters (floats), its float8 weights' bytes,
+// its NF4 weights' blobs (bytes).
+typedef enum { SLOT_FULL, SLOT_FLOAT8, SLOT_NF4 } SlotKind;
+
+static size_t slot_numel(const FsdpUnit *u, SlotKind kind) {
+    return kind == SLOT_FLOAT8 ? u->float8_numel : kind == SLOT_NF4 ? u->nf4_full_bytes
+                                                                     : u->full_numel;
 }
 
-// Where unit i's full params live in full_params, or its float8 weights' bytes in
-// full8_params (i == n_units: the elements needed). Units that reshard after forward take
-// turns in one slot, sized by the largest of them (a prefetched unit waits in gather_buf, or
-// wire_recv, until its turn); every kept unit has a slot of its own.
-static size_t slot_offset(const Fsdp *f, int i, bool float8) {
+// Where unit i's slot of `kind` lives in full_params, full8_params or full_nf4_params (i ==
+// n_units: the elements needed). Units that reshard after forward take turns in one slot,
+// sized by the largest of them (a prefetched unit waits in gather_buf, wire_recv or nf4_recv
+// until its turn); every kept unit has a slot of its own.
+static size_t slot_offset(const Fsdp *f, int i, SlotKind kind) {
     size_t rotating = 0, kept = 0;
     for (int j = 0; j < f->n_units; j++)
         if (!keeps_after_forward(f, j))
-            rotating = max_size(rotating, slot_numel(&f->units[j], float8));
+            rotating = max_size(rotating, slot_numel(&f->units[j], kind));
     for (int j = 0; j < i; j++)
-        if (keeps_after_forward(f, j)) kept += slot_numel(&f->units[j], float8);
+        if (keeps_after_forward(f, j)) kept += slot_numel(&f->units[j], kind);
     return i < f->n_units && !keeps_after_forward(f, i) ? 0 : rotating + kept;
 }
 
@@ -228,12 +256,18 @@ static size_t slot_offset(const Fsdp *f, int i, bool float8) {
 static void point_params(Fsdp *f) {
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        u->full = f->full_params + slot_offset(f, i, false);
-        u->full8 = f->full8_params ? f->full8_params + slot_offset(f, i, true) : NULL;
-        size_t float8_at = 0;
+        u->full = f->full_params + slot_offset(f, i, SLOT_FULL);
+        u->full8 = f->full8_params ? f->full8_params + slot_offset(f, i, SLOT_FLOAT8) : NULL;
+        u->full_nf4 = f->full_nf4_params ? f->full_nf4_params + slot_offset(f, i, SLOT_NF4) : NULL;
+        size_t float8_at = 0, nf4_at = 0;
         int float8_index = u->first_float8;
         for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
             Param *p = &f->params->items[j];
+            if (p->nf4) {
+                p->nf4_data = u->full_nf4 + nf4_at;
+                nf4_at += param_nf4_bytes(p);
+                continue;
+            }
             p->data = u->full + (p->offset - u->table_offset);
             p->grad = p->frozen ? NULL
                                 : f->full_grad + u->grad_offset + (p->offset - u->table_offset);
@@ -249,10 +283,14 @@ static void point_params(Fsdp *f) {
 // unsharded slots the units are gathered into (fsdp_estimate sizes them apart).
 static void carve_params(Fsdp *f, Arena *shards, Arena *unsharded) {
     f->data = arena_floats(shards, f->numel);
-    f->full_params = arena_floats(unsharded, slot_offset(f, f->n_units, false));
+    f->full_params = arena_floats(unsharded, slot_offset(f, f->n_units, SLOT_FULL));
     if (f->n_float8 > 0) {
-        f->full8_params = arena_alloc(unsharded, slot_offset(f, f->n_units, true));
+        f->full8_params = arena_alloc(unsharded, slot_offset(f, f->n_units, SLOT_FLOAT8));
         f->float8_scale_inv = arena_floats(unsharded, (size_t)f->n_float8);
+    }
+    if (f->params->nf4_bytes > 0) {
+        f->nf4 = arena_alloc(shards, f->params->nf4_bytes);
+        f->full_nf4_params = arena_alloc(unsharded, slot_offset(f, f->n_units, SLOT_NF4));
     }
 }
 
@@ -278,11 +316,14 @@ void fsdp_allocate(Fsdp *f, Arena *params, Arena *grads, Arena *comm) {
         f->wire_send = arena_alloc(comm, f->max_wire_bytes);
         f->wire_recv = arena_alloc(comm, (size_t)f->config.size * f->max_wire_bytes);
     }
+    if (f->max_nf4_shard_bytes > 0)
+        f->nf4_recv = arena_alloc(comm, (size_t)f->config.size * f->max_nf4_shard_bytes);
     if (!f->data) return;
     ParamTable *t = f->params;
     t->shard_data = f->data;
     t->shard_grad = f->grad;
     t->data = t->grad = NULL;  // the compute tensors live in the units' full buffers
+    params_point_nf4(t, f->nf4);
     point_params(f);
 }
 
@@ -309,6 +350,8 @@ FsdpEstimate fsdp_estimate(const Fsdp *f) {
             if (gathers == 2) v[q].all_gather_backward += sent;
             v[q].reduce_scatter += (uint64_t)part_size(f, q) * u->grad_part_numel[q] * reduced;
         }
+        v[PART_DENSE].all_gather_forward += u->nf4_shard_bytes;
+        if (gathers == 2) v[PART_DENSE].all_gather_backward += u->nf4_shard_bytes;
         if (!f->config.float8_precompute && u->full_numel > 0)  // not another stage's
             v[PART_DENSE].float8_amax += (uint64_t)gathers * u->n_float8 * sizeof(float);
     }
@@ -505,7 +548,24 @@ static void parts_wait(CommHandle handles[N_PARTS]) {
 
 static void gather_start(Fsdp *f, FsdpUnit *u) {
     parts_gather_start(f, u, true);
+    if (u->nf4_shard_bytes)
+        f->gather_nf4 = comm_all_gather_bytes_start(f->group, f->nf4 + u->nf4_offset,
+                                                    f->nf4_recv, u->nf4_shard_bytes);
     f->gathering = u->index;
+}
+
+// u's NF4 weights from every rank's chunks (nf4_recv, rank-major) to their blobs.
+static void nf4_unpack(const Fsdp *f, const FsdpUnit *u) {
+    for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
+        const Param *p = &f->params->items[j];
+        if (!p->nf4) continue;
+        size_t all = param_nf4_bytes(p), chunk = p->nf4_shard_bytes;
+        for (size_t k = 0, at = 0; at < all; k++, at += chunk) {
+            const uint8_t *from = f->nf4_recv + k * u->nf4_shard_bytes +
+                                  (p->nf4_offset - u->nf4_offset);
+            f->config.k->copy(p->nf4_data + at, from, all - at < chunk ? all - at : chunk);
+        }
+    }
 }
 
 // Completes the outstanding all-gather into its unit's slot, which it takes from whichever
@@ -514,6 +574,7 @@ static void gather_finish(Fsdp *f) {
     if (f->gathering < 0) return;
     FsdpUnit *u = &f->units[f->gathering];
     parts_wait(f->gather);
+    comm_wait(&f->gather_nf4);
     f->gathering = -1;
     for (int j = 0; j < f->n_units; j++)
         if (f->units[j].full == u->full) f->units[j].gathered = false;
@@ -522,11 +583,13 @@ static void gather_finish(Fsdp *f) {
         f->config.k->from_bf16(f->gather_buf + wired, f->gather_recv16 + wired,
                                rank_major_numel(f, u, false) - wired);
     for (int j = u->first_param; j < u->first_param + u->n_params; j++) {
+        if (!in_layout(&f->params->items[j], false)) continue;
         if (u->wire_bytes && part_of(f, &f->params->items[j]) == PART_DENSE)
             param_unwire(f, u, j);
         else
             param_copy(f, u, j, u->full, f->gather_buf, true);
     }
+    if (u->nf4_shard_bytes) nf4_unpack(f, u);
     u->gathered = true;
 }
 
@@ -542,7 +605,7 @@ static void unit_gather(Fsdp *f, FsdpUnit *u) {
 // Starts unit i's all-gather so that it overlaps the current block's compute.
 static void gather_prefetch(Fsdp *f, int i) {
     if (i < 0 || i >= f->n_units || f->units[i].gathered || f->gathering >= 0) return;
-    if (f->units[i].full_numel == 0) return;  // another pipeline stage's: nothing here
+    if (unit_empty(&f->units[i])) return;  // another pipeline stage's: nothing here
     gather_start(f, &f->units[i]);
 }
 

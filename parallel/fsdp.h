@@ -30,6 +30,12 @@
 // with the whole weight's scale (its amax all-reduced over the group), the rest in the gather
 // dtype: the float8 layers move half of bf16's bytes, and the model reads them as cast.
 //
+// QLoRA's NF4 weights (Param.nf4) are sharded as bytes: each rank stores one of the group's
+// equal chunks of each blob (params_shard_nf4), a unit's chunks one run of ParamTable.nf4,
+// which one byte all-gather per unit brings whole into the unit's NF4 slot beside its full
+// buffer (FsdpUnit.nf4_shard_bytes), where the Linears read the blobs. Frozen, they have no
+// gradients to reduce.
+//
 // Expert parallel (parallel/ep): the routed experts' weights, already Shard(0) over ep, are
 // sharded over the efsdp group instead (torchtitan's sparse mesh). A unit's shard is then two
 // parts, each gathered and reduce-scattered over its own group: its dense parameters' shards
@@ -116,6 +122,11 @@ typedef struct {
     size_t float8_numel;           // elements of those weights (unpadded)
     size_t wire_bytes;             // 0: the dense part travels as floats (no float8 weight)
     uint8_t *full8;                // (float8_numel) where their Param.float8_data point
+    // Its NF4 weights: their chunks (nf4_shard_bytes from nf4_offset in ParamTable.nf4, the
+    // same on every rank), gathered into full_nf4 (nf4_full_bytes: the blobs one after
+    // another) where their Param.nf4_data point.
+    size_t nf4_offset, nf4_shard_bytes, nf4_full_bytes;
+    uint8_t *full_nf4;
 } FsdpUnit;
 
 struct Fsdp {
@@ -153,6 +164,11 @@ struct Fsdp {
     float *float8_scale_inv;        // (n_float8) where their Param.float8_scale_inv point
     uint8_t *full8_params;          // their bytes' slots, as full_params' (float8 elements)
     uint8_t *wire_send, *wire_recv; // (max_wire_bytes), (size x max_wire_bytes)
+    uint8_t *nf4;                   // (params->nf4_bytes) the NF4 chunks: ParamTable.nf4
+    uint8_t *full_nf4_params;       // the units' NF4 slots, as full_params'
+    uint8_t *nf4_recv;              // (size x max_nf4_shard_bytes) the NF4 all-gather's output
+    size_t max_nf4_shard_bytes;
+    CommHandle gather_nf4;
     bool amax_current;              // float8_precompute: float8_amax is the shards' now
     int gathering, scattering;      // the unit of the outstanding operation, -1: none
     CommHandle gather[2], scatter[2];  // per part: dense, experts

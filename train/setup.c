@@ -122,13 +122,11 @@ static void build_model(Trainer *t) {
     t->model.precision = t->precision;  // bf16 mixed precision stores bf16 activations
     if (config_converts(c, "float8")) trainer_convert_float8(t);
     if (t->args.lora) model_convert_lora(&t->model, c);
-    if (t->args.lora && c->lora.quantize_base && (t->tp_on || t->fsdp_on)) {
+    if (t->args.lora && c->lora.quantize_base && t->tp_on) {
         CHECK(config_key_origin(c, "lora.quantize_base", why, sizeof why));
-        die_user("%s: lora.quantize_base holds each NF4 weight whole on every rank, which %s "
-                 "would cut: not implemented yet (data_parallel_replicate_degree and "
-                 "pipeline_parallel_degree compose with it)", why,
-                 t->tp_on ? "tensor parallel (tensor_parallel_degree > 1)"
-                          : "FSDP (data_parallel_shard_degree or context_parallel_degree > 1)");
+        die_user("%s: lora.quantize_base quantizes each weight whole, which tensor parallel "
+                 "(tensor_parallel_degree > 1) would cut: not implemented yet (FSDP, HSDP, DDP "
+                 "and pipeline parallel compose with it)", why);
     }
     check_moe_keys(t);
     check_mtp_keys(t);
