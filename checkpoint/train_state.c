@@ -90,7 +90,8 @@ static void list_add(TensorList *l, const ParamTable *params, int kind, float *b
         else
             snprintf(l->names[j], sizeof l->names[j], "%s%s", nf4 ? NF4_GROUP_PATH : GROUP[kind],
                      p->name);
-        bool writes = replica < 0 || !opt || !opt->outer.on
+        bool writes = nf4 ? param_nf4_writes(p)
+                      : replica < 0 || !opt || !opt->outer.on
                           ? param_is_primary_replica(p)
                           : replica == opt->outer.replica &&
                                 param_is_primary_replica_within(p, opt->outer.group);
@@ -164,11 +165,15 @@ static void load_converted(const char *path, const Param *p, float *data) {
     size_t n = param_global_numel(p);
     ParamBox b = param_box(p, true);  // whole, or empty
     bool held = box_numel(&b) > 0;
-    if (p->nf4) {
+    if (p->nf4) {  // the whole weight, whatever part of it the rank computes with
         float *x = xmalloc((held ? n : 1) * sizeof(float));
         snprintf(name, sizeof name, "%s%s", GROUP[MODEL], p->name);
+        ParamBox whole = {.ndim = p->ndim};
+        for (int d = 0; d < p->ndim; d++)
+            whole.count[d] = held ? p->global_shape[d] : 0,
+            whole.ranges[d] = (ParamRanges){.n = held, .count = {p->global_shape[d]}};
         CkptTensor t = {.path = name, .ndim = p->ndim, .shape = p->global_shape, .data = x,
-                        .box = &b};
+                        .box = &whole};
         ckpt_load(path, &t, 1);
         if (held) param_nf4_store(p, x);
         free(x);

@@ -257,17 +257,32 @@ void nf4_quantize(uint8_t *blob, const float *x, size_t n) {
         quantize_block(blob + nf4_codes_at(n), midpoints, x, n, b);
 }
 
-void nf4_dequantize(float *x, const uint8_t *blob, size_t n) {
+// x (count) = elements [first, first + count) of the blob of n elements, dequantized block run
+// by block run.
+static void dequantize_run(float *x, const uint8_t *blob, size_t n, size_t first, size_t count) {
     float offset;
     memcpy(&offset, blob, sizeof offset);
     const float *group_absmax = (const float *)(blob + nf4_group_absmax_at());
     const uint8_t *absmax_codes = blob + nf4_absmax_codes_at(n), *codes = blob + nf4_codes_at(n);
-#pragma omp parallel for schedule(static) if (n >= 65536)
-    for (size_t b = 0; b < nf4_blocks(n); b++) {
+    for (size_t i = first, end = first + count; i < end;) {
+        size_t b = i / NF4_BLOCK, stop = (b + 1) * NF4_BLOCK < end ? (b + 1) * NF4_BLOCK : end;
         float absmax =
             nf4_absmax(DYNAMIC_MAP, absmax_codes[b], group_absmax[b / NF4_GROUP], offset);
-        size_t end = (b + 1) * NF4_BLOCK < n ? (b + 1) * NF4_BLOCK : n;
-        for (size_t i = b * NF4_BLOCK; i < end; i++)
-            x[i] = nf4_value(NF4_LEVELS, codes[i / 2], i, absmax);
+        for (; i < stop; i++) x[i - first] = nf4_value(NF4_LEVELS, codes[i / 2], i, absmax);
+    }
+}
+
+void nf4_dequantize(float *x, const uint8_t *blob, size_t n) {
+    nf4_dequantize_box(x, blob, n, NF4_BLOCK, 0, 0, nf4_blocks(n), NF4_BLOCK);
+}
+
+void nf4_dequantize_box(float *x, const uint8_t *blob, size_t n, size_t cols, size_t first_row,
+                        size_t first_col, size_t rows, size_t box_cols) {
+#pragma omp parallel for schedule(static) if (rows * box_cols >= 65536)
+    for (size_t r = 0; r < rows; r++) {
+        size_t first = (first_row + r) * cols + first_col;
+        if (first >= n) continue;  // past a whole blob's last short block
+        size_t count = first + box_cols <= n ? box_cols : n - first;
+        dequantize_run(x + r * box_cols, blob, n, first, count);
     }
 }

@@ -78,6 +78,10 @@ const float *nf4_dynamic_map(void);
 void nf4_quantize(uint8_t *blob, const float *x, size_t n);
 // x (n) = blob dequantized, as bitsandbytes' dequantize_4bit.
 void nf4_dequantize(float *x, const uint8_t *blob, size_t n);
+// x (rows, box_cols) = the box at (first_row, first_col) of the blob's n elements seen as a
+// matrix of `cols` columns, dequantized: a tensor-parallel rank's part of a weight.
+void nf4_dequantize_box(float *x, const uint8_t *blob, size_t n, size_t cols, size_t first_row,
+                        size_t first_col, size_t rows, size_t box_cols);
 #ifdef __cplusplus
 }
 #endif

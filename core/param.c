@@ -28,7 +28,15 @@ void params_layout_grads(ParamTable *t) {
     }
 }
 
-size_t param_nf4_bytes(const Param *p) { return p->numel ? nf4_bytes(p->numel) : 0; }
+size_t param_nf4_bytes(const Param *p) {
+    return p->numel ? nf4_bytes(param_global_numel(p)) : 0;
+}
+
+bool param_nf4_writes(const Param *p) {
+    for (int i = 0; i < p->n_placements; i++)
+        if (p->placements[i].kind == PLACE_SHARD && p->placements[i].rank != 0) return false;
+    return p->numel > 0 && param_is_primary_replica(p);
+}
 
 size_t param_nf4_held(const Param *p) {
     size_t first = (size_t)p->nf4_shard_rank * p->nf4_shard_bytes, all = param_nf4_bytes(p);
@@ -260,7 +268,9 @@ void params_place(ParamTable *t, Param *p, Placement pl) {
     else CHECK(pl.n_blocks == 0);
     CHECK(!pl.grad_partial || pl.kind == PLACE_REPLICATE);
     if (pl.kind == PLACE_OWNED) CHECK(pl.dim == 0 && pl.owner >= 0 && pl.owner < pl.size);
-    CHECK(!p->nf4 || pl.kind == PLACE_REPLICATE || pl.kind == PLACE_OWNED);  // a whole blob
+    // a whole blob: a stage's, or every tensor-parallel rank's (each computing with its part)
+    CHECK(!p->nf4 || pl.kind == PLACE_REPLICATE || pl.kind == PLACE_OWNED ||
+          (pl.kind == PLACE_SHARD && pl.n_blocks == 0));
     bool cuts_compute = pl.kind == PLACE_SHARD || pl.kind == PLACE_OWNED;
     for (int i = 0; i < p->n_placements && cuts_compute; i++)
         CHECK(p->placements[i].kind != PLACE_SHARD_PADDED);
@@ -431,14 +441,14 @@ static void copy_run(size_t global_first, size_t local_first, size_t count, void
 }
 
 void param_nf4_store(const Param *p, const float *x) {
-    CHECK(p->numel == 0 || p->numel == param_global_numel(p));
     if (!p->numel) return;
+    size_t n = param_global_numel(p);
     if (p->nf4_shards == 1) {
-        nf4_quantize(p->nf4_shard, x, p->numel);
+        nf4_quantize(p->nf4_shard, x, n);
         return;
     }
     uint8_t *blob = xmalloc(param_nf4_bytes(p));
-    nf4_quantize(blob, x, p->numel);
+    nf4_quantize(blob, x, n);
     nf4_shard_from(p, blob);
     free(blob);
 }
@@ -504,9 +514,10 @@ static void fill_run(size_t global_first, size_t local_first, size_t count, void
 void params_initialize(ParamTable *t, uint64_t seed) {
     for (int i = 0; i < t->count; i++) {
         const Param *p = &t->items[i];
-        if (p->nf4) {  // one weight in fp32 at a time
-            float *x = xmalloc((p->numel ? p->numel : 1) * sizeof(float));
-            param_fill(p, seed, 0, p->numel, x);
+        if (p->nf4) {  // one whole weight in fp32 at a time
+            size_t n = p->numel ? param_global_numel(p) : 0;
+            float *x = xmalloc((n ? n : 1) * sizeof(float));
+            param_fill(p, seed, 0, n, x);
             param_nf4_store(p, x);
             free(x);
             continue;

@@ -128,9 +128,9 @@ typedef struct {
     // skip it.
     bool frozen;
     // QLoRA's base (lora.quantize_base, models/lora.h): a frozen weight held as NF4 (core/nf4.h)
-    // instead of fp32: the blob of its whole tensor (param_nf4_bytes; none off its pipeline
-    // stage: only Replicate and PLACE_OWNED place it), which the Linear reads at nf4_data and
-    // dequantizes at each GEMM. It has no floats in the table's buffers (data NULL; offset and
+    // instead of fp32: the blob of its whole global tensor (param_nf4_bytes; none off its
+    // pipeline stage), which the Linear reads at nf4_data and dequantizes at each GEMM (a
+    // tensor-parallel rank its part: the compute tensor's box). It has no floats in the table's buffers (data NULL; offset and
     // shard_offset SIZE_MAX). This rank stores bytes [nf4_shard_rank * nf4_shard_bytes, + that)
     // of the blob at nf4_offset in ParamTable.nf4 (nf4_shard), zero past its end: the whole blob
     // (nf4_shard == nf4_data), or under FSDP one of nf4_shards equal chunks, which FSDP gathers
@@ -215,6 +215,9 @@ void params_make_nf4(ParamTable *t, Param *p);
 void params_shard_nf4(ParamTable *t, Param *p, int size, int rank);
 // The bytes of p's blob: 0 when its compute tensor is empty (another stage's).
 size_t param_nf4_bytes(const Param *p);
+// Whether this rank writes NF4 parameter p's shard: tensor-parallel ranks hold the same blob,
+// so their rank 0 writes it, as the primary replica writes a replicated one.
+bool param_nf4_writes(const Param *p);
 // The bytes of p's blob this rank's shard holds (the rest of Param.nf4_shard_bytes is padding).
 size_t param_nf4_held(const Param *p);
 // Points every NF4 parameter's nf4_shard into nf4 (t->nf4_bytes), and its nf4_data too when its

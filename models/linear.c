@@ -275,9 +275,14 @@ static void float8_run(const Linear *l, const StepCtx *s, LinearGemm which, floa
 static const void *weight_as(const Linear *l, const StepCtx *s, Dtype t, bool run) {
     size_t n = (size_t)out_dim(l) * in_dim(l);
     const float *w = l->weight->data;
-    if (l->weight->nf4) {
+    if (l->weight->nf4) {  // the whole weight's blob; this rank's part of it (tensor parallel)
+        const Param *p = l->weight;
         float *dequantized = arena_floats(s->act, n);
-        if (run) s->k->nf4_dequantize(dequantized, l->weight->nf4_data, n);
+        ParamBox box = param_box(p, false);
+        if (run)
+            s->k->nf4_dequantize(dequantized, p->nf4_data, param_global_numel(p),
+                                 (size_t)p->global_shape[1], (size_t)box_start(&box, 0),
+                                 (size_t)box_start(&box, 1), (size_t)out_dim(l), (size_t)in_dim(l));
         w = dequantized;
     }
     if (t == DTYPE_FP32) return w;

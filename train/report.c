@@ -614,9 +614,8 @@ static StateBytes params_bytes(const Trainer *t, StateParams which) {
         ParamBox box = param_box(p, true);
         double all = which == STATE_NF4 ? (double)nf4_bytes(param_global_numel(p))
                                         : 4.0 * (double)param_global_numel(p);
-        if (param_is_primary_replica(p) && box_numel(&box)) {
-            b.rank += which == STATE_NF4 ? all : 4.0 * (double)box_numel(&box);
-        }
+        if (which == STATE_NF4 ? param_nf4_writes(p) : param_is_primary_replica(p))
+            b.rank += which == STATE_NF4 ? (double)param_nf4_held(p) : 4.0 * box_numel(&box);
         b.all += all;
     }
     return b;

@@ -122,12 +122,6 @@ static void build_model(Trainer *t) {
     t->model.precision = t->precision;  // bf16 mixed precision stores bf16 activations
     if (config_converts(c, "float8")) trainer_convert_float8(t);
     if (t->args.lora) model_convert_lora(&t->model, c);
-    if (t->args.lora && c->lora.quantize_base && t->tp_on) {
-        CHECK(config_key_origin(c, "lora.quantize_base", why, sizeof why));
-        die_user("%s: lora.quantize_base quantizes each weight whole, which tensor parallel "
-                 "(tensor_parallel_degree > 1) would cut: not implemented yet (FSDP, HSDP, DDP "
-                 "and pipeline parallel compose with it)", why);
-    }
     check_moe_keys(t);
     check_mtp_keys(t);
 }

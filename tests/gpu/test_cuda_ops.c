@@ -1818,24 +1818,31 @@ static void check_float8(void) {
 
 typedef struct {
     Pair blob, x;
-    size_t n;
+    size_t n, cols, first_row, first_col, rows, box_cols;
 } Nf4Args;
 
 static void nf4_dequantize_run(int s, void *ctx) {
     Nf4Args *a = ctx;
-    side[s]->nf4_dequantize(F(a->x, s), (const uint8_t *)a->blob.at[s], a->n);
+    side[s]->nf4_dequantize(F(a->x, s), (const uint8_t *)a->blob.at[s], a->n, a->cols,
+                            a->first_row, a->first_col, a->rows, a->box_cols);
 }
 
-// A blob quantized on the host (core/nf4.h) dequantized on both sides, bit for bit: n odd, its
-// last block short and its last group part-full, over several groups.
-static void check_nf4_dequantize(size_t n) {
+// A weight (rows x cols) quantized on the host (core/nf4.h), its box at (first_row, first_col)
+// of box_rows x box_cols dequantized on both sides, bit for bit: the whole weight, or a
+// tensor-parallel rank's rows or columns.
+static void check_nf4_dequantize(size_t rows, size_t cols, size_t first_row, size_t first_col,
+                                 size_t box_rows, size_t box_cols) {
+    size_t n = rows * cols, box_n = box_rows * box_cols;
     float *w = host_random(n, -0.05, 0.05);
     uint8_t *blob = host_alloc(nf4_bytes(n));
     nf4_quantize(blob, w, n);
-    Nf4Args a = {.blob = pair_of(blob, nf4_bytes(n)), .x = pair_alloc(n * sizeof(float)), .n = n};
+    Nf4Args a = {.blob = pair_of(blob, nf4_bytes(n)), .x = pair_alloc(box_n * sizeof(float)),
+                 .n = n, .cols = cols, .first_row = first_row, .first_col = first_col,
+                 .rows = box_rows, .box_cols = box_cols};
     free(w), free(blob);
-    char shape[32];
-    snprintf(shape, sizeof shape, "%zu", n);
+    char shape[96];
+    snprintf(shape, sizeof shape, "%zux%zu at (%zu, %zu) %zux%zu", rows, cols, first_row,
+             first_col, box_rows, box_cols);
     Output out[] = {{"", &a.x, NULL, CMP_BYTES, BOUND_EXACT}};
     op_check("nf4_dequantize", shape, nf4_dequantize_run, &a, out, 1);
     pair_free(&a.blob);
@@ -1943,8 +1950,10 @@ static void check_all(void) {
     check_outer_sgd(5);
     check_outer_sgd(((size_t)1 << 20) + 5);
     check_float8();
-    check_nf4_dequantize(1);
-    check_nf4_dequantize(4096 * 1024 + 4 * 64 * 256 + 37);
+    check_nf4_dequantize(1, 1, 0, 0, 1, 1);
+    check_nf4_dequantize(4113, 1037, 0, 0, 4113, 1037);  // odd: a short last block and group
+    check_nf4_dequantize(4113, 1037, 1000, 0, 2000, 1037);  // column-parallel rows
+    check_nf4_dequantize(4113, 1037, 0, 333, 4113, 500);    // row-parallel columns
 }
 
 int main(int argc, char **argv) {

@@ -7,10 +7,11 @@
 # - the checkpoint holds each NF4 weight as its blob (/nf4/<fqn>, no fp32 copy); a resume at
 #   step 25 continues bit for bit; convert --to hf merges the adapters into the dequantized
 #   weights, which stay near the base's, and generate reads the checkpoint;
-# - DDP (dp_replicate 2), the pipeline (pp 2, each NF4 weight on its stage) and FSDP (dp_shard 2,
-#   each blob in byte chunks, gathered per unit) give one rank's losses; FSDP's checkpoint holds
-#   the one rank's blobs, and resumes the one rank's checkpoint; --estimate counts its arenas and
-#   traffic;
+# - DDP (dp_replicate 2), the pipeline (pp 2, each NF4 weight on its stage), FSDP (dp_shard 2,
+#   each blob in byte chunks, gathered per unit), TP 2 (each rank dequantizing its part of the
+#   whole blob) and FSDP 2 x TP 2 give one rank's losses; FSDP's and TP's checkpoints hold the
+#   one rank's blobs, FSDP resumes the one rank's checkpoint; --estimate counts FSDP's arenas
+#   and traffic;
 # - Llama 3 8B QLoRA rank 16 fits one 24 GB GPU by --estimate;
 # - bad settings, one line, exit 2.
 source "$(dirname "$0")/lib.sh"
@@ -119,9 +120,13 @@ in_background train_ranks pp 2 "${short[@]}" --parallelism.pipeline_parallel_deg
   --parallelism.data_parallel_shard_degree 1
 wait_background
 fsdp=("${short[@]}" --training.local_batch_size 2 --parallelism.data_parallel_shard_degree 2)
-train_ranks fsdp 2 "${fsdp[@]}" --checkpoint.enable --checkpoint.interval 10
-for layout in ddp pp fsdp; do
-  layout_matches "qlora $layout 2" "$SCRATCH/one/metrics.jsonl" "$SCRATCH/$layout/metrics.jsonl" \
+in_background train_ranks fsdp 2 "${fsdp[@]}" --checkpoint.enable --checkpoint.interval 10
+in_background train_ranks tp 2 "${short[@]}" --parallelism.tensor_parallel_degree 2 \
+  --parallelism.data_parallel_shard_degree 1 --checkpoint.enable --checkpoint.interval 10
+wait_background
+train_ranks fsdp_tp 4 "${fsdp[@]}" --parallelism.tensor_parallel_degree 2
+for layout in ddp pp fsdp tp fsdp_tp; do
+  layout_matches "qlora $layout" "$SCRATCH/one/metrics.jsonl" "$SCRATCH/$layout/metrics.jsonl" \
     loss grad_norm
 done
 # FSDP's NF4 chunks, written and read: its blobs are the one rank's, and the one rank's step 5
@@ -131,13 +136,15 @@ cp "$SCRATCH/one/checkpoint/step-5.h5" "$SCRATCH/fsdp_resumed/checkpoint/"
 train_ranks fsdp_resumed 2 "${fsdp[@]}" --checkpoint.enable --checkpoint.interval 5
 same_metrics "qlora step 5 resumed under fsdp 2" "$SCRATCH/one/metrics.jsonl" \
   "$SCRATCH/fsdp_resumed/metrics.jsonl" 6 1e-5
-$PY - "$SCRATCH/one/checkpoint/step-10.h5" "$SCRATCH/fsdp/checkpoint/step-10.h5" <<'PY'
+$PY - "$SCRATCH/one/checkpoint/step-10.h5" "$SCRATCH/fsdp/checkpoint/step-10.h5" \
+  "$SCRATCH/tp/checkpoint/step-10.h5" <<'PY'
 import sys, h5py, numpy as np
-one, fsdp = (h5py.File(p, "r")["nf4"] for p in sys.argv[1:])
-assert sorted(one) == sorted(fsdp) and len(one) == 43
-differ = [k for k in one if one[k][...].tobytes() != fsdp[k][...].tobytes()]
-assert not differ, f"FSDP's blobs differ from one rank's: {differ[:3]}"
-print(f"ok: FSDP 2's checkpoint holds the one rank's {len(one)} NF4 blobs byte for byte")
+one, *others = (h5py.File(p, "r")["nf4"] for p in sys.argv[1:])
+for name, run in zip(("FSDP 2", "TP 2"), others):
+    assert sorted(one) == sorted(run) and len(one) == 43, name
+    differ = [k for k in one if one[k][...].tobytes() != run[k][...].tobytes()]
+    assert not differ, f"{name}'s blobs differ from one rank's: {differ[:3]}"
+print(f"ok: FSDP 2's and TP 2's checkpoints hold the one rank's {len(one)} NF4 blobs byte for byte")
 PY
 # --estimate: the FSDP run's arenas and traffic (the NF4 chunks' all-gathers among them)
 OMP_NUM_THREADS=1 $TITAN --estimate --world-size 2 "${fsdp[@]}" >"$SCRATCH/fsdp.estimate"
@@ -164,7 +171,4 @@ expect_user_error 'lora.quantize_base = true does nothing: model.converters has 
   $TITAN ${SMALL[@]} --lora.quantize_base
 expect_user_error 'lora.quantize_base .*choose one' \
   $TITAN "${QLORA[@]}" --model.converters float8,lora
-expect_user_error 'lora.quantize_base quantizes each weight whole, which tensor parallel' \
-  $TITAN --estimate --world-size 2 "${QLORA[@]}" --parallelism.tensor_parallel_degree 2 \
-  --parallelism.data_parallel_shard_degree 1
 echo "ok: bad QLoRA settings refused in one line"
