@@ -34,6 +34,7 @@ typedef struct {
     char (*names)[PARAM_NAME_MAX + 64];
     ParamBox *boxes;  // (params->count) shared by the kinds; an NF4 one's its blob's words
     int64_t *nf4_words;  // (params->count) an NF4 parameter's blob's global shape
+    bool nf4_listed;     // the blobs are in: one per weight, whatever the replica groups
     int count, capacity;
 } TensorList;
 
@@ -41,13 +42,17 @@ static int64_t nf4_words(const Param *p) {
     return (int64_t)(nf4_bytes(param_global_numel(p)) / sizeof(float));
 }
 
+// Words [first, first + count) of a blob, a 1-D box.
+static ParamBox word_range(int64_t first, int64_t count) {
+    return (ParamBox){.ndim = 1, .count = {count},
+                      .ranges = {{.n = count > 0, .start = {first}, .count = {count}}}};
+}
+
 // The words of an NF4 parameter's blob this rank stores (core/param.h: all of them, its FSDP
 // chunk, or none off its pipeline stage).
 static ParamBox nf4_box(const Param *p) {
-    int64_t held = (int64_t)(param_nf4_held(p) / 4);
-    int64_t first = (int64_t)((size_t)p->nf4_shard_rank * p->nf4_shard_bytes / 4);
-    return (ParamBox){.ndim = 1, .count = {held},
-                      .ranges = {{.n = held > 0, .start = {first}, .count = {held}}}};
+    return word_range((int64_t)((size_t)p->nf4_shard_rank * p->nf4_shard_bytes / 4),
+                      (int64_t)(param_nf4_held(p) / 4));
 }
 
 static TensorList tensor_list_new(const ParamTable *params, int capacity) {
@@ -78,13 +83,13 @@ static void list_add(TensorList *l, const ParamTable *params, int kind, float *b
                                        : p->shard_offset;
         bool nf4 = p->nf4 && kind == MODEL;  // its blob; it has no other kind
         if (at == SIZE_MAX && !nf4) continue;  // a moment it has not (Muon's, a frozen weight's)
-        if (nf4 && replica > 0) continue;      // frozen: every replica group's is group 0's
+        if (nf4 && l->nf4_listed) continue;    // frozen: every replica group's is the same
         // Nor has a frozen weight outer state to keep: it never changes (its average is itself,
         // kept for the readers of /ema, which take every weight from there).
         if (p->frozen && kind >= OUTER_WEIGHTS) continue;
         CHECK(l->count < l->capacity);
         int j = l->count++;
-        if (replica > 0)
+        if (replica > 0 && !nf4)
             snprintf(l->names[j], sizeof l->names[j], REPLICA_PREFIX "%d%s%s", replica,
                      GROUP[kind], p->name);
         else
@@ -101,6 +106,7 @@ static void list_add(TensorList *l, const ParamTable *params, int kind, float *b
                                      .data = nf4 ? (float *)p->nf4_shard : base + at,
                                      .box = &l->boxes[i], .replica = !writes};
     }
+    l->nf4_listed |= kind == MODEL;
 }
 
 // What a save writes and a load reads: the model's weights; opt's moments when it has them
@@ -156,6 +162,16 @@ static void padding_zero(const TensorList *l, const ParamTable *params) {
     }
 }
 
+typedef struct {
+    const float *from;
+    float *to;
+} CopyRun;
+
+static void copy_run(size_t global_first, size_t local_first, size_t count, void *arg) {
+    const CopyRun *c = arg;
+    memcpy(c->to + local_first, c->from + global_first, count * sizeof(float));
+}
+
 // One weight of a file's other form, alone, through a whole fp32 tensor in host memory: an
 // NF4 parameter's from a file of fp32 weights (quantized), or an fp32 whole tensor from a
 // QLoRA run's blob (dequantized). Collective as ckpt_load: a rank off the weight's pipeline
@@ -163,7 +179,7 @@ static void padding_zero(const TensorList *l, const ParamTable *params) {
 static void load_converted(const char *path, const Param *p, float *data) {
     char name[PARAM_NAME_MAX + 64];
     size_t n = param_global_numel(p);
-    ParamBox b = param_box(p, true);  // whole, or empty
+    ParamBox b = param_box(p, true);  // this rank's shard (empty off its stage)
     bool held = box_numel(&b) > 0;
     if (p->nf4) {  // the whole weight, whatever part of it the rank computes with
         float *x = xmalloc((held ? n : 1) * sizeof(float));
@@ -179,17 +195,22 @@ static void load_converted(const char *path, const Param *p, float *data) {
         free(x);
         return;
     }
-    if (held && box_numel(&b) != n)  // QLoRA's layouts hold NF4 weights whole: so must readers
-        die_user("checkpoint %s holds %s as NF4 (a QLoRA run's), which loads whole, not as "
-                 "this run's shard", path, p->name);
     int64_t words = nf4_words(p);
-    ParamBox blob_box = {.ndim = 1, .count = {held ? words : 0},
-                         .ranges = {{.n = held, .count = {words}}}};
+    ParamBox blob_box = word_range(0, held ? words : 0);
     float *blob = xmalloc((size_t)(held ? words : 1) * sizeof(float));
     snprintf(name, sizeof name, "%s%s", NF4_GROUP_PATH, p->name);
     CkptTensor t = {.path = name, .ndim = 1, .shape = &words, .data = blob, .box = &blob_box};
     ckpt_load(path, &t, 1);
-    if (held) nf4_dequantize(data, (const uint8_t *)blob, n);
+    if (held && box_numel(&b) == n) {
+        nf4_dequantize(data, (const uint8_t *)blob, n);
+    } else if (held) {  // this rank's shard of the whole weight, FSDP's padding zero
+        float *whole = xmalloc(n * sizeof(float));
+        nf4_dequantize(whole, (const uint8_t *)blob, n);
+        CopyRun c = {whole, data};
+        param_box_runs(p, &b, copy_run, &c);
+        memset(data + box_numel(&b), 0, (p->shard_numel - box_numel(&b)) * sizeof(float));
+        free(whole);
+    }
     free(blob);
 }
 

@@ -278,7 +278,7 @@ static bool qlora_check(const Config *c, char *err, size_t n) {
     if (c->lora.quantize_base && config_converts(c, "float8"))
         return setting_error(c, "lora.quantize_base", "holds the base as NF4, which the float8 "
                              "converter would cast to float8 instead: choose one (drop float8 "
-                             "from model.converters, or lora.quantize_base for a float8 base)",
+                             "from model.converters, or drop lora.quantize_base for a float8 base)",
                              err, n);
     return true;
 }

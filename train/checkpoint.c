@@ -235,9 +235,12 @@ static bool async_on(const Trainer *t) {
 }
 
 size_t trainer_checkpoint_staging_bytes(const Trainer *t) {
-    // params, moments, the average and the outer state's three
-    size_t tensors = 3 + (t->opt.ema_decay > 0) + 3 * t->opt.outer.on;
-    return async_on(t) ? tensors * t->model.params.shard_numel * sizeof(float) : 0;
+    // host_state_alloc's: params (QLoRA's blobs too), moments, the average, the outer state's
+    // three
+    const ParamTable *p = &t->model.params;
+    size_t shards = 1 + (t->opt.ema_decay > 0) + 3 * t->opt.outer.on;
+    size_t floats = shards * p->shard_numel + t->opt.first_numel + t->opt.second_numel;
+    return async_on(t) ? floats * sizeof(float) + p->nf4_bytes : 0;
 }
 
 // Made after the load: from here on the writer is the only thread that calls HDF5.
@@ -289,6 +292,8 @@ void trainer_close_checkpoint(Trainer *t) {
     t->async_save = NULL;
 }
 
+static bool not_adapter(const Param *p) { return !lora_adapter_of(p->name, NULL, 0, NULL); }
+
 // torchtitan's last_save_in_hf: the last, model-only save as a Hugging Face folder
 // <folder>/step-<N>-hf (model.safetensors in checkpoint.export_dtype, config.json, the run's
 // tokenizer: convert_hf_tokenizer) in place of step-<N>.h5; the name keeps it apart from the
@@ -301,9 +306,12 @@ static void save_hf(Trainer *t, int step, const char *path) {
     char dir[4096 + 64];
     snprintf(dir, sizeof dir, "%s/step-%d-hf", t->ckpt_folder, step);
     const char *dtype = t->cfg.checkpoint.export_dtype;
-    ParamTable global;
-    params_global_view(&global, &t->model.params);
+    ParamTable base, global;  // LoRA's adapters merged into their weights, as convert --to hf
+    params_select(&base, &t->model.params, not_adapter);
+    params_global_view(&global, &base);
+    params_free(&base);
     train_state_load(path, &global, NULL, NULL);
+    lora_merge(path, &t->cfg, &global, "/model/");
     HfExport how = {.dtype = strcmp(dtype, "bfloat16") ? SAFETENSORS_F32 : SAFETENSORS_BF16};
     t->args.spec->save_hf(dir, &t->args, &global, how);
     SYS_CHECK(unlink(path));

@@ -7,9 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/nf4.h"
 #include "kernels/device.h"
 #include "kernels/step_time.h"
-#include "core/nf4.h"
 #include "train/train.h"
 
 // <dump_folder>/run_summary.json: what this run allocated and sent (rank 0's view), in the
@@ -609,8 +609,9 @@ static StateBytes params_bytes(const Trainer *t, StateParams which) {
     StateBytes b = {0};
     for (int i = 0; i < t->model.params.count; i++) {
         const Param *p = &t->model.params.items[i];
+        // a copy is saved as its original; the frozen have no moments; NF4 blobs count apart
         if (p->copy || (which == STATE_TRAINED && p->frozen) || p->nf4 != (which == STATE_NF4))
-            continue;  // a copy is saved as its original
+            continue;
         ParamBox box = param_box(p, true);
         double all = which == STATE_NF4 ? (double)nf4_bytes(param_global_numel(p))
                                         : 4.0 * (double)param_global_numel(p);

@@ -11,7 +11,8 @@
 #   each blob in byte chunks, gathered per unit), TP 2 (each rank dequantizing its part of the
 #   whole blob) and FSDP 2 x TP 2 give one rank's losses; FSDP's and TP's checkpoints hold the
 #   one rank's blobs, FSDP resumes the one rank's checkpoint; --estimate counts FSDP's arenas
-#   and traffic;
+#   and traffic; semi_sync's replica groups resume on the one blob bit for bit;
+# - last_save_in_hf exports as convert --to hf does; LoRA under FSDP loads a QLoRA checkpoint;
 # - Llama 3 8B QLoRA rank 16 fits one 24 GB GPU by --estimate;
 # - bad settings, one line, exit 2.
 source "$(dirname "$0")/lib.sh"
@@ -158,6 +159,37 @@ for group, got in summary["comm_bytes"].items():
     assert summary["steps"] * rows.get(group, 0) == got, f"group {group}: sent {got}"
 print("ok: --estimate: the FSDP QLoRA run's arenas and traffic")
 PY
+
+# Semi-synchronous replica groups share the one blob of each weight: a resume gives every group
+# its base back (group 1 included) and continues bit for bit.
+diloco=("${short[@]}" --training.local_batch_size 2 --parallelism.data_parallel_replicate_degree 2
+        --parallelism.data_parallel_shard_degree 1 --semi_sync.method streaming_diloco
+        --semi_sync.sync_steps 4 --semi_sync.num_fragments 2 --semi_sync.fragment_sync_delay 1
+        --checkpoint.enable --checkpoint.interval 5)
+train_ranks diloco 2 "${diloco[@]}"
+mkdir -p "$SCRATCH/diloco_resumed/checkpoint"
+cp "$SCRATCH/diloco/checkpoint/step-5.h5" "$SCRATCH/diloco_resumed/checkpoint/"
+train_ranks diloco_resumed 2 "${diloco[@]}"
+same_metrics "qlora semi_sync resumed at step 5" "$SCRATCH/diloco/metrics.jsonl" \
+  "$SCRATCH/diloco_resumed/metrics.jsonl" 6 0
+
+# last_save_in_hf: the Hugging Face folder of the adapters merged into the dequantized weights,
+# byte for byte convert --to hf's of the same step.
+two=("${QLORA[@]}" --training.steps 2 --lr_scheduler.warmup_steps 1 --checkpoint.enable
+     --checkpoint.interval 2)
+$TITAN "${two[@]}" --job.dump_folder "$SCRATCH/h5" >/dev/null
+$TITAN "${two[@]}" --checkpoint.last_save_in_hf --job.dump_folder "$SCRATCH/hf_last" >/dev/null
+$TITAN convert --to hf "$SCRATCH/h5/checkpoint/step-2.h5" "$SCRATCH/hf_converted" >/dev/null
+cmp -s "$SCRATCH/hf_last/checkpoint/step-2-hf/model.safetensors" \
+  "$SCRATCH/hf_converted/model.safetensors" ||
+  fail "last_save_in_hf's export differs from convert --to hf's"
+echo "ok: last_save_in_hf exports the merged QLoRA model as convert --to hf does"
+
+# A sharded run without QLoRA takes a QLoRA checkpoint's weights dequantized, each rank its shard.
+train_ranks lora_fsdp 2 "${LORA[@]}" --training.steps 2 --lr_scheduler.warmup_steps 1 \
+  --training.local_batch_size 2 --parallelism.data_parallel_shard_degree 2 \
+  --checkpoint.initial_load_path "$ckpt/step-50.h5"
+echo "ok: LoRA under FSDP 2 starts from a QLoRA checkpoint"
 
 # ---- Llama 3 8B on one 24 GB GPU -------------------------------------------------------------
 v=$($TITAN --estimate --config configs/llama3_8b.yaml --world-size 1 --device-memory 24GB \
