@@ -9,8 +9,9 @@
 # 1e-3 of the uninterrupted run (not bit for bit: the embedding backward's atomics). `titan
 # generate --device cuda` (weights and KV cache on the GPU) continues a prompt from the bf16
 # run's last checkpoint with the same 24 greedy ids as the cpu backend. QLoRA (NF4 weights
-# dequantized at each GEMM) in fp32 compute matches its cpu run within 1e-3. Also: with no
-# visible device, --device cuda exits 2 with one line.
+# dequantized at each GEMM) in fp32 compute matches its cpu run within 1e-3, and resumes on
+# cuda from its step-10 checkpoint within 1e-3. Also: with no visible device, --device cuda
+# exits 2 with one line.
 #
 # Usage: tests/gpu/test_train_cuda.sh [DIR] (after `make CUDA=1`): the runs' dump folders and
 # logs go to DIR (kept), else to a scratch folder removed at exit. Exits 0, or 1 naming what
@@ -65,7 +66,10 @@ cp "$RUNS/cuda_bf16/checkpoint/step-10.h5" "$RUNS/cuda_resumed/checkpoint/"
 train cuda_resumed --device cuda --checkpoint.enable --checkpoint.interval 10
 QLORA=(--training.mixed_precision_param float32 --model.converters lora --lora.quantize_base)
 train qlora_cpu --device cpu "${QLORA[@]}"
-train qlora_cuda --device cuda "${QLORA[@]}"
+train qlora_cuda --device cuda "${QLORA[@]}" --checkpoint.enable --checkpoint.interval 10
+mkdir -p "$RUNS/qlora_resumed/checkpoint"
+cp "$RUNS/qlora_cuda/checkpoint/step-10.h5" "$RUNS/qlora_resumed/checkpoint/"
+train qlora_resumed --device cuda "${QLORA[@]}" --checkpoint.enable --checkpoint.interval 10
 
 losses() { grep -o '"loss": [^,]*' "$RUNS/$1/metrics.jsonl" | cut -d' ' -f2; }
 
@@ -98,14 +102,15 @@ falls() {
     }'
 }
 
-# resumed: the resumed run's steps 11.. against the same steps of the uninterrupted one.
+# resumed RUN RESUMED: the resumed run's steps 11.. against the same steps of the uninterrupted
+# one.
 resumed() {
-  paste <(losses cuda_bf16 | tail -n +11) <(losses cuda_resumed) | awk -v steps=$((STEPS - 10)) '
+  paste <(losses "$1" | tail -n +11) <(losses "$2") | awk -v steps=$((STEPS - 10)) -v name="$2" '
     { d = ($2 - $1) / $1; d = d < 0 ? -d : d; if (d > worst) worst = d }
     END {
       ok = NR == steps && worst <= 1e-3
-      printf "%s: resumed at step 10, %d steps, worst %.3g relative (bound 1e-3)\n",
-             ok ? "ok" : "FAIL", NR, worst
+      printf "%s: %s at step 10, %d steps, worst %.3g relative (bound 1e-3)\n",
+             ok ? "ok" : "FAIL", name, NR, worst
       exit !ok
     }'
 }
@@ -124,7 +129,8 @@ else
   echo "FAIL: generate: cpu '$cpu_ids', cuda '$cuda_ids'"
   status=1
 fi
-resumed || status=1
+resumed cuda_bf16 cuda_resumed || status=1
+resumed qlora_cuda qlora_resumed || status=1  # the NF4 blobs downloaded, saved, uploaded
 within cuda_fp32 "$FP32_TOL" || status=1
 within cuda_bf16 "$BF16_TOL" || status=1
 within qlora_cuda "$FP32_TOL" qlora_cpu || status=1  # the NF4 weights dequantized on the GPU
