@@ -3,8 +3,9 @@
 # 2.15, the same debug model, tokenizer, documents and batch 8 x 256 per rank), as issue 14
 # measures it: ROUNDS back-to-back rounds of torchtitan compiled, titan fp32 and titan bf16
 # (training.mixed_precision_param), then per setup the median tokens/s (steady state, steps
-# 4-30) and peak RSS, and titan's ratios to torchtitan of the same round. titan is built with
-# NATIVE=1 (-O3 -march=native, as the peer's compiled kernels are for this cpu).
+# 4-30) and peak RSS, and titan's ratios to torchtitan of the same round; then titan's step by
+# op class in each precision (a profiled run apiece), and the cpu's kind and ISA first. titan is
+# built with NATIVE=1 (-O3 -march=native, as the peer's compiled kernels are for this cpu).
 #   scripts/bench_peer.sh [RANKS [THREADS [ROUNDS]]]     (default 1 2 3)
 # Needs the peer's venv (scripts/peer/setup_venv.sh) and a quiet machine: the ratios are
 # only meaningful when nothing else runs.
@@ -18,7 +19,8 @@ bash "$PEER/make_assets.sh" >/dev/null
 # peer_titan.sh reads configs/ beside the binary.
 mkdir -p "$OUT/bin" && cp build/native/titan "$OUT/bin/titan" && ln -s "$PWD/configs" "$OUT/bin/configs"
 export OUTDIR=$OUT OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+isa=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|avx512f|avx512_bf16|amx_tile|amx_bf16' | tr '\n' ' ')
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); ISA: ${isa% }; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 for round in $(seq "$ROUNDS"); do
   bash "$PEER/peer_torchtitan.sh" --ranks "$RANKS" --threads "$THREADS" --compile \
     --name "tt.$round" > "$OUT/tt.$round.json" 2>"$OUT/tt.$round.err"
@@ -29,6 +31,17 @@ for round in $(seq "$ROUNDS"); do
   grep -m1 '^kernels:' "$OUT/bfloat16.$round/train.log" > "$OUT/kernels.txt"
 done
 cat "$OUT/kernels.txt"
+# Where titan's step goes: one more run per precision with steps 21-30 traced
+# (profiling.*), each rank's mean traced step by op class (scripts/trace_breakdown.py).
+for p in float32 bfloat16; do
+  TITAN=$OUT/bin/titan bash "$PEER/peer_titan.sh" --ranks "$RANKS" --threads "$THREADS" \
+    --name "profile.$p" -- --training.mixed_precision_param "$p" --profiling.enable_profiling \
+    --profiling.profile_freq 30 --profiling.profiler_active 10 >/dev/null
+  for trace in "$OUT/profile.$p"/profile_traces/iteration_30/rank*_trace.json; do
+    rank=$(basename "$trace" _trace.json)
+    echo "titan $p $rank, $(/usr/bin/python3 scripts/trace_breakdown.py "$trace")"
+  done
+done
 /usr/bin/python3 - "$OUT" "$ROUNDS" "$RANKS" "$THREADS" <<'PY'
 import json, statistics, sys
 out, rounds, ranks, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]

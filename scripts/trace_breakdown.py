@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """A profiled step's time by op class, from titan's Chrome trace (core/profiler.h): GEMM,
-attention, norms and elementwise, casts, optimizer, and the gaps between ops (the host's
-issue time: in a profiled step every op is synchronized alone, so the ops do not overlap).
-Standard library only (GPU machines have no package registry).
+attention, norms and elementwise, casts, optimizer (AdamW, the average, the grad norm's sums),
+communication (the step thread blocked on a collective), and the gaps between them (the host's
+own time: the loop, the blocks' bookkeeping, the data; on cuda also each op's launch, since a
+profiled op is synchronized alone, so ops never overlap). With several profiled steps, their
+mean. Standard library only (GPU machines have no package registry).
 
 Usage: scripts/trace_breakdown.py TRACE.json  ->  one line, e.g.
   step 812.3 ms: GEMM 61.2%, attention 12.0%, norms+elementwise 9.1%, casts 8.4%, ...
@@ -17,11 +19,14 @@ CLASSES = [  # (class, op-name prefixes), first match wins
     ("casts", ("to_bf16", "from_bf16", "float8_")),
     ("optimizer", ("adamw_", "ema_", "sum_squares")),
 ]
+ORDER = ["GEMM", "attention", "norms+elementwise", "casts", "optimizer", "communication"]
 
 
-def op_class(name):
+def op_class(event):
+    if event["cat"] == "wait":
+        return "communication"
     for cls, prefixes in CLASSES:
-        if name.startswith(prefixes):
+        if event["name"].startswith(prefixes):
             return cls
     return "norms+elementwise"
 
@@ -30,20 +35,20 @@ def main(path):
     events = json.load(open(path))
     events = events["traceEvents"] if isinstance(events, dict) else events
     steps = [e for e in events if e.get("ph") == "X" and e.get("cat") == "step"]
-    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "op"]
+    timed = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("op", "wait")]
     if not steps:
         sys.exit(f"{path}: no profiled step")
-    step = steps[-1]
-    begin, end = step["ts"], step["ts"] + step["dur"]
-    total = {}
-    for e in ops:
-        if e["pid"] == step["pid"] and begin <= e["ts"] < end:
-            total[op_class(e["name"])] = total.get(op_class(e["name"]), 0) + e["dur"]
-    gaps = step["dur"] - sum(total.values())
-    order = [c for c, _ in CLASSES[:2]] + ["norms+elementwise"] + [c for c, _ in CLASSES[2:]]
-    parts = [f"{c} {100 * total.get(c, 0) / step['dur']:.1f}%" for c in order]
-    parts.append(f"gaps {100 * gaps / step['dur']:.1f}%")
-    print(f"step {step['dur'] / 1000:.1f} ms: " + ", ".join(parts))
+    total, step_time = {}, 0.0
+    for step in steps:
+        begin, end = step["ts"], step["ts"] + step["dur"]
+        step_time += step["dur"]
+        for e in timed:
+            if e["pid"] == step["pid"] and e.get("tid") == step.get("tid") and begin <= e["ts"] < end:
+                total[op_class(e)] = total.get(op_class(e), 0) + e["dur"]
+    gaps = step_time - sum(total.values())
+    parts = [f"{c} {100 * total.get(c, 0) / step_time:.1f}%" for c in ORDER]
+    parts.append(f"gaps {100 * gaps / step_time:.1f}%")
+    print(f"step {step_time / len(steps) / 1000:.1f} ms: " + ", ".join(parts))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 # waits; its collectives' bytes and counts per group equal the comm counters over those steps,
 # read two ways: by the run itself at the window's edges (the trace's otherData), and from two
 # runs without profiling. The memory snapshot of step 4 lists every arena. Profiling changes
-# neither the losses nor the communication, and off it writes nothing.
+# neither the losses nor the communication, and off it writes nothing. trace_breakdown.py's
+# classes share the traced steps whole.
 source "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
@@ -110,6 +111,22 @@ for rank in (0, 1):
     print(f"ok: rank {rank}: memory snapshot of step 4, {len(arenas)} arenas, "
           f"{snap['committed']} bytes committed")
 PY
+
+# scripts/trace_breakdown.py (bench_peer.sh's and bench_gpu.sh's step by op class): the classes
+# and the gaps share each traced step whole, and the 2-rank FSDP step waits on collectives.
+for rank in 0 1; do
+  line=$($PY scripts/trace_breakdown.py "$SCRATCH/prof/profile_traces/iteration_4/rank${rank}_trace.json")
+  $PY - "$line" <<'PY'
+import re, sys
+line = sys.argv[1]
+parts = dict((k, float(v)) for k, v in re.findall(r"(\S+) (-?[0-9.]+)%", line))
+want = ["GEMM", "attention", "norms+elementwise", "casts", "optimizer", "communication", "gaps"]
+assert list(parts) == want, line
+assert abs(sum(parts.values()) - 100) < 0.5 and min(parts.values()) >= 0, line
+assert parts["GEMM"] > 10 and parts["communication"] > 0, line
+print(f"ok: trace_breakdown: {line}")
+PY
+done
 
 # torchtitan's check of the schedule, by key: profile_freq 2 < warmup 3 + active 1.
 expect_user_error \
