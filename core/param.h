@@ -130,11 +130,12 @@ typedef struct {
     // QLoRA's base (lora.quantize_base, models/lora.h): a frozen weight held as NF4 (core/nf4.h)
     // instead of fp32: the blob of its whole global tensor (param_nf4_bytes; none off its
     // pipeline stage), which the Linear reads at nf4_data and dequantizes at each GEMM (a
-    // tensor-parallel rank its part: the compute tensor's box). It has no floats in the table's buffers (data NULL; offset and
-    // shard_offset SIZE_MAX). This rank stores bytes [nf4_shard_rank * nf4_shard_bytes, + that)
-    // of the blob at nf4_offset in ParamTable.nf4 (nf4_shard), zero past its end: the whole blob
-    // (nf4_shard == nf4_data), or under FSDP one of nf4_shards equal chunks, which FSDP gathers
-    // into nf4_data before the weight computes (params_shard_nf4).
+    // tensor-parallel rank its part: the compute tensor's box). It has no floats in the table's
+    // buffers (data NULL; offset and shard_offset SIZE_MAX). This rank stores bytes
+    // [nf4_shard_rank * nf4_shard_bytes, + that) of the blob at nf4_offset in ParamTable.nf4
+    // (nf4_shard), zero past its end: the whole blob (nf4_shard == nf4_data), or under FSDP one
+    // of nf4_shards equal chunks, which FSDP gathers into nf4_data before the weight computes
+    // (params_shard_nf4).
     bool nf4;
     size_t nf4_offset;
     size_t nf4_shard_bytes;

@@ -5,7 +5,8 @@
 // are parameters of their own, named after their Linear's module as torchtitan names them
 // ("layers.0.attention.wq.lora_a.weight", ".lora_b.weight"), laid out in the block of their
 // Linear: the parallelisms, the optimizer and checkpoints take them as any parameter. The
-// math is models/linear.c's.
+// math is models/linear.c's. QLoRA (lora.quantize_base): the adapted Linears' weights are then
+// held as NF4 (core/param.h's Param.nf4), dequantized at each GEMM.
 #pragma once
 
 #include <stdbool.h>
