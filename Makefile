@@ -32,16 +32,13 @@ OPT      := -O3 -march=native
 BUILD    := $(BUILD)/native
 endif
 
-# Debian ships OpenBLAS in a pthreads and an OpenMP flavour; titan calls BLAS from inside its
-# own OpenMP regions, which only the OpenMP flavour handles without oversubscribing cores.
-OPENBLAS_DIR := $(shell pkg-config --variable=libdir openblas 2>/dev/null | sed 's/openblas-pthread/openblas-openmp/')
 PKGS     := yaml-0.1 hdf5-openmpi libpcre2-8 jansson zlib libpng libmicrohttpd libdw
 CFLAGS   := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror $(OPT) -fopenmp -I. \
-            $(shell pkg-config --cflags $(PKGS) openblas 2>/dev/null)
+            $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 # oneDNN (no pkg-config file in Debian) runs the bf16 GEMMs of mixed precision on cpu
 # (kernels/cpu/gemm_bf16.c); Debian builds it on libgomp, the OpenMP titan uses.
 LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
-            -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -ldnnl -lm
+            -ldnnl -lm
 LDFLAGS  := -fopenmp
 ifeq ($(SANITIZE),1)
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g
@@ -99,6 +96,10 @@ $(BUILD)/kernels/traced.o build/fuzz/obj/kernels/traced.o: $(OPS_TRACED)
 $(BUILD)/kernels/traced.o: CFLAGS += -I$(BUILD)/gen
 build/fuzz/obj/kernels/traced.o: FUZZ_CFLAGS += -I$(BUILD)/gen
 
+# The attention tiles' GEMMs sum with fused multiply-adds, as the BLAS kernels they replace
+# (kernels/cpu/small_gemm.c); ISO C mode (-std=c11) otherwise forbids contracting a * b + c.
+$(BUILD)/kernels/cpu/small_gemm.o: CFLAGS += -ffp-contract=fast
+
 $(BUILD)/libtitan.a: $(LIB_OBJS)
 	ar rcs $@ $^
 
@@ -138,7 +139,7 @@ FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-pass-failed -O1 -fopenmp -I. \
                $(FUZZ_SAN) \
                $(shell mpicc -showme:compile 2>/dev/null) \
-               $(shell pkg-config --cflags $(PKGS) openblas 2>/dev/null) $(EXTRA_CFLAGS)
+               $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(EXTRA_CFLAGS)
 FUZZ_OBJS  := $(filter-out parallel/comm_nccl.c,$(LIB_SRCS))
 FUZZ_OBJS  := $(FUZZ_OBJS:%.c=build/fuzz/obj/%.o)
 FUZZERS    := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))

@@ -4,9 +4,9 @@
 # measurement. Two parts:
 # (a) the step's GEMMs exactly as titan calls them: one- and two-step trainings run under
 #     build/bench/sgemm_trace.so (tests/bench/sgemm_trace.c, an LD_PRELOAD shim on dnnl_sgemm,
-#     titan's fp32 GEMM, and cblas_sgemm, attention's tiles'),
+#     titan's fp32 GEMM; attention's tiles run titan's own kernels and are not in it),
 #     and the difference of their traces is one step: every call's shape, transposes, leading
-#     dimensions, beta, whether it ran inside an OpenMP region (the attention tiles, one
+#     dimensions, beta, whether it ran inside an OpenMP region (a grouped GEMM's experts, one
 #     single-threaded GEMM per thread) and the function that asked (cpu_matmul's caller),
 #     counted per step.
 # (b) build/bench/bench_gemm (tests/bench/bench_gemm.c) times every one of those GEMMs on each
@@ -28,7 +28,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=("$@")
 if [ $# -eq 0 ]; then threads=(1 2); fi
-bash scripts/setup.sh libblis-openmp-dev libdnnl-dev libxsmm-dev
+bash scripts/setup.sh libopenblas-openmp-dev libblis-openmp-dev libdnnl-dev libxsmm-dev
 make -s titan test-data
 mkdir -p build/bench
 openblas=$(pkg-config --variable=libdir openblas | sed 's/openblas-pthread/openblas-openmp/')
@@ -53,7 +53,7 @@ echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}; load average before:" \
 
 # steps: a training of that many steps under the trace, leaving $out/trace.<steps>. In fp32,
 # where every GEMM is an sgemm: under bf16 mixed precision (the default) the Linears' GEMMs go
-# to oneDNN's bf16 matmul, out of the shim's sight, and only attention's would be traced.
+# to oneDNN's bf16 matmul, out of the shim's sight.
 trace() {
   SGEMM_TRACE="$out/trace.$1" LD_PRELOAD="$PWD/build/bench/sgemm_trace.so" OMP_NUM_THREADS=2 \
     ./titan --config configs/debug_model.yaml --model.tokenizer_path null \

@@ -7,7 +7,6 @@ set -euo pipefail
 PACKAGES=(
   build-essential pkg-config
   libopenmpi-dev openmpi-bin          # launch, bootstrap, CPU collectives; mpicc
-  libopenblas-openmp-dev              # CPU GEMM (OpenMP flavour: called inside omp regions)
   libdnnl-dev                         # CPU bf16 GEMMs (oneDNN) for mixed precision
   libyaml-dev                         # configs
   libhdf5-openmpi-dev hdf5-tools      # checkpoints (HDF5, MPI build), h5dump

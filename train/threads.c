@@ -4,8 +4,7 @@
 // on 2 cores, at 19-33 tokens/s against ~250 with one each. So each rank takes its share of
 // the cores its node's ranks may run on, and no more than its own mask holds (a rank bound to
 // one core gains nothing from a second thread); OMP_NUM_THREADS, when set, is taken as is.
-// OpenBLAS (its OpenMP build) and oneDNN (on libgomp) ask omp_get_max_threads() per call, so
-// they follow.
+// oneDNN (on libgomp) asks omp_get_max_threads() per call, so it follows.
 #include <mpi.h>
 #include <omp.h>
 #include <sched.h>

@@ -46,6 +46,25 @@ void cpu_gemm_bf16(float *c, const uint16_t *a, const uint16_t *b, int m, int n,
 void cpu_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
                int lda, const float *b, int ldb, float beta, float *c, int ldc);
 
+// ---- attention's tile GEMMs (small_gemm.c) ---------------------------------------------------
+// c (m, round16(n)) = alpha op(a) b (+ c when accumulate), k >= 0: op(a) (m, k) is a or, with
+// trans_a, a^T (a's rows lda apart either way); b (k, round16(n)) rows ldb apart, c's ldc. The
+// columns from n up to the next multiple of 16 are computed too (b must hold them; c gets
+// them). Single-threaded: attention calls it inside its OpenMP region.
+typedef struct SmallGemm {
+    int m, n, k;
+    float alpha;
+    bool accumulate;
+    bool trans_a;
+    const float *a;
+    size_t lda;
+    const float *b;
+    size_t ldb;
+    float *c;
+    size_t ldc;
+} SmallGemm;
+void cpu_small_gemm(const SmallGemm *g);
+
 // ---- grouped GEMM (grouped_matmul.c) ----------------------------------------------------------
 // cpu_grouped_matmul in fp32 whatever the compute dtype: the float8 emulation's GEMM of decoded
 // operands (which it keeps exact, as matmul_float8's sgemm does).

@@ -1,4 +1,3 @@
-#include <cblas.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,17 +24,15 @@ static const char *cpu_isa_name(dnnl_cpu_isa_t isa) {
 }
 
 // The fp32 GEMMs are oneDNN's sgemm (kernels/cpu/sgemm.c), on the widest instruction set it
-// finds; attention's per-tile GEMMs OpenBLAS's, whose kernels it picks for the CPU at load time
-// (or as OPENBLAS_CORETYPE forces); with bf16 compute the GEMMs are oneDNN's bf16 matmul, named
-// by the implementation it picks on this cpu.
+// finds; attention's tiles titan's own (kernels/cpu/small_gemm.c); with bf16 compute the GEMMs
+// are oneDNN's bf16 matmul, named by the implementation it picks on this cpu.
 void cpu_describe(char *buf, size_t len) {
     bool bf16 = cpu_gemm_bf16_on();
     const dnnl_version_t *v = dnnl_version();
     snprintf(buf, len, "cpu: %d OpenMP threads, fp32 GEMMs: oneDNN %d.%d.%d sgemm (%s); "
-             "attention's: OpenBLAS %s kernels (%s)%s%s", omp_get_max_threads(), v->major,
+             "attention's tiles: titan's fp32 kernels%s%s", omp_get_max_threads(), v->major,
              v->minor, v->patch, cpu_isa_name(dnnl_get_effective_cpu_isa()),
-             openblas_get_corename(), openblas_get_config(), bf16 ? "; bf16 compute: " : "",
-             bf16 ? cpu_gemm_bf16_kernels() : "");
+             bf16 ? "; bf16 compute: " : "", bf16 ? cpu_gemm_bf16_kernels() : "");
 }
 
 bool cpu_init(const KernelInit *init, char *why, size_t len) {

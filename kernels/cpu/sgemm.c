@@ -2,8 +2,8 @@
 // measurement on the training step's own shapes (scripts/bench_peer.sh's fp32 step, and the
 // per-GEMM table of scripts/bench_gemm.sh): on the debug model at 2 threads the whole step ran
 // about 1.35x faster on an AMD EPYC (Zen 5, avx512_bf16) and 1.13x on a Xeon with AMX. Both
-// accumulate in fp32; the order of the sums inside a GEMM is the library's. OpenBLAS keeps
-// the attention kernel's per-tile GEMMs (single-threaded, inside its OpenMP region).
+// accumulate in fp32; the order of the sums inside a GEMM is the library's. Attention's tiles
+// have their own kernels (kernels/cpu/small_gemm.c).
 #include <oneapi/dnnl/dnnl.h>
 
 #include "kernels/cpu/cpu.h"

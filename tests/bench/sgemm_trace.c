@@ -1,13 +1,12 @@
-// An LD_PRELOAD shim for scripts/bench_gemm.sh: every fp32 GEMM the process calls, cblas_sgemm
-// (OpenBLAS: attention's tiles) or dnnl_sgemm (oneDNN: titan's cpu_sgemm), appends one line to
-// the file named by $SGEMM_TRACE, then runs the library's. A line is
+// An LD_PRELOAD shim for scripts/bench_gemm.sh: every fp32 GEMM the process calls through
+// dnnl_sgemm (oneDNN: titan's cpu_sgemm) appends one line to the file named by $SGEMM_TRACE,
+// then runs the library's (attention's tiles have their own kernels, kernels/cpu/small_gemm.c,
+// and are not traced). A line is
 //   trans_a trans_b m n k lda ldb ldc alpha beta in_parallel caller caller's_caller
 // (row-major calls, transposes 0/1; in_parallel: called inside an OpenMP region, where the
 // library runs single-threaded; the callers: return addresses as decimal offsets within their
 // binary, which the script names from its symbol table: cpu_matmul's caller is the model
-// function that asked for the GEMM). For dnnl_sgemm the callers are cpu_sgemm's, titan's one
-// call site of it.
-#include <cblas.h>
+// function that asked for the GEMM); they are cpu_sgemm's, titan's one call site of dnnl_sgemm.
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <fcntl.h>
@@ -19,14 +18,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-typedef void (*SgemmFn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, blasint,
-                        blasint, blasint, float, const float *, blasint, const float *, blasint,
-                        float, float *, blasint);
 typedef dnnl_status_t (*DnnlSgemmFn)(char, char, dnnl_dim_t, dnnl_dim_t, dnnl_dim_t, float,
                                      const float *, dnnl_dim_t, const float *, dnnl_dim_t, float,
                                      float *, dnnl_dim_t);
 
-static SgemmFn real_sgemm;
 static DnnlSgemmFn real_dnnl_sgemm;
 static int trace_fd = -1;
 static pthread_once_t trace_once = PTHREAD_ONCE_INIT;
@@ -34,7 +29,6 @@ static pthread_once_t trace_once = PTHREAD_ONCE_INIT;
 // On the first call, not at load: helper processes (MPI's daemon) inherit LD_PRELOAD without
 // linking the libraries.
 static void trace_open(void) {
-    real_sgemm = (SgemmFn)dlsym(RTLD_NEXT, "cblas_sgemm");
     real_dnnl_sgemm = (DnnlSgemmFn)dlsym(RTLD_NEXT, "dnnl_sgemm");
     const char *path = getenv("SGEMM_TRACE");
     if (!path) {
@@ -71,22 +65,6 @@ static void trace_line(bool found, bool ta, bool tb, long m, long n, long k, lon
         fprintf(stderr, "sgemm_trace: short write\n");
         exit(3);
     }
-}
-
-void cblas_sgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta,
-                 const enum CBLAS_TRANSPOSE tb, const blasint m, const blasint n, const blasint k,
-                 const float alpha, const float *a, const blasint lda, const float *b,
-                 const blasint ldb, const float beta, float *c, const blasint ldc) {
-    pthread_once(&trace_once, trace_open);
-    void *frames[3] = {0};
-    backtrace(frames, 3);
-    if (order != CblasRowMajor) {
-        fprintf(stderr, "sgemm_trace: column-major call\n");
-        exit(3);
-    }
-    trace_line(real_sgemm != NULL, ta == CblasTrans, tb == CblasTrans, m, n, k, lda, ldb,
-               ldc, alpha, beta, frames[1], frames[2]);
-    real_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 dnnl_status_t dnnl_sgemm(char ta, char tb, dnnl_dim_t m, dnnl_dim_t n, dnnl_dim_t k, float alpha,

@@ -42,7 +42,7 @@ train_ranks bf16 1 "${RUN[@]}" "${BF16[@]}"
 grep -q '^kernels: bf16 compute: oneDNN [0-9.]* bf16 matmul (.*), attention fp32' "$SCRATCH/bf16.log" ||
   fail "the log does not name the bf16 GEMMs: $(grep '^kernels:' "$SCRATCH/bf16.log")"
 grep -q "^kernels: .*fp32 GEMMs: oneDNN [0-9.]* sgemm ([a-z0-9_]*)$" "$SCRATCH/fp32.log" &&
-  grep -q "^kernels: attention's: OpenBLAS" "$SCRATCH/fp32.log" ||
+  grep -q "^kernels: attention's tiles: titan's fp32 kernels$" "$SCRATCH/fp32.log" ||
   fail "the log does not name the fp32 GEMMs: $(grep '^kernels:' "$SCRATCH/fp32.log")"
 tracks "1 rank, oneDNN" "$SCRATCH/fp32/metrics.jsonl" "$SCRATCH/bf16/metrics.jsonl"
 

@@ -5,8 +5,8 @@
 # ids is ln 2048 = 7.62) to below 6.6 (mean of the last 5 logged steps) within 60 steps of
 # 8 x 128 tokens, and the held-out validation loss must fall by 0.5 from step 10 to step 60.
 # Both curves must also follow the ones recorded from this code within 1e-3 at every tenth
-# step: OpenBLAS's kernels for another CPU (OPENBLAS_CORETYPE=Sandybridge: no FMA) moved them
-# by 5e-8, while a backward that is slightly wrong moves them by more than 2e-3 from step 20
+# step: BLAS kernels for another CPU (OpenBLAS's, OPENBLAS_CORETYPE=Sandybridge: no FMA, when
+# attention's tiles ran on them) moved them by 5e-8, while a backward that is slightly wrong moves them by more than 2e-3 from step 20
 # on (SwiGLU's d silu / dg taken as sigmoid(g): 3e-3 to 1e-2; RMSNorm's without the term
 # through 1 / rms, or with half of it: 2e-2 to 7e-2), yet still converges and passes the
 # bounds above.

@@ -477,10 +477,15 @@ static void test_attention_gqa2(void **state) {
     attn_check(attn_causal(1, 67, 2, 1, 4), true);
 }
 
+// head_dim 16, 32 and 48 read k, v and q as they lie (whole vectors of 16); 40 and 4 through
+// zero-padded copies (kernels/cpu/small_gemm.c's strips of 2 vectors and 1).
 static void test_attention_mha(void **state) {
     (void)state;
     rng_seed(5);
     attn_check(attn_causal(1, 130, 3, 3, 16), false);
+    attn_check(attn_causal(1, 75, 2, 2, 32), false);
+    attn_check(attn_causal(1, 70, 2, 1, 40), false);
+    attn_check(attn_causal(1, 33, 1, 1, 48), true);
     attn_check(attn_causal(2, 9, 2, 2, 4), true);
 }
 

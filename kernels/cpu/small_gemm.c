@@ -1,0 +1,90 @@
+// The attention tiles' GEMMs: products whose inner dimension (head_dim) or row count (a tile's
+// 64 queries) is small, called single-threaded inside attention's OpenMP region thousands of
+// times per step. A BLAS call there spends more time packing and dispatching than multiplying
+// (measured with perf on the debug model, head_dim 16: OpenBLAS's packing and small-K kernels
+// were two thirds of attention's time); here b is already in the layout the loop wants, so
+// nothing is packed: each output row block lives in registers while a's scalars are broadcast
+// against b's rows, 16 floats (one AVX-512 register) at a time.
+//
+// Sums run over k in order with one fused multiply-add per term, then c = alpha sum (+ c, in
+// one more fused multiply-add): the order and rounding of OpenBLAS's AVX-512 sgemm kernels,
+// which attention called before, so the debug model's fp32 losses stayed the same to the bit
+// (scripts/bench_peer.sh's run, on an AMD EPYC). On the step, attention went from 86 ms to
+// 70 ms (with attention.c's causal slabs and per-head panels).
+#include "kernels/cpu/cpu.h"
+
+// 16 floats, one AVX-512 register; aligned(4): loads and stores at any float's address.
+typedef float Vec16 __attribute__((vector_size(64), aligned(4)));
+
+// ROWS rows x VECS vectors of c from a's rows [i, i + ROWS) and b's columns [j, j + 16 VECS).
+// Constant ROWS, VECS and TRANS_A (the function always inlines) keep the accumulators in
+// registers and a's addresses to one base register per row (a) or one in all (a^T).
+// (Every loop over ROWS or VECS unrolls, at -O2 too, or the accumulators live on the stack.)
+static inline __attribute__((always_inline)) void small_gemm_block(
+    const SmallGemm *g, int i, int j, const int ROWS, const int VECS, const bool TRANS_A) {
+    // a's rows as one base per four rows, the others at 1-3 lda from it: what x86 addressing
+    // reaches with few registers (a pointer per row spills).
+    size_t lda = g->lda;
+    const float *a0 = g->a + (TRANS_A ? (size_t)i : i * lda), *quad[4];
+#pragma GCC unroll 16
+    for (int q = 0; q < 4; q++) quad[q] = a0 + 4 * q * lda;
+    Vec16 acc[16][2];  // [ROWS][VECS] used
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 16
+        for (int v = 0; v < VECS; v++) acc[r][v] = (Vec16){0};
+    for (int p = 0; p < g->k; p++) {
+        Vec16 bv[2];
+#pragma GCC unroll 16
+        for (int v = 0; v < VECS; v++)
+            bv[v] = *(const Vec16 *)(g->b + (size_t)p * g->ldb + j + 16 * v);
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; r++) {
+            float a = TRANS_A ? a0[p * lda + r] : quad[r / 4][(r % 4) * lda + p];
+#pragma GCC unroll 16
+            for (int v = 0; v < VECS; v++) acc[r][v] += a * bv[v];
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 16
+        for (int v = 0; v < VECS; v++) {
+            Vec16 *c = (Vec16 *)(g->c + (size_t)(i + r) * g->ldc + j + 16 * v);
+            *c = g->accumulate ? g->alpha * acc[r][v] + *c : g->alpha * acc[r][v];
+        }
+}
+
+// c's columns in 2-vector strips, blocks of 8 rows (16 accumulators), then a 1-vector strip
+// (head_dim 16's only one) in blocks of 16 rows; the rows left over in blocks of 4 and 1.
+// Measured on one core of an AMD EPYC (Zen 5) at the debug model's tile shapes: 8 rows x 2
+// vectors runs q k^T at 1.7x the speed of 4 x 2, and 16 x 1 runs P v 1.3x faster than 8 x 1:
+// fewer independent sums than that leave the FMA unit waiting on their latency.
+static inline __attribute__((always_inline)) void small_gemm(const SmallGemm *g,
+                                                             const bool TRANS_A) {
+    int n16 = (g->n + 15) / 16 * 16, j = 0;
+    for (; j + 32 <= n16; j += 32) {
+        int i = 0;
+        for (; i + 8 <= g->m; i += 8) small_gemm_block(g, i, j, 8, 2, TRANS_A);
+        for (; i + 4 <= g->m; i += 4) small_gemm_block(g, i, j, 4, 2, TRANS_A);
+        for (; i < g->m; i++) small_gemm_block(g, i, j, 1, 2, TRANS_A);
+    }
+    if (j < n16) {
+        int i = 0;
+        for (; i + 16 <= g->m; i += 16) small_gemm_block(g, i, j, 16, 1, TRANS_A);
+        for (; i + 4 <= g->m; i += 4) small_gemm_block(g, i, j, 4, 1, TRANS_A);
+        for (; i < g->m; i++) small_gemm_block(g, i, j, 1, 1, TRANS_A);
+    }
+}
+
+// The default build is for any x86-64 (CI runs on whatever it gets), where these kernels would
+// be SSE without fused multiply-adds: GCC builds them again for AVX2 with FMA and for AVX-512
+// and picks one for the cpu at load time (as OpenBLAS picks its kernels).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX512F__)
+__attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#endif
+void cpu_small_gemm(const SmallGemm *g) {
+    if (g->trans_a)
+        small_gemm(g, true);
+    else
+        small_gemm(g, false);
+}
