@@ -25,13 +25,30 @@ void cpu_swiglu_forward(void *out, Dtype out_type, const float *gate, const floa
 }
 
 // d silu(g)/dg = sig(g) (1 + g (1 - sig(g))).
-void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-                         const float *up, size_t n) {
+static inline float swiglu_dgate(float d, float g, float u) {
+    float sg = sigmoid(g);
+    return d * u * sg * (1.0f + g * (1.0f - sg));
+}
+
+static inline float swiglu_dup(float d, float g) { return d * g * sigmoid(g); }
+
+void cpu_swiglu_backward(void *dgate, void *dup, Dtype out_type, const float *dout,
+                         const float *gate, const float *up, size_t n) {
+    if (out_type == DTYPE_BF16) {
+        uint16_t *dg = dgate, *du = dup;
+#pragma omp parallel for simd
+        for (size_t i = 0; i < n; i++) {
+            dg[i] = bf16_from_float(swiglu_dgate(dout[i], gate[i], up[i]));
+            du[i] = bf16_from_float(swiglu_dup(dout[i], gate[i]));
+        }
+        return;
+    }
+    CHECK(out_type == DTYPE_FP32);
+    float *dg = dgate, *du = dup;
 #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++) {
-        float g = gate[i], sg = sigmoid(g);
-        dgate[i] += dout[i] * up[i] * sg * (1.0f + g * (1.0f - sg));
-        dup[i] += dout[i] * g * sg;
+        dg[i] = swiglu_dgate(dout[i], gate[i], up[i]);
+        du[i] = swiglu_dup(dout[i], gate[i]);
     }
 }
 

@@ -23,11 +23,11 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-
 
 __device__ __forceinline__ float swiglu_value(float g, float u) { return g * sigmoid(g) * u; }
 
-// d silu(g)/dg = sig(g) (1 + g (1 - sig(g))); accumulates into *dg and *du.
+// d silu(g)/dg = sig(g) (1 + g (1 - sig(g))): the gradients of gate and up.
 __device__ __forceinline__ void swiglu_grad(float *dg, float *du, float d, float g, float u) {
     float sg = sigmoid(g);
-    *dg += d * u * sg * (1.0f + g * (1.0f - sg));
-    *du += d * g * sg;
+    *dg = d * u * sg * (1.0f + g * (1.0f - sg));
+    *du = d * g * sg;
 }
 
 // The activations, as the cpu twin writes them: value(x) and grad(x) = d value / dx.
@@ -89,13 +89,14 @@ static __global__ void swiglu_forward_elements(void *out, Dtype out_type, const 
         store_as(out, out_type, i, swiglu_value(gate[i], up[i]));
 }
 
-static __global__ void swiglu_backward_elements(float *dgate, float *dup, const float *dout,
-                                                const float *gate, const float *up, size_t n,
-                                                size_t n4) {
+// n4: the float4 groups of fp32 outputs (0 for bf16, stored one element at a time).
+static __global__ void swiglu_backward_elements(void *dgate, void *dup, Dtype out_type,
+                                                const float *dout, const float *gate,
+                                                const float *up, size_t n, size_t n4) {
     for (size_t i = thread_first(); i < n4; i += thread_stride()) {
         float4 d = ((const float4 *)dout)[i], g = ((const float4 *)gate)[i];
         float4 u = ((const float4 *)up)[i];
-        float4 dg = ((float4 *)dgate)[i], du = ((float4 *)dup)[i];
+        float4 dg, du;
         swiglu_grad(&dg.x, &du.x, d.x, g.x, u.x);
         swiglu_grad(&dg.y, &du.y, d.y, g.y, u.y);
         swiglu_grad(&dg.z, &du.z, d.z, g.z, u.z);
@@ -103,8 +104,12 @@ static __global__ void swiglu_backward_elements(float *dgate, float *dup, const 
         ((float4 *)dgate)[i] = dg;
         ((float4 *)dup)[i] = du;
     }
-    for (size_t i = 4 * n4 + thread_first(); i < n; i += thread_stride())
-        swiglu_grad(&dgate[i], &dup[i], dout[i], gate[i], up[i]);
+    for (size_t i = 4 * n4 + thread_first(); i < n; i += thread_stride()) {
+        float dg, du;
+        swiglu_grad(&dg, &du, dout[i], gate[i], up[i]);
+        store_as(dgate, out_type, i, dg);
+        store_as(dup, out_type, i, du);
+    }
 }
 
 static __global__ void add_elements(float *y, const float *x, size_t n, size_t n4) {
@@ -154,13 +159,14 @@ void cuda_swiglu_forward(void *out, Dtype out_type, const float *gate, const flo
     CUDA_LAUNCH_CHECK();
 }
 
-void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-                          const float *up, size_t n) {
-    bool vec = aligned(dgate, 16) && aligned(dup, 16) && aligned(dout, 16) &&
-               aligned(gate, 16) && aligned(up, 16);
+void cuda_swiglu_backward(void *dgate, void *dup, Dtype out_type, const float *dout,
+                          const float *gate, const float *up, size_t n) {
+    CHECK(out_type == DTYPE_FP32 || out_type == DTYPE_BF16);
+    bool vec = out_type == DTYPE_FP32 && aligned(dgate, 16) && aligned(dup, 16) &&
+               aligned(dout, 16) && aligned(gate, 16) && aligned(up, 16);
     size_t n4 = vec ? n / 4 : 0;
     swiglu_backward_elements<<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(
-        dgate, dup, dout, gate, up, n, n4);
+        dgate, dup, out_type, dout, gate, up, n, n4);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -416,10 +416,12 @@ static float *ffn_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d
     float *dact = scratch, *dgate = dact + nh, *dup = dgate + nh, *dhn = dup + nh;
     g->dy_all = grad_gathered_act(s, dy, gathered, gathered, casts, d.rows, d.D);
     linear_backward_input(&L->linear.w2, s, dact, g->dy_all, d.BT, 0);
-    zero(s, dgate, 2 * nh);
-    K->swiglu_backward(dgate, dup, dact, sv->gate, sv->up, nh);
-    g->dgate = act_cast(s, dgate, nh, room_at(s, casts, nd));
-    g->dup = act_cast(s, dup, nh, room_at(s, casts, nd + nh));
+    bool fp32 = s->act_dtype == DTYPE_FP32;  // else straight into the kept casts
+    void *dg = fp32 ? (void *)dgate : room_at(s, casts, nd);
+    void *du = fp32 ? (void *)dup : room_at(s, casts, nd + nh);
+    K->swiglu_backward(dg, du, s->act_dtype, dact, sv->gate, sv->up, nh);
+    g->dgate = act(s, dg);
+    g->dup = act(s, du);
     linear_backward_input(&L->linear.w1, s, dhn, g->dgate, d.BT, 0);
     linear_backward_input(&L->linear.w3, s, dhn, g->dup, d.BT, 1);
     return dhn;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bf16.h"
 #include "kernels/kernels.h"
 
 #include "tests/unit/kernel_check.h"
@@ -666,19 +667,24 @@ static void test_swiglu(void **state) {
         dup_ref[i] = dout[i] * silu(g);
     }
     assert_close("swiglu out", out, want, SWIGLU_N, FWD_TOL);
-    float *dg0 = floats_random(SWIGLU_N, 1.0), *du0 = floats_random(SWIGLU_N, 1.0);
-    float *dg = floats_copy(dg0, SWIGLU_N), *du = floats_copy(du0, SWIGLU_N);
-    ops->swiglu_backward(dg, du, dout, gate, up, SWIGLU_N);
+    // Written over whatever the outputs held (random here), not added to it.
+    float *dg = floats_random(SWIGLU_N, 1.0), *du = floats_random(SWIGLU_N, 1.0);
+    ops->swiglu_backward(dg, du, DTYPE_FP32, dout, gate, up, SWIGLU_N);
     double *fd_g = fd_gradient(c.gate, SWIGLU_N, swiglu_loss, &c);
     double *fd_u = fd_gradient(c.up, SWIGLU_N, swiglu_loss, &c);
-    double *w_g = doubles_sum(dg0, dgate_ref, SWIGLU_N), *w_u = doubles_sum(du0, dup_ref, SWIGLU_N);
-    double *f_g = doubles_sum(dg0, fd_g, SWIGLU_N), *f_u = doubles_sum(du0, fd_u, SWIGLU_N);
-    assert_close("swiglu dgate", dg, w_g, SWIGLU_N, FWD_TOL);
-    assert_close("swiglu dup", du, w_u, SWIGLU_N, FWD_TOL);
-    assert_close("swiglu dgate fd", dg, f_g, SWIGLU_N, FD_TOL);
-    assert_close("swiglu dup fd", du, f_u, SWIGLU_N, FD_TOL);
-    free(gate), free(up), free(dout), free(out), free(c.gate), free(c.up), free(dg0), free(du0);
-    free(dg), free(du), free(fd_g), free(fd_u), free(w_g), free(w_u), free(f_g), free(f_u);
+    assert_close("swiglu dgate", dg, dgate_ref, SWIGLU_N, FWD_TOL);
+    assert_close("swiglu dup", du, dup_ref, SWIGLU_N, FWD_TOL);
+    assert_close("swiglu dgate fd", dg, fd_g, SWIGLU_N, FD_TOL);
+    assert_close("swiglu dup fd", du, fd_u, SWIGLU_N, FD_TOL);
+    // bf16 outputs: the fp32 ones rounded to nearest even.
+    uint16_t dg16[SWIGLU_N], du16[SWIGLU_N];
+    ops->swiglu_backward(dg16, du16, DTYPE_BF16, dout, gate, up, SWIGLU_N);
+    for (int i = 0; i < SWIGLU_N; i++) {
+        assert_int_equal(dg16[i], bf16_from_float(dg[i]));
+        assert_int_equal(du16[i], bf16_from_float(du[i]));
+    }
+    free(gate), free(up), free(dout), free(out), free(c.gate), free(c.up);
+    free(dg), free(du), free(fd_g), free(fd_u);
 }
 
 // ---- embedding -----------------------------------------------------------------------------
