@@ -4,16 +4,17 @@
 // storing the (Tq, Tk) matrix. A tile's keys are the span any of its rows sees (the causal
 // bound, narrowed to its rows' documents); a tile that sees no key skips its GEMMs.
 //
-// fp32 under bf16 compute too (KernelInit.precision bf16), unlike cuda's cuDNN flash attention,
-// which rounds q, k, v, P, dO and its outputs to bf16. Chosen because the attention's precision
-// is not one numeric contract even on cuda: every mask but plain causal, context parallel's
-// chunk pairs and shapes cuDNN declines run cuda's fp32 fallback kernels; and rounding just the
-// inputs here would still not reproduce cuDNN's bits (its P, online softmax and bf16 outputs).
-// The GEMMs, where the time and mixed precision's error go, follow cuda's contract
-// (kernels/cpu/gemm_bf16.c); attention's tiles run kernels/cpu/small_gemm.c's fp32 kernels.
+// The tiles' GEMMs run kernels/cpu/small_gemm.c's kernels. Under bf16 compute
+// (KernelInit.precision bf16) they take bf16 operands (q, k, v, dO, P and dS rounded to nearest
+// even) and sum in fp32, as cuDNN's flash attention does on cuda; softmax, its statistics, dS's
+// elementwise math and the outputs stay fp32. (cuda runs cuDNN for plain causal blocks and fp32
+// fallback kernels for other masks, so its attention is not one numeric contract either way;
+// here every mask takes the bf16 tiles, which do twice the multiply-adds per instruction.)
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 
+#include "core/bf16.h"
 #include "kernels/cpu/cpu.h"
 
 #define ATTN_TILE 64
@@ -44,7 +45,8 @@ static bool attention_rows_see(const AttnShape *s, int b, int i0, int rows, int 
 }
 
 // One query tile of one head: rows [i0, i0 + rows) of sequence b, keys [lo, lo + width) (width
-// <= 0: it sees none), and where they lie: q0 indexes q, out, dout, dq at row i0; kv0 indexes
+// <= 0: it sees none; lo even under bf16, whose GEMM words pair keys 2p and 2p + 1, the key
+// before a narrowed span masked like the others outside it), and where they lie: q0 indexes q, out, dout, dq at row i0; kv0 indexes
 // k, v, dk, dv at row lo; l0 indexes lse at row i0.
 typedef struct AttnTile {
     const AttnShape *s;
@@ -53,7 +55,7 @@ typedef struct AttnTile {
     float scale;
 } AttnTile;
 
-static AttnTile attention_tile(const AttnShape *s, int b, int h, int i0) {
+static AttnTile attention_tile(const AttnShape *s, int b, int h, int i0, bool bf16) {
     int H = s->n_heads, KV = s->n_kv_heads, hd = s->head_dim;
     AttnTile t = {.s = s, .b = b, .i0 = i0, .ld_q = H * hd, .ld_kv = KV * hd,
                   .scale = 1.0f / sqrtf((float)hd)};
@@ -62,6 +64,7 @@ static AttnTile attention_tile(const AttnShape *s, int b, int h, int i0) {
     if (s->mask == ATTN_DOCUMENT) {
         while (lo < hi && !attention_rows_see(s, b, i0, t.rows, lo)) lo++;
         while (hi > lo && !attention_rows_see(s, b, i0, t.rows, hi - 1)) hi--;
+        if (bf16 && lo < hi) lo &= ~1;
     }
     t.lo = lo, t.width = hi - lo;
     t.q0 = (((size_t)b * s->Tq + i0) * H + h) * hd;
@@ -83,72 +86,134 @@ static int attention_mask_row(const AttnTile *t, float *srow, int r) {
 
 // ---- scratch and the tile GEMMs' operands ---------------------------------------------------
 
-// One OpenMP thread's scratch. The tile GEMMs (kernels/cpu/small_gemm.c) read b row by row,
-// 16 columns at a time, so k and v come as panels in that layout: transposed (keys along a row)
-// for q k^T and dO v^T, and as rows padded to a multiple of 16 columns for P v, dS k. Panels are
-// `panel` keys wide: a tile's columns run to its first key plus its width rounded up to 16.
+// The tile GEMMs (kernels/cpu/small_gemm.c) sum over words: fp32 floats, or under bf16 compute
+// two bf16 of consecutive k. A count of n elements along k is words(n) words.
+static int words(int n, bool bf16) { return bf16 ? (n + 1) / 2 : n; }
+
+// bf16 words are written as their two halves (lower k first, little-endian): loops of
+// bf16_from_float over floats vectorise, building words from pairs does not.
+
+// One OpenMP thread's scratch, in 4-byte units (floats or words). The tile GEMMs read b a row
+// of words at a time, 16 columns together, so k and v come as panels in that layout: with k
+// along their columns for q k^T and dO v^T (kt, vt: k^T, v^T), along their rows for P v, dS k,
+// dS^T q and P^T dO (kr, vr, qr, dor, and under bf16 P's and dS's pairs of rows for the
+// transposed a of the last two). Panels are `panel` keys wide: a tile's columns run to its
+// first key plus its width rounded up to 16.
 typedef struct AttnScratch {
+    bool bf16;  // KernelInit.precision bf16: bf16 operands, fp32 sums, softmax and outputs
     int panel, hd16;
-    float *s, *ds;  // (ATTN_TILE, panel): scores or P, and dP then dS
-    float *kt, *vt;  // (head_dim, panel): k^T, v^T
-    float *kr, *vr;  // (panel, hd16): k, v rows, zero-padded
-    float *qr, *dor;  // (ATTN_TILE, hd16): a tile's q and dO rows, zero-padded
+    float *s, *ds;  // (ATTN_TILE, panel): scores or P, and dP then dS, fp32
+    uint32_t *kt, *vt;  // (words(head_dim), panel)
+    uint32_t *kr, *vr;  // (words(panel), hd16): zero-padded
+    uint32_t *qr, *dor;  // (words(ATTN_TILE), hd16): a tile's q and dO rows, zero-padded
     float *acc;  // (max(panel, ATTN_TILE), hd16): a GEMM's output before it is added where it belongs
+    // bf16 only: P and dS as a (pairs along keys; along rows for a^T), q and dO as a.
+    uint32_t *p_a, *ds_a, *p_at, *ds_at;  // (ATTN_TILE, panel / 2), (ATTN_TILE / 2, panel)
+    uint32_t *q_a, *do_a;  // (ATTN_TILE, hd16)
 } AttnScratch;
 
-static size_t attention_slice_floats(const AttnShape *s) {
+static size_t attention_slice_floats(const AttnShape *s, bool bf16) {
     size_t panel = (size_t)round16(s->Tk) + 16, hd16 = (size_t)round16(s->head_dim);
     size_t acc_rows = panel > ATTN_TILE ? panel : ATTN_TILE;
-    return 2 * ATTN_TILE * panel + 2 * (size_t)s->head_dim * panel + 2 * panel * hd16 +
-           acc_rows * hd16 + 2 * ATTN_TILE * hd16;
+    size_t n = 2 * ATTN_TILE * panel + 2 * (size_t)s->head_dim * panel + 2 * panel * hd16 +
+               acc_rows * hd16 + 2 * ATTN_TILE * hd16;
+    return bf16 ? n + 2 * ATTN_TILE * panel + 2 * ATTN_TILE * hd16 : n;
 }
 
 size_t cpu_attention_workspace_bytes(const AttnShape *s) {
-    return (size_t)omp_get_max_threads() * attention_slice_floats(s) * sizeof(float);
+    bool bf16 = cpu_gemm_bf16_on();
+    return (size_t)omp_get_max_threads() * attention_slice_floats(s, bf16) * sizeof(float);
 }
 
 static AttnScratch attention_scratch(void *workspace, const AttnShape *s) {
-    AttnScratch a = {.panel = round16(s->Tk) + 16, .hd16 = round16(s->head_dim)};
+    AttnScratch a = {.bf16 = cpu_gemm_bf16_on(), .panel = round16(s->Tk) + 16,
+                     .hd16 = round16(s->head_dim)};
     size_t panel = (size_t)a.panel, hd16 = (size_t)a.hd16, hd = (size_t)s->head_dim;
-    float *f = (float *)workspace + (size_t)omp_get_thread_num() * attention_slice_floats(s);
+    float *f = (float *)workspace +
+               (size_t)omp_get_thread_num() * attention_slice_floats(s, a.bf16);
     a.s = f, f += ATTN_TILE * panel;
     a.ds = f, f += ATTN_TILE * panel;
-    a.kt = f, f += hd * panel;
-    a.vt = f, f += hd * panel;
-    a.kr = f, f += panel * hd16;
-    a.vr = f, f += panel * hd16;
+    a.kt = (uint32_t *)f, f += hd * panel;
+    a.vt = (uint32_t *)f, f += hd * panel;
+    a.kr = (uint32_t *)f, f += panel * hd16;
+    a.vr = (uint32_t *)f, f += panel * hd16;
     a.acc = f, f += (panel > ATTN_TILE ? panel : ATTN_TILE) * hd16;
-    a.qr = f, f += ATTN_TILE * hd16;
-    a.dor = f;
+    a.qr = (uint32_t *)f, f += ATTN_TILE * hd16;
+    a.dor = (uint32_t *)f, f += ATTN_TILE * hd16;
+    if (!a.bf16) return a;
+    a.p_a = (uint32_t *)f, f += ATTN_TILE * panel / 2;
+    a.ds_a = (uint32_t *)f, f += ATTN_TILE * panel / 2;
+    a.p_at = (uint32_t *)f, f += ATTN_TILE * panel / 2;
+    a.ds_at = (uint32_t *)f, f += ATTN_TILE * panel / 2;
+    a.q_a = (uint32_t *)f, f += ATTN_TILE * hd16;
+    a.do_a = (uint32_t *)f;
     return a;
 }
 
-// dst (hd, width) = src's rows [0, n) (hd floats each, ld apart) transposed, zeros in columns
-// [n, width).
-static void attention_panel_transposed(float *dst, int width, const float *src, int ld, int n,
-                                       int hd) {
-    for (int c = 0; c < hd; c++) {
-        float *row = dst + (size_t)c * width;
-        for (int j = 0; j < n; j++) row[j] = src[(size_t)j * ld + c];
-        for (int j = n; j < width; j++) row[j] = 0.0f;
-    }
-}
-
-// dst (n, hd16) = src's rows [0, n) with zeros in columns [hd, hd16).
-static void attention_panel_rows(float *dst, int hd16, const float *src, int ld, int n, int hd) {
+// b with k along src's columns: dst (words(hd), width) holds src's rows [0, n) (hd floats
+// each, ld apart) transposed, word (p, j) = src[j][p] or bf16_pair(src[j][2p], src[j][2p + 1]);
+// zeros in columns [n, width).
+static void attention_operand_cols(uint32_t *dst, int width, const float *src, int ld, int n,
+                                   int hd, bool bf16) {
+    int hw = words(hd, bf16);
     for (int j = 0; j < n; j++) {
-        memcpy(dst + (size_t)j * hd16, src + (size_t)j * ld, (size_t)hd * sizeof(float));
-        for (int c = hd; c < hd16; c++) dst[(size_t)j * hd16 + c] = 0.0f;
+        const float *x = src + (size_t)j * ld;
+        uint32_t row[hw];  // src's row j as words
+        if (bf16) {
+            uint16_t *h = (uint16_t *)row;
+            for (int c = 0; c < hd; c++) h[c] = bf16_from_float(x[c]);
+            if (hd % 2) h[hd] = 0;
+        } else {
+            memcpy(row, x, (size_t)hd * sizeof(float));
+        }
+        for (int p = 0; p < hw; p++) dst[(size_t)p * width + j] = row[p];
+    }
+    for (int p = 0; p < hw; p++) memset(dst + (size_t)p * width + n, 0, (size_t)(width - n) * 4);
+}
+
+// b with k along src's rows: dst (words(n), cols16) holds src's rows [0, n) (cols floats each,
+// ld apart), word (p, c) = src[p][c] or bf16_pair(src[2p][c], src[2p + 1][c]); zeros in
+// columns [cols, cols16) and for the missing row of an odd n.
+static void attention_operand_rows(uint32_t *dst, int cols16, const float *src, int ld, int n,
+                                   int cols, bool bf16) {
+    for (int p = 0; p < words(n, bf16); p++) {
+        uint32_t *row = dst + (size_t)p * cols16;
+        if (bf16) {
+            const float *lo = src + (size_t)(2 * p) * ld, *hi = lo + ld;
+            uint16_t *h = (uint16_t *)row;
+            if (2 * p + 1 < n)
+                for (int c = 0; c < cols; c++)
+                    h[2 * c] = bf16_from_float(lo[c]), h[2 * c + 1] = bf16_from_float(hi[c]);
+            else
+                for (int c = 0; c < cols; c++) h[2 * c] = bf16_from_float(lo[c]), h[2 * c + 1] = 0;
+        } else {
+            memcpy(row, src + (size_t)p * ld, (size_t)cols * sizeof(float));
+        }
+        memset(row + cols, 0, (size_t)(cols16 - cols) * sizeof *row);
     }
 }
 
-// src's rows [0, n) as a GEMM's b: src itself when head_dim is a multiple of 16, else padded
-// into dst; *ldb its row stride.
-static const float *attention_rows_operand(float *dst, int hd16, const float *src, int ld, int n,
-                                           int hd, size_t *ldb) {
-    if (hd == hd16) return *ldb = (size_t)ld, src;
-    attention_panel_rows(dst, hd16, src, ld, n, hd);
-    return *ldb = (size_t)hd16, dst;
+// src's rows [0, n) as a GEMM's b (k along them): fp32 src itself when cols is a multiple of
+// 16, else built into dst; *ldb its row stride in words.
+static const uint32_t *attention_rows_operand(uint32_t *dst, int cols16, const float *src,
+                                              int ld, int n, int cols, bool bf16, size_t *ldb) {
+    if (!bf16 && cols == cols16) return *ldb = (size_t)ld, (const uint32_t *)src;
+    attention_operand_rows(dst, cols16, src, ld, n, cols, bf16);
+    return *ldb = (size_t)cols16, dst;
+}
+
+// src's rows [0, rows) as a GEMM's a (k along them, n elements): fp32 src itself, or its bf16
+// pairs into dst (rows, ld_dst words); *lda its row stride in words.
+static const uint32_t *attention_a_operand(uint32_t *dst, int ld_dst, const float *src, int ld,
+                                           int rows, int n, bool bf16, size_t *lda) {
+    if (!bf16) return *lda = (size_t)ld, (const uint32_t *)src;
+    for (int r = 0; r < rows; r++) {
+        const float *x = src + (size_t)r * ld;
+        uint16_t *h = (uint16_t *)(dst + (size_t)r * ld_dst);
+        for (int c = 0; c < n; c++) h[c] = bf16_from_float(x[c]);
+        if (n % 2) h[n] = 0;
+    }
+    return *lda = (size_t)ld_dst, dst;
 }
 
 // What a tile GEMM's rows and sum run over, for attention_tile_gemm to skip what a causal
@@ -167,30 +232,32 @@ typedef enum {
 
 static void attention_tile_gemm(const AttnTile *t, const SmallGemm *g, AttnTileGemm kind) {
     int extent = kind == ATTN_KEYS_SUM_ROWS ? t->width : t->rows;
+    const uint32_t *a = g->a, *b = g->b;
     for (int i = 0; i < extent; i += ATTN_SLAB) {
         SmallGemm slab = *g;
         slab.m = extent - i < ATTN_SLAB ? extent - i : ATTN_SLAB;
         slab.c = g->c + (size_t)i * g->ldc;
-        if (kind == ATTN_KEYS_SUM_ROWS) {  // the first query row that sees key i
+        if (kind == ATTN_KEYS_SUM_ROWS) {  // from the word of the first query row seeing key i
             int r = 0;
             while (r < t->rows && attention_row_keys(t->s, t->i0 + r, t->lo, t->width) <= i) r++;
-            slab.k = g->k - r;
-            slab.a = g->a + (size_t)r * g->lda + i;
-            slab.b = g->b + (size_t)r * g->ldb;
+            int w0 = g->bf16 ? r / 2 : r;
+            slab.k = g->k - w0;
+            slab.a = a + (size_t)w0 * g->lda + i;
+            slab.b = b + (size_t)w0 * g->ldb;
         } else {
             int seen = attention_row_keys(t->s, t->i0 + i + slab.m - 1, t->lo, t->width);
-            slab.a = g->a + (size_t)i * g->lda;
+            slab.a = a + (size_t)i * g->lda;
             if (kind == ATTN_ROWS_X_KEYS) {
                 if (seen == 0) continue;
                 slab.n = seen;
             } else
-                slab.k = seen;
+                slab.k = words(seen, g->bf16);
         }
         cpu_small_gemm(&slab);
     }
 }
 
-// dst's rows [0, n) += op(a) b as in SmallGemm g (its c, ldc and accumulate set here): in place
+// dst's rows [0, m) += op(a) b as in SmallGemm g (its c, ldc and accumulate set here): in place
 // when head_dim is a multiple of 16, else through the scratch acc. Either way each sum and its
 // addition round as one sgemm with beta 1 does.
 static void attention_accumulate(const AttnTile *t, SmallGemm g, AttnTileGemm kind, float *dst,
@@ -202,7 +269,10 @@ static void attention_accumulate(const AttnTile *t, SmallGemm g, AttnTileGemm ki
         attention_tile_gemm(t, &g, kind);
         return;
     }
-    attention_panel_rows(w->acc, w->hd16, dst, ld, g.m, hd);
+    for (int j = 0; j < g.m; j++) {
+        memcpy(w->acc + (size_t)j * w->hd16, dst + (size_t)j * ld, (size_t)hd * sizeof(float));
+        memset(w->acc + (size_t)j * w->hd16 + hd, 0, (size_t)(w->hd16 - hd) * sizeof(float));
+    }
     g.c = w->acc, g.ldc = (size_t)w->hd16;
     attention_tile_gemm(t, &g, kind);
     for (int j = 0; j < g.m; j++)
@@ -232,9 +302,10 @@ static float attention_exp_row(float *s, int n_valid, int width, float *lse) {
 }
 
 // A (batch, kv head)'s keys and values as the tile GEMMs' b, over all Tk keys (a tile reads
-// from its first key on): transposed (kt, vt, ld_t apart) and as rows (kb, vb, ld_rows apart).
+// from its first key on): k along columns (kt, vt, ld_t words apart) and along rows (kb, vb,
+// ld_rows words apart).
 typedef struct AttnPanels {
-    const float *kt, *vt, *kb, *vb;
+    const uint32_t *kt, *vt, *kb, *vb;
     size_t ld_t, ld_rows;
 } AttnPanels;
 
@@ -245,23 +316,32 @@ static AttnPanels attention_panels(const AttnShape *s, int b, int kv_head, const
     int ld = s->n_kv_heads * s->head_dim, hd = s->head_dim;
     size_t at = ((size_t)b * s->Tk * s->n_kv_heads + kv_head) * hd;
     k += at, v += at;
-    attention_panel_transposed(w->kt, w->panel, k, ld, s->Tk, hd);
+    attention_operand_cols(w->kt, w->panel, k, ld, s->Tk, hd, w->bf16);
     AttnPanels p = {.kt = w->kt, .vt = w->vt, .ld_t = (size_t)w->panel};
-    p.vb = attention_rows_operand(w->vr, w->hd16, v, ld, s->Tk, hd, &p.ld_rows);
+    p.vb = attention_rows_operand(w->vr, w->hd16, v, ld, s->Tk, hd, w->bf16, &p.ld_rows);
     if (backward) {
-        attention_panel_transposed(w->vt, w->panel, v, ld, s->Tk, hd);
-        p.kb = attention_rows_operand(w->kr, w->hd16, k, ld, s->Tk, hd, &p.ld_rows);
+        attention_operand_cols(w->vt, w->panel, v, ld, s->Tk, hd, w->bf16);
+        p.kb = attention_rows_operand(w->kr, w->hd16, k, ld, s->Tk, hd, w->bf16, &p.ld_rows);
     }
     return p;
 }
 
-// scale q k^T into the (rows, round16(width)) scratch p, k^T from the panel kt; with dO, v^T
-// and scale 1, dP = dO v^T.
-static void attention_tile_scores(const AttnTile *t, const float *q, const float *kt,
-                                  size_t ld_t, float scale, float *p) {
-    SmallGemm g = {.m = t->rows, .n = t->width, .k = t->s->head_dim, .alpha = scale, .a = q,
-                   .lda = (size_t)t->ld_q, .b = kt + t->lo, .ldb = ld_t, .c = p,
+// The panel rows (k along them) from the tile's first key: its word row.
+static const uint32_t *attention_keys_at(const AttnTile *t, const uint32_t *rows, size_t ld,
+                                         bool bf16) {
+    return rows + (size_t)(bf16 ? t->lo / 2 : t->lo) * ld;
+}
+
+// scale q k^T into the (rows, round16(width)) scratch p: q (the tile's rows, ld_q apart) as a
+// (its bf16 pairs into q_a), k^T from the panel kt; with dO, v^T and scale 1, dP = dO v^T.
+static void attention_tile_scores(const AttnTile *t, const float *q, uint32_t *q_a,
+                                  const uint32_t *kt, size_t ld_t, float scale, float *p,
+                                  const AttnScratch *w) {
+    int hd = t->s->head_dim;
+    SmallGemm g = {.m = t->rows, .n = t->width, .k = words(hd, w->bf16), .alpha = scale,
+                   .bf16 = w->bf16, .b = kt + t->lo, .ldb = ld_t, .c = p,
                    .ldc = (size_t)round16(t->width)};
+    g.a = attention_a_operand(q_a, w->hd16, q, t->ld_q, t->rows, hd, w->bf16, &g.lda);
     attention_tile_gemm(t, &g, ATTN_ROWS_X_KEYS);
 }
 
@@ -271,14 +351,15 @@ static void attention_tile_forward(const AttnTile *t, float *o, float *lse, cons
                                    const AttnPanels *kv, const AttnScratch *w) {
     int width = t->width, ws = round16(width), hd = t->s->head_dim;
     float inv_sum[ATTN_TILE];
-    attention_tile_scores(t, q, kv->kt, kv->ld_t, t->scale, w->s);
+    attention_tile_scores(t, q, w->q_a, kv->kt, kv->ld_t, t->scale, w->s, w);
     for (int r = 0; r < t->rows; r++) {
         float *sr = w->s + (size_t)r * ws;
         inv_sum[r] = attention_exp_row(sr, attention_mask_row(t, sr, r), width, lse + r);
     }
-    SmallGemm pv = {.m = t->rows, .n = hd, .k = width, .alpha = 1.0f, .a = w->s,
-                    .lda = (size_t)ws, .b = kv->vb + (size_t)t->lo * kv->ld_rows,
+    SmallGemm pv = {.m = t->rows, .n = hd, .k = words(width, w->bf16), .alpha = 1.0f,
+                    .bf16 = w->bf16, .b = attention_keys_at(t, kv->vb, kv->ld_rows, w->bf16),
                     .ldb = kv->ld_rows, .c = w->acc, .ldc = (size_t)w->hd16};
+    pv.a = attention_a_operand(w->p_a, ws / 2, w->s, ws, t->rows, width, w->bf16, &pv.lda);
     attention_tile_gemm(t, &pv, ATTN_ROWS_SUM_KEYS);
     for (int r = 0; r < t->rows; r++) {
         float *orow = o + (size_t)r * t->ld_q;
@@ -305,7 +386,7 @@ void cpu_attention_forward(float *out, float *lse, const float *q, const float *
             AttnScratch w = attention_scratch(workspace, s);
             AttnPanels kv = attention_panels(s, b, h / group, k, v, &w, false);
             for (int i0 = 0; i0 < s->Tq; i0 += ATTN_TILE) {
-                AttnTile t = attention_tile(s, b, h, i0);
+                AttnTile t = attention_tile(s, b, h, i0, w.bf16);
                 if (t.width <= 0)
                     attention_tile_blind(&t, out + t.q0, lse + t.l0);
                 else
@@ -330,9 +411,9 @@ static AttnGrads attention_grads_at(const AttnGrads *g, const AttnTile *t) {
 // P = exp(S - lse) over the keys each row sees, zeros elsewhere (and on rows with lse = -inf,
 // which see none).
 static void attention_tile_probs(const AttnTile *t, const AttnGrads *a, const AttnPanels *kv,
-                                 float *p) {
+                                 float *p, const AttnScratch *sc) {
     int w = t->width, ws = round16(w);
-    attention_tile_scores(t, a->q, kv->kt, kv->ld_t, t->scale, p);
+    attention_tile_scores(t, a->q, sc->q_a, kv->kt, kv->ld_t, t->scale, p, sc);
     for (int r = 0; r < t->rows; r++) {
         float *pr = p + (size_t)r * ws, l = a->lse[r];
         int n_valid = l == -INFINITY ? 0 : attention_mask_row(t, pr, r);
@@ -344,9 +425,9 @@ static void attention_tile_probs(const AttnTile *t, const AttnGrads *a, const At
 
 // dP = dO V^T, D = rowsum(dO o O), dS = P o (dP - D).
 static void attention_tile_dscores(const AttnTile *t, const AttnGrads *a, const AttnPanels *kv,
-                                   const float *p, float *ds) {
+                                   const float *p, float *ds, const AttnScratch *sc) {
     int w = t->width, ws = round16(w), hd = t->s->head_dim;
-    attention_tile_scores(t, a->dout, kv->vt, kv->ld_t, 1.0f, ds);
+    attention_tile_scores(t, a->dout, sc->do_a, kv->vt, kv->ld_t, 1.0f, ds, sc);
     for (int r = 0; r < t->rows; r++) {
         const float *gr = a->dout + (size_t)r * t->ld_q, *orow = a->o + (size_t)r * t->ld_q;
         float d = 0.0f;
@@ -361,24 +442,37 @@ static void attention_tile_dscores(const AttnTile *t, const AttnGrads *a, const 
     }
 }
 
+// P or dS (rows, width; ws apart) as a^T for the keys' gradients: itself, or under bf16 its
+// pairs of rows into dst (words(rows), ws).
+static const uint32_t *attention_at_operand(uint32_t *dst, const float *src, int ws, int rows,
+                                            int width, bool bf16) {
+    if (!bf16) return (const uint32_t *)src;
+    attention_operand_rows(dst, ws, src, ws, rows, width, true);
+    return dst;
+}
+
 // One query tile's contribution to all three gradients: dQ += scale dS K, dK += scale dS^T Q,
 // dV += P^T dO.
 static void attention_tile_backward(const AttnTile *t, const AttnGrads *a, const AttnPanels *kv,
                                     const AttnScratch *w) {
-    int width = t->width, ws = round16(width), hd = t->s->head_dim;
-    attention_tile_probs(t, a, kv, w->s);
-    attention_tile_dscores(t, a, kv, w->s, w->ds);
-    SmallGemm dq = {.m = t->rows, .n = hd, .k = width, .alpha = t->scale, .a = w->ds,
-                    .lda = (size_t)ws, .b = kv->kb + (size_t)t->lo * kv->ld_rows,
+    int width = t->width, ws = round16(width), hd = t->s->head_dim, rows = t->rows;
+    bool bf16 = w->bf16;
+    attention_tile_probs(t, a, kv, w->s, w);
+    attention_tile_dscores(t, a, kv, w->s, w->ds, w);
+    SmallGemm dq = {.m = rows, .n = hd, .k = words(width, bf16), .alpha = t->scale,
+                    .bf16 = bf16, .b = attention_keys_at(t, kv->kb, kv->ld_rows, bf16),
                     .ldb = kv->ld_rows};
+    dq.a = attention_a_operand(w->ds_a, ws / 2, w->ds, ws, rows, width, bf16, &dq.lda);
     attention_accumulate(t, dq, ATTN_ROWS_SUM_KEYS, a->dq, t->ld_q, w);
-    SmallGemm dk = {.m = width, .n = hd, .k = t->rows, .alpha = t->scale, .trans_a = true,
-                    .a = w->ds, .lda = (size_t)ws};
-    dk.b = attention_rows_operand(w->qr, w->hd16, a->q, t->ld_q, t->rows, hd, &dk.ldb);
+    SmallGemm dk = {.m = width, .n = hd, .k = words(rows, bf16), .alpha = t->scale,
+                    .trans_a = true, .bf16 = bf16, .lda = (size_t)ws,
+                    .a = attention_at_operand(w->ds_at, w->ds, ws, rows, width, bf16)};
+    dk.b = attention_rows_operand(w->qr, w->hd16, a->q, t->ld_q, rows, hd, bf16, &dk.ldb);
     attention_accumulate(t, dk, ATTN_KEYS_SUM_ROWS, a->dk, t->ld_kv, w);
-    SmallGemm dv = {.m = width, .n = hd, .k = t->rows, .alpha = 1.0f, .trans_a = true,
-                    .a = w->s, .lda = (size_t)ws};
-    dv.b = attention_rows_operand(w->dor, w->hd16, a->dout, t->ld_q, t->rows, hd, &dv.ldb);
+    SmallGemm dv = {.m = width, .n = hd, .k = words(rows, bf16), .alpha = 1.0f, .trans_a = true,
+                    .bf16 = bf16, .lda = (size_t)ws,
+                    .a = attention_at_operand(w->p_at, w->s, ws, rows, width, bf16)};
+    dv.b = attention_rows_operand(w->dor, w->hd16, a->dout, t->ld_q, rows, hd, bf16, &dv.ldb);
     attention_accumulate(t, dv, ATTN_KEYS_SUM_ROWS, a->dv, t->ld_kv, w);
 }
 
@@ -396,7 +490,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
             AttnPanels kv = attention_panels(s, b, kvh, k, v, &w, true);
             for (int h = kvh * group; h < (kvh + 1) * group; h++)
                 for (int i0 = 0; i0 < s->Tq; i0 += ATTN_TILE) {
-                    AttnTile t = attention_tile(s, b, h, i0);
+                    AttnTile t = attention_tile(s, b, h, i0, w.bf16);
                     if (t.width <= 0) continue;
                     AttnGrads a = attention_grads_at(&g, &t);
                     attention_tile_backward(&t, &a, &kv, &w);

@@ -47,23 +47,27 @@ void cpu_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, con
                int lda, const float *b, int ldb, float beta, float *c, int ldc);
 
 // ---- attention's tile GEMMs (small_gemm.c) ---------------------------------------------------
-// c (m, round16(n)) = alpha op(a) b (+ c when accumulate), k >= 0: op(a) (m, k) is a or, with
-// trans_a, a^T (a's rows lda apart either way); b (k, round16(n)) rows ldb apart, c's ldc. The
-// columns from n up to the next multiple of 16 are computed too (b must hold them; c gets
-// them). Single-threaded: attention calls it inside its OpenMP region.
+// c (m, round16(n)) = alpha op(a) b (+ c when accumulate) in fp32, over k words: a word is a
+// float, or with bf16 two bf16 of consecutive k (even k in the low half; an odd k's last word
+// pairs it with a zero). op(a) (m, k words) is a or, with trans_a, a^T (a's rows lda words apart
+// either way); b (k, round16(n) words) rows ldb words apart, c's ldc floats. With bf16, b's
+// word (p, j) holds b's elements (2p, j) and (2p + 1, j) (oneDNN's VNNI layout), as does a's
+// under trans_a. The columns from n up to the next multiple of 16 are computed too (b must
+// hold them; c gets them). Single-threaded: attention calls it inside its OpenMP region.
 typedef struct SmallGemm {
     int m, n, k;
     float alpha;
-    bool accumulate;
-    bool trans_a;
-    const float *a;
+    bool accumulate, trans_a, bf16;
+    const void *a;
     size_t lda;
-    const float *b;
+    const void *b;
     size_t ldb;
     float *c;
     size_t ldc;
 } SmallGemm;
 void cpu_small_gemm(const SmallGemm *g);
+// Whether bf16 tile GEMMs run on vdpbf16ps (avx512_bf16), else on fused multiply-adds.
+bool cpu_small_gemm_dpbf16(void);
 
 // ---- grouped GEMM (grouped_matmul.c) ----------------------------------------------------------
 // cpu_grouped_matmul in fp32 whatever the compute dtype: the float8 emulation's GEMM of decoded

@@ -134,20 +134,21 @@ bool cpu_gemm_bf16_start(char *why, size_t len) {
     for (int i = 0; i < gemm.n_streams; i++)
         DNNL_CHECK(dnnl_stream_create(&gemm.streams[i], gemm.engine, dnnl_stream_default_flags));
     // A probe of the debug model's size names the implementation oneDNN picks on this cpu (its
-    // ISA, e.g. brg:avx512_core_amx_bf16); attention stays fp32 (kernels/cpu/attention.c).
+    // ISA, e.g. brg:avx512_core_amx_bf16); attention's tiles take bf16 too (attention.c).
     GemmKey probe = {256, 256, 256, false, true, 0.0f, omp_get_max_threads()};
     dnnl_primitive_desc_t pd = gemm_primitive_desc(&probe);
     const dnnl_version_t *v = dnnl_version();
     const char *impl = NULL;
     if (pd) DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
+    const char *tiles = cpu_small_gemm_dpbf16() ? "vdpbf16ps" : "fused multiply-adds";
     if (pd)
         snprintf(gemm.kernels, sizeof gemm.kernels,
-                 "oneDNN %d.%d.%d bf16 matmul (%s), attention fp32", v->major, v->minor,
-                 v->patch, impl);
+                 "oneDNN %d.%d.%d bf16 matmul (%s), attention's bf16 tiles on %s", v->major,
+                 v->minor, v->patch, impl, tiles);
     else
         snprintf(gemm.kernels, sizeof gemm.kernels,
                  "bf16-rounded inputs through sgemm (oneDNN %d.%d.%d has no bf16 matmul for "
-                 "this cpu), attention fp32", v->major, v->minor, v->patch);
+                 "this cpu), attention's bf16 tiles on %s", v->major, v->minor, v->patch, tiles);
     if (pd) DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
     gemm.emulated = pd == NULL;
     gemm.on = true;

@@ -3,54 +3,96 @@
 // times per step. A BLAS call there spends more time packing and dispatching than multiplying
 // (measured with perf on the debug model, head_dim 16: OpenBLAS's packing and small-K kernels
 // were two thirds of attention's time); here b is already in the layout the loop wants, so
-// nothing is packed: each output row block lives in registers while a's scalars are broadcast
-// against b's rows, 16 floats (one AVX-512 register) at a time.
+// nothing is packed: each output row block lives in registers while a's words are broadcast
+// against b's rows, 16 words (one AVX-512 register) at a time.
 //
-// Sums run over k in order with one fused multiply-add per term, then c = alpha sum (+ c, in
-// one more fused multiply-add): the order and rounding of OpenBLAS's AVX-512 sgemm kernels,
+// fp32 sums run over k in order with one fused multiply-add per term, then c = alpha sum, or
+// alpha sum + c in one more fused multiply-add: the order and rounding of OpenBLAS's AVX-512 sgemm kernels,
 // which attention called before, so the debug model's fp32 losses stayed the same to the bit
 // (scripts/bench_peer.sh's run, on an AMD EPYC). On the step, attention went from 86 ms to
 // 70 ms (with attention.c's causal slabs and per-head panels).
+//
+// bf16 sums take a word (two bf16 of k and k + 1) per step as vdpbf16ps does: k + 1's product
+// added first, then k's, each rounded to fp32 (bf16 products are exact in fp32). Where the cpu
+// has avx512_bf16 the instruction does it (twice the multiply-adds per cycle: 206 against 112
+// GFLOP/s on one Zen 5 core); elsewhere two fused multiply-adds do, the same numbers except
+// for subnormals, which the instruction flushes to zero.
+#include <stdint.h>
+
 #include "kernels/cpu/cpu.h"
 
-// 16 floats, one AVX-512 register; aligned(4): loads and stores at any float's address.
-typedef float Vec16 __attribute__((vector_size(64), aligned(4)));
+// 16 floats or 16 words, one AVX-512 register; aligned(4): loads and stores at any word;
+// may_alias: they read the floats or the bf16 halves their callers wrote.
+typedef float Vec16 __attribute__((vector_size(64), aligned(4), may_alias));
+typedef uint32_t Words16 __attribute__((vector_size(64), aligned(4), may_alias));
+
+typedef enum {
+    TERM_FP32,     // a float times 16 floats
+    TERM_BF16,     // two bf16 times 16 pairs, by fused multiply-adds
+    TERM_DPBF16,   // the same by vdpbf16ps
+} SmallGemmTerm;
+
+static inline __attribute__((always_inline)) float word_float(uint32_t w) {
+    float f;
+    memcpy(&f, &w, sizeof f);
+    return f;
+}
+
+// *acc += a b for one word of a (broadcast) against 16 of b (pointers: vectors passed by
+// value would change the ABI between the builds for each instruction set).
+static inline __attribute__((always_inline)) void small_gemm_term(Vec16 *acc, uint32_t a,
+                                                                  const Words16 *b,
+                                                                  const SmallGemmTerm TERM) {
+    if (TERM == TERM_FP32) {
+        *acc += word_float(a) * (Vec16)*b;
+    } else if (TERM == TERM_BF16) {  // a bf16's float is its bits in the high half
+        *acc += word_float(a & 0xffff0000u) * (Vec16)(*b & 0xffff0000u);
+        *acc += word_float(a << 16) * (Vec16)(*b << 16);
+    } else {
+        Words16 a16 = (Words16){0} + a;
+        __asm__("vdpbf16ps %2, %1, %0" : "+v"(*acc) : "v"(*b), "v"(a16));
+    }
+}
 
 // ROWS rows x VECS vectors of c from a's rows [i, i + ROWS) and b's columns [j, j + 16 VECS).
-// Constant ROWS, VECS and TRANS_A (the function always inlines) keep the accumulators in
-// registers and a's addresses to one base register per row (a) or one in all (a^T).
+// Constant ROWS, VECS, TRANS_A, ACCUMULATE and TERM (the function always inlines) keep the accumulators in
+// registers and a's addresses to one base register per four rows (a) or one in all (a^T).
 // (Every loop over ROWS or VECS unrolls, at -O2 too, or the accumulators live on the stack.)
 static inline __attribute__((always_inline)) void small_gemm_block(
-    const SmallGemm *g, int i, int j, const int ROWS, const int VECS, const bool TRANS_A) {
+    const SmallGemm *g, int i, int j, const int ROWS, const int VECS, const bool TRANS_A,
+    const bool ACCUMULATE, const SmallGemmTerm TERM) {
     // a's rows as one base per four rows, the others at 1-3 lda from it: what x86 addressing
     // reaches with few registers (a pointer per row spills).
     size_t lda = g->lda;
-    const float *a0 = g->a + (TRANS_A ? (size_t)i : i * lda), *quad[4];
+    const uint32_t *a0 = (const uint32_t *)g->a + (TRANS_A ? (size_t)i : i * lda), *quad[4];
+    const uint32_t *b = g->b;
 #pragma GCC unroll 16
     for (int q = 0; q < 4; q++) quad[q] = a0 + 4 * q * lda;
-    Vec16 acc[16][2];  // [ROWS][VECS] used
+    Vec16 acc[16][2] __attribute__((aligned(64)));  // [ROWS][VECS] used
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; r++)
 #pragma GCC unroll 16
         for (int v = 0; v < VECS; v++) acc[r][v] = (Vec16){0};
     for (int p = 0; p < g->k; p++) {
-        Vec16 bv[2];
+        Words16 bv[2];
 #pragma GCC unroll 16
         for (int v = 0; v < VECS; v++)
-            bv[v] = *(const Vec16 *)(g->b + (size_t)p * g->ldb + j + 16 * v);
+            bv[v] = *(const Words16 *)(b + (size_t)p * g->ldb + j + 16 * v);
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; r++) {
-            float a = TRANS_A ? a0[p * lda + r] : quad[r / 4][(r % 4) * lda + p];
+            uint32_t a = TRANS_A ? a0[p * lda + r] : quad[r / 4][(r % 4) * lda + p];
 #pragma GCC unroll 16
-            for (int v = 0; v < VECS; v++) acc[r][v] += a * bv[v];
+            for (int v = 0; v < VECS; v++) small_gemm_term(&acc[r][v], a, &bv[v], TERM);
         }
     }
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; r++)
 #pragma GCC unroll 16
         for (int v = 0; v < VECS; v++) {
+            // ACCUMULATE is a constant so that each instantiation has one of these: GCC
+            // shares alpha * acc between the two when both are there, and leaves + c unfused.
             Vec16 *c = (Vec16 *)(g->c + (size_t)(i + r) * g->ldc + j + 16 * v);
-            *c = g->accumulate ? g->alpha * acc[r][v] + *c : g->alpha * acc[r][v];
+            *c = ACCUMULATE ? g->alpha * acc[r][v] + *c : g->alpha * acc[r][v];
         }
 }
 
@@ -60,20 +102,46 @@ static inline __attribute__((always_inline)) void small_gemm_block(
 // vectors runs q k^T at 1.7x the speed of 4 x 2, and 16 x 1 runs P v 1.3x faster than 8 x 1:
 // fewer independent sums than that leave the FMA unit waiting on their latency.
 static inline __attribute__((always_inline)) void small_gemm(const SmallGemm *g,
-                                                             const bool TRANS_A) {
+                                                             const bool TRANS_A,
+                                                             const bool ACCUMULATE,
+                                                             const SmallGemmTerm TERM) {
     int n16 = (g->n + 15) / 16 * 16, j = 0;
     for (; j + 32 <= n16; j += 32) {
         int i = 0;
-        for (; i + 8 <= g->m; i += 8) small_gemm_block(g, i, j, 8, 2, TRANS_A);
-        for (; i + 4 <= g->m; i += 4) small_gemm_block(g, i, j, 4, 2, TRANS_A);
-        for (; i < g->m; i++) small_gemm_block(g, i, j, 1, 2, TRANS_A);
+        for (; i + 8 <= g->m; i += 8) small_gemm_block(g, i, j, 8, 2, TRANS_A, ACCUMULATE, TERM);
+        for (; i + 4 <= g->m; i += 4) small_gemm_block(g, i, j, 4, 2, TRANS_A, ACCUMULATE, TERM);
+        for (; i < g->m; i++) small_gemm_block(g, i, j, 1, 2, TRANS_A, ACCUMULATE, TERM);
     }
     if (j < n16) {
         int i = 0;
-        for (; i + 16 <= g->m; i += 16) small_gemm_block(g, i, j, 16, 1, TRANS_A);
-        for (; i + 4 <= g->m; i += 4) small_gemm_block(g, i, j, 4, 1, TRANS_A);
-        for (; i < g->m; i++) small_gemm_block(g, i, j, 1, 1, TRANS_A);
+        for (; i + 16 <= g->m; i += 16) small_gemm_block(g, i, j, 16, 1, TRANS_A, ACCUMULATE, TERM);
+        for (; i + 4 <= g->m; i += 4) small_gemm_block(g, i, j, 4, 1, TRANS_A, ACCUMULATE, TERM);
+        for (; i < g->m; i++) small_gemm_block(g, i, j, 1, 1, TRANS_A, ACCUMULATE, TERM);
     }
+}
+
+bool cpu_small_gemm_dpbf16(void) {
+    static int has = -1;  // a benign race: every thread writes the same
+    if (has < 0) has = __builtin_cpu_supports("avx512bf16");
+    return has;
+}
+
+// The instantiation for g's orientation and accumulation.
+static inline __attribute__((always_inline)) void small_gemm_for(const SmallGemm *g,
+                                                                 const SmallGemmTerm TERM) {
+    if (g->trans_a && g->accumulate)
+        small_gemm(g, true, true, TERM);
+    else if (g->trans_a)
+        small_gemm(g, true, false, TERM);
+    else if (g->accumulate)
+        small_gemm(g, false, true, TERM);
+    else
+        small_gemm(g, false, false, TERM);
+}
+
+// vdpbf16ps needs AVX-512 registers, not GCC's avx512bf16 target (the assembler knows it).
+__attribute__((target("avx512f"))) static void small_gemm_dpbf16(const SmallGemm *g) {
+    small_gemm_for(g, TERM_DPBF16);
 }
 
 // The default build is for any x86-64 (CI runs on whatever it gets), where these kernels would
@@ -83,8 +151,12 @@ static inline __attribute__((always_inline)) void small_gemm(const SmallGemm *g,
 __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
 #endif
 void cpu_small_gemm(const SmallGemm *g) {
-    if (g->trans_a)
-        small_gemm(g, true);
+    if (g->bf16 && cpu_small_gemm_dpbf16()) {
+        small_gemm_dpbf16(g);
+        return;
+    }
+    if (g->bf16)
+        small_gemm_for(g, TERM_BF16);
     else
-        small_gemm(g, false);
+        small_gemm_for(g, TERM_FP32);
 }

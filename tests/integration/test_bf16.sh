@@ -39,7 +39,7 @@ PY
 
 train_ranks fp32 1 "${RUN[@]}"
 train_ranks bf16 1 "${RUN[@]}" "${BF16[@]}"
-grep -q '^kernels: bf16 compute: oneDNN [0-9.]* bf16 matmul (.*), attention fp32' "$SCRATCH/bf16.log" ||
+grep -q "^kernels: bf16 compute: oneDNN [0-9.]* bf16 matmul (.*), attention's bf16 tiles on " "$SCRATCH/bf16.log" ||
   fail "the log does not name the bf16 GEMMs: $(grep '^kernels:' "$SCRATCH/bf16.log")"
 grep -q "^kernels: .*fp32 GEMMs: oneDNN [0-9.]* sgemm ([a-z0-9_]*)$" "$SCRATCH/fp32.log" &&
   grep -q "^kernels: attention's tiles: titan's fp32 kernels$" "$SCRATCH/fp32.log" ||
