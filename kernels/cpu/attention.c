@@ -46,8 +46,8 @@ static bool attention_rows_see(const AttnShape *s, int b, int i0, int rows, int 
 
 // One query tile of one head: rows [i0, i0 + rows) of sequence b, keys [lo, lo + width) (width
 // <= 0: it sees none; lo even under bf16, whose GEMM words pair keys 2p and 2p + 1, the key
-// before a narrowed span masked like the others outside it), and where they lie: q0 indexes q, out, dout, dq at row i0; kv0 indexes
-// k, v, dk, dv at row lo; l0 indexes lse at row i0.
+// before a narrowed span masked like the others outside it), and where they lie: q0 indexes
+// q, out, dout, dq at row i0; kv0 indexes k, v, dk, dv at row lo; l0 indexes lse at row i0.
 typedef struct AttnTile {
     const AttnShape *s;
     int b, i0, rows, lo, width, ld_q, ld_kv;
@@ -90,9 +90,6 @@ static int attention_mask_row(const AttnTile *t, float *srow, int r) {
 // two bf16 of consecutive k. A count of n elements along k is words(n) words.
 static int words(int n, bool bf16) { return bf16 ? (n + 1) / 2 : n; }
 
-// bf16 words are written as their two halves (lower k first, little-endian): loops of
-// bf16_from_float over floats vectorise, building words from pairs does not.
-
 // One OpenMP thread's scratch, in 4-byte units (floats or words). The tile GEMMs read b a row
 // of words at a time, 16 columns together, so k and v come as panels in that layout: with k
 // along their columns for q k^T and dO v^T (kt, vt: k^T, v^T), along their rows for P v, dS k,
@@ -106,7 +103,7 @@ typedef struct AttnScratch {
     uint32_t *kt, *vt;  // (words(head_dim), panel)
     uint32_t *kr, *vr;  // (words(panel), hd16): zero-padded
     uint32_t *qr, *dor;  // (words(ATTN_TILE), hd16): a tile's q and dO rows, zero-padded
-    float *acc;  // (max(panel, ATTN_TILE), hd16): a GEMM's output before it is added where it belongs
+    float *acc;  // (max(panel, ATTN_TILE), hd16): a GEMM's output on its way to where it adds
     // bf16 only: P and dS as a (pairs along keys; along rows for a^T), q and dO as a.
     uint32_t *p_a, *ds_a, *p_at, *ds_at;  // (ATTN_TILE, panel / 2), (ATTN_TILE / 2, panel)
     uint32_t *q_a, *do_a;  // (ATTN_TILE, hd16)
@@ -149,6 +146,9 @@ static AttnScratch attention_scratch(void *workspace, const AttnShape *s) {
     a.do_a = (uint32_t *)f;
     return a;
 }
+
+// The builders below write bf16 words as their two halves (lower k first, little-endian):
+// loops of bf16_from_float over floats vectorise, building words from pairs does not.
 
 // b with k along src's columns: dst (words(hd), width) holds src's rows [0, n) (hd floats
 // each, ld apart) transposed, word (p, j) = src[j][p] or bf16_pair(src[j][2p], src[j][2p + 1]);

@@ -7,10 +7,10 @@
 // against b's rows, 16 words (one AVX-512 register) at a time.
 //
 // fp32 sums run over k in order with one fused multiply-add per term, then c = alpha sum, or
-// alpha sum + c in one more fused multiply-add: the order and rounding of OpenBLAS's AVX-512 sgemm kernels,
-// which attention called before, so the debug model's fp32 losses stayed the same to the bit
-// (scripts/bench_peer.sh's run, on an AMD EPYC). On the step, attention went from 86 ms to
-// 70 ms (with attention.c's causal slabs and per-head panels).
+// alpha sum + c in one more fused multiply-add: the order and rounding of OpenBLAS's AVX-512
+// sgemm kernels, which attention called before, so the debug model's fp32 losses stayed the
+// same to the bit (scripts/bench_peer.sh's run, on an AMD EPYC). On the step, attention went
+// from 86 ms to 70 ms (with attention.c's causal slabs and per-head panels).
 //
 // bf16 sums take a word (two bf16 of k and k + 1) per step as vdpbf16ps does: k + 1's product
 // added first, then k's, each rounded to fp32 (bf16 products are exact in fp32). Where the cpu
@@ -55,8 +55,9 @@ static inline __attribute__((always_inline)) void small_gemm_term(Vec16 *acc, ui
 }
 
 // ROWS rows x VECS vectors of c from a's rows [i, i + ROWS) and b's columns [j, j + 16 VECS).
-// Constant ROWS, VECS, TRANS_A, ACCUMULATE and TERM (the function always inlines) keep the accumulators in
-// registers and a's addresses to one base register per four rows (a) or one in all (a^T).
+// Constant ROWS, VECS, TRANS_A, ACCUMULATE and TERM (the function always inlines) keep the
+// accumulators in registers and a's addresses to one base register per four rows (a) or one
+// in all (a^T).
 // (Every loop over ROWS or VECS unrolls, at -O2 too, or the accumulators live on the stack.)
 static inline __attribute__((always_inline)) void small_gemm_block(
     const SmallGemm *g, int i, int j, const int ROWS, const int VECS, const bool TRANS_A,
