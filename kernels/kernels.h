@@ -55,6 +55,8 @@ typedef struct AttnShape {
     int q_start, kv_start;  // global positions of the first query row and first key row
     AttnMask mask;
     const int *q_doc, *kv_doc;  // ATTN_DOCUMENT only: document ids (B, Tq), (B, Tk)
+    Dtype compute;  // DTYPE_BF16 (bf16 compute, StepCtx.act_dtype): the cpu tiles' GEMMs take
+                    // bf16 operands, summed in fp32; the zero value is fp32. cuda decides alone.
 } AttnShape;
 
 // A token-choice router's settings (torchtitan's TokenChoiceTopKRouter, models/moe): each of n

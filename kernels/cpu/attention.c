@@ -97,52 +97,70 @@ static int words(int n, bool bf16) { return bf16 ? (n + 1) / 2 : n; }
 // transposed a of the last two). Panels are `panel` keys wide: a tile's columns run to its
 // first key plus its width rounded up to 16.
 typedef struct AttnScratch {
-    bool bf16;  // KernelInit.precision bf16: bf16 operands, fp32 sums, softmax and outputs
+    bool bf16;  // AttnShape.compute bf16: bf16 operands, fp32 sums, softmax and outputs
     int panel, hd16;
     float *s, *ds;  // (ATTN_TILE, panel): scores or P, and dP then dS, fp32
     uint32_t *kt, *vt;  // (words(head_dim), panel)
-    uint32_t *kr, *vr;  // (words(panel), hd16): zero-padded
-    uint32_t *qr, *dor;  // (words(ATTN_TILE), hd16): a tile's q and dO rows, zero-padded
-    float *acc;  // (max(panel, ATTN_TILE), hd16): a GEMM's output on its way to where it adds
+    uint32_t *kr, *vr;  // (words(panel), hd16): zero-padded; fp32 with head_dim % 16 == 0 reads
+                        // k and v in place
+    uint32_t *qr, *dor;  // (words(ATTN_TILE), hd16): a tile's q and dO rows, likewise
+    float *acc;  // (ATTN_TILE, hd16): P v's output; (max(panel, ATTN_TILE), hd16) where the
+                 // keys' gradients go through it (head_dim % 16 != 0)
     // bf16 only: P and dS as a (pairs along keys; along rows for a^T), q and dO as a.
     uint32_t *p_a, *ds_a, *p_at, *ds_at;  // (ATTN_TILE, panel / 2), (ATTN_TILE / 2, panel)
-    uint32_t *q_a, *do_a;  // (ATTN_TILE, hd16)
+    uint32_t *q_a, *do_a;  // (ATTN_TILE, words(head_dim))
 } AttnScratch;
 
-static size_t attention_slice_floats(const AttnShape *s, bool bf16) {
+// What one slice holds, in 4-byte units, each buffer only where it is used: the row panels
+// where fp32 operands cannot be read in place (head_dim not a multiple of 16) or under bf16,
+// the keys' gradients' acc where they cannot be added in place (the former).
+typedef struct AttnSlice {
+    size_t s, kt, kr, qr, acc, bf16_pairs, bf16_a;  // each buffer's size (ds, vt, ... likewise)
+} AttnSlice;
+
+static AttnSlice attention_slice(const AttnShape *s, bool bf16) {
     size_t panel = (size_t)round16(s->Tk) + 16, hd16 = (size_t)round16(s->head_dim);
-    size_t acc_rows = panel > ATTN_TILE ? panel : ATTN_TILE;
-    size_t n = 2 * ATTN_TILE * panel + 2 * (size_t)s->head_dim * panel + 2 * panel * hd16 +
-               acc_rows * hd16 + 2 * ATTN_TILE * hd16;
-    return bf16 ? n + 2 * ATTN_TILE * panel + 2 * ATTN_TILE * hd16 : n;
+    bool padded = (size_t)s->head_dim != hd16, copies = bf16 || padded;
+    AttnSlice a = {.s = ATTN_TILE * panel,
+                   .kt = (size_t)words(s->head_dim, bf16) * panel,
+                   .kr = copies ? (size_t)words((int)panel, bf16) * hd16 : 0,
+                   .qr = copies ? (size_t)words(ATTN_TILE, bf16) * hd16 : 0,
+                   .acc = (padded && panel > ATTN_TILE ? panel : ATTN_TILE) * hd16,
+                   .bf16_pairs = bf16 ? ATTN_TILE * panel / 2 : 0,
+                   .bf16_a = bf16 ? (size_t)ATTN_TILE * words(s->head_dim, true) : 0};
+    return a;
+}
+
+static size_t attention_slice_floats(const AttnShape *s, bool bf16) {
+    AttnSlice a = attention_slice(s, bf16);
+    return 2 * (a.s + a.kt + a.kr + a.qr + a.bf16_a) + a.acc + 4 * a.bf16_pairs;
 }
 
 size_t cpu_attention_workspace_bytes(const AttnShape *s) {
-    bool bf16 = cpu_gemm_bf16_on();
+    bool bf16 = s->compute == DTYPE_BF16;
     return (size_t)omp_get_max_threads() * attention_slice_floats(s, bf16) * sizeof(float);
 }
 
 static AttnScratch attention_scratch(void *workspace, const AttnShape *s) {
-    AttnScratch a = {.bf16 = cpu_gemm_bf16_on(), .panel = round16(s->Tk) + 16,
+    AttnScratch a = {.bf16 = s->compute == DTYPE_BF16, .panel = round16(s->Tk) + 16,
                      .hd16 = round16(s->head_dim)};
-    size_t panel = (size_t)a.panel, hd16 = (size_t)a.hd16, hd = (size_t)s->head_dim;
+    AttnSlice n = attention_slice(s, a.bf16);
     float *f = (float *)workspace +
                (size_t)omp_get_thread_num() * attention_slice_floats(s, a.bf16);
-    a.s = f, f += ATTN_TILE * panel;
-    a.ds = f, f += ATTN_TILE * panel;
-    a.kt = (uint32_t *)f, f += hd * panel;
-    a.vt = (uint32_t *)f, f += hd * panel;
-    a.kr = (uint32_t *)f, f += panel * hd16;
-    a.vr = (uint32_t *)f, f += panel * hd16;
-    a.acc = f, f += (panel > ATTN_TILE ? panel : ATTN_TILE) * hd16;
-    a.qr = (uint32_t *)f, f += ATTN_TILE * hd16;
-    a.dor = (uint32_t *)f, f += ATTN_TILE * hd16;
-    if (!a.bf16) return a;
-    a.p_a = (uint32_t *)f, f += ATTN_TILE * panel / 2;
-    a.ds_a = (uint32_t *)f, f += ATTN_TILE * panel / 2;
-    a.p_at = (uint32_t *)f, f += ATTN_TILE * panel / 2;
-    a.ds_at = (uint32_t *)f, f += ATTN_TILE * panel / 2;
-    a.q_a = (uint32_t *)f, f += ATTN_TILE * hd16;
+    a.s = f, f += n.s;
+    a.ds = f, f += n.s;
+    a.kt = (uint32_t *)f, f += n.kt;
+    a.vt = (uint32_t *)f, f += n.kt;
+    a.kr = (uint32_t *)f, f += n.kr;
+    a.vr = (uint32_t *)f, f += n.kr;
+    a.qr = (uint32_t *)f, f += n.qr;
+    a.dor = (uint32_t *)f, f += n.qr;
+    a.acc = f, f += n.acc;
+    a.p_a = (uint32_t *)f, f += n.bf16_pairs;
+    a.ds_a = (uint32_t *)f, f += n.bf16_pairs;
+    a.p_at = (uint32_t *)f, f += n.bf16_pairs;
+    a.ds_at = (uint32_t *)f, f += n.bf16_pairs;
+    a.q_a = (uint32_t *)f, f += n.bf16_a;
     a.do_a = (uint32_t *)f;
     return a;
 }
@@ -341,7 +359,7 @@ static void attention_tile_scores(const AttnTile *t, const float *q, uint32_t *q
     SmallGemm g = {.m = t->rows, .n = t->width, .k = words(hd, w->bf16), .alpha = scale,
                    .bf16 = w->bf16, .b = kt + t->lo, .ldb = ld_t, .c = p,
                    .ldc = (size_t)round16(t->width)};
-    g.a = attention_a_operand(q_a, w->hd16, q, t->ld_q, t->rows, hd, w->bf16, &g.lda);
+    g.a = attention_a_operand(q_a, words(hd, true), q, t->ld_q, t->rows, hd, w->bf16, &g.lda);
     attention_tile_gemm(t, &g, ATTN_ROWS_X_KEYS);
 }
 

@@ -183,7 +183,7 @@ static AttnShape attention_shape(const StepCtx *s, LayerDims d) {
     const int *doc = token_batch(s)->doc;
     return (AttnShape){.B = s->B, .Tq = s->T, .Tk = s->T, .n_heads = d.nh, .n_kv_heads = d.nkvh,
                        .head_dim = d.hd, .mask = doc ? ATTN_DOCUMENT : ATTN_CAUSAL,
-                       .q_doc = s->attn ? NULL : doc, .kv_doc = doc};
+                       .q_doc = s->attn ? NULL : doc, .kv_doc = doc, .compute = s->act_dtype};
 }
 
 // ---- the attention seam: the kernel on whole sequences, or the hooks (context parallel) ----

@@ -175,14 +175,14 @@ void flux_attn_carve(const StepCtx *s, FluxAttn *a, FluxDims d) {
     a->lse = arena_floats(s->act, (size_t)d.B * d.H * d.Tj);
 }
 
-static AttnShape attn_shape(FluxDims d) {
+static AttnShape attn_shape(const StepCtx *s, FluxDims d) {
     return (AttnShape){.B = d.B, .Tq = d.Tj, .Tk = d.Tj, .n_heads = d.H, .n_kv_heads = d.H,
-                       .head_dim = d.hd, .mask = ATTN_NONE};
+                       .head_dim = d.hd, .mask = ATTN_NONE, .compute = s->act_dtype};
 }
 
 // Under context parallel the share's queries see every rank's keys through StepCtx.attn.
 size_t flux_attn_workspace(const StepCtx *s, FluxDims d) {
-    AttnShape shape = attn_shape(d);
+    AttnShape shape = attn_shape(s, d);
     if (s->attn) return s->attn->workspace_bytes(s->attn, s, &shape);
     return s->k->attention_workspace_bytes(&shape);
 }
@@ -192,7 +192,7 @@ void flux_attn_forward(const StepCtx *s, FluxAttn *a, const FluxRope *rope, Flux
     int rows = d.B * d.Tj;
     s->k->rope_forward(a->q, a->q, rope->cos, rope->sin, rope->pos, rows, d.Tj, d.H, d.hd);
     s->k->rope_forward(a->k, a->k, rope->cos, rope->sin, rope->pos, rows, d.Tj, d.H, d.hd);
-    AttnShape shape = attn_shape(d);
+    AttnShape shape = attn_shape(s, d);
     if (s->attn)
         s->attn->forward(s->attn, s, a->out, a->lse, a->q, a->k, a->v, &shape, workspace);
     else
@@ -207,7 +207,7 @@ void flux_attn_backward(const StepCtx *s, const FluxAttn *a, const FluxRope *rop
     float *dq_rot = scratch, *dk_rot = scratch + n;
     s->k->zero(scratch, 2 * n * sizeof(float));
     s->k->zero(dv, n * sizeof(float));
-    AttnShape shape = attn_shape(d);
+    AttnShape shape = attn_shape(s, d);
     if (s->attn)
         s->attn->backward(s->attn, s, dq_rot, dk_rot, dv, dout, a->q, a->k, a->v, a->out, a->lse,
                           &shape, workspace);

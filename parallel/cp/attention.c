@@ -5,7 +5,8 @@
 
 static AttnShape chunk_shape(const CpWork *w) {
     return (AttnShape){.B = w->B, .Tq = w->c, .Tk = w->c, .n_heads = w->nh,
-                       .n_kv_heads = w->nkv, .head_dim = w->hd, .mask = w->mask};
+                       .n_kv_heads = w->nkv, .head_dim = w->hd, .mask = w->mask,
+                       .compute = w->compute};
 }
 
 CpWork cp_work_carve(int rank, int size, int kv_units, int dkv_units, const KernelOps *k,
@@ -13,7 +14,7 @@ CpWork cp_work_carve(int rank, int size, int kv_units, int dkv_units, const Kern
     CHECK(local->Tq == local->Tk && local->Tq % 2 == 0);
     CpWork w = {.rank = rank, .size = size, .B = local->B, .c = local->Tq / 2,
                 .nh = local->n_heads, .nkv = local->n_kv_heads, .hd = local->head_dim,
-                .mask = local->mask, .seq_doc = local->kv_doc};
+                .mask = local->mask, .compute = local->compute, .seq_doc = local->kv_doc};
     w.qn = (size_t)w.B * w.c * w.nh * w.hd;
     w.kvn = (size_t)w.B * w.c * w.nkv * w.hd;
     w.ln = (size_t)w.B * w.nh * w.c;

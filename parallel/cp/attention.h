@@ -19,6 +19,7 @@ typedef struct {
     int B, c, nh, nkv, hd;     // rows, chunk length, query and kv heads, head dim
     size_t qn, kvn, ln, unit;  // floats: a query chunk, a K (or V) chunk, an lse chunk, a unit
     AttnMask mask;
+    Dtype compute;  // the kernel's operands (AttnShape.compute)
     size_t bytes;              // the whole workspace
     // Chunk-major (2, B, c, ...) copies of the local tensors, the slot index the chunk's.
     float *q, *out, *lse, *dout, *dq;

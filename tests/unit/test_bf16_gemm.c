@@ -361,12 +361,13 @@ static void attn_bf16_check(AttnShape s) {
 static void test_bf16_attention(void **state) {
     (void)state;
     rng_seed(47);
-    attn_bf16_check((AttnShape){2, 70, 70, 4, 2, 15, 0, 0, ATTN_CAUSAL, NULL, NULL});
+    attn_bf16_check((AttnShape){2, 70, 70, 4, 2, 15, 0, 0, ATTN_CAUSAL, NULL, NULL, DTYPE_BF16});
     int cuts[] = {51, 90};
     int *q_doc = attn_docs(1, 40, 80, cuts, 2), *kv_doc = attn_docs(1, 60, 30, cuts, 2);
-    attn_bf16_check((AttnShape){1, 40, 60, 2, 1, 16, 80, 30, ATTN_DOCUMENT, q_doc, kv_doc});
+    attn_bf16_check(
+        (AttnShape){1, 40, 60, 2, 1, 16, 80, 30, ATTN_DOCUMENT, q_doc, kv_doc, DTYPE_BF16});
     free(q_doc), free(kv_doc);
-    attn_bf16_check((AttnShape){1, 9, 33, 2, 2, 40, 0, 0, ATTN_NONE, NULL, NULL});
+    attn_bf16_check((AttnShape){1, 9, 33, 2, 2, 40, 0, 0, ATTN_NONE, NULL, NULL, DTYPE_BF16});
 }
 
 static int setup_bf16(void **state) {

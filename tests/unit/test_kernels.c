@@ -301,7 +301,7 @@ static void attn_case_free(AttnCase *c) {
 static AttnShape attn_shape(const AttnCase *c) {
     const AttnSpec *p = &c->p;
     return (AttnShape){p->B,       p->Tq,       p->Tk,     p->H,     p->KV,     p->hd,
-                       p->q_start, p->kv_start, p->mask,   c->q_doc, c->kv_doc};
+                       p->q_start, p->kv_start, p->mask,   c->q_doc, c->kv_doc, DTYPE_FP32};
 }
 
 // Softmax probabilities p[0..Tk) of query (b, i, h) over the keys it sees (0 elsewhere);
