@@ -98,7 +98,7 @@ build/fuzz/obj/kernels/traced.o: FUZZ_CFLAGS += -I$(BUILD)/gen
 
 # The attention tiles' GEMMs sum with fused multiply-adds, as the BLAS kernels they replace
 # (kernels/cpu/small_gemm.c); ISO C mode (-std=c11) otherwise forbids contracting a * b + c.
-$(BUILD)/kernels/cpu/small_gemm.o $(BUILD)/tests/test_small_gemm: CFLAGS += -ffp-contract=fast
+$(BUILD)/kernels/cpu/small_gemm.o $(BUILD)/tests/test_small_gemm: private CFLAGS += -ffp-contract=fast
 
 $(BUILD)/libtitan.a: $(LIB_OBJS)
 	ar rcs $@ $^

@@ -254,9 +254,10 @@ static void run_attention(const KernelOps *k, void *ctx) {
 
 // Causal self-attention of one sequence of T rows: 12 head_dim FLOPs per query-key pair seen
 // (forward's two products, backward's four), T (T + 1) / 2 pairs per head.
-static double probe_attention(const KernelOps *k, int heads, int T, int head_dim, double seconds) {
+static double probe_attention(const KernelOps *k, Dtype compute, int heads, int T, int head_dim,
+                              double seconds) {
     AttentionProbe p = {.s = {.B = 1, .Tq = T, .Tk = T, .n_heads = heads, .n_kv_heads = heads,
-                              .head_dim = head_dim, .mask = ATTN_CAUSAL}};
+                              .head_dim = head_dim, .mask = ATTN_CAUSAL, .compute = compute}};
     size_t rows = (size_t)T * heads * head_dim * sizeof(float), ws = k->attention_workspace_bytes(&p.s);
     p.copies = copies_for(k, 8 * rows);
     for (int i = 0; i < p.copies; i++) {
@@ -393,7 +394,7 @@ DeviceTable device_probe(const KernelOps *k, const ProbeShape *shape, double sec
         d.cast = probe_cast(k, rows, dim, share);
     }
     int T = at_most(shape->seq_len, gpu ? 8192 : 512);
-    d.attention = probe_attention(k, gpu ? 32 : 4, T, shape->head_dim, share);
+    d.attention = probe_attention(k, shape->compute, gpu ? 32 : 4, T, shape->head_dim, share);
     d.memory = probe_elementwise(k, rows, dim, share);
     d.optimizer = probe_optimizer(k, cold_bytes(k) / 16, share);  // 4 tensors beyond the caches
     d.op = probe_op(k, share);

@@ -4,12 +4,12 @@
 // storing the (Tq, Tk) matrix. A tile's keys are the span any of its rows sees (the causal
 // bound, narrowed to its rows' documents); a tile that sees no key skips its GEMMs.
 //
-// The tiles' GEMMs run kernels/cpu/small_gemm.c's kernels. Under bf16 compute
-// (KernelInit.precision bf16) they take bf16 operands (q, k, v, dO, P and dS rounded to nearest
-// even) and sum in fp32, as cuDNN's flash attention does on cuda; softmax, its statistics, dS's
-// elementwise math and the outputs stay fp32. (cuda runs cuDNN for plain causal blocks and fp32
-// fallback kernels for other masks, so its attention is not one numeric contract either way;
-// here every mask takes the bf16 tiles, which do twice the multiply-adds per instruction.)
+// The tiles' GEMMs run kernels/cpu/small_gemm.c's kernels. Under bf16 compute (AttnShape.compute
+// bf16) they take bf16 operands (q, k, v, dO, P and dS rounded to nearest even) and sum in fp32,
+// as cuDNN's flash attention does on cuda; softmax, its statistics, dS's elementwise math and
+// the outputs stay fp32. (cuda runs cuDNN for plain causal blocks and fp32 fallback kernels for
+// other masks, so its attention is not one numeric contract either way; here every mask takes
+// the bf16 tiles, which on avx512_bf16 do twice the multiply-adds per instruction.)
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -176,15 +176,13 @@ static void attention_operand_cols(uint32_t *dst, int width, const float *src, i
     int hw = words(hd, bf16);
     for (int j = 0; j < n; j++) {
         const float *x = src + (size_t)j * ld;
-        uint32_t row[hw];  // src's row j as words
+        uint16_t h[2 * hw];  // src's row j as bf16 halves, copied out a word at a time
         if (bf16) {
-            uint16_t *h = (uint16_t *)row;
             for (int c = 0; c < hd; c++) h[c] = bf16_from_float(x[c]);
             if (hd % 2) h[hd] = 0;
-        } else {
-            memcpy(row, x, (size_t)hd * sizeof(float));
         }
-        for (int p = 0; p < hw; p++) dst[(size_t)p * width + j] = row[p];
+        const char *from = bf16 ? (const char *)h : (const char *)x;
+        for (int p = 0; p < hw; p++) memcpy(dst + (size_t)p * width + j, from + 4 * p, 4);
     }
     for (int p = 0; p < hw; p++) memset(dst + (size_t)p * width + n, 0, (size_t)(width - n) * 4);
 }
@@ -242,10 +240,10 @@ typedef enum {
     ATTN_KEYS_SUM_ROWS,  // c (keys, hd) = a^T b, dS^T q or P^T dO: rows that see none of a key
 } AttnTileGemm;            //   are 0 in its column of a
 
-// Slabs of 16 rows of c (the kernel's row block), each cut to the keys (or, for the keys'
-// gradients, the query rows) its last (first) row needs. The skipped terms are zeros at an end
-// of each sum, so every sum is the one the whole GEMM computes, bit for bit: a causal tile's
-// diagonal block costs half.
+// Slabs of 16 rows of c (one or two of the kernel's row blocks), each cut to the keys (or, for
+// the keys' gradients, the query rows) its last (first) row needs. The skipped terms are zeros
+// at an end of each sum, so every sum is the one the whole GEMM computes, bit for bit: a causal
+// tile's diagonal block costs half.
 #define ATTN_SLAB 16
 
 static void attention_tile_gemm(const AttnTile *t, const SmallGemm *g, AttnTileGemm kind) {

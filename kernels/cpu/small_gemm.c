@@ -25,6 +25,16 @@
 // may_alias: they read the floats or the bf16 halves their callers wrote.
 typedef float Vec16 __attribute__((vector_size(64), aligned(4), may_alias));
 typedef uint32_t Words16 __attribute__((vector_size(64), aligned(4), may_alias));
+typedef uint32_t Word __attribute__((may_alias));  // one of a's words
+
+// vdpbf16ps through inline assembly (an x86 instruction the assembler knows, needing no GCC
+// target) where optimisation folds the terms' constants: at -O0 every term's branch would be
+// compiled, the 512-bit operands too, in builds without AVX-512.
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__OPTIMIZE__)
+#define SMALL_GEMM_DPBF16 1
+#else
+#define SMALL_GEMM_DPBF16 0
+#endif
 
 typedef enum {
     TERM_FP32,     // a float times 16 floats
@@ -49,8 +59,10 @@ static inline __attribute__((always_inline)) void small_gemm_term(Vec16 *acc, ui
         *acc += word_float(a & 0xffff0000u) * (Vec16)(*b & 0xffff0000u);
         *acc += word_float(a << 16) * (Vec16)(*b << 16);
     } else {
+#if SMALL_GEMM_DPBF16
         Words16 a16 = (Words16){0} + a;
         __asm__("vdpbf16ps %2, %1, %0" : "+v"(*acc) : "v"(*b), "v"(a16));
+#endif
     }
 }
 
@@ -65,7 +77,7 @@ static inline __attribute__((always_inline)) void small_gemm_block(
     // a's rows as one base per four rows, the others at 1-3 lda from it: what x86 addressing
     // reaches with few registers (a pointer per row spills).
     size_t lda = g->lda;
-    const uint32_t *a0 = (const uint32_t *)g->a + (TRANS_A ? (size_t)i : i * lda), *quad[4];
+    const Word *a0 = (const Word *)g->a + (TRANS_A ? (size_t)i : i * lda), *quad[4];
     const uint32_t *b = g->b;
 #pragma GCC unroll 16
     for (int q = 0; q < 4; q++) quad[q] = a0 + 4 * q * lda;
@@ -121,12 +133,6 @@ static inline __attribute__((always_inline)) void small_gemm(const SmallGemm *g,
     }
 }
 
-bool cpu_small_gemm_dpbf16(void) {
-    static int has = -1;  // a benign race: every thread writes the same
-    if (has < 0) has = __builtin_cpu_supports("avx512bf16");
-    return has;
-}
-
 // The instantiation for g's orientation and accumulation.
 static inline __attribute__((always_inline)) void small_gemm_for(const SmallGemm *g,
                                                                  const SmallGemmTerm TERM) {
@@ -140,10 +146,25 @@ static inline __attribute__((always_inline)) void small_gemm_for(const SmallGemm
         small_gemm(g, false, false, TERM);
 }
 
-// vdpbf16ps needs AVX-512 registers, not GCC's avx512bf16 target (the assembler knows it).
+#if SMALL_GEMM_DPBF16
+bool cpu_small_gemm_dpbf16(void) {
+    static int has = -1;  // known after the first call
+    int known = __atomic_load_n(&has, __ATOMIC_RELAXED);
+    if (known < 0) {
+        known = __builtin_cpu_supports("avx512bf16");
+        __atomic_store_n(&has, known, __ATOMIC_RELAXED);
+    }
+    return known;
+}
+
+// vdpbf16ps needs AVX-512 registers, not GCC's avx512bf16 target.
 __attribute__((target("avx512f"))) static void small_gemm_dpbf16(const SmallGemm *g) {
     small_gemm_for(g, TERM_DPBF16);
 }
+#else
+bool cpu_small_gemm_dpbf16(void) { return false; }
+static void small_gemm_dpbf16(const SmallGemm *g) { small_gemm_for(g, TERM_BF16); }
+#endif
 
 // The default build is for any x86-64 (CI runs on whatever it gets), where these kernels would
 // be SSE without fused multiply-adds: GCC builds them again for AVX2 with FMA and for AVX-512

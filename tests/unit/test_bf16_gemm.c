@@ -357,7 +357,9 @@ static void attn_bf16_check(AttnShape s) {
 
 // Causal with a partial last tile, an odd head_dim (a zero-padded bf16 pair) and GQA; a query
 // chunk against keys elsewhere, by document, where a tile's first key (21, odd) moves back to
-// pair with 20; no mask, head_dim 40 (2-vector and 1-vector column strips).
+// pair with 20; no mask, head_dim 40 (2-vector and 1-vector column strips); a causal query
+// chunk against a longer key chunk, head_dim 32 (gradients added in place, slabs cut by
+// position).
 static void test_bf16_attention(void **state) {
     (void)state;
     rng_seed(47);
@@ -368,6 +370,7 @@ static void test_bf16_attention(void **state) {
         (AttnShape){1, 40, 60, 2, 1, 16, 80, 30, ATTN_DOCUMENT, q_doc, kv_doc, DTYPE_BF16});
     free(q_doc), free(kv_doc);
     attn_bf16_check((AttnShape){1, 9, 33, 2, 2, 40, 0, 0, ATTN_NONE, NULL, NULL, DTYPE_BF16});
+    attn_bf16_check((AttnShape){1, 70, 90, 2, 2, 32, 40, 0, ATTN_CAUSAL, NULL, NULL, DTYPE_BF16});
 }
 
 static int setup_bf16(void **state) {
