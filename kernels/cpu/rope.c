@@ -1,13 +1,12 @@
-#include <stdbool.h>
-
 #include "kernels/cpu/cpu.h"
 
 // Each pair (x0, x1) is the complex number x0 + i x1 multiplied by e^(i pos theta_k)
 // (RoFormer, Su et al. 2021), as torchtitan's apply_rotary_emb. The rotation is orthogonal, so
-// backward is the same loop rotating by -theta (sin_sign = -1) and accumulating.
+// backward is the same loop rotating by -theta (sin_sign = -1). Each pair is read before it is
+// written: in place is safe.
 static void rope_rotate(float *out, const float *x, const float *cos, const float *sin,
                         const int *pos, int n_rows, int T, int n_heads, int head_dim,
-                        float sin_sign, bool accumulate) {
+                        float sin_sign) {
     int half = head_dim / 2, width = n_heads * head_dim;
 #pragma omp parallel for
     for (int r = 0; r < n_rows; r++) {
@@ -18,10 +17,8 @@ static void rope_rotate(float *out, const float *x, const float *cos, const floa
 #pragma omp simd
             for (int i = 0; i < half; i++) {
                 float x0 = xh[2 * i], x1 = xh[2 * i + 1], si = sin_sign * s[i];
-                // forward overwrites (in place allowed), backward accumulates
-                float o0 = accumulate ? oh[2 * i] : 0.0f, o1 = accumulate ? oh[2 * i + 1] : 0.0f;
-                oh[2 * i] = o0 + x0 * c[i] - x1 * si;
-                oh[2 * i + 1] = o1 + x0 * si + x1 * c[i];
+                oh[2 * i] = x0 * c[i] - x1 * si;
+                oh[2 * i + 1] = x0 * si + x1 * c[i];
             }
         }
     }
@@ -29,10 +26,10 @@ static void rope_rotate(float *out, const float *x, const float *cos, const floa
 
 void cpu_rope_forward(float *out, const float *x, const float *cos, const float *sin,
                       const int *pos, int n_rows, int T, int n_heads, int head_dim) {
-    rope_rotate(out, x, cos, sin, pos, n_rows, T, n_heads, head_dim, 1.0f, false);
+    rope_rotate(out, x, cos, sin, pos, n_rows, T, n_heads, head_dim, 1.0f);
 }
 
 void cpu_rope_backward(float *dx, const float *dout, const float *cos, const float *sin,
                        const int *pos, int n_rows, int T, int n_heads, int head_dim) {
-    rope_rotate(dx, dout, cos, sin, pos, n_rows, T, n_heads, head_dim, -1.0f, true);
+    rope_rotate(dx, dout, cos, sin, pos, n_rows, T, n_heads, head_dim, -1.0f);
 }

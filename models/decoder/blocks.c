@@ -469,7 +469,6 @@ static void gqa_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d,
     float *dq = scratch, *dk = dq + nq, *dv = dk + nkv, *dq0 = dv + nkv, *dk0 = dq0 + nq;
     decoder_attention_backward(s, d, dq, dk, dv, dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse,
                                workspace);
-    zero(s, dq0, nq + nkv);
     const int *pos = token_batch(s)->pos;
     K->rope_backward(dq0, dq, L->rope_cos, L->rope_sin, pos, d.BT, s->T, d.nh, d.hd);
     K->rope_backward(dk0, dk, L->rope_cos, L->rope_sin, pos, d.BT, s->T, d.nkvh, d.hd);

@@ -79,17 +79,14 @@ static void copy_cols(const StepCtx *s, float *dst, int dst_ld, const float *src
 // RoPE over the rope parts (the last `rope` of each qk-wide head) of x (BT, heads * qk), in
 // place through pe (BT, heads * rope): forward, or (backward) their gradient's R^T.
 static void rope_parts(const StepCtx *s, MlaWidths w, float *x, int heads, int BT,
-                       const float *cos, const float *sin, float *pe, float *pe2, bool backward) {
+                       const float *cos, const float *sin, float *pe, bool backward) {
     size_t n = (size_t)BT * heads;
     const int *pos = token_batch(s)->pos;
     copy_cols(s, pe, w.rope, x + w.nope, w.qk, w.rope, n);
-    if (backward) {
-        s->k->zero(pe2, n * w.rope * sizeof(float));
-        s->k->rope_backward(pe2, pe, cos, sin, pos, BT, s->T, heads, w.rope);
-        pe = pe2;
-    } else {
+    if (backward)
+        s->k->rope_backward(pe, pe, cos, sin, pos, BT, s->T, heads, w.rope);
+    else
         s->k->rope_forward(pe, pe, cos, sin, pos, BT, s->T, heads, w.rope);
-    }
     copy_cols(s, x + w.nope, w.qk, pe, w.rope, w.rope, n);
 }
 
@@ -110,7 +107,7 @@ void mla_forward(const DecoderArgs *a, const MlaWeights *wt, const float *rope_c
     } else {
         linear_forward(&wt->linear.wq, s, sv->q, xn, BT, 0);
     }
-    rope_parts(s, w, sv->q, nh, BT, rope_cos, rope_sin, pe, NULL, false);
+    rope_parts(s, w, sv->q, nh, BT, rope_cos, rope_sin, pe, false);
     float q_scale = (float)mla_scale_correction(a);
     if (q_scale != 1.0f) K->scale(sv->q, (size_t)BT * d.nq, q_scale);
     // the latent and k's rope part, shared by the heads
@@ -145,7 +142,7 @@ typedef struct {
     float *dout, *dq, *dk, *dv;  // (BT, nh qk) x4: the padded output's gradient, q, k, v's
     float *dkv;                  // (BT, nh (nope + vd)): Wkv_b's output's
     float *dkva;                 // (BT, C + rope): Wkv_a's output's
-    float *pe, *pe2;             // (BT, nh rope) x2: rope parts
+    float *pe, *pe2;             // (BT, nh rope), (BT, rope): rope parts, one head's
     float *dc_n, *dc;            // (BT, C) x2: kv_norm's output's and input's
     float *dqa_n, *dqa;          // with R: (BT, R) x2: q_norm's output's and input's
     void *cast_q, *cast_kv, *cast_kva, *cast_qa;  // their casts to the activations' dtype
@@ -159,7 +156,7 @@ static MlaGrads mla_grads_carve(const StepCtx *s, MlaWidths w, LayerDims d) {
     MlaGrads g = {.dout = arena_floats(A, nq), .dq = arena_floats(A, nq),
                   .dk = arena_floats(A, nq), .dv = arena_floats(A, nq),
                   .dkv = arena_floats(A, nkv), .dkva = arena_floats(A, nkva),
-                  .pe = arena_floats(A, npe), .pe2 = arena_floats(A, npe),
+                  .pe = arena_floats(A, npe), .pe2 = arena_floats(A, BT * w.rope),
                   .dc_n = arena_floats(A, BT * w.C), .dc = arena_floats(A, BT * w.C)};
     if (w.R) {
         g.dqa_n = arena_floats(A, BT * w.R);
@@ -180,15 +177,14 @@ static void k_pe_backward(const StepCtx *s, MlaWidths w, LayerDims d, const MlaG
                           const float *cos, const float *sin) {
     int BT = d.BT;
     size_t n = (size_t)BT * w.rope;
-    float *sum = g->pe, *part = g->pe2, *rotated = g->pe2;
+    float *sum = g->pe, *part = g->pe2;
     copy_cols(s, sum, w.rope, g->dk + w.nope, d.nq, w.rope, BT);
     for (int h = 1; h < d.nh; h++) {
         copy_cols(s, part, w.rope, g->dk + (size_t)h * w.qk + w.nope, d.nq, w.rope, BT);
         s->k->add(sum, part, n);
     }
-    s->k->zero(rotated, n * sizeof(float));  // part is spent
-    s->k->rope_backward(rotated, sum, cos, sin, token_batch(s)->pos, BT, s->T, 1, w.rope);
-    copy_cols(s, g->dkva + w.C, w.C + w.rope, rotated, w.rope, w.rope, BT);
+    s->k->rope_backward(sum, sum, cos, sin, token_batch(s)->pos, BT, s->T, 1, w.rope);
+    copy_cols(s, g->dkva + w.C, w.C + w.rope, sum, w.rope, w.rope, BT);
 }
 
 void mla_backward(const DecoderArgs *a, const MlaWeights *wt, const float *rope_cos,
@@ -229,7 +225,7 @@ void mla_backward(const DecoderArgs *a, const MlaWeights *wt, const float *rope_
     // q's path: the scale, RoPE, then Wq or Wq_b, q_norm and Wq_a
     float q_scale = (float)mla_scale_correction(a);
     if (q_scale != 1.0f) K->scale(g.dq, nq, q_scale);
-    rope_parts(s, w, g.dq, d.nh, BT, rope_cos, rope_sin, g.pe, g.pe2, true);
+    rope_parts(s, w, g.dq, d.nh, BT, rope_cos, rope_sin, g.pe, true);
     LinearAct dq = act_cast(s, g.dq, nq, g.cast_q);
     if (w.R) {
         linear_backward_input(&wt->linear.wq_b, s, g.dqa_n, dq, BT, 0);

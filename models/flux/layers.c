@@ -214,8 +214,6 @@ void flux_attn_backward(const StepCtx *s, const FluxAttn *a, const FluxRope *rop
     else
         s->k->attention_backward(dq_rot, dk_rot, dv, dout, a->q, a->k, a->v, a->out, a->lse,
                                  &shape, workspace);
-    s->k->zero(dq, n * sizeof(float));
-    s->k->zero(dk, n * sizeof(float));
     s->k->rope_backward(dq, dq_rot, rope->cos, rope->sin, rope->pos, rows, d.Tj, d.H, d.hd);
     s->k->rope_backward(dk, dk_rot, rope->cos, rope->sin, rope->pos, rows, d.Tj, d.H, d.hd);
 }
