@@ -165,43 +165,79 @@ static AttnScratch attention_scratch(void *workspace, const AttnShape *s) {
     return a;
 }
 
-// The builders below write bf16 words as their two halves (lower k first, little-endian):
-// loops of bf16_from_float over floats vectorise, building words from pairs does not.
+// Words are read where attention_words_along wrote them as halves.
+typedef uint32_t AttnWord __attribute__((may_alias));
+
+// A bf16 word: the pair (lo, hi) of consecutive k, each rounded to nearest even, lo in the
+// lower half (little-endian, as oneDNN's VNNI layout). Loops of it over floats vectorise.
+static inline uint32_t bf16_word(float lo, float hi) {
+    return (uint32_t)bf16_from_float(lo) | (uint32_t)bf16_from_float(hi) << 16;
+}
+
+// x where keep, else 0, by its bits: a select the vectoriser takes where `keep ? x : 0` around
+// a computation would become a branch it cannot (with trapping math) turn back into one.
+static inline float attention_keep(float x, bool keep) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    bits &= -(uint32_t)keep;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+// A row's words along it: w[p] = (x[2p], x[2p + 1]), x[n] taken as 0 for an odd n. Written
+// as halves: a loop of bf16_from_float vectorises with one conversion per vector, where
+// pairing neighbours would shuffle.
+static void attention_words_along(AttnWord *w, const float *x, int n) {
+    uint16_t *h = (uint16_t *)w;
+#pragma omp simd
+    for (int c = 0; c < n; c++) h[c] = bf16_from_float(x[c]);
+    if (n % 2) h[n] = 0;
+}
+
+// Two rows' words across them: w[c] = (lo[c], hi[c]); hi NULL: zeros.
+static void attention_words_across(uint32_t *w, const float *lo, const float *hi, int n) {
+    if (hi) {
+#pragma omp simd
+        for (int c = 0; c < n; c++) w[c] = bf16_word(lo[c], hi[c]);
+    } else {
+#pragma omp simd
+        for (int c = 0; c < n; c++) w[c] = bf16_word(lo[c], 0.0f);
+    }
+}
 
 // b with k along src's columns: dst (words(hd), width) holds src's rows [0, n) (hd floats
-// each, ld apart) transposed, word (p, j) = src[j][p] or bf16_pair(src[j][2p], src[j][2p + 1]);
-// zeros in columns [n, width).
+// each, ld apart) transposed, word (p, j) = src[j][p] or (src[j][2p], src[j][2p + 1]); zeros
+// in columns [n, width). 16 rows at a time go through a block of their words, so that the
+// rows are read and the panel written a vector at a time.
 static void attention_operand_cols(uint32_t *dst, int width, const float *src, int ld, int n,
                                    int hd, bool bf16) {
     int hw = words(hd, bf16);
-    for (int j = 0; j < n; j++) {
-        const float *x = src + (size_t)j * ld;
-        uint16_t h[2 * hw];  // src's row j as bf16 halves, copied out a word at a time
-        if (bf16) {
-            for (int c = 0; c < hd; c++) h[c] = bf16_from_float(x[c]);
-            if (hd % 2) h[hd] = 0;
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        int m = n - j0 < 16 ? n - j0 : 16;
+        AttnWord block[16][hw];
+        for (int j = 0; j < m; j++) {
+            const float *x = src + (size_t)(j0 + j) * ld;
+            if (bf16)
+                attention_words_along(block[j], x, hd);
+            else
+                memcpy(block[j], x, (size_t)hd * sizeof(float));
         }
-        const char *from = bf16 ? (const char *)h : (const char *)x;
-        for (int p = 0; p < hw; p++) memcpy(dst + (size_t)p * width + j, from + 4 * p, 4);
+        for (int p = 0; p < hw; p++)
+            for (int j = 0; j < m; j++) dst[(size_t)p * width + j0 + j] = block[j][p];
     }
     for (int p = 0; p < hw; p++) memset(dst + (size_t)p * width + n, 0, (size_t)(width - n) * 4);
 }
 
 // b with k along src's rows: dst (words(n), cols16) holds src's rows [0, n) (cols floats each,
-// ld apart), word (p, c) = src[p][c] or bf16_pair(src[2p][c], src[2p + 1][c]); zeros in
-// columns [cols, cols16) and for the missing row of an odd n.
+// ld apart), word (p, c) = src[p][c] or (src[2p][c], src[2p + 1][c]); zeros in columns
+// [cols, cols16) and for the missing row of an odd n.
 static void attention_operand_rows(uint32_t *dst, int cols16, const float *src, int ld, int n,
                                    int cols, bool bf16) {
     for (int p = 0; p < words(n, bf16); p++) {
         uint32_t *row = dst + (size_t)p * cols16;
         if (bf16) {
-            const float *lo = src + (size_t)(2 * p) * ld, *hi = lo + ld;
-            uint16_t *h = (uint16_t *)row;
-            if (2 * p + 1 < n)
-                for (int c = 0; c < cols; c++)
-                    h[2 * c] = bf16_from_float(lo[c]), h[2 * c + 1] = bf16_from_float(hi[c]);
-            else
-                for (int c = 0; c < cols; c++) h[2 * c] = bf16_from_float(lo[c]), h[2 * c + 1] = 0;
+            const float *lo = src + (size_t)(2 * p) * ld;
+            attention_words_across(row, lo, 2 * p + 1 < n ? lo + ld : NULL, cols);
         } else {
             memcpy(row, src + (size_t)p * ld, (size_t)cols * sizeof(float));
         }
@@ -223,12 +259,8 @@ static const uint32_t *attention_rows_operand(uint32_t *dst, int cols16, const f
 static const uint32_t *attention_a_operand(uint32_t *dst, int ld_dst, const float *src, int ld,
                                            int rows, int n, bool bf16, size_t *lda) {
     if (!bf16) return *lda = (size_t)ld, (const uint32_t *)src;
-    for (int r = 0; r < rows; r++) {
-        const float *x = src + (size_t)r * ld;
-        uint16_t *h = (uint16_t *)(dst + (size_t)r * ld_dst);
-        for (int c = 0; c < n; c++) h[c] = bf16_from_float(x[c]);
-        if (n % 2) h[n] = 0;
-    }
+    for (int r = 0; r < rows; r++)
+        attention_words_along(dst + (size_t)r * ld_dst, src + (size_t)r * ld, n);
     return *lda = (size_t)ld_dst, dst;
 }
 
@@ -317,6 +349,30 @@ static float attention_exp_row(float *s, int n_valid, int width, float *lse) {
     return 1.0f / sum;
 }
 
+// Under bf16: the same over whole vectors (lanes past n_valid masked to 0: no scalar remainder
+// on the diagonal's ragged rows), written straight as P's bf16 words along the row into p (ws /
+// 2 words, zeros past the vectors), the fp32 row left as it was.
+static float attention_exp_row_bf16(const float *s, int n_valid, int ws, float *lse,
+                                    AttnWord *p) {
+    float mx = n_valid > 0 ? cpu_max_floats(s, n_valid) : -INFINITY, lanes[16] = {0}, sum = 0.0f;
+    uint16_t *h = (uint16_t *)p;
+    int vectors = mx == -INFINITY ? 0 : round16(n_valid);
+    for (int j0 = 0; j0 < vectors; j0 += 16)
+        for (int l = 0; l < 16; l++) {  // one vector, its sums kept in one
+            float e = attention_keep(cpu_expf(s[j0 + l] - mx), j0 + l < n_valid);
+            lanes[l] += e;
+            h[j0 + l] = bf16_from_float(e);
+        }
+    memset(h + vectors, 0, (size_t)(ws - vectors) * sizeof *h);
+    if (vectors == 0) {
+        *lse = -INFINITY;
+        return 0.0f;
+    }
+    for (int l = 0; l < 16; l++) sum += lanes[l];
+    *lse = mx + logf(sum);
+    return 1.0f / sum;
+}
+
 // A (batch, kv head)'s keys and values as the tile GEMMs' b, over all Tk keys (a tile reads
 // from its first key on): k along columns (kt, vt, ld_t words apart) and along rows (kb, vb,
 // ld_rows words apart).
@@ -370,12 +426,20 @@ static void attention_tile_forward(const AttnTile *t, float *o, float *lse, cons
     attention_tile_scores(t, q, w->q_a, kv->kt, kv->ld_t, t->scale, w->s, w);
     for (int r = 0; r < t->rows; r++) {
         float *sr = w->s + (size_t)r * ws;
-        inv_sum[r] = attention_exp_row(sr, attention_mask_row(t, sr, r), width, lse + r);
+        int n_valid = attention_mask_row(t, sr, r);
+        if (w->bf16)
+            inv_sum[r] = attention_exp_row_bf16(sr, n_valid, ws, lse + r,
+                                                w->p_a + (size_t)r * (ws / 2));
+        else
+            inv_sum[r] = attention_exp_row(sr, n_valid, width, lse + r);
     }
     SmallGemm pv = {.m = t->rows, .n = hd, .k = words(width, w->bf16), .alpha = 1.0f,
                     .bf16 = w->bf16, .b = attention_keys_at(t, kv->vb, kv->ld_rows, w->bf16),
                     .ldb = kv->ld_rows, .c = w->acc, .ldc = (size_t)w->hd16};
-    pv.a = attention_a_operand(w->p_a, ws / 2, w->s, ws, t->rows, width, w->bf16, &pv.lda);
+    if (w->bf16)
+        pv.a = w->p_a, pv.lda = (size_t)ws / 2;
+    else
+        pv.a = w->s, pv.lda = (size_t)ws;
     attention_tile_gemm(t, &pv, ATTN_ROWS_SUM_KEYS);
     for (int r = 0; r < t->rows; r++) {
         float *orow = o + (size_t)r * t->ld_q;
@@ -424,47 +488,101 @@ static AttnGrads attention_grads_at(const AttnGrads *g, const AttnTile *t) {
                        g->dq + t->q0, g->dk + t->kv0, g->dv + t->kv0};
 }
 
-// P = exp(S - lse) over the keys each row sees, zeros elsewhere (and on rows with lse = -inf,
-// which see none).
+// How many keys row r of the tile takes gradient through: those it sees by position (a
+// prefix), none when its lse is -inf (it sees no key) or it lies past the tile (the partner of
+// an odd last row).
+static int attention_grad_keys(const AttnTile *t, const AttnGrads *a, int r) {
+    if (r >= t->rows || a->lse[r] == -INFINITY) return 0;
+    return attention_row_keys(t->s, t->i0 + r, t->lo, t->width);
+}
+
+// attention_grad_keys, the scores of other documents' keys among them set to -inf.
+static int attention_probs_row(const AttnTile *t, const AttnGrads *a, float *pr, int r) {
+    return attention_grad_keys(t, a, r) ? attention_mask_row(t, pr, r) : 0;
+}
+
+// P = exp(S - lse) over the keys each row sees, zeros elsewhere. Under bf16 also P's words
+// across pairs of rows (P^T as dV's a) into p_at, over whole vectors of each row (no scalar
+// remainder on the diagonal's ragged rows); the scratch has a row past an odd last one.
 static void attention_tile_probs(const AttnTile *t, const AttnGrads *a, const AttnPanels *kv,
                                  float *p, const AttnScratch *sc) {
     int w = t->width, ws = round16(w);
     attention_tile_scores(t, a->q, sc->q_a, kv->kt, kv->ld_t, t->scale, p, sc);
-    for (int r = 0; r < t->rows; r++) {
-        float *pr = p + (size_t)r * ws, l = a->lse[r];
-        int n_valid = l == -INFINITY ? 0 : attention_mask_row(t, pr, r);
+    if (!sc->bf16) {
+        for (int r = 0; r < t->rows; r++) {
+            float *pr = p + (size_t)r * ws, l = a->lse[r];
+            int n_valid = attention_probs_row(t, a, pr, r);
 #pragma omp simd
-        for (int j = 0; j < n_valid; j++) pr[j] = cpu_expf(pr[j] - l);
-        for (int j = n_valid; j < w; j++) pr[j] = 0.0f;
+            for (int j = 0; j < n_valid; j++) pr[j] = cpu_expf(pr[j] - l);
+            for (int j = n_valid; j < w; j++) pr[j] = 0.0f;
+        }
+        return;
+    }
+    for (int r = 0; r < t->rows; r += 2) {
+        float *p0 = p + (size_t)r * ws, *p1 = p0 + ws;
+        float l0 = a->lse[r], l1 = r + 1 < t->rows ? a->lse[r + 1] : 0.0f;
+        int n0 = attention_probs_row(t, a, p0, r), n1 = attention_probs_row(t, a, p1, r + 1);
+        uint32_t *pt = sc->p_at + (size_t)(r / 2) * ws;
+        int vectors = round16(n0 > n1 ? n0 : n1);
+#pragma omp simd
+        for (int j = 0; j < vectors; j++) {
+            float e0 = attention_keep(cpu_expf(p0[j] - l0), j < n0);
+            float e1 = attention_keep(cpu_expf(p1[j] - l1), j < n1);
+            p0[j] = e0, p1[j] = e1;
+            pt[j] = bf16_word(e0, e1);
+        }
+        memset(pt + vectors, 0, (size_t)(ws - vectors) * sizeof *pt);  // dV's GEMM reads them
     }
 }
 
-// dP = dO V^T, D = rowsum(dO o O), dS = P o (dP - D).
+// D = rowsum(dO o O) of the tile's row r.
+static float attention_row_d(const AttnTile *t, const AttnGrads *a, int r) {
+    const float *gr = a->dout + (size_t)r * t->ld_q, *orow = a->o + (size_t)r * t->ld_q;
+    float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+    for (int c = 0; c < t->s->head_dim; c++) d += gr[c] * orow[c];
+    return d;
+}
+
+// dP = dO V^T, D = rowsum(dO o O), dS = P o (dP - D) into ds. Under bf16 dS goes straight to
+// its bf16 words, along rows into ds_a (dQ's a) and across pairs of rows into ds_at (dK's),
+// whole vectors at a time as P's; its fp32 rows are not kept.
 static void attention_tile_dscores(const AttnTile *t, const AttnGrads *a, const AttnPanels *kv,
                                    const float *p, float *ds, const AttnScratch *sc) {
-    int w = t->width, ws = round16(w), hd = t->s->head_dim;
+    int w = t->width, ws = round16(w);
     attention_tile_scores(t, a->dout, sc->do_a, kv->vt, kv->ld_t, 1.0f, ds, sc);
-    for (int r = 0; r < t->rows; r++) {
-        const float *gr = a->dout + (size_t)r * t->ld_q, *orow = a->o + (size_t)r * t->ld_q;
-        float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-        for (int c = 0; c < hd; c++) d += gr[c] * orow[c];
-        const float *pr = p + (size_t)r * ws;
-        float *dsr = ds + (size_t)r * ws;
-        int seen = attention_row_keys(t->s, t->i0 + r, t->lo, w);  // dP is unset past them
+    if (!sc->bf16) {
+        for (int r = 0; r < t->rows; r++) {
+            float d = attention_row_d(t, a, r);
+            const float *pr = p + (size_t)r * ws;
+            float *dsr = ds + (size_t)r * ws;
+            int seen = attention_row_keys(t->s, t->i0 + r, t->lo, w);  // dP is unset past them
 #pragma omp simd
-        for (int j = 0; j < seen; j++) dsr[j] = pr[j] * (dsr[j] - d);
-        for (int j = seen; j < w; j++) dsr[j] = 0.0f;
+            for (int j = 0; j < seen; j++) dsr[j] = pr[j] * (dsr[j] - d);
+            for (int j = seen; j < w; j++) dsr[j] = 0.0f;
+        }
+        return;
     }
-}
-
-// P or dS (rows, width; ws apart) as a^T for the keys' gradients: itself, or under bf16 its
-// pairs of rows into dst (words(rows), ws).
-static const uint32_t *attention_at_operand(uint32_t *dst, const float *src, int ws, int rows,
-                                            int width, bool bf16) {
-    if (!bf16) return (const uint32_t *)src;
-    attention_operand_rows(dst, ws, src, ws, rows, width, true);
-    return dst;
+    for (int r = 0; r < t->rows; r += 2) {
+        const float *p0 = p + (size_t)r * ws, *p1 = p0 + ws;
+        const float *dp0 = ds + (size_t)r * ws, *dp1 = dp0 + ws;
+        // P's rows hold only their grad keys (nothing else was written): dS's too
+        int seen0 = attention_grad_keys(t, a, r), seen1 = attention_grad_keys(t, a, r + 1);
+        float d0 = attention_row_d(t, a, r), d1 = seen1 ? attention_row_d(t, a, r + 1) : 0.0f;
+        uint16_t *h0 = (uint16_t *)(sc->ds_a + (size_t)r * (ws / 2)), *h1 = h0 + ws;
+        uint32_t *dt = sc->ds_at + (size_t)(r / 2) * ws;
+        int vectors = round16(seen0 > seen1 ? seen0 : seen1);
+#pragma omp simd
+        for (int j = 0; j < vectors; j++) {
+            float g0 = attention_keep(p0[j] * (dp0[j] - d0), j < seen0);
+            float g1 = attention_keep(p1[j] * (dp1[j] - d1), j < seen1);
+            h0[j] = bf16_from_float(g0), h1[j] = bf16_from_float(g1);
+            dt[j] = bf16_word(g0, g1);
+        }
+        size_t rest = (size_t)(ws - vectors);
+        memset(h0 + vectors, 0, rest * sizeof *h0), memset(h1 + vectors, 0, rest * sizeof *h1);
+        memset(dt + vectors, 0, rest * sizeof *dt);
+    }
 }
 
 // One query tile's contribution to all three gradients: dQ += scale dS K, dK += scale dS^T Q,
@@ -478,16 +596,16 @@ static void attention_tile_backward(const AttnTile *t, const AttnGrads *a, const
     SmallGemm dq = {.m = rows, .n = hd, .k = words(width, bf16), .alpha = t->scale,
                     .bf16 = bf16, .b = attention_keys_at(t, kv->kb, kv->ld_rows, bf16),
                     .ldb = kv->ld_rows};
-    dq.a = attention_a_operand(w->ds_a, ws / 2, w->ds, ws, rows, width, bf16, &dq.lda);
+    dq.a = bf16 ? (const void *)w->ds_a : w->ds, dq.lda = bf16 ? (size_t)ws / 2 : (size_t)ws;
     attention_accumulate(t, dq, ATTN_ROWS_SUM_KEYS, a->dq, t->ld_q, w);
     SmallGemm dk = {.m = width, .n = hd, .k = words(rows, bf16), .alpha = t->scale,
                     .trans_a = true, .bf16 = bf16, .lda = (size_t)ws,
-                    .a = attention_at_operand(w->ds_at, w->ds, ws, rows, width, bf16)};
+                    .a = bf16 ? (const void *)w->ds_at : w->ds};
     dk.b = attention_rows_operand(w->qr, w->hd16, a->q, t->ld_q, rows, hd, bf16, &dk.ldb);
     attention_accumulate(t, dk, ATTN_KEYS_SUM_ROWS, a->dk, t->ld_kv, w);
     SmallGemm dv = {.m = width, .n = hd, .k = words(rows, bf16), .alpha = 1.0f, .trans_a = true,
                     .bf16 = bf16, .lda = (size_t)ws,
-                    .a = attention_at_operand(w->p_at, w->s, ws, rows, width, bf16)};
+                    .a = bf16 ? (const void *)w->p_at : w->s};
     dv.b = attention_rows_operand(w->dor, w->hd16, a->dout, t->ld_q, rows, hd, bf16, &dv.ldb);
     attention_accumulate(t, dv, ATTN_KEYS_SUM_ROWS, a->dv, t->ld_kv, w);
 }
