@@ -5,8 +5,9 @@
 # (training.mixed_precision_param), then per setup the median tokens/s (steady state, steps
 # 4-30) and peak RSS, and titan's ratios to torchtitan of the same round; then titan's step by
 # op class in each precision (a profiled run apiece); first the cpu's kind and ISA, and one
-# core's fp32 multiply-add peak (tests/bench/fma_peak.c). titan is
-# built with NATIVE=1 (-O3 -march=native, as the peer's compiled kernels are for this cpu).
+# core's fp32 multiply-add peak and, with avx512_bf16, its vdpbf16ps one
+# (tests/bench/fma_peak.c). titan is built with NATIVE=1 (-O3 -march=native, as the peer's
+# compiled kernels are for this cpu).
 #   scripts/bench_peer.sh [RANKS [THREADS [ROUNDS]]]     (default 1 2 3)
 # Needs the peer's venv (scripts/peer/setup_venv.sh) and a quiet machine: the ratios are
 # only meaningful when nothing else runs.
@@ -21,7 +22,11 @@ bash "$PEER/make_assets.sh" >/dev/null
 mkdir -p "$OUT/bin" && cp build/native/titan "$OUT/bin/titan" && ln -s "$PWD/configs" "$OUT/bin/configs"
 export OUTDIR=$OUT OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 isa=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|avx512f|avx512_bf16|amx_tile|amx_bf16' | tr '\n' ' ')
-echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); ISA: ${isa% }"
+# The family and model number tell generations apart where the name does not (a VM may report
+# only "AMD EPYC": family 25 is Zen 3 and 4, 26 Zen 5).
+cpuinfo() { grep -m1 "^$1" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'; }
+family=$(cpuinfo 'cpu family'); model=$(cpuinfo 'model\s*:')
+echo "cpu: $(cpuinfo 'model name') (family $family, model $model); ISA: ${isa% }"
 # The hardware's limit beside the peer: titan's GEMMs' GFLOP/s over the step's GEMM time
 # (the profile below) against this.
 gcc -std=c11 -D_GNU_SOURCE -O2 -march=native -ffp-contract=fast tests/bench/fma_peak.c \
