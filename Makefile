@@ -99,8 +99,11 @@ $(BUILD)/kernels/traced.o: CFLAGS += -I$(BUILD)/gen
 build/fuzz/obj/kernels/traced.o: FUZZ_CFLAGS += -I$(BUILD)/gen
 
 # The attention tiles' GEMMs sum with fused multiply-adds, as the BLAS kernels they replace
-# (kernels/cpu/small_gemm.c); ISO C mode (-std=c11) otherwise forbids contracting a * b + c.
-$(BUILD)/kernels/cpu/small_gemm.o $(BUILD)/tests/test_small_gemm: private CFLAGS += -ffp-contract=fast
+# (kernels/cpu/small_gemm.c), and bf16 attention's softmax rows take their exps with them
+# (kernels/cpu/attention_bf16_rows.c); ISO C mode (-std=c11) otherwise forbids contracting
+# a * b + c.
+$(BUILD)/kernels/cpu/small_gemm.o $(BUILD)/tests/test_small_gemm \
+$(BUILD)/kernels/cpu/attention_bf16_rows.o: private CFLAGS += -ffp-contract=fast
 
 $(BUILD)/libtitan.a: $(LIB_OBJS)
 	ar rcs $@ $^

@@ -15,6 +15,12 @@ static inline uint16_t bf16_from_float(float f) {
     return (uint16_t)(bits >> 16);
 }
 
+// A bf16 word: the pair (lo, hi) of consecutive elements, lo in the lower half (little-endian,
+// as oneDNN's VNNI layout and vdpbf16ps pair them). Loops of it over floats vectorise.
+static inline uint32_t bf16_word(float lo, float hi) {
+    return (uint32_t)bf16_from_float(lo) | (uint32_t)bf16_from_float(hi) << 16;
+}
+
 static inline float bf16_to_float(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float f;

@@ -176,22 +176,6 @@ static AttnScratch attention_scratch(void *workspace, const AttnShape *s) {
 // Words are read where attention_words_along wrote them as halves.
 typedef uint32_t AttnWord __attribute__((may_alias));
 
-// A bf16 word: the pair (lo, hi) of consecutive k, each rounded to nearest even, lo in the
-// lower half (little-endian, as oneDNN's VNNI layout). Loops of it over floats vectorise.
-static inline uint32_t bf16_word(float lo, float hi) {
-    return (uint32_t)bf16_from_float(lo) | (uint32_t)bf16_from_float(hi) << 16;
-}
-
-// x where keep, else 0, by its bits: a select the vectoriser takes where `keep ? x : 0` around
-// a computation would become a branch it cannot (with trapping math) turn back into one.
-static inline float attention_keep(float x, bool keep) {
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    bits &= -(uint32_t)keep;
-    memcpy(&x, &bits, sizeof x);
-    return x;
-}
-
 // A row's words along it: w[p] = (x[2p], x[2p + 1]), x[n] taken as 0 for an odd n. Written
 // as halves: a loop of bf16_from_float vectorises with one conversion per vector, where
 // pairing neighbours would shuffle.
@@ -357,30 +341,6 @@ static float attention_exp_row(float *s, int n_valid, int width, float *lse) {
     return 1.0f / sum;
 }
 
-// Under bf16: the same over whole vectors (lanes past n_valid masked to 0: no scalar remainder
-// on the diagonal's ragged rows), written straight as P's bf16 words along the row into p (ws /
-// 2 words, zeros past the vectors), the fp32 row left as it was.
-static float attention_exp_row_bf16(const float *s, int n_valid, int ws, float *lse,
-                                    AttnWord *p) {
-    float mx = n_valid > 0 ? cpu_max_floats(s, n_valid) : -INFINITY, lanes[16] = {0}, sum = 0.0f;
-    uint16_t *h = (uint16_t *)p;
-    int vectors = mx == -INFINITY ? 0 : round16(n_valid);
-    for (int j0 = 0; j0 < vectors; j0 += 16)
-        for (int l = 0; l < 16; l++) {  // one vector, its sums kept in one
-            float e = attention_keep(cpu_expf(s[j0 + l] - mx), j0 + l < n_valid);
-            lanes[l] += e;
-            h[j0 + l] = bf16_from_float(e);
-        }
-    memset(h + vectors, 0, (size_t)(ws - vectors) * sizeof *h);
-    if (vectors == 0) {
-        *lse = -INFINITY;
-        return 0.0f;
-    }
-    for (int l = 0; l < 16; l++) sum += lanes[l];
-    *lse = mx + logf(sum);
-    return 1.0f / sum;
-}
-
 // A (batch, kv head)'s keys and values as the tile GEMMs' b, over all Tk keys (a tile reads
 // from its first key on): k along columns (kt, vt, ld_t words apart) and along rows (kb, vb,
 // ld_rows words apart).
@@ -436,8 +396,8 @@ static void attention_tile_forward(const AttnTile *t, float *o, float *lse, cons
         float *sr = w->s + (size_t)r * ws;
         int n_valid = attention_mask_row(t, sr, r);
         if (w->bf16)
-            inv_sum[r] = attention_exp_row_bf16(sr, n_valid, ws, lse + r,
-                                                w->p_a + (size_t)r * (ws / 2));
+            inv_sum[r] = cpu_attention_exp_row_bf16(sr, n_valid, ws, lse + r,
+                                                    (uint16_t *)(w->p_a + (size_t)r * (ws / 2)));
         else
             inv_sum[r] = attention_exp_row(sr, n_valid, width, lse + r);
     }
@@ -531,16 +491,7 @@ static void attention_tile_probs(const AttnTile *t, const AttnGrads *a, const At
         float *p0 = p + (size_t)r * ws, *p1 = p0 + ws;
         float l0 = a->lse[r], l1 = r + 1 < t->rows ? a->lse[r + 1] : 0.0f;
         int n0 = attention_probs_row(t, a, p0, r), n1 = attention_probs_row(t, a, p1, r + 1);
-        uint32_t *pt = sc->p_at + (size_t)(r / 2) * ws;
-        int vectors = round16(n0 > n1 ? n0 : n1);
-#pragma omp simd
-        for (int j = 0; j < vectors; j++) {
-            float e0 = attention_keep(cpu_expf(p0[j] - l0), j < n0);
-            float e1 = attention_keep(cpu_expf(p1[j] - l1), j < n1);
-            p0[j] = e0, p1[j] = e1;
-            pt[j] = bf16_word(e0, e1);
-        }
-        memset(pt + vectors, 0, (size_t)(ws - vectors) * sizeof *pt);  // dV's GEMM reads them
+        cpu_attention_probs_rows_bf16(p0, p1, l0, l1, n0, n1, sc->p_at + (size_t)(r / 2) * ws, ws);
     }
 }
 
@@ -569,19 +520,9 @@ static void attention_tile_dscores(const AttnTile *t, const AttnGrads *a, const 
         // P's rows hold only their grad keys (nothing else was written): dS's too
         int seen0 = attention_grad_keys(t, a, r), seen1 = attention_grad_keys(t, a, r + 1);
         float d0 = a->dots[r], d1 = seen1 ? a->dots[r + 1] : 0.0f;
-        uint16_t *h0 = (uint16_t *)(sc->ds_a + (size_t)r * (ws / 2)), *h1 = h0 + ws;
-        uint32_t *dt = sc->ds_at + (size_t)(r / 2) * ws;
-        int vectors = round16(seen0 > seen1 ? seen0 : seen1);
-#pragma omp simd
-        for (int j = 0; j < vectors; j++) {
-            float g0 = attention_keep(p0[j] * (dp0[j] - d0), j < seen0);
-            float g1 = attention_keep(p1[j] * (dp1[j] - d1), j < seen1);
-            h0[j] = bf16_from_float(g0), h1[j] = bf16_from_float(g1);
-            dt[j] = bf16_word(g0, g1);
-        }
-        size_t rest = (size_t)(ws - vectors);
-        memset(h0 + vectors, 0, rest * sizeof *h0), memset(h1 + vectors, 0, rest * sizeof *h1);
-        memset(dt + vectors, 0, rest * sizeof *dt);
+        uint16_t *ds0 = (uint16_t *)(sc->ds_a + (size_t)r * (ws / 2)), *ds1 = ds0 + ws;
+        cpu_attention_dscores_rows_bf16(p0, p1, dp0, dp1, d0, d1, seen0, seen1, ds0, ds1,
+                                        sc->ds_at + (size_t)(r / 2) * ws, ws);
     }
 }
 

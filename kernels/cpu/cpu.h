@@ -75,6 +75,23 @@ bool cpu_small_gemm_dpbf16(void);
 void cpu_grouped_matmul_fp32(float *c, const float *a, const float *b, const int *offsets,
                              int groups, int n, int k, bool trans_a, bool trans_b, float beta);
 
+// ---- attention's bf16 softmax rows (attention_bf16_rows.c) -----------------------------------
+// Whole vectors of 16 keys at a time, the lanes past a row's n keys 0 (no scalar remainder on
+// a causal tile's ragged rows), ws (a multiple of 16) wide, zeros past the vectors.
+// Forward: p (ws bf16) = exp(s - max) over the row's first n_valid scores; returns 1 / sum
+// (applied to the output row after P V), *lse = max + log(sum); a row that sees no key (max
+// -inf) gets lse -inf and 0.
+float cpu_attention_exp_row_bf16(const float *s, int n_valid, int ws, float *lse, uint16_t *p);
+// Backward, two rows of a tile at a time: p0, p1 = exp(S - lse) in place (fp32, for dS) and
+// pt (ws words) = P's words across the two rows (P^T as dV's a).
+void cpu_attention_probs_rows_bf16(float *p0, float *p1, float lse0, float lse1, int n0, int n1,
+                                   uint32_t *pt, int ws);
+// dS = P o (dP - D) of the two rows: along each row as bf16 (ds0, ds1: dQ's a) and across them
+// as words (dst: dK's a).
+void cpu_attention_dscores_rows_bf16(const float *p0, const float *p1, const float *dp0,
+                                     const float *dp1, float d0, float d1, int n0, int n1,
+                                     uint16_t *ds0, uint16_t *ds1, uint32_t *dst, int ws);
+
 // max of x[0..n), n >= 1: the shift that makes softmax and log-sum-exp overflow-free.
 float cpu_max_floats(const float *x, int n);
 
