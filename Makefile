@@ -103,7 +103,8 @@ build/fuzz/obj/kernels/traced.o: FUZZ_CFLAGS += -I$(BUILD)/gen
 # (kernels/cpu/attention_bf16_rows.c); ISO C mode (-std=c11) otherwise forbids contracting
 # a * b + c.
 $(BUILD)/kernels/cpu/small_gemm.o $(BUILD)/tests/test_small_gemm \
-$(BUILD)/kernels/cpu/attention_bf16_rows.o: private CFLAGS += -ffp-contract=fast
+$(BUILD)/kernels/cpu/attention_bf16_rows.o $(BUILD)/kernels/cpu/attention_flash_bf16.o \
+$(BUILD)/tests/test_attention_flash: private CFLAGS += -ffp-contract=fast
 
 $(BUILD)/libtitan.a: $(LIB_OBJS)
 	ar rcs $@ $^

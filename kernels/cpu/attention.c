@@ -9,7 +9,9 @@
 // as cuDNN's flash attention does on cuda; softmax, its statistics, dS's elementwise math and
 // the outputs stay fp32. (cuda runs cuDNN for plain causal blocks and fp32 fallback kernels for
 // other masks, so its attention is not one numeric contract either way; here every mask takes
-// the bf16 tiles, which on avx512_bf16 do twice the multiply-adds per instruction.)
+// the bf16 tiles, which on avx512_bf16 do twice the multiply-adds per instruction.) bf16's
+// forward goes 16 query rows at a time through kernels/cpu/attention_flash_bf16.c instead, its
+// scores and P in registers, the softmax online as FlashAttention-2's.
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -55,11 +57,11 @@ typedef struct AttnTile {
     float scale;
 } AttnTile;
 
-static AttnTile attention_tile(const AttnShape *s, int b, int h, int i0, bool bf16) {
+static AttnTile attention_tile(const AttnShape *s, int b, int h, int i0, int rows, bool bf16) {
     int H = s->n_heads, KV = s->n_kv_heads, hd = s->head_dim;
     AttnTile t = {.s = s, .b = b, .i0 = i0, .ld_q = H * hd, .ld_kv = KV * hd,
                   .scale = 1.0f / sqrtf((float)hd)};
-    t.rows = s->Tq - i0 < ATTN_TILE ? s->Tq - i0 : ATTN_TILE;
+    t.rows = s->Tq - i0 < rows ? s->Tq - i0 : rows;
     int lo = 0, hi = attention_row_keys(s, i0 + t.rows - 1, 0, s->Tk);
     if (s->mask == ATTN_DOCUMENT) {
         while (lo < hi && !attention_rows_see(s, b, i0, t.rows, lo)) lo++;
@@ -106,9 +108,10 @@ typedef struct AttnScratch {
     uint32_t *qr, *dor;  // (words(ATTN_TILE), hd16): a tile's q and dO rows, likewise
     float *acc;  // (ATTN_TILE, hd16): P v's output; (max(panel, ATTN_TILE), hd16) where the
                  // keys' gradients go through it (head_dim % 16 != 0)
-    // bf16 only: P and dS as a (pairs along keys; along rows for a^T), q and dO as a.
-    uint32_t *p_a, *ds_a, *p_at, *ds_at;  // (ATTN_TILE, panel / 2), (ATTN_TILE / 2, panel)
-    uint32_t *q_a, *do_a;  // (ATTN_TILE, words(head_dim))
+    // bf16 only: dS as a (pairs along keys), P and dS as a^T (pairs along rows), q and dO as a
+    // (the fused forward's q words across its rows in q_a's room).
+    uint32_t *ds_a, *p_at, *ds_at;  // (ATTN_TILE, panel / 2), (ATTN_TILE / 2, panel)
+    uint32_t *q_a, *do_a;           // (ATTN_TILE, words(head_dim))
 } AttnScratch;
 
 // What one slice holds, in 4-byte units, each buffer only where it is used: the row panels
@@ -133,7 +136,7 @@ static AttnSlice attention_slice(const AttnShape *s, bool bf16) {
 
 static size_t attention_slice_floats(const AttnShape *s, bool bf16) {
     AttnSlice a = attention_slice(s, bf16);
-    return 2 * (a.s + a.kt + a.kr + a.qr + a.bf16_a) + a.acc + 4 * a.bf16_pairs;
+    return 2 * (a.s + a.kt + a.kr + a.qr + a.bf16_a) + a.acc + 3 * a.bf16_pairs;
 }
 
 // The workspace: backward's row dots (B, H, Tq), rounded up to whole cache lines, then one
@@ -164,7 +167,6 @@ static AttnScratch attention_scratch(void *workspace, const AttnShape *s) {
     a.qr = (uint32_t *)f, f += n.qr;
     a.dor = (uint32_t *)f, f += n.qr;
     a.acc = f, f += n.acc;
-    a.p_a = (uint32_t *)f, f += n.bf16_pairs;
     a.ds_a = (uint32_t *)f, f += n.bf16_pairs;
     a.p_at = (uint32_t *)f, f += n.bf16_pairs;
     a.ds_at = (uint32_t *)f, f += n.bf16_pairs;
@@ -343,22 +345,34 @@ static float attention_exp_row(float *s, int n_valid, int width, float *lse) {
 
 // A (batch, kv head)'s keys and values as the tile GEMMs' b, over all Tk keys (a tile reads
 // from its first key on): k along columns (kt, vt, ld_t words apart) and along rows (kb, vb,
-// ld_rows words apart).
+// ld_rows words apart); for bf16's fused forward, each key's words along head_dim (kw, words
+// (head_dim) apart, in kt's room).
 typedef struct AttnPanels {
-    const uint32_t *kt, *vt, *kb, *vb;
+    const uint32_t *kt, *vt, *kb, *vb, *kw;
     size_t ld_t, ld_rows;
 } AttnPanels;
 
-// Forward reads only kt and vb. Built once per head, not per tile: a transpose reads a float
-// at a time.
+// bf16's forward reads kw and vb (zeros past the keys: its last 16 keys may run past them),
+// fp32's kt and vb. Built once per head, not per tile: a transpose reads a float at a time.
 static AttnPanels attention_panels(const AttnShape *s, int b, int kv_head, const float *k,
                                    const float *v, const AttnScratch *w, bool backward) {
-    int ld = s->n_kv_heads * s->head_dim, hd = s->head_dim;
+    int ld = s->n_kv_heads * s->head_dim, hd = s->head_dim, hw = words(hd, w->bf16);
     size_t at = ((size_t)b * s->Tk * s->n_kv_heads + kv_head) * hd;
     k += at, v += at;
-    attention_operand_cols(w->kt, w->panel, k, ld, s->Tk, hd, w->bf16);
     AttnPanels p = {.kt = w->kt, .vt = w->vt, .ld_t = (size_t)w->panel};
     p.vb = attention_rows_operand(w->vr, w->hd16, v, ld, s->Tk, hd, w->bf16, &p.ld_rows);
+    if (w->bf16 && !backward) {
+        uint32_t *kw = w->kt;
+        for (int j = 0; j < s->Tk; j++)
+            attention_words_along(kw + (size_t)j * hw, k + (size_t)j * ld, hd);
+        memset(kw + (size_t)s->Tk * hw, 0, (size_t)(w->panel - s->Tk) * hw * sizeof *kw);
+        int pairs = words(s->Tk, true);
+        memset(w->vr + (size_t)pairs * w->hd16, 0,
+               (size_t)(w->panel / 2 - pairs) * w->hd16 * sizeof *w->vr);
+        p.kw = kw;
+        return p;
+    }
+    attention_operand_cols(w->kt, w->panel, k, ld, s->Tk, hd, w->bf16);
     if (backward) {
         attention_operand_cols(w->vt, w->panel, v, ld, s->Tk, hd, w->bf16);
         p.kb = attention_rows_operand(w->kr, w->hd16, k, ld, s->Tk, hd, w->bf16, &p.ld_rows);
@@ -385,8 +399,8 @@ static void attention_tile_scores(const AttnTile *t, const float *q, uint32_t *q
     attention_tile_gemm(t, &g, ATTN_ROWS_X_KEYS);
 }
 
-// The tile's o = softmax(scale q k^T) v through the scratch's scores; out and lse at the
-// tile's first row.
+// fp32: the tile's o = softmax(scale q k^T) v through the scratch's scores; out and lse at
+// the tile's first row.
 static void attention_tile_forward(const AttnTile *t, float *o, float *lse, const float *q,
                                    const AttnPanels *kv, const AttnScratch *w) {
     int width = t->width, ws = round16(width), hd = t->s->head_dim;
@@ -394,20 +408,11 @@ static void attention_tile_forward(const AttnTile *t, float *o, float *lse, cons
     attention_tile_scores(t, q, w->q_a, kv->kt, kv->ld_t, t->scale, w->s, w);
     for (int r = 0; r < t->rows; r++) {
         float *sr = w->s + (size_t)r * ws;
-        int n_valid = attention_mask_row(t, sr, r);
-        if (w->bf16)
-            inv_sum[r] = cpu_attention_exp_row_bf16(sr, n_valid, ws, lse + r,
-                                                    (uint16_t *)(w->p_a + (size_t)r * (ws / 2)));
-        else
-            inv_sum[r] = attention_exp_row(sr, n_valid, width, lse + r);
+        inv_sum[r] = attention_exp_row(sr, attention_mask_row(t, sr, r), width, lse + r);
     }
-    SmallGemm pv = {.m = t->rows, .n = hd, .k = words(width, w->bf16), .alpha = 1.0f,
-                    .bf16 = w->bf16, .b = attention_keys_at(t, kv->vb, kv->ld_rows, w->bf16),
+    SmallGemm pv = {.m = t->rows, .n = hd, .k = width, .alpha = 1.0f, .a = w->s,
+                    .lda = (size_t)ws, .b = attention_keys_at(t, kv->vb, kv->ld_rows, false),
                     .ldb = kv->ld_rows, .c = w->acc, .ldc = (size_t)w->hd16};
-    if (w->bf16)
-        pv.a = w->p_a, pv.lda = (size_t)ws / 2;
-    else
-        pv.a = w->s, pv.lda = (size_t)ws;
     attention_tile_gemm(t, &pv, ATTN_ROWS_SUM_KEYS);
     for (int r = 0; r < t->rows; r++) {
         float *orow = o + (size_t)r * t->ld_q;
@@ -425,6 +430,41 @@ static void attention_tile_blind(const AttnTile *t, float *o, float *lse) {
     }
 }
 
+// bf16: the fused kernel (attention_flash_bf16.c) on FLASH_ROWS query rows at a time, from
+// q's words across the rows (q_a's room), into acc's room; out and lse at the rows' first.
+#define FLASH_ROWS 16
+
+static void attention_rows_forward_bf16(const AttnTile *t, float *o, float *lse, const float *q,
+                                        const AttnPanels *kv, const AttnScratch *w) {
+    const AttnShape *s = t->s;
+    int hd = s->head_dim, hw = words(hd, true), keys[FLASH_ROWS], docs[FLASH_ROWS];
+    float m[FLASH_ROWS], l[FLASH_ROWS];
+    uint32_t *qw = w->q_a;  // (hw, FLASH_ROWS)
+    AttnWord along[FLASH_ROWS][hw];  // each row's words, converted a vector at a time
+    for (int i = 0; i < FLASH_ROWS; i++) {
+        bool row = i < t->rows;
+        if (row)
+            attention_words_along(along[i], q + (size_t)i * t->ld_q, hd);
+        else
+            memset(along[i], 0, sizeof along[i]);
+        keys[i] = row ? attention_row_keys(s, t->i0 + i, t->lo, t->width) : 0;
+        docs[i] = row && s->mask == ATTN_DOCUMENT ? s->q_doc[(size_t)t->b * s->Tq + t->i0 + i] : 0;
+    }
+    for (int p = 0; p < hw; p++)
+        for (int i = 0; i < FLASH_ROWS; i++) qw[p * FLASH_ROWS + i] = along[i][p];
+    FlashRows f = {.q = qw, .k = kv->kw + (size_t)t->lo * hw,
+                   .v = attention_keys_at(t, kv->vb, kv->ld_rows, true), .ld_v = kv->ld_rows,
+                   .words = hw, .head_dim = hd, .n = t->width, .scale = t->scale, .keys = keys,
+                   .q_doc = docs, .o = w->acc, .m = m, .l = l};
+    if (s->mask == ATTN_DOCUMENT) f.kv_doc = s->kv_doc + (size_t)t->b * s->Tk + t->lo;
+    cpu_attention_flash_bf16(&f);
+    for (int i = 0; i < t->rows; i++) {
+        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f, *orow = o + (size_t)i * t->ld_q;
+        lse[i] = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
+        for (int c = 0; c < hd; c++) orow[c] = w->acc[c * FLASH_ROWS + i] * inv;
+    }
+}
+
 void cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                            const float *v, const AttnShape *s, void *workspace) {
     int group = s->n_heads / s->n_kv_heads;
@@ -433,8 +473,15 @@ void cpu_attention_forward(float *out, float *lse, const float *q, const float *
         for (int h = 0; h < s->n_heads; h++) {
             AttnScratch w = attention_scratch(workspace, s);
             AttnPanels kv = attention_panels(s, b, h / group, k, v, &w, false);
-            for (int i0 = 0; i0 < s->Tq; i0 += ATTN_TILE) {
-                AttnTile t = attention_tile(s, b, h, i0, w.bf16);
+            for (int i0 = 0; w.bf16 && i0 < s->Tq; i0 += FLASH_ROWS) {
+                AttnTile t = attention_tile(s, b, h, i0, FLASH_ROWS, true);
+                if (t.width <= 0)
+                    attention_tile_blind(&t, out + t.q0, lse + t.l0);
+                else
+                    attention_rows_forward_bf16(&t, out + t.q0, lse + t.l0, q + t.q0, &kv, &w);
+            }
+            for (int i0 = 0; !w.bf16 && i0 < s->Tq; i0 += ATTN_TILE) {
+                AttnTile t = attention_tile(s, b, h, i0, ATTN_TILE, false);
                 if (t.width <= 0)
                     attention_tile_blind(&t, out + t.q0, lse + t.l0);
                 else
@@ -587,7 +634,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
             AttnPanels kv = attention_panels(s, b, kvh, k, v, &w, true);
             for (int h = kvh * group; h < (kvh + 1) * group; h++)
                 for (int i0 = 0; i0 < s->Tq; i0 += ATTN_TILE) {
-                    AttnTile t = attention_tile(s, b, h, i0, w.bf16);
+                    AttnTile t = attention_tile(s, b, h, i0, ATTN_TILE, w.bf16);
                     if (t.width <= 0) continue;
                     AttnGrads a = attention_grads_at(&g, &t);
                     attention_tile_backward(&t, &a, &kv, &w);

@@ -1,11 +1,10 @@
-// Attention's softmax rows under bf16 compute (kernels/cpu/attention.c's tiles): P = exp(S - m)
-// with its row sum in forward, and in backward P again from the log-sum-exp and dS = P o (dP -
-// D), each written as the bf16 words of the tile GEMMs that read them.
+// Attention's backward softmax rows under bf16 compute (kernels/cpu/attention.c's tiles): P
+// again from the log-sum-exp and dS = P o (dP - D), each written as the bf16 words of the tile
+// GEMMs that read them.
 //
 // A file of their own so that they compile with fused multiply-adds (the Makefile's
 // -ffp-contract=fast, as small_gemm.c): cpu_expf's range reduction and polynomial fused, the
-// debug model's attention took 8% less time (10% of its forward), its outputs still within
-// bf16's bound. fp32 attention's rows stay in attention.c, unfused, its bits unchanged.
+// debug model's attention took 8% less time, its outputs still within bf16's bound. fp32 attention's rows stay in attention.c, unfused, its bits unchanged.
 #include <math.h>
 
 #include "core/bf16.h"
@@ -22,25 +21,6 @@ static inline float keep_or_zero(float x, bool keep) {
 }
 
 static int round16(int n) { return (n + 15) / 16 * 16; }
-
-float cpu_attention_exp_row_bf16(const float *s, int n_valid, int ws, float *lse, uint16_t *p) {
-    float mx = n_valid > 0 ? cpu_max_floats(s, n_valid) : -INFINITY, lanes[16] = {0}, sum = 0.0f;
-    int vectors = mx == -INFINITY ? 0 : round16(n_valid);
-    for (int j0 = 0; j0 < vectors; j0 += 16)
-        for (int l = 0; l < 16; l++) {  // one vector, its sums kept in one
-            float e = keep_or_zero(cpu_expf(s[j0 + l] - mx), j0 + l < n_valid);
-            lanes[l] += e;
-            p[j0 + l] = bf16_from_float(e);
-        }
-    memset(p + vectors, 0, (size_t)(ws - vectors) * sizeof *p);
-    if (vectors == 0) {
-        *lse = -INFINITY;
-        return 0.0f;
-    }
-    for (int l = 0; l < 16; l++) sum += lanes[l];
-    *lse = mx + logf(sum);
-    return 1.0f / sum;
-}
 
 void cpu_attention_probs_rows_bf16(float *p0, float *p1, float lse0, float lse1, int n0, int n1,
                                    uint32_t *pt, int ws) {

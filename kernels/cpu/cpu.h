@@ -75,15 +75,28 @@ bool cpu_small_gemm_dpbf16(void);
 void cpu_grouped_matmul_fp32(float *c, const float *a, const float *b, const int *offsets,
                              int groups, int n, int k, bool trans_a, bool trans_b, float beta);
 
-// ---- attention's bf16 softmax rows (attention_bf16_rows.c) -----------------------------------
+// ---- bf16 attention's fused forward (attention_flash_bf16.c) ----------------------------------
+// 16 query rows of one head (lane i of every vector: row i) against keys [0, n): online
+// softmax, P in bf16, o and the statistics fp32. A row sees key j when j < keys[i] (by
+// position) and, with kv_doc, kv_doc[j] == q_doc[i]; rows past the block's get keys 0.
+typedef struct FlashRows {
+    const uint32_t *q;  // (words, 16): the rows' q as bf16 words along head_dim
+    const uint32_t *k;  // (round16(n), words): each key's bf16 words along head_dim
+    const uint32_t *v;  // (round16(n) / 2, ld_v words): v's words across keys 2t and 2t + 1
+    size_t ld_v;
+    int words, head_dim, n;
+    float scale;
+    const int *keys, *q_doc, *kv_doc;  // [16], [16] and [n]; kv_doc NULL: no document mask
+    float *o;      // (head_dim, 16): out: sum_j P_j v_j per row, not yet divided by l
+    float *m, *l;  // [16]: out: each row's max score and sum of exp(score - max); l 0: none seen
+} FlashRows;
+void cpu_attention_flash_bf16(const FlashRows *f);
+
+// ---- attention's bf16 backward softmax rows (attention_bf16_rows.c) --------------------------
 // Whole vectors of 16 keys at a time, the lanes past a row's n keys 0 (no scalar remainder on
-// a causal tile's ragged rows), ws (a multiple of 16) wide, zeros past the vectors.
-// Forward: p (ws bf16) = exp(s - max) over the row's first n_valid scores; returns 1 / sum
-// (applied to the output row after P V), *lse = max + log(sum); a row that sees no key (max
-// -inf) gets lse -inf and 0.
-float cpu_attention_exp_row_bf16(const float *s, int n_valid, int ws, float *lse, uint16_t *p);
-// Backward, two rows of a tile at a time: p0, p1 = exp(S - lse) in place (fp32, for dS) and
-// pt (ws words) = P's words across the two rows (P^T as dV's a).
+// a causal tile's ragged rows), ws (a multiple of 16) wide, zeros past the vectors; two rows
+// of a tile at a time. p0, p1 = exp(S - lse) in place (fp32, for dS) and pt (ws words) = P's
+// words across the two rows (P^T as dV's a).
 void cpu_attention_probs_rows_bf16(float *p0, float *p1, float lse0, float lse1, int n0, int n1,
                                    uint32_t *pt, int ws);
 // dS = P o (dP - D) of the two rows: along each row as bf16 (ds0, ds1: dQ's a) and across them
