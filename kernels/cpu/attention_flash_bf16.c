@@ -4,7 +4,8 @@
 // and the scores, P and P V never leave the registers and the (head_dim, 16) accumulator:
 // 16 keys at a time, S = scale q k^T by vdpbf16ps on q's words against each key's, the running
 // max raised and what was summed rescaled, P = exp(S - max) rounded to bf16 pairs of keys, and
-// o = alpha o + P v by vdpbf16ps against v's words across the same pairs. attention.c's tiled
+// o = alpha o + P v by vdpbf16ps against v's words across the same pairs (P rounded by
+// vcvtne2ps2bf16: exact, P being 0 or normal, cpu_expf returning 0 below 2^-126). attention.c's tiled
 // forward (fp32's) stores a tile's (64, keys) scores, reads them for the row maxima, again for
 // the exps, and P again for P v: on the debug model (head_dim 16, one thread of an AMD EPYC)
 // this forward takes 31% less time than those tiles under bf16 did.
@@ -19,31 +20,6 @@
 #include "kernels/cpu/small_gemm_term.h"
 
 #define FLASH_KEYS 16  // keys per step: 16 sums in flight hide vdpbf16ps's latency
-
-typedef uint16_t Halves32 __attribute__((vector_size(64)));
-
-// *w = the words (lo[i], hi[i]) of two keys' P for the 16 rows. Where vdpbf16ps runs, so does
-// vcvtne2ps2bf16, and one of it and a permutation replace the integer rounding: the same
-// numbers for P, which is 0 or a normal float in (0, 1] (cpu_expf returns 0 below 2^-126,
-// where the instruction would flush a subnormal).
-static inline __attribute__((always_inline)) void flash_pair(Words16 *w, const float *lo,
-                                                             const float *hi,
-                                                             const SmallGemmTerm TERM) {
-#if SMALL_GEMM_DPBF16
-    if (TERM == TERM_DPBF16) {
-        Halves32 h;  // h[i] = lo[i], h[16 + i] = hi[i], rounded
-        __asm__("vcvtne2ps2bf16 %2, %1, %0" : "=v"(h) : "v"(*(const Vec16 *)hi),
-                "v"(*(const Vec16 *)lo));
-        const Halves32 interleave = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-        *w = (Words16)__builtin_shuffle(h, interleave);
-        return;
-    }
-#endif
-    uint32_t *words = (uint32_t *)w;
-#pragma omp simd
-    for (int i = 0; i < 16; i++) words[i] = bf16_word(lo[i], hi[i]);
-}
 
 static inline __attribute__((always_inline)) void flash_rows(const FlashRows *f,
                                                              const SmallGemmTerm TERM) {
@@ -100,7 +76,7 @@ static inline __attribute__((always_inline)) void flash_rows(const FlashRows *f,
             l[i] = sum;
         }
         Words16 pw[FLASH_KEYS / 2];  // P's words across pairs of keys, lane = row
-        for (int t = 0; t < FLASH_KEYS / 2; t++) flash_pair(&pw[t], sf[2 * t], sf[2 * t + 1], TERM);
+        for (int t = 0; t < FLASH_KEYS / 2; t++) bf16_pairs16(&pw[t], sf[2 * t], sf[2 * t + 1], TERM);
         const Word *vp = (const Word *)f->v + (size_t)(j0 / 2) * f->ld_v;
         Vec16 scale_o = *(const Vec16 *)alpha;
         for (int c = 0; c < hd; c++) {

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/bf16.h"
+
 // 16 floats or 16 words, one AVX-512 register; aligned(4): loads and stores at any word;
 // may_alias: they read the floats or the bf16 halves their callers wrote.
 typedef float Vec16 __attribute__((vector_size(64), aligned(4), may_alias));
@@ -50,4 +52,47 @@ static inline __attribute__((always_inline)) void small_gemm_term(Vec16 *acc, ui
         __asm__("vdpbf16ps %2, %1, %0" : "+v"(*acc) : "v"(*b), "v"(a16));
 #endif
     }
+}
+
+// ---- bf16 rounding, 16 floats at a time ------------------------------------------------------
+
+typedef uint16_t Halves32 __attribute__((vector_size(64), aligned(2), may_alias));
+
+// Where vdpbf16ps runs, so does vcvtne2ps2bf16: one instruction rounds two vectors of floats
+// to bf16 where bf16_from_float takes eight integer operations on each. It flushes subnormals
+// to zero, as vdpbf16ps does on its inputs; other numbers round the same either way.
+
+// h (32 bf16) = lo's 16 floats, then hi's.
+static inline __attribute__((always_inline)) void bf16_halves32(Halves32 *h, const float *lo,
+                                                                const float *hi,
+                                                                const SmallGemmTerm TERM) {
+#if SMALL_GEMM_DPBF16
+    if (TERM == TERM_DPBF16) {
+        __asm__("vcvtne2ps2bf16 %2, %1, %0" : "=v"(*h) : "v"(*(const Vec16 *)hi),
+                "v"(*(const Vec16 *)lo));
+        return;
+    }
+#endif
+    uint16_t *x = (uint16_t *)h;
+#pragma omp simd
+    for (int i = 0; i < 16; i++) x[i] = bf16_from_float(lo[i]), x[16 + i] = bf16_from_float(hi[i]);
+}
+
+// w (16 words) = (lo[i], hi[i]): the pairs across two rows of 16 a bf16 GEMM operand takes.
+static inline __attribute__((always_inline)) void bf16_pairs16(Words16 *w, const float *lo,
+                                                               const float *hi,
+                                                               const SmallGemmTerm TERM) {
+#if SMALL_GEMM_DPBF16
+    if (TERM == TERM_DPBF16) {
+        Halves32 h;
+        bf16_halves32(&h, lo, hi, TERM);
+        const Halves32 interleave = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+        *w = (Words16)__builtin_shuffle(h, interleave);
+        return;
+    }
+#endif
+    uint32_t *x = (uint32_t *)w;
+#pragma omp simd
+    for (int i = 0; i < 16; i++) x[i] = bf16_word(lo[i], hi[i]);
 }

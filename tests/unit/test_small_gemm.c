@@ -4,7 +4,8 @@
 // included (its terms are static), so both bf16 ways are checked on this cpu: the fused
 // multiply-adds always, and vdpbf16ps, bit for bit the same on inputs without subnormals,
 // where the cpu has avx512_bf16. Every block shape and leftover (16 x 1, 8 x 2, 4 x n, 1 x n),
-// a in both orientations, accumulate or not, k 0 to 37 words.
+// a in both orientations, accumulate or not, k 0 to 37 words. And small_gemm_term.h's bf16
+// rounding by vcvtne2ps2bf16 against bf16_from_float, on every kind of float.
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -133,11 +134,90 @@ static void test_bf16_dpbf16(void **state) {
     check_all(true, small_gemm_dpbf16);
 }
 
+// ---- bf16 rounding (small_gemm_term.h) --------------------------------------------------------
+
+#if SMALL_GEMM_DPBF16
+__attribute__((target("avx512f,avx512bw"))) static void halves_dpbf16(Halves32 *h,
+                                                                      const float *lo,
+                                                                      const float *hi) {
+    bf16_halves32(h, lo, hi, TERM_DPBF16);
+}
+
+__attribute__((target("avx512f,avx512bw"))) static void pairs_dpbf16(Words16 *w, const float *lo,
+                                                                     const float *hi) {
+    bf16_pairs16(w, lo, hi, TERM_DPBF16);
+}
+#endif
+
+// What vcvtne2ps2bf16 gives for x: bf16_from_float's rounding, but a subnormal flushed to the
+// zero of its sign (a NaN is checked to stay one: its payload may differ).
+static uint16_t rounded_by_instruction(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    bool subnormal = (bits & 0x7f800000u) == 0 && (bits & 0x7fffffu) != 0;
+    return subnormal ? (uint16_t)((bits >> 16) & 0x8000u) : bf16_from_float(x);
+}
+
+static void check_rounded(uint16_t got, float x, const char *what) {
+    if (isnan(x)) {
+        assert_true((got & 0x7f80u) == 0x7f80u && (got & 0x7fu) != 0);
+        return;
+    }
+    uint16_t want = rounded_by_instruction(x);
+    if (got != want) fail_msg("%s of %a: %#06x, want %#06x", what, (double)x, got, want);
+}
+
+// Floats of every kind: ties to even both ways, the largest (rounding to infinity),
+// infinities, zeros, subnormals, NaNs, and random ones across the exponents.
+static float rounding_case(int i) {
+    static const uint32_t edge[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f807fffu,
+                                    0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x00000000u,
+                                    0x80000000u, 0x00000001u, 0x807fffffu, 0x7fc00001u,
+                                    0xffa00000u, 0x00800000u, 0x0080ffffu, 0x477fe000u};
+    uint32_t bits = i < 16 ? edge[i] : (uint32_t)(rng_uniform() * 2147483648.0) * 2u + (i & 1);
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+// Where the cpu has avx512_bf16, the instruction's rounding: bf16_from_float's but for
+// subnormals; the halves and the pairs laid out as the GEMM operands take them.
+static void test_bf16_rounding(void **state) {
+    (void)state;
+#if SMALL_GEMM_DPBF16
+    if (!cpu_small_gemm_dpbf16()) {
+        printf("skipped: this cpu has no avx512_bf16\n");
+        return;
+    }
+    rng_seed(4);
+    for (int block = 0; block < 64; block++) {
+        float lo[16], hi[16];
+        for (int i = 0; i < 16; i++)
+            lo[i] = rounding_case(block * 32 + i), hi[i] = rounding_case(block * 32 + 16 + i);
+        Halves32 h;
+        Words16 w;
+        halves_dpbf16(&h, lo, hi);
+        pairs_dpbf16(&w, lo, hi);
+        const uint16_t *hx = (const uint16_t *)&h;
+        const uint32_t *wx = (const uint32_t *)&w;
+        for (int i = 0; i < 16; i++) {
+            check_rounded(hx[i], lo[i], "halves' lo");
+            check_rounded(hx[16 + i], hi[i], "halves' hi");
+            check_rounded((uint16_t)(wx[i] & 0xffff), lo[i], "pair's lo");
+            check_rounded((uint16_t)(wx[i] >> 16), hi[i], "pair's hi");
+        }
+    }
+#else
+    printf("skipped: built without the instruction's inline assembly\n");
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp32),
         cmocka_unit_test(test_bf16_fused_multiply_adds),
         cmocka_unit_test(test_bf16_dpbf16),
+        cmocka_unit_test(test_bf16_rounding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
