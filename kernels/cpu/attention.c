@@ -106,8 +106,9 @@ typedef struct AttnScratch {
     uint32_t *kr, *vr;  // (words(panel), hd16): zero-padded; fp32 with head_dim % 16 == 0 reads
                         // k and v in place
     uint32_t *qr, *dor;  // (words(ATTN_TILE), hd16): a tile's q and dO rows, likewise
-    float *acc;  // (ATTN_TILE, hd16): P v's output; (max(panel, ATTN_TILE), hd16) where the
-                 // keys' gradients go through it (head_dim % 16 != 0)
+    float *acc;  // (ATTN_TILE, hd16): P v's output (bf16's fused forward: its (head_dim, 16)
+                 // o); (max(panel, ATTN_TILE), hd16) where the keys' gradients go through it
+                 // (head_dim % 16 != 0)
     // bf16 only: dS as a (pairs along keys), P and dS as a^T (pairs along rows), q and dO as a
     // (the fused forward's q words across its rows in q_a's room).
     uint32_t *ds_a, *p_at, *ds_at;  // (ATTN_TILE, panel / 2), (ATTN_TILE / 2, panel)

@@ -3,11 +3,12 @@
 // GEMMs that read them, 16 keys at a time.
 //
 // A file of their own so that they compile with fused multiply-adds (the Makefile's
-// -ffp-contract=fast, as small_gemm.c): cpu_expf's range reduction and polynomial fused, the
-// debug model's attention took 8% less time, its outputs still within bf16's bound. fp32
-// attention's rows stay in attention.c, unfused, its bits unchanged. Where the cpu has
-// avx512_bf16 the rounding is vcvtne2ps2bf16's (small_gemm_term.h): P the same numbers, dS's
-// subnormals flushed to zero as vdpbf16ps flushes its inputs'.
+// -ffp-contract=fast, as small_gemm.c) where the build has them (NATIVE=1, and the avx512_bf16
+// path): cpu_expf's range reduction and polynomial fused, the debug model's attention took 8%
+// less time, its outputs still within bf16's bound. fp32 attention's rows stay in attention.c,
+// unfused, its bits unchanged. Where the cpu has avx512_bf16 the rounding is vcvtne2ps2bf16's
+// (small_gemm_term.h): P the same numbers, dS's subnormals flushed to zero as vdpbf16ps
+// flushes its inputs'.
 #include <math.h>
 
 #include "core/bf16.h"

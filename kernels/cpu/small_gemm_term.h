@@ -60,12 +60,14 @@ typedef uint16_t Halves32 __attribute__((vector_size(64), aligned(2), may_alias)
 
 // Where vdpbf16ps runs, so does vcvtne2ps2bf16: one instruction rounds two vectors of floats
 // to bf16 where bf16_from_float takes eight integer operations on each. It flushes subnormals
-// to zero, as vdpbf16ps does on its inputs; other numbers round the same either way.
+// to zero, as vdpbf16ps does on its inputs, and keeps a NaN's payload where bf16_from_float
+// makes it the quiet NaN; every other float rounds the same either way.
 
 // h (32 bf16) = lo's 16 floats, then hi's.
 static inline __attribute__((always_inline)) void bf16_halves32(Halves32 *h, const float *lo,
                                                                 const float *hi,
                                                                 const SmallGemmTerm TERM) {
+    (void)TERM;  // without the assembly, one way
 #if SMALL_GEMM_DPBF16
     if (TERM == TERM_DPBF16) {
         __asm__("vcvtne2ps2bf16 %2, %1, %0" : "=v"(*h) : "v"(*(const Vec16 *)hi),
@@ -82,13 +84,15 @@ static inline __attribute__((always_inline)) void bf16_halves32(Halves32 *h, con
 static inline __attribute__((always_inline)) void bf16_pairs16(Words16 *w, const float *lo,
                                                                const float *hi,
                                                                const SmallGemmTerm TERM) {
+    (void)TERM;
 #if SMALL_GEMM_DPBF16
     if (TERM == TERM_DPBF16) {
         Halves32 h;
         bf16_halves32(&h, lo, hi, TERM);
-        const Halves32 interleave = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-        *w = (Words16)__builtin_shuffle(h, interleave);
+        // __builtin_shufflevector: GCC's (12 on) and clang's, which the fuzz build uses
+        *w = (Words16)__builtin_shufflevector(h, h, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6,
+                                              22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28,
+                                              13, 29, 14, 30, 15, 31);
         return;
     }
 #endif

@@ -47,7 +47,9 @@ static double half(const uint32_t *row, int c) {
     return bf16_to_float((uint16_t)(c % 2 ? w >> 16 : w & 0xffff));
 }
 
-static Case case_new(int hd, int n, bool documents) {
+// Rows' keys: a causal diagonal ending at n, with row 3 blind and rows 14, 15 past the block;
+// or (full) every row seeing all n, where the steps before the last skip the mask.
+static Case case_new(int hd, int n, bool documents, bool full) {
     Case c = {.hd = hd, .n = n, .words = (hd + 1) / 2};
     int W = c.words, n16 = (n + 15) / 16 * 16;
     c.q = malloc((size_t)W * 16 * sizeof *c.q);
@@ -61,8 +63,8 @@ static Case case_new(int hd, int n, bool documents) {
     for (int j = 0; hd % 2 && j < n16; j++) c.k[(size_t)j * W + W - 1] &= 0xffff;
     c.kv_doc = documents ? malloc((size_t)n * sizeof *c.kv_doc) : NULL;
     for (int j = 0; documents && j < n; j++) c.kv_doc[j] = j < n / 3 ? 0 : 1;
-    for (int i = 0; i < 16; i++) {  // a causal diagonal, two rows past the block, one blind
-        c.keys[i] = i >= 14 ? 0 : i == 3 ? 0 : n - 13 + i > 0 ? n - 13 + i : 0;
+    for (int i = 0; i < 16; i++) {
+        c.keys[i] = full ? n : i >= 14 ? 0 : i == 3 ? 0 : n - 13 + i > 0 ? n - 13 + i : 0;
         c.q_doc[i] = documents ? i % 2 : 0;
     }
     return c;
@@ -117,8 +119,8 @@ static void check_reference(Case *c) {
         fail_msg("head_dim %d, %d keys: o / l off by %g of %g", c->hd, c->n, worst, largest);
 }
 
-static void check_case(int hd, int n, bool documents) {
-    Case c = case_new(hd, n, documents);
+static void check_case(int hd, int n, bool documents, bool full) {
+    Case c = case_new(hd, n, documents, full);
     FlashRows f = case_rows(&c);
     run_fma(&f);
     check_reference(&c);
@@ -138,12 +140,13 @@ static void test_flash_rows(void **state) {
     rng_seed(11);
     if (!cpu_small_gemm_dpbf16())
         printf("this cpu has no avx512_bf16: the fused multiply-adds alone are checked\n");
-    check_case(16, 256, false);
-    check_case(16, 37, true);
-    check_case(15, 50, false);
-    check_case(40, 70, true);
-    check_case(64, 16, false);
-    check_case(16, 0, false);
+    check_case(16, 256, false, false);
+    check_case(16, 256, false, true);
+    check_case(16, 37, true, false);
+    check_case(15, 50, false, true);
+    check_case(40, 70, true, false);
+    check_case(64, 16, false, false);
+    check_case(16, 0, false, false);
 }
 
 int main(void) {

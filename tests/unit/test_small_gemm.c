@@ -147,7 +147,6 @@ __attribute__((target("avx512f,avx512bw"))) static void pairs_dpbf16(Words16 *w,
                                                                      const float *hi) {
     bf16_pairs16(w, lo, hi, TERM_DPBF16);
 }
-#endif
 
 // What vcvtne2ps2bf16 gives for x: bf16_from_float's rounding, but a subnormal flushed to the
 // zero of its sign (a NaN is checked to stay one: its payload may differ).
@@ -179,6 +178,7 @@ static float rounding_case(int i) {
     memcpy(&x, &bits, sizeof x);
     return x;
 }
+#endif
 
 // Where the cpu has avx512_bf16, the instruction's rounding: bf16_from_float's but for
 // subnormals; the halves and the pairs laid out as the GEMM operands take them.
