@@ -99,11 +99,7 @@ __attribute__((target("avx512f,avx512bw"))) static void flash_rows_dpbf16(const 
 static void flash_rows_dpbf16(const FlashRows *f) { flash_rows(f, TERM_BF16); }
 #endif
 
-// Built again for AVX2 and AVX-512 in the default build, as cpu_small_gemm is.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX512F__)
-__attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
-#endif
-void cpu_attention_flash_bf16(const FlashRows *f) {
+SMALL_GEMM_CLONES void cpu_attention_flash_bf16(const FlashRows *f) {
     if (cpu_small_gemm_dpbf16())
         flash_rows_dpbf16(f);
     else

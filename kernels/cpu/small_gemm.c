@@ -122,13 +122,7 @@ bool cpu_small_gemm_dpbf16(void) { return false; }
 static void small_gemm_dpbf16(const SmallGemm *g) { small_gemm_for(g, TERM_BF16); }
 #endif
 
-// The default build is for any x86-64 (CI runs on whatever it gets), where these kernels would
-// be SSE without fused multiply-adds: GCC builds them again for AVX2 with FMA and for AVX-512
-// and picks one for the cpu at load time (as OpenBLAS picks its kernels).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX512F__)
-__attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
-#endif
-void cpu_small_gemm(const SmallGemm *g) {
+SMALL_GEMM_CLONES void cpu_small_gemm(const SmallGemm *g) {
     if (g->bf16 && cpu_small_gemm_dpbf16()) {
         small_gemm_dpbf16(g);
         return;
