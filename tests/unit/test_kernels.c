@@ -482,8 +482,10 @@ static void test_attention_gqa2(void **state) {
     attn_check(attn_causal(1, 67, 2, 1, 4), true);
 }
 
-// head_dim 16, 32 and 48 read k, v and q as they lie (whole vectors of 16); 40 and 4 through
-// zero-padded copies (kernels/cpu/small_gemm.c's strips of 2 vectors and 1).
+// head_dim 16, 32 and 48 read k, v and q as they lie (whole vectors of 16) and, on a cpu with
+// AVX-512, transpose k and v into their panels 16 x 16 in registers (130, 75 and 33 keys: a
+// part block at the end); 40 and 4 through zero-padded copies (kernels/cpu/small_gemm.c's
+// strips of 2 vectors and 1) and the panels' word blocks.
 static void test_attention_mha(void **state) {
     (void)state;
     rng_seed(5);
