@@ -239,16 +239,16 @@ static inline __attribute__((always_inline)) void attention_transpose16(Vec16 x[
     }
 }
 
-// attention_operand_cols of fp32 rows whose head_dim is a multiple of 16, in 16 x 16 blocks: a
-// vector read per row, a transpose in registers, a vector written per panel row. Against the
-// word blocks below, the debug model's attention (one thread, AMD EPYC) went from 13.4 to 12.4
-// ms in backward, 8.1 to 7.8 in forward: the rows, H head_dim floats apart, are read without a
-// call and 256 scalar moves between each block's reads. Built for AVX-512 in every build and
-// run where the cpu has it: elsewhere the 64-byte vectors and their shuffles would lower to
-// slower code than the word blocks (measured, portable build: 16% slower than them).
-__attribute__((target("avx512f"))) static void attention_cols_fp32(uint32_t *dst, int width,
-                                                                  const float *src, int ld,
-                                                                  int n, int hd) {
+// attention_operand_cols of rows whose head_dim is a multiple of 16, in 16 x 16 blocks: a
+// vector read per row, a transpose in registers, then per panel row a vector written (fp32) or
+// two rounded into their bf16 pairs. Against the word blocks below, the debug model's fp32
+// attention (one thread, AMD EPYC) went from 13.4 to 12.4 ms in backward, 8.1 to 7.8 in
+// forward: the rows, H head_dim floats apart, are read without a call and 256 scalar moves
+// between each block's reads. Built for AVX-512 in every build and run where the cpu has it:
+// elsewhere the 64-byte vectors and their shuffles would lower to slower code than the word
+// blocks (measured, portable build: 16% slower than them).
+__attribute__((target("avx512f"))) static void attention_cols_by_vectors(
+    uint32_t *dst, int width, const float *src, int ld, int n, int hd, bool bf16) {
     for (int j0 = 0; j0 < n; j0 += 16)
         for (int c0 = 0; c0 < hd; c0 += 16) {
             Vec16 x[16];
@@ -256,7 +256,11 @@ __attribute__((target("avx512f"))) static void attention_cols_fp32(uint32_t *dst
                 x[j] = j0 + j < n ? *(const Vec16 *)(src + (size_t)(j0 + j) * ld + c0)
                                   : (Vec16){0};
             attention_transpose16(x);
-            for (int p = 0; p < 16; p++) *(Vec16 *)(dst + (size_t)(c0 + p) * width + j0) = x[p];
+            for (int p = 0; !bf16 && p < 16; p++)
+                *(Vec16 *)(dst + (size_t)(c0 + p) * width + j0) = x[p];
+            for (int p = 0; bf16 && p < 8; p++)
+                bf16_pairs16((Words16 *)(dst + (size_t)(c0 / 2 + p) * width + j0),
+                             (const float *)&x[2 * p], (const float *)&x[2 * p + 1], TERM_BF16);
         }
 }
 
@@ -267,8 +271,8 @@ __attribute__((target("avx512f"))) static void attention_cols_fp32(uint32_t *dst
 static void attention_operand_cols(uint32_t *dst, int width, const float *src, int ld, int n,
                                    int hd, bool bf16) {
     int hw = words(hd, bf16);
-    bool by_vectors = !bf16 && hd % 16 == 0 && __builtin_cpu_supports("avx512f");
-    if (by_vectors) attention_cols_fp32(dst, width, src, ld, n, hd);
+    bool by_vectors = hd % 16 == 0 && __builtin_cpu_supports("avx512f");
+    if (by_vectors) attention_cols_by_vectors(dst, width, src, ld, n, hd, bf16);
     for (int j0 = 0; !by_vectors && j0 < n; j0 += 16) {
         int m = n - j0 < 16 ? n - j0 : 16;
         AttnWord block[16][hw];
