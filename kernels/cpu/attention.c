@@ -201,6 +201,15 @@ static void attention_words_across(uint32_t *w, const float *lo, const float *hi
     }
 }
 
+// Whether rows of n floats go through the *_by_vectors functions below: 16 floats (64 bytes)
+// at a time, transposed and rounded in registers, each built for AVX-512 in every build and run
+// where the cpu has it. Without AVX-512 their 64-byte vectors and shuffles lower to slower code
+// than the row-at-a-time loops they replace (measured, portable build: 16% slower), which stay
+// for that case and for other n.
+static bool attention_by_vectors(int n) {
+    return n % 16 == 0 && __builtin_cpu_supports("avx512f");
+}
+
 // The 16 x 16 floats x[r][c] become x[c][r] in four rounds: round b (1, 2, 4, 8) swaps bit b
 // of the row and the column, rows r and r + b trading the elements whose column has bit b
 // set, by shuffles of two vectors (one vpermt2ps each).
@@ -244,9 +253,7 @@ static inline __attribute__((always_inline)) void attention_transpose16(Vec16 x[
 // two rounded into their bf16 pairs. Against the word blocks below, the debug model's fp32
 // attention (one thread, AMD EPYC) went from 13.4 to 12.4 ms in backward, 8.1 to 7.8 in
 // forward: the rows, H head_dim floats apart, are read without a call and 256 scalar moves
-// between each block's reads. Built for AVX-512 in every build and run where the cpu has it:
-// elsewhere the 64-byte vectors and their shuffles would lower to slower code than the word
-// blocks (measured, portable build: 16% slower than them).
+// between each block's reads.
 __attribute__((target("avx512f"))) static void attention_cols_by_vectors(
     uint32_t *dst, int width, const float *src, int ld, int n, int hd, bool bf16) {
     for (int j0 = 0; j0 < n; j0 += 16)
@@ -271,7 +278,7 @@ __attribute__((target("avx512f"))) static void attention_cols_by_vectors(
 static void attention_operand_cols(uint32_t *dst, int width, const float *src, int ld, int n,
                                    int hd, bool bf16) {
     int hw = words(hd, bf16);
-    bool by_vectors = hd % 16 == 0 && __builtin_cpu_supports("avx512f");
+    bool by_vectors = attention_by_vectors(hd);
     if (by_vectors) attention_cols_by_vectors(dst, width, src, ld, n, hd, bf16);
     for (int j0 = 0; !by_vectors && j0 < n; j0 += 16) {
         int m = n - j0 < 16 ? n - j0 : 16;
@@ -289,11 +296,28 @@ static void attention_operand_cols(uint32_t *dst, int width, const float *src, i
     for (int p = 0; p < hw; p++) memset(dst + (size_t)p * width + n, 0, (size_t)(width - n) * 4);
 }
 
+// attention_operand_rows under bf16 where cols is a multiple of 16: each two rows rounded
+// into their pairs 16 columns at a time, with no call per row.
+__attribute__((target("avx512f"))) static void attention_pairs_by_vectors(
+    uint32_t *dst, int cols16, const float *src, int ld, int n, int cols) {
+    static const float zeros[16];
+    for (int p = 0; p < words(n, true); p++) {
+        const float *lo = src + (size_t)(2 * p) * ld, *hi = 2 * p + 1 < n ? lo + ld : NULL;
+        for (int c = 0; c < cols; c += 16)
+            bf16_pairs16((Words16 *)(dst + (size_t)p * cols16 + c), lo + c, hi ? hi + c : zeros,
+                         TERM_BF16);
+    }
+}
+
 // b with k along src's rows: dst (words(n), cols16) holds src's rows [0, n) (cols floats each,
 // ld apart), word (p, c) = src[p][c] or (src[2p][c], src[2p + 1][c]); zeros in columns
 // [cols, cols16) and for the missing row of an odd n.
 static void attention_operand_rows(uint32_t *dst, int cols16, const float *src, int ld, int n,
                                    int cols, bool bf16) {
+    if (bf16 && attention_by_vectors(cols)) {
+        attention_pairs_by_vectors(dst, cols16, src, ld, n, cols);
+        return;
+    }
     for (int p = 0; p < words(n, bf16); p++) {
         uint32_t *row = dst + (size_t)p * cols16;
         if (bf16) {
@@ -430,6 +454,29 @@ typedef struct AttnPanels {
     size_t ld_t, ld_rows;
 } AttnPanels;
 
+// kw (n, words(hd)) = the words of k's rows [0, n) (hd floats each, ld apart) along them.
+// Where hd is a multiple of 16 the words are the rows' halves in order, rounded 32 at a time
+// with no call per row.
+__attribute__((target("avx512f"))) static void attention_keys_along_by_vectors(
+    uint32_t *kw, const float *k, int ld, int n, int hd) {
+    static const float zeros[16];
+    size_t chunks = (size_t)n * hd / 16;  // of 16 halves, in kw's order
+    for (size_t f = 0; f < chunks; f += 2) {
+        const float *lo = k + f * 16 / hd * ld + f * 16 % hd;
+        const float *hi = f + 1 < chunks ? k + (f + 1) * 16 / hd * ld + (f + 1) * 16 % hd : zeros;
+        bf16_halves32((Halves32 *)(kw + f * 8), lo, hi, TERM_BF16);
+    }
+}
+
+static void attention_keys_along(uint32_t *kw, const float *k, int ld, int n, int hd) {
+    if (attention_by_vectors(hd)) {
+        attention_keys_along_by_vectors(kw, k, ld, n, hd);
+        return;
+    }
+    int hw = words(hd, true);
+    for (int j = 0; j < n; j++) attention_words_along(kw + (size_t)j * hw, k + (size_t)j * ld, hd);
+}
+
 // bf16's forward reads kw and vb (zeros past the keys: its last 16 keys may run past them),
 // fp32's kt and vb. Built once per head, not per tile: a transpose reads a float at a time.
 static AttnPanels attention_panels(const AttnShape *s, int b, int kv_head, const float *k,
@@ -441,8 +488,7 @@ static AttnPanels attention_panels(const AttnShape *s, int b, int kv_head, const
     p.vb = attention_rows_operand(w->vr, w->hd16, v, ld, s->Tk, hd, w->bf16, &p.ld_rows);
     if (w->bf16 && !backward) {
         uint32_t *kw = w->kt;
-        for (int j = 0; j < s->Tk; j++)
-            attention_words_along(kw + (size_t)j * hw, k + (size_t)j * ld, hd);
+        attention_keys_along(kw, k, ld, s->Tk, hd);
         memset(kw + (size_t)s->Tk * hw, 0, (size_t)(w->panel - s->Tk) * hw * sizeof *kw);
         int pairs = words(s->Tk, true);
         memset(w->vr + (size_t)pairs * w->hd16, 0,
@@ -512,24 +558,40 @@ static void attention_tile_blind(const AttnTile *t, float *o, float *lse) {
 // q's words across the rows (q_a's room), into acc's room; out and lse at the rows' first.
 #define FLASH_ROWS 16
 
+// o's rows [0, rows) (head_dim floats, ld apart) = the columns of acc (head_dim, FLASH_ROWS),
+// row i scaled by inv[i]: in 16 x 16 blocks transposed in registers where head_dim allows.
+__attribute__((target("avx512f"))) static void attention_rows_scaled_by_vectors(
+    float *o, int ld, const float *acc, int rows, int hd, const float *inv) {
+    for (int c0 = 0; c0 < hd; c0 += 16) {
+        Vec16 x[16];
+        for (int c = 0; c < 16; c++) x[c] = *(const Vec16 *)(acc + (size_t)(c0 + c) * FLASH_ROWS);
+        attention_transpose16(x);
+        for (int i = 0; i < rows; i++) *(Vec16 *)(o + (size_t)i * ld + c0) = x[i] * inv[i];
+    }
+}
+
+static void attention_rows_scaled(float *o, int ld, const float *acc, int rows, int hd,
+                                  const float *inv) {
+    if (attention_by_vectors(hd)) {
+        attention_rows_scaled_by_vectors(o, ld, acc, rows, hd, inv);
+        return;
+    }
+    for (int i = 0; i < rows; i++)
+        for (int c = 0; c < hd; c++) o[(size_t)i * ld + c] = acc[c * FLASH_ROWS + i] * inv[i];
+}
+
 static void attention_rows_forward_bf16(const AttnTile *t, float *o, float *lse, const float *q,
                                         const AttnPanels *kv, const AttnScratch *w) {
     const AttnShape *s = t->s;
     int hd = s->head_dim, hw = words(hd, true), keys[FLASH_ROWS], docs[FLASH_ROWS];
-    float m[FLASH_ROWS], l[FLASH_ROWS];
-    uint32_t *qw = w->q_a;  // (hw, FLASH_ROWS)
-    AttnWord along[FLASH_ROWS][hw];  // each row's words, converted a vector at a time
+    float m[FLASH_ROWS], l[FLASH_ROWS], inv[FLASH_ROWS];
+    uint32_t *qw = w->q_a;  // (hw, FLASH_ROWS): q^T's words, as a panel of the rows
+    attention_operand_cols(qw, FLASH_ROWS, q, t->ld_q, t->rows, hd, true);
     for (int i = 0; i < FLASH_ROWS; i++) {
         bool row = i < t->rows;
-        if (row)
-            attention_words_along(along[i], q + (size_t)i * t->ld_q, hd);
-        else
-            memset(along[i], 0, sizeof along[i]);
         keys[i] = row ? attention_row_keys(s, t->i0 + i, t->lo, t->width) : 0;
         docs[i] = row && s->mask == ATTN_DOCUMENT ? s->q_doc[(size_t)t->b * s->Tq + t->i0 + i] : 0;
     }
-    for (int p = 0; p < hw; p++)
-        for (int i = 0; i < FLASH_ROWS; i++) qw[p * FLASH_ROWS + i] = along[i][p];
     FlashRows f = {.q = qw, .k = kv->kw + (size_t)t->lo * hw,
                    .v = attention_keys_at(t, kv->vb, kv->ld_rows, true), .ld_v = kv->ld_rows,
                    .words = hw, .head_dim = hd, .n = t->width, .scale = t->scale, .keys = keys,
@@ -537,10 +599,10 @@ static void attention_rows_forward_bf16(const AttnTile *t, float *o, float *lse,
     if (s->mask == ATTN_DOCUMENT) f.kv_doc = s->kv_doc + (size_t)t->b * s->Tk + t->lo;
     cpu_attention_flash_bf16(&f);
     for (int i = 0; i < t->rows; i++) {
-        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f, *orow = o + (size_t)i * t->ld_q;
+        inv[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         lse[i] = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
-        for (int c = 0; c < hd; c++) orow[c] = w->acc[c * FLASH_ROWS + i] * inv;
     }
+    attention_rows_scaled(o, t->ld_q, w->acc, t->rows, hd, inv);
 }
 
 void cpu_attention_forward(float *out, float *lse, const float *q, const float *k,

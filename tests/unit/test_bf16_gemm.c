@@ -371,6 +371,9 @@ static void test_bf16_attention(void **state) {
     free(q_doc), free(kv_doc);
     attn_bf16_check((AttnShape){1, 9, 33, 2, 2, 40, 0, 0, ATTN_NONE, NULL, NULL, DTYPE_BF16});
     attn_bf16_check((AttnShape){1, 70, 90, 2, 2, 32, 40, 0, ATTN_CAUSAL, NULL, NULL, DTYPE_BF16});
+    // head_dim 16 with an odd count of keys and of a tile's rows: the last pair of rows and
+    // the last 16 halves of k's words each half zeros
+    attn_bf16_check((AttnShape){1, 67, 37, 2, 1, 16, 30, 0, ATTN_CAUSAL, NULL, NULL, DTYPE_BF16});
 }
 
 static int setup_bf16(void **state) {
