@@ -339,14 +339,39 @@ static const uint32_t *attention_rows_operand(uint32_t *dst, int cols16, const f
     return *ldb = (size_t)cols16, dst;
 }
 
+// w (n, words(hd)) = the bf16 words of src's rows [0, n) (hd floats each, ld apart) along
+// them: k's for bf16's forward, q's and dO's as the a of backward's GEMMs. Where hd is a
+// multiple of 16 the words are the rows' halves in order, rounded 32 at a time with no call
+// per row; an odd count of 16 halves ends in 8 words of zeros past the rows (n is then odd:
+// w, ATTN_TILE or panel rows, has a row to spare).
+__attribute__((target("avx512f"))) static void attention_rows_words_by_vectors(
+    uint32_t *w, const float *src, int ld, int n, int hd) {
+    static const float zeros[16];
+    size_t chunks = (size_t)n * hd / 16;  // of 16 halves, in w's order
+    for (size_t f = 0; f < chunks; f += 2) {
+        const float *lo = src + f * 16 / hd * ld + f * 16 % hd;
+        const float *hi = f + 1 < chunks ? src + (f + 1) * 16 / hd * ld + (f + 1) * 16 % hd
+                                          : zeros;
+        bf16_halves32((Halves32 *)(w + f * 8), lo, hi, TERM_BF16);
+    }
+}
+
+static void attention_rows_words(uint32_t *w, const float *src, int ld, int n, int hd) {
+    if (attention_by_vectors(hd)) {
+        attention_rows_words_by_vectors(w, src, ld, n, hd);
+        return;
+    }
+    int hw = words(hd, true);
+    for (int j = 0; j < n; j++) attention_words_along(w + (size_t)j * hw, src + (size_t)j * ld, hd);
+}
+
 // src's rows [0, rows) as a GEMM's a (k along them, n elements): fp32 src itself, or its bf16
-// pairs into dst (rows, ld_dst words); *lda its row stride in words.
-static const uint32_t *attention_a_operand(uint32_t *dst, int ld_dst, const float *src, int ld,
-                                           int rows, int n, bool bf16, size_t *lda) {
+// words into dst (rows, words(n)); *lda its row stride in words.
+static const uint32_t *attention_a_operand(uint32_t *dst, const float *src, int ld, int rows,
+                                           int n, bool bf16, size_t *lda) {
     if (!bf16) return *lda = (size_t)ld, (const uint32_t *)src;
-    for (int r = 0; r < rows; r++)
-        attention_words_along(dst + (size_t)r * ld_dst, src + (size_t)r * ld, n);
-    return *lda = (size_t)ld_dst, dst;
+    attention_rows_words(dst, src, ld, rows, n);
+    return *lda = (size_t)words(n, true), dst;
 }
 
 // What a tile GEMM's rows and sum run over, for attention_tile_gemm to skip what a causal
@@ -454,29 +479,6 @@ typedef struct AttnPanels {
     size_t ld_t, ld_rows;
 } AttnPanels;
 
-// kw (n, words(hd)) = the words of k's rows [0, n) (hd floats each, ld apart) along them.
-// Where hd is a multiple of 16 the words are the rows' halves in order, rounded 32 at a time
-// with no call per row.
-__attribute__((target("avx512f"))) static void attention_keys_along_by_vectors(
-    uint32_t *kw, const float *k, int ld, int n, int hd) {
-    static const float zeros[16];
-    size_t chunks = (size_t)n * hd / 16;  // of 16 halves, in kw's order
-    for (size_t f = 0; f < chunks; f += 2) {
-        const float *lo = k + f * 16 / hd * ld + f * 16 % hd;
-        const float *hi = f + 1 < chunks ? k + (f + 1) * 16 / hd * ld + (f + 1) * 16 % hd : zeros;
-        bf16_halves32((Halves32 *)(kw + f * 8), lo, hi, TERM_BF16);
-    }
-}
-
-static void attention_keys_along(uint32_t *kw, const float *k, int ld, int n, int hd) {
-    if (attention_by_vectors(hd)) {
-        attention_keys_along_by_vectors(kw, k, ld, n, hd);
-        return;
-    }
-    int hw = words(hd, true);
-    for (int j = 0; j < n; j++) attention_words_along(kw + (size_t)j * hw, k + (size_t)j * ld, hd);
-}
-
 // bf16's forward reads kw and vb (zeros past the keys: its last 16 keys may run past them),
 // fp32's kt and vb. Built once per head, not per tile: a transpose reads a float at a time.
 static AttnPanels attention_panels(const AttnShape *s, int b, int kv_head, const float *k,
@@ -488,7 +490,7 @@ static AttnPanels attention_panels(const AttnShape *s, int b, int kv_head, const
     p.vb = attention_rows_operand(w->vr, w->hd16, v, ld, s->Tk, hd, w->bf16, &p.ld_rows);
     if (w->bf16 && !backward) {
         uint32_t *kw = w->kt;
-        attention_keys_along(kw, k, ld, s->Tk, hd);
+        attention_rows_words(kw, k, ld, s->Tk, hd);
         memset(kw + (size_t)s->Tk * hw, 0, (size_t)(w->panel - s->Tk) * hw * sizeof *kw);
         int pairs = words(s->Tk, true);
         memset(w->vr + (size_t)pairs * w->hd16, 0,
@@ -519,7 +521,7 @@ static void attention_tile_scores(const AttnTile *t, const float *q, uint32_t *q
     SmallGemm g = {.m = t->rows, .n = t->width, .k = words(hd, w->bf16), .alpha = scale,
                    .bf16 = w->bf16, .b = kt + t->lo, .ldb = ld_t, .c = p,
                    .ldc = (size_t)round16(t->width)};
-    g.a = attention_a_operand(q_a, words(hd, true), q, t->ld_q, t->rows, hd, w->bf16, &g.lda);
+    g.a = attention_a_operand(q_a, q, t->ld_q, t->rows, hd, w->bf16, &g.lda);
     attention_tile_gemm(t, &g, ATTN_ROWS_X_KEYS);
 }
 
