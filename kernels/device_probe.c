@@ -305,7 +305,7 @@ static void run_layer(const KernelOps *k, void *ctx) {
         k->rmsnorm_forward(o->normed, DTYPE_FP32, o->rstd, o->h, m->weight, m->rows, m->dim, 1e-5f);
         k->swiglu_forward(o->act, DTYPE_FP32, o->gate, o->up, ffn);
         k->add(o->dh, o->dnormed, hidden);
-        k->swiglu_backward(o->dgate, o->dup, DTYPE_FP32, o->act, o->gate, o->up, ffn);
+        k->swiglu_backward(o->dgate, o->dup, NULL, DTYPE_FP32, o->act, o->gate, o->up, ffn);
         k->rmsnorm_backward(o->dh, m->dweight, o->dnormed, o->h, m->weight, o->rstd, m->rows,
                             m->dim);
     }

@@ -89,10 +89,12 @@ static __global__ void swiglu_forward_elements(void *out, Dtype out_type, const 
         store_as(out, out_type, i, swiglu_value(gate[i], up[i]));
 }
 
-// n4: the float4 groups of fp32 outputs (0 for bf16, stored one element at a time).
-static __global__ void swiglu_backward_elements(void *dgate, void *dup, Dtype out_type,
-                                                const float *dout, const float *gate,
-                                                const float *up, size_t n, size_t n4) {
+// n4: the float4 groups of fp32 outputs (0 for bf16, stored one element at a time). out:
+// swiglu_forward's too, where not NULL.
+static __global__ void swiglu_backward_elements(void *dgate, void *dup, void *out,
+                                                Dtype out_type, const float *dout,
+                                                const float *gate, const float *up, size_t n,
+                                                size_t n4) {
     for (size_t i = thread_first(); i < n4; i += thread_stride()) {
         float4 d = ((const float4 *)dout)[i], g = ((const float4 *)gate)[i];
         float4 u = ((const float4 *)up)[i];
@@ -103,12 +105,16 @@ static __global__ void swiglu_backward_elements(void *dgate, void *dup, Dtype ou
         swiglu_grad(&dg.w, &du.w, d.w, g.w, u.w);
         ((float4 *)dgate)[i] = dg;
         ((float4 *)dup)[i] = du;
+        if (out)
+            ((float4 *)out)[i] = make_float4(swiglu_value(g.x, u.x), swiglu_value(g.y, u.y),
+                                             swiglu_value(g.z, u.z), swiglu_value(g.w, u.w));
     }
     for (size_t i = 4 * n4 + thread_first(); i < n; i += thread_stride()) {
         float dg, du;
         swiglu_grad(&dg, &du, dout[i], gate[i], up[i]);
         store_as(dgate, out_type, i, dg);
         store_as(dup, out_type, i, du);
+        if (out) store_as(out, out_type, i, swiglu_value(gate[i], up[i]));
     }
 }
 
@@ -159,14 +165,15 @@ void cuda_swiglu_forward(void *out, Dtype out_type, const float *gate, const flo
     CUDA_LAUNCH_CHECK();
 }
 
-void cuda_swiglu_backward(void *dgate, void *dup, Dtype out_type, const float *dout,
-                          const float *gate, const float *up, size_t n) {
+void cuda_swiglu_backward(void *dgate, void *dup, void *out, Dtype out_type,
+                          const float *dout, const float *gate, const float *up, size_t n) {
     CHECK(out_type == DTYPE_FP32 || out_type == DTYPE_BF16);
     bool vec = out_type == DTYPE_FP32 && aligned(dgate, 16) && aligned(dup, 16) &&
-               aligned(dout, 16) && aligned(gate, 16) && aligned(up, 16);
+               aligned(dout, 16) && aligned(gate, 16) && aligned(up, 16) &&
+               (!out || aligned(out, 16));
     size_t n4 = vec ? n / 4 : 0;
     swiglu_backward_elements<<<elementwise_grid(n, n4), CUDA_THREADS, 0, cuda_stream()>>>(
-        dgate, dup, out_type, dout, gate, up, n, n4);
+        dgate, dup, out, out_type, dout, gate, up, n, n4);
     CUDA_LAUNCH_CHECK();
 }
 

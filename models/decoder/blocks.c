@@ -333,8 +333,9 @@ static void layer_carve_cheap(const DecoderLayer *L, const StepCtx *s, LayerSave
     if (which.act) sv->act = act_carve(s, (size_t)d.BT * d.H);
 }
 
-// Recomputes the cheap tensors `which` names with forward's calls on the same inputs: the
-// same bits.
+// Recomputes the normed inputs `which` names with forward's calls on the same inputs: the
+// same bits. SwiGLU's output comes again from its backward (ffn_grads), which reads the same
+// gate and up.
 static void layer_recompute_cheap(const DecoderLayer *L, const StepCtx *s, LayerSaved *sv,
                                   LayerDims d, const float *x, LayerCheap which) {
     float eps = L->args->norm_eps;
@@ -342,8 +343,6 @@ static void layer_recompute_cheap(const DecoderLayer *L, const StepCtx *s, Layer
         norm_gathered(s, sv->xn, sv->rstd1, NULL, x, L->attention_norm->data, d.rows, d.D, eps);
     if (which.hn)
         norm_gathered(s, sv->hn, sv->rstd2, NULL, sv->h, L->ffn_norm->data, d.rows, d.D, eps);
-    if (which.act)
-        s->k->swiglu_forward(sv->act, s->act_dtype, sv->gate, sv->up, (size_t)d.BT * d.H);
 }
 
 static void layer_forward(Block *b, StepCtx *s, void *saved, const float *x, float *y) {
@@ -407,9 +406,10 @@ static size_t ffn_casts(const StepCtx *s, LayerDims d) {
 
 // y = h + act W2^T, act = silu(hn W1^T) * (hn W3^T), hn = ffn_norm(h). Returns dhn (BT, D) in
 // scratch; keeps dy's rows (gathered into `gathered` under TP), dgate and dup in sv->g, in the
-// activations' dtype (cast into casts, ffn_casts of them).
+// activations' dtype (cast into casts, ffn_casts of them). act_again: act was not kept
+// (selective checkpointing) and is made again into sv->act by SwiGLU's backward.
 static float *ffn_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d, const float *dy,
-                        float *scratch, float *gathered, void *casts) {
+                        float *scratch, float *gathered, void *casts, bool act_again) {
     const KernelOps *K = s->k;
     LayerGrads *g = &sv->g;
     size_t nh = (size_t)d.BT * d.H, nd = (size_t)d.BT * d.D;
@@ -419,7 +419,8 @@ static float *ffn_grads(DecoderLayer *L, StepCtx *s, LayerSaved *sv, LayerDims d
     bool fp32 = s->act_dtype == DTYPE_FP32;  // else straight into the kept casts
     void *dg = fp32 ? (void *)dgate : room_at(s, casts, nd);
     void *du = fp32 ? (void *)dup : room_at(s, casts, nd + nh);
-    K->swiglu_backward(dg, du, s->act_dtype, dact, sv->gate, sv->up, nh);
+    K->swiglu_backward(dg, du, act_again ? sv->act : NULL, s->act_dtype, dact, sv->gate, sv->up,
+                       nh);
     g->dgate = act(s, dg);
     g->dup = act(s, du);
     linear_backward_input(&L->linear.w1, s, dhn, g->dgate, d.BT, 0);
@@ -567,7 +568,7 @@ static void layer_backward(Block *b, StepCtx *s, void *saved, BlockPhase phase, 
     layer_linears_reserve(L, s, d);
     if (L->moe) moe_ffn_backward(L, s, sv, d, dy, ffn, dh);
     if (!L->moe && !step_sizing(s)) {
-        const float *dhn = ffn_grads(L, s, sv, d, dy, ffn, dy_rows, ffn_cast);
+        const float *dhn = ffn_grads(L, s, sv, d, dy, ffn, dy_rows, ffn_cast, recomputed.act);
         if (!split) ffn_weights(L, s, sv, d);
         ffn_norm_backward(L, s, sv, d, dy, dhn, dh, comm);
     }

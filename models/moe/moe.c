@@ -397,7 +397,7 @@ static void experts_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv,
     size_t kept = (size_t)offs[n] * d.F;
     linear_grouped_backward_input(&m->linear.w2, s, g->dact, dr, offs, 0);
     linear_grouped_backward_weight(&m->linear.w2, s, dr, sv->act, offs);
-    K->swiglu_backward(g->dgate, g->dup, DTYPE_FP32, g->dact, sv->gate, sv->up, kept);
+    K->swiglu_backward(g->dgate, g->dup, NULL, DTYPE_FP32, g->dact, sv->gate, sv->up, kept);
     linear_grouped_backward_input(&m->linear.w1, s, dr, g->dgate, offs, 0);
     linear_grouped_backward_input(&m->linear.w3, s, dr, g->dup, offs, 1);
     linear_grouped_backward_weight(&m->linear.w1, s, g->dgate, sv->xs, offs);
@@ -426,7 +426,7 @@ static void shared_backward(MoeLayer *m, const StepCtx *s, const MoeSaved *sv, c
     linear_backward_input(&m->linear.shared_w2, s, dact, linear_fp32(dy), d.rows, 0);
     linear_backward_weight(&m->linear.shared_w2, s, linear_fp32(dy), linear_fp32(sv->sact),
                            d.rows);
-    K->swiglu_backward(dgate, dup, DTYPE_FP32, dact, sv->sgate, sv->sup, n);
+    K->swiglu_backward(dgate, dup, NULL, DTYPE_FP32, dact, sv->sgate, sv->sup, n);
     linear_backward_input(&m->linear.shared_w1, s, dx, linear_fp32(dgate), d.rows, 1);
     linear_backward_input(&m->linear.shared_w3, s, dx, linear_fp32(dup), d.rows, 1);
     linear_backward_weight(&m->linear.shared_w1, s, linear_fp32(dgate), linear_fp32(x),

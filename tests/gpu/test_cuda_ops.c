@@ -715,8 +715,8 @@ static void swiglu_forward_run(int s, void *ctx) {
 
 static void swiglu_backward_run(int s, void *ctx) {
     SwigluArgs *a = ctx;
-    side[s]->swiglu_backward(a->dgate.at[s], a->dup.at[s], a->out_type, F(a->dout, s),
-                             F(a->gate, s), F(a->up, s), a->n);
+    side[s]->swiglu_backward(a->dgate.at[s], a->dup.at[s], a->out.at[s], a->out_type,
+                             F(a->dout, s), F(a->gate, s), F(a->up, s), a->n);
 }
 
 // gate in [-12, 12): silu's saturated tails on both sides.
@@ -731,13 +731,18 @@ static void check_swiglu(size_t n) {
     typed.out = pair_nan16(n), typed.out_type = DTYPE_BF16;
     Output fwd16[] = {{"", &typed.out, NULL, CMP_NORMALISED16, BOUND_BF16_STORE}};
     op_check("swiglu_fwd bf16", shape, swiglu_forward_run, &typed, fwd16, 1);
+    // backward writes out too (selective checkpointing's recompute of it): NaN until it does
+    pair_free(&a.out), a.out = pair_nan(n);
     Output bwd[] = {{"dgate", &a.dgate, NULL, CMP_NORMALISED, BOUND_FP32},
-                    {"dup", &a.dup, NULL, CMP_NORMALISED, BOUND_FP32}};
-    op_check("swiglu_bwd", shape, swiglu_backward_run, &a, bwd, 2);
+                    {"dup", &a.dup, NULL, CMP_NORMALISED, BOUND_FP32},
+                    {"out", &a.out, NULL, CMP_NORMALISED, BOUND_FP32}};
+    op_check("swiglu_bwd", shape, swiglu_backward_run, &a, bwd, 3);
     typed.dgate = pair_nan16(n), typed.dup = pair_nan16(n);
+    pair_free(&typed.out), typed.out = pair_nan16(n);
     Output bwd16[] = {{"dgate", &typed.dgate, NULL, CMP_NORMALISED16, BOUND_BF16_STORE},
-                      {"dup", &typed.dup, NULL, CMP_NORMALISED16, BOUND_BF16_STORE}};
-    op_check("swiglu_bwd bf16", shape, swiglu_backward_run, &typed, bwd16, 2);
+                      {"dup", &typed.dup, NULL, CMP_NORMALISED16, BOUND_BF16_STORE},
+                      {"out", &typed.out, NULL, CMP_NORMALISED16, BOUND_BF16_STORE}};
+    op_check("swiglu_bwd bf16", shape, swiglu_backward_run, &typed, bwd16, 3);
     pair_free(&typed.out), pair_free(&typed.dgate), pair_free(&typed.dup);
     Pair *all[] = {&a.out, &a.gate, &a.up, &a.dout, &a.dgate, &a.dup};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);

@@ -675,20 +675,30 @@ static void test_swiglu(void **state) {
     assert_close("swiglu out", out, want, SWIGLU_N, FWD_TOL);
     // Written over whatever the outputs held (random here), not added to it.
     float *dg = floats_random(SWIGLU_N, 1.0), *du = floats_random(SWIGLU_N, 1.0);
-    ops->swiglu_backward(dg, du, DTYPE_FP32, dout, gate, up, SWIGLU_N);
+    ops->swiglu_backward(dg, du, NULL, DTYPE_FP32, dout, gate, up, SWIGLU_N);
     double *fd_g = fd_gradient(c.gate, SWIGLU_N, swiglu_loss, &c);
     double *fd_u = fd_gradient(c.up, SWIGLU_N, swiglu_loss, &c);
     assert_close("swiglu dgate", dg, dgate_ref, SWIGLU_N, FWD_TOL);
     assert_close("swiglu dup", du, dup_ref, SWIGLU_N, FWD_TOL);
     assert_close("swiglu dgate fd", dg, fd_g, SWIGLU_N, FD_TOL);
     assert_close("swiglu dup fd", du, fd_u, SWIGLU_N, FD_TOL);
-    // bf16 outputs: the fp32 ones rounded to nearest even.
-    uint16_t dg16[SWIGLU_N], du16[SWIGLU_N];
-    ops->swiglu_backward(dg16, du16, DTYPE_BF16, dout, gate, up, SWIGLU_N);
+    // With out: the same gradients, and out as swiglu_forward's, bit for bit (selective
+    // checkpointing's recompute).
+    float *dg2 = floats_random(SWIGLU_N, 1.0), *du2 = floats_random(SWIGLU_N, 1.0);
+    float *again = floats_random(SWIGLU_N, 1.0);
+    ops->swiglu_backward(dg2, du2, again, DTYPE_FP32, dout, gate, up, SWIGLU_N);
+    assert_memory_equal(dg2, dg, SWIGLU_N * sizeof(float));
+    assert_memory_equal(du2, du, SWIGLU_N * sizeof(float));
+    assert_memory_equal(again, out, SWIGLU_N * sizeof(float));
+    // bf16 outputs: the fp32 ones rounded to nearest even, out's too.
+    uint16_t dg16[SWIGLU_N], du16[SWIGLU_N], out16[SWIGLU_N];
+    ops->swiglu_backward(dg16, du16, out16, DTYPE_BF16, dout, gate, up, SWIGLU_N);
     for (int i = 0; i < SWIGLU_N; i++) {
         assert_int_equal(dg16[i], bf16_from_float(dg[i]));
         assert_int_equal(du16[i], bf16_from_float(du[i]));
+        assert_int_equal(out16[i], bf16_from_float(out[i]));
     }
+    free(dg2), free(du2), free(again);
     free(gate), free(up), free(dout), free(out), free(c.gate), free(c.up);
     free(dg), free(du), free(fd_g), free(fd_u);
 }
