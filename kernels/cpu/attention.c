@@ -210,9 +210,9 @@ static bool attention_by_vectors(int n) {
     return n % 16 == 0 && __builtin_cpu_supports("avx512f");
 }
 
-// The 16 x 16 floats x[r][c] become x[c][r] in four rounds: round b (1, 2, 4, 8) swaps bit b
-// of the row and the column, rows r and r + b trading the elements whose column has bit b
-// set, by shuffles of two vectors (one vpermt2ps each).
+// The 16 x 16 floats x[r][c] become x[c][r] in four rounds: round b (1, 2, 4, 8) swaps the
+// row's and the column's bit of value b, rows r and r + b trading the elements whose column
+// has it set, each new row one shuffle of two vectors.
 static inline __attribute__((always_inline)) void attention_transpose16(Vec16 x[16]) {
     for (int r = 0; r < 16; r++) {
         if (r & 1) continue;
@@ -252,8 +252,8 @@ static inline __attribute__((always_inline)) void attention_transpose16(Vec16 x[
 // vector read per row, a transpose in registers, then per panel row a vector written (fp32) or
 // two rounded into their bf16 pairs. Against the word blocks below, the debug model's fp32
 // attention (one thread, AMD EPYC) went from 13.4 to 12.4 ms in backward, 8.1 to 7.8 in
-// forward: the rows, H head_dim floats apart, are read without a call and 256 scalar moves
-// between each block's reads.
+// forward. The rows lie a token's heads apart; the word blocks read each by a call and moved
+// 256 words one at a time between one block's reads and the next's, which waited on them.
 __attribute__((target("avx512f"))) static void attention_cols_by_vectors(
     uint32_t *dst, int width, const float *src, int ld, int n, int hd, bool bf16) {
     for (int j0 = 0; j0 < n; j0 += 16)
@@ -278,34 +278,39 @@ __attribute__((target("avx512f"))) static void attention_cols_by_vectors(
 static void attention_operand_cols(uint32_t *dst, int width, const float *src, int ld, int n,
                                    int hd, bool bf16) {
     int hw = words(hd, bf16);
-    bool by_vectors = attention_by_vectors(hd);
-    if (by_vectors) attention_cols_by_vectors(dst, width, src, ld, n, hd, bf16);
-    for (int j0 = 0; !by_vectors && j0 < n; j0 += 16) {
-        int m = n - j0 < 16 ? n - j0 : 16;
-        AttnWord block[16][hw];
-        for (int j = 0; j < m; j++) {
-            const float *x = src + (size_t)(j0 + j) * ld;
-            if (bf16)
-                attention_words_along(block[j], x, hd);
-            else
-                memcpy(block[j], x, (size_t)hd * sizeof(float));
+    if (attention_by_vectors(hd))
+        attention_cols_by_vectors(dst, width, src, ld, n, hd, bf16);
+    else
+        for (int j0 = 0; j0 < n; j0 += 16) {
+            int m = n - j0 < 16 ? n - j0 : 16;
+            AttnWord block[16][hw];
+            for (int j = 0; j < m; j++) {
+                const float *x = src + (size_t)(j0 + j) * ld;
+                if (bf16)
+                    attention_words_along(block[j], x, hd);
+                else
+                    memcpy(block[j], x, (size_t)hd * sizeof(float));
+            }
+            for (int p = 0; p < hw; p++)
+                for (int j = 0; j < m; j++) dst[(size_t)p * width + j0 + j] = block[j][p];
         }
-        for (int p = 0; p < hw; p++)
-            for (int j = 0; j < m; j++) dst[(size_t)p * width + j0 + j] = block[j][p];
-    }
     for (int p = 0; p < hw; p++) memset(dst + (size_t)p * width + n, 0, (size_t)(width - n) * 4);
 }
 
-// attention_operand_rows under bf16 where cols is a multiple of 16: each two rows rounded
-// into their pairs 16 columns at a time, with no call per row.
+// The missing partner of an odd count of rows or of 16-float chunks, rounded as zeros.
+static const float attention_zeros16[16];
+
+// attention_operand_rows under bf16 where cols is a multiple of 16 (so cols16 == cols: no
+// padding columns to zero): each two rows rounded into their pairs 16 columns at a time, with
+// no call per row.
 __attribute__((target("avx512f"))) static void attention_pairs_by_vectors(
     uint32_t *dst, int cols16, const float *src, int ld, int n, int cols) {
-    static const float zeros[16];
     for (int p = 0; p < words(n, true); p++) {
-        const float *lo = src + (size_t)(2 * p) * ld, *hi = 2 * p + 1 < n ? lo + ld : NULL;
+        const float *lo = src + (size_t)(2 * p) * ld;
+        const float *hi = 2 * p + 1 < n ? lo + ld : NULL;
         for (int c = 0; c < cols; c += 16)
-            bf16_pairs16((Words16 *)(dst + (size_t)p * cols16 + c), lo + c, hi ? hi + c : zeros,
-                         TERM_BF16);
+            bf16_pairs16((Words16 *)(dst + (size_t)p * cols16 + c), lo + c,
+                         hi ? hi + c : attention_zeros16, TERM_BF16);
     }
 }
 
@@ -346,13 +351,16 @@ static const uint32_t *attention_rows_operand(uint32_t *dst, int cols16, const f
 // w, ATTN_TILE or panel rows, has a row to spare).
 __attribute__((target("avx512f"))) static void attention_rows_words_by_vectors(
     uint32_t *w, const float *src, int ld, int n, int hd) {
-    static const float zeros[16];
-    size_t chunks = (size_t)n * hd / 16;  // of 16 halves, in w's order
-    for (size_t f = 0; f < chunks; f += 2) {
-        const float *lo = src + f * 16 / hd * ld + f * 16 % hd;
-        const float *hi = f + 1 < chunks ? src + (f + 1) * 16 / hd * ld + (f + 1) * 16 % hd
-                                          : zeros;
-        bf16_halves32((Halves32 *)(w + f * 8), lo, hi, TERM_BF16);
+    // w's chunks of 16 halves in order, two per rounding; chunk (r, c): row r's floats from c
+    int r = 0, c = 0;
+    for (uint32_t *at = w; r < n; at += 16) {
+        const float *lo = src + (size_t)r * ld + c, *hi = attention_zeros16;
+        if ((c += 16) == hd) r++, c = 0;
+        if (r < n) {
+            hi = src + (size_t)r * ld + c;
+            if ((c += 16) == hd) r++, c = 0;
+        }
+        bf16_halves32((Halves32 *)at, lo, hi, TERM_BF16);
     }
 }
 
@@ -459,7 +467,9 @@ SMALL_GEMM_CLONES static void attention_exp_shifted(float *x, int n_valid, int w
 // and zeros beyond; returns 1 / sum, which is applied to the (narrower) output row after P V
 // instead. A row that sees no key gets lse = -inf and 0 (so out = 0). The sum is a loop of
 // its own over the n_valid exps, which GCC vectorises as it did inside the exps' loop (the
-// same lanes, then the remainder into lane 0): the same order of additions, the same bits.
+// same lanes, then the remainder into lane 0): the same order of additions, the same bits
+// (compared byte for byte with GCC 12 and clang 14, portable and native builds; a compiler
+// that vectorised the two loops differently would change fp32's last bits, not the math).
 static float attention_exp_row(float *s, int n_valid, int width, float *lse) {
     float mx = n_valid > 0 ? cpu_max_floats(s, n_valid) : -INFINITY, sum = 0.0f;
     if (mx == -INFINITY) {
