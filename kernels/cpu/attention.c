@@ -451,10 +451,10 @@ static void attention_accumulate(const AttnTile *t, SmallGemm g, AttnTileGemm ki
 // whole vectors, the keys past n_valid in the last one as -inf (exp 0): a causal tile's rows
 // end anywhere, and a loop over n_valid alone took its last few exps one at a time, scalar
 // (the debug model's attention, one thread: forward 9.0 -> 8.3 ms, backward 14.2 -> 13.7).
-// The portable build makes it once per instruction set (SMALL_GEMM_CLONES): an exp is the same
+// The portable build makes it once per instruction set (CPU_CLONES): an exp is the same
 // bits at any vector width, where the row sums, left to the callers, would not be (its
 // attention, one thread, AMD EPYC: fp32 forward 10.5 -> 7.3 ms, backward 15.6 -> 12.3).
-SMALL_GEMM_CLONES static void attention_exp_shifted(float *x, int n_valid, int width,
+CPU_CLONES static void attention_exp_shifted(float *x, int n_valid, int width,
                                                       float shift) {
     int whole = round16(n_valid);  // <= round16(width), the scratch rows' stride
     for (int j = n_valid; j < whole; j++) x[j] = -INFINITY;

@@ -99,7 +99,7 @@ __attribute__((target("avx512f,avx512bw"))) static void flash_rows_dpbf16(const 
 static void flash_rows_dpbf16(const FlashRows *f) { flash_rows(f, TERM_BF16); }
 #endif
 
-SMALL_GEMM_CLONES void cpu_attention_flash_bf16(const FlashRows *f) {
+CPU_CLONES void cpu_attention_flash_bf16(const FlashRows *f) {
     if (cpu_small_gemm_dpbf16())
         flash_rows_dpbf16(f);
     else

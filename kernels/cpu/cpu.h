@@ -14,6 +14,20 @@ extern const KernelOps kernels_cpu;
 #define KERNEL_OP(ret, op, params) ret cpu_##op params;
 #include "kernels/ops.def"
 
+// The default build is for any x86-64 (CI runs on whatever it gets), where the hot loops would
+// be SSE without fused multiply-adds: GCC builds a function marked CPU_CLONES again for AVX2
+// with FMA and for AVX-512 and picks one for the cpu at load time (as OpenBLAS picks its
+// kernels). Only for functions whose results do not depend on the vector width (no sum across
+// a vector's lanes; files compiled with -ffp-contract=fast differ only on a cpu without fused
+// multiply-adds), and with no OpenMP region inside: GCC outlines those before it clones, for
+// the baseline. NATIVE=1 builds everything for the cpu it runs on instead.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX512F__)
+#define CPU_CLONES \
+    __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define CPU_CLONES
+#endif
+
 // ---- bf16 compute (gemm_bf16.c) ----------------------------------------------------------
 // Starts oneDNN for KernelInit.precision bf16: from then on matmul and grouped_matmul round their
 // inputs to bf16 and accumulate in fp32. false with a one-line reason when it cannot.

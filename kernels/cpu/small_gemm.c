@@ -122,7 +122,7 @@ bool cpu_small_gemm_dpbf16(void) { return false; }
 static void small_gemm_dpbf16(const SmallGemm *g) { small_gemm_for(g, TERM_BF16); }
 #endif
 
-SMALL_GEMM_CLONES void cpu_small_gemm(const SmallGemm *g) {
+CPU_CLONES void cpu_small_gemm(const SmallGemm *g) {
     if (g->bf16 && cpu_small_gemm_dpbf16()) {
         small_gemm_dpbf16(g);
         return;

@@ -24,15 +24,6 @@ typedef uint32_t Word __attribute__((may_alias));  // one of a's words
 #define SMALL_GEMM_DPBF16 0
 #endif
 
-// The default build is for any x86-64 (CI runs on whatever it gets), where the tile kernels
-// would be SSE without fused multiply-adds: GCC builds each public entry again for AVX2 with
-// FMA and for AVX-512 and picks one for the cpu at load time (as OpenBLAS picks its kernels).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX512F__)
-#define SMALL_GEMM_CLONES \
-    __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
-#else
-#define SMALL_GEMM_CLONES
-#endif
 
 typedef enum {
     TERM_FP32,     // a float times 16 floats
