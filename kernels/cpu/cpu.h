@@ -17,10 +17,10 @@ extern const KernelOps kernels_cpu;
 // The default build is for any x86-64 (CI runs on whatever it gets), where the hot loops would
 // be SSE without fused multiply-adds: GCC builds a function marked CPU_CLONES again for AVX2
 // with FMA and for AVX-512 and picks one for the cpu at load time (as OpenBLAS picks its
-// kernels). Only for functions whose results do not depend on the vector width (no sum across
-// a vector's lanes; files compiled with -ffp-contract=fast differ only on a cpu without fused
-// multiply-adds), and with no OpenMP region inside: GCC outlines those before it clones, for
-// the baseline. NATIVE=1 builds everything for the cpu it runs on instead.
+// kernels), OpenMP regions inside included. Only for functions whose results do not depend on
+// the vector width (no sum across a vector's lanes; files compiled with -ffp-contract=fast
+// differ only on a cpu without fused multiply-adds). NATIVE=1 builds everything for the cpu it
+// runs on instead.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX512F__)
 #define CPU_CLONES \
     __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
