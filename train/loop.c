@@ -208,6 +208,7 @@ typedef struct {
     double peak_flops;       // the device's, for MFU (0: unknown)
     double start;            // when the first of them began
     int steps;
+    bool said_above_peak;    // an MFU above 100% has been explained
 } Interval;
 
 double trainer_tokens_per_device(const Trainer *t) {
@@ -233,6 +234,17 @@ static void log_step(const Trainer *t, Interval *in, MetricsLog *log, StepMetric
     m->images_per_s = data && data->images ? m->tokens_per_s / t->train.T : 0;
     m->tflops = m->tokens_per_s * t->model.flops_per_token / 1e12;
     m->mfu = in->peak_flops > 0 ? 100 * m->tflops * 1e12 / in->peak_flops : NAN;
+    if (m->mfu > 100 && !in->said_above_peak) {  // the peak is wrong: say which and why, once
+        in->said_above_peak = true;
+        bool given = t->cfg.metrics.peak_flops > 0, measured = !given && t->k->host_memory;
+        log_warn("MFU %.0f%% is above 100%%: its peak, %.1f GFLOP/s (%s), is below this run's "
+                 "%.1f GFLOP/s of model FLOPs%s", m->mfu, in->peak_flops / 1e9,
+                 given ? "metrics.peak_flops" : measured ? "measured at start" : "the data sheet's",
+                 m->tflops * 1e3,
+                 measured ? "; the cpu was busy while it was measured: metrics.peak_flops sets "
+                            "a fixed one"
+                          : "");
+    }
     m->peak_memory_gib = (double)t->k->memory_peak() / (1u << 30);
     metrics_write(log, m);
     debug_server_metrics(m);

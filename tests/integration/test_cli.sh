@@ -81,7 +81,16 @@ for line in open(sys.argv[1]):
     assert r["mfu"] is not None and r["mfu"] > 0 and abs(r["mfu"] - want) <= 1e-3 * want, (r, want)
 PY
 done
-echo "ok: MFU on cpu against the measured peak and against metrics.peak_flops"
+grep -q "is above 100%" "$SCRATCH/mfu-1e12.log" && fail "MFU above 100% against 1 TFLOP/s"
+# A peak below the run's own rate (a busy cpu while it was measured, or a wrong
+# metrics.peak_flops) makes an MFU above 100%: one warning says so, not one per step line.
+run=$SCRATCH/mfu-low
+$TITAN ${SMALL[@]} --training.steps 3 --metrics.log_freq 1 --metrics.peak_flops 1e9 \
+  --job.dump_folder "$run" >"$run.log" 2>&1 || fail "low-peak MFU run: $(tail -1 "$run.log")"
+n=$(grep -c "MFU [0-9]*% is above 100%: its peak, 1.0 GFLOP/s (metrics.peak_flops), is below" \
+  "$run.log" || true)
+[ "$n" = 1 ] || fail "$n warnings of an MFU above 100%: $(grep -i mfu "$run.log")"
+echo "ok: MFU on cpu against the measured peak and metrics.peak_flops; one warning above 100%"
 for ckpt in build/test-data/models/stories260K.bin "$SCRATCH/flux/checkpoint/step-0.h5"; do
   $TITAN generate --checkpoint "$ckpt" --help >"$SCRATCH/gen_help.txt" ||
     fail "generate --checkpoint $ckpt --help"
