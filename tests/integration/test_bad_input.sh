@@ -82,12 +82,14 @@ expect_user_error "step [0-9]+: loss is (NaN|infinite); stopped before updating 
 # line (debug_model.yaml's warmup_steps 10 over 2 steps: step 1's lr is half the peak, 4e-4).
 $TITAN "${SMALL[@]}" --training.steps 2 --job.dump_folder "$SCRATCH/warm" >"$SCRATCH/warm.out" \
   2>"$SCRATCH/warm.err"
-[ "$(grep -c . "$SCRATCH/warm.err")" -eq 1 ] || fail "expected one warning line, got: $(cat "$SCRATCH/warm.err")"
+[ "$(stderr_of "$SCRATCH/warm.err" | grep -c .)" -eq 1 ] ||
+  fail "expected one warning line, got: $(cat "$SCRATCH/warm.err")"
 grep -qx "titan: warning: lr_scheduler.warmup_steps = 10 (configs/debug_model.yaml:[0-9]*:[0-9]*) is more than training.steps = 2 (--training.steps): the warmup is cut to 2 steps" \
   "$SCRATCH/warm.err" || fail "no warmup warning: $(cat "$SCRATCH/warm.err")"
 grep -q "step *1 .*lr 4.000e-04" "$SCRATCH/warm.out" || fail "step 1's lr is not 4e-4: $(grep step "$SCRATCH/warm.out")"
 $TITAN "${SMALL[@]}" --training.steps 2 --lr_scheduler.warmup_steps 2 --job.dump_folder "$SCRATCH/warm2" \
-  2>&1 >/dev/null | grep warning && fail "a warning for a warmup that fits"
+  2>"$SCRATCH/warm2.err" >/dev/null
+stderr_of "$SCRATCH/warm2.err" | grep warning && fail "a warning for a warmup that fits"
 echo "ok: the warmup cut to the run, with one warning line"
 
 # Every file titan reads whole is a regular file within a size cap: a FIFO would block the read

@@ -30,7 +30,7 @@ expect_threads() {
     fail "$name: the backend runs $(grep -o 'cpu: [0-9]* OpenMP' "$SCRATCH/$name.out") threads, not $threads"
   echo "ok: $line"
 }
-no_warning() { ! grep -q 'titan: warning' "$SCRATCH/$1.err" || fail "$1: $(cat "$SCRATCH/$1.err")"; }
+no_warning() { ! stderr_of "$SCRATCH/$1.err" | grep -q 'titan: warning' || fail "$1: $(cat "$SCRATCH/$1.err")"; }
 
 share=$(( cores / 4 > 0 ? cores / 4 : 1 ))
 run four 4
@@ -47,7 +47,7 @@ no_warning alone
 many=$(( cores > 2 ? cores : 2 ))
 run many 4 -x OMP_NUM_THREADS=$many -x OMP_WAIT_POLICY=passive
 expect_threads many 4 "$many" "OMP_NUM_THREADS=$many"
-warn=$(grep '^titan: warning: ' "$SCRATCH/many.err" || true)
+warn=$(stderr_of "$SCRATCH/many.err" | grep '^titan: warning: ' || true)
 [ "$(printf '%s' "$warn" | grep -c .)" -eq 1 ] || fail "expected one warning line, got: $warn"
 [[ $warn == *"4 ranks x $many OpenMP threads oversubscribe the $cores cores of "*"unset OMP_NUM_THREADS or set it to $share"* ]] ||
   fail "the warning does not name the numbers and the fix: $warn"
