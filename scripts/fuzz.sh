@@ -2,8 +2,8 @@
 # scripts/fuzz.sh [SECONDS_PER_TARGET] [NAME...]: builds the libFuzzer targets (`make fuzz`),
 # fills build/fuzz/corpus/NAME with the seeds tests/fuzz/NAME.seeds lists (kept between runs,
 # so a longer campaign starts where the last one stopped), and runs each target (all, or the
-# NAMEs given: config, gpt2, ...) for that many seconds; a minute in all, split across the
-# targets, by default. What a target finds (crash-*, leak-*, timeout-*, oom-*) lands in
+# NAMEs given: config, gpt2, ...) for that many seconds, as many at a time as there are cores;
+# a minute in all, split across the targets, by default. What a target finds (crash-*, leak-*, timeout-*, oom-*) lands in
 # build/fuzz/findings/NAME. Prints one line per target; exits 1 on any finding. FUZZ_ARGS
 # adds libFuzzer flags (e.g. -max_len=8192: the real tokenizer seeds are megabytes, so a
 # campaign on the small ones below mutates far more inputs per second).
@@ -108,29 +108,45 @@ config_args_seed() {
 }
 
 source tests/sanitize/env.sh  # the same leak suppressions as `make sanitize`
-found=0
 for name in "${names[@]}"; do
   [ -x "build/fuzz/fuzz_$name" ] || { echo "fuzz: no target $name"; exit 2; }
+done
+
+# fuzz_target NAME: runs one target, its line (and a finding's report) in build/fuzz/NAME.result.
+fuzz_target() {
+  local name=$1 findings=build/fuzz/findings/$1 log=build/fuzz/$1.log rc=0
   seeds_prepare "$name"
   [ "$name" != config ] || config_args_seed
-  findings=build/fuzz/findings/$name
   mkdir -p "$findings"
-  log=build/fuzz/$name.log
-  touch build/fuzz/started  # findings newer than it are this run's; older ones stay for a look
-  rc=0
+  touch "build/fuzz/$name.started"  # findings newer than it are this run's; older ones stay
   "build/fuzz/fuzz_$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 ${FUZZ_ARGS:-} \
     -print_final_stats=1 -artifact_prefix="$findings/" "build/fuzz/corpus/$name" >"$log" 2>&1 \
     || rc=$?
+  local execs rate artifacts
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
-  artifacts=$(find "$findings" -newer build/fuzz/started -regextype egrep \
+  artifacts=$(find "$findings" -newer "build/fuzz/$name.started" -regextype egrep \
                 -regex '.*/(crash|leak|timeout|oom)-[^/]*' | wc -l)
   if [ "$rc" -ne 0 ] || [ "$artifacts" -gt 0 ]; then
-    found=1
-    echo "$name: ${execs:-?} execs, ${rate:-?} exec/s, FINDING (exit $rc, $artifacts in $findings; log $log)"
-    grep -m1 -A20 -E "ERROR: |runtime error:|fuzz: " "$log" | sed 's/^/    /' || tail -n 20 "$log"
+    { echo "$name: ${execs:-?} execs, ${rate:-?} exec/s, FINDING (exit $rc, $artifacts in $findings; log $log)"
+      grep -m1 -A20 -E "ERROR: |runtime error:|fuzz: " "$log" | sed 's/^/    /' || tail -n 20 "$log"
+    } >"build/fuzz/$name.result"
   else
-    echo "$name: $execs execs, $rate exec/s, no finding"
+    echo "$name: $execs execs, $rate exec/s, no finding" >"build/fuzz/$name.result"
   fi
+}
+
+# The targets as many at a time as there are cores (libFuzzer runs one thread), then their
+# lines in order.
+for name in "${names[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do wait -n || true; done
+  rm -f "build/fuzz/$name.result"
+  fuzz_target "$name" &
+done
+wait
+found=0
+for name in "${names[@]}"; do
+  cat "build/fuzz/$name.result" 2>/dev/null || echo "$name: no result (the script failed)"
+  grep -q "no finding$" "build/fuzz/$name.result" 2>/dev/null || found=1
 done
 exit "$found"
