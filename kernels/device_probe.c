@@ -387,7 +387,7 @@ DeviceTable device_probe(const KernelOps *k, const ProbeShape *shape, double sec
     double share = seconds / (shape->float8 ? 7 : 5);
     GemmPrecision p = gemm_precision_of(shape->compute);
     int rows = at_most(shape->rows, gpu ? 16384 : 1024), dim = at_most(shape->dim, gpu ? 8192 : 1024);
-    d.peak[p] = k->peak_flops();
+    d.peak[p] = k->peak_flops(false);
     d.gemm[p] = probe_linear(k, shape->compute, rows, dim, FFN_WIDTH * dim, share);
     if (shape->float8) {
         d.gemm[GEMM_FLOAT8] = probe_float8(k, rows, dim, FFN_WIDTH * dim, share);

@@ -152,9 +152,10 @@ void cuda_zero(void *dst, size_t bytes) {
     CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, state.stream));
 }
 
-// The data sheet's dense bf16 tensor-core peak of the GPU's kept row (kernels/device_table.c).
-// fp32 compute runs off the tensor cores: no MFU is claimed for it.
-double cuda_peak_flops(void) {
+// The data sheet's dense bf16 tensor-core peak of the GPU's kept row (kernels/device_table.c),
+// the same asked again. fp32 compute runs off the tensor cores: no MFU is claimed for it.
+double cuda_peak_flops(bool again) {
+    (void)again;
     if (!state.ready || !state.bf16_compute) return 0;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, state.device));
