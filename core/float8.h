@@ -64,14 +64,14 @@ static inline FLOAT8_HD float float8_to_float(uint8_t code, Float8Kind kind) {
 // Rounds the float's significand (implicit bit included) to the format's mantissa bits at its
 // exponent, or at the smallest normal exponent below it (the subnormals): the dropped bits
 // round to nearest even, and a carry out of the mantissa steps the exponent up, which is where
-// the next code's value is. Above max_code it has overflowed (fp32 infinity does too).
+// the next code's value is. Above max_code it has overflowed (fp32 infinity does too). No
+// branch that returns early: a NaN's code is chosen last, so that a loop of casts vectorizes.
 static inline FLOAT8_HD uint8_t float8_from_float(float x, Float8Kind kind, bool saturate) {
     Float8Format f = float8_format(kind);
     uint32_t bits;
     memcpy(&bits, &x, sizeof bits);
     uint8_t sign = (uint8_t)((bits >> 24) & 0x80);
     uint32_t mag = bits & 0x7fffffffu;
-    if (mag > 0x7f800000u) return sign | (uint8_t)f.nan_code;
     int exponent = (int)(mag >> 23);
     uint32_t significand = exponent ? (mag & 0x7fffffu) | 0x800000u : mag;
     int target = (exponent ? exponent : 1) - 127 + f.bias;  // biased exponent in the format
@@ -82,6 +82,7 @@ static inline FLOAT8_HD uint8_t float8_from_float(float x, Float8Kind kind, bool
     uint32_t code = ((uint32_t)(target > 1 ? target - 1 : 0) << f.man_bits) + rounded;
     if (code > f.max_code)
         code = saturate ? f.max_code : f.has_inf ? f.max_code + 1 : f.nan_code;
+    if (mag > 0x7f800000u) code = f.nan_code;
     return sign | (uint8_t)code;
 }
 

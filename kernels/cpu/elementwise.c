@@ -188,7 +188,7 @@ CPU_CLONES void cpu_to_bf16(uint16_t *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = bf16_from_float(src[i]);
 }
 
-void cpu_from_bf16(float *dst, const uint16_t *src, size_t n) {
-#pragma omp parallel for
+CPU_CLONES void cpu_from_bf16(float *dst, const uint16_t *src, size_t n) {
+#pragma omp parallel for simd
     for (size_t i = 0; i < n; i++) dst[i] = bf16_to_float(src[i]);
 }

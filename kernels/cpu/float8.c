@@ -13,22 +13,43 @@ static inline uint32_t float8_abs_bits(float x) {
     return bits & 0x7fffffffu;
 }
 
-// Element i of row o of the bytes as cast writes them: x[o][i], or x[i][o] when transposed.
-static inline float float8_element(const float *x, int cols, const Float8Cast *cast, int o,
-                                   int i) {
-    return cast->transpose ? x[(size_t)i * cols + o] : x[(size_t)o * cols + i];
-}
+// A transposed cast's bytes (row o: x's column o) go FLOAT8_COLUMNS columns at a time, x read
+// along its rows: a column read alone touches a cache line per element. Bytes whose rows hold
+// more than this are the ones whose reads the blocks keep contiguous.
+#define FLOAT8_COLUMNS 64
+
+static int float8_min(int a, int b) { return a < b ? a : b; }
 
 // Rows of the bytes in parallel, each max taken by one thread in a fixed order; the tensorwise
-// max of their maxes is the same in any order.
-void cpu_float8_amax(float *amax, const float *x, int rows, int cols, const Float8Cast *cast) {
-    int out_rows = cast->transpose ? cols : rows, out_cols = cast->transpose ? rows : cols;
+// max of their maxes is the same in any order, so a tensorwise cast's transpose reads x as it
+// lies.
+CPU_CLONES void cpu_float8_amax(float *amax, const float *x, int rows, int cols,
+                                const Float8Cast *cast) {
+    if (cast->transpose && cast->rowwise) {  // column maxima, a block of columns at a time
+#pragma omp parallel for schedule(static)
+        for (int o0 = 0; o0 < cols; o0 += FLOAT8_COLUMNS) {
+            int n = float8_min(FLOAT8_COLUMNS, cols - o0);
+            uint32_t column[FLOAT8_COLUMNS] = {0};
+            for (int i = 0; i < rows; i++) {
+                const float *xi = x + (size_t)i * cols + o0;
+#pragma omp simd
+                for (int j = 0; j < n; j++) {
+                    uint32_t v = float8_abs_bits(xi[j]);
+                    column[j] = v > column[j] ? v : column[j];
+                }
+            }
+            for (int j = 0; j < n; j++) amax[o0 + j] = float8_bits_to_float(column[j]);
+        }
+        return;
+    }
     uint32_t total = 0;
 #pragma omp parallel for schedule(static) reduction(max : total)
-    for (int o = 0; o < out_rows; o++) {
+    for (int o = 0; o < rows; o++) {
+        const float *xo = x + (size_t)o * cols;
         uint32_t row = 0;
-        for (int i = 0; i < out_cols; i++) {
-            uint32_t v = float8_abs_bits(float8_element(x, cols, cast, o, i));
+#pragma omp simd reduction(max : row)
+        for (int i = 0; i < cols; i++) {
+            uint32_t v = float8_abs_bits(xo[i]);
             row = v > row ? v : row;
         }
         if (cast->rowwise) amax[o] = float8_bits_to_float(row);
@@ -42,17 +63,43 @@ static float float8_scale(float amax, const Float8Cast *cast) {
     return cast->pow2_scales ? float8_round_scale_pow2(scale) : scale;
 }
 
-void cpu_float8_quantize(uint8_t *out, float *scale_inv, const float *amax, const float *x,
-                         int rows, int cols, const Float8Cast *cast) {
-    int out_rows = cast->transpose ? cols : rows, out_cols = cast->transpose ? rows : cols;
+// Bytes row o's scale (its own when rowwise), and its inverse into scale_inv[o].
+static float float8_row_scale(float *scale_inv, const float *amax, int o,
+                              const Float8Cast *cast) {
+    if (!cast->rowwise) return float8_scale(amax[0], cast);
+    float scale = float8_scale(amax[o], cast);
+    scale_inv[o] = 1.0f / scale;
+    return scale;
+}
+
+CPU_CLONES void cpu_float8_quantize(uint8_t *out, float *scale_inv, const float *amax,
+                                    const float *x, int rows, int cols, const Float8Cast *cast) {
+    Float8Kind kind = cast->kind;
     if (!cast->rowwise) scale_inv[0] = 1.0f / float8_scale(amax[0], cast);
+    if (!cast->transpose) {
 #pragma omp parallel for schedule(static)
-    for (int o = 0; o < out_rows; o++) {
-        float scale = float8_scale(amax[cast->rowwise ? o : 0], cast);
-        if (cast->rowwise) scale_inv[o] = 1.0f / scale;
-        for (int i = 0; i < out_cols; i++)
-            out[(size_t)o * out_cols + i] =
-                float8_from_float(float8_element(x, cols, cast, o, i) * scale, cast->kind, true);
+        for (int o = 0; o < rows; o++) {
+            float scale = float8_row_scale(scale_inv, amax, o, cast);
+            const float *xo = x + (size_t)o * cols;
+            uint8_t *bytes = out + (size_t)o * cols;
+#pragma omp simd
+            for (int i = 0; i < cols; i++) bytes[i] = float8_from_float(xo[i] * scale, kind, true);
+        }
+        return;
+    }
+    // out (cols, rows): each block of columns cast along x's rows, its bytes stored across
+#pragma omp parallel for schedule(static)
+    for (int o0 = 0; o0 < cols; o0 += FLOAT8_COLUMNS) {
+        int n = float8_min(FLOAT8_COLUMNS, cols - o0);
+        float scale[FLOAT8_COLUMNS];
+        for (int j = 0; j < n; j++) scale[j] = float8_row_scale(scale_inv, amax, o0 + j, cast);
+        for (int i = 0; i < rows; i++) {
+            const float *xi = x + (size_t)i * cols + o0;
+            uint8_t codes[FLOAT8_COLUMNS];
+#pragma omp simd
+            for (int j = 0; j < n; j++) codes[j] = float8_from_float(xi[j] * scale[j], kind, true);
+            for (int j = 0; j < n; j++) out[(size_t)(o0 + j) * rows + i] = codes[j];
+        }
     }
 }
 
@@ -71,15 +118,22 @@ size_t cpu_matmul_float8_workspace_bytes(int m, int n, int k) {
 // scales are powers of two, so that product is exact and the sgemm's result is the scaled
 // accumulation itself (other rowwise scales add one rounding per element, where cuBLASLt
 // scales the sums); tensorwise scales go into sgemm's alpha instead, as cuBLASLt's do.
-static void float8_decode(float *dst, const uint8_t *src, const float *scale_inv, Float8Kind kind,
-                          int rows, int k, bool rowwise) {
+// Decoding looks each byte up in its kind's 256 values (float8_to_float's, built per call).
+static void float8_values(float values[256], Float8Kind kind) {
+    for (int code = 0; code < 256; code++) values[code] = float8_to_float((uint8_t)code, kind);
+}
+
+CPU_CLONES static void float8_decode(float *dst, const uint8_t *src, const float *scale_inv,
+                                     Float8Kind kind, int rows, int k, bool rowwise) {
+    float values[256];
+    float8_values(values, kind);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         float s = rowwise ? scale_inv[r] : 1.0f;
-        for (int i = 0; i < k; i++) {
-            size_t at = (size_t)r * k + i;
-            dst[at] = float8_to_float(src[at], kind) * s;
-        }
+        const uint8_t *codes = src + (size_t)r * k;
+        float *row = dst + (size_t)r * k;
+#pragma omp simd
+        for (int i = 0; i < k; i++) row[i] = values[codes[i]] * s;
     }
 }
 
@@ -108,6 +162,8 @@ size_t cpu_grouped_matmul_float8_workspace_bytes(int rows, int groups, int n, in
 // back to the layout grouped_matmul's transposed form reads. Powers of two: exact.
 static void float8_decode_groups(float *dst, const uint8_t *src, const float *scale_inv,
                                  const int *offsets, int groups, int cols) {
+    float values[256];
+    float8_values(values, FLOAT8_E4M3FN);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int g = 0; g < groups; g++) {
         size_t r0 = (size_t)offsets[g];
@@ -116,8 +172,7 @@ static void float8_decode_groups(float *dst, const uint8_t *src, const float *sc
         for (int i = 0; i < cols; i++) {
             float s = scale_inv[(size_t)g * cols + i];
             for (int r = 0; r < m; r++)
-                dst[(r0 + r) * cols + i] =
-                    float8_to_float(block[(size_t)i * m + r], FLOAT8_E4M3FN) * s;
+                dst[(r0 + r) * cols + i] = values[block[(size_t)i * m + r]] * s;
         }
     }
 }
