@@ -81,18 +81,23 @@ static float *floats_wide(size_t n) {
     return x;
 }
 
+// Two shapes: one within a block of the cpu's transposed cast's columns, one of three blocks,
+// the last partial.
 static void test_quantize_forms(void **state) {
     (void)state;
     rng_seed(81);
-    int rows = 23, cols = 41;
-    float *x = floats_wide((size_t)rows * cols);
-    for (int kind = FLOAT8_E4M3FN; kind <= FLOAT8_E5M2; kind++)
-        for (int rowwise = 0; rowwise < 2; rowwise++)
-            for (int transpose = 0; transpose < 2; transpose++)
-                for (int pow2 = 0; pow2 < 2; pow2++)
-                    quantize_check(x, rows, cols,
-                                   (Float8Cast){kind, rowwise, transpose, pow2}, NULL);
-    free(x);
+    const int shapes[2][2] = {{23, 41}, {37, 150}};
+    for (int s = 0; s < 2; s++) {
+        int rows = shapes[s][0], cols = shapes[s][1];
+        float *x = floats_wide((size_t)rows * cols);
+        for (int kind = FLOAT8_E4M3FN; kind <= FLOAT8_E5M2; kind++)
+            for (int rowwise = 0; rowwise < 2; rowwise++)
+                for (int transpose = 0; transpose < 2; transpose++)
+                    for (int pow2 = 0; pow2 < 2; pow2++)
+                        quantize_check(x, rows, cols,
+                                       (Float8Cast){kind, rowwise, transpose, pow2}, NULL);
+        free(x);
+    }
 }
 
 // FSDP's all-reduced amax: larger than the shard's own, it scales the bytes down; smaller (a
