@@ -3,7 +3,8 @@
 // inputs, nf4_quantize's blob holds bitsandbytes' offset, double-quantization scales, absmax
 // codes and packed codes byte for byte, and nf4_dequantize gives its dequantized tensor bit for
 // bit, from nf4_quantize's blob and from one assembled of bitsandbytes' parts. The tables equal
-// bitsandbytes', and the blob's parts sit where nf4.h says.
+// bitsandbytes', the blob's parts sit where nf4.h says, and a box of it dequantizes to those
+// elements of the whole.
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -180,11 +181,34 @@ static void test_layout(void **state) {
     assert_int_equal(nf4_bytes(n), 4 + 2 * 4 + 512 + n / 2);
 }
 
+// A box of rows and columns of a (rows, cols) tensor (a tensor-parallel rank's part) dequantizes
+// to exactly those elements of the whole: boxes at odd offsets and widths, so that elements of
+// a code byte are split between boxes and rows, and a box that ends in the short last block.
+static void test_box_is_part_of_whole(void **state) {
+    (void)state;
+    const size_t rows = 37, cols = 53, n = rows * cols;
+    float *x = malloc(n * sizeof *x), *whole = malloc(n * sizeof *whole), *box = malloc(n * 4);
+    uint8_t *blob = aligned_alloc(4, (nf4_bytes(n) + 3) / 4 * 4);
+    for (size_t i = 0; i < n; i++) x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+    nf4_quantize(blob, x, n);
+    nf4_dequantize(whole, blob, n);
+    const size_t boxes[][4] = {{0, 0, 37, 53}, {3, 7, 10, 31}, {1, 0, 36, 53}, {5, 52, 4, 1},
+                               {36, 1, 1, 52}, {2, 17, 33, 2}};
+    for (size_t k = 0; k < sizeof boxes / sizeof boxes[0]; k++) {
+        size_t r0 = boxes[k][0], c0 = boxes[k][1], nr = boxes[k][2], nc = boxes[k][3];
+        nf4_dequantize_box(box, blob, n, cols, r0, c0, nr, nc);
+        for (size_t r = 0; r < nr; r++)
+            assert_memory_equal(box + r * nc, whole + (r0 + r) * cols + c0, nc * sizeof(float));
+    }
+    free(x), free(whole), free(box), free(blob);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_tables),
         cmocka_unit_test(test_matches_bitsandbytes),
+        cmocka_unit_test(test_box_is_part_of_whole),
     };
     return cmocka_run_group_tests(tests, fixture_open, fixture_close);
 }
