@@ -14,8 +14,7 @@ static inline uint32_t float8_abs_bits(float x) {
 }
 
 // A transposed cast's bytes (row o: x's column o) go FLOAT8_COLUMNS columns at a time, x read
-// along its rows: a column read alone touches a cache line per element. Bytes whose rows hold
-// more than this are the ones whose reads the blocks keep contiguous.
+// along its rows: a column read alone touches a cache line per element.
 #define FLOAT8_COLUMNS 64
 
 static int float8_min(int a, int b) { return a < b ? a : b; }
@@ -63,10 +62,11 @@ static float float8_scale(float amax, const Float8Cast *cast) {
     return cast->pow2_scales ? float8_round_scale_pow2(scale) : scale;
 }
 
-// Bytes row o's scale (its own when rowwise), and its inverse into scale_inv[o].
-static float float8_row_scale(float *scale_inv, const float *amax, int o,
-                              const Float8Cast *cast) {
-    if (!cast->rowwise) return float8_scale(amax[0], cast);
+// Bytes row o's scale: the tensor's (tensor_scale) or, rowwise, its own, its inverse into
+// scale_inv[o].
+static float float8_row_scale(float *scale_inv, const float *amax, int o, const Float8Cast *cast,
+                              float tensor_scale) {
+    if (!cast->rowwise) return tensor_scale;
     float scale = float8_scale(amax[o], cast);
     scale_inv[o] = 1.0f / scale;
     return scale;
@@ -75,11 +75,12 @@ static float float8_row_scale(float *scale_inv, const float *amax, int o,
 CPU_CLONES void cpu_float8_quantize(uint8_t *out, float *scale_inv, const float *amax,
                                     const float *x, int rows, int cols, const Float8Cast *cast) {
     Float8Kind kind = cast->kind;
-    if (!cast->rowwise) scale_inv[0] = 1.0f / float8_scale(amax[0], cast);
+    float tensor_scale = cast->rowwise ? 0.0f : float8_scale(amax[0], cast);
+    if (!cast->rowwise) scale_inv[0] = 1.0f / tensor_scale;
     if (!cast->transpose) {
 #pragma omp parallel for schedule(static)
         for (int o = 0; o < rows; o++) {
-            float scale = float8_row_scale(scale_inv, amax, o, cast);
+            float scale = float8_row_scale(scale_inv, amax, o, cast, tensor_scale);
             const float *xo = x + (size_t)o * cols;
             uint8_t *bytes = out + (size_t)o * cols;
 #pragma omp simd
@@ -92,7 +93,7 @@ CPU_CLONES void cpu_float8_quantize(uint8_t *out, float *scale_inv, const float 
     for (int o0 = 0; o0 < cols; o0 += FLOAT8_COLUMNS) {
         int n = float8_min(FLOAT8_COLUMNS, cols - o0);
         float scale[FLOAT8_COLUMNS];
-        for (int j = 0; j < n; j++) scale[j] = float8_row_scale(scale_inv, amax, o0 + j, cast);
+        for (int j = 0; j < n; j++) scale[j] = float8_row_scale(scale_inv, amax, o0 + j, cast, tensor_scale);
         for (int i = 0; i < rows; i++) {
             const float *xi = x + (size_t)i * cols + o0;
             uint8_t codes[FLOAT8_COLUMNS];
